@@ -1,0 +1,148 @@
+"""From a handler's outcome to a finalization decision (pure).
+
+Handlers say *what happened*; this module decides *what the row becomes*:
+retries are charged against ``max_attempts`` and delayed by the backoff
+policy, or converted to ``dead`` when attempts are spent. The shell performs
+the decision with one fenced write.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from daemon.core.retry import BackoffPolicy
+from daemon.core.states import WorkEvent, WorkState, transition
+from daemon.core.work import Fence, sanitize_summary
+
+
+@attrs.frozen
+class Succeeded:
+    summary: str = ""
+
+
+@attrs.frozen
+class Skipped:
+    reason: str
+
+
+@attrs.frozen
+class RetryLater:
+    failure_class: str
+    summary: str = ""
+    # A provider-dictated delay (e.g. Retry-After) overrides the backoff policy.
+    delay_s: float | None = None
+
+
+@attrs.frozen
+class DeadLetter:
+    failure_class: str
+    summary: str = ""
+
+
+@attrs.frozen
+class CancelAcknowledged:
+    pass
+
+
+@attrs.frozen
+class Released:
+    """The claimant gives the work back unstarted (graceful drain past its deadline)."""
+
+
+Outcome = Succeeded | Skipped | RetryLater | DeadLetter | CancelAcknowledged | Released
+
+
+@attrs.frozen(kw_only=True)
+class Finalization:
+    """One fenced transition out of ``processing``."""
+
+    fence: Fence
+    event: WorkEvent
+    # The attempt number the claim charged (for the execution journal).
+    attempt: int = 0
+    run_after_us: int | None = None
+    terminal_outcome: str | None = None
+    failure_class: str | None = None
+    summary: str | None = None
+    # Release gives back the attempt the claim charged.
+    refund_attempt: bool = False
+
+    @property
+    def new_state(self) -> WorkState:
+        return transition(WorkState.PROCESSING, self.event)
+
+
+def decide(
+    outcome: Outcome,
+    *,
+    fence: Fence,
+    attempt: int,
+    max_attempts: int,
+    policy: BackoffPolicy,
+    jitter_sample: float,
+    now_us: int,
+) -> Finalization:
+    """Turn a handler outcome into the finalization to commit."""
+    match outcome:
+        case Succeeded(summary=summary):
+            return Finalization(
+                fence=fence,
+                attempt=attempt,
+                event=WorkEvent.COMPLETE,
+                terminal_outcome="succeeded",
+                summary=sanitize_summary(summary) or None,
+            )
+        case Skipped(reason=reason):
+            return Finalization(
+                fence=fence,
+                attempt=attempt,
+                event=WorkEvent.SKIP,
+                terminal_outcome="skipped",
+                summary=sanitize_summary(reason),
+            )
+        case RetryLater(failure_class=failure_class, summary=summary, delay_s=delay_s):
+            if attempt >= max_attempts:
+                return Finalization(
+                    fence=fence,
+                    attempt=attempt,
+                    event=WorkEvent.DEAD_LETTER,
+                    terminal_outcome="dead",
+                    failure_class=failure_class,
+                    summary=sanitize_summary(f"attempts exhausted ({attempt}): {summary}"),
+                )
+            delay = delay_s if delay_s is not None else policy.delay_s(attempt, jitter_sample)
+            return Finalization(
+                fence=fence,
+                attempt=attempt,
+                event=WorkEvent.RETRY,
+                run_after_us=now_us + int(delay * 1_000_000),
+                failure_class=failure_class,
+                summary=sanitize_summary(summary) or None,
+            )
+        case DeadLetter(failure_class=failure_class, summary=summary):
+            return Finalization(
+                fence=fence,
+                attempt=attempt,
+                event=WorkEvent.DEAD_LETTER,
+                terminal_outcome="dead",
+                failure_class=failure_class,
+                summary=sanitize_summary(summary) or None,
+            )
+        case CancelAcknowledged():
+            return Finalization(
+                fence=fence,
+                attempt=attempt,
+                event=WorkEvent.CANCEL_ACK,
+                terminal_outcome="cancelled",
+                summary="cancelled by operator request",
+            )
+        case Released():
+            return Finalization(
+                fence=fence,
+                attempt=attempt,
+                event=WorkEvent.RELEASE,
+                run_after_us=now_us,
+                failure_class="released",
+                summary="released unfinished during drain",
+                refund_attempt=True,
+            )

@@ -1,0 +1,327 @@
+"""The MySQL / MariaDB / TiDB adapter over trio-mysql.
+
+Theory of operation
+-------------------
+trio-mysql has no pool, and if it is cancelled while sending it can leave a
+half-written packet on an open connection. So this adapter owns a small pool
+and follows one rule: a connection goes back to the pool only after a clean
+COMMIT, or after a *server-reported* error (the error packet was read whole,
+so the protocol is in step) followed by a successful ROLLBACK. After any
+other exception, and after any cancellation, the connection is closed.
+
+Whole-transaction retry: a body may run more than once. Deadlock (1213),
+lock-wait timeout (1205), "record changed" (1020), and TiDB's write
+conflicts (9007, 8002, 8022, 8028) restart it, bounded, with jittered
+backoff. Such errors can arrive at COMMIT too (TiDB's optimistic conflicts,
+Galera certification failures); the server then rolled back, so a retry is
+safe.
+
+Unknown outcomes: if the connection is lost or times out *during* COMMIT we
+cannot know whether it committed. That raises :class:`CommitOutcomeUnknown`;
+callers reconcile by reading. COMMIT itself is shielded from cancellation so
+that shutting down never manufactures an unknown outcome.
+
+Sessions run at READ COMMITTED (fewer gap locks for the claim path's point
+updates), strict SQL mode, utf8mb4, and ``CLIENT.FOUND_ROWS`` so that the
+affected-row count means *matched* rows, as it does on SQLite.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import urllib.parse
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import attrs
+import trio
+import trio_mysql
+from trio_mysql.constants import CLIENT
+
+from storage.dialect import MYSQL, Dialect
+from storage.port import (
+    CommitOutcomeUnknown,
+    DatabaseUnavailable,
+    DbStats,
+    DuplicateKey,
+    RetriesExhausted,
+    Row,
+    SqlTx,
+    StorageError,
+)
+
+T = TypeVar("T")
+
+# Deadlock, lock wait timeout, record changed since read (MariaDB/MySQL);
+# TiDB write conflict, schema changed, txn too old / retry limit.
+RETRYABLE_CODES = frozenset({1213, 1205, 1020, 9007, 8002, 8022, 8028})
+DUPLICATE_KEY_CODE = 1062
+
+
+@attrs.frozen
+class MysqlTarget:
+    host: str
+    port: int
+    user: str
+    password: str = attrs.field(repr=False)
+    database: str
+
+    @classmethod
+    def from_url(cls, url: str, password: str | None = None) -> MysqlTarget:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("mysql", "tidb", "mariadb"):
+            raise ValueError("a MySQL URL starts with mysql://")
+        database = parts.path.lstrip("/")
+        if not database or "/" in database:
+            raise ValueError("a MySQL URL names one database: mysql://user@host:port/db")
+        if not parts.hostname:
+            raise ValueError("a MySQL URL needs a host")
+        return cls(
+            host=parts.hostname,
+            port=parts.port or 3306,
+            user=urllib.parse.unquote(parts.username or "root"),
+            password=password
+            if password is not None
+            else urllib.parse.unquote(parts.password or ""),
+            database=database,
+        )
+
+    def describe(self) -> str:
+        """Where we connect, without the password."""
+        return f"mysql://{self.user}@{self.host}:{self.port}/{self.database}"
+
+
+@functools.lru_cache(maxsize=1024)
+def to_pyformat(sql: str) -> str:
+    """Our statements use ``?``; trio-mysql wants ``%s`` (and a literal ``%`` doubled)."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+def _code(exc: BaseException) -> int | None:
+    if isinstance(exc, trio_mysql.MySQLError) and exc.args and isinstance(exc.args[0], int):
+        return int(exc.args[0])
+    return None
+
+
+def _server_reported(exc: BaseException) -> bool:
+    """True when the server sent a whole error packet (the connection is still in step).
+
+    Client-side codes (2000-2999: lost connection, out of sync...) are not.
+    """
+    code = _code(exc)
+    return code is not None and not 2000 <= code < 3000
+
+
+class _Retry(Exception):
+    pass
+
+
+class _MysqlTx:
+    def __init__(self, conn: Any, stats: DbStats) -> None:
+        self._conn = conn
+        self._stats = stats
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        self._stats.statements += 1
+        cur = self._conn.cursor()
+        try:
+            await cur.execute(to_pyformat(sql), tuple(params))
+        except trio_mysql.IntegrityError as exc:
+            if _code(exc) == DUPLICATE_KEY_CODE:
+                # InnoDB rolled back this statement only; the transaction goes on.
+                raise DuplicateKey(str(exc.args[-1])) from None
+            raise
+        return int(cur.rowcount)
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        if not rows:
+            return 0
+        self._stats.statements += 1
+        cur = self._conn.cursor()
+        try:
+            await cur.executemany(to_pyformat(sql), [tuple(r) for r in rows])
+        except trio_mysql.IntegrityError as exc:
+            if _code(exc) == DUPLICATE_KEY_CODE:
+                raise DuplicateKey(str(exc.args[-1])) from None
+            raise
+        return int(cur.rowcount)
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        self._stats.statements += 1
+        cur = self._conn.cursor()
+        await cur.execute(to_pyformat(sql), tuple(params))
+        return list(await cur.fetchall())
+
+
+class MysqlDatabase:
+    """A :class:`storage.port.Database` over a MySQL-family server."""
+
+    backend = "mysql"
+    dialect: Dialect = MYSQL
+
+    def __init__(
+        self,
+        target: MysqlTarget,
+        *,
+        pool_size: int = 8,
+        max_retries: int = 12,
+        connect_timeout_s: float = 5.0,
+        transaction_timeout_s: float = 30.0,
+    ) -> None:
+        self.target = target
+        self.stats = DbStats()
+        self.max_retries = max_retries
+        self.connect_timeout_s = connect_timeout_s
+        self.transaction_timeout_s = transaction_timeout_s
+        self._idle: list[Any] = []
+        self._slots = trio.Semaphore(pool_size)
+
+    async def open(self) -> MysqlDatabase:
+        """Prove the server is reachable (one connection, kept in the pool)."""
+        await self.ping()
+        return self
+
+    async def _connect(self) -> Any:
+        conn = trio_mysql.connect(
+            host=self.target.host,
+            port=self.target.port,
+            user=self.target.user,
+            password=self.target.password,
+            database=self.target.database,
+            charset="utf8mb4",
+            use_unicode=True,
+            client_flag=CLIENT.FOUND_ROWS,
+            autocommit=False,
+            connect_timeout=self.connect_timeout_s,
+            sql_mode="STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION",
+            init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+        )
+        try:
+            await conn.connect()
+        except trio_mysql.MySQLError as exc:
+            raise DatabaseUnavailable(
+                f"cannot connect to {self.target.describe()}: {exc.args[-1] if exc.args else exc}"
+            ) from None
+        except OSError as exc:
+            raise DatabaseUnavailable(
+                f"cannot connect to {self.target.describe()}: {exc}"
+            ) from None
+        return conn
+
+    async def _acquire(self) -> Any:
+        await self._slots.acquire()
+        if self._idle:
+            return self._idle.pop()
+        try:
+            return await self._connect()
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def _release(self, conn: Any, reusable: bool) -> None:
+        if reusable and conn.open:
+            self._idle.append(conn)
+        else:
+            conn.close()
+        self._slots.release()
+
+    async def ping(self) -> None:
+        async def body(tx: SqlTx) -> None:
+            await tx.fetchall("SELECT 1")
+
+        await self.transact(body, name="ping", write=False)
+
+    async def transact(
+        self, body: Callable[[SqlTx], Awaitable[T]], *, name: str, write: bool = True
+    ) -> T:
+        pause = 0.005
+        for attempt in range(self.max_retries + 1):
+            try:
+                return await self._attempt(body, name)
+            except _Retry as retry:
+                self.stats.retries += 1
+                if attempt == self.max_retries:
+                    raise RetriesExhausted(
+                        f"{name}: still conflicting after {self.max_retries} retries"
+                        f" ({retry.args[0]})"
+                    ) from None
+                await trio.sleep(pause * (0.5 + random.random()))
+                pause = min(pause * 2, 0.2)
+        raise AssertionError("unreachable")
+
+    async def _attempt(self, body: Callable[[SqlTx], Awaitable[T]], name: str) -> T:
+        conn = await self._acquire()
+        reusable = False
+        try:
+            try:
+                with trio.fail_after(self.transaction_timeout_s):
+                    await conn.begin()
+                    result = await body(_MysqlTx(conn, self.stats))
+            except trio.TooSlowError:
+                raise DatabaseUnavailable(
+                    f"{name}: no answer from {self.target.describe()} within"
+                    f" {self.transaction_timeout_s:.0f}s"
+                ) from None
+            except trio_mysql.MySQLError as exc:
+                reusable = _server_reported(exc) and await self._rollback(conn)
+                raise self._translate(exc, name) from None
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise DatabaseUnavailable(f"{name}: connection lost: {exc!r}") from None
+            except Exception:
+                # The body's own error (DuplicateKey, LostLease, a bug): every
+                # statement completed, so the protocol is in step.
+                reusable = await self._rollback(conn)
+                raise
+            reusable = await self._commit(conn, name)
+            return result
+        finally:
+            self._release(conn, reusable)
+
+    async def _commit(self, conn: Any, name: str) -> bool:
+        with trio.CancelScope(shield=True):
+            try:
+                with trio.fail_after(self.transaction_timeout_s):
+                    await conn.commit()
+            except trio_mysql.MySQLError as exc:
+                if _server_reported(exc):
+                    # The server refused the COMMIT and rolled back.
+                    self.stats.rollbacks += 1
+                    raise self._translate(exc, name) from None
+                self.stats.unknown_commits += 1
+                raise CommitOutcomeUnknown(f"{name}: connection lost during COMMIT") from None
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+                self.stats.unknown_commits += 1
+                raise CommitOutcomeUnknown(f"{name}: connection lost during COMMIT") from None
+        self.stats.commits += 1
+        return True
+
+    async def _rollback(self, conn: Any) -> bool:
+        self.stats.rollbacks += 1
+        with trio.CancelScope(shield=True), trio.move_on_after(5):
+            try:
+                await conn.rollback()
+            except BaseException:
+                return False
+            return True
+        return False
+
+    def _translate(self, exc: BaseException, name: str) -> Exception:
+        code = _code(exc)
+        message = exc.args[-1] if exc.args else repr(exc)
+        if code in RETRYABLE_CODES:
+            return _Retry(code)
+        if code == DUPLICATE_KEY_CODE:
+            return DuplicateKey(f"{name}: {message}")
+        if code is not None and 2000 <= code < 3000:
+            return DatabaseUnavailable(f"{name}: connection lost ({code})")
+        if code in (1053, 1927):  # server shutdown, connection killed
+            return DatabaseUnavailable(f"{name}: server went away ({code})")
+        return StorageError(f"{name}: mysql error {code}: {message}")
+
+    async def aclose(self) -> None:
+        while self._idle:
+            conn = self._idle.pop()
+            with trio.move_on_after(1) as scope:
+                scope.shield = True
+                await conn.aclose()

@@ -1,0 +1,284 @@
+"""The storage contract.
+
+Theory of operation
+-------------------
+Two layers meet here.
+
+* :class:`Database` is what an *adapter* provides (``storage/sqlite``,
+  ``storage/mysql``): run one transaction body with bounded whole-transaction
+  retry on the backend's deadlock/conflict/busy codes, and say clearly when a
+  COMMIT's outcome is unknown. Statements are written once, with ``?``
+  placeholders and only the portable SQL of ``docs/architecture.md``.
+* :class:`WorkStorePort` is what the *kernel* uses: noun + verb methods, one
+  params value, an injectable ``now_us``; every write after a claim is
+  guarded by the fence (``..._if_owner``). It is implemented once over any
+  :class:`Database` (``storage/work_store.py``), and one conformance suite
+  (``tests/storage``) runs it against every adapter.
+
+Errors are typed so callers branch on meaning, not on driver codes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import attrs
+
+from daemon.core.outcomes import Finalization
+from daemon.core.states import WorkState
+from daemon.core.work import Fence, WorkItem, WorkSpec
+
+T = TypeVar("T")
+Row = tuple[Any, ...]
+
+
+class StorageError(Exception):
+    """Base of every storage error; its message never carries row payloads."""
+
+
+class DatabaseUnavailable(StorageError):
+    """The database could not be reached (refused, timed out, lost before COMMIT)."""
+
+
+class RetryableConflict(StorageError):
+    """Deadlock, lock-wait timeout, write conflict or SQLite BUSY: retry the whole transaction."""
+
+
+class RetriesExhausted(StorageError):
+    """A transaction kept meeting retryable conflicts past its retry budget."""
+
+
+class CommitOutcomeUnknown(StorageError):
+    """The connection was lost during COMMIT: reconcile by reading, never blind-retry."""
+
+
+class DuplicateKey(StorageError):
+    """A unique key already holds this value."""
+
+
+class SchemaMismatch(StorageError):
+    """The database schema is not the version this build expects."""
+
+
+class LostLease(StorageError):
+    """A fenced write found that the caller no longer owns the WorkItem."""
+
+    def __init__(self, fence: Fence) -> None:
+        super().__init__(
+            f"lost lease on work {fence.work_id} (epoch {fence.ownership_epoch})"
+        )
+        self.fence = fence
+
+
+class WorkNotFound(StorageError):
+    def __init__(self, work_id: str) -> None:
+        super().__init__(f"no work item {work_id}")
+        self.work_id = work_id
+
+
+class WorkConflict(StorageError):
+    """A requested operator transition lost to another transition or is not legal now."""
+
+
+class SqlTx(Protocol):
+    """One open transaction. Statements use ``?`` placeholders."""
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement; return the matched row count."""
+        ...
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        """Run one INSERT for many rows (a multi-row INSERT where the driver can)."""
+        ...
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        ...
+
+
+@attrs.define
+class DbStats:
+    """Counters every adapter keeps: the benchmark's statements and commits per item."""
+
+    statements: int = 0
+    commits: int = 0
+    rollbacks: int = 0
+    retries: int = 0
+    unknown_commits: int = 0
+
+
+class Database(Protocol):
+    """What a storage adapter provides."""
+
+    backend: str
+    stats: DbStats
+
+    async def transact(
+        self, body: Callable[[SqlTx], Awaitable[T]], *, name: str, write: bool = True
+    ) -> T:
+        """Run ``body`` in one transaction, retrying the whole body on retryable conflicts.
+
+        Raises :class:`CommitOutcomeUnknown` when the COMMIT's fate is unknown,
+        :class:`DatabaseUnavailable` when the server cannot be reached, and
+        :class:`RetriesExhausted` when conflicts outlast the retry budget.
+        """
+        ...
+
+    async def ping(self) -> None:
+        """Round-trip to the database or raise :class:`DatabaseUnavailable`."""
+        ...
+
+    async def aclose(self) -> None:
+        ...
+
+
+# ---------------------------------------------------------------- params & results
+
+
+@attrs.frozen(kw_only=True)
+class ClaimParams:
+    family: str
+    owner: str
+    limit: int
+    lease_ttl_us: int
+    # Oldest-first candidates examined to shape a fair batch.
+    window: int = 0
+    # Also sweep rows whose lease expired (reclaim, or dead when attempts are spent).
+    include_expired: bool = False
+    rotation: int = 0
+
+
+@attrs.frozen
+class ClaimResult:
+    claimed: list[WorkItem]
+    # Expired rows whose attempts were spent, moved to dead by this claim.
+    expired_dead: list[str]
+    # Candidates another claimant won first (contention, for metrics).
+    contended: int
+
+
+@attrs.frozen
+class RenewResult:
+    renewed: dict[str, int]  # work id -> new lease_until_us
+    lost: list[Fence]
+    cancel_requested: list[Fence]
+
+
+@attrs.frozen
+class FinalizeResult:
+    fence: Fence
+    applied: bool
+    state: WorkState | None
+
+
+@attrs.frozen
+class EnqueueResult:
+    work_id: str
+    created: bool  # False: an existing item had the same dedupe key
+
+
+@attrs.frozen(kw_only=True)
+class WorkQuery:
+    state: WorkState | None = None
+    family: str | None = None
+    org_id: str | None = None
+    subject_id: str | None = None
+    lane: str | None = None
+    after_id: str | None = None  # keyset pagination, newest first
+    limit: int = 50
+
+
+@attrs.frozen
+class QueueDepth:
+    family: str
+    state: WorkState
+    count: int
+    oldest_run_after_us: int | None
+
+
+@attrs.frozen(kw_only=True)
+class ReplayParams:
+    work_id: str
+    actor: str
+    role: str
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class AuditEntry:
+    audit_id: str
+    at_us: int
+    actor: str
+    role: str
+    action: str
+    target_kind: str
+    target_id: str
+    reason: str
+    before: str
+    after: str
+
+
+@attrs.frozen
+class CancelResult:
+    work_id: str
+    # "cancelled" (was unclaimed), "requested" (claimant will acknowledge), "noop" (terminal)
+    disposition: str
+    state: WorkState
+
+
+@attrs.frozen
+class Execution:
+    work_id: str
+    ownership_epoch: int
+    attempt: int
+    replica: str
+    outcome: str
+    finished_at_us: int
+
+
+@attrs.frozen(kw_only=True)
+class ReplicaInfo:
+    replica_id: str
+    hostname: str
+    pid: int
+    version: str
+    state: str  # starting | running | draining | stopped
+    families: str
+    started_at_us: int
+    heartbeat_at_us: int
+
+
+class WorkStorePort(Protocol):
+    """The kernel's storage contract (see the module docstring)."""
+
+    db: Database
+
+    async def work_enqueue(
+        self, specs: Sequence[WorkSpec], now_us: int
+    ) -> list[EnqueueResult]: ...
+
+    async def work_claim(self, params: ClaimParams, now_us: int) -> ClaimResult: ...
+
+    async def work_renew_if_owner(
+        self, fences: Sequence[Fence], lease_ttl_us: int, now_us: int
+    ) -> RenewResult: ...
+
+    async def work_finalize_if_owner(
+        self, finalizations: Sequence[Finalization], replica: str, now_us: int
+    ) -> list[FinalizeResult]: ...
+
+    async def work_fenced(
+        self, fence: Fence, now_us: int, body: Callable[[SqlTx], Awaitable[T]], *, name: str
+    ) -> T: ...
+
+    async def work_get(self, work_id: str) -> WorkItem | None: ...
+
+    async def work_list(self, query: WorkQuery) -> list[WorkItem]: ...
+
+    async def work_cancel(self, work_id: str, now_us: int) -> CancelResult: ...
+
+    async def work_replay(self, params: ReplayParams, now_us: int) -> WorkItem: ...
+
+    async def work_depths(self) -> list[QueueDepth]: ...
+
+    async def work_executions(self, work_id: str) -> list[Execution]: ...

@@ -1,0 +1,431 @@
+"""Enqueue, read, cancel, replay, depths, replicas and audit: the non-claim half.
+
+Replay never touches the terminal row it replays: it inserts a new WorkItem
+with ``replay_of`` lineage (unique, so two racing replays of one item have one
+winner) and appends an audit entry in the same transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from daemon.core.states import TERMINAL, WorkState
+from daemon.core.work import WorkItem, WorkSpec
+from storage.idgen import new_ulid
+from storage.port import (
+    AuditEntry,
+    CancelResult,
+    Database,
+    DuplicateKey,
+    EnqueueResult,
+    Execution,
+    QueueDepth,
+    ReplayParams,
+    ReplicaInfo,
+    SqlTx,
+    WorkConflict,
+    WorkNotFound,
+    WorkQuery,
+)
+from storage.work_rows import SELECT_WORK, from_row, in_states
+
+_INSERT_COLUMNS = (
+    "work_id, family, org_id, app_installation_id, subject_kind, subject_id, definition_ref,"
+    " catalog_revision, catalog_digest, payload, payload_schema_version,"
+    " engine_capability_version, queue_class, source_lane, source_seq, target_lane,"
+    " target_lane_hold, state, run_after_us, attempt, max_attempts, lease_owner, lease_token,"
+    " lease_until_us, ownership_epoch, cancel_requested, rollback_execution_fence_id,"
+    " legacy_outcome_receipt_version, legacy_outcome_receipt_digest, terminal_outcome,"
+    " failure_class, operator_summary, dedupe_key, replay_of, row_version, created_at_us,"
+    " updated_at_us"
+)
+_INSERT_SQL = (
+    f"INSERT INTO work_items ({_INSERT_COLUMNS}) VALUES"
+    " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, 'pending', ?, 0, ?, NULL, NULL,"
+    " NULL, 0, 0, NULL, NULL, NULL, NULL, NULL, NULL, ?, ?, 0, ?, ?)"
+)
+# States whose depth the pressure gauges report (dead is the DLQ).
+DEPTH_STATES = frozenset(WorkState) - TERMINAL | {WorkState.DEAD}
+REPLAYABLE = TERMINAL - {WorkState.RECONCILED_LEGACY_TERMINAL}
+
+
+def _insert_params(
+    work_id: str, spec: WorkSpec, seq: int | None, now_us: int
+) -> tuple[Any, ...]:
+    return (
+        work_id,
+        spec.family,
+        spec.org_id,
+        spec.app_installation_id,
+        spec.subject_kind,
+        spec.subject_id,
+        spec.definition_ref,
+        spec.catalog_revision,
+        spec.catalog_digest,
+        spec.payload,
+        spec.payload_schema_version,
+        spec.engine_capability_version,
+        spec.queue_class,
+        spec.source_lane,
+        seq,
+        spec.target_lane,
+        spec.run_after_us if spec.run_after_us is not None else now_us,
+        spec.max_attempts,
+        spec.dedupe_key,
+        spec.replay_of,
+        now_us,
+        now_us,
+    )
+
+
+async def allocate_source_seqs(tx: SqlTx, lanes: Counter[str]) -> dict[str, int]:
+    """Reserve ``n`` consecutive sequence numbers per lane; return each lane's first.
+
+    The counter row's lock serializes enqueuers of one lane until COMMIT, so
+    sequence order is commit order: no later number becomes visible first.
+    Lanes are taken in sorted order so two enqueuers never deadlock.
+    """
+    first: dict[str, int] = {}
+    for lane in sorted(lanes):
+        n = lanes[lane]
+        while True:
+            if await tx.execute(
+                "UPDATE work_source_lanes SET next_seq = next_seq + ? WHERE source_lane = ?",
+                (n, lane),
+            ):
+                rows = await tx.fetchall(
+                    "SELECT next_seq FROM work_source_lanes WHERE source_lane = ?", (lane,)
+                )
+                first[lane] = int(rows[0][0]) - n
+                break
+            try:
+                await tx.execute(
+                    "INSERT INTO work_source_lanes (source_lane, next_seq) VALUES (?, ?)",
+                    (lane, n + 1),
+                )
+                first[lane] = 1
+                break
+            except DuplicateKey:
+                continue  # another enqueuer created the lane first: take the UPDATE path
+    return first
+
+
+async def insert_work(
+    tx: SqlTx, specs: Sequence[WorkSpec], now_us: int
+) -> list[EnqueueResult]:
+    """Insert WorkItems inside the caller's transaction (used by enqueue and admission)."""
+    lanes = Counter(s.source_lane for s in specs if s.source_lane is not None)
+    next_seq = await allocate_source_seqs(tx, lanes) if lanes else {}
+    plain: list[tuple[Any, ...]] = []
+    results: list[EnqueueResult] = []
+    for spec in specs:
+        seq = None
+        if spec.source_lane is not None:
+            seq = next_seq[spec.source_lane]
+            next_seq[spec.source_lane] = seq + 1
+        work_id = new_ulid(now_us)
+        params = _insert_params(work_id, spec, seq, now_us)
+        if spec.dedupe_key is None and spec.replay_of is None:
+            plain.append(params)
+            results.append(EnqueueResult(work_id, True))
+            continue
+        try:
+            await tx.execute(_INSERT_SQL, params)
+            results.append(EnqueueResult(work_id, True))
+        except DuplicateKey:
+            if spec.replay_of is not None:
+                raise
+            rows = await tx.fetchall(
+                "SELECT work_id FROM work_items WHERE dedupe_key = ?", (spec.dedupe_key,)
+            )
+            results.append(EnqueueResult(str(rows[0][0]), False))
+    if plain:
+        await tx.executemany(_INSERT_SQL, plain)
+    return results
+
+
+class WorkAdmin:
+    """Non-claim methods of the work store (mixed into ``WorkStore``)."""
+
+    db: Database
+
+    async def work_enqueue(self, specs: Sequence[WorkSpec], now_us: int) -> list[EnqueueResult]:
+        if not specs:
+            return []
+
+        async def body(tx: SqlTx) -> list[EnqueueResult]:
+            return await insert_work(tx, specs, now_us)
+
+        return await self.db.transact(body, name="work.enqueue")
+
+    async def work_get(self, work_id: str) -> WorkItem | None:
+        async def body(tx: SqlTx) -> WorkItem | None:
+            rows = await tx.fetchall(f"{SELECT_WORK} WHERE work_id = ?", (work_id,))
+            return from_row(rows[0]) if rows else None
+
+        return await self.db.transact(body, name="work.get", write=False)
+
+    async def work_list(self, query: WorkQuery) -> list[WorkItem]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        for column, value in (
+            ("state", query.state.value if query.state else None),
+            ("family", query.family),
+            ("org_id", query.org_id),
+            ("subject_id", query.subject_id),
+        ):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if query.lane is not None:
+            clauses.append("(source_lane = ? OR target_lane = ?)")
+            params.extend((query.lane, query.lane))
+        if query.after_id is not None:
+            clauses.append("work_id < ?")
+            params.append(query.after_id)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        limit = max(1, min(query.limit, 1000))
+
+        async def body(tx: SqlTx) -> list[WorkItem]:
+            rows = await tx.fetchall(
+                f"{SELECT_WORK}{where} ORDER BY work_id DESC LIMIT ?", (*params, limit)
+            )
+            return [from_row(r) for r in rows]
+
+        return await self.db.transact(body, name="work.list", write=False)
+
+    async def work_cancel(self, work_id: str, now_us: int) -> CancelResult:
+        async def body(tx: SqlTx) -> CancelResult:
+            if await tx.execute(
+                "UPDATE work_items SET state = 'cancelled', terminal_outcome = 'cancelled',"
+                " operator_summary = 'cancelled before it ran', row_version = row_version + 1,"
+                " updated_at_us = ? WHERE work_id = ? AND state IN ('pending', 'retry')",
+                (now_us, work_id),
+            ):
+                return CancelResult(work_id, "cancelled", WorkState.CANCELLED)
+            if await tx.execute(
+                "UPDATE work_items SET cancel_requested = 1, row_version = row_version + 1,"
+                " updated_at_us = ? WHERE work_id = ? AND state = 'processing'",
+                (now_us, work_id),
+            ):
+                return CancelResult(work_id, "requested", WorkState.PROCESSING)
+            rows = await tx.fetchall("SELECT state FROM work_items WHERE work_id = ?", (work_id,))
+            if not rows:
+                raise WorkNotFound(work_id)
+            return CancelResult(work_id, "noop", WorkState(rows[0][0]))
+
+        return await self.db.transact(body, name="work.cancel")
+
+    async def work_replay(self, params: ReplayParams, now_us: int) -> WorkItem:
+        """Create a new WorkItem with lineage to a terminal one (authorization is the caller's)."""
+
+        async def body(tx: SqlTx) -> WorkItem:
+            rows = await tx.fetchall(f"{SELECT_WORK} WHERE work_id = ?", (params.work_id,))
+            if not rows:
+                raise WorkNotFound(params.work_id)
+            old = from_row(rows[0])
+            if old.state not in REPLAYABLE:
+                raise WorkConflict(f"work {old.work_id} is {old.state.value}; only terminal work"
+                                   " can be replayed")
+            spec = WorkSpec(
+                family=old.family,
+                org_id=old.org_id,
+                app_installation_id=old.app_installation_id,
+                subject_kind=old.subject_kind,
+                subject_id=old.subject_id,
+                definition_ref=old.definition_ref,
+                catalog_revision=old.catalog_revision,
+                catalog_digest=old.catalog_digest,
+                payload=old.payload,
+                payload_schema_version=old.payload_schema_version,
+                engine_capability_version=old.engine_capability_version,
+                queue_class=old.queue_class,
+                source_lane=old.source_lane,
+                target_lane=old.target_lane,
+                max_attempts=old.max_attempts,
+                replay_of=old.work_id,
+            )
+            try:
+                (created,) = await insert_work(tx, [spec], now_us)
+            except DuplicateKey:
+                raise WorkConflict(f"work {old.work_id} was already replayed") from None
+            await append_audit(
+                tx,
+                AuditEntry(
+                    audit_id=new_ulid(now_us),
+                    at_us=now_us,
+                    actor=params.actor,
+                    role=params.role,
+                    action="work.replay",
+                    target_kind="work_item",
+                    target_id=old.work_id,
+                    reason=params.reason,
+                    before=json.dumps({"work_id": old.work_id, "state": old.state.value}),
+                    after=json.dumps({"work_id": created.work_id, "state": "pending"}),
+                ),
+            )
+            new_rows = await tx.fetchall(f"{SELECT_WORK} WHERE work_id = ?", (created.work_id,))
+            return from_row(new_rows[0])
+
+        return await self.db.transact(body, name="work.replay")
+
+    async def work_depths(self) -> list[QueueDepth]:
+        async def body(tx: SqlTx) -> list[QueueDepth]:
+            out: list[QueueDepth] = []
+            for state in sorted(DEPTH_STATES):
+                rows = await tx.fetchall(
+                    "SELECT family, COUNT(*), MIN(run_after_us) FROM work_items"
+                    " WHERE state = ? GROUP BY family",
+                    (state.value,),
+                )
+                out.extend(
+                    QueueDepth(str(f), state, int(n), int(m) if m is not None else None)
+                    for f, n, m in rows
+                )
+            return out
+
+        return await self.db.transact(body, name="work.depths", write=False)
+
+    async def work_executions(self, work_id: str) -> list[Execution]:
+        async def body(tx: SqlTx) -> list[Execution]:
+            rows = await tx.fetchall(
+                "SELECT work_id, ownership_epoch, attempt, replica, outcome, finished_at_us"
+                " FROM work_executions WHERE work_id = ? ORDER BY ownership_epoch",
+                (work_id,),
+            )
+            return [
+                Execution(str(a), int(b), int(c), str(d), str(e), int(f))
+                for a, b, c, d, e, f in rows
+            ]
+
+        return await self.db.transact(body, name="work.executions", write=False)
+
+    async def work_execution_totals(self, family: str) -> tuple[int, int]:
+        """(execution rows, distinct work ids) that *succeeded* for one family."""
+
+        async def body(tx: SqlTx) -> tuple[int, int]:
+            rows = await tx.fetchall(
+                "SELECT COUNT(*), COUNT(DISTINCT e.work_id) FROM work_executions e"
+                " JOIN work_items w ON w.work_id = e.work_id"
+                " WHERE w.family = ? AND e.outcome = 'succeeded'",
+                (family,),
+            )
+            return int(rows[0][0]), int(rows[0][1])
+
+        return await self.db.transact(body, name="work.execution_totals", write=False)
+
+    async def work_count_open(self, family: str | None = None) -> int:
+        """Non-terminal items (of one family, or all)."""
+        family_clause = " AND family = ?" if family is not None else ""
+
+        async def body(tx: SqlTx) -> int:
+            rows = await tx.fetchall(
+                "SELECT COUNT(*) FROM work_items WHERE state IN"
+                f" {in_states(frozenset(WorkState) - TERMINAL)}{family_clause}",
+                (family,) if family is not None else (),
+            )
+            return int(rows[0][0])
+
+        return await self.db.transact(body, name="work.count_open", write=False)
+
+    async def replica_heartbeat(self, info: ReplicaInfo) -> None:
+        async def body(tx: SqlTx) -> None:
+            if await tx.execute(
+                "UPDATE replicas SET state = ?, heartbeat_at_us = ?, families = ?,"
+                " hostname = ?, pid = ?, version = ?, started_at_us = ? WHERE replica_id = ?",
+                (
+                    info.state,
+                    info.heartbeat_at_us,
+                    info.families,
+                    info.hostname,
+                    info.pid,
+                    info.version,
+                    info.started_at_us,
+                    info.replica_id,
+                ),
+            ):
+                return
+            await tx.execute(
+                "INSERT INTO replicas (replica_id, hostname, pid, version, state, families,"
+                " started_at_us, heartbeat_at_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    info.replica_id,
+                    info.hostname,
+                    info.pid,
+                    info.version,
+                    info.state,
+                    info.families,
+                    info.started_at_us,
+                    info.heartbeat_at_us,
+                ),
+            )
+
+        await self.db.transact(body, name="replica.heartbeat")
+
+    async def replica_list(self, seen_since_us: int) -> list[ReplicaInfo]:
+        async def body(tx: SqlTx) -> list[ReplicaInfo]:
+            rows = await tx.fetchall(
+                "SELECT replica_id, hostname, pid, version, state, families, started_at_us,"
+                " heartbeat_at_us FROM replicas WHERE heartbeat_at_us >= ?"
+                " ORDER BY replica_id",
+                (seen_since_us,),
+            )
+            return [
+                ReplicaInfo(
+                    replica_id=str(r[0]),
+                    hostname=str(r[1]),
+                    pid=int(r[2]),
+                    version=str(r[3]),
+                    state=str(r[4]),
+                    families=str(r[5]),
+                    started_at_us=int(r[6]),
+                    heartbeat_at_us=int(r[7]),
+                )
+                for r in rows
+            ]
+
+        return await self.db.transact(body, name="replica.list", write=False)
+
+    async def audit_list(self, limit: int = 100, target_id: str | None = None) -> list[AuditEntry]:
+        clause = " WHERE target_id = ?" if target_id is not None else ""
+        params: tuple[Any, ...] = (target_id,) if target_id is not None else ()
+
+        async def body(tx: SqlTx) -> list[AuditEntry]:
+            rows = await tx.fetchall(
+                "SELECT audit_id, at_us, actor, role, action, target_kind, target_id, reason,"
+                f" before_json, after_json FROM audit_log{clause}"
+                " ORDER BY audit_id DESC LIMIT ?",
+                (*params, max(1, min(limit, 1000))),
+            )
+            return [
+                AuditEntry(
+                    audit_id=str(r[0]),
+                    at_us=int(r[1]),
+                    actor=str(r[2]),
+                    role=str(r[3]),
+                    action=str(r[4]),
+                    target_kind=str(r[5]),
+                    target_id=str(r[6]),
+                    reason=str(r[7]),
+                    before=str(r[8]),
+                    after=str(r[9]),
+                )
+                for r in rows
+            ]
+
+        return await self.db.transact(body, name="audit.list", write=False)
+
+
+async def append_audit(tx: SqlTx, entry: AuditEntry) -> None:
+    """Append one audit entry inside the caller's transaction (there is no update path)."""
+    values = attrs.astuple(entry)
+    await tx.execute(
+        "INSERT INTO audit_log (audit_id, at_us, actor, role, action, target_kind, target_id,"
+        " reason, before_json, after_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        values,
+    )

@@ -1,0 +1,364 @@
+"""Claim, renew, finalize and the fence: the compare-and-swap half of the kernel.
+
+Theory of operation
+-------------------
+*Claim* is two steps in one short transaction: select eligible candidate ids
+(oldest first, lane rules applied by the database), then one conditional
+UPDATE over the chosen ids that re-checks ``state`` and ``run_after`` and
+installs a fresh lease token, ``ownership_epoch + 1`` and ``attempt + 1``.
+Whatever rows that UPDATE matched are ours; we read them back by token. Two
+claimants racing for a row cannot both match it: the second UPDATE sees the
+first's committed ``processing`` state (row locks on MySQL-family servers;
+the single writer lock on SQLite).
+
+Target lanes: the claim UPDATE copies ``target_lane`` into the unique
+``target_lane_hold`` column, so a second holder of one lane is a duplicate-key
+error, not a silent overlap. When a batch UPDATE meets that error we retry
+the batch row by row, so only the conflicting row is skipped.
+
+Source lanes: a candidate is eligible only when no earlier item of its lane
+is non-terminal. Sequence numbers are handed out under the lane counter's row
+lock at enqueue and terminal states never reopen, so "head of lane" cannot
+become false between the select and the UPDATE.
+
+Every later write names the fence: ``(work_id, lease_token, ownership_epoch)``
+with ``state = 'processing'`` and an unexpired lease. A claimant whose lease
+expired, even if nobody reclaimed the row yet, can change nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from daemon.core.lanes import Candidate, pick_batch
+from daemon.core.outcomes import Finalization
+from daemon.core.states import EXECUTABLE, WorkEvent, WorkState
+from daemon.core.work import Fence, WorkItem
+from storage.idgen import new_lease_token
+from storage.port import (
+    ClaimParams,
+    ClaimResult,
+    CommitOutcomeUnknown,
+    Database,
+    DuplicateKey,
+    FinalizeResult,
+    LostLease,
+    RenewResult,
+    SqlTx,
+)
+from storage.work_rows import (
+    LANE_BLOCKING_SQL,
+    SELECT_WORK,
+    fence_predicate,
+    from_row,
+    in_states,
+    placeholders,
+)
+
+T = TypeVar("T")
+
+_READY_SQL = (
+    "SELECT w.work_id, w.org_id, w.source_lane, w.target_lane, w.run_after_us"
+    " FROM work_items w"
+    " WHERE w.state = ? AND w.family = ? AND w.run_after_us <= ?"
+    " AND (w.target_lane IS NULL OR NOT EXISTS ("
+    "   SELECT 1 FROM work_items h WHERE h.target_lane_hold = w.target_lane))"
+    " AND (w.source_lane IS NULL OR NOT EXISTS ("
+    "   SELECT 1 FROM work_items p WHERE p.source_lane = w.source_lane"
+    f"   AND p.state IN {LANE_BLOCKING_SQL} AND p.source_seq < w.source_seq))"
+    " ORDER BY w.run_after_us, w.work_id LIMIT ?"
+)
+
+_CLAIM_SET = (
+    "UPDATE work_items SET state = 'processing', lease_owner = ?, lease_token = ?,"
+    " lease_until_us = ?, ownership_epoch = ownership_epoch + 1, attempt = attempt + 1,"
+    " target_lane_hold = target_lane, row_version = row_version + 1, updated_at_us = ?"
+)
+_CLAIM_WHERE = f" AND state IN {in_states(EXECUTABLE)} AND run_after_us <= ?"
+
+_EXPIRED_SQL = (
+    "SELECT work_id, lease_token, ownership_epoch, attempt, max_attempts FROM work_items"
+    " WHERE state = 'processing' AND lease_until_us < ? AND family = ?"
+    " ORDER BY lease_until_us LIMIT ?"
+)
+
+
+async def fence_lock(tx: SqlTx, fence: Fence, now_us: int) -> None:
+    """Hold the live fence inside ``tx``, or raise :class:`LostLease`.
+
+    An UPDATE (not a SELECT) so that the row stays locked until COMMIT on
+    MySQL-family servers: no reclaim can slip in between this check and the
+    caller's other writes in the same transaction.
+    """
+    matched = await tx.execute(
+        "UPDATE work_items SET row_version = row_version + 1"
+        " WHERE work_id = ? AND state = 'processing' AND lease_token = ?"
+        " AND ownership_epoch = ? AND lease_until_us >= ?",
+        (fence.work_id, fence.lease_token, fence.ownership_epoch, now_us),
+    )
+    if matched != 1:
+        raise LostLease(fence)
+
+
+class WorkClaims:
+    """Claim-side methods of the work store (mixed into ``WorkStore``)."""
+
+    db: Database
+
+    async def work_claim(self, params: ClaimParams, now_us: int) -> ClaimResult:
+        token = new_lease_token()
+        lease_until = now_us + params.lease_ttl_us
+        touched: list[str] = []
+
+        async def body(tx: SqlTx) -> ClaimResult:
+            touched.clear()
+            contended = 0
+            picked = await self._pick(tx, params, now_us)
+            ids = [c.work_id for c in picked]
+            if ids:
+                touched.extend(ids)
+                won = await self._claim_ids(tx, ids, params.owner, token, lease_until, now_us)
+                contended += len(ids) - won
+            expired_dead: list[str] = []
+            if params.include_expired:
+                reclaimed, expired_dead = await self._sweep_expired(
+                    tx, params, token, lease_until, now_us
+                )
+                touched.extend(reclaimed)
+            claimed: list[WorkItem] = []
+            if touched:
+                rows = await tx.fetchall(
+                    f"{SELECT_WORK} WHERE work_id IN ({placeholders(len(touched))})"
+                    " AND lease_token = ? AND state = 'processing'",
+                    (*touched, token),
+                )
+                claimed = [from_row(r) for r in rows]
+            return ClaimResult(claimed=claimed, expired_dead=expired_dead, contended=contended)
+
+        try:
+            return await self.db.transact(body, name="work.claim")
+        except CommitOutcomeUnknown:
+            # The claim may have committed: whatever carries our token is ours.
+            claimed = await self._read_by_token(touched, token)
+            return ClaimResult(claimed=claimed, expired_dead=[], contended=0)
+
+    async def _pick(self, tx: SqlTx, params: ClaimParams, now_us: int) -> list[Candidate]:
+        window = max(params.window, params.limit)
+        rows: list[tuple[Any, ...]] = []
+        for state in (WorkState.PENDING, WorkState.RETRY):
+            rows.extend(
+                await tx.fetchall(_READY_SQL, (state.value, params.family, now_us, window))
+            )
+        rows.sort(key=lambda r: (int(r[4]), str(r[0])))
+        candidates = [Candidate(str(r[0]), str(r[1]), r[2], r[3]) for r in rows[:window]]
+        # Replicas start at different offsets of the window so that they do
+        # not all queue on the same row locks.
+        strides = max(1, len(candidates) // max(1, params.limit))
+        offset = (params.rotation % strides) * params.limit
+        candidates = candidates[offset:] + candidates[:offset]
+        return pick_batch(candidates, params.limit, params.rotation)
+
+    async def _claim_ids(
+        self, tx: SqlTx, ids: list[str], owner: str, token: str, lease_until: int, now_us: int
+    ) -> int:
+        head = (owner, token, lease_until, now_us)
+        try:
+            return await tx.execute(
+                f"{_CLAIM_SET} WHERE work_id IN ({placeholders(len(ids))}){_CLAIM_WHERE}",
+                (*head, *ids, now_us),
+            )
+        except DuplicateKey:
+            pass  # a target lane is held by now: claim row by row, skip the conflict
+        won = 0
+        for work_id in ids:
+            try:
+                won += await tx.execute(
+                    f"{_CLAIM_SET} WHERE work_id = ?{_CLAIM_WHERE}", (*head, work_id, now_us)
+                )
+            except DuplicateKey:
+                continue
+        return won
+
+    async def _sweep_expired(
+        self, tx: SqlTx, params: ClaimParams, token: str, lease_until: int, now_us: int
+    ) -> tuple[list[str], list[str]]:
+        rows = await tx.fetchall(_EXPIRED_SQL, (now_us, params.family, params.limit))
+        spent = [Fence(str(r[0]), str(r[1]), int(r[2])) for r in rows if int(r[3]) >= int(r[4])]
+        again = [Fence(str(r[0]), str(r[1]), int(r[2])) for r in rows if int(r[3]) < int(r[4])]
+        dead: list[str] = []
+        if spent:
+            where, args = fence_predicate(spent)
+            await tx.execute(
+                "UPDATE work_items SET state = 'dead', lease_until_us = NULL,"
+                " target_lane_hold = NULL, terminal_outcome = 'dead',"
+                " failure_class = 'lease_expired', operator_summary = ?,"
+                " ownership_epoch = ownership_epoch + 1, row_version = row_version + 1,"
+                f" updated_at_us = ? WHERE {where} AND state = 'processing'"
+                " AND lease_until_us < ?",
+                ("lease expired with attempts exhausted", now_us, *args, now_us),
+            )
+            dead = [f.work_id for f in spent]
+        if again:
+            where, args = fence_predicate(again)
+            await tx.execute(
+                f"{_CLAIM_SET} WHERE {where} AND state = 'processing' AND lease_until_us < ?",
+                (params.owner, token, lease_until, now_us, *args, now_us),
+            )
+        return [f.work_id for f in again], dead
+
+    async def _read_by_token(self, ids: list[str], token: str) -> list[WorkItem]:
+        if not ids:
+            return []
+
+        async def body(tx: SqlTx) -> list[WorkItem]:
+            rows = await tx.fetchall(
+                f"{SELECT_WORK} WHERE work_id IN ({placeholders(len(ids))})"
+                " AND lease_token = ? AND state = 'processing'",
+                (*ids, token),
+            )
+            return [from_row(r) for r in rows]
+
+        return await self.db.transact(body, name="work.claim.reconcile", write=False)
+
+    async def work_renew_if_owner(
+        self, fences: Sequence[Fence], lease_ttl_us: int, now_us: int
+    ) -> RenewResult:
+        if not fences:
+            return RenewResult(renewed={}, lost=[], cancel_requested=[])
+        lease_until = now_us + lease_ttl_us
+        where, args = fence_predicate(fences)
+
+        async def body(tx: SqlTx) -> list[tuple[Any, ...]]:
+            await tx.execute(
+                "UPDATE work_items SET lease_until_us = ?, row_version = row_version + 1,"
+                f" updated_at_us = ? WHERE {where} AND state = 'processing'"
+                " AND lease_until_us >= ?",
+                (lease_until, now_us, *args, now_us),
+            )
+            return await tx.fetchall(
+                "SELECT work_id, lease_token, ownership_epoch, state, lease_until_us,"
+                f" cancel_requested FROM work_items WHERE {where}",
+                args,
+            )
+
+        try:
+            rows = await self.db.transact(body, name="work.renew")
+        except CommitOutcomeUnknown:
+            # Unknown renewals are treated as not renewed: the local deadline
+            # keeps running from the last *known* renewal.
+            return RenewResult(renewed={}, lost=[], cancel_requested=[])
+        by_id = {str(r[0]): r for r in rows}
+        renewed: dict[str, int] = {}
+        lost: list[Fence] = []
+        cancel: list[Fence] = []
+        for fence in fences:
+            row = by_id.get(fence.work_id)
+            if row is None or row[3] != "processing" or int(row[4] or 0) != lease_until:
+                lost.append(fence)
+                continue
+            renewed[fence.work_id] = lease_until
+            if row[5]:
+                cancel.append(fence)
+        return RenewResult(renewed=renewed, lost=lost, cancel_requested=cancel)
+
+    async def work_finalize_if_owner(
+        self, finalizations: Sequence[Finalization], replica: str, now_us: int
+    ) -> list[FinalizeResult]:
+        if not finalizations:
+            return []
+        groups: dict[tuple[Any, ...], list[Finalization]] = {}
+        for fin in finalizations:
+            key = (
+                fin.new_state.value,
+                fin.run_after_us,
+                fin.terminal_outcome,
+                fin.failure_class,
+                fin.summary,
+                1 if fin.refund_attempt else 0,
+            )
+            groups.setdefault(key, []).append(fin)
+
+        async def body(tx: SqlTx) -> list[FinalizeResult]:
+            results: list[FinalizeResult] = []
+            journal: list[tuple[Any, ...]] = []
+            for key, members in groups.items():
+                state, run_after, terminal, failure, summary, refund = key
+                fences = [m.fence for m in members]
+                where, args = fence_predicate(fences)
+                matched = await tx.execute(
+                    "UPDATE work_items SET state = ?, lease_until_us = NULL,"
+                    " target_lane_hold = NULL, run_after_us = COALESCE(?, run_after_us),"
+                    " terminal_outcome = ?, failure_class = ?, operator_summary = ?,"
+                    " attempt = attempt - ?, row_version = row_version + 1, updated_at_us = ?"
+                    f" WHERE {where} AND state = 'processing' AND lease_until_us >= ?",
+                    (state, run_after, terminal, failure, summary, refund, now_us, *args, now_us),
+                )
+                if matched == len(members):
+                    applied = {m.fence.work_id for m in members}
+                else:
+                    applied = await _applied(tx, fences, state)
+                for m in members:
+                    ok = m.fence.work_id in applied
+                    results.append(FinalizeResult(m.fence, ok, WorkState(state) if ok else None))
+                    if ok and m.event is not WorkEvent.RELEASE:
+                        journal.append(
+                            (
+                                m.fence.work_id,
+                                m.fence.ownership_epoch,
+                                m.attempt,
+                                replica,
+                                state,
+                                now_us,
+                            )
+                        )
+            if journal:
+                await tx.executemany(
+                    "INSERT INTO work_executions (work_id, ownership_epoch, attempt, replica,"
+                    " outcome, finished_at_us) VALUES (?, ?, ?, ?, ?, ?)",
+                    journal,
+                )
+            return results
+
+        try:
+            return await self.db.transact(body, name="work.finalize")
+        except CommitOutcomeUnknown:
+            return await self._reconcile_finalize(finalizations)
+
+    async def _reconcile_finalize(
+        self, finalizations: Sequence[Finalization]
+    ) -> list[FinalizeResult]:
+        fences = [f.fence for f in finalizations]
+
+        async def body(tx: SqlTx) -> dict[str, tuple[Any, ...]]:
+            where, args = fence_predicate(fences)
+            rows = await tx.fetchall(
+                f"SELECT work_id, state FROM work_items WHERE {where}", args
+            )
+            return {str(r[0]): r for r in rows}
+
+        rows = await self.db.transact(body, name="work.finalize.reconcile", write=False)
+        out = []
+        for fin in finalizations:
+            row = rows.get(fin.fence.work_id)
+            ok = row is not None and row[1] == fin.new_state.value
+            out.append(FinalizeResult(fin.fence, ok, fin.new_state if ok else None))
+        return out
+
+    async def work_fenced(
+        self, fence: Fence, now_us: int, body: Callable[[SqlTx], Awaitable[T]], *, name: str
+    ) -> T:
+        """Run ``body`` in one transaction that first proves the live fence."""
+
+        async def fenced(tx: SqlTx) -> T:
+            await fence_lock(tx, fence, now_us)
+            return await body(tx)
+
+        return await self.db.transact(fenced, name=name)
+
+
+async def _applied(tx: SqlTx, fences: Sequence[Fence], state: str) -> set[str]:
+    """Which fenced rows now show ``state`` under the same token and epoch (ours)."""
+    where, args = fence_predicate(fences)
+    rows = await tx.fetchall(f"SELECT work_id, state FROM work_items WHERE {where}", args)
+    return {str(r[0]) for r in rows if r[1] == state}
