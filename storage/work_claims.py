@@ -313,11 +313,7 @@ class WorkClaims:
                             )
                         )
             if journal:
-                await tx.executemany(
-                    "INSERT INTO work_executions (work_id, ownership_epoch, attempt, replica,"
-                    " outcome, finished_at_us) VALUES (?, ?, ?, ?, ?, ?)",
-                    journal,
-                )
+                await _journal(tx, journal)
             return results
 
         try:
@@ -362,3 +358,22 @@ async def _applied(tx: SqlTx, fences: Sequence[Fence], state: str) -> set[str]:
     where, args = fence_predicate(fences)
     rows = await tx.fetchall(f"SELECT work_id, state FROM work_items WHERE {where}", args)
     return {str(r[0]) for r in rows if r[1] == state}
+
+
+_JOURNAL_SQL = (
+    "INSERT INTO work_executions (work_id, ownership_epoch, attempt, replica, outcome,"
+    " finished_at_us) VALUES (?, ?, ?, ?, ?, ?)"
+)
+
+
+async def _journal(tx: SqlTx, entries: list[tuple[Any, ...]]) -> None:
+    """Journal finished executions; an entry already there (a repeated finalize
+    after an unknown COMMIT) is the same fact and is skipped."""
+    try:
+        await tx.executemany(_JOURNAL_SQL, entries)
+    except DuplicateKey:
+        for entry in entries:
+            try:
+                await tx.execute(_JOURNAL_SQL, entry)
+            except DuplicateKey:
+                continue

@@ -1,0 +1,289 @@
+"""Load settings: TOML file, then environment overrides, then secrets.
+
+* File: ``--config PATH`` (or ``$INTEGRATIOND_CONFIG``); without one, defaults.
+* Environment: ``INTEGRATIOND__SECTION__KEY=value`` overrides ``[section] key``
+  (``INTEGRATIOND__FAMILIES__NOOP__BATCH_SIZE=32`` for a family table).
+* Secrets never come from the TOML: the database password is read from
+  ``$CREDENTIALS_DIRECTORY/storage-password`` (systemd ``LoadCredential=``),
+  from the file named by ``storage.password_file``, or from
+  ``$INTEGRATIOND_STORAGE_PASSWORD``.
+
+Every problem raises :class:`ConfigError` naming the key, which the CLI prints
+as one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+import urllib.parse
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from config.settings import (
+    ROLES,
+    AdminSettings,
+    FamilySettings,
+    Operator,
+    ReplicaSettings,
+    Secret,
+    Settings,
+    StorageSettings,
+    WorkSettings,
+)
+
+ENV_PREFIX = "INTEGRATIOND__"
+_SECTIONS: dict[str, type[Any]] = {
+    "storage": StorageSettings,
+    "replica": ReplicaSettings,
+    "admin": AdminSettings,
+    "work": WorkSettings,
+}
+
+
+class ConfigError(Exception):
+    """A configuration problem, naming the key: ``storage.url: ...``."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+def _coerce(key: str, value: Any, kind: type[Any]) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+            return value.lower() in ("true", "1")
+        raise ConfigError(key, f"expected true or false, got {value!r}")
+    if kind is int:
+        if isinstance(value, bool):
+            raise ConfigError(key, f"expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(key, f"expected an integer, got {value!r}") from None
+    if kind is float:
+        if isinstance(value, bool):
+            raise ConfigError(key, f"expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(key, f"expected a number, got {value!r}") from None
+    if kind is str:
+        if not isinstance(value, str):
+            raise ConfigError(key, f"expected a string, got {value!r}")
+        return value
+    raise ConfigError(key, "unsupported setting type")
+
+
+_FIELD_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _build(section: str, cls: type[Any], table: Mapping[str, Any], skip: Collection[str] = ()) -> Any:
+    if not isinstance(table, Mapping):
+        raise ConfigError(section, "expected a table")
+    fields = {f.name: f for f in attrs.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for name, value in table.items():
+        key = f"{section}.{name}"
+        if name in skip:
+            continue
+        field = fields.get(name)
+        kind = _FIELD_TYPES.get(str(field.type)) if field is not None else None
+        if field is None or kind is None:
+            raise ConfigError(key, "unknown setting")
+        kwargs[name] = _coerce(key, value, kind)
+    return cls(**kwargs)
+
+
+def _positive(key: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(key, f"must be positive, got {value}")
+
+
+def _merge_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
+        if len(path) < 2:
+            raise ConfigError(name, "expected INTEGRATIOND__SECTION__KEY")
+        table = raw
+        for part in path[:-1]:
+            nested = table.setdefault(part, {})
+            if not isinstance(nested, dict):
+                raise ConfigError(".".join(path), "cannot override a non-table")
+            table = nested
+        table[path[-1]] = value
+
+
+def _read_secret_file(key: str, path: str) -> Secret:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(key, f"cannot read secret file: {exc.strerror}") from None
+    return Secret(text.strip())
+
+
+def _storage_password(
+    storage_raw: Mapping[str, Any], environ: Mapping[str, str]
+) -> Secret | None:
+    cred_dir = environ.get("CREDENTIALS_DIRECTORY")
+    if cred_dir and (Path(cred_dir) / "storage-password").exists():
+        return _read_secret_file(
+            "storage.password", str(Path(cred_dir) / "storage-password")
+        )
+    path = storage_raw.get("password_file")
+    if path:
+        return _read_secret_file("storage.password_file", str(path))
+    if "INTEGRATIOND_STORAGE_PASSWORD" in environ:
+        return Secret(environ["INTEGRATIOND_STORAGE_PASSWORD"])
+    return None
+
+
+def _validate_storage_url(url: str) -> None:
+    if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
+        return
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme in ("mysql", "mariadb", "tidb"):
+        if parts.password:
+            raise ConfigError(
+                "storage.url",
+                "do not put a password in the URL; use a credential file"
+                " (storage.password_file or LoadCredential=storage-password)",
+            )
+        if not parts.hostname or not parts.path.strip("/"):
+            raise ConfigError("storage.url", "expected mysql://user@host:port/database")
+        return
+    raise ConfigError(
+        "storage.url", "expected sqlite:///path/to/file.db or mysql://user@host:port/database"
+    )
+
+
+def parse_settings(
+    raw: dict[str, Any],
+    *,
+    environ: Mapping[str, str],
+    known_families: Collection[str],
+    base_dir: str = ".",
+) -> Settings:
+    """Build :class:`Settings` from a parsed TOML document plus the environment."""
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    _merge_env(raw, environ)
+    unknown = set(raw) - set(_SECTIONS) - {"families", "operators"}
+    if unknown:
+        raise ConfigError(sorted(unknown)[0], "unknown section")
+    storage_raw = raw.get("storage", {})
+    if isinstance(storage_raw, Mapping) and "password" in storage_raw:
+        raise ConfigError(
+            "storage.password",
+            "secrets are not read from the config file; use storage.password_file,"
+            " LoadCredential=storage-password or INTEGRATIOND_STORAGE_PASSWORD",
+        )
+    storage = _build("storage", StorageSettings, storage_raw, skip=("password_file",))
+    _validate_storage_url(storage.url)
+    if storage.sqlite_synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+        raise ConfigError("storage.sqlite_synchronous", "expected NORMAL, FULL or EXTRA")
+    _positive("storage.pool_size", storage.pool_size)
+    storage = attrs.evolve(storage, password=_storage_password(storage_raw, environ))
+
+    replica = _build("replica", ReplicaSettings, raw.get("replica", {}))
+    _positive("replica.heartbeat_interval", replica.heartbeat_interval)
+    if replica.drain_timeout < 0:
+        raise ConfigError("replica.drain_timeout", "must not be negative")
+
+    admin = _build("admin", AdminSettings, raw.get("admin", {}))
+    _parse_listen("admin.listen", admin.listen)
+
+    work = _build("work", WorkSettings, raw.get("work", {}))
+    for name in ("poll_interval", "reclaim_interval", "depth_sample_interval", "concurrency"):
+        _positive(f"work.{name}", getattr(work, name))
+    if work.lease_margin < 0:
+        raise ConfigError("work.lease_margin", "must not be negative")
+
+    families: dict[str, FamilySettings] = {}
+    fam_raw = raw.get("families", {})
+    if not isinstance(fam_raw, Mapping):
+        raise ConfigError("families", "expected a table of family tables")
+    for name, table in fam_raw.items():
+        if name not in known_families:
+            raise ConfigError(
+                f"families.{name}", f"unknown work family (known: {', '.join(sorted(known_families))})"
+            )
+        fam = _build(f"families.{name}", FamilySettings, table)
+        for field in ("max_attempts", "lease_ttl", "batch_size", "concurrency",
+                      "backoff_base", "backoff_cap"):
+            _positive(f"families.{name}.{field}", getattr(fam, field))
+        if fam.lease_ttl <= work.lease_margin:
+            raise ConfigError(
+                f"families.{name}.lease_ttl", "must be longer than work.lease_margin"
+            )
+        if fam.backoff_cap < fam.backoff_base:
+            raise ConfigError(f"families.{name}.backoff_cap", "must be at least backoff_base")
+        families[name] = fam
+    default_family = FamilySettings()
+    if default_family.lease_ttl <= work.lease_margin:
+        raise ConfigError("work.lease_margin", "must be shorter than the default lease_ttl (30)")
+
+    operators = []
+    ops_raw = raw.get("operators", [])
+    if not isinstance(ops_raw, list):
+        raise ConfigError("operators", "expected an array of tables ([[operators]])")
+    for i, entry in enumerate(ops_raw):
+        op = _build(f"operators[{i}]", Operator, entry)
+        if op.role not in ROLES:
+            raise ConfigError(f"operators[{i}].role", f"expected one of {', '.join(ROLES)}")
+        operators.append(op)
+    return Settings(
+        storage=storage,
+        replica=replica,
+        admin=admin,
+        work=work,
+        families=families,
+        operators=tuple(operators),
+        base_dir=base_dir,
+    )
+
+
+def _parse_listen(key: str, value: str) -> tuple[str, int]:
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(key, f"expected host:port, got {value!r}")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(key, f"expected host:port, got {value!r}") from None
+    if not 0 <= port < 65536:
+        raise ConfigError(key, f"port out of range: {port}")
+    return host.strip("[]"), port
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    return _parse_listen("listen", value)
+
+
+def load_settings(
+    path: str | None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    known_families: Collection[str],
+) -> Settings:
+    """Read ``path`` (or defaults when ``None``) and apply environment and secrets."""
+    env = os.environ if environ is None else environ
+    raw: dict[str, Any] = {}
+    base_dir = os.getcwd()
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError("--config", f"no such file: {path}") from None
+        except OSError as exc:
+            raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from None
+    return parse_settings(raw, environ=env, known_families=known_families, base_dir=base_dir)

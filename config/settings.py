@@ -1,0 +1,96 @@
+"""The settings model: every key integrationd reads, with its default.
+
+Values are ``@attrs.frozen``; :mod:`config.load` builds them from TOML,
+environment overrides and secret files, and names the offending key in every
+error. Secrets are :class:`Secret` values whose ``repr`` hides them.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class Secret:
+    """A secret value. ``repr`` and ``str`` never show it."""
+
+    value: str = attrs.field(repr=False)
+
+    def __repr__(self) -> str:
+        return "Secret(***)"
+
+    __str__ = __repr__
+
+    def reveal(self) -> str:
+        return self.value
+
+
+@attrs.frozen(kw_only=True)
+class StorageSettings:
+    url: str = "sqlite:///var/integrationd.db"
+    password: Secret | None = None
+    pool_size: int = 8
+    sqlite_synchronous: str = "FULL"
+
+
+@attrs.frozen(kw_only=True)
+class ReplicaSettings:
+    id: str = ""
+    heartbeat_interval: float = 5.0
+    drain_timeout: float = 30.0
+
+
+@attrs.frozen(kw_only=True)
+class AdminSettings:
+    listen: str = "127.0.0.1:8780"
+
+
+@attrs.frozen(kw_only=True)
+class WorkSettings:
+    poll_interval: float = 0.25
+    reclaim_interval: float = 1.0
+    depth_sample_interval: float = 5.0
+    concurrency: int = 256
+    lease_margin: float = 5.0
+    # Idle pause after a database error, doubling up to the cap.
+    db_backoff_cap: float = 5.0
+
+
+@attrs.frozen(kw_only=True)
+class FamilySettings:
+    max_attempts: int = 5
+    lease_ttl: float = 30.0
+    batch_size: int = 64
+    concurrency: int = 128
+    backoff_base: float = 1.0
+    backoff_cap: float = 300.0
+
+
+@attrs.frozen(kw_only=True)
+class Operator:
+    name: str
+    role: str  # viewer | operator | admin
+
+
+ROLES = ("viewer", "operator", "admin")
+
+
+@attrs.frozen(kw_only=True)
+class Settings:
+    storage: StorageSettings = StorageSettings()
+    replica: ReplicaSettings = ReplicaSettings()
+    admin: AdminSettings = AdminSettings()
+    work: WorkSettings = WorkSettings()
+    families: dict[str, FamilySettings] = attrs.field(factory=dict)
+    operators: tuple[Operator, ...] = ()
+    # Directory that relative paths (the SQLite file) resolve against.
+    base_dir: str = "."
+
+    def family(self, name: str) -> FamilySettings:
+        return self.families.get(name, FamilySettings())
+
+    def operator(self, name: str) -> Operator | None:
+        for op in self.operators:
+            if op.name == name:
+                return op
+        return None

@@ -1,0 +1,303 @@
+"""``integrationd``: run a replica, migrate, check configuration, operate on work.
+
+Exit codes: 0 success; 1 a runtime failure (database unreachable, conflict,
+not found); 2 bad configuration or usage (one line naming the key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+
+from config.load import ConfigError, load_settings
+from config.settings import Settings
+from daemon.services import logs
+from daemon.services.clock import WallClock
+from daemon.services.families import UnknownFamily, build_registry, known_family_names
+from daemon.services.operator_api import (
+    BadRequest,
+    EnqueueRequest,
+    NotAuthorized,
+    cancel,
+    enqueue,
+    item_json,
+    parse_state,
+    replay,
+)
+from storage.migrate import check_schema, migrate
+from storage.open import describe_url, open_store
+from storage.port import StorageError, WorkNotFound, WorkQuery
+from storage.work_store import WorkStore
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+class CliFailure(Exception):
+    """A runtime failure to report as one line, exit 1."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="integrationd",
+        description="Durable integration daemon: webhooks in, fenced work, effects out.",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        default=os.environ.get("INTEGRATIOND_CONFIG"),
+        help="TOML settings file (default: $INTEGRATIOND_CONFIG, else built-in defaults)",
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="structured log level on stderr (default INFO)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("run", help="run one replica: workers, admin listener, metrics")
+    sub.add_parser("migrate", help="apply pending schema migrations")
+    sub.add_parser("check-config", help="validate the configuration and print it (no secrets)")
+
+    work = sub.add_parser("work", help="operate on work items").add_subparsers(
+        dest="work_command", required=True, metavar="VERB"
+    )
+    enq = work.add_parser("enqueue", help="enqueue work of a family")
+    enq.add_argument("family", help="work family (e.g. noop)")
+    enq.add_argument("--count", type=int, default=1, help="how many items (default 1)")
+    enq.add_argument("--org", default="org-demo", help="org id (default org-demo)")
+    enq.add_argument("--payload", default="{}", help="JSON object payload (default {})")
+    enq.add_argument("--source-lane", help="source lane: items run in enqueue order")
+    enq.add_argument("--target-lane", help="target lane: one item at a time")
+    enq.add_argument("--delay", type=float, default=0.0, help="seconds before it may run")
+
+    lst = work.add_parser("list", help="list work items, newest first")
+    lst.add_argument("--state", help="filter by state (pending, dead, ...)")
+    lst.add_argument("--family", help="filter by family")
+    lst.add_argument("--org", help="filter by org id")
+    lst.add_argument("--subject", help="filter by subject id")
+    lst.add_argument("--lane", help="filter by source or target lane")
+    lst.add_argument("--after", help="page: items older than this id")
+    lst.add_argument("--limit", type=int, default=50, help="at most this many (max 1000)")
+    lst.add_argument("--json", action="store_true", help="print JSON (one document)")
+
+    show = work.add_parser("show", help="show one work item with its executions")
+    show.add_argument("work_id")
+    show.add_argument("--json", action="store_true", help="print JSON")
+
+    rep = work.add_parser("replay", help="replay a terminal item as a new one with lineage")
+    rep.add_argument("work_id")
+    rep.add_argument("--actor", required=True, help="operator name (must hold operator/admin)")
+    rep.add_argument("--reason", required=True, help="why (kept in the audit log)")
+    rep.add_argument("--json", action="store_true", help="print the new item as JSON")
+
+    can = work.add_parser("cancel", help="cancel an item (a running one acknowledges)")
+    can.add_argument("work_id")
+    can.add_argument("--actor", required=True, help="operator name (must hold operator/admin)")
+
+    work.add_parser("depths", help="queue depth per family and state (JSON)")
+    return parser
+
+
+def _print_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+async def _open(settings: Settings) -> WorkStore:
+    password = settings.storage.password.reveal() if settings.storage.password else None
+    try:
+        return await open_store(
+            settings.storage.url,
+            password=password,
+            pool_size=settings.storage.pool_size,
+            sqlite_synchronous=settings.storage.sqlite_synchronous,
+            base_dir=settings.base_dir,
+        )
+    except StorageError as exc:
+        raise CliFailure(
+            f"database unreachable ({describe_url(settings.storage.url)}): {exc}"
+        ) from None
+
+
+async def _with_store(settings: Settings, action: Callable[[WorkStore], Any]) -> Any:
+    store = await _open(settings)
+    try:
+        return await action(store)
+    finally:
+        await store.db.aclose()
+
+
+async def _cmd_migrate(settings: Settings) -> int:
+    async def act(store: WorkStore) -> list[int]:
+        return await migrate(store.db, store.dialect, WallClock().now_us())
+
+    applied = await _with_store(settings, act)
+    logs.event("migrate_done", applied=",".join(map(str, applied)) or "none")
+    sys.stdout.write(f"migrations applied: {applied or 'none (up to date)'}\n")
+    return EXIT_OK
+
+
+async def _cmd_run(settings: Settings) -> int:
+    from daemon.services.replica import Replica
+
+    store = await _open(settings)
+    try:
+        await check_schema(store.db, store.dialect)
+        registry = build_registry(settings)
+        replica = Replica(settings, store, registry, WallClock())
+        if settings.replica.id:
+            replica.replica_id = settings.replica.id
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_signals, replica, nursery.cancel_scope)
+            await replica.run()  # returns once a drain has finished
+            nursery.cancel_scope.cancel()
+    finally:
+        await store.db.aclose()
+    return EXIT_OK
+
+
+async def _watch_signals(replica: Any, scope: trio.CancelScope) -> None:
+    """First SIGTERM/SIGINT drains; a second one stops at once."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            if replica.state in ("draining", "stopped"):
+                logs.warn("replica_forced_stop", signal=int(signum))
+                scope.cancel()
+                return
+            logs.event("replica_signal", signal=int(signum))
+            replica.request_drain()
+
+
+async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
+    clock = WallClock()
+    registry = build_registry(settings)
+    verb = args.work_command
+
+    async def act(store: WorkStore) -> int:
+        await check_schema(store.db, store.dialect)
+        if verb == "enqueue":
+            ids = await enqueue(
+                store,
+                registry,
+                clock,
+                EnqueueRequest(
+                    family=args.family,
+                    count=args.count,
+                    org_id=args.org,
+                    payload=args.payload,
+                    source_lane=args.source_lane,
+                    target_lane=args.target_lane,
+                    delay_s=args.delay,
+                ),
+            )
+            _print_json({"enqueued": len(ids), "first": ids[0], "last": ids[-1]})
+        elif verb == "list":
+            query = WorkQuery(
+                state=parse_state(args.state),
+                family=args.family,
+                org_id=args.org,
+                subject_id=args.subject,
+                lane=args.lane,
+                after_id=args.after,
+                limit=args.limit,
+            )
+            items = await store.work_list(query)
+            if args.json:
+                _print_json([item_json(i) for i in items])
+            else:
+                for i in items:
+                    sys.stdout.write(
+                        f"{i.work_id}  {i.family:<12} {i.state.value:<24} attempt={i.attempt}"
+                        f" epoch={i.ownership_epoch} org={i.org_id}\n"
+                    )
+        elif verb == "show":
+            item = await store.work_get(args.work_id)
+            if item is None:
+                raise WorkNotFound(args.work_id)
+            doc = item_json(item, await store.work_executions(item.work_id))
+            if args.json:
+                _print_json(doc)
+            else:
+                sys.stdout.write("\n".join(f"{k}: {v}" for k, v in doc.items()) + "\n")
+        elif verb == "replay":
+            new = await replay(
+                store, settings, registry, clock,
+                work_id=args.work_id, actor=args.actor, reason=args.reason,
+            )
+            if args.json:
+                _print_json(item_json(new))
+            else:
+                sys.stdout.write(f"replayed {args.work_id} as {new.work_id}\n")
+        elif verb == "cancel":
+            result = await cancel(store, settings, clock, work_id=args.work_id, actor=args.actor)
+            _print_json({"work_id": result.work_id, "disposition": result.disposition,
+                         "state": result.state.value})
+        elif verb == "depths":
+            depths = await store.work_depths()
+            _print_json([
+                {"family": d.family, "state": d.state.value, "count": d.count,
+                 "oldest_run_after_us": d.oldest_run_after_us}
+                for d in depths
+            ])
+        return EXIT_OK
+
+    result: int = await _with_store(settings, act)
+    return result
+
+
+def _summarize(settings: Settings) -> dict[str, Any]:
+    return {
+        "storage": {"url": describe_url(settings.storage.url),
+                    "password": "set" if settings.storage.password else "unset",
+                    "pool_size": settings.storage.pool_size},
+        "admin": {"listen": settings.admin.listen},
+        "replica": {"id": settings.replica.id or "(hostname:pid)",
+                    "drain_timeout": settings.replica.drain_timeout},
+        "work": {"concurrency": settings.work.concurrency,
+                 "lease_margin": settings.work.lease_margin,
+                 "poll_interval": settings.work.poll_interval},
+        "families": {name: {"lease_ttl": settings.family(name).lease_ttl,
+                            "batch_size": settings.family(name).batch_size,
+                            "max_attempts": settings.family(name).max_attempts}
+                     for name in known_family_names()},
+        "operators": [{"name": o.name, "role": o.role} for o in settings.operators],
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logs.configure(args.log_level)
+    try:
+        settings = load_settings(args.config, known_families=known_family_names())
+    except ConfigError as exc:
+        sys.stderr.write(f"integrationd: config error: {exc}\n")
+        return EXIT_USAGE
+    try:
+        if args.command == "check-config":
+            _print_json(_summarize(settings))
+            return EXIT_OK
+        if args.command == "migrate":
+            return trio.run(_cmd_migrate, settings)
+        if args.command == "run":
+            return trio.run(_cmd_run, settings)
+        if args.command == "work":
+            return trio.run(_cmd_work, settings, args)
+    except (BadRequest, UnknownFamily) as exc:
+        sys.stderr.write(f"integrationd: {exc}\n")
+        return EXIT_USAGE
+    except (CliFailure, NotAuthorized, StorageError) as exc:
+        sys.stderr.write(f"integrationd: {exc}\n")
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return EXIT_FAILURE
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

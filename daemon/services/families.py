@@ -1,0 +1,134 @@
+"""Work families: a name, a policy, and a handler. The kernel never branches on names.
+
+A handler receives a :class:`WorkContext` and returns an
+:class:`~daemon.core.outcomes.Outcome`. Anything it writes to the database
+after the claim goes through :meth:`WorkContext.fenced`, which proves the live
+fence in the same transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import attrs
+import trio
+
+from config.settings import FamilySettings, Settings
+from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
+from daemon.core.retry import BackoffPolicy
+from daemon.core.work import Fence, WorkItem
+from daemon.services.clock import Clock
+from storage.port import SqlTx
+from storage.work_store import WorkStore
+
+T = TypeVar("T")
+
+
+class UnknownFamily(Exception):
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(f"unknown work family {name!r} (known: {', '.join(known)})")
+        self.name = name
+
+
+@attrs.define(eq=False)
+class WorkContext:
+    """What a handler may use: its item, its fence, and fenced storage."""
+
+    item: WorkItem
+    fence: Fence
+    store: WorkStore
+    clock: Clock
+    replica_id: str
+
+    async def fenced(self, body: Callable[[SqlTx], Awaitable[T]], *, name: str) -> T:
+        """Run ``body`` in a transaction that first proves this claim is still live."""
+        return await self.store.work_fenced(self.fence, self.clock.now_us(), body, name=name)
+
+    async def check_fence(self) -> None:
+        """Raise :class:`storage.port.LostLease` unless this claim is still live."""
+
+        async def nothing(tx: SqlTx) -> None:
+            return None
+
+        await self.fenced(nothing, name="work.fence_check")
+
+
+Handler = Callable[[WorkContext], Awaitable[Outcome]]
+
+
+@attrs.frozen
+class WorkFamily:
+    name: str
+    handler: Handler
+    settings: FamilySettings
+
+    @property
+    def backoff(self) -> BackoffPolicy:
+        floor = min(0.05, self.settings.backoff_base)
+        return BackoffPolicy(
+            base_s=self.settings.backoff_base, cap_s=self.settings.backoff_cap, floor_s=floor
+        )
+
+    @property
+    def lease_ttl_us(self) -> int:
+        return int(self.settings.lease_ttl * 1_000_000)
+
+
+@attrs.define
+class FamilyRegistry:
+    families: dict[str, WorkFamily] = attrs.field(factory=dict)
+
+    def add(self, family: WorkFamily) -> None:
+        self.families[family.name] = family
+
+    def get(self, name: str) -> WorkFamily:
+        try:
+            return self.families[name]
+        except KeyError:
+            raise UnknownFamily(name, sorted(self.families)) from None
+
+    def names(self) -> list[str]:
+        return sorted(self.families)
+
+
+async def noop_handler(ctx: WorkContext) -> Outcome:
+    """The built-in ``noop`` family, for demos and benchmarks.
+
+    An empty payload does nothing. For demos and tests a payload may ask for
+    ``sleep_ms`` (hold the claim a while), ``fail_attempts`` (ask for a retry
+    on the first N attempts) or ``dead`` (dead-letter at once). Each finished
+    execution is journaled by the kernel (work id, epoch) when it finalizes.
+    """
+    if ctx.item.payload in ("", "{}"):
+        return Succeeded()
+    try:
+        doc: Any = json.loads(ctx.item.payload)
+    except ValueError:
+        return DeadLetter("bad_payload", "noop payload is not JSON")
+    if not isinstance(doc, Mapping):
+        return DeadLetter("bad_payload", "noop payload is not an object")
+    sleep_ms = doc.get("sleep_ms", 0)
+    if isinstance(sleep_ms, int | float) and sleep_ms > 0:
+        await trio.sleep(sleep_ms / 1000)
+    if doc.get("dead"):
+        return DeadLetter("requested", "noop payload asked to dead-letter")
+    fail_attempts = doc.get("fail_attempts", 0)
+    if isinstance(fail_attempts, int) and ctx.item.attempt <= fail_attempts:
+        return RetryLater("requested", f"noop payload asked to fail attempt {ctx.item.attempt}")
+    return Succeeded()
+
+
+BUILTIN_HANDLERS: dict[str, Handler] = {"noop": noop_handler}
+
+
+def known_family_names() -> list[str]:
+    return sorted(BUILTIN_HANDLERS)
+
+
+def build_registry(settings: Settings, handlers: Mapping[str, Handler] | None = None) -> FamilyRegistry:
+    registry = FamilyRegistry()
+    for name, handler in (handlers or BUILTIN_HANDLERS).items():
+        registry.add(WorkFamily(name, handler, settings.family(name)))
+    return registry

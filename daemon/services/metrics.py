@@ -1,0 +1,139 @@
+"""One metrics model for every work family (Prometheus).
+
+Names are in base units with ``_total`` counters; labels are low-cardinality
+(family, state, outcome, backend): never an org, item or lease id. Queue depth
+gauges come from the depth sampler (one bounded query per interval), never
+from a query per scrape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from storage.port import DbStats, QueueDepth
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _DbStatsCollector(Collector):
+    def __init__(self, backend: str, stats: DbStats) -> None:
+        self._backend = backend
+        self._stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for name, doc, value in (
+            ("integrationd_db_statements", "SQL statements sent", self._stats.statements),
+            ("integrationd_db_commits", "Transactions committed", self._stats.commits),
+            ("integrationd_db_rollbacks", "Transactions rolled back", self._stats.rollbacks),
+            (
+                "integrationd_db_transaction_retries",
+                "Whole-transaction retries after deadlock/conflict/busy",
+                self._stats.retries,
+            ),
+            (
+                "integrationd_db_unknown_commits",
+                "COMMITs whose outcome was unknown (reconciled by reading)",
+                self._stats.unknown_commits,
+            ),
+        ):
+            family = CounterMetricFamily(name, doc, labels=["backend"])
+            family.add_metric([self._backend], value)
+            yield family
+
+
+class Metrics:
+    """The replica's metrics, in its own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.claimed = Counter(
+            "integrationd_work_claimed", "WorkItems claimed", ["family"], registry=r
+        )
+        self.claim_contention = Counter(
+            "integrationd_work_claim_contention",
+            "Candidates another replica claimed first",
+            ["family"],
+            registry=r,
+        )
+        self.finalized = Counter(
+            "integrationd_work_finalized",
+            "WorkItems finalized by this replica, by resulting state",
+            ["family", "outcome"],
+            registry=r,
+        )
+        self.lease_lost = Counter(
+            "integrationd_work_lease_lost",
+            "Claims that lost their lease (stale claimant stopped)",
+            ["family"],
+            registry=r,
+        )
+        self.expired_dead = Counter(
+            "integrationd_work_expired_dead",
+            "Expired leases whose attempts were spent, moved to dead",
+            ["family"],
+            registry=r,
+        )
+        self.execution_seconds = Histogram(
+            "integrationd_work_execution_seconds",
+            "Handler run time",
+            ["family"],
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120),
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "integrationd_work_in_flight", "Handlers running now", ["family"], registry=r
+        )
+        self.queue_depth = Gauge(
+            "integrationd_work_queue_depth",
+            "WorkItems per family and state (sampled)",
+            ["family", "state"],
+            registry=r,
+        )
+        self.oldest_age = Gauge(
+            "integrationd_work_oldest_age_seconds",
+            "Age of the oldest run_after per family and state (sampled)",
+            ["family", "state"],
+            registry=r,
+        )
+        self.depth_sampled_at = Gauge(
+            "integrationd_work_depth_sample_timestamp_seconds",
+            "When the depth gauges were last sampled",
+            registry=r,
+        )
+        self.db_errors = Counter(
+            "integrationd_db_errors",
+            "Database operations that failed (unreachable, retries exhausted)",
+            ["operation"],
+            registry=r,
+        )
+        self.draining = Gauge(
+            "integrationd_replica_draining", "1 while this replica drains", registry=r
+        )
+        self._depth_keys: set[tuple[str, str]] = set()
+
+    def attach_db(self, backend: str, stats: DbStats) -> None:
+        self.registry.register(_DbStatsCollector(backend, stats))
+
+    def set_depths(self, depths: list[QueueDepth], now_us: int) -> None:
+        seen: set[tuple[str, str]] = set()
+        for d in depths:
+            key = (d.family, d.state.value)
+            seen.add(key)
+            self.queue_depth.labels(*key).set(d.count)
+            age = 0.0
+            if d.oldest_run_after_us is not None:
+                age = max(0.0, (now_us - d.oldest_run_after_us) / 1_000_000)
+            self.oldest_age.labels(*key).set(age)
+        for key in self._depth_keys - seen:
+            self.queue_depth.labels(*key).set(0)
+            self.oldest_age.labels(*key).set(0)
+        self._depth_keys |= seen
+        self.depth_sampled_at.set(now_us / 1_000_000)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

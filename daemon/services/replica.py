@@ -1,0 +1,237 @@
+"""One replica: the supervisor of every service in the process.
+
+Theory of operation
+-------------------
+The service tree, each started with ``nursery.start`` so that "started" means
+ready::
+
+    Replica.run
+    |- admin HTTP server (/metrics, /healthz, /readyz; the admin UI later)
+    |- heartbeat (replicas table: seen, running/draining)
+    |- depth sampler (one bounded query per interval feeds the depth gauges)
+    '- work
+       |- completer (batched fenced finalization)
+       |- lease keeper (renewals; stops work whose lease is lost or untrusted)
+       '- worker pool (handler tasks)
+          '- schedulers, one per family (claim loops)
+
+Drain (SIGTERM/SIGINT, or :meth:`Replica.request_drain`): cancel the
+schedulers' scope so that nothing new is claimed; let in-flight handlers
+finish until ``replica.drain_timeout``; then stop the rest, which release
+their items (fenced) back to ``retry``; flush the completer; report
+``stopped``; return. Shutdown is cancel scopes and deadlines, not flags.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import attrs
+import trio
+
+from admin_ui.app import create_app
+from config.settings import Settings
+from daemon.services import logs, sdnotify
+from daemon.services.clock import Clock
+from daemon.services.completer import Completer
+from daemon.services.families import FamilyRegistry
+from daemon.services.http_server import serve_app
+from daemon.services.lease_keeper import LeaseKeeper
+from daemon.services.metrics import Metrics
+from daemon.services.scheduler import Scheduler
+from daemon.services.worker_pool import WorkerPool
+from storage.port import ReplicaInfo, StorageError
+from storage.work_store import WorkStore
+
+VERSION = "0.1.0"
+
+
+def default_replica_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@attrs.define(eq=False)
+class Replica:
+    settings: Settings
+    store: WorkStore
+    registry: FamilyRegistry
+    clock: Clock
+    metrics: Metrics = attrs.field(factory=Metrics)
+    replica_id: str = attrs.field(factory=default_replica_id)
+    admin_address: str | None = None
+    schedulers: dict[str, Scheduler] = attrs.field(factory=dict)
+    pool: WorkerPool | None = None
+    _drain: trio.Event = attrs.field(factory=trio.Event)
+    _state: str = "starting"
+    _last_db_ok: float = 0.0
+    _started_at_us: int = 0
+
+    # --------------------------------------------------------------- public
+
+    def request_drain(self) -> None:
+        """Stop claiming and drain; ``run`` returns when done."""
+        self._drain.set()
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    def metrics_text(self) -> bytes:
+        return self.metrics.render()
+
+    def readiness(self) -> tuple[bool, dict[str, object]]:
+        db_fresh = time.monotonic() - self._last_db_ok < max(
+            15.0, 3 * self.settings.replica.heartbeat_interval
+        )
+        claims_ok = all(s.db_ok for s in self.schedulers.values())
+        ready = self._state == "running" and db_fresh and claims_ok
+        return ready, {
+            "state": self._state,
+            "database": "ok" if db_fresh and claims_ok else "unreachable",
+            "replica": self.replica_id,
+        }
+
+    def wake(self, family: str) -> None:
+        """Local wake-up: new work of ``family`` was enqueued in this process."""
+        scheduler = self.schedulers.get(family)
+        if scheduler is not None:
+            scheduler.wake()
+
+    # ----------------------------------------------------------------- run
+
+    async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        self._started_at_us = self.clock.now_us()
+        self.metrics.attach_db(self.store.db.backend, self.store.db.stats)
+        await self.store.db.ping()
+        self._last_db_ok = time.monotonic()
+        async with trio.open_nursery() as services:
+            self.admin_address = await services.start(
+                serve_app, create_app(self), self.settings.admin.listen
+            )
+            await services.start(self._heartbeat_loop)
+            await services.start(self._depth_loop)
+            logs.event(
+                "replica_started",
+                replica=self.replica_id,
+                admin=self.admin_address,
+                backend=self.store.db.backend,
+                families=",".join(self.registry.names()),
+            )
+            await self._run_work(task_status)
+            self._state = "stopped"
+            self.metrics.draining.set(0)
+            await self._heartbeat_once()
+            services.cancel_scope.cancel()
+        logs.event("replica_stopped", replica=self.replica_id)
+
+    async def _run_work(self, task_status: trio.TaskStatus[str]) -> None:
+        s = self.settings
+        completer = Completer(self.store, self.clock, self.metrics, self.replica_id,
+                              backoff_cap_s=s.work.db_backoff_cap)
+        pool = WorkerPool(
+            store=self.store,
+            registry=self.registry,
+            clock=self.clock,
+            metrics=self.metrics,
+            completer=completer,
+            replica_id=self.replica_id,
+            lease_margin_s=s.work.lease_margin,
+            global_limit=s.work.concurrency,
+        )
+        self.pool = pool
+        min_ttl = min((f.settings.lease_ttl for f in self.registry.families.values()), default=30)
+        keeper = LeaseKeeper(
+            self.store, pool, self.clock, self.metrics, s.work.lease_margin,
+            tick_s=max(0.05, min_ttl / 6),
+        )
+        async with trio.open_nursery() as work:
+            await work.start(completer.run)
+            await work.start(keeper.run)
+            await work.start(pool.run)
+            async with trio.open_nursery() as claiming:
+                for family in self.registry.families.values():
+                    scheduler = Scheduler(
+                        family=family,
+                        store=self.store,
+                        pool=pool,
+                        clock=self.clock,
+                        metrics=self.metrics,
+                        owner=self.replica_id,
+                        poll_interval_s=s.work.poll_interval,
+                        reclaim_interval_s=s.work.reclaim_interval,
+                        db_backoff_cap_s=s.work.db_backoff_cap,
+                    )
+                    self.schedulers[family.name] = scheduler
+                    await claiming.start(scheduler.run)
+                self._state = "running"
+                await self._heartbeat_once()
+                sdnotify.notify("READY=1\nSTATUS=running")
+                task_status.started(self.admin_address or "")
+                await self._drain.wait()
+                self._state = "draining"
+                self.metrics.draining.set(1)
+                sdnotify.notify("STOPPING=1\nSTATUS=draining")
+                logs.event("replica_draining", replica=self.replica_id,
+                           in_flight=len(pool.flights))
+                await self._heartbeat_once()
+                claiming.cancel_scope.cancel()
+            with trio.move_on_after(s.replica.drain_timeout):
+                await pool.wait_idle()
+            if pool.flights:
+                logs.warn("replica_drain_deadline", replica=self.replica_id,
+                          releasing=len(pool.flights))
+                pool.stop_all("drain")
+                await pool.wait_idle()
+            work.cancel_scope.cancel()
+
+    # ------------------------------------------------------------ periodic
+
+    async def _heartbeat_once(self) -> None:
+        info = ReplicaInfo(
+            replica_id=self.replica_id,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            version=VERSION,
+            state=self._state,
+            families=json.dumps(self.registry.names()),
+            started_at_us=self._started_at_us,
+            heartbeat_at_us=self.clock.now_us(),
+        )
+        try:
+            with trio.move_on_after(10):
+                await self.store.replica_heartbeat(info)
+                self._last_db_ok = time.monotonic()
+        except StorageError as exc:
+            self.metrics.db_errors.labels("heartbeat").inc()
+            logs.warn("replica_heartbeat_failed", error=str(exc))
+
+    async def _heartbeat_loop(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        task_status.started()
+        watchdog = sdnotify.watchdog_interval_s()
+        interval = self.settings.replica.heartbeat_interval
+        if watchdog is not None:
+            interval = min(interval, watchdog)
+        while True:
+            await trio.sleep(interval)
+            await self._heartbeat_once()
+            if watchdog is not None:
+                sdnotify.notify("WATCHDOG=1")
+
+    async def _depth_loop(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        task_status.started()
+        while True:
+            try:
+                depths = await self.store.work_depths()
+                self.metrics.set_depths(depths, self.clock.now_us())
+                self._last_db_ok = time.monotonic()
+            except StorageError as exc:
+                self.metrics.db_errors.labels("depth_sample").inc()
+                logs.warn("work_depth_sample_failed", error=str(exc))
+            await trio.sleep(self.settings.work.depth_sample_interval)

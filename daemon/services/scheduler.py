@@ -1,0 +1,105 @@
+"""One claim loop per work family, in every replica.
+
+The scheduler owns fairness, cadence and admission for its family; it does
+not own exclusivity (the claim CAS in the database does). It claims when it
+has free slots, as many items as it can run (in batches), immediately again
+while batches come back full, and otherwise waits for the poll interval or a
+local wake-up (an in-process enqueue, or a slot freed after it was full).
+Expired leases are swept every ``reclaim_interval``. Database errors back off
+exponentially to ``db_backoff_cap`` and never crash the replica.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import attrs
+import trio
+
+from daemon.services import logs
+from daemon.services.clock import Clock
+from daemon.services.families import WorkFamily
+from daemon.services.metrics import Metrics
+from daemon.services.worker_pool import WorkerPool
+from storage.port import ClaimParams, StorageError
+from storage.work_store import WorkStore
+
+
+@attrs.define(eq=False)
+class Scheduler:
+    family: WorkFamily
+    store: WorkStore
+    pool: WorkerPool
+    clock: Clock
+    metrics: Metrics
+    owner: str
+    poll_interval_s: float
+    reclaim_interval_s: float
+    db_backoff_cap_s: float
+    _wakeup: trio.Event = attrs.field(factory=trio.Event)
+    _db_ok: bool = True
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    @property
+    def db_ok(self) -> bool:
+        return self._db_ok
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        batch = self.family.settings.batch_size
+        pause = 0.05
+        last_sweep = -math.inf
+        while True:
+            free = self.pool.free_slots(self.family)
+            # With work in flight, wait for a worthwhile number of free slots
+            # rather than claiming one item at a time.
+            if free == 0 or (free < max(1, batch // 4) and self.pool.in_flight(self.family)):
+                await self.pool.wait_slot_freed()
+                continue
+            limit = min(batch, free)
+            now = trio.current_time()
+            sweep = now - last_sweep >= self.reclaim_interval_s
+            try:
+                result = await self.store.work_claim(
+                    ClaimParams(
+                        family=self.family.name,
+                        owner=self.owner,
+                        limit=limit,
+                        lease_ttl_us=self.family.lease_ttl_us,
+                        window=limit * 4,
+                        include_expired=sweep,
+                        rotation=random.randrange(1 << 30),
+                    ),
+                    self.clock.now_us(),
+                )
+            except StorageError as exc:
+                self.metrics.db_errors.labels("claim").inc()
+                if self._db_ok:
+                    logs.warn("work_claim_failed", family=self.family.name, error=str(exc))
+                self._db_ok = False
+                await trio.sleep(pause)
+                pause = min(pause * 2, self.db_backoff_cap_s)
+                continue
+            if not self._db_ok:
+                logs.event("work_claim_resumed", family=self.family.name)
+            self._db_ok = True
+            pause = 0.05
+            if sweep:
+                last_sweep = now
+            for item in result.claimed:
+                self.pool.start(item, now)
+            if result.claimed:
+                self.metrics.claimed.labels(self.family.name).inc(len(result.claimed))
+            if result.contended:
+                self.metrics.claim_contention.labels(self.family.name).inc(result.contended)
+            if result.expired_dead:
+                self.metrics.expired_dead.labels(self.family.name).inc(len(result.expired_dead))
+            if len(result.claimed) >= limit or result.contended:
+                await trio.lowlevel.checkpoint()
+                continue
+            with trio.move_on_after(self.poll_interval_s):
+                await self._wakeup.wait()
+            self._wakeup = trio.Event()
