@@ -31,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+import attrs
+
 from daemon.core.lanes import Candidate, pick_batch
 from daemon.core.outcomes import Finalization
 from daemon.core.states import EXECUTABLE, WorkEvent, WorkState
@@ -114,18 +116,21 @@ class WorkClaims:
         async def body(tx: SqlTx) -> ClaimResult:
             touched.clear()
             contended = 0
-            picked = await self._pick(tx, params, now_us)
-            ids = [c.work_id for c in picked]
-            if ids:
-                touched.extend(ids)
-                won = await self._claim_ids(tx, ids, params.owner, token, lease_until, now_us)
-                contended += len(ids) - won
             expired_dead: list[str] = []
+            # Expired leases first: they are the oldest work, and a row moved
+            # to dead here frees its target lane for the pick below.
             if params.include_expired:
                 reclaimed, expired_dead = await self._sweep_expired(
                     tx, params, token, lease_until, now_us
                 )
                 touched.extend(reclaimed)
+            room = params.limit - len(touched)
+            picked = await self._pick(tx, attrs.evolve(params, limit=room), now_us) if room else []
+            ids = [c.work_id for c in picked]
+            if ids:
+                touched.extend(ids)
+                won = await self._claim_ids(tx, ids, params.owner, token, lease_until, now_us)
+                contended += len(ids) - won
             claimed: list[WorkItem] = []
             if touched:
                 rows = await tx.fetchall(

@@ -1,0 +1,239 @@
+"""Conformance: claims, fences, leases and RunAfter, on every backend."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from daemon.core.outcomes import (
+    DeadLetter,
+    Finalization,
+    Released,
+    RetryLater,
+    Skipped,
+    Succeeded,
+)
+from daemon.core.states import WorkEvent, WorkState
+from daemon.core.work import Fence
+from storage.port import LostLease, SqlTx
+from storage.work_store import WorkStore
+from tests.support.backends import FreshDatabase
+from tests.support.work import SEC, T0, TTL, claim, enqueue, finalization, finalize
+
+
+async def test_claim_installs_a_fresh_fence(store: WorkStore) -> None:
+    (wid,) = await enqueue(store)
+    result = await claim(store, "A")
+    (item,) = result.claimed
+    assert item.work_id == wid
+    assert item.state is WorkState.PROCESSING
+    assert item.ownership_epoch == 1
+    assert item.attempt == 1
+    assert item.lease_owner == "A"
+    assert item.lease_until_us == T0 + TTL
+    assert item.lease_token is not None and len(item.lease_token) == 32
+    # A second claimant finds nothing to claim while the lease is live.
+    assert (await claim(store, "B", now=T0 + TTL - 1)).claimed == []
+
+
+async def test_concurrent_claims_have_one_winner(database: FreshDatabase) -> None:
+    stores = [await database.open_store(pool_size=2) for _ in range(6)]
+    for trial in range(15):
+        ids = await enqueue(stores[0], 3, now=T0, subject_id=f"t{trial}")
+        winners: dict[str, list[str]] = {}
+
+        async def race(i: int, store: WorkStore) -> None:
+            result = await claim(store, f"R{i}", limit=3)  # noqa: B023
+            for item in result.claimed:
+                winners.setdefault(item.work_id, []).append(f"R{i}")  # noqa: B023
+
+        async with trio.open_nursery() as nursery:
+            for i, s in enumerate(stores):
+                nursery.start_soon(race, i, s)
+        assert sorted(winners) == sorted(ids)
+        assert all(len(w) == 1 for w in winners.values()), winners
+        for wid, (owner,) in winners.items():
+            item = await stores[0].work_get(wid)
+            assert item is not None and item.lease_owner == owner and item.ownership_epoch == 1
+            await finalize(stores[0], item, Succeeded())
+
+
+async def test_run_after_holds_work_back(store: WorkStore) -> None:
+    await enqueue(store, run_after_us=T0 + 10 * SEC)
+    assert (await claim(store, now=T0 + 10 * SEC - 1)).claimed == []
+    assert len((await claim(store, now=T0 + 10 * SEC)).claimed) == 1
+
+
+async def test_families_do_not_mix(store: WorkStore) -> None:
+    await enqueue(store, family="other")
+    assert (await claim(store, family="noop")).claimed == []
+    assert len((await claim(store, family="other")).claimed) == 1
+
+
+@pytest.mark.parametrize(
+    ("outcome", "state"),
+    [
+        (Succeeded(), WorkState.SUCCEEDED),
+        (Skipped("no change"), WorkState.SKIPPED),
+        (RetryLater("net"), WorkState.RETRY),
+        (DeadLetter("bad"), WorkState.DEAD),
+        (Released(), WorkState.RETRY),
+    ],
+)
+async def test_owner_finalizes(store: WorkStore, outcome: object, state: WorkState) -> None:
+    await enqueue(store)
+    (item,) = (await claim(store)).claimed
+    result = await finalize(store, item, outcome)  # type: ignore[arg-type]
+    assert result.applied and result.state is state
+    row = await store.work_get(item.work_id)
+    assert row is not None and row.state is state
+    assert row.lease_until_us is None
+    assert row.ownership_epoch == 1
+    executions = await store.work_executions(item.work_id)
+    if isinstance(outcome, Released):
+        assert row.attempt == 0  # a released attempt is refunded and not journaled
+        assert executions == []
+    else:
+        assert [(e.ownership_epoch, e.outcome, e.replica) for e in executions] == [
+            (1, state.value, "A")
+        ]
+
+
+async def test_retry_waits_for_backoff_then_runs_again(store: WorkStore) -> None:
+    await enqueue(store)
+    (item,) = (await claim(store)).claimed
+    await finalize(store, item, RetryLater("net"))
+    row = await store.work_get(item.work_id)
+    assert row is not None and row.run_after_us == T0 + SEC // 2
+    assert (await claim(store, now=T0 + SEC // 2 - 1)).claimed == []
+    (again,) = (await claim(store, now=T0 + SEC // 2)).claimed
+    assert (again.attempt, again.ownership_epoch) == (2, 2)
+
+
+async def test_stale_claimant_can_change_nothing(store: WorkStore) -> None:
+    await enqueue(store)
+    (stale,) = (await claim(store, "A", ttl=5 * SEC)).claimed
+    later = T0 + 6 * SEC
+    (fresh,) = (await claim(store, "B", now=later)).claimed
+    assert fresh.work_id == stale.work_id
+    assert fresh.ownership_epoch == stale.ownership_epoch + 1
+    assert fresh.attempt == 2
+
+    renew = await store.work_renew_if_owner([stale.fence], TTL, later)  # type: ignore[list-item]
+    assert renew.renewed == {} and renew.lost == [stale.fence]
+    for outcome in (Succeeded(), RetryLater("x"), DeadLetter("x"), Skipped("x"), Released()):
+        result = await finalize(store, stale, outcome, now=later)
+        assert not result.applied
+    with pytest.raises(LostLease):
+        await store.work_fenced(stale.fence, later, _write_marker, name="t")  # type: ignore[arg-type]
+
+    row = await store.work_get(stale.work_id)
+    assert row is not None
+    assert (row.state, row.lease_owner, row.ownership_epoch) == (WorkState.PROCESSING, "B", 2)
+    assert await store.work_executions(stale.work_id) == []
+    assert (await finalize(store, fresh, Succeeded(), now=later)).applied
+
+
+async def _write_marker(tx: SqlTx) -> None:
+    await tx.execute("UPDATE work_items SET operator_summary = 'stale write'")
+
+
+async def test_expired_but_unreclaimed_lease_is_already_lost(store: WorkStore) -> None:
+    await enqueue(store)
+    (item,) = (await claim(store, ttl=5 * SEC)).claimed
+    after = T0 + 5 * SEC + 1
+    assert not (await finalize(store, item, Succeeded(), now=after)).applied
+    renew = await store.work_renew_if_owner([item.fence], TTL, after)  # type: ignore[list-item]
+    assert renew.lost == [item.fence]
+    with pytest.raises(LostLease):
+        await store.work_fenced(item.fence, after, _write_marker, name="t")  # type: ignore[arg-type]
+
+
+async def test_fenced_write_commits_with_a_live_fence(store: WorkStore) -> None:
+    await enqueue(store)
+    (item,) = (await claim(store)).claimed
+    assert item.fence is not None
+
+    async def body(tx: SqlTx) -> int:
+        return await tx.execute(
+            "UPDATE work_items SET operator_summary = 'fenced' WHERE work_id = ?",
+            (item.work_id,),
+        )
+
+    assert await store.work_fenced(item.fence, T0 + SEC, body, name="t") == 1
+    row = await store.work_get(item.work_id)
+    assert row is not None and row.operator_summary == "fenced"
+
+
+async def test_forged_fence_is_refused(store: WorkStore) -> None:
+    await enqueue(store)
+    (item,) = (await claim(store)).claimed
+    assert item.lease_token is not None
+    for forged in (
+        Fence(item.work_id, "0" * 32, item.ownership_epoch),
+        Fence(item.work_id, item.lease_token, item.ownership_epoch + 1),
+        Fence("01NOSUCHITEM0000000000000", item.lease_token, item.ownership_epoch),
+    ):
+        with pytest.raises(LostLease):
+            await store.work_fenced(forged, T0, _write_marker, name="t")
+        (res,) = await store.work_finalize_if_owner(
+            [Finalization(fence=forged, event=WorkEvent.COMPLETE)], "A", T0
+        )
+        assert not res.applied
+
+
+async def test_renewal_extends_the_lease(store: WorkStore) -> None:
+    await enqueue(store)
+    (item,) = (await claim(store, ttl=5 * SEC)).claimed
+    renew = await store.work_renew_if_owner([item.fence], 5 * SEC, T0 + 4 * SEC)  # type: ignore[list-item]
+    assert renew.renewed == {item.work_id: T0 + 9 * SEC}
+    # Past the original expiry but inside the renewed one, nobody can reclaim.
+    assert (await claim(store, "B", now=T0 + 8 * SEC)).claimed == []
+    assert (await finalize(store, item, Succeeded(), now=T0 + 8 * SEC)).applied
+
+
+async def test_expired_lease_is_reclaimed_then_dead_when_attempts_are_spent(
+    store: WorkStore,
+) -> None:
+    await enqueue(store, max_attempts=2)
+    (first,) = (await claim(store, "A", ttl=SEC)).claimed
+    (second,) = (await claim(store, "B", now=T0 + 2 * SEC, ttl=SEC)).claimed
+    assert (second.ownership_epoch, second.attempt) == (2, 2)
+    result = await claim(store, "C", now=T0 + 4 * SEC, ttl=SEC)
+    assert result.claimed == [] and result.expired_dead == [first.work_id]
+    row = await store.work_get(first.work_id)
+    assert row is not None
+    assert (row.state, row.failure_class, row.ownership_epoch) == (
+        WorkState.DEAD, "lease_expired", 3)
+
+
+async def test_batch_finalize_reports_each_item(store: WorkStore) -> None:
+    await enqueue(store, 4)
+    items = (await claim(store, limit=4)).claimed
+    stale = items[0]
+    # Steal the first item (its lease expired and another owner reclaimed it).
+    await store.db.transact(
+        lambda tx: tx.execute("UPDATE work_items SET lease_token = 'x' WHERE work_id = ?",
+                              (stale.work_id,)),
+        name="t",
+    )
+    fins = [finalization(i, Succeeded()) for i in items[:2]] + [
+        finalization(i, RetryLater("net")) for i in items[2:]
+    ]
+    results = await store.work_finalize_if_owner(fins, "A", T0)
+    assert [r.applied for r in results] == [False, True, True, True]
+    assert [r.state for r in results] == [None, WorkState.SUCCEEDED, WorkState.RETRY,
+                                          WorkState.RETRY]
+
+
+async def test_terminal_rows_are_never_reopened(store: WorkStore) -> None:
+    await enqueue(store)
+    (item,) = (await claim(store)).claimed
+    assert (await finalize(store, item, Succeeded())).applied
+    # Not claimable, not finalizable again, not cancellable.
+    assert (await claim(store, now=T0 + 100 * TTL)).claimed == []
+    assert not (await finalize(store, item, DeadLetter("x"))).applied
+    cancel = await store.work_cancel(item.work_id, T0)
+    assert (cancel.disposition, cancel.state) == ("noop", WorkState.SUCCEEDED)
+    row = await store.work_get(item.work_id)
+    assert row is not None and row.state is WorkState.SUCCEEDED
