@@ -83,7 +83,9 @@ def _coerce(key: str, value: Any, kind: type[Any]) -> Any:
 _FIELD_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
-def _build(section: str, cls: type[Any], table: Mapping[str, Any], skip: Collection[str] = ()) -> Any:
+def _build(
+    section: str, cls: type[Any], table: Mapping[str, Any], skip: Collection[str] = ()
+) -> Any:
     if not isinstance(table, Mapping):
         raise ConfigError(section, "expected a table")
     fields = {f.name: f for f in attrs.fields(cls)}
@@ -211,9 +213,8 @@ def parse_settings(
         raise ConfigError("families", "expected a table of family tables")
     for name, table in fam_raw.items():
         if name not in known_families:
-            raise ConfigError(
-                f"families.{name}", f"unknown work family (known: {', '.join(sorted(known_families))})"
-            )
+            known = ", ".join(sorted(known_families))
+            raise ConfigError(f"families.{name}", f"unknown work family (known: {known})")
         fam = _build(f"families.{name}", FamilySettings, table)
         for field in ("max_attempts", "lease_ttl", "batch_size", "concurrency",
                       "backoff_base", "backoff_cap"):

@@ -11,6 +11,7 @@ applied migration whose file later changed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from importlib import resources
 
@@ -71,10 +72,9 @@ async def _ensure_ledger(db: Database, dialect: Dialect) -> None:
     async def create(tx: SqlTx) -> None:
         await tx.execute(ddl)
 
-    try:
+    # Another migrator may have created it first: the check below decides.
+    with contextlib.suppress(StorageError):
         await db.transact(create, name="migrate.create_ledger")
-    except StorageError:
-        pass  # another migrator may have created it first: the check below decides
     if not await _ledger_exists(db, dialect):
         raise SchemaMismatch("could not create schema_migrations")
 

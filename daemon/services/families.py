@@ -127,7 +127,9 @@ def known_family_names() -> list[str]:
     return sorted(BUILTIN_HANDLERS)
 
 
-def build_registry(settings: Settings, handlers: Mapping[str, Handler] | None = None) -> FamilyRegistry:
+def build_registry(
+    settings: Settings, handlers: Mapping[str, Handler] | None = None
+) -> FamilyRegistry:
     registry = FamilyRegistry()
     for name, handler in (handlers or BUILTIN_HANDLERS).items():
         registry.add(WorkFamily(name, handler, settings.family(name)))

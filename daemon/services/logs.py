@@ -26,7 +26,8 @@ class JsonLineFormatter(logging.Formatter):
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
             for key, value in fields.items():
-                doc[key] = value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
+                plain = isinstance(value, str | int | float | bool | None)
+                doc[key] = value if plain else repr(value)
         if record.exc_info and record.levelno >= logging.ERROR:
             doc["exception"] = self.formatException(record.exc_info)
         return json.dumps(doc, separators=(",", ":"))

@@ -55,7 +55,7 @@ def parse_payload(text: str) -> str:
         raise BadRequest(f"payload is larger than {MAX_PAYLOAD_BYTES} bytes")
     try:
         doc = json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise BadRequest(f"payload is not valid JSON: {exc.msg} at position {exc.pos}") from None
     if not isinstance(doc, dict):
         raise BadRequest("payload must be a JSON object")

@@ -88,7 +88,8 @@ class WorkerPool:
 
     def free_slots(self, family: WorkFamily) -> int:
         used = self._per_family.get(family.name, 0)
-        return max(0, min(family.settings.concurrency - used, self.global_limit - len(self.flights)))
+        room = min(family.settings.concurrency - used, self.global_limit - len(self.flights))
+        return max(0, room)
 
     def in_flight(self, family: WorkFamily) -> int:
         return self._per_family.get(family.name, 0)

@@ -28,6 +28,7 @@ affected-row count means *matched* rows, as it does on SQLite.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import urllib.parse
@@ -113,6 +114,31 @@ def _server_reported(exc: BaseException) -> bool:
     return code is not None and not 2000 <= code < 3000
 
 
+@attrs.define(eq=False)
+class _Pooled:
+    """A pooled connection and the socket stream it was opened with.
+
+    trio-mysql forgets its stream when a read fails (``_force_close`` sets it
+    to ``None`` after calling a ``close()`` that trio streams lack), which
+    would leak the socket; we keep our own reference and close that.
+    """
+
+    conn: Any
+    stream: Any
+
+    @property
+    def open(self) -> bool:
+        return bool(self.conn.open)
+
+    def discard(self) -> None:
+        """Close without talking to the server (it may be out of step)."""
+        if self.stream is not None:
+            self.stream.socket.close()
+            self.stream = None
+        self.conn._sock = None
+        self.conn._closed = True
+
+
 class _Retry(Exception):
     pass
 
@@ -174,7 +200,7 @@ class MysqlDatabase:
         self.max_retries = max_retries
         self.connect_timeout_s = connect_timeout_s
         self.transaction_timeout_s = transaction_timeout_s
-        self._idle: list[Any] = []
+        self._idle: list[_Pooled] = []
         self._slots = trio.Semaphore(pool_size)
 
     async def open(self) -> MysqlDatabase:
@@ -182,7 +208,7 @@ class MysqlDatabase:
         await self.ping()
         return self
 
-    async def _connect(self) -> Any:
+    async def _connect(self) -> _Pooled:
         conn = trio_mysql.connect(
             host=self.target.host,
             port=self.target.port,
@@ -207,9 +233,9 @@ class MysqlDatabase:
             raise DatabaseUnavailable(
                 f"cannot connect to {self.target.describe()}: {exc}"
             ) from None
-        return conn
+        return _Pooled(conn, conn._sock)
 
-    async def _acquire(self) -> Any:
+    async def _acquire(self) -> _Pooled:
         await self._slots.acquire()
         if self._idle:
             return self._idle.pop()
@@ -219,11 +245,11 @@ class MysqlDatabase:
             self._slots.release()
             raise
 
-    def _release(self, conn: Any, reusable: bool) -> None:
-        if reusable and conn.open:
-            self._idle.append(conn)
+    def _release(self, pooled: _Pooled, reusable: bool) -> None:
+        if reusable and pooled.open:
+            self._idle.append(pooled)
         else:
-            conn.close()
+            pooled.discard()
         self._slots.release()
 
     async def ping(self) -> None:
@@ -251,7 +277,8 @@ class MysqlDatabase:
         raise AssertionError("unreachable")
 
     async def _attempt(self, body: Callable[[SqlTx], Awaitable[T]], name: str) -> T:
-        conn = await self._acquire()
+        pooled = await self._acquire()
+        conn = pooled.conn
         reusable = False
         try:
             try:
@@ -276,7 +303,7 @@ class MysqlDatabase:
             reusable = await self._commit(conn, name)
             return result
         finally:
-            self._release(conn, reusable)
+            self._release(pooled, reusable)
 
     async def _commit(self, conn: Any, name: str) -> bool:
         with trio.CancelScope(shield=True):
@@ -321,7 +348,10 @@ class MysqlDatabase:
 
     async def aclose(self) -> None:
         while self._idle:
-            conn = self._idle.pop()
-            with trio.move_on_after(1) as scope:
-                scope.shield = True
-                await conn.aclose()
+            pooled = self._idle.pop()
+            # A polite COM_QUIT; the socket is closed below either way.
+            with trio.CancelScope(shield=True), trio.move_on_after(1), contextlib.suppress(
+                Exception
+            ):
+                await pooled.conn.aclose()
+            pooled.discard()

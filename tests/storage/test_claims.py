@@ -43,7 +43,7 @@ async def test_concurrent_claims_have_one_winner(database: FreshDatabase) -> Non
         winners: dict[str, list[str]] = {}
 
         async def race(i: int, store: WorkStore) -> None:
-            result = await claim(store, f"R{i}", limit=3)  # noqa: B023
+            result = await claim(store, f"R{i}", limit=3)
             for item in result.claimed:
                 winners.setdefault(item.work_id, []).append(f"R{i}")  # noqa: B023
 

@@ -6,9 +6,10 @@ import trio
 
 from daemon.core.outcomes import DeadLetter, RetryLater, Succeeded
 from daemon.core.states import WorkState
+from storage.port import WorkQuery
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
-from tests.support.work import SEC, T0, claim, enqueue, finalize
+from tests.support.work import SEC, T0, claim, enqueue, finalize, spec
 
 
 async def test_source_lane_runs_in_enqueue_order(store: WorkStore) -> None:
@@ -50,12 +51,12 @@ async def test_a_retrying_head_blocks_its_lane(store: WorkStore) -> None:
 async def test_source_sequence_is_allocated_per_lane(store: WorkStore) -> None:
     await store.work_enqueue(
         [
-            __import__("tests.support.work", fromlist=["spec"]).spec(source_lane=lane)
+            spec(source_lane=lane)
             for lane in ("A", "B", "A", "A", "B")
         ],
         T0,
     )
-    items = await store.work_list(__import__("storage.port", fromlist=["WorkQuery"]).WorkQuery())
+    items = await store.work_list(WorkQuery())
     seqs: dict[str, list[int]] = {}
     for item in sorted(items, key=lambda i: i.work_id):
         assert item.source_lane is not None and item.source_seq is not None

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from daemon.core.outcomes import Released
 from daemon.core.states import WorkState
 from storage.port import WorkConflict
 from storage.work_rollback import LegacyReceipt
 from storage.work_store import WorkStore
 from tests.support.work import T0, claim, enqueue, finalize
-from daemon.core.outcomes import Released
 
 
 async def test_rollback_fence_waits_for_zero_processing(store: WorkStore) -> None:

@@ -1,0 +1,158 @@
+"""The dialect guard: every SQL statement the store emits stays inside the portable subset.
+
+A recording wrapper sits between the store and the real adapter while a
+workload drives every store method (migrations, enqueue with lanes and dedupe,
+claims with expiry and lane conflicts, renewals, every finalization, cancel,
+replay, depths, rollback states). Each recorded statement is checked against
+the constructs TiDB, MariaDB and SQLite do not share (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from daemon.core.outcomes import (
+    CancelAcknowledged,
+    DeadLetter,
+    Outcome,
+    Released,
+    RetryLater,
+    Succeeded,
+)
+from storage.migrate import migrate
+from storage.port import Database, DbStats, ReplayParams, Row, SqlTx, WorkQuery
+from storage.work_rollback import LegacyReceipt
+from storage.work_store import WorkStore
+from tests.support.backends import fresh_database
+from tests.support.work import SEC, T0, claim, enqueue, finalize, spec
+
+T = TypeVar("T")
+
+BANNED = {
+    "SKIP LOCKED": r"\bSKIP\s+LOCKED\b",
+    "FOR UPDATE": r"\bFOR\s+UPDATE\b",
+    "RETURNING": r"\bRETURNING\b",
+    "UPDATE ... LIMIT": r"^\s*UPDATE\b(?:(?!\bSELECT\b).)*\bLIMIT\b",
+    "ON DUPLICATE KEY": r"\bON\s+DUPLICATE\s+KEY\b",
+    "ON CONFLICT": r"\bON\s+CONFLICT\b",
+    "INSERT OR": r"\bINSERT\s+OR\b",
+    "REPLACE INTO": r"\bREPLACE\s+INTO\b",
+    "INSERT IGNORE": r"\bINSERT\s+IGNORE\b",
+    "trigger/procedure/event": r"\bCREATE\s+(TRIGGER|PROCEDURE|FUNCTION|EVENT)\b",
+    "foreign key": r"\b(FOREIGN\s+KEY|REFERENCES)\b",
+    "CHECK constraint": r"\bCHECK\s*\(",
+    "AUTO_INCREMENT": r"\bAUTO_?INCREMENT\b",
+    "JSON predicate": r"\bJSON_\w+\s*\(|->>",
+    "XA": r"^\s*XA\b",
+    "LOCK TABLES": r"\bLOCK\s+TABLES?\b",
+    "NOW()": r"\b(NOW|CURRENT_TIMESTAMP|UNIX_TIMESTAMP)\b",
+    "multi-statement": r";\s*\S",
+}
+
+
+class RecordingTx:
+    def __init__(self, inner: SqlTx, seen: set[str]) -> None:
+        self._inner = inner
+        self._seen = seen
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        self._seen.add(sql)
+        return await self._inner.execute(sql, params)
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        self._seen.add(sql)
+        return await self._inner.executemany(sql, rows)
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        self._seen.add(sql)
+        return await self._inner.fetchall(sql, params)
+
+
+class RecordingDatabase:
+    def __init__(self, inner: Database) -> None:
+        self.inner = inner
+        self.backend = inner.backend
+        self.stats: DbStats = inner.stats
+        self.seen: set[str] = set()
+
+    async def transact(self, body: Callable[[SqlTx], Awaitable[T]], *, name: str,
+                       write: bool = True) -> T:
+        return await self.inner.transact(lambda tx: body(RecordingTx(tx, self.seen)),
+                                         name=name, write=write)
+
+    async def ping(self) -> None:
+        await self.inner.ping()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def _workload(store: WorkStore) -> None:
+    await migrate(store.db, store.dialect, T0)
+    await enqueue(store, 3, source_lane="L", target_lane="T")
+    await enqueue(store, 2, dedupe_key=None)
+    await store.work_enqueue([spec(
+        dedupe_key="k")] * 2, T0)
+    first = (await claim(store, ttl=SEC)).claimed
+    await store.work_renew_if_owner([i.fence for i in first if i.fence], SEC, T0)
+    again = (await claim(store, "B", now=T0 + 5 * SEC)).claimed  # reclaims expired leases
+    outcomes: list[Outcome] = [
+        Succeeded(), RetryLater("x"), DeadLetter("x"), Released(), CancelAcknowledged()
+    ]
+    for item, outcome in zip(again, outcomes * 3, strict=False):
+        await finalize(store, item, outcome, now=T0 + 5 * SEC)
+    for item in first:  # stale finalizations take the read-back path
+        await finalize(store, item, Succeeded(), now=T0 + 5 * SEC)
+    dead = [i for i in again if (await store.work_get(i.work_id)).state.value == "dead"]  # type: ignore[union-attr]
+    for item in dead:
+        await store.work_replay(ReplayParams(work_id=item.work_id, actor="a", role="admin",
+                                             reason="r"), T0)
+    for item in await store.work_list(WorkQuery(limit=5, state=None, org_id="org-1")):
+        await store.work_cancel(item.work_id, T0)
+    await store.work_depths()
+    await store.work_executions(again[0].work_id)
+    await store.work_execution_totals("noop")
+    await store.work_count_open("noop")
+    await store.audit_list()
+    await enqueue(store, 2, family="legacy")
+    await store.work_rollback_fence("legacy", "f1", T0)
+    legacy = await store.work_list(WorkQuery(family="legacy"))
+    await store.work_legacy_reconcile(LegacyReceipt(legacy[0].work_id, "f1", 1, "d"), T0)
+    await store.work_legacy_unknown(legacy[1].work_id, "f1", T0)
+    await store.work_cutover_blockers("legacy")
+
+
+async def test_every_statement_is_portable(backend: str, tmp_path: Path) -> None:
+    async with fresh_database(backend, tmp_path, migrated=False) as tdb:
+        store = await tdb.open_store()
+        recorder = RecordingDatabase(store.db)
+        recorded = WorkStore(recorder, store.dialect)
+        await _workload(recorded)
+        assert len(recorder.seen) > 30, "the workload should reach most of the store"
+        problems = [
+            f"{label}: {sql[:120]}"
+            for sql in sorted(recorder.seen)
+            for label, pattern in BANNED.items()
+            if re.search(pattern, sql, re.IGNORECASE | re.DOTALL)
+        ]
+        assert problems == []
+
+
+@pytest.mark.parametrize(
+    ("sql", "label"),
+    [
+        ("SELECT id FROM t WHERE x = ? FOR UPDATE SKIP LOCKED", "SKIP LOCKED"),
+        ("UPDATE t SET a = 1 WHERE b = 2 LIMIT 10", "UPDATE ... LIMIT"),
+        ("INSERT INTO t VALUES (?) ON DUPLICATE KEY UPDATE a = 1", "ON DUPLICATE KEY"),
+        ("UPDATE t SET a = 1 RETURNING a", "RETURNING"),
+        ("SELECT 1; SELECT 2", "multi-statement"),
+        ("SELECT JSON_EXTRACT(payload, '$.a') FROM t", "JSON predicate"),
+    ],
+)
+def test_guard_catches_banned_constructs(sql: str, label: str) -> None:
+    assert re.search(BANNED[label], sql, re.IGNORECASE | re.DOTALL)

@@ -1,0 +1,96 @@
+"""A real TCP proxy in front of MariaDB that can fail on purpose.
+
+* ``refuse()``: drop every open connection and refuse new ones (the database
+  "goes away"); ``restore()`` lets connections through again.
+* ``cut_after_next_commit()``: forward the next ``COMMIT`` to the server, let
+  the server run it, then cut the connection before the reply reaches the
+  client: a COMMIT whose outcome the client cannot know.
+"""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+_COM_QUERY_COMMIT = b"\x03COMMIT"
+
+
+@attrs.define(eq=False)
+class ChaosProxy:
+    upstream_host: str
+    upstream_port: int
+    port: int = 0
+    refusing: bool = False
+    cut_armed: bool = False
+    cuts: int = 0
+    _streams: set[trio.SocketStream] = attrs.field(factory=set)
+
+    async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started(self.port)
+        await trio.serve_listeners(self._handle, listeners)
+
+    def refuse(self) -> None:
+        self.refusing = True
+        for stream in list(self._streams):
+            stream.socket.close()
+        self._streams.clear()
+
+    def restore(self) -> None:
+        self.refusing = False
+
+    def cut_after_next_commit(self) -> None:
+        self.cut_armed = True
+
+    async def _handle(self, client: trio.SocketStream) -> None:
+        if self.refusing:
+            await client.aclose()
+            return
+        try:
+            server = await trio.open_tcp_stream(self.upstream_host, self.upstream_port)
+        except OSError:
+            await client.aclose()
+            return
+        self._streams.update((client, server))
+        down = trio.CancelScope()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._upstream, client, server, down, nursery.cancel_scope)
+                nursery.start_soon(self._downstream, server, client, down, nursery.cancel_scope)
+        finally:
+            for s in (client, server):
+                self._streams.discard(s)
+                s.socket.close()
+
+    async def _upstream(self, client: trio.SocketStream, server: trio.SocketStream,
+                        down: trio.CancelScope, scope: trio.CancelScope) -> None:
+        try:
+            while True:
+                data = await client.receive_some(65536)
+                if not data:
+                    break
+                if self.cut_armed and _COM_QUERY_COMMIT in data:
+                    self.cut_armed = False
+                    self.cuts += 1
+                    down.cancel()  # the reply must never reach the client
+                    await server.send_all(data)
+                    await trio.sleep(0.3)  # let the server run the COMMIT
+                    break
+                await server.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        scope.cancel()
+
+    async def _downstream(self, server: trio.SocketStream, client: trio.SocketStream,
+                          down: trio.CancelScope, scope: trio.CancelScope) -> None:
+        with down:
+            try:
+                while True:
+                    data = await server.receive_some(65536)
+                    if not data:
+                        break
+                    await client.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
+            scope.cancel()
