@@ -110,8 +110,13 @@ class DbStats:
 class Database(Protocol):
     """What a storage adapter provides."""
 
-    backend: str
-    stats: DbStats
+    @property
+    def backend(self) -> str:
+        """``sqlite`` or ``mysql`` (metrics label)."""
+        ...
+
+    @property
+    def stats(self) -> DbStats: ...
 
     async def transact(
         self, body: Callable[[SqlTx], Awaitable[T]], *, name: str, write: bool = True
@@ -146,6 +151,9 @@ class ClaimParams:
     # Also sweep rows whose lease expired (reclaim, or dead when attempts are spent).
     include_expired: bool = False
     rotation: int = 0
+    # Orgs whose oldest ready work joins the candidates even when another
+    # org's backlog fills the oldest-first window (fair share across orgs).
+    orgs: tuple[str, ...] = ()
 
 
 @attrs.frozen

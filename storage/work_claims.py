@@ -60,10 +60,12 @@ from storage.work_rows import (
 
 T = TypeVar("T")
 
-_READY_SQL = (
+_READY_HEAD = (
     "SELECT w.work_id, w.org_id, w.source_lane, w.target_lane, w.run_after_us"
     " FROM work_items w"
     " WHERE w.state = ? AND w.family = ? AND w.run_after_us <= ?"
+)
+_READY_TAIL = (
     " AND (w.target_lane IS NULL OR NOT EXISTS ("
     "   SELECT 1 FROM work_items h WHERE h.target_lane_hold = w.target_lane))"
     " AND (w.source_lane IS NULL OR NOT EXISTS ("
@@ -71,6 +73,9 @@ _READY_SQL = (
     f"   AND p.state IN {LANE_BLOCKING_SQL} AND p.source_seq < w.source_seq))"
     " ORDER BY w.run_after_us, w.work_id LIMIT ?"
 )
+_READY_SQL = _READY_HEAD + _READY_TAIL
+_READY_ORG_SQL = _READY_HEAD + " AND w.org_id = ?" + _READY_TAIL
+MAX_FAIR_ORGS = 8
 
 _CLAIM_SET = (
     "UPDATE work_items SET state = 'processing', lease_owner = ?, lease_token = ?,"
@@ -156,13 +161,40 @@ class WorkClaims:
                 await tx.fetchall(_READY_SQL, (state.value, params.family, now_us, window))
             )
         rows.sort(key=lambda r: (int(r[4]), str(r[0])))
-        candidates = [Candidate(str(r[0]), str(r[1]), r[2], r[3]) for r in rows[:window]]
+        rows = rows[:window]
+        orgs = [o for o in params.orgs[:MAX_FAIR_ORGS] if o not in {str(r[1]) for r in rows}]
+        if orgs:
+            share = max(1, params.limit // (len(orgs) + 1))
+            for org in orgs:
+                for state in (WorkState.PENDING, WorkState.RETRY):
+                    rows.extend(await tx.fetchall(
+                        _READY_ORG_SQL, (state.value, params.family, now_us, org, share)
+                    ))
+            rows.sort(key=lambda r: (int(r[4]), str(r[0])))
+        candidates = [Candidate(str(r[0]), str(r[1]), r[2], r[3]) for r in rows]
         # Replicas start at different offsets of the window so that they do
         # not all queue on the same row locks.
         strides = max(1, len(candidates) // max(1, params.limit))
         offset = (params.rotation % strides) * params.limit
         candidates = candidates[offset:] + candidates[:offset]
         return pick_batch(candidates, params.limit, params.rotation)
+
+    async def work_ready_orgs(self, family: str, now_us: int, limit: int = 64) -> list[str]:
+        """Orgs with ready work of ``family``, oldest first (for fair-share claiming)."""
+
+        async def body(tx: SqlTx) -> list[str]:
+            found: dict[str, int] = {}
+            for state in (WorkState.PENDING, WorkState.RETRY):
+                for org, oldest in await tx.fetchall(
+                    "SELECT org_id, MIN(run_after_us) FROM work_items"
+                    " WHERE state = ? AND family = ? GROUP BY org_id"
+                    " HAVING MIN(run_after_us) <= ? LIMIT ?",
+                    (state.value, family, now_us, limit),
+                ):
+                    found[str(org)] = min(int(oldest), found.get(str(org), int(oldest)))
+            return sorted(found, key=lambda o: found[o])[:limit]
+
+        return await self.db.transact(body, name="work.ready_orgs", write=False)
 
     async def _claim_ids(
         self, tx: SqlTx, ids: list[str], owner: str, token: str, lease_until: int, now_us: int

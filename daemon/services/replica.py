@@ -62,6 +62,8 @@ class Replica:
     metrics: Metrics = attrs.field(factory=Metrics)
     replica_id: str = attrs.field(factory=default_replica_id)
     admin_address: str | None = None
+    # Tests of the work loop under trio's MockClock run without the HTTP listener.
+    serve_admin: bool = True
     schedulers: dict[str, Scheduler] = attrs.field(factory=dict)
     pool: WorkerPool | None = None
     _drain: trio.Event = attrs.field(factory=trio.Event)
@@ -108,9 +110,10 @@ class Replica:
         await self.store.db.ping()
         self._last_db_ok = time.monotonic()
         async with trio.open_nursery() as services:
-            self.admin_address = await services.start(
-                serve_app, create_app(self), self.settings.admin.listen
-            )
+            if self.serve_admin:
+                self.admin_address = await services.start(
+                    serve_app, create_app(self), self.settings.admin.listen
+                )
             await services.start(self._heartbeat_loop)
             await services.start(self._depth_loop)
             logs.event(

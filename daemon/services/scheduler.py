@@ -23,6 +23,7 @@ from daemon.services.families import WorkFamily
 from daemon.services.metrics import Metrics
 from daemon.services.worker_pool import WorkerPool
 from storage.port import ClaimParams, StorageError
+from storage.work_claims import MAX_FAIR_ORGS
 from storage.work_store import WorkStore
 
 
@@ -37,8 +38,12 @@ class Scheduler:
     poll_interval_s: float
     reclaim_interval_s: float
     db_backoff_cap_s: float
+    fairness_interval_s: float = 2.0
     _wakeup: trio.Event = attrs.field(factory=trio.Event)
     _db_ok: bool = True
+    _orgs: list[str] = attrs.field(factory=list)
+    _org_turn: int = 0
+    _orgs_seen_at: float = -math.inf
 
     def wake(self) -> None:
         self._wakeup.set()
@@ -63,6 +68,7 @@ class Scheduler:
             now = trio.current_time()
             sweep = now - last_sweep >= self.reclaim_interval_s
             try:
+                orgs = await self._fair_orgs(now)
                 result = await self.store.work_claim(
                     ClaimParams(
                         family=self.family.name,
@@ -72,6 +78,7 @@ class Scheduler:
                         window=limit * 4,
                         include_expired=sweep,
                         rotation=random.randrange(1 << 30),
+                        orgs=orgs,
                     ),
                     self.clock.now_us(),
                 )
@@ -103,3 +110,15 @@ class Scheduler:
             with trio.move_on_after(self.poll_interval_s):
                 await self._wakeup.wait()
             self._wakeup = trio.Event()
+
+    async def _fair_orgs(self, now: float) -> tuple[str, ...]:
+        """The next few orgs with ready work, in rotation (none when only one org waits)."""
+        if now - self._orgs_seen_at >= self.fairness_interval_s:
+            self._orgs = await self.store.work_ready_orgs(self.family.name, self.clock.now_us())
+            self._orgs_seen_at = now
+        if len(self._orgs) < 2:
+            return ()
+        start = self._org_turn % len(self._orgs)
+        self._org_turn += MAX_FAIR_ORGS
+        picked = (self._orgs[start:] + self._orgs[:start])[:MAX_FAIR_ORGS]
+        return tuple(picked)

@@ -45,6 +45,8 @@ CREATE TABLE work_items (
 
 CREATE INDEX work_items_ready ON work_items (state, family, run_after_us);
 
+CREATE INDEX work_items_org_ready ON work_items (state, family, org_id, run_after_us);
+
 CREATE INDEX work_items_expiry ON work_items (state, lease_until_us);
 
 CREATE INDEX work_items_source_lane ON work_items (source_lane, state, source_seq);

@@ -1,0 +1,37 @@
+# integrationd: `make run` starts one replica on an embedded SQLite database;
+# `make test` runs ruff, mypy --strict and the whole pytest suite.
+VENV    ?= .venv
+PYTHON  ?= python3
+CONFIG  ?= config/example.toml
+BIN     := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: run test lint typecheck pytest bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,bench]'
+	touch $@
+
+run: $(BIN)/.installed
+	$(BIN)/integrationd --config $(CONFIG) migrate
+	$(BIN)/integrationd --config $(CONFIG) work enqueue noop --count 200
+	$(BIN)/integrationd --config $(CONFIG) run
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+
+typecheck: $(BIN)/.installed
+	$(BIN)/mypy
+
+pytest: $(BIN)/.installed
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+bench: $(BIN)/.installed
+	$(BIN)/python -m bench.kernel --backend mysql --replicas 4 --items 20000
+	$(BIN)/python -m bench.kernel --backend sqlite --replicas 4 --items 20000
+
+clean:
+	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .hypothesis
