@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from storage.port import WorkQuery
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.chaos_proxy import ChaosProxy
+from tests.support.harness import wait_for
 from tests.support.processes import start_replica, stop_all, write_config
 from tests.support.work import enqueue
 
@@ -25,10 +27,9 @@ def wall_us() -> int:
     return time.time_ns() // 1000
 
 
-async def wait_until(store: WorkStore, predicate: object, within_s: float = 90.0) -> None:
-    with trio.fail_after(within_s):
-        while not await predicate():  # type: ignore[operator]
-            await trio.sleep(0.1)
+async def wait_until(store: WorkStore, predicate: Callable[[], Awaitable[bool]],
+                     within_s: float = 90.0) -> None:
+    await wait_for(predicate, within_s=within_s)
 
 
 async def test_sigkill_after_claim_is_reclaimed_after_lease_expiry(

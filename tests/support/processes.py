@@ -68,7 +68,7 @@ def cli_env() -> dict[str, str]:
 def run_cli(config: Path, *args: str, cwd: Path | None = None,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run one ``integrationd`` command to completion."""
-    return subprocess.run(  # noqa: ASYNC221 - used from sync tests and via to_thread
+    return subprocess.run(
         [sys.executable, "-m", "daemon.cli", "--config", str(config), *args],
         capture_output=True, text=True, cwd=cwd or config.parent, env=env or cli_env(),
         timeout=120, check=False,
@@ -117,7 +117,7 @@ class ReplicaProcess:
     async def get(self, path: str) -> tuple[int, bytes]:
         def fetch() -> tuple[int, bytes]:
             try:
-                with urllib.request.urlopen(self.admin + path, timeout=10) as resp:  # noqa: S310
+                with urllib.request.urlopen(self.admin + path, timeout=10) as resp:
                     return resp.status, resp.read()
             except urllib.error.HTTPError as err:
                 return err.code, err.read()
