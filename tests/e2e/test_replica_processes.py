@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
