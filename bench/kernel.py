@@ -1,0 +1,343 @@
+"""Kernel benchmark: N ``noop`` items drained by R replica processes, against a peer.
+
+    python -m bench.kernel --backend mysql --replicas 4 --items 20000
+
+What it does, on either backend:
+
+1. a fresh database; N ``noop`` items enqueued with ``run_after`` far in the
+   future, so that replica start-up is not timed;
+2. R ``integrationd run`` processes started and ready;
+3. one UPDATE makes every item ready at T0; the run ends at the last
+   execution's ``finished_at`` (from the execution journal);
+4. statements and commits come from each replica's ``/metrics`` (difference
+   across the run, so start-up and the drain are excluded); resident memory
+   (peak) from ``/proc``; duplicates and lost items from the journal.
+
+Then the same N no-op jobs go through procrastinate on the local PostgreSQL,
+with R worker processes, released the same way, and the ratio is printed.
+Output: one JSON line per system, then one JSON line with the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from daemon.core.work import WorkSpec
+from storage.migrate import migrate
+from storage.open import open_store
+from storage.port import SqlTx
+
+REPO = Path(__file__).resolve().parents[1]
+MYSQL_URL = os.environ.get("INTEGRATIOND_BENCH_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+PG_DSN = os.environ.get("INTEGRATIOND_BENCH_PG_DSN", "postgresql://postgres@127.0.0.1:5432/")
+FAR_FUTURE_US = 4_000_000_000_000_000
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+# ------------------------------------------------------------------ databases
+
+
+def mysql_admin(sql: str) -> None:
+    from storage.mysql.adapter import MysqlTarget
+
+    target = MysqlTarget.from_url(MYSQL_URL)
+    subprocess.run(
+        ["mariadb", f"--host={target.host}", f"--port={target.port}", f"--user={target.user}",
+         "-e", sql],
+        check=True,
+    )
+
+
+def fresh_url(backend: str, workdir: Path) -> tuple[str, str | None]:
+    if backend == "sqlite":
+        return f"sqlite:///{workdir / 'bench.db'}", None
+    from storage.mysql.adapter import MysqlTarget
+
+    name = f"bench_{secrets.token_hex(4)}"
+    mysql_admin(f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
+    base = MysqlTarget.from_url(MYSQL_URL)
+    return f"mysql://{base.user}@{base.host}:{base.port}/{name}", name
+
+
+async def prepare(url: str, items: int, sqlite_synchronous: str) -> None:
+    store = await open_store(url, sqlite_synchronous=sqlite_synchronous)
+    await migrate(store.db, store.dialect, now_us())
+    done = 0
+    while done < items:
+        n = min(2000, items - done)
+        specs = [
+            WorkSpec(family="noop", org_id="org-bench", subject_kind="bench",
+                     subject_id=f"b{done + i}", run_after_us=FAR_FUTURE_US)
+            for i in range(n)
+        ]
+        await store.work_enqueue(specs, now_us())
+        done += n
+    await store.db.aclose()
+
+
+async def release(url: str) -> int:
+    store = await open_store(url, sqlite_synchronous="NORMAL")
+    t0 = now_us()
+
+    async def body(tx: SqlTx) -> None:
+        await tx.execute("UPDATE work_items SET run_after_us = ? WHERE state = 'pending'", (t0,))
+
+    await store.db.transact(body, name="bench.release")
+    await store.db.aclose()
+    return t0
+
+
+async def open_count(url: str) -> int:
+    store = await open_store(url, sqlite_synchronous="NORMAL")
+    try:
+        return await store.work_count_open("noop")
+    finally:
+        await store.db.aclose()
+
+
+async def journal(url: str) -> tuple[int, int, int]:
+    """(execution rows, distinct items, last finished_at_us) for succeeded noop work."""
+    store = await open_store(url, sqlite_synchronous="NORMAL")
+    try:
+        rows, distinct = await store.work_execution_totals("noop")
+
+        async def body(tx: SqlTx) -> int:
+            (row,) = await tx.fetchall("SELECT MAX(finished_at_us) FROM work_executions")
+            return int(row[0] or 0)
+
+        last = await store.db.transact(body, name="bench.last", write=False)
+        return rows, distinct, last
+    finally:
+        await store.db.aclose()
+
+
+# ------------------------------------------------------------------ replicas
+
+
+def write_config(workdir: Path, url: str, sqlite_synchronous: str) -> Path:
+    cfg = workdir / "bench.toml"
+    cfg.write_text(
+        f'[storage]\nurl = "{url}"\nsqlite_synchronous = "{sqlite_synchronous}"\n'
+        '[admin]\nlisten = "127.0.0.1:0"\n'
+        "[replica]\ndrain_timeout = 10.0\n"
+    )
+    return cfg
+
+
+def start_replica(cfg: Path, index: int) -> tuple[subprocess.Popen[bytes], Path]:
+    log = cfg.parent / f"replica-{index}.log"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-m", "daemon.cli", "--config", str(cfg),
+         "run"],
+        stdout=subprocess.DEVNULL, stderr=log.open("wb"), cwd=cfg.parent, env=env,
+    )
+    return proc, log
+
+
+def wait_admin(proc: subprocess.Popen[bytes], log: Path, deadline: float) -> str:
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"replica exited early:\n{log.read_text()[-2000:]}")
+        for line in log.read_text(errors="replace").splitlines():
+            if '"replica_started"' in line:
+                return str(json.loads(line)["admin"])
+        time.sleep(0.05)
+    raise SystemExit("replica did not start in time")
+
+
+def scrape(admin: str) -> dict[str, float]:
+    with urllib.request.urlopen(admin + "/metrics", timeout=10) as resp:  # noqa: S310
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for name in ("integrationd_db_statements_total", "integrationd_db_commits_total",
+                 "integrationd_work_claimed_total", "integrationd_db_transaction_retries_total",
+                 "integrationd_work_claim_contention_total"):
+        total = 0.0
+        for match in re.finditer(rf"^{name}{{[^}}]*}} ([0-9.e+]+)$", text, re.MULTILINE):
+            total += float(match.group(1))
+        out[name] = total
+    return out
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def bench_integrationd(backend: str, replicas: int, items: int,
+                       sqlite_synchronous: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-kernel-") as tmp:
+        workdir = Path(tmp)
+        url, dbname = fresh_url(backend, workdir)
+        try:
+            trio.run(prepare, url, items, sqlite_synchronous)
+            cfg = write_config(workdir, url, sqlite_synchronous)
+            procs = [start_replica(cfg, i) for i in range(replicas)]
+            try:
+                deadline = time.monotonic() + 60
+                admins = [wait_admin(p, log, deadline) for p, log in procs]
+                before = [scrape(a) for a in admins]
+                t0 = trio.run(release, url)
+                limit = time.monotonic() + 600
+                while trio.run(open_count, url) and time.monotonic() < limit:
+                    time.sleep(0.2)
+                after = [scrape(a) for a in admins]
+                rss = [peak_rss_mb(p.pid) for p, _ in procs]
+            finally:
+                for p, _ in procs:
+                    p.send_signal(signal.SIGTERM)
+                for p, _ in procs:
+                    p.wait(timeout=60)
+            rows, distinct, last = trio.run(journal, url)
+        finally:
+            if dbname:
+                mysql_admin(f"DROP DATABASE {dbname}")
+
+    def delta(name: str) -> float:
+        return sum(a[name] - b[name] for a, b in zip(after, before, strict=True))
+
+    seconds = max(1e-9, (last - t0) / 1_000_000)
+    return {
+        "system": "integrationd",
+        "backend": backend,
+        "replicas": replicas,
+        "items": items,
+        "seconds": round(seconds, 3),
+        "items_per_s": round(distinct / seconds, 1),
+        "statements_per_item": round(delta("integrationd_db_statements_total") / items, 3),
+        "commits_per_item": round(delta("integrationd_db_commits_total") / items, 4),
+        "transaction_retries": int(delta("integrationd_db_transaction_retries_total")),
+        "claim_contention": int(delta("integrationd_work_claim_contention_total")),
+        "duplicates": rows - distinct,
+        "lost": items - distinct,
+        "peak_rss_mb_per_replica": [round(r, 1) for r in rss],
+        **({"sqlite_synchronous": sqlite_synchronous} if backend == "sqlite" else {}),
+    }
+
+
+# ------------------------------------------------------------------ the peer
+
+
+def bench_procrastinate(workers: int, items: int, concurrency: int) -> dict[str, Any]:
+    import psycopg
+
+    name = f"bench_proc_{secrets.token_hex(4)}"
+    with psycopg.connect(PG_DSN + "postgres", autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    dsn = PG_DSN + name
+    try:
+        from bench.procrastinate_peer import make_app
+
+        app = make_app(dsn)
+
+        async def setup() -> None:
+            import datetime
+
+            async with app.open_async():
+                await app.schema_manager.apply_schema_async()
+                task = app.tasks["noop"].configure(
+                    schedule_at=datetime.datetime(2100, 1, 1, tzinfo=datetime.UTC))
+                done = 0
+                while done < items:
+                    n = min(2000, items - done)
+                    await task.batch_defer_async(*({} for _ in range(n)))
+                    done += n
+
+        import asyncio
+
+        asyncio.run(setup())
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        procs = [
+            subprocess.Popen(  # noqa: S603
+                [sys.executable, "-m", "bench.procrastinate_peer", "worker", dsn,
+                 str(concurrency)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+            )
+            for _ in range(workers)
+        ]
+        try:
+            time.sleep(3.0)  # let every worker start and connect
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                t0 = conn.execute(
+                    "UPDATE procrastinate_jobs SET scheduled_at = now() RETURNING now()"
+                ).fetchone()[0]  # type: ignore[index]
+                limit = time.monotonic() + 900
+                while time.monotonic() < limit:
+                    left = conn.execute(
+                        "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'"
+                    ).fetchone()[0]  # type: ignore[index]
+                    if not left:
+                        break
+                    time.sleep(0.2)
+                last, done = conn.execute(
+                    "SELECT max(at), count(*) FROM procrastinate_events WHERE type = 'succeeded'"
+                ).fetchone()  # type: ignore[misc]
+                rss = [peak_rss_mb(p.pid) for p in procs]
+        finally:
+            for p in procs:
+                p.send_signal(signal.SIGTERM)
+            for p in procs:
+                p.wait(timeout=60)
+    finally:
+        with psycopg.connect(PG_DSN + "postgres", autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    seconds = max(1e-9, (last - t0).total_seconds())
+    return {
+        "system": "procrastinate",
+        "backend": "postgresql",
+        "workers": workers,
+        "worker_concurrency": concurrency,
+        "items": items,
+        "seconds": round(seconds, 3),
+        "items_per_s": round(done / seconds, 1),
+        "lost": items - done,
+        "peak_rss_mb_per_worker": [round(r, 1) for r in rss],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", choices=["mysql", "sqlite"], default="mysql")
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--items", type=int, default=20000)
+    parser.add_argument("--sqlite-synchronous", default="FULL",
+                        choices=["NORMAL", "FULL"])
+    parser.add_argument("--peer-concurrency", type=int, default=16,
+                        help="procrastinate worker concurrency (per process)")
+    parser.add_argument("--no-peer", action="store_true", help="skip procrastinate")
+    args = parser.parse_args()
+    ours = bench_integrationd(args.backend, args.replicas, args.items, args.sqlite_synchronous)
+    print(json.dumps(ours), flush=True)
+    if args.no_peer:
+        return
+    peer = bench_procrastinate(args.replicas, args.items, args.peer_concurrency)
+    print(json.dumps(peer), flush=True)
+    print(json.dumps({
+        "ratio": "integrationd_items_per_s / procrastinate_items_per_s",
+        "backend": args.backend,
+        "value": round(ours["items_per_s"] / max(peer["items_per_s"], 1e-9), 2),
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()
