@@ -144,7 +144,7 @@ def write_config(workdir: Path, url: str, sqlite_synchronous: str) -> Path:
 def start_replica(cfg: Path, index: int) -> tuple[subprocess.Popen[bytes], Path]:
     log = cfg.parent / f"replica-{index}.log"
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen(  # noqa: S603
+    proc = subprocess.Popen(
         [sys.executable, "-m", "daemon.cli", "--config", str(cfg),
          "run"],
         stdout=subprocess.DEVNULL, stderr=log.open("wb"), cwd=cfg.parent, env=env,
@@ -164,7 +164,7 @@ def wait_admin(proc: subprocess.Popen[bytes], log: Path, deadline: float) -> str
 
 
 def scrape(admin: str) -> dict[str, float]:
-    with urllib.request.urlopen(admin + "/metrics", timeout=10) as resp:  # noqa: S310
+    with urllib.request.urlopen(admin + "/metrics", timeout=10) as resp:
         text = resp.read().decode()
     out: dict[str, float] = {}
     for name in ("integrationd_db_statements_total", "integrationd_db_commits_total",
@@ -268,7 +268,7 @@ def bench_procrastinate(workers: int, items: int, concurrency: int) -> dict[str,
         asyncio.run(setup())
         env = dict(os.environ, PYTHONPATH=str(REPO))
         procs = [
-            subprocess.Popen(  # noqa: S603
+            subprocess.Popen(
                 [sys.executable, "-m", "bench.procrastinate_peer", "worker", dsn,
                  str(concurrency)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
