@@ -131,20 +131,37 @@ def _read_secret_file(key: str, path: str) -> Secret:
     return Secret(text.strip())
 
 
+def load_secret(
+    *,
+    key: str,
+    credential: str,
+    file_path: Any,
+    env_var: str,
+    environ: Mapping[str, str],
+) -> Secret | None:
+    """A secret from, in order: the systemd credential ``credential``
+    (``$CREDENTIALS_DIRECTORY``), the file named by the ``key``_file setting,
+    or the environment variable ``env_var``."""
+    cred_dir = environ.get("CREDENTIALS_DIRECTORY")
+    if cred_dir and (Path(cred_dir) / credential).exists():
+        return _read_secret_file(key, str(Path(cred_dir) / credential))
+    if file_path:
+        return _read_secret_file(f"{key}_file", str(file_path))
+    if env_var in environ:
+        return Secret(environ[env_var])
+    return None
+
+
 def _storage_password(
     storage_raw: Mapping[str, Any], environ: Mapping[str, str]
 ) -> Secret | None:
-    cred_dir = environ.get("CREDENTIALS_DIRECTORY")
-    if cred_dir and (Path(cred_dir) / "storage-password").exists():
-        return _read_secret_file(
-            "storage.password", str(Path(cred_dir) / "storage-password")
-        )
-    path = storage_raw.get("password_file")
-    if path:
-        return _read_secret_file("storage.password_file", str(path))
-    if "INTEGRATIOND_STORAGE_PASSWORD" in environ:
-        return Secret(environ["INTEGRATIOND_STORAGE_PASSWORD"])
-    return None
+    return load_secret(
+        key="storage.password",
+        credential="storage-password",
+        file_path=storage_raw.get("password_file"),
+        env_var="INTEGRATIOND_STORAGE_PASSWORD",
+        environ=environ,
+    )
 
 
 def _validate_storage_url(url: str) -> None:
@@ -198,8 +215,29 @@ def parse_settings(
     if replica.drain_timeout < 0:
         raise ConfigError("replica.drain_timeout", "must not be negative")
 
-    admin = _build("admin", AdminSettings, raw.get("admin", {}))
+    admin_raw = raw.get("admin", {})
+    if isinstance(admin_raw, Mapping) and "session_secret" in admin_raw:
+        raise ConfigError(
+            "admin.session_secret",
+            "secrets are not read from the config file; use admin.session_secret_file,"
+            " LoadCredential=admin-session-secret or INTEGRATIOND_ADMIN_SESSION_SECRET",
+        )
+    admin = _build("admin", AdminSettings, admin_raw, skip=("session_secret_file",))
     _parse_listen("admin.listen", admin.listen)
+    if admin.auth not in ("password", "proxy"):
+        raise ConfigError("admin.auth", "expected password or proxy")
+    _positive("admin.session_ttl", admin.session_ttl)
+    admin = attrs.evolve(
+        admin,
+        session_secret=load_secret(
+            key="admin.session_secret",
+            credential="admin-session-secret",
+            file_path=admin_raw.get("session_secret_file") if isinstance(admin_raw, Mapping)
+            else None,
+            env_var="INTEGRATIOND_ADMIN_SESSION_SECRET",
+            environ=environ,
+        ),
+    )
 
     work = _build("work", WorkSettings, raw.get("work", {}))
     for name in ("poll_interval", "reclaim_interval", "depth_sample_interval", "concurrency"):
@@ -230,14 +268,23 @@ def parse_settings(
     if default_family.lease_ttl <= work.lease_margin:
         raise ConfigError("work.lease_margin", "must be shorter than the default lease_ttl (30)")
 
-    operators = []
+    operators: list[Operator] = []
     ops_raw = raw.get("operators", [])
     if not isinstance(ops_raw, list):
         raise ConfigError("operators", "expected an array of tables ([[operators]])")
     for i, entry in enumerate(ops_raw):
         op = _build(f"operators[{i}]", Operator, entry)
+        if not op.name:
+            raise ConfigError(f"operators[{i}].name", "must not be empty")
         if op.role not in ROLES:
             raise ConfigError(f"operators[{i}].role", f"expected one of {', '.join(ROLES)}")
+        if op.password_hash and not op.password_hash.startswith("$argon2"):
+            raise ConfigError(
+                f"operators[{i}].password_hash",
+                "expected an argon2 hash (run `integrationd hash-password`)",
+            )
+        if any(o.name == op.name for o in operators):
+            raise ConfigError(f"operators[{i}].name", f"duplicate operator {op.name!r}")
         operators.append(op)
     return Settings(
         storage=storage,

@@ -43,6 +43,16 @@ class ReplicaSettings:
 @attrs.frozen(kw_only=True)
 class AdminSettings:
     listen: str = "127.0.0.1:8780"
+    # "password": operators sign in with name + password (argon2 hashes below);
+    # "proxy": a trusted reverse proxy authenticates and sends the operator
+    # name in ``proxy_user_header`` (roles still come from [[operators]]).
+    auth: str = "password"
+    proxy_user_header: str = "X-Remote-User"
+    session_ttl: float = 8 * 3600.0
+    # Signs session cookies. From the admin-session-secret credential,
+    # admin.session_secret_file or $INTEGRATIOND_ADMIN_SESSION_SECRET; when
+    # unset, a random one per process (sessions end at restart).
+    session_secret: Secret | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -70,6 +80,9 @@ class FamilySettings:
 class Operator:
     name: str
     role: str  # viewer | operator | admin
+    # argon2id PHC string (``integrationd hash-password`` prints one); empty
+    # means this operator cannot sign in with a password (proxy mode only).
+    password_hash: str = attrs.field(default="", repr=False)
 
 
 ROLES = ("viewer", "operator", "admin")
