@@ -7,13 +7,34 @@ the work loop.
 
 from __future__ import annotations
 
-from typing import Protocol
+import collections
+from typing import TYPE_CHECKING, Protocol
 
 from quart import Response
 from quart_trio import QuartTrio
 
+from config.settings import Settings
+from daemon.services.clock import Clock
+from daemon.services.families import FamilyRegistry
+from storage.work_store import WorkStore
+
+if TYPE_CHECKING:
+    from daemon.services.replica import HistoryPoint
+
 
 class ReplicaView(Protocol):
+    """What the admin listener may see of its replica (``daemon.services.replica.Replica``)."""
+
+    settings: Settings
+    store: WorkStore
+    registry: FamilyRegistry
+    clock: Clock
+    replica_id: str
+    history: collections.deque[HistoryPoint]
+
+    @property
+    def state(self) -> str: ...
+
     def metrics_text(self) -> bytes: ...
 
     def readiness(self) -> tuple[bool, dict[str, object]]: ...

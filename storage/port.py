@@ -204,6 +204,13 @@ class QueueDepth:
     oldest_run_after_us: int | None
 
 
+@attrs.frozen
+class OutcomeCount:
+    family: str
+    outcome: str  # the state a finalization produced: succeeded, retry, dead, ...
+    count: int
+
+
 @attrs.frozen(kw_only=True)
 class ReplayParams:
     work_id: str

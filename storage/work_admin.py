@@ -24,6 +24,7 @@ from storage.port import (
     DuplicateKey,
     EnqueueResult,
     Execution,
+    OutcomeCount,
     QueueDepth,
     ReplayParams,
     ReplicaInfo,
@@ -310,14 +311,26 @@ class WorkAdmin:
 
         async def body(tx: SqlTx) -> tuple[int, int]:
             rows = await tx.fetchall(
-                "SELECT COUNT(*), COUNT(DISTINCT e.work_id) FROM work_executions e"
-                " JOIN work_items w ON w.work_id = e.work_id"
-                " WHERE w.family = ? AND e.outcome = 'succeeded'",
+                "SELECT COUNT(*), COUNT(DISTINCT work_id) FROM work_executions"
+                " WHERE family = ? AND outcome = 'succeeded'",
                 (family,),
             )
             return int(rows[0][0]), int(rows[0][1])
 
         return await self.db.transact(body, name="work.execution_totals", write=False)
+
+    async def work_outcome_counts(self, since_us: int, until_us: int) -> list[OutcomeCount]:
+        """Executions finished in ``[since_us, until_us)`` per family and outcome (cluster-wide)."""
+
+        async def body(tx: SqlTx) -> list[OutcomeCount]:
+            rows = await tx.fetchall(
+                "SELECT family, outcome, COUNT(*) FROM work_executions"
+                " WHERE finished_at_us >= ? AND finished_at_us < ? GROUP BY family, outcome",
+                (since_us, until_us),
+            )
+            return [OutcomeCount(str(f), str(o), int(n)) for f, o, n in rows]
+
+        return await self.db.transact(body, name="work.outcome_counts", write=False)
 
     async def work_count_open(self, family: str | None = None) -> int:
         """Non-terminal items (of one family, or all)."""

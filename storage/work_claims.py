@@ -343,6 +343,7 @@ class WorkClaims:
                             (
                                 m.fence.work_id,
                                 m.fence.ownership_epoch,
+                                m.family,
                                 m.attempt,
                                 replica,
                                 state,
@@ -398,8 +399,8 @@ async def _applied(tx: SqlTx, fences: Sequence[Fence], state: str) -> set[str]:
 
 
 _JOURNAL_SQL = (
-    "INSERT INTO work_executions (work_id, ownership_epoch, attempt, replica, outcome,"
-    " finished_at_us) VALUES (?, ?, ?, ?, ?, ?)"
+    "INSERT INTO work_executions (work_id, ownership_epoch, family, attempt, replica,"
+    " outcome, finished_at_us) VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
 
 

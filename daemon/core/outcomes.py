@@ -58,8 +58,9 @@ class Finalization:
 
     fence: Fence
     event: WorkEvent
-    # The attempt number the claim charged (for the execution journal).
+    # The attempt number the claim charged, and the family (execution journal).
     attempt: int = 0
+    family: str = ""
     run_after_us: int | None = None
     terminal_outcome: str | None = None
     failure_class: str | None = None
@@ -81,6 +82,7 @@ def decide(
     policy: BackoffPolicy,
     jitter_sample: float,
     now_us: int,
+    family: str = "",
 ) -> Finalization:
     """Turn a handler outcome into the finalization to commit."""
     match outcome:
@@ -88,6 +90,7 @@ def decide(
             return Finalization(
                 fence=fence,
                 attempt=attempt,
+                family=family,
                 event=WorkEvent.COMPLETE,
                 terminal_outcome="succeeded",
                 summary=sanitize_summary(summary) or None,
@@ -96,6 +99,7 @@ def decide(
             return Finalization(
                 fence=fence,
                 attempt=attempt,
+                family=family,
                 event=WorkEvent.SKIP,
                 terminal_outcome="skipped",
                 summary=sanitize_summary(reason),
@@ -105,6 +109,7 @@ def decide(
                 return Finalization(
                     fence=fence,
                     attempt=attempt,
+                family=family,
                     event=WorkEvent.DEAD_LETTER,
                     terminal_outcome="dead",
                     failure_class=failure_class,
@@ -114,6 +119,7 @@ def decide(
             return Finalization(
                 fence=fence,
                 attempt=attempt,
+                family=family,
                 event=WorkEvent.RETRY,
                 run_after_us=now_us + int(delay * 1_000_000),
                 failure_class=failure_class,
@@ -123,6 +129,7 @@ def decide(
             return Finalization(
                 fence=fence,
                 attempt=attempt,
+                family=family,
                 event=WorkEvent.DEAD_LETTER,
                 terminal_outcome="dead",
                 failure_class=failure_class,
@@ -132,6 +139,7 @@ def decide(
             return Finalization(
                 fence=fence,
                 attempt=attempt,
+                family=family,
                 event=WorkEvent.CANCEL_ACK,
                 terminal_outcome="cancelled",
                 summary="cancelled by operator request",
@@ -140,6 +148,7 @@ def decide(
             return Finalization(
                 fence=fence,
                 attempt=attempt,
+                family=family,
                 event=WorkEvent.RELEASE,
                 run_after_us=now_us,
                 failure_class="released",

@@ -24,6 +24,7 @@ their items (fenced) back to ``retry``; flush the completer; report
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import socket
@@ -43,7 +44,7 @@ from daemon.services.lease_keeper import LeaseKeeper
 from daemon.services.metrics import Metrics
 from daemon.services.scheduler import Scheduler
 from daemon.services.worker_pool import WorkerPool
-from storage.port import ReplicaInfo, StorageError
+from storage.port import OutcomeCount, QueueDepth, ReplicaInfo, StorageError
 from storage.work_store import WorkStore
 
 VERSION = "0.1.0"
@@ -51,6 +52,19 @@ VERSION = "0.1.0"
 
 def default_replica_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@attrs.frozen
+class HistoryPoint:
+    """One depth sample, and what finished (cluster-wide) since the previous one."""
+
+    at_us: int
+    interval_s: float
+    depths: tuple[QueueDepth, ...]
+    finished: tuple[OutcomeCount, ...]
+
+
+HISTORY_POINTS = 720  # one hour at the default 5 s sample interval
 
 
 @attrs.define(eq=False)
@@ -66,6 +80,9 @@ class Replica:
     serve_admin: bool = True
     schedulers: dict[str, Scheduler] = attrs.field(factory=dict)
     pool: WorkerPool | None = None
+    history: collections.deque[HistoryPoint] = attrs.field(
+        factory=lambda: collections.deque(maxlen=HISTORY_POINTS)
+    )
     _drain: trio.Event = attrs.field(factory=trio.Event)
     _state: str = "starting"
     _last_db_ok: float = 0.0
@@ -229,10 +246,18 @@ class Replica:
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         task_status.started()
+        previous_us = self.clock.now_us()
         while True:
             try:
+                now_us = self.clock.now_us()
                 depths = await self.store.work_depths()
-                self.metrics.set_depths(depths, self.clock.now_us())
+                finished = await self.store.work_outcome_counts(previous_us, now_us)
+                self.metrics.set_depths(depths, now_us)
+                self.history.append(
+                    HistoryPoint(now_us, (now_us - previous_us) / 1_000_000, tuple(depths),
+                                 tuple(finished))
+                )
+                previous_us = now_us
                 self._last_db_ok = time.monotonic()
             except StorageError as exc:
                 self.metrics.db_errors.labels("depth_sample").inc()

@@ -161,6 +161,7 @@ class WorkerPool:
                 policy=family.backoff,
                 jitter_sample=random.random(),
                 now_us=self.clock.now_us(),
+                family=family.name,
             )
             result = await self.completer.submit(finalization, flight)
             if result.applied and result.state is not None:

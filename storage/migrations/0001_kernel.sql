@@ -59,6 +59,8 @@ CREATE UNIQUE INDEX work_items_replay_of ON work_items (replay_of);
 
 CREATE INDEX work_items_state_id ON work_items (state, work_id);
 
+CREATE INDEX work_items_state_family_id ON work_items (state, family, work_id);
+
 CREATE INDEX work_items_org ON work_items (org_id, state, work_id);
 
 CREATE TABLE work_source_lanes (
@@ -69,12 +71,15 @@ CREATE TABLE work_source_lanes (
 CREATE TABLE work_executions (
     work_id {KEY}(32) NOT NULL,
     ownership_epoch BIGINT NOT NULL,
+    family {KEY}(64) NOT NULL,
     attempt INTEGER NOT NULL,
     replica {KEY}(128) NOT NULL,
     outcome {KEY}(32) NOT NULL,
     finished_at_us BIGINT NOT NULL,
     PRIMARY KEY (work_id, ownership_epoch)
 ) {OPTS};
+
+CREATE INDEX work_executions_finished ON work_executions (finished_at_us, family);
 
 CREATE TABLE replicas (
     replica_id {KEY}(128) NOT NULL PRIMARY KEY,

@@ -44,7 +44,8 @@ async def claim(store: WorkStore, owner: str = "A", now: int = T0, limit: int = 
 def finalization(item: WorkItem, outcome: Outcome, now: int = T0) -> Finalization:
     assert item.fence is not None
     return decide(outcome, fence=item.fence, attempt=item.attempt,
-                  max_attempts=item.max_attempts, policy=POLICY, jitter_sample=0.5, now_us=now)
+                  max_attempts=item.max_attempts, policy=POLICY, jitter_sample=0.5, now_us=now,
+                  family=item.family)
 
 
 async def finalize(store: WorkStore, item: WorkItem, outcome: Outcome,
