@@ -297,3 +297,35 @@ class WorkStorePort(Protocol):
     async def work_depths(self) -> list[QueueDepth]: ...
 
     async def work_executions(self, work_id: str) -> list[Execution]: ...
+
+
+# ------------------------------------------------- operator console (admin UI)
+
+
+@attrs.frozen(kw_only=True)
+class CancelParams:
+    """An operator's cancel: who, in which role, and why (kept in the audit log)."""
+
+    work_id: str
+    actor: str
+    role: str
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class DeadQuery:
+    """Dead items (the DLQ), newest first, by family and failure class, keyset-paginated."""
+
+    family: str | None = None
+    failure_class: str | None = None
+    after_id: str | None = None
+    limit: int = 50
+
+
+@attrs.frozen
+class DeadClassCount:
+    """How many of the sampled dead items have one (family, failure class)."""
+
+    family: str
+    failure_class: str | None
+    count: int

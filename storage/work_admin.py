@@ -19,8 +19,11 @@ from daemon.core.work import WorkItem, WorkSpec
 from storage.idgen import new_ulid
 from storage.port import (
     AuditEntry,
+    CancelParams,
     CancelResult,
     Database,
+    DeadClassCount,
+    DeadQuery,
     DuplicateKey,
     EnqueueResult,
     Execution,
@@ -432,6 +435,115 @@ class WorkAdmin:
             ]
 
         return await self.db.transact(body, name="audit.list", write=False)
+
+    # ------------------------------------------- operator console (admin UI)
+
+    async def work_cancel_audited(self, params: CancelParams, now_us: int) -> CancelResult:
+        """Cancel like :meth:`work_cancel` and, when something changed, append an audit
+        entry in the same transaction (a terminal item is a ``noop``: nothing is written)."""
+
+        async def body(tx: SqlTx) -> CancelResult:
+            rows = await tx.fetchall(
+                "SELECT state FROM work_items WHERE work_id = ?", (params.work_id,)
+            )
+            if not rows:
+                raise WorkNotFound(params.work_id)
+            before = WorkState(rows[0][0])
+            if await tx.execute(
+                "UPDATE work_items SET state = 'cancelled', terminal_outcome = 'cancelled',"
+                " operator_summary = 'cancelled before it ran', row_version = row_version + 1,"
+                " updated_at_us = ? WHERE work_id = ? AND state IN ('pending', 'retry')",
+                (now_us, params.work_id),
+            ):
+                result = CancelResult(params.work_id, "cancelled", WorkState.CANCELLED)
+            elif await tx.execute(
+                "UPDATE work_items SET cancel_requested = 1, row_version = row_version + 1,"
+                " updated_at_us = ? WHERE work_id = ? AND state = 'processing'",
+                (now_us, params.work_id),
+            ):
+                before = WorkState.PROCESSING  # what the matched UPDATE proves
+                result = CancelResult(params.work_id, "requested", WorkState.PROCESSING)
+            else:
+                return CancelResult(params.work_id, "noop", before)
+            await append_audit(
+                tx,
+                AuditEntry(
+                    audit_id=new_ulid(now_us),
+                    at_us=now_us,
+                    actor=params.actor,
+                    role=params.role,
+                    action="work.cancel",
+                    target_kind="work_item",
+                    target_id=params.work_id,
+                    reason=params.reason,
+                    before=json.dumps({"work_id": params.work_id, "state": before.value}),
+                    after=json.dumps({"work_id": params.work_id, "state": result.state.value,
+                                      "disposition": result.disposition}),
+                ),
+            )
+            return result
+
+        return await self.db.transact(body, name="work.cancel_audited")
+
+    async def work_replays_of(self, work_id: str) -> list[WorkItem]:
+        """Items replayed from ``work_id`` (``replay_of`` is unique: zero or one)."""
+
+        async def body(tx: SqlTx) -> list[WorkItem]:
+            rows = await tx.fetchall(f"{SELECT_WORK} WHERE replay_of = ?", (work_id,))
+            return [from_row(r) for r in rows]
+
+        return await self.db.transact(body, name="work.replays_of", write=False)
+
+    async def work_dead_list(self, query: DeadQuery) -> list[WorkItem]:
+        """Dead items, newest first, optionally of one family and failure class."""
+        clauses = ["state = 'dead'"]
+        params: list[Any] = []
+        if query.family is not None:
+            clauses.append("family = ?")
+            params.append(query.family)
+        if query.failure_class is not None:
+            clauses.append("failure_class = ?")
+            params.append(query.failure_class)
+        if query.after_id is not None:
+            clauses.append("work_id < ?")
+            params.append(query.after_id)
+        limit = max(1, min(query.limit, 1000))
+
+        async def body(tx: SqlTx) -> list[WorkItem]:
+            rows = await tx.fetchall(
+                f"{SELECT_WORK} WHERE {' AND '.join(clauses)} ORDER BY work_id DESC LIMIT ?",
+                (*params, limit),
+            )
+            return [from_row(r) for r in rows]
+
+        return await self.db.transact(body, name="work.dead_list", write=False)
+
+    async def work_dead_classes(self, sample: int = 5000) -> list[DeadClassCount]:
+        """(family, failure class) counts among the newest ``sample`` dead items (bounded)."""
+
+        async def body(tx: SqlTx) -> list[DeadClassCount]:
+            rows = await tx.fetchall(
+                "SELECT family, failure_class, COUNT(*) FROM (SELECT family, failure_class"
+                " FROM work_items WHERE state = 'dead' ORDER BY work_id DESC LIMIT ?) newest"
+                " GROUP BY family, failure_class",
+                (max(1, min(sample, 100_000)),),
+            )
+            out = [
+                DeadClassCount(str(f), str(c) if c is not None else None, int(n))
+                for f, c, n in rows
+            ]
+            out.sort(key=lambda d: (-d.count, d.family, d.failure_class or ""))
+            return out
+
+        return await self.db.transact(body, name="work.dead_classes", write=False)
+
+    async def audit_append(self, entry: AuditEntry) -> None:
+        """Append one audit entry in its own transaction (e.g. a bulk action's summary)."""
+
+        async def body(tx: SqlTx) -> None:
+            await append_audit(tx, entry)
+
+        await self.db.transact(body, name="audit.append")
 
 
 async def append_audit(tx: SqlTx, entry: AuditEntry) -> None:
