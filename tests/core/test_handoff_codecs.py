@@ -1,0 +1,124 @@
+"""Canonical JSON, digests, handoff keys and the no-effect result (pure, golden)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from daemon.core.canonical import (
+    NotCanonical,
+    canonical_bytes,
+    canonical_digest,
+    is_digest,
+    sha256_digest,
+)
+from daemon.core.handoff import (
+    BadHandoffKey,
+    EffectHandoffKey,
+    NoEffectReason,
+    NoEffectResult,
+    TrustedRuntimeWorkScope,
+    parse_no_effect,
+)
+
+SCOPE = TrustedRuntimeWorkScope("org-1", "install-9", "cap.leads", "sha256:abc")
+
+
+def test_canonical_bytes_golden() -> None:
+    assert canonical_bytes({"b": [1, True, None], "a": "é"}) == '{"a":"é","b":[1,true,null]}'.encode()
+    assert canonical_digest({}) == sha256_digest(b"{}")
+    assert canonical_digest({}) == (
+        "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+    )
+
+
+@pytest.mark.parametrize("bad", [1.5, {"a": 0.1}, {1: "x"}, [object()], b"bytes"])
+def test_non_canonical_values_are_refused(bad: object) -> None:
+    with pytest.raises(NotCanonical):
+        canonical_bytes(bad)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+    max_leaves=20,
+)
+
+
+@given(json_values)
+def test_canonical_is_stable_under_key_order(value: object) -> None:
+    import json
+
+    assert canonical_bytes(json.loads(json.dumps(value))) == canonical_bytes(value)
+    assert is_digest(canonical_digest(value))
+
+
+def test_handoff_key_golden_and_round_trip() -> None:
+    key = EffectHandoffKey(SCOPE, "int-1")
+    assert key.encode() == "ehk1:org-1:install-9:cap.leads:sha256%3Aabc:int-1"
+    assert EffectHandoffKey.parse(key.encode()) == key
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "ehk2:a:b:c:d:e",
+        "ehk1:a:b:c:d",
+        "ehk1:a:b:c:d:e:f",
+        "ehk1:a::c:d:e",
+        "ehk1:a:b:c:d:%ZZ",
+        "ehk1:a:b:c:d:%C3%28",  # not UTF-8
+        "ehk1:A%2Db:b:c:d:e",  # not canonical: '-' must not be escaped
+        "ehk1:" + "a" * 600 + ":b:c:d:e",
+    ],
+)
+def test_malformed_handoff_keys_are_refused(bad: str) -> None:
+    with pytest.raises(BadHandoffKey):
+        EffectHandoffKey.parse(bad)
+
+
+@given(st.lists(st.text(min_size=1, max_size=30), min_size=5, max_size=5))
+def test_any_components_round_trip(parts: list[str]) -> None:
+    key = EffectHandoffKey(TrustedRuntimeWorkScope(*parts[:4]), parts[4])
+    assert EffectHandoffKey.parse(key.encode()) == key
+
+
+@given(st.text(max_size=80))
+def test_parse_never_crashes(text: str) -> None:
+    try:
+        EffectHandoffKey.parse(text)
+    except BadHandoffKey:
+        pass
+
+
+def test_no_effect_result_golden() -> None:
+    result = NoEffectResult(NoEffectReason.REJECTED_BEFORE_DISPATCH)
+    assert result.canonical == (
+        b'{"outcome":"NO_EFFECT","reason":"REJECTED_BEFORE_DISPATCH","version":1}'
+    )
+    assert result.digest == sha256_digest(result.canonical)
+    assert parse_no_effect(result.canonical.decode(), result.digest) == result
+
+
+@pytest.mark.parametrize(
+    ("canonical", "message"),
+    [
+        ('{"outcome":"NO_EFFECT","reason":"TIMEOUT","version":1}', "unknown no-effect reason"),
+        ('{"outcome":"NO_EFFECT","reason":"DEFINITIVE_NO_EFFECT","version":2}', "version 1"),
+        ('{"outcome":"SUCCESS","reason":"DEFINITIVE_NO_EFFECT","version":1}', "version 1"),
+        ('{"reason":"DEFINITIVE_NO_EFFECT","outcome":"NO_EFFECT","version":1}', "canonical form"),
+        ('{"outcome":"NO_EFFECT","reason":"DEFINITIVE_NO_EFFECT","version":1,"x":1}', "exactly"),
+        ("not json", "not JSON"),
+    ],
+)
+def test_bad_no_effect_results_are_refused(canonical: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_no_effect(canonical, sha256_digest(canonical.encode()))
+
+
+def test_no_effect_digest_must_match() -> None:
+    result = NoEffectResult(NoEffectReason.DEFINITIVE_NO_EFFECT)
+    with pytest.raises(ValueError, match="digest"):
+        parse_no_effect(result.canonical.decode(), "sha256:" + "0" * 64)
