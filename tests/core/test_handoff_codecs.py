@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -26,7 +29,8 @@ SCOPE = TrustedRuntimeWorkScope("org-1", "install-9", "cap.leads", "sha256:abc")
 
 
 def test_canonical_bytes_golden() -> None:
-    assert canonical_bytes({"b": [1, True, None], "a": "é"}) == '{"a":"é","b":[1,true,null]}'.encode()
+    expected = '{"a":"é","b":[1,true,null]}'.encode()
+    assert canonical_bytes({"b": [1, True, None], "a": "é"}) == expected
     assert canonical_digest({}) == sha256_digest(b"{}")
     assert canonical_digest({}) == (
         "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
@@ -48,8 +52,6 @@ json_values = st.recursive(
 
 @given(json_values)
 def test_canonical_is_stable_under_key_order(value: object) -> None:
-    import json
-
     assert canonical_bytes(json.loads(json.dumps(value))) == canonical_bytes(value)
     assert is_digest(canonical_digest(value))
 
@@ -87,10 +89,8 @@ def test_any_components_round_trip(parts: list[str]) -> None:
 
 @given(st.text(max_size=80))
 def test_parse_never_crashes(text: str) -> None:
-    try:
+    with contextlib.suppress(BadHandoffKey):
         EffectHandoffKey.parse(text)
-    except BadHandoffKey:
-        pass
 
 
 def test_no_effect_result_golden() -> None:
