@@ -1,0 +1,184 @@
+"""The outbox dispatcher and the Runtime's client for integrationd's service API.
+
+Theory of operation
+-------------------
+Each outbox entry holds the exact bytes of one ``POST /v1/commands`` body, fixed when the
+intent was created. The dispatcher sends the oldest entry of each Lead (so one Lead's
+handoffs are admitted in order), up to ``dispatch_concurrency`` at once. A definitive answer
+(accepted, rejected, quarantined) is applied to the intent and ends the entry; anything else
+(a transport error, 5xx, 408/429, an unreadable 2xx) keeps it and schedules the same bytes
+again after capped exponential backoff with full jitter. It never gives up.
+
+The dispatcher sleeps until the next entry is due, at most ``poll_interval_s``, and wakes
+early when the Runtime adds an entry (:class:`~sandbox.runtime.runtime.Wakeup`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import attrs
+import httpx
+import trio
+
+from daemon.services import logs
+from sandbox.runtime.model import (
+    AdmissionAnswer,
+    ContractViolation,
+    IntentState,
+    IntentStatus,
+    RejectAnswer,
+    RetryLater,
+    WithdrawRefused,
+    classify_command_answer,
+    classify_reject_answer,
+)
+from sandbox.runtime.runtime import ReferenceRuntime
+from sandbox.runtime.store import OutboxEntry, Refused
+
+COMMANDS_PATH = "/v1/commands"
+REJECT_PATH = "/v1/handoffs/reject"
+
+
+@attrs.define(eq=False)
+class IntegrationClient:
+    """Posts handoffs to integrationd; turns every outcome into a classified answer."""
+
+    _http: httpx.AsyncClient
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, runtime: ReferenceRuntime) -> AsyncIterator[IntegrationClient]:
+        http = httpx.AsyncClient(
+            base_url=runtime.integration_url,
+            headers={
+                "authorization": f"Bearer {runtime.integration_token.reveal()}",
+                "content-type": "application/json",
+            },
+            timeout=runtime.request_timeout_s,
+            follow_redirects=False,
+        )
+        try:
+            yield cls(http)
+        finally:
+            with trio.CancelScope(shield=True):
+                await http.aclose()
+
+    async def _post(self, path: str, body: bytes) -> tuple[int, bytes] | RetryLater:
+        try:
+            response = await self._http.post(path, content=body)
+        except httpx.TransportError as exc:
+            return RetryLater(f"transport error: {type(exc).__name__}")
+        return response.status_code, response.content
+
+    async def send_command(self, body: bytes) -> AdmissionAnswer:
+        """``POST /v1/commands`` with ``body`` exactly as given."""
+        answer = await self._post(COMMANDS_PATH, body)
+        return answer if isinstance(answer, RetryLater) else classify_command_answer(*answer)
+
+    async def reject_if_unaccepted(self, body: bytes) -> RejectAnswer:
+        """``POST /v1/handoffs/reject`` (integrationd's idempotent RejectIfUnaccepted)."""
+        answer = await self._post(REJECT_PATH, body)
+        return answer if isinstance(answer, RetryLater) else classify_reject_answer(*answer)
+
+
+@attrs.define(eq=False)
+class OutboxDispatcher:
+    """Sends outbox entries to integrationd until each gets a definitive answer."""
+
+    runtime: ReferenceRuntime
+    client: IntegrationClient
+    _in_flight: set[str] = attrs.field(factory=set, init=False)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        runtime = self.runtime
+        store = runtime.store
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                now = trio.current_time()
+                free = runtime.dispatch_concurrency - len(self._in_flight)
+                for entry in store.due_entries(now, exclude=self._in_flight, limit=free):
+                    self._in_flight.add(entry.outbox_id)
+                    nursery.start_soon(self._deliver, entry)
+                timeout = runtime.poll_interval_s
+                if len(self._in_flight) < runtime.dispatch_concurrency:
+                    next_at = store.next_due_at(exclude=self._in_flight)
+                    if next_at is not None:
+                        timeout = min(timeout, next_at - now)
+                await runtime.wakeup.wait(timeout)
+
+    async def _deliver(self, entry: OutboxEntry) -> None:
+        store = self.runtime.store
+        try:
+            store.counters["dispatch_sent"] += 1
+            answer = await self.client.send_command(entry.body)
+            if isinstance(answer, RetryLater):
+                attempts = store.attempts(entry.outbox_id) + 1
+                delay = self.runtime.dispatch_backoff.delay_s(attempts, random.random())
+                store.schedule_retry(
+                    entry.outbox_id, next_at=trio.current_time() + delay, reason=answer.reason
+                )
+                logs.warn("runtime_dispatch_retry", intent_id=entry.intent_id,
+                          attempts=attempts, reason=answer.reason, delay_s=round(delay, 3))
+                return
+            try:
+                state = store.record_answer(entry.intent_id, answer)
+            except ContractViolation as exc:
+                logs.error("runtime_contract_violation", intent_id=entry.intent_id,
+                           detail=str(exc))
+                return
+            logs.event("runtime_dispatch_answer", intent_id=entry.intent_id,
+                       status=state.status.value, command_id=state.command_id)
+        finally:
+            self._in_flight.discard(entry.outbox_id)
+            self.runtime.wakeup.set()
+
+
+async def withdraw_intent(
+    runtime: ReferenceRuntime, client: IntegrationClient, lead_id: str, intent_id: str
+) -> IntentState:
+    """Ask integrationd to reject the intent's handoff unless it was already accepted.
+
+    Returns the intent once REJECTED (proven by a ``HANDOFF_REJECTED`` receipt). Raises
+    :class:`Refused`: 409 ``already_accepted`` when the command was accepted (the withdraw
+    lost the race, or came too late), 503 when integrationd gave no definitive answer (call
+    again: RejectIfUnaccepted is idempotent), 502 when integrationd refused the request.
+    """
+    store = runtime.store
+    state = store.intent_of(lead_id, intent_id)
+    if state.status == IntentStatus.REJECTED:
+        return state
+    if state.status in (IntentStatus.ACCEPTED, IntentStatus.COMMITTED):
+        raise _already_accepted(state)
+    store.counters["withdrawals_requested"] += 1
+    answer = await client.reject_if_unaccepted(state.intent.reject_body())
+    if isinstance(answer, RetryLater):
+        logs.warn("runtime_withdraw_unanswered", intent_id=intent_id, reason=answer.reason)
+        raise Refused(503, "integration_unavailable",
+                      "integrationd gave no definitive answer; the intent is unchanged, "
+                      "withdraw again")
+    if isinstance(answer, WithdrawRefused):
+        logs.warn("runtime_withdraw_refused", intent_id=intent_id,
+                  http_status=answer.http_status, error=answer.error)
+        raise Refused(502, "withdraw_refused", "integrationd refused the rejection",
+                      {"upstream_status": answer.http_status, "upstream_error": answer.error})
+    try:
+        state = store.record_answer(intent_id, answer)
+    except ContractViolation as exc:
+        logs.error("runtime_contract_violation", intent_id=intent_id, detail=str(exc))
+        raise Refused(502, "contract_violation", str(exc)) from None
+    logs.event("runtime_withdraw_answer", intent_id=intent_id, status=state.status.value)
+    if state.status == IntentStatus.REJECTED:
+        store.counters["withdrawals_rejected"] += 1
+        return state
+    store.counters["withdrawals_lost_race"] += 1
+    raise _already_accepted(state)
+
+
+def _already_accepted(state: IntentState) -> Refused:
+    return Refused(409, "already_accepted", "integrationd accepted the command; it stays "
+                   "outstanding until its result receipt",
+                   {"status": state.status.value, "command_id": state.command_id})
