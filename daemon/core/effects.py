@@ -1,0 +1,143 @@
+"""Effect outcomes: classification and reconciliation, as pure functions.
+
+Theory of operation
+-------------------
+Every external call is one :class:`DispatchObservation`: how far the
+exchange got (never connected, request bytes may have left, a response
+arrived) and, if a response arrived, its status and ``Retry-After``. The
+frozen :class:`OperationContract` (from the L1 definition) says which
+statuses mean "not applied" and whether the effect is replay-safe.
+:func:`classify` maps the two to exactly one outcome class:
+
+==========================  ============================================
+``ACCEPTED``                2xx: the provider accepted the effect
+``REJECTED``                a terminal, known rejection (most 4xx)
+``RETRYABLE_PRE_DISPATCH``  proven to fail before any byte left
+``REPLAY_SAFE_RETRY``       the contract proves a retry cannot double the
+                            effect (e.g. 429, or 503 declared not-applied)
+``OUTCOME_UNKNOWN``         bytes may have left and nothing proves the
+                            outcome: reconcile or ask an operator
+==========================  ============================================
+
+There is no hidden retry anywhere: the durable scheduler decides what
+happens next from the class, and an ``OUTCOME_UNKNOWN`` is never turned into
+a new call until :func:`reconcile` proves the effect absent (or present).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+import attrs
+
+
+class OutcomeClass(enum.StrEnum):
+    ACCEPTED = "ACCEPTED"
+    REJECTED = "REJECTED"
+    RETRYABLE_PRE_DISPATCH = "RETRYABLE_PRE_DISPATCH"
+    REPLAY_SAFE_RETRY = "REPLAY_SAFE_RETRY"
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+
+
+class Phase(enum.StrEnum):
+    NOT_CONNECTED = "not_connected"  # connect refused/timed out, pool exhausted: nothing sent
+    SENT = "sent"  # bytes may have left; no (complete) response
+    RESPONDED = "responded"
+
+
+@attrs.frozen
+class DispatchObservation:
+    phase: Phase
+    status: int | None = None
+    retry_after_s: float | None = None
+    # A short, safe description for operators (exception type, never a body).
+    detail: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class OperationContract:
+    """What the frozen L1 operation definition promises about one call."""
+
+    # Statuses the provider documents as "not applied" (safe to try again).
+    not_applied_statuses: frozenset[int] = frozenset({429})
+    # True only if the provider proves a repeated call cannot repeat the effect
+    # (an idempotency key it honours, or a conditional request).
+    replay_safe: bool = False
+    default_retry_after_s: float = 5.0
+
+
+@attrs.frozen
+class Classification:
+    outcome: OutcomeClass
+    retry_after_s: float | None = None
+    failure_class: str = ""
+
+
+def classify(contract: OperationContract, seen: DispatchObservation) -> Classification:
+    """Exactly one outcome class for one observed exchange."""
+    if seen.phase is Phase.NOT_CONNECTED:
+        return Classification(OutcomeClass.RETRYABLE_PRE_DISPATCH, None, "connect")
+    if seen.phase is Phase.SENT:
+        if contract.replay_safe:
+            return Classification(OutcomeClass.REPLAY_SAFE_RETRY, None, "transport")
+        return Classification(OutcomeClass.OUTCOME_UNKNOWN, None, "transport")
+    status = seen.status
+    if status is None:
+        raise ValueError("a response observation needs a status")
+    if 200 <= status < 300:
+        return Classification(OutcomeClass.ACCEPTED)
+    if status in contract.not_applied_statuses:
+        delay = seen.retry_after_s
+        if delay is None:
+            delay = contract.default_retry_after_s
+        return Classification(OutcomeClass.REPLAY_SAFE_RETRY, delay, f"http_{status}")
+    if 400 <= status < 500:
+        return Classification(OutcomeClass.REJECTED, None, f"http_{status}")
+    # 5xx (and anything else) after sending: the provider may have applied it.
+    if contract.replay_safe:
+        return Classification(OutcomeClass.REPLAY_SAFE_RETRY, None, f"http_{status}")
+    return Classification(OutcomeClass.OUTCOME_UNKNOWN, None, f"http_{status}")
+
+
+class Reconciled(enum.StrEnum):
+    APPLIED = "proven_applied"
+    ABSENT = "proven_absent"
+    UNPROVEN = "unproven"
+
+
+@attrs.frozen
+class RemoteSnapshot:
+    """What a read-back of the remote record showed."""
+
+    exists: bool
+    properties: Mapping[str, str | None] = attrs.field(factory=dict)
+    # The provider's last-modified time (epoch microseconds), if it exposes one.
+    updated_at_us: int | None = None
+
+
+def reconcile(
+    desired: Mapping[str, str | None],
+    snapshot: RemoteSnapshot,
+    earliest_dispatch_us: int,
+    clock_skew_us: int,
+) -> Reconciled:
+    """Decide what a read-back proves about unresolved dispatches.
+
+    * The record shows every desired value: the effect is present (whoever
+      wrote it, the end state the command asked for holds).
+    * The record was last modified before the earliest unresolved dispatch
+      could have reached the provider (minus the allowed clock skew): nothing
+      was written since, so none of those dispatches was applied.
+    * Otherwise nothing is proven: an operator decides.
+    """
+    if not snapshot.exists:
+        return Reconciled.UNPROVEN
+    if all(snapshot.properties.get(k) == v for k, v in desired.items()):
+        return Reconciled.APPLIED
+    if (
+        snapshot.updated_at_us is not None
+        and snapshot.updated_at_us < earliest_dispatch_us - clock_skew_us
+    ):
+        return Reconciled.ABSENT
+    return Reconciled.UNPROVEN
