@@ -26,9 +26,13 @@ import attrs
 from config.settings import (
     ROLES,
     AdminSettings,
+    ApiSettings,
+    BindingSettings,
+    CatalogSettings,
     FamilySettings,
     Operator,
     ReplicaSettings,
+    RuntimeClient,
     Secret,
     Settings,
     StorageSettings,
@@ -41,7 +45,10 @@ _SECTIONS: dict[str, type[Any]] = {
     "replica": ReplicaSettings,
     "admin": AdminSettings,
     "work": WorkSettings,
+    "api": ApiSettings,
+    "catalog": CatalogSettings,
 }
+_ARRAYS = ("families", "operators", "runtimes", "bindings")
 
 
 class ConfigError(Exception):
@@ -193,7 +200,7 @@ def parse_settings(
     """Build :class:`Settings` from a parsed TOML document plus the environment."""
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     _merge_env(raw, environ)
-    unknown = set(raw) - set(_SECTIONS) - {"families", "operators"}
+    unknown = set(raw) - set(_SECTIONS) - set(_ARRAYS)
     if unknown:
         raise ConfigError(sorted(unknown)[0], "unknown section")
     storage_raw = raw.get("storage", {})
@@ -286,6 +293,11 @@ def parse_settings(
         if any(o.name == op.name for o in operators):
             raise ConfigError(f"operators[{i}].name", f"duplicate operator {op.name!r}")
         operators.append(op)
+    api = _build("api", ApiSettings, raw.get("api", {}))
+    _parse_listen("api.listen", api.listen)
+    _positive("api.max_body_bytes", api.max_body_bytes)
+    catalog = _build("catalog", CatalogSettings, raw.get("catalog", {}))
+    _positive("catalog.revision", catalog.revision)
     return Settings(
         storage=storage,
         replica=replica,
@@ -293,8 +305,85 @@ def parse_settings(
         work=work,
         families=families,
         operators=tuple(operators),
+        api=api,
+        runtimes=_runtimes(raw.get("runtimes", []), environ),
+        bindings=_bindings(raw.get("bindings", []), environ),
+        catalog=catalog,
         base_dir=base_dir,
     )
+
+
+def _array(name: str, value: Any) -> list[Mapping[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        raise ConfigError(name, f"expected an array of tables ([[{name}]])")
+    return value
+
+
+def _env_name(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text).upper()
+
+
+def _no_inline_secret(key: str, table: Mapping[str, Any], names: tuple[str, ...]) -> None:
+    for name in names:
+        if name in table:
+            raise ConfigError(
+                f"{key}.{name}",
+                f"secrets are not read from the config file; use {name}_file or a credential",
+            )
+
+
+def _runtimes(value: Any, environ: Mapping[str, str]) -> tuple[RuntimeClient, ...]:
+    out: list[RuntimeClient] = []
+    for i, table in enumerate(_array("runtimes", value)):
+        key = f"runtimes[{i}]"
+        _no_inline_secret(key, table, ("token", "results_token"))
+        rc = _build(key, RuntimeClient, table, skip=("token_file", "results_token_file"))
+        for field in ("name", "org_id", "app_installation_id", "runtime_capability_id",
+                      "runtime_work_binding_digest"):
+            if not getattr(rc, field):
+                raise ConfigError(f"{key}.{field}", "must not be empty")
+        if any(r.name == rc.name for r in out):
+            raise ConfigError(f"{key}.name", f"duplicate runtime {rc.name!r}")
+        env = _env_name(rc.name)
+        rc = attrs.evolve(
+            rc,
+            token=load_secret(key=f"{key}.token", credential=f"runtime-{rc.name}-token",
+                              file_path=table.get("token_file"),
+                              env_var=f"INTEGRATIOND_RUNTIME_{env}_TOKEN", environ=environ),
+            results_token=load_secret(
+                key=f"{key}.results_token", credential=f"runtime-{rc.name}-results-token",
+                file_path=table.get("results_token_file"),
+                env_var=f"INTEGRATIOND_RUNTIME_{env}_RESULTS_TOKEN", environ=environ),
+        )
+        out.append(rc)
+    return tuple(out)
+
+
+def _bindings(value: Any, environ: Mapping[str, str]) -> tuple[BindingSettings, ...]:
+    out: list[BindingSettings] = []
+    for i, table in enumerate(_array("bindings", value)):
+        key = f"bindings[{i}]"
+        _no_inline_secret(key, table, ("token",))
+        b = _build(key, BindingSettings, table, skip=("token_file",))
+        for field in ("binding_id", "provider", "org_id", "app_installation_id",
+                      "remote_account_id", "base_url"):
+            if not getattr(b, field):
+                raise ConfigError(f"{key}.{field}", "must not be empty")
+        if not b.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"{key}.base_url", "expected an http:// or https:// URL")
+        _positive(f"{key}.generation", b.generation)
+        _positive(f"{key}.timeout", b.timeout)
+        if any(o.binding_id == b.binding_id for o in out):
+            raise ConfigError(f"{key}.binding_id", f"duplicate binding {b.binding_id!r}")
+        b = attrs.evolve(
+            b,
+            token=load_secret(key=f"{key}.token", credential=f"binding-{b.binding_id}-token",
+                              file_path=table.get("token_file"),
+                              env_var=f"INTEGRATIOND_BINDING_{_env_name(b.binding_id)}_TOKEN",
+                              environ=environ),
+        )
+        out.append(b)
+    return tuple(out)
 
 
 def _parse_listen(key: str, value: str) -> tuple[str, int]:

@@ -89,6 +89,55 @@ ROLES = ("viewer", "operator", "admin")
 
 
 @attrs.frozen(kw_only=True)
+class ApiSettings:
+    """The service API (``/v1/``) the CRM Runtime calls."""
+
+    listen: str = "127.0.0.1:8781"
+    max_body_bytes: int = 64 * 1024
+
+
+@attrs.frozen(kw_only=True)
+class RuntimeClient:
+    """One trusted Runtime caller (``[[runtimes]]``) and its complete work scope.
+
+    The scope comes from here, bound to the bearer token the Runtime presents;
+    it is never read from a request body.
+    """
+
+    name: str
+    org_id: str
+    app_installation_id: str
+    runtime_capability_id: str
+    runtime_work_binding_digest: str
+    # Where terminal result receipts are committed (CommitResultRequest).
+    results_url: str = ""
+    # The token the Runtime presents to us, and the one we present to it.
+    token: Secret | None = None
+    results_token: Secret | None = None
+
+
+@attrs.frozen(kw_only=True)
+class BindingSettings:
+    """An L2 binding: one provider account used by one org/app installation."""
+
+    binding_id: str
+    provider: str
+    org_id: str
+    app_installation_id: str
+    remote_account_id: str
+    base_url: str
+    generation: int = 1
+    timeout: float = 10.0
+    token: Secret | None = None
+
+
+@attrs.frozen(kw_only=True)
+class CatalogSettings:
+    # The Catalog revision this deployment serves; commands must name the same one.
+    revision: int = 1
+
+
+@attrs.frozen(kw_only=True)
 class Settings:
     storage: StorageSettings = StorageSettings()
     replica: ReplicaSettings = ReplicaSettings()
@@ -96,6 +145,10 @@ class Settings:
     work: WorkSettings = WorkSettings()
     families: dict[str, FamilySettings] = attrs.field(factory=dict)
     operators: tuple[Operator, ...] = ()
+    api: ApiSettings = ApiSettings()
+    runtimes: tuple[RuntimeClient, ...] = ()
+    bindings: tuple[BindingSettings, ...] = ()
+    catalog: CatalogSettings = CatalogSettings()
     # Directory that relative paths (the SQLite file) resolve against.
     base_dir: str = "."
 

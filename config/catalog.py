@@ -1,0 +1,169 @@
+"""The Catalog as integrationd serves it: L1 provider definitions + L2 bindings.
+
+L1 definitions are data files (``config/providers/*.toml``); L2 bindings come
+from the settings (``[[bindings]]``). :func:`load_catalog` validates both and
+computes the ``BindingView`` digest: canonical JSON of every definition and
+every binding's non-secret fields, so a command pinned to a revision can be
+checked against exactly what is being served.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+from typing import Any
+
+import attrs
+
+from config.settings import BindingSettings, Settings
+from daemon.core.canonical import canonical_digest
+from daemon.core.effects import OperationContract
+
+_METHODS = ("GET", "POST", "PATCH", "PUT", "DELETE")
+
+
+class CatalogError(Exception):
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+@attrs.frozen(kw_only=True)
+class ReadDefinition:
+    method: str
+    path: str
+    updated_at_field: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class OperationDefinition:
+    name: str
+    provider: str
+    intent_kinds: frozenset[str]
+    local_object: str
+    remote_object: str
+    method: str
+    path: str
+    allowed_properties: frozenset[str]
+    contract: OperationContract
+    read: ReadDefinition | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Catalog:
+    revision: int
+    digest: str
+    operations: dict[str, OperationDefinition]
+    bindings: tuple[BindingSettings, ...]
+
+    def operation(self, name: str) -> OperationDefinition | None:
+        return self.operations.get(name)
+
+    def binding_for(self, org_id: str, app_installation_id: str,
+                    provider: str) -> BindingSettings | None:
+        for b in self.bindings:
+            if (b.org_id, b.app_installation_id, b.provider) == (
+                org_id, app_installation_id, provider):
+                return b
+        return None
+
+    def binding(self, binding_id: str) -> BindingSettings | None:
+        for b in self.bindings:
+            if b.binding_id == binding_id:
+                return b
+        return None
+
+
+def _req(key: str, table: dict[str, Any], name: str, kind: type[Any]) -> Any:
+    value = table.get(name)
+    if not isinstance(value, kind):
+        raise CatalogError(f"{key}.{name}", f"expected {kind.__name__}")
+    return value
+
+
+def _operation(provider: str, name: str, table: dict[str, Any]) -> OperationDefinition:
+    key = f"providers.{provider}.operations.{name}"
+    method = _req(key, table, "method", str)
+    if method not in _METHODS:
+        raise CatalogError(f"{key}.method", f"expected one of {_METHODS}")
+    path = _req(key, table, "path", str)
+    if not path.startswith("/") or "{remote_id}" not in path:
+        raise CatalogError(f"{key}.path", "expected a path starting with / naming {remote_id}")
+    read = None
+    if "read" in table:
+        rt = table["read"]
+        read = ReadDefinition(method=_req(f"{key}.read", rt, "method", str),
+                              path=_req(f"{key}.read", rt, "path", str),
+                              updated_at_field=str(rt.get("updated_at_field", "")))
+    statuses = table.get("not_applied_statuses", [429])
+    if not isinstance(statuses, list) or not all(isinstance(s, int) for s in statuses):
+        raise CatalogError(f"{key}.not_applied_statuses", "expected a list of status codes")
+    return OperationDefinition(
+        name=name,
+        provider=provider,
+        intent_kinds=frozenset(_req(key, table, "intent_kinds", list)),
+        local_object=_req(key, table, "local_object", str),
+        remote_object=_req(key, table, "remote_object", str),
+        method=method,
+        path=path,
+        allowed_properties=frozenset(_req(key, table, "allowed_properties", list)),
+        contract=OperationContract(
+            not_applied_statuses=frozenset(statuses),
+            replay_safe=bool(table.get("replay_safe", False)),
+            default_retry_after_s=float(table.get("default_retry_after", 5.0)),
+        ),
+        read=read,
+    )
+
+
+def load_definitions() -> tuple[dict[str, OperationDefinition], list[Any]]:
+    """Every shipped L1 definition (and the raw documents, for the digest)."""
+    operations: dict[str, OperationDefinition] = {}
+    documents: list[Any] = []
+    folder = resources.files("config").joinpath("providers")
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".toml"):
+            continue
+        doc = tomllib.loads(entry.read_text())
+        provider = doc.get("provider")
+        if not isinstance(provider, str) or f"{provider}.toml" != entry.name:
+            raise CatalogError(f"providers/{entry.name}", "provider must match the file name")
+        documents.append(doc)
+        for name, table in doc.get("operations", {}).items():
+            if name in operations:
+                raise CatalogError(f"providers.{provider}.operations.{name}", "duplicate")
+            operations[name] = _operation(provider, name, table)
+    return operations, documents
+
+
+def load_catalog(settings: Settings) -> Catalog:
+    operations, documents = load_definitions()
+    providers = {op.provider for op in operations.values()}
+    for i, b in enumerate(settings.bindings):
+        if b.provider not in providers:
+            raise CatalogError(f"bindings[{i}].provider",
+                               f"no L1 definition for {b.provider!r}")
+    view = {
+        "revision": settings.catalog.revision,
+        "definitions": documents,
+        "bindings": [
+            {k: v for k, v in attrs.asdict(b).items() if k != "token"} for b in settings.bindings
+        ],
+    }
+    return Catalog(
+        revision=settings.catalog.revision,
+        digest=canonical_digest(_no_floats(view)),
+        operations=operations,
+        bindings=settings.bindings,
+    )
+
+
+def _no_floats(value: Any) -> Any:
+    """Canonical JSON has no floats; render them as decimal strings for the digest."""
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: _no_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_floats(v) for v in value]
+    return value

@@ -1,0 +1,284 @@
+"""The command inbox and its Runtime-handoff fence (seed 6.1).
+
+Theory of operation
+-------------------
+``handoff_admissions`` holds at most one terminal admission fact per
+``EffectHandoffKey`` (its primary key): ``COMMAND_ACCEPTED`` with the command
+id, or ``HANDOFF_REJECTED`` with a versioned receipt. Acceptance writes the
+fact, the ``ExternalCommand`` and the command's one WorkItem in one
+transaction; ``RejectIfUnaccepted`` writes the tombstone. Both first read the
+key; when they race, the unique key decides: the loser's INSERT fails, it
+re-reads the winner's fact and answers from it. So an acceptance racing a
+rejection yields exactly one outcome, and a late delivery after a rejection
+can never create a command or WorkItem.
+
+A request whose payload digest or Runtime outbox identity differs from the
+stored fact is *quarantined*: recorded in ``handoff_quarantine`` as evidence,
+answered with no admission detail, and it changes nothing else. Scope checks
+happen before storage is touched (the key encodes the complete scope and is
+compared with the authenticated caller's).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from daemon.core.canonical import canonical_bytes
+from daemon.core.handoff import TrustedRuntimeWorkScope
+from daemon.core.work import WorkSpec
+from storage.effect_values import (
+    Admission,
+    AdmissionResult,
+    Command,
+    CommandDraft,
+    Settlement,
+)
+from storage.idgen import new_ulid
+from storage.port import Database, DuplicateKey, Row, SqlTx
+from storage.work_admin import insert_work
+
+EFFECT_FAMILY = "external_effect"
+RECEIPT_VERSION = 1
+
+_ADMISSION_COLUMNS = (
+    "org_id, app_installation_id, runtime_capability_id, runtime_work_binding_digest,"
+    " payload_digest, runtime_outbox_id, admission, command_id, receipt_json"
+)
+_COMMAND_COLUMNS = (
+    "command_id, handoff_key, org_id, app_installation_id, runtime_capability_id,"
+    " runtime_work_binding_digest, runtime_name, intent_id, intent_kind, operation,"
+    " local_object, local_id, binding_id, binding_generation, catalog_revision,"
+    " frozen_request, payload_digest, runtime_outbox_id, settlement, repair_of, created_at_us"
+)
+
+
+def command_from_row(row: Row) -> Command:
+    return Command(
+        command_id=str(row[0]),
+        handoff_key=row[1],
+        scope=TrustedRuntimeWorkScope(str(row[2]), str(row[3]), str(row[4]), str(row[5])),
+        runtime_name=str(row[6]),
+        intent_id=str(row[7]),
+        intent_kind=str(row[8]),
+        operation=str(row[9]),
+        local_object=str(row[10]),
+        local_id=str(row[11]),
+        binding_id=str(row[12]),
+        binding_generation=int(row[13]),
+        catalog_revision=int(row[14]),
+        frozen_request=str(row[15]),
+        payload_digest=str(row[16]),
+        runtime_outbox_id=str(row[17]),
+        settlement=Settlement(row[18]),
+        repair_of=row[19],
+        created_at_us=int(row[20]),
+    )
+
+
+async def read_command(tx: SqlTx, command_id: str) -> Command | None:
+    rows = await tx.fetchall(
+        f"SELECT {_COMMAND_COLUMNS} FROM external_commands WHERE command_id = ?", (command_id,)
+    )
+    return command_from_row(rows[0]) if rows else None
+
+
+def _scope_of(row: Row) -> TrustedRuntimeWorkScope:
+    return TrustedRuntimeWorkScope(str(row[0]), str(row[1]), str(row[2]), str(row[3]))
+
+
+class CommandInbox:
+    db: Database
+
+    async def _admission_row(self, tx: SqlTx, key: str) -> Row | None:
+        rows = await tx.fetchall(
+            f"SELECT {_ADMISSION_COLUMNS} FROM handoff_admissions WHERE handoff_key = ?", (key,)
+        )
+        return rows[0] if rows else None
+
+    async def _answer_existing(
+        self,
+        tx: SqlTx,
+        row: Row,
+        *,
+        key: str,
+        scope: TrustedRuntimeWorkScope,
+        runtime_name: str,
+        payload_digest: str,
+        outbox_id: str,
+        now_us: int,
+    ) -> AdmissionResult:
+        reason = ""
+        if _scope_of(row) != scope:
+            reason = "scope_mismatch"  # unreachable while the key encodes the scope
+        elif row[4] != payload_digest:
+            reason = "payload_digest_mismatch"
+        elif row[5] != outbox_id:
+            reason = "runtime_outbox_mismatch"
+        if reason:
+            await tx.execute(
+                "INSERT INTO handoff_quarantine (quarantine_id, handoff_key, runtime_name,"
+                " reason, presented_payload_digest, presented_outbox_id, at_us)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (new_ulid(now_us), key, runtime_name, reason, payload_digest[:80],
+                 outbox_id[:255], now_us),
+            )
+            return AdmissionResult(Admission.QUARANTINED, reason=reason)
+        if row[6] == Admission.COMMAND_ACCEPTED:
+            return AdmissionResult(Admission.COMMAND_ACCEPTED, command_id=str(row[7]))
+        return AdmissionResult(Admission.HANDOFF_REJECTED, receipt=str(row[8]))
+
+    async def command_accept(self, draft: CommandDraft, now_us: int) -> AdmissionResult:
+        """Accept a command exactly once, or answer from the existing admission fact."""
+
+        async def body(tx: SqlTx) -> AdmissionResult:
+            existing = await self._admission_row(tx, draft.handoff_key)
+            if existing is None:
+                command_id = new_ulid(now_us)
+                try:
+                    await tx.execute(
+                        "INSERT INTO handoff_admissions (handoff_key, org_id,"
+                        " app_installation_id, runtime_capability_id,"
+                        " runtime_work_binding_digest, payload_digest, runtime_outbox_id,"
+                        " admission, command_id, receipt_json, created_at_us)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, 'COMMAND_ACCEPTED', ?, NULL, ?)",
+                        (draft.handoff_key, *_scope_values(draft.scope), draft.payload_digest,
+                         draft.runtime_outbox_id, command_id, now_us),
+                    )
+                except DuplicateKey:
+                    existing = await self._admission_row(tx, draft.handoff_key)
+                else:
+                    work_id = await _insert_command(tx, draft, command_id, now_us)
+                    return AdmissionResult(Admission.COMMAND_ACCEPTED, command_id=command_id,
+                                           work_id=work_id, created=True)
+            assert existing is not None
+            return await self._answer_existing(
+                tx, existing, key=draft.handoff_key, scope=draft.scope,
+                runtime_name=draft.runtime_name, payload_digest=draft.payload_digest,
+                outbox_id=draft.runtime_outbox_id, now_us=now_us,
+            )
+
+        return await self._idempotent(body, "command.accept")
+
+    async def command_reject_if_unaccepted(
+        self,
+        *,
+        scope: TrustedRuntimeWorkScope,
+        runtime_name: str,
+        handoff_key: str,
+        payload_digest: str,
+        runtime_outbox_id: str,
+        now_us: int,
+    ) -> AdmissionResult:
+        """Return the accepted command, or write (or return) the rejection tombstone."""
+        receipt = canonical_bytes({
+            "admission": Admission.HANDOFF_REJECTED.value,
+            "effect_handoff_key": handoff_key,
+            "payload_digest": payload_digest,
+            "receipt_version": RECEIPT_VERSION,
+            "rejected_at_us": now_us,
+            "runtime_outbox_id": runtime_outbox_id,
+        }).decode()
+
+        async def body(tx: SqlTx) -> AdmissionResult:
+            existing = await self._admission_row(tx, handoff_key)
+            if existing is None:
+                try:
+                    await tx.execute(
+                        "INSERT INTO handoff_admissions (handoff_key, org_id,"
+                        " app_installation_id, runtime_capability_id,"
+                        " runtime_work_binding_digest, payload_digest, runtime_outbox_id,"
+                        " admission, command_id, receipt_json, created_at_us)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, 'HANDOFF_REJECTED', NULL, ?, ?)",
+                        (handoff_key, *_scope_values(scope), payload_digest, runtime_outbox_id,
+                         receipt, now_us),
+                    )
+                except DuplicateKey:
+                    existing = await self._admission_row(tx, handoff_key)
+                else:
+                    return AdmissionResult(Admission.HANDOFF_REJECTED, receipt=receipt,
+                                           created=True)
+            assert existing is not None
+            return await self._answer_existing(
+                tx, existing, key=handoff_key, scope=scope, runtime_name=runtime_name,
+                payload_digest=payload_digest, outbox_id=runtime_outbox_id, now_us=now_us,
+            )
+
+        return await self._idempotent(body, "command.reject_if_unaccepted")
+
+    async def _idempotent(self, body: Any, name: str) -> AdmissionResult:
+        # TiDB (optimistic) may report the racing INSERT's duplicate key only at
+        # COMMIT; the whole body then runs again and answers from the winner.
+        try:
+            result: AdmissionResult = await self.db.transact(body, name=name)
+        except DuplicateKey:
+            result = await self.db.transact(body, name=name)
+        return result
+
+    async def admission_read(self, handoff_key: str) -> tuple[TrustedRuntimeWorkScope,
+                                                                AdmissionResult] | None:
+        """The stored admission fact (with its scope, for the caller to compare)."""
+
+        async def body(tx: SqlTx) -> tuple[TrustedRuntimeWorkScope, AdmissionResult] | None:
+            row = await self._admission_row(tx, handoff_key)
+            if row is None:
+                return None
+            if row[6] == Admission.COMMAND_ACCEPTED:
+                result = AdmissionResult(Admission.COMMAND_ACCEPTED, command_id=str(row[7]))
+            else:
+                result = AdmissionResult(Admission.HANDOFF_REJECTED, receipt=str(row[8]))
+            return _scope_of(row), result
+
+        return await self.db.transact(body, name="command.admission_read", write=False)
+
+    async def command_get(self, command_id: str) -> Command | None:
+        async def body(tx: SqlTx) -> Command | None:
+            return await read_command(tx, command_id)
+
+        return await self.db.transact(body, name="command.get", write=False)
+
+    async def quarantine_count(self, handoff_key: str) -> int:
+        async def body(tx: SqlTx) -> int:
+            rows = await tx.fetchall(
+                "SELECT COUNT(*) FROM handoff_quarantine WHERE handoff_key = ?", (handoff_key,)
+            )
+            return int(rows[0][0])
+
+        return await self.db.transact(body, name="command.quarantine_count", write=False)
+
+
+def _scope_values(scope: TrustedRuntimeWorkScope) -> tuple[str, str, str, str]:
+    return (scope.org_id, scope.app_installation_id, scope.runtime_capability_id,
+            scope.runtime_work_binding_digest)
+
+
+async def _insert_command(tx: SqlTx, draft: CommandDraft, command_id: str, now_us: int,
+                          repair_of: str | None = None) -> str:
+    await tx.execute(
+        f"INSERT INTO external_commands ({_COMMAND_COLUMNS}, updated_at_us)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?, ?, ?)",
+        (command_id, draft.handoff_key or None, *_scope_values(draft.scope), draft.runtime_name,
+         draft.intent_id, draft.intent_kind, draft.operation, draft.local_object,
+         draft.local_id, draft.binding_id, draft.binding_generation, draft.catalog_revision,
+         draft.frozen_request, draft.payload_digest, draft.runtime_outbox_id, repair_of,
+         now_us, now_us),
+    )
+    (work,) = await insert_work(
+        tx,
+        [WorkSpec(
+            family=EFFECT_FAMILY,
+            org_id=draft.scope.org_id,
+            app_installation_id=draft.scope.app_installation_id,
+            subject_kind="command",
+            subject_id=command_id,
+            definition_ref=draft.operation,
+            catalog_revision=draft.catalog_revision,
+            catalog_digest=draft.catalog_digest,
+            payload=json.dumps({"command_id": command_id}),
+            source_lane=draft.lane,
+            max_attempts=draft.max_attempts,
+            dedupe_key=f"command:{command_id}",
+        )],
+        now_us,
+    )
+    return work.work_id

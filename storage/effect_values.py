@@ -1,0 +1,174 @@
+"""Values for commands, admissions, effect attempts, remote links and receipts.
+
+Rows become these values only inside the storage modules that read them.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from daemon.core.handoff import TrustedRuntimeWorkScope
+
+
+class Admission(enum.StrEnum):
+    COMMAND_ACCEPTED = "COMMAND_ACCEPTED"
+    HANDOFF_REJECTED = "HANDOFF_REJECTED"
+    # Not a stored admission: the request conflicted with the stored one.
+    QUARANTINED = "QUARANTINED"
+
+
+class Settlement(enum.StrEnum):
+    OPEN = "open"
+    SUCCEEDED = "succeeded"  # a success result is persisted; no further dispatch
+    NO_EFFECT = "no_effect"  # a no-effect result is persisted; no further dispatch
+    RETIRED = "retired"  # an operator retired/superseded it; no further dispatch
+
+
+@attrs.frozen(kw_only=True)
+class CommandDraft:
+    """What command acceptance freezes (the scope comes from the authenticated caller)."""
+
+    scope: TrustedRuntimeWorkScope
+    runtime_name: str
+    handoff_key: str
+    payload_digest: str
+    runtime_outbox_id: str
+    intent_id: str
+    intent_kind: str
+    operation: str
+    local_object: str
+    local_id: str
+    binding_id: str
+    binding_generation: int
+    catalog_revision: int
+    catalog_digest: str
+    frozen_request: str  # canonical JSON
+    max_attempts: int
+    lane: str
+
+
+@attrs.frozen
+class AdmissionResult:
+    admission: Admission
+    command_id: str | None = None
+    receipt: str | None = None  # canonical JSON of a rejection receipt
+    work_id: str | None = None
+    # True only for the call that created the admission fact.
+    created: bool = False
+    # Why a request was quarantined (digest or outbox identity differs).
+    reason: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class Command:
+    command_id: str
+    handoff_key: str | None
+    scope: TrustedRuntimeWorkScope
+    runtime_name: str
+    intent_id: str
+    intent_kind: str
+    operation: str
+    local_object: str
+    local_id: str
+    binding_id: str
+    binding_generation: int
+    catalog_revision: int
+    frozen_request: str
+    payload_digest: str
+    runtime_outbox_id: str
+    settlement: Settlement
+    repair_of: str | None
+    created_at_us: int
+
+
+@attrs.frozen(kw_only=True)
+class AttemptDraft:
+    command_id: str
+    method: str
+    target_path: str
+    safe_headers: str  # canonical JSON of the headers that are safe to keep
+    body_sha256: str
+    idempotency_key: str
+    pre_dispatch_evidence: str  # canonical JSON (binding generation, link, checks)
+
+
+@attrs.frozen(kw_only=True)
+class EffectAttempt:
+    attempt_id: str
+    command_id: str
+    work_id: str
+    ownership_epoch: int
+    method: str
+    target_path: str
+    safe_headers: str
+    body_sha256: str
+    idempotency_key: str
+    pre_dispatch_evidence: str
+    dispatch_started_at_us: int
+    response_status: int | None
+    provider_evidence: str | None
+    outcome: str | None
+    failure_class: str | None
+    finished_at_us: int | None
+    disposition: str | None
+    disposition_note: str | None
+    disposition_by: str | None
+    disposition_at_us: int | None
+
+    @property
+    def unresolved(self) -> bool:
+        """Dispatched (or maybe dispatched) with no proven outcome yet."""
+        if self.disposition is not None:
+            return False
+        return self.outcome is None or self.outcome == "OUTCOME_UNKNOWN"
+
+
+class Disposition(enum.StrEnum):
+    PROVEN_APPLIED = "proven_applied"  # reconciliation read the effect back
+    PROVEN_ABSENT = "proven_absent"  # reconciliation proved nothing was written
+    OPERATOR_APPLIED = "operator_applied"  # an operator attached provider evidence
+    OPERATOR_ABSENT = "operator_absent"
+
+
+APPLIED_DISPOSITIONS = frozenset({Disposition.PROVEN_APPLIED, Disposition.OPERATOR_APPLIED})
+
+
+class LinkState(enum.StrEnum):
+    PENDING_CREATE = "pending_create"
+    ACTIVE = "active"
+    RETIRED = "retired"
+
+
+@attrs.frozen(kw_only=True)
+class RemoteLink:
+    link_key: str
+    scope_digest: str
+    local_object: str
+    local_id: str
+    remote_object: str | None
+    remote_id: str | None
+    locator_hash: str | None
+    state: LinkState
+    generation: int
+    updated_at_us: int
+
+
+class ReceiptState(enum.StrEnum):
+    PENDING = "pending"
+    CONFIRMED = "confirmed"
+
+
+@attrs.frozen(kw_only=True)
+class ResultReceipt:
+    command_id: str
+    intent_id: str
+    result_format_version: int
+    remote_id: str
+    canonical_result: str
+    result_digest: str
+    state: ReceiptState
+    last_error: str | None
+    created_at_us: int
+    confirmed_at_us: int | None

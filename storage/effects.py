@@ -1,0 +1,344 @@
+"""The effect journal (DoOnce) and Runtime result receipts.
+
+Theory of operation
+-------------------
+Every write here happens inside :func:`storage.work_claims.fence_lock`'s
+transaction, i.e. only while the caller holds the live WorkItem fence:
+
+* ``effect_checkpoint``: the durable dispatch-start checkpoint, written and
+  committed *before* any byte leaves. One attempt per claim epoch (unique
+  ``(work_id, ownership_epoch)``); refused if the command is settled or an
+  earlier attempt is still unresolved (dispatched with no proven outcome).
+* ``effect_record``: the one terminal classification of that attempt.
+* ``effect_dispose``: reconciliation's (or an operator's) disposition of an
+  unresolved attempt: proven applied or proven absent. It never edits the
+  attempt's request or its original outcome.
+* ``effect_settle``: persist the command's terminal result (success with a
+  RemoteID, or ``ResourceNoEffectResultV1``), forbid further dispatch, and
+  create the receipt and the WorkItem that delivers it, atomically.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from daemon.core.work import Fence, WorkSpec
+from storage.commands import read_command
+from storage.effect_values import (
+    AttemptDraft,
+    Disposition,
+    EffectAttempt,
+    ReceiptState,
+    ResultReceipt,
+    Settlement,
+)
+from storage.idgen import new_ulid
+from storage.port import AuditEntry, Database, Row, SqlTx, WorkConflict
+from storage.work_admin import append_audit, insert_work
+from storage.work_claims import fence_lock
+
+RECEIPT_FAMILY = "runtime_receipt"
+
+_ATTEMPT_COLUMNS = (
+    "attempt_id, command_id, work_id, ownership_epoch, method, target_path, safe_headers,"
+    " body_sha256, idempotency_key, pre_dispatch_evidence, dispatch_started_at_us,"
+    " response_status, provider_evidence, outcome, failure_class, finished_at_us,"
+    " disposition, disposition_note, disposition_by, disposition_at_us"
+)
+_RECEIPT_COLUMNS = (
+    "command_id, intent_id, result_format_version, remote_id, canonical_result,"
+    " result_digest, state, last_error, created_at_us, confirmed_at_us"
+)
+
+
+def _int(value: object) -> int | None:
+    return None if value is None else int(str(value))
+
+
+def _str(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def attempt_from_row(row: Row) -> EffectAttempt:
+    return EffectAttempt(
+        attempt_id=str(row[0]), command_id=str(row[1]), work_id=str(row[2]),
+        ownership_epoch=int(row[3]), method=str(row[4]), target_path=str(row[5]),
+        safe_headers=str(row[6]), body_sha256=str(row[7]), idempotency_key=str(row[8]),
+        pre_dispatch_evidence=str(row[9]), dispatch_started_at_us=int(row[10]),
+        response_status=_int(row[11]), provider_evidence=_str(row[12]), outcome=_str(row[13]),
+        failure_class=_str(row[14]), finished_at_us=_int(row[15]), disposition=_str(row[16]),
+        disposition_note=_str(row[17]), disposition_by=_str(row[18]),
+        disposition_at_us=_int(row[19]),
+    )
+
+
+def receipt_from_row(row: Row) -> ResultReceipt:
+    return ResultReceipt(
+        command_id=str(row[0]), intent_id=str(row[1]), result_format_version=int(row[2]),
+        remote_id=str(row[3]), canonical_result=str(row[4]), result_digest=str(row[5]),
+        state=ReceiptState(row[6]), last_error=row[7], created_at_us=int(row[8]),
+        confirmed_at_us=int(row[9]) if row[9] is not None else None,
+    )
+
+
+async def attempts_of(tx: SqlTx, command_id: str) -> list[EffectAttempt]:
+    rows = await tx.fetchall(
+        f"SELECT {_ATTEMPT_COLUMNS} FROM effect_attempts WHERE command_id = ?"
+        " ORDER BY dispatch_started_at_us, attempt_id",
+        (command_id,),
+    )
+    return [attempt_from_row(r) for r in rows]
+
+
+class EffectJournal:
+    db: Database
+
+    async def effect_attempts(self, command_id: str) -> list[EffectAttempt]:
+        async def body(tx: SqlTx) -> list[EffectAttempt]:
+            return await attempts_of(tx, command_id)
+
+        return await self.db.transact(body, name="effect.attempts", write=False)
+
+    async def effect_checkpoint(self, fence: Fence, draft: AttemptDraft, now_us: int) -> str:
+        """Write the dispatch-start checkpoint (fenced). Commit it before dispatching."""
+        attempt_id = new_ulid(now_us)
+
+        async def body(tx: SqlTx) -> str:
+            await fence_lock(tx, fence, now_us)
+            command = await read_command(tx, draft.command_id)
+            if command is None:
+                raise WorkConflict(f"no command {draft.command_id}")
+            if command.settlement is not Settlement.OPEN:
+                raise WorkConflict(f"command {command.command_id} is {command.settlement.value};"
+                                   " no further dispatch")
+            if any(a.unresolved for a in await attempts_of(tx, draft.command_id)):
+                raise WorkConflict(f"command {command.command_id} has an unresolved attempt")
+            await tx.execute(
+                f"INSERT INTO effect_attempts ({_ATTEMPT_COLUMNS}, lease_token, row_version)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL, NULL, NULL, NULL,"
+                " NULL, NULL, NULL, ?, 0)",
+                (attempt_id, draft.command_id, fence.work_id, fence.ownership_epoch,
+                 draft.method, draft.target_path, draft.safe_headers, draft.body_sha256,
+                 draft.idempotency_key, draft.pre_dispatch_evidence, now_us, fence.lease_token),
+            )
+            return attempt_id
+
+        return await self.db.transact(body, name="effect.checkpoint")
+
+    async def effect_record(
+        self,
+        fence: Fence,
+        attempt_id: str,
+        *,
+        outcome: str,
+        response_status: int | None,
+        provider_evidence: dict[str, Any],
+        failure_class: str,
+        now_us: int,
+    ) -> None:
+        """Record the attempt's one outcome class (fenced; never overwritten)."""
+
+        async def body(tx: SqlTx) -> None:
+            await fence_lock(tx, fence, now_us)
+            if not await tx.execute(
+                "UPDATE effect_attempts SET outcome = ?, response_status = ?,"
+                " provider_evidence = ?, failure_class = ?, finished_at_us = ?,"
+                " row_version = row_version + 1 WHERE attempt_id = ? AND outcome IS NULL",
+                (outcome, response_status, json.dumps(provider_evidence, sort_keys=True),
+                 failure_class or None, now_us, attempt_id),
+            ):
+                raise WorkConflict(f"attempt {attempt_id} already has an outcome")
+
+        await self.db.transact(body, name="effect.record")
+
+    async def effect_dispose(
+        self,
+        fence: Fence,
+        attempt_ids: list[str],
+        disposition: Disposition,
+        note: str,
+        now_us: int,
+    ) -> None:
+        """Reconciliation's verdict on unresolved attempts (fenced)."""
+
+        async def body(tx: SqlTx) -> None:
+            await fence_lock(tx, fence, now_us)
+            await _dispose(tx, attempt_ids, disposition, note, "reconciler", now_us)
+
+        await self.db.transact(body, name="effect.dispose")
+
+    async def effect_settle(
+        self,
+        fence: Fence,
+        *,
+        command_id: str,
+        settlement: Settlement,
+        result_format_version: int,
+        remote_id: str,
+        canonical_result: str,
+        result_digest: str,
+        receipt_max_attempts: int,
+        now_us: int,
+    ) -> str:
+        """Persist the terminal result, forbid further dispatch, queue the receipt (fenced)."""
+
+        async def body(tx: SqlTx) -> str:
+            await fence_lock(tx, fence, now_us)
+            return await settle(
+                tx, command_id=command_id, settlement=settlement,
+                result_format_version=result_format_version, remote_id=remote_id,
+                canonical_result=canonical_result, result_digest=result_digest,
+                receipt_max_attempts=receipt_max_attempts, now_us=now_us,
+            )
+
+        return await self.db.transact(body, name="effect.settle")
+
+    async def effect_operator_disposition(
+        self,
+        *,
+        attempt_id: str,
+        disposition: Disposition,
+        note: str,
+        actor: str,
+        role: str,
+        now_us: int,
+    ) -> EffectAttempt:
+        """An operator's repair: attach evidence and mark an unresolved attempt's outcome.
+
+        Only an unresolved attempt can be disposed, once; the attempt's request
+        and original classification are never edited. Audited in the same
+        transaction.
+        """
+        if disposition not in (Disposition.OPERATOR_APPLIED, Disposition.OPERATOR_ABSENT):
+            raise WorkConflict("operators record operator_applied or operator_absent")
+
+        async def body(tx: SqlTx) -> EffectAttempt:
+            rows = await tx.fetchall(
+                f"SELECT {_ATTEMPT_COLUMNS} FROM effect_attempts WHERE attempt_id = ?",
+                (attempt_id,),
+            )
+            if not rows:
+                raise WorkConflict(f"no effect attempt {attempt_id}")
+            before = attempt_from_row(rows[0])
+            if not before.unresolved:
+                raise WorkConflict(f"attempt {attempt_id} is not awaiting a disposition")
+            await _dispose(tx, [attempt_id], disposition, note, actor, now_us)
+            await append_audit(tx, AuditEntry(
+                audit_id=new_ulid(now_us), at_us=now_us, actor=actor, role=role,
+                action="effect.disposition", target_kind="effect_attempt", target_id=attempt_id,
+                reason=note,
+                before=json.dumps({"attempt_id": attempt_id, "outcome": before.outcome}),
+                after=json.dumps({"attempt_id": attempt_id, "disposition": disposition.value}),
+            ))
+            after = await tx.fetchall(
+                f"SELECT {_ATTEMPT_COLUMNS} FROM effect_attempts WHERE attempt_id = ?",
+                (attempt_id,),
+            )
+            return attempt_from_row(after[0])
+
+        return await self.db.transact(body, name="effect.operator_disposition")
+
+    async def effect_unknown_backlog(self) -> int:
+        """Attempts whose outcome is unknown and not yet disposed (the repair queue)."""
+
+        async def body(tx: SqlTx) -> int:
+            rows = await tx.fetchall(
+                "SELECT COUNT(*) FROM effect_attempts WHERE outcome = 'OUTCOME_UNKNOWN'"
+                " AND disposition IS NULL"
+            )
+            return int(rows[0][0])
+
+        return await self.db.transact(body, name="effect.unknown_backlog", write=False)
+
+    # ------------------------------------------------------------- receipts
+
+    async def receipt_get(self, command_id: str) -> ResultReceipt | None:
+        async def body(tx: SqlTx) -> ResultReceipt | None:
+            rows = await tx.fetchall(
+                f"SELECT {_RECEIPT_COLUMNS} FROM result_receipts WHERE command_id = ?",
+                (command_id,),
+            )
+            return receipt_from_row(rows[0]) if rows else None
+
+        return await self.db.transact(body, name="receipt.get", write=False)
+
+    async def receipt_mark(self, fence: Fence, command_id: str, *, confirmed: bool,
+                           error: str | None, now_us: int) -> None:
+        """Record a delivery result for a receipt (fenced by the delivering WorkItem)."""
+
+        async def body(tx: SqlTx) -> None:
+            await fence_lock(tx, fence, now_us)
+            if confirmed:
+                await tx.execute(
+                    "UPDATE result_receipts SET state = 'confirmed', confirmed_at_us = ?,"
+                    " last_error = NULL WHERE command_id = ? AND state = 'pending'",
+                    (now_us, command_id),
+                )
+            else:
+                await tx.execute(
+                    "UPDATE result_receipts SET last_error = ? WHERE command_id = ?",
+                    ((error or "")[:128], command_id),
+                )
+
+        await self.db.transact(body, name="receipt.mark")
+
+
+async def _dispose(tx: SqlTx, attempt_ids: list[str], disposition: Disposition, note: str,
+                   actor: str, now_us: int) -> None:
+    for attempt_id in attempt_ids:
+        if not await tx.execute(
+            "UPDATE effect_attempts SET disposition = ?, disposition_note = ?,"
+            " disposition_by = ?, disposition_at_us = ?, row_version = row_version + 1"
+            " WHERE attempt_id = ? AND disposition IS NULL"
+            " AND (outcome IS NULL OR outcome = 'OUTCOME_UNKNOWN')",
+            (disposition.value, note[:500], actor, now_us, attempt_id),
+        ):
+            raise WorkConflict(f"attempt {attempt_id} is not awaiting a disposition")
+
+
+async def settle(
+    tx: SqlTx,
+    *,
+    command_id: str,
+    settlement: Settlement,
+    result_format_version: int,
+    remote_id: str,
+    canonical_result: str,
+    result_digest: str,
+    receipt_max_attempts: int,
+    now_us: int,
+) -> str:
+    """Inside the caller's transaction: settle the command and queue its receipt."""
+    command = await read_command(tx, command_id)
+    if command is None:
+        raise WorkConflict(f"no command {command_id}")
+    if not await tx.execute(
+        "UPDATE external_commands SET settlement = ?, updated_at_us = ?"
+        " WHERE command_id = ? AND settlement = 'open'",
+        (settlement.value, now_us, command_id),
+    ):
+        raise WorkConflict(f"command {command_id} is already settled")
+    await tx.execute(
+        f"INSERT INTO result_receipts ({_RECEIPT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?,"
+        " 'pending', NULL, ?, NULL)",
+        (command_id, command.intent_id, result_format_version, remote_id, canonical_result,
+         result_digest, now_us),
+    )
+    (work,) = await insert_work(
+        tx,
+        [WorkSpec(
+            family=RECEIPT_FAMILY,
+            org_id=command.scope.org_id,
+            app_installation_id=command.scope.app_installation_id,
+            subject_kind="receipt",
+            subject_id=command_id,
+            definition_ref=command.runtime_name,
+            catalog_revision=command.catalog_revision,
+            payload=json.dumps({"command_id": command_id}),
+            max_attempts=receipt_max_attempts,
+            dedupe_key=f"receipt:{command_id}",
+        )],
+        now_us,
+    )
+    return work.work_id

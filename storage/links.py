@@ -1,0 +1,213 @@
+"""RemoteLink: the single owner of local <-> remote identity (seed 7, seed 003).
+
+Transitions, each one conditional UPDATE or INSERT judged by matched rows:
+
+* ``create``: a pending-create slot for a local record (no remote id yet);
+* ``finalize``: pending-create -> active once the remote id is known;
+* ``adopt``: bind a local record to an existing remote record (active at once);
+* ``rebind``: point an active link at another remote record (generation + 1);
+* ``retire``: active/pending -> retired (the remote record is free again).
+
+Uniqueness: the local side is the primary key (``IntegrationLinkKeyV2``); the
+remote side is unique among *active* links through ``active_locator`` (the
+``IntegrationRemoteLocatorHash`` while active, NULL otherwise), so one remote
+record can never be linked to two local records. Expected generations make
+rebind and retire compare-and-swap operations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+from daemon.core.identity import (
+    integration_link_key_v2,
+    integration_remote_locator_hash,
+    normalize_remote_id,
+)
+from storage.effect_values import LinkState, RemoteLink
+from storage.idgen import new_ulid
+from storage.port import AuditEntry, Database, DuplicateKey, Row, SqlTx, WorkConflict
+from storage.work_admin import append_audit
+
+_LINK_COLUMNS = (
+    "link_key, scope_digest, local_object, local_id, remote_object, remote_id, locator_hash,"
+    " state, generation, updated_at_us"
+)
+
+
+def link_from_row(row: Row) -> RemoteLink:
+    return RemoteLink(
+        link_key=str(row[0]), scope_digest=str(row[1]), local_object=str(row[2]),
+        local_id=str(row[3]), remote_object=row[4], remote_id=row[5], locator_hash=row[6],
+        state=LinkState(row[7]), generation=int(row[8]), updated_at_us=int(row[9]),
+    )
+
+
+async def read_link(tx: SqlTx, link_key: str) -> RemoteLink | None:
+    rows = await tx.fetchall(f"SELECT {_LINK_COLUMNS} FROM remote_links WHERE link_key = ?",
+                             (link_key,))
+    return link_from_row(rows[0]) if rows else None
+
+
+class RemoteLinks:
+    db: Database
+
+    async def link_get(self, scope_digest: str, local_object: str,
+                       local_id: str) -> RemoteLink | None:
+        key = integration_link_key_v2(scope_digest, local_object, local_id)
+
+        async def body(tx: SqlTx) -> RemoteLink | None:
+            return await read_link(tx, key)
+
+        return await self.db.transact(body, name="link.get", write=False)
+
+    async def link_create(self, scope_digest: str, local_object: str, local_id: str,
+                          now_us: int) -> RemoteLink:
+        """A pending-create slot (idempotent for the same local record)."""
+        key = integration_link_key_v2(scope_digest, local_object, local_id)
+
+        async def body(tx: SqlTx) -> RemoteLink:
+            # If the slot (or a link) already exists, answer with it.
+            with contextlib.suppress(DuplicateKey):
+                await tx.execute(
+                    f"INSERT INTO remote_links ({_LINK_COLUMNS}, active_locator, created_at_us)"
+                    " VALUES (?, ?, ?, ?, NULL, NULL, NULL, 'pending_create', 1, ?, NULL, ?)",
+                    (key, scope_digest, local_object, local_id, now_us, now_us),
+                )
+            link = await read_link(tx, key)
+            assert link is not None
+            return link
+
+        return await self.db.transact(body, name="link.create")
+
+    async def link_finalize(self, link_key: str, remote_object: str, remote_id: str,
+                            now_us: int) -> RemoteLink:
+        """pending_create -> active with the remote id the provider assigned."""
+
+        async def body(tx: SqlTx) -> RemoteLink:
+            link = await read_link(tx, link_key)
+            if link is None:
+                raise WorkConflict(f"no remote link {link_key}")
+            locator = integration_remote_locator_hash(link.scope_digest, remote_object, remote_id)
+            if link.state is LinkState.ACTIVE and link.locator_hash == locator:
+                return link  # the same finalize again
+            await _activate(tx, link_key, "pending_create", link.generation, remote_object,
+                            normalize_remote_id(remote_id), locator, link.generation, now_us)
+            done = await read_link(tx, link_key)
+            assert done is not None
+            return done
+
+        return await self.db.transact(body, name="link.finalize")
+
+    async def link_adopt(
+        self, scope_digest: str, local_object: str, local_id: str, remote_object: str,
+        remote_id: str, *, actor: str, role: str, reason: str, now_us: int,
+    ) -> RemoteLink:
+        """Bind a local record to an existing remote record, after uniqueness checks."""
+        key = integration_link_key_v2(scope_digest, local_object, local_id)
+        locator = integration_remote_locator_hash(scope_digest, remote_object, remote_id)
+        normalized = normalize_remote_id(remote_id)
+
+        async def body(tx: SqlTx) -> RemoteLink:
+            existing = await read_link(tx, key)
+            if existing is not None and existing.state is not LinkState.RETIRED:
+                if existing.state is LinkState.ACTIVE and existing.locator_hash == locator:
+                    return existing  # adopting the same pair again
+                raise WorkConflict(
+                    f"{local_object} {local_id} is already linked ({existing.state.value});"
+                    " rebind or retire it first"
+                )
+            try:
+                if existing is None:
+                    await tx.execute(
+                        f"INSERT INTO remote_links ({_LINK_COLUMNS}, active_locator,"
+                        " created_at_us) VALUES (?, ?, ?, ?, ?, ?, ?, 'active', 1, ?, ?, ?)",
+                        (key, scope_digest, local_object, local_id, remote_object, normalized,
+                         locator, now_us, locator, now_us),
+                    )
+                else:
+                    await _activate(tx, key, "retired", existing.generation, remote_object,
+                                    normalized, locator, existing.generation + 1, now_us)
+            except DuplicateKey:
+                raise WorkConflict(
+                    f"remote {remote_object} is already linked to another local record"
+                ) from None
+            link = await read_link(tx, key)
+            assert link is not None
+            await _audit(tx, "link.adopt", link, actor, role, reason, None, now_us)
+            return link
+
+        return await self.db.transact(body, name="link.adopt")
+
+    async def link_rebind(
+        self, link_key: str, remote_object: str, remote_id: str, *, expected_generation: int,
+        actor: str, role: str, reason: str, now_us: int,
+    ) -> RemoteLink:
+        async def body(tx: SqlTx) -> RemoteLink:
+            before = await read_link(tx, link_key)
+            if before is None or before.state is not LinkState.ACTIVE:
+                raise WorkConflict(f"link {link_key} is not active")
+            locator = integration_remote_locator_hash(before.scope_digest, remote_object,
+                                                      remote_id)
+            try:
+                await _activate(tx, link_key, "active", expected_generation, remote_object,
+                                normalize_remote_id(remote_id), locator,
+                                expected_generation + 1, now_us)
+            except DuplicateKey:
+                raise WorkConflict(
+                    f"remote {remote_object} is already linked to another local record"
+                ) from None
+            after = await read_link(tx, link_key)
+            assert after is not None
+            await _audit(tx, "link.rebind", after, actor, role, reason, before, now_us)
+            return after
+
+        return await self.db.transact(body, name="link.rebind")
+
+    async def link_retire(self, link_key: str, *, expected_generation: int, actor: str,
+                          role: str, reason: str, now_us: int) -> RemoteLink:
+        async def body(tx: SqlTx) -> RemoteLink:
+            before = await read_link(tx, link_key)
+            if not await tx.execute(
+                "UPDATE remote_links SET state = 'retired', active_locator = NULL,"
+                " updated_at_us = ? WHERE link_key = ? AND generation = ?"
+                " AND state IN ('active', 'pending_create')",
+                (now_us, link_key, expected_generation),
+            ):
+                raise WorkConflict(f"link {link_key} changed or is not retirable")
+            after = await read_link(tx, link_key)
+            assert after is not None
+            await _audit(tx, "link.retire", after, actor, role, reason, before, now_us)
+            return after
+
+        return await self.db.transact(body, name="link.retire")
+
+
+async def _activate(tx: SqlTx, link_key: str, from_state: str, generation: int,
+                    remote_object: str, remote_id: str, locator: str, new_generation: int,
+                    now_us: int) -> None:
+    if not await tx.execute(
+        "UPDATE remote_links SET state = 'active', remote_object = ?, remote_id = ?,"
+        " locator_hash = ?, active_locator = ?, generation = ?, updated_at_us = ?"
+        " WHERE link_key = ? AND state = ? AND generation = ?",
+        (remote_object, remote_id, locator, locator, new_generation, now_us, link_key,
+         from_state, generation),
+    ):
+        raise WorkConflict(f"link {link_key} changed concurrently (expected generation"
+                           f" {generation}, state {from_state})")
+
+
+async def _audit(tx: SqlTx, action: str, link: RemoteLink, actor: str, role: str,
+                 reason: str, before: RemoteLink | None, now_us: int) -> None:
+    def view(lk: RemoteLink | None) -> str:
+        if lk is None:
+            return "{}"
+        return json.dumps({"state": lk.state.value, "generation": lk.generation,
+                           "remote_object": lk.remote_object, "remote_id": lk.remote_id})
+
+    await append_audit(tx, AuditEntry(
+        audit_id=new_ulid(now_us), at_us=now_us, actor=actor, role=role, action=action,
+        target_kind="remote_link", target_id=link.link_key, reason=reason,
+        before=view(before), after=view(link),
+    ))
