@@ -111,6 +111,7 @@ def _operation(provider: str, name: str, table: dict[str, Any]) -> OperationDefi
             not_applied_statuses=frozenset(statuses),
             replay_safe=bool(table.get("replay_safe", False)),
             default_retry_after_s=float(table.get("default_retry_after", 5.0)),
+            max_in_flight_s=float(table.get("max_in_flight", 30.0)),
         ),
         read=read,
     )

@@ -128,6 +128,8 @@ class BindingSettings:
     base_url: str
     generation: int = 1
     timeout: float = 10.0
+    # L2 policy may shorten the provider's in-flight window (e.g. for a sandbox).
+    max_in_flight: float = 0.0
     token: Secret | None = None
 
 

@@ -65,6 +65,8 @@ class OperationContract:
     # (an idempotency key it honours, or a conditional request).
     replay_safe: bool = False
     default_retry_after_s: float = 5.0
+    # The provider processes or drops a request within this window.
+    max_in_flight_s: float = 30.0
 
 
 @attrs.frozen
@@ -116,28 +118,44 @@ class RemoteSnapshot:
     updated_at_us: int | None = None
 
 
+@attrs.frozen
+class Reconciliation:
+    verdict: Reconciled
+    # When nothing is proven *yet*, how long until a read-back could prove absence.
+    retry_after_s: float | None = None
+
+
 def reconcile(
     desired: Mapping[str, str | None],
     snapshot: RemoteSnapshot,
+    *,
     earliest_dispatch_us: int,
+    latest_dispatch_us: int,
+    now_us: int,
     clock_skew_us: int,
-) -> Reconciled:
+    max_in_flight_us: int,
+) -> Reconciliation:
     """Decide what a read-back proves about unresolved dispatches.
 
     * The record shows every desired value: the effect is present (whoever
       wrote it, the end state the command asked for holds).
-    * The record was last modified before the earliest unresolved dispatch
-      could have reached the provider (minus the allowed clock skew): nothing
-      was written since, so none of those dispatches was applied.
-    * Otherwise nothing is proven: an operator decides.
+    * Absence needs two things: the provider's documented in-flight window
+      has passed since the *latest* unresolved dispatch (a request still in
+      flight could be applied after our read), and the record was last
+      modified before the *earliest* one could have reached the provider
+      (minus the allowed clock skew).
+    * Otherwise nothing is proven; within the in-flight window, ask again
+      once it has passed; after it, an operator decides.
     """
-    if not snapshot.exists:
-        return Reconciled.UNPROVEN
-    if all(snapshot.properties.get(k) == v for k, v in desired.items()):
-        return Reconciled.APPLIED
+    if snapshot.exists and all(snapshot.properties.get(k) == v for k, v in desired.items()):
+        return Reconciliation(Reconciled.APPLIED)
+    settle_at = latest_dispatch_us + max_in_flight_us
+    if now_us < settle_at:
+        return Reconciliation(Reconciled.UNPROVEN, (settle_at - now_us) / 1_000_000)
     if (
-        snapshot.updated_at_us is not None
+        snapshot.exists
+        and snapshot.updated_at_us is not None
         and snapshot.updated_at_us < earliest_dispatch_us - clock_skew_us
     ):
-        return Reconciled.ABSENT
-    return Reconciled.UNPROVEN
+        return Reconciliation(Reconciled.ABSENT)
+    return Reconciliation(Reconciled.UNPROVEN)

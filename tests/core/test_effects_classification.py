@@ -11,6 +11,7 @@ from daemon.core.effects import (
     OutcomeClass,
     Phase,
     Reconciled,
+    Reconciliation,
     RemoteSnapshot,
     classify,
     reconcile,
@@ -63,19 +64,43 @@ def test_a_response_needs_a_status() -> None:
 
 DISPATCH = 1_000_000_000
 SKEW = 2_000_000
+WINDOW = 20_000_000
+LATER = DISPATCH + WINDOW
 
 
 @pytest.mark.parametrize(
-    ("snapshot", "expected"),
+    ("snapshot", "now", "expected"),
     [
-        (RemoteSnapshot(True, {"jobtitle": "CTO"}, DISPATCH + 5), Reconciled.APPLIED),
-        (RemoteSnapshot(True, {"jobtitle": "CTO"}, None), Reconciled.APPLIED),
-        (RemoteSnapshot(True, {"jobtitle": "old"}, DISPATCH - SKEW - 1), Reconciled.ABSENT),
-        (RemoteSnapshot(True, {"jobtitle": "old"}, DISPATCH - SKEW), Reconciled.UNPROVEN),
-        (RemoteSnapshot(True, {"jobtitle": "other"}, DISPATCH + 1), Reconciled.UNPROVEN),
-        (RemoteSnapshot(True, {"jobtitle": "old"}, None), Reconciled.UNPROVEN),
-        (RemoteSnapshot(False), Reconciled.UNPROVEN),
+        # The desired value is there: applied, at any time.
+        (RemoteSnapshot(True, {"jobtitle": "CTO"}, DISPATCH + 5), DISPATCH + 1,
+         Reconciliation(Reconciled.APPLIED)),
+        (RemoteSnapshot(True, {"jobtitle": "CTO"}, None), LATER, Reconciliation(
+            Reconciled.APPLIED)),
+        # Untouched since before the dispatch, and the in-flight window has passed: absent.
+        (RemoteSnapshot(True, {"jobtitle": "old"}, DISPATCH - SKEW - 1), LATER,
+         Reconciliation(Reconciled.ABSENT)),
+        # ...but not while a request could still be in flight.
+        (RemoteSnapshot(True, {"jobtitle": "old"}, DISPATCH - SKEW - 1), LATER - 5_000_000,
+         Reconciliation(Reconciled.UNPROVEN, 5.0)),
+        # Modified within the skew margin, or after the dispatch: unproven.
+        (RemoteSnapshot(True, {"jobtitle": "old"}, DISPATCH - SKEW), LATER,
+         Reconciliation(Reconciled.UNPROVEN)),
+        (RemoteSnapshot(True, {"jobtitle": "other"}, DISPATCH + 1), LATER,
+         Reconciliation(Reconciled.UNPROVEN)),
+        (RemoteSnapshot(True, {"jobtitle": "old"}, None), LATER,
+         Reconciliation(Reconciled.UNPROVEN)),
+        (RemoteSnapshot(False), LATER, Reconciliation(Reconciled.UNPROVEN)),
     ],
 )
-def test_reconcile(snapshot: RemoteSnapshot, expected: Reconciled) -> None:
-    assert reconcile({"jobtitle": "CTO"}, snapshot, DISPATCH, SKEW) is expected
+def test_reconcile(snapshot: RemoteSnapshot, now: int, expected: Reconciliation) -> None:
+    assert reconcile({"jobtitle": "CTO"}, snapshot, earliest_dispatch_us=DISPATCH,
+                     latest_dispatch_us=DISPATCH, now_us=now, clock_skew_us=SKEW,
+                     max_in_flight_us=WINDOW) == expected
+
+
+def test_absence_counts_from_the_latest_dispatch() -> None:
+    snap = RemoteSnapshot(True, {"jobtitle": "old"}, DISPATCH - SKEW - 1)
+    verdict = reconcile({"jobtitle": "CTO"}, snap, earliest_dispatch_us=DISPATCH,
+                        latest_dispatch_us=DISPATCH + 10_000_000, now_us=LATER,
+                        clock_skew_us=SKEW, max_in_flight_us=WINDOW)
+    assert verdict == Reconciliation(Reconciled.UNPROVEN, 10.0)
