@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 import attrs
 import httpx
@@ -40,6 +41,14 @@ from sandbox.runtime.store import OutboxEntry, Refused
 
 COMMANDS_PATH = "/v1/commands"
 REJECT_PATH = "/v1/handoffs/reject"
+
+
+class IntegrationPort(Protocol):
+    """What the dispatcher and withdraw need from integrationd (tests may substitute it)."""
+
+    async def send_command(self, body: bytes) -> AdmissionAnswer: ...
+
+    async def reject_if_unaccepted(self, body: bytes) -> RejectAnswer: ...
 
 
 @attrs.define(eq=False)
@@ -89,7 +98,7 @@ class OutboxDispatcher:
     """Sends outbox entries to integrationd until each gets a definitive answer."""
 
     runtime: ReferenceRuntime
-    client: IntegrationClient
+    client: IntegrationPort
     _in_flight: set[str] = attrs.field(factory=set, init=False)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -124,6 +133,7 @@ class OutboxDispatcher:
                 logs.warn("runtime_dispatch_retry", intent_id=entry.intent_id,
                           attempts=attempts, reason=answer.reason, delay_s=round(delay, 3))
                 return
+            store.counters["dispatch_answered"] += 1
             try:
                 state = store.record_answer(entry.intent_id, answer)
             except ContractViolation as exc:
@@ -138,7 +148,7 @@ class OutboxDispatcher:
 
 
 async def withdraw_intent(
-    runtime: ReferenceRuntime, client: IntegrationClient, lead_id: str, intent_id: str
+    runtime: ReferenceRuntime, client: IntegrationPort, lead_id: str, intent_id: str
 ) -> IntentState:
     """Ask integrationd to reject the intent's handoff unless it was already accepted.
 

@@ -18,7 +18,12 @@ from werkzeug.exceptions import HTTPException
 
 from config.settings import Secret
 from daemon.services.http_server import serve_app
-from sandbox.runtime.dispatcher import IntegrationClient, OutboxDispatcher, withdraw_intent
+from sandbox.runtime.dispatcher import (
+    IntegrationClient,
+    IntegrationPort,
+    OutboxDispatcher,
+    withdraw_intent,
+)
 from sandbox.runtime.model import BadInput, CommitResult
 from sandbox.runtime.runtime import ReferenceRuntime
 from sandbox.runtime.store import Refused
@@ -49,7 +54,7 @@ class _MalformedJson(Exception):
     pass
 
 
-def create_app(runtime: ReferenceRuntime, client: IntegrationClient) -> QuartTrio:
+def create_app(runtime: ReferenceRuntime, client: IntegrationPort) -> QuartTrio:
     """The Runtime's routes over ``runtime``'s store; ``client`` reaches integrationd."""
     app = QuartTrio(__name__)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES

@@ -420,6 +420,7 @@ _OTHER_COUNTERS = (
     "results_malformed",
     "intents_created",
     "dispatch_sent",
+    "dispatch_answered",
     "dispatch_retries",
     "withdrawals_requested",
     "withdrawals_rejected",
