@@ -1,51 +1,102 @@
-"""The admin listener's application: ``/metrics``, ``/healthz``, ``/readyz``.
+"""The admin listener's application: ``/metrics``, ``/healthz``, ``/readyz`` and the
+operator console under ``/admin/`` (pages) and ``/admin/api/`` (JSON + OpenAPI).
 
+Theory of operation
+-------------------
 ``create_app`` takes a :class:`ReplicaView`, the read-only window the replica
-gives its HTTP surface, so that the app can be served (and tested) apart from
-the work loop.
+gives its HTTP surface (plus its store for operator actions), so the app can be
+served (and tested) apart from the work loop. Module map:
+
+* ``auth`` (who: sessions or proxy header; CSRF; ``require(action)``),
+  ``sessions`` (signed cookies), ``passwords`` (argon2), ``access`` (roles);
+* ``readmodels`` (overview, from the replica's depth/throughput history),
+  ``queries`` (work, DLQ, audit; bounded), ``serialize`` (JSON shapes: never a
+  payload, token or secret), ``filters`` (strict input parsing -> 400);
+* ``actions`` (replay, audited cancel, bulk DLQ replay: shared with the CLI);
+* ``api`` (JSON), ``pages`` + ``pages_work`` + ``signin`` (HTML), ``openapi``;
+* ``extensions`` (lineage sections, blueprints, nav and actions that later
+  services add without editing the console).
+
+Every error a user can cause becomes ``{"error", "message"}`` (API) or a page
+with a banner; storage failures become "database unreachable" (503), with the
+driver's message in the log only.
 """
 
 from __future__ import annotations
 
-import collections
-from typing import TYPE_CHECKING, Protocol
+import json
+import time
+from urllib.parse import quote
 
-from quart import Response
+from quart import Response, g, redirect, request
 from quart_trio import QuartTrio
+from werkzeug.wrappers import Response as WerkzeugResponse
 
-from config.settings import Settings
-from daemon.services.clock import Clock
-from daemon.services.families import FamilyRegistry
-from storage.work_store import WorkStore
+from admin_ui import api, pages, pages_work, signin
+from admin_ui.auth import is_api_request, resolve_principal, write_session_cookie
+from admin_ui.context import EXTENSION_KEY, Console, console
+from admin_ui.errors import ConsoleError, DatabaseDown, Unauthenticated, classify
+from admin_ui.extensions import ConsoleExtensions
+from admin_ui.render import age_since, fmt_age, fmt_ts, page
+from admin_ui.view import ReplicaView
+from daemon.services import logs
+from daemon.services.families import UnknownFamily
+from daemon.services.operator_api import BadRequest, NotAuthorized
+from storage.port import StorageError, WorkConflict, WorkNotFound
 
-if TYPE_CHECKING:
-    from daemon.services.replica import HistoryPoint
-
-
-class ReplicaView(Protocol):
-    """What the admin listener may see of its replica (``daemon.services.replica.Replica``)."""
-
-    settings: Settings
-    store: WorkStore
-    registry: FamilyRegistry
-    clock: Clock
-    replica_id: str
-    history: collections.deque[HistoryPoint]
-
-    @property
-    def state(self) -> str: ...
-
-    def metrics_text(self) -> bytes: ...
-
-    def readiness(self) -> tuple[bool, dict[str, object]]: ...
-
+__all__ = ["METRICS_CONTENT_TYPE", "ReplicaView", "create_app"]
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+STATIC_PREFIX = "/admin/static/"
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
+    " connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+)
 
 
-def create_app(replica: ReplicaView) -> QuartTrio:
-    app = QuartTrio(__name__)
+def _console_request() -> bool:
+    return request.path == "/admin" or request.path.startswith("/admin/")
+
+
+async def _error_response(exc: Exception) -> Response | WerkzeugResponse:
+    err = classify(exc)
+    if err is None:  # pragma: no cover - handlers are registered for classified types
+        raise exc
+    if isinstance(err, DatabaseDown):
+        logs.warn("admin_storage_error", path=request.path, error=str(exc),
+                  kind=type(exc).__name__)
+    if is_api_request() or not _console_request():
+        return Response(
+            _json_text({"error": err.code, "message": err.message}),
+            status=err.status,
+            content_type="application/json",
+        )
+    if isinstance(err, Unauthenticated) and not console().proxy_mode:
+        target = "/admin/sign-in"
+        if request.method == "GET":
+            target += "?next=" + _quote(request.full_path.rstrip("?"))
+        return redirect(target)
+    return await page("error.html", status=err.status, err=err,
+                      db_down=isinstance(err, DatabaseDown))
+
+
+def _json_text(doc: dict[str, object]) -> str:
+    return json.dumps(doc)
+
+
+def _quote(text: str) -> str:
+    return quote(text, safe="/")
+
+
+def create_app(replica: ReplicaView, extensions: ConsoleExtensions | None = None) -> QuartTrio:
+    """The admin listener's app; ``extensions`` adds pages, API routes and lineage."""
+    app = QuartTrio(__name__, static_url_path="/admin/static", static_folder="static",
+                    template_folder="templates")
     app.config["MAX_CONTENT_LENGTH"] = 64 * 1024
+    app.extensions[EXTENSION_KEY] = Console.build(replica, extensions)
+    app.add_template_filter(fmt_ts, "ts")
+    app.add_template_filter(fmt_age, "age")
+    app.add_template_filter(age_since, "since")
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -60,6 +111,32 @@ def create_app(replica: ReplicaView) -> QuartTrio:
         ready, detail = replica.readiness()
         return {"ready": ready, **detail}, 200 if ready else 503
 
+    @app.before_request
+    async def before() -> None:
+        g.started = time.perf_counter()
+        if _console_request() and not request.path.startswith(STATIC_PREFIX):
+            await resolve_principal()
+
+    @app.after_request
+    async def after(response: Response) -> Response:
+        if _console_request():
+            if not request.path.startswith(STATIC_PREFIX):
+                response = write_session_cookie(response)
+                response.headers["Cache-Control"] = "no-store"
+            response.headers["Content-Security-Policy"] = CONTENT_SECURITY_POLICY
+            response.headers["X-Content-Type-Options"] = "nosniff"
+            response.headers["X-Frame-Options"] = "DENY"
+            response.headers["Referrer-Policy"] = "same-origin"
+        started = g.get("started")
+        if isinstance(started, float):
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            response.headers["Server-Timing"] = f"app;dur={elapsed_ms:.2f}"
+        return response
+
+    for kind in (ConsoleError, StorageError, BadRequest, NotAuthorized, UnknownFamily,
+                 WorkConflict, WorkNotFound):
+        app.register_error_handler(kind, _error_response)
+
     @app.errorhandler(404)
     async def not_found(_: Exception) -> tuple[dict[str, object], int]:
         return {"error": "not_found", "message": "no such route"}, 404
@@ -68,4 +145,18 @@ def create_app(replica: ReplicaView) -> QuartTrio:
     async def not_allowed(_: Exception) -> tuple[dict[str, object], int]:
         return {"error": "method_not_allowed", "message": "method not allowed here"}, 405
 
+    @app.errorhandler(413)
+    async def too_large(_: Exception) -> tuple[dict[str, object], int]:
+        return {"error": "payload_too_large", "message": "the request body is too large"}, 413
+
+    for blueprint in (signin.bp, pages.bp, pages_work.bp, api.bp):
+        app.register_blueprint(blueprint)
+    for blueprint in console_extensions(app).blueprints:
+        app.register_blueprint(blueprint)
     return app
+
+
+def console_extensions(app: QuartTrio) -> ConsoleExtensions:
+    found = app.extensions[EXTENSION_KEY]
+    assert isinstance(found, Console)
+    return found.extensions

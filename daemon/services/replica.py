@@ -67,6 +67,15 @@ class HistoryPoint:
 HISTORY_POINTS = 720  # one hour at the default 5 s sample interval
 
 
+@attrs.frozen
+class MetricSample:
+    """One sample of this replica's metrics: name, labels, value."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
 @attrs.define(eq=False)
 class Replica:
     settings: Settings
@@ -263,3 +272,15 @@ class Replica:
                 self.metrics.db_errors.labels("depth_sample").inc()
                 logs.warn("work_depth_sample_failed", error=str(exc))
             await trio.sleep(self.settings.work.depth_sample_interval)
+
+    # ------------------------------------------------------ admin console
+
+    def counter_samples(self, prefix: str = "integrationd_work_") -> list[MetricSample]:
+        """This replica's metric samples (counters and gauges) whose name starts with
+        ``prefix``, read from its registry without rendering text (the console's overview)."""
+        out: list[MetricSample] = []
+        for family in self.metrics.registry.collect():
+            for sample in family.samples:
+                if sample.name.startswith(prefix) and not sample.name.endswith("_created"):
+                    out.append(MetricSample(sample.name, dict(sample.labels), sample.value))
+        return out

@@ -1,0 +1,192 @@
+"""The console's JSON API under ``/admin/api/`` (the pages poll it; scripts may too).
+
+Same sessions and roles as the pages; every state-changing call needs the
+session's CSRF token in the ``X-CSRF-Token`` header and a JSON body. Errors
+are ``{"error": code, "message": text}`` with a stable code. The document at
+``/admin/api/openapi.json`` describes every route (a test keeps them equal).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from quart import Blueprint, request
+
+from admin_ui import openapi, queries, readmodels
+from admin_ui.auth import CSRF_HEADER, current_principal, may, require
+from admin_ui.context import console
+from admin_ui.errors import BadInput, UnsupportedMediaType
+from admin_ui.filters import (
+    parse_audit_query,
+    parse_bulk_replay,
+    parse_dead_query,
+    parse_work_query,
+    reason_from,
+)
+from admin_ui.serialize import cancel_json, work_json
+from daemon.core.ids import is_ulid
+from storage.port import WorkNotFound
+
+bp = Blueprint("api", __name__, url_prefix="/admin/api")
+
+Json = dict[str, Any]
+
+NOT_CONFIGURED = {
+    "subscriptions": "Remote subscriptions are not configured yet: the subscription"
+                     " reconciler has not been built into this release.",
+    "bindings": "Integration bindings are not configured yet: the Catalog's L2 bindings"
+                " have not been loaded by this release.",
+    "quota": "Distributed provider quota is not configured yet: no quota dimensions are"
+             " declared by this release.",
+}
+
+
+def checked_work_id(work_id: str) -> str:
+    if not is_ulid(work_id):
+        raise WorkNotFound(work_id[:40])
+    return work_id
+
+
+async def json_body() -> dict[str, Any]:
+    if request.mimetype != "application/json":
+        raise UnsupportedMediaType("send a JSON object with Content-Type: application/json")
+    raw = await request.get_data(as_text=True)
+    try:
+        doc = json.loads(raw or "{}")
+    except ValueError:
+        raise BadInput("the body is not valid JSON") from None
+    if not isinstance(doc, dict):
+        raise BadInput("the body must be a JSON object")
+    return doc
+
+
+@bp.get("/openapi.json")
+async def openapi_document() -> Json:
+    return openapi.document(console().extensions.openapi_paths)
+
+
+@bp.get("/session")
+@require("console.read")
+async def session() -> Json:
+    c = console()
+    principal = current_principal()
+    assert principal is not None
+    return {
+        "operator": principal.name,
+        "role": principal.role,
+        "auth": c.view.settings.admin.auth,
+        "csrf_header": CSRF_HEADER,
+        "csrf_token": principal.csrf_token,
+        "expires_in_s": round(c.codec.remaining_s(principal.session)),
+        "may": {action: may(action) for action in sorted(c.actions)},
+    }
+
+
+@bp.get("/overview")
+@require("console.read")
+async def overview() -> Json:
+    return await readmodels.overview(console().view)
+
+
+@bp.get("/replicas")
+@require("console.read")
+async def replicas() -> Json:
+    return {"replicas": await readmodels.replicas(console().view)}
+
+
+@bp.get("/work")
+@require("work.read")
+async def work_list() -> Json:
+    query = parse_work_query(request.args.items(multi=True))
+    return await queries.work_page(console().view, query)
+
+
+@bp.get("/work/<work_id>")
+@require("work.read")
+async def work_detail(work_id: str) -> Json:
+    c = console()
+    return await queries.work_detail(c.view, checked_work_id(work_id), c.extensions.lineage)
+
+
+@bp.post("/work/<work_id>/replay")
+@require("work.replay")
+async def work_replay(work_id: str) -> Json:
+    body = await json_body()
+    principal = current_principal()
+    assert principal is not None
+    new = await console().ops.replay_item(
+        work_id=checked_work_id(work_id), actor=principal.name,
+        reason=reason_from(body.get("reason")),
+    )
+    return {"replayed_from": work_id, "item": work_json(new)}
+
+
+@bp.post("/work/<work_id>/cancel")
+@require("work.cancel")
+async def work_cancel(work_id: str) -> Json:
+    body = await json_body()
+    principal = current_principal()
+    assert principal is not None
+    result = await console().ops.cancel_item(
+        work_id=checked_work_id(work_id), actor=principal.name,
+        reason=reason_from(body.get("reason")),
+    )
+    return cancel_json(result)
+
+
+@bp.get("/dlq")
+@require("dlq.read")
+async def dlq() -> Json:
+    query = parse_dead_query(request.args.items(multi=True))
+    return await queries.dlq_page(console().view, query)
+
+
+@bp.post("/dlq/replay")
+@require("dlq.replay")
+async def dlq_replay() -> Json:
+    principal = current_principal()
+    assert principal is not None
+    bulk = parse_bulk_replay(await json_body())
+    report = await console().ops.bulk_replay(bulk, actor=principal.name)
+    return report.to_json()
+
+
+@bp.get("/audit")
+@require("audit.read")
+async def audit() -> Json:
+    target, limit = parse_audit_query(request.args.items(multi=True))
+    return await queries.audit_page(console().view, target, limit)
+
+
+@bp.get("/operators")
+@require("operators.read")
+async def operators() -> Json:
+    settings = console().view.settings
+    return {
+        "auth": settings.admin.auth,
+        "operators": [{"name": o.name, "role": o.role, "password_set": bool(o.password_hash)}
+                      for o in settings.operators],
+    }
+
+
+def _not_configured(kind: str) -> Json:
+    return {"configured": False, "items": [], "message": NOT_CONFIGURED[kind]}
+
+
+@bp.get("/subscriptions")
+@require("console.read")
+async def subscriptions() -> Json:
+    return _not_configured("subscriptions")
+
+
+@bp.get("/bindings")
+@require("console.read")
+async def bindings() -> Json:
+    return _not_configured("bindings")
+
+
+@bp.get("/quota")
+@require("console.read")
+async def quota() -> Json:
+    return _not_configured("quota")

@@ -1,0 +1,81 @@
+"""Console pages: overview, audit log, operators, and the not-yet-configured features.
+
+Pages are rendered on the server from the same read models as the JSON API;
+``static/console.js`` then keeps the overview live by polling
+``/admin/api/overview``.
+"""
+
+from __future__ import annotations
+
+from quart import Blueprint, redirect, request
+from quart.wrappers import Response
+from werkzeug.wrappers import Response as WerkzeugResponse
+
+from admin_ui import queries, readmodels
+from admin_ui.api import NOT_CONFIGURED
+from admin_ui.auth import require
+from admin_ui.context import console
+from admin_ui.errors import BadFilter
+from admin_ui.filters import parse_audit_query
+from admin_ui.render import page
+
+bp = Blueprint("pages", __name__)
+
+
+@bp.get("/admin")
+async def admin_root() -> WerkzeugResponse:
+    return redirect("/admin/")
+
+
+@bp.get("/admin/")
+@require("console.read")
+async def overview() -> Response:
+    view = console().view
+    doc = await readmodels.overview(view)
+    poll_ms = int(max(0.5, min(view.settings.work.depth_sample_interval, 10.0)) * 1000)
+    return await page("overview.html", doc=doc, poll_ms=poll_ms,
+                      db_down=doc["database"] != "ok")
+
+
+@bp.get("/admin/audit")
+@require("audit.read")
+async def audit() -> Response:
+    try:
+        target, limit = parse_audit_query(request.args.items(multi=True))
+    except BadFilter as exc:
+        return await page("audit.html", status=400, error=exc.message, entries=[],
+                          target=None, limit=100)
+    doc = await queries.audit_page(console().view, target, limit)
+    return await page("audit.html", entries=doc["entries"], target=target, limit=limit)
+
+
+@bp.get("/admin/operators")
+@require("operators.read")
+async def operators() -> Response:
+    settings = console().view.settings
+    return await page("operators.html", operators=settings.operators,
+                      proxy_header=settings.admin.proxy_user_header,
+                      session_ttl=settings.admin.session_ttl)
+
+
+async def _not_configured(kind: str, title: str) -> Response:
+    return await page("not_configured.html", title=title, message=NOT_CONFIGURED[kind],
+                      api_path=f"/admin/api/{kind}")
+
+
+@bp.get("/admin/subscriptions")
+@require("console.read")
+async def subscriptions() -> Response:
+    return await _not_configured("subscriptions", "Subscriptions")
+
+
+@bp.get("/admin/bindings")
+@require("console.read")
+async def bindings() -> Response:
+    return await _not_configured("bindings", "Bindings")
+
+
+@bp.get("/admin/quota")
+@require("console.read")
+async def quota() -> Response:
+    return await _not_configured("quota", "Quota")

@@ -1,0 +1,94 @@
+"""Read models for the work, DLQ and audit views: one shape for the API and the pages.
+
+Every query is bounded (a page of at most 200 rows, keyset-paginated by work
+id, newest first; the DLQ's failure-class breakdown samples the newest
+:data:`DLQ_CLASS_SAMPLE` dead items). Shapes come from
+:mod:`admin_ui.serialize`, so payloads and lease tokens never appear.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from admin_ui.extensions import LineageProvider, lineage_sections, section_json
+from admin_ui.serialize import audit_json, dead_class_json, execution_json, work_json
+from admin_ui.view import ReplicaView
+from daemon.core.states import WorkState
+from daemon.core.work import WorkItem
+from storage.port import DeadQuery, WorkNotFound, WorkQuery
+from storage.work_admin import REPLAYABLE
+
+DLQ_CLASS_SAMPLE = 5000
+CANCELLABLE = frozenset({WorkState.PENDING, WorkState.RETRY, WorkState.PROCESSING})
+
+
+def families(view: ReplicaView) -> list[str]:
+    """Families this build runs plus any the latest depth sample has seen."""
+    names = set(view.registry.names())
+    if view.history:
+        names.update(d.family for d in view.history[-1].depths)
+    return sorted(names)
+
+
+def _next_after(items: list[WorkItem], limit: int) -> str | None:
+    return items[-1].work_id if len(items) >= limit else None
+
+
+async def work_page(view: ReplicaView, query: WorkQuery) -> dict[str, Any]:
+    items = await view.store.work_list(query)
+    return {"items": [work_json(i) for i in items],
+            "next_after": _next_after(items, query.limit)}
+
+
+def _summary(item: WorkItem) -> dict[str, Any]:
+    return {"work_id": item.work_id, "state": item.state.value, "family": item.family,
+            "created_at_us": item.created_at_us}
+
+
+async def work_detail(view: ReplicaView, work_id: str,
+                      providers: list[LineageProvider]) -> dict[str, Any]:
+    store = view.store
+    item = await store.work_get(work_id)
+    if item is None:
+        raise WorkNotFound(work_id)
+    executions = await store.work_executions(work_id)
+    replays = await store.work_replays_of(work_id)
+    audit = await store.audit_list(limit=200, target_id=work_id)
+    original = None
+    created_by = []
+    if item.replay_of is not None:
+        found = await store.work_get(item.replay_of)
+        original = _summary(found) if found else {"work_id": item.replay_of, "state": None}
+        created_by = [
+            audit_json(e) for e in await store.audit_list(limit=200, target_id=item.replay_of)
+            if e.action == "work.replay" and work_id in e.after
+        ]
+    sections = await lineage_sections(view, item, providers)
+    return {
+        "item": work_json(item),
+        "executions": [execution_json(e) for e in executions],
+        "lineage": {"replay_of": original, "replays": [_summary(r) for r in replays],
+                    "created_by": created_by},
+        "audit": [audit_json(e) for e in audit],
+        "sections": [section_json(s) for s in sections],
+        "can": {"replay": item.state in REPLAYABLE and not replays,
+                "cancel": item.state in CANCELLABLE},
+    }
+
+
+async def dlq_page(view: ReplicaView, query: DeadQuery) -> dict[str, Any]:
+    store = view.store
+    items = await store.work_dead_list(query)
+    replayed = await store.work_replay_map([i.work_id for i in items])
+    classes = await store.work_dead_classes(DLQ_CLASS_SAMPLE)
+    return {
+        "items": [work_json(i, replayed_as=replayed.get(i.work_id)) for i in items],
+        "next_after": _next_after(items, query.limit),
+        "classes": [dead_class_json(c) for c in classes],
+        "classes_sample": DLQ_CLASS_SAMPLE,
+    }
+
+
+async def audit_page(view: ReplicaView, target: str | None, limit: int) -> dict[str, Any]:
+    entries = await view.store.audit_list(limit=limit, target_id=target)
+    return {"entries": [audit_json(e) for e in entries]}

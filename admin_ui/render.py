@@ -1,0 +1,89 @@
+"""Render console pages: the shared layout context and the template filters."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from quart import render_template, request
+from quart.wrappers import Response
+
+from admin_ui.auth import current_principal, current_session, may
+from admin_ui.context import console
+from admin_ui.extensions import NavItem
+
+NAV: tuple[NavItem, ...] = (
+    NavItem("/admin/", "Overview", "console.read"),
+    NavItem("/admin/work", "Work items", "work.read"),
+    NavItem("/admin/dlq", "DLQ", "dlq.read"),
+    NavItem("/admin/audit", "Audit log", "audit.read"),
+    NavItem("/admin/subscriptions", "Subscriptions", "console.read"),
+    NavItem("/admin/bindings", "Bindings", "console.read"),
+    NavItem("/admin/quota", "Quota", "console.read"),
+    NavItem("/admin/operators", "Operators", "operators.read"),
+)
+
+# Fixed notices a redirect may ask for (never free text from the query string).
+NOTICES = {
+    "replayed": "Replayed: this is the new item; the original is unchanged.",
+    "cancelled": "Cancelled.",
+    "cancel_requested": "Cancel requested: the claimant stops and acknowledges it.",
+    "signed_out": "Signed out.",
+}
+
+
+def nav_items() -> list[NavItem]:
+    items = list(NAV) + list(console().extensions.nav)
+    return [i for i in items if may(i.action)]
+
+
+async def page(template: str, status: int = 200, **context: Any) -> Response:
+    c = console()
+    principal = current_principal()
+    session = current_session()
+    csrf = c.codec.csrf_token(session) if session is not None else ""
+    notice = NOTICES.get(request.args.get("notice", ""))
+    html = await render_template(
+        template,
+        principal=principal,
+        csrf_token=csrf,
+        nav=nav_items() if principal else [],
+        may=may,
+        replica_id=c.view.replica_id,
+        replica_state=c.view.state,
+        auth_mode=c.view.settings.admin.auth,
+        notice=context.pop("notice", notice),
+        error=context.pop("error", None),
+        db_down=context.pop("db_down", False),
+        path=request.path,
+        **context,
+    )
+    response = Response(html, status=status, content_type="text/html; charset=utf-8")
+    return response
+
+
+def fmt_ts(us: int | None) -> str:
+    """UTC wall time of an epoch-microsecond value."""
+    if us is None:
+        return "\u2014"
+    moment = dt.datetime.fromtimestamp(us / 1_000_000, tz=dt.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def fmt_age(seconds: float | None) -> str:
+    """A short duration: ``42 s``, ``7 min``, ``3.5 h``, ``2.1 d``."""
+    if seconds is None:
+        return "\u2014"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 36 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def age_since(us: int | None) -> str:
+    if us is None:
+        return "\u2014"
+    return fmt_age(max(0.0, (console().view.clock.now_us() - us) / 1_000_000))
