@@ -123,11 +123,15 @@ async def _main(runtime: ReferenceRuntime, host: str, port: int) -> None:
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logs.configure(args.log_level.upper())
     try:
         runtime = runtime_from_args(args, os.environ if environ is None else environ)
     except ConfigError as exc:
         print(f"sandbox.runtime: {exc}", file=sys.stderr)
+        return 2
+    try:
+        logs.configure(args.log_level.upper())
+    except ValueError:
+        print(f"sandbox.runtime: log-level: unknown level {args.log_level!r}", file=sys.stderr)
         return 2
     trio.run(_main, runtime, args.host, args.port)
     return 0
