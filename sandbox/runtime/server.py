@@ -24,7 +24,7 @@ from sandbox.runtime.dispatcher import (
     OutboxDispatcher,
     withdraw_intent,
 )
-from sandbox.runtime.model import BadInput, CommitResult
+from sandbox.runtime.receipts import BadInput, CommitResult
 from sandbox.runtime.runtime import ReferenceRuntime
 from sandbox.runtime.store import Refused
 

@@ -6,8 +6,9 @@ Runtime's transaction and its owner fence: admitting an intent, committing a res
 deleting a Lead and transferring its identity each happen inside one call. Restarting the
 process loses everything (this is a sandbox, not a CRM).
 
-Decisions come from :mod:`sandbox.runtime.model`; this module applies them and raises
-:class:`Refused` (an HTTP status, a stable error code, a message) when it must not.
+Decisions come from :mod:`sandbox.runtime.model` and :mod:`sandbox.runtime.receipts`; this
+module applies them and raises :class:`Refused` (an HTTP status, a stable error code, a
+message) when it must not.
 """
 
 from __future__ import annotations
@@ -24,24 +25,26 @@ import attrs
 from daemon.core.handoff import RESULT_FORMAT_SUCCESS, TrustedRuntimeWorkScope
 from sandbox.runtime.model import (
     SUPPORTED_FIELDS,
-    BadInput,
     CommandAccepted,
-    CommitResult,
     ContractViolation,
-    DuplicateResult,
     FenceRefusal,
     HandoffQuarantined,
     HandoffRejected,
     Intent,
     IntentState,
     IntentStatus,
-    RefuseResult,
     RemoteIdentity,
     apply_admission,
-    apply_commit,
     decide_delete,
-    decide_result,
     decide_transfer,
+)
+from sandbox.runtime.receipts import (
+    BadInput,
+    CommitResult,
+    DuplicateResult,
+    RefuseResult,
+    apply_commit,
+    decide_result,
     parse_result_request,
 )
 

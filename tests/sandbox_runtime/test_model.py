@@ -21,11 +21,8 @@ from daemon.core.handoff import (
 )
 from sandbox.runtime.model import (
     OUTSTANDING,
-    BadInput,
     CommandAccepted,
-    CommitResult,
     ContractViolation,
-    DuplicateResult,
     HandoffQuarantined,
     HandoffRejected,
     Intent,
@@ -33,19 +30,24 @@ from sandbox.runtime.model import (
     IntentState,
     IntentStatus,
     Quarantine,
-    RefuseResult,
     RemoteIdentity,
-    ResultDecision,
     RetryLater,
     WithdrawRefused,
     apply_admission,
-    apply_commit,
     classify_command_answer,
     classify_reject_answer,
     decide_delete,
-    decide_result,
     decide_transfer,
     next_status,
+)
+from sandbox.runtime.receipts import (
+    BadInput,
+    CommitResult,
+    DuplicateResult,
+    RefuseResult,
+    ResultDecision,
+    apply_commit,
+    decide_result,
     parse_result_request,
 )
 from tests.sandbox_runtime import SCOPE

@@ -9,16 +9,14 @@ import pytest
 
 from daemon.core.handoff import NoEffectReason, NoEffectResult
 from sandbox.runtime.model import (
-    BadInput,
     CommandAccepted,
-    CommitResult,
     ContractViolation,
-    DuplicateResult,
     HandoffQuarantined,
     HandoffRejected,
     IntentStatus,
     Quarantine,
 )
+from sandbox.runtime.receipts import BadInput, CommitResult, DuplicateResult
 from sandbox.runtime.store import Refused, RuntimeStore
 from tests.sandbox_runtime import SCOPE, result_request
 
