@@ -76,6 +76,17 @@ class FamilySettings:
     backoff_cap: float = 300.0
 
 
+# Defaults per built-in family where the generic ones do not fit: receipts are
+# retried until the Runtime confirms them (effectively forever, backoff capped at
+# a minute); effects get a handful of attempts before waiting for an operator.
+FAMILY_DEFAULTS: dict[str, FamilySettings] = {
+    "external_effect": FamilySettings(max_attempts=8, backoff_base=2.0, backoff_cap=60.0,
+                                      batch_size=32),
+    "runtime_receipt": FamilySettings(max_attempts=1_000_000, backoff_base=1.0,
+                                      backoff_cap=60.0, batch_size=32),
+}
+
+
 @attrs.frozen(kw_only=True)
 class Operator:
     name: str
@@ -155,7 +166,7 @@ class Settings:
     base_dir: str = "."
 
     def family(self, name: str) -> FamilySettings:
-        return self.families.get(name, FamilySettings())
+        return self.families.get(name) or FAMILY_DEFAULTS.get(name, FamilySettings())
 
     def operator(self, name: str) -> Operator | None:
         for op in self.operators:

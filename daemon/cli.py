@@ -16,6 +16,7 @@ from typing import Any
 
 import trio
 
+from config.catalog import CatalogError, load_catalog
 from config.load import ConfigError, load_settings
 from config.settings import Settings
 from daemon.services import logs
@@ -144,19 +145,26 @@ async def _cmd_migrate(settings: Settings) -> int:
 
 
 async def _cmd_run(settings: Settings) -> int:
+    from daemon.services.assembly import assemble
     from daemon.services.replica import Replica
 
     store = await _open(settings)
     try:
         await check_schema(store.db, store.dialect)
-        registry = build_registry(settings)
-        replica = Replica(settings, store, registry, WallClock())
+        clock = WallClock()
+        parts = assemble(settings, store, clock)
+        replica = Replica(settings, store, parts.registry, clock, api_app=parts.api_app)
+        if parts.api_context is not None:
+            parts.api_context.wake = replica.wake
         if settings.replica.id:
             replica.replica_id = settings.replica.id
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_signals, replica, nursery.cancel_scope)
-            await replica.run()  # returns once a drain has finished
-            nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_watch_signals, replica, nursery.cancel_scope)
+                await replica.run()  # returns once a drain has finished
+                nursery.cancel_scope.cancel()
+        finally:
+            await parts.aclose()
     finally:
         await store.db.aclose()
     return EXIT_OK
@@ -275,7 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(args.log_level)
     try:
         settings = load_settings(args.config, known_families=known_family_names())
-    except ConfigError as exc:
+        load_catalog(settings)
+    except (ConfigError, CatalogError) as exc:
         sys.stderr.write(f"integrationd: config error: {exc}\n")
         return EXIT_USAGE
     try:

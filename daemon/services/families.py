@@ -121,10 +121,13 @@ async def noop_handler(ctx: WorkContext) -> Outcome:
 
 
 BUILTIN_HANDLERS: dict[str, Handler] = {"noop": noop_handler}
+# Every family this build can run; the effect and receipt handlers need the
+# catalog and an HTTP client, so daemon/services/assembly.py builds them.
+FAMILY_NAMES = ("external_effect", "noop", "runtime_receipt")
 
 
 def known_family_names() -> list[str]:
-    return sorted(BUILTIN_HANDLERS)
+    return list(FAMILY_NAMES)
 
 
 def build_registry(

@@ -32,6 +32,7 @@ import time
 
 import attrs
 import trio
+from quart_trio import QuartTrio
 
 from admin_ui.app import create_app
 from config.settings import Settings
@@ -87,6 +88,9 @@ class Replica:
     admin_address: str | None = None
     # Tests of the work loop under trio's MockClock run without the HTTP listener.
     serve_admin: bool = True
+    # The service API (/v1/) for the Runtime, served on [api] listen when set.
+    api_app: QuartTrio | None = None
+    api_address: str | None = None
     schedulers: dict[str, Scheduler] = attrs.field(factory=dict)
     pool: WorkerPool | None = None
     history: collections.deque[HistoryPoint] = attrs.field(
@@ -140,12 +144,17 @@ class Replica:
                 self.admin_address = await services.start(
                     serve_app, create_app(self), self.settings.admin.listen
                 )
+            if self.api_app is not None:
+                self.api_address = await services.start(
+                    serve_app, self.api_app, self.settings.api.listen
+                )
             await services.start(self._heartbeat_loop)
             await services.start(self._depth_loop)
             logs.event(
                 "replica_started",
                 replica=self.replica_id,
                 admin=self.admin_address,
+                api=self.api_address,
                 backend=self.store.db.backend,
                 families=",".join(self.registry.names()),
             )

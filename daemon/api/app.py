@@ -1,0 +1,178 @@
+"""The service API (``/v1/``) the CRM Runtime calls: command admission and its fence.
+
+* ``POST /v1/commands``: accept a command exactly once (or answer from the
+  existing admission fact);
+* ``POST /v1/handoffs/reject``: ``RejectIfUnaccepted``;
+* ``GET /v1/handoffs/{key}``: read the admission fact (404 is *not* evidence
+  of rejection);
+* ``GET /v1/openapi.json``.
+
+Callers authenticate with a bearer token bound, in the configuration, to one
+``TrustedRuntimeWorkScope``. Bodies are validated in
+:mod:`daemon.api.validation`; errors are JSON ``{"error", "message"}`` with a
+stable code. Nothing is written for a malformed, unauthenticated or
+cross-scope request.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from config.catalog import Catalog
+from config.settings import RuntimeClient, Settings
+from daemon.api.openapi import OPENAPI
+from daemon.api.validation import ApiError, command_body, handoff_fields
+from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
+from daemon.services import logs
+from daemon.services.clock import Clock
+from storage.commands import EFFECT_FAMILY
+from storage.effect_values import Admission, AdmissionResult, CommandDraft
+from storage.port import StorageError
+from storage.work_store import WorkStore
+
+
+@attrs.define(eq=False)
+class ApiContext:
+    settings: Settings
+    store: WorkStore
+    catalog: Catalog
+    clock: Clock
+    # Called after a command is accepted, so the local scheduler claims it at once.
+    wake: Callable[[str], None] = lambda family: None
+
+
+def _scope(rc: RuntimeClient) -> TrustedRuntimeWorkScope:
+    return TrustedRuntimeWorkScope(rc.org_id, rc.app_installation_id, rc.runtime_capability_id,
+                                   rc.runtime_work_binding_digest)
+
+
+def _json(doc: dict[str, Any], status: int) -> Response:
+    return Response(json.dumps(doc), status=status, content_type="application/json")
+
+
+def _admission_json(result: AdmissionResult, key: str) -> tuple[dict[str, Any], int]:
+    if result.admission is Admission.COMMAND_ACCEPTED:
+        return {"admission": result.admission.value, "command_id": result.command_id,
+                "effect_handoff_key": key}, 200
+    if result.admission is Admission.HANDOFF_REJECTED:
+        return {"admission": result.admission.value,
+                "receipt": json.loads(result.receipt or "{}")}, 409
+    return {"error": "quarantined",
+            "message": "this handoff key is already admitted with a different payload digest"
+                       " or runtime outbox identity; the conflict was recorded"}, 409
+
+
+def create_api_app(ctx: ApiContext) -> QuartTrio:
+    app = QuartTrio(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = ctx.settings.api.max_body_bytes
+
+    def caller() -> RuntimeClient:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() == "bearer" and token:
+            for rc in ctx.settings.runtimes:
+                if rc.token is not None and hmac.compare_digest(
+                        rc.token.reveal().encode(), token.encode()):
+                    return rc
+        raise ApiError(401, "unauthenticated", "a valid bearer token is required")
+
+    async def json_body() -> Any:
+        if request.mimetype != "application/json":
+            raise ApiError(415, "unsupported_media_type", "send application/json")
+        raw = await request.get_data(as_text=False)
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ApiError(400, "malformed_json", "the body is not valid JSON") from None
+
+    @app.post("/v1/commands")
+    async def accept_command() -> Response:
+        rc = caller()
+        valid = command_body(await json_body(), _scope(rc), ctx.catalog)
+        op = valid.operation
+        binding = ctx.catalog.binding_for(rc.org_id, rc.app_installation_id, op.provider)
+        if binding is None:
+            raise ApiError(422, "no_binding", f"no {op.provider} binding for this scope")
+        handoff = valid.handoff
+        draft = CommandDraft(
+            scope=_scope(rc), runtime_name=rc.name, handoff_key=handoff.key_text,
+            payload_digest=handoff.payload_digest, runtime_outbox_id=handoff.runtime_outbox_id,
+            intent_id=handoff.key.handoff_id, intent_kind=valid.intent_kind,
+            operation=op.name, local_object=op.local_object, local_id=valid.local_id,
+            binding_id=binding.binding_id, binding_generation=binding.generation,
+            catalog_revision=valid.catalog_revision, catalog_digest=ctx.catalog.digest,
+            frozen_request=valid.frozen_request,
+            max_attempts=ctx.settings.family(EFFECT_FAMILY).max_attempts,
+            lane=f"{rc.org_id}:{op.local_object}:{valid.local_id}",
+        )
+        result = await ctx.store.command_accept(draft, ctx.clock.now_us())
+        if result.created:
+            ctx.wake(EFFECT_FAMILY)
+            logs.event("command_accepted", command_id=result.command_id, work_id=result.work_id,
+                       runtime=rc.name, operation=op.name)
+        elif result.admission is Admission.QUARANTINED:
+            logs.warn("handoff_quarantined", runtime=rc.name, reason=result.reason)
+        body, status = _admission_json(result, handoff.key_text)
+        return _json(body, status)
+
+    @app.post("/v1/handoffs/reject")
+    async def reject_if_unaccepted() -> Response:
+        rc = caller()
+        handoff = handoff_fields(await json_body(), _scope(rc))
+        result = await ctx.store.command_reject_if_unaccepted(
+            scope=_scope(rc), runtime_name=rc.name, handoff_key=handoff.key_text,
+            payload_digest=handoff.payload_digest, runtime_outbox_id=handoff.runtime_outbox_id,
+            now_us=ctx.clock.now_us(),
+        )
+        if result.admission is Admission.QUARANTINED:
+            logs.warn("handoff_quarantined", runtime=rc.name, reason=result.reason)
+        body, status = _admission_json(result, handoff.key_text)
+        # Answering a reject request, a tombstone is the successful outcome.
+        return _json(body, 200 if result.admission is Admission.HANDOFF_REJECTED else status)
+
+    @app.get("/v1/handoffs/<path:key>")
+    async def read_admission(key: str) -> Response:
+        rc = caller()
+        try:
+            parsed = EffectHandoffKey.parse(key)
+        except ValueError as exc:
+            raise ApiError(400, "bad_handoff_key", str(exc)) from None
+        if parsed.scope != _scope(rc):
+            raise ApiError(403, "scope_mismatch",
+                           "the handoff key does not belong to the authenticated work scope")
+        found = await ctx.store.admission_read(key)
+        if found is None:
+            return _json({"admission": "UNKNOWN",
+                          "message": "no admission fact; this is not evidence of rejection"},
+                         404)
+        body, _ = _admission_json(found[1], key)
+        return _json(body, 200)
+
+    @app.get("/v1/openapi.json")
+    async def openapi() -> Response:
+        return _json(OPENAPI, 200)
+
+    @app.errorhandler(ApiError)
+    async def api_error(exc: ApiError) -> Response:
+        return _json({"error": exc.code, "message": exc.message}, exc.status)
+
+    @app.errorhandler(StorageError)
+    async def storage_error(exc: StorageError) -> Response:
+        logs.warn("api_storage_error", error=type(exc).__name__)
+        return _json({"error": "unavailable", "message": "storage is unavailable; retry"}, 503)
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
+            exc.code or 500, "http_error")
+        return _json({"error": code, "message": exc.description or code}, exc.code or 500)
+
+    return app

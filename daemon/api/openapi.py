@@ -1,0 +1,118 @@
+"""The OpenAPI 3.1 document of the service API (``/v1/``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+_HANDOFF_PROPS: dict[str, Any] = {
+    "effect_handoff_key": {
+        "type": "string", "maxLength": 512,
+        "description": "ehk1:<org>:<app_installation>:<runtime_capability>:"
+                       "<runtime_work_binding_digest>:<intent_id>, percent-encoded components;"
+                       " the scope must equal the authenticated caller's",
+    },
+    "payload_digest": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
+    "runtime_outbox_id": {"type": "string", "minLength": 1, "maxLength": 255},
+}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    return {str(c): {"description": "error", "content": {"application/json": {"schema": _ERROR}}}
+            for c in codes}
+
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "integrationd service API", "version": "1"},
+    "components": {
+        "securitySchemes": {"runtimeBearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": {
+            "Error": {
+                "type": "object", "required": ["error", "message"],
+                "properties": {"error": {"type": "string"}, "message": {"type": "string"}},
+            },
+            "Handoff": {
+                "type": "object", "required": list(_HANDOFF_PROPS),
+                "properties": _HANDOFF_PROPS, "additionalProperties": False,
+            },
+            "Command": {
+                "type": "object",
+                "required": ["intent_id", "intent_kind", "operation", "logical_target",
+                             "catalog_revision", "request"],
+                "properties": {
+                    "intent_id": {"type": "string"},
+                    "intent_kind": {"type": "string", "enum": ["UPSERT", "DELETE", "CREATE"]},
+                    "operation": {"type": "string"},
+                    "logical_target": {"type": "object"},
+                    "catalog_revision": {"type": "integer"},
+                    "request": {"type": "object",
+                                "properties": {"properties": {"type": "object"}}},
+                },
+            },
+            "CommandRequest": {
+                "type": "object",
+                "required": [*_HANDOFF_PROPS, "command"],
+                "properties": {**_HANDOFF_PROPS,
+                               "command": {"$ref": "#/components/schemas/Command"}},
+            },
+            "Admission": {
+                "type": "object", "required": ["admission"],
+                "properties": {
+                    "admission": {"type": "string",
+                                  "enum": ["COMMAND_ACCEPTED", "HANDOFF_REJECTED"]},
+                    "command_id": {"type": "string"},
+                    "effect_handoff_key": {"type": "string"},
+                    "receipt": {"type": "object", "description": "versioned rejection receipt"},
+                },
+            },
+        },
+    },
+    "security": [{"runtimeBearer": []}],
+    "paths": {
+        "/v1/commands": {
+            "post": {
+                "summary": "Accept a command exactly once (idempotent after a lost response)",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/CommandRequest"}}}},
+                "responses": {
+                    "200": {"description": "COMMAND_ACCEPTED", "content": {"application/json": {
+                        "schema": {"$ref": "#/components/schemas/Admission"}}}},
+                    "409": {"description": "HANDOFF_REJECTED (tombstone), quarantined, or"
+                                           " catalog_revision_mismatch",
+                            "content": {"application/json": {"schema": {}}}},
+                    **_errors(400, 401, 403, 413, 415, 422, 503),
+                },
+            }
+        },
+        "/v1/handoffs/reject": {
+            "post": {
+                "summary": "RejectIfUnaccepted: the accepted command, or a durable tombstone",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/Handoff"}}}},
+                "responses": {
+                    "200": {"description": "HANDOFF_REJECTED receipt, or the accepted command",
+                            "content": {"application/json": {
+                                "schema": {"$ref": "#/components/schemas/Admission"}}}},
+                    **_errors(400, 401, 403, 409, 413, 415, 503),
+                },
+            }
+        },
+        "/v1/handoffs/{key}": {
+            "get": {
+                "summary": "Read the admission fact; 404 is NOT evidence of rejection",
+                "parameters": [{"name": "key", "in": "path", "required": True,
+                                "schema": {"type": "string"}}],
+                "responses": {
+                    "200": {"description": "the admission fact", "content": {"application/json":
+                            {"schema": {"$ref": "#/components/schemas/Admission"}}}},
+                    **_errors(400, 401, 403, 404, 503),
+                },
+            }
+        },
+        "/v1/openapi.json": {
+            "get": {"summary": "This document", "security": [],
+                    "responses": {"200": {"description": "OpenAPI 3.1"}}}
+        },
+    },
+}

@@ -1,0 +1,121 @@
+"""Validation of ``/v1/`` request bodies (pure): shape, handoff key, scope, digest.
+
+Every failure is an :class:`ApiError` with an HTTP status, a stable error
+code and a message that never echoes payload values or another scope's data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from config.catalog import Catalog, OperationDefinition
+from daemon.core.canonical import NotCanonical, canonical_bytes, canonical_digest, is_digest
+from daemon.core.handoff import BadHandoffKey, EffectHandoffKey, TrustedRuntimeWorkScope
+
+MAX_ID_CHARS = 255
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+@attrs.frozen
+class HandoffFields:
+    key: EffectHandoffKey
+    key_text: str
+    payload_digest: str
+    runtime_outbox_id: str
+
+
+@attrs.frozen(kw_only=True)
+class ValidCommand:
+    handoff: HandoffFields
+    operation: OperationDefinition
+    intent_kind: str
+    local_id: str
+    catalog_revision: int
+    frozen_request: str
+
+
+def _string(doc: Mapping[str, Any], name: str, max_chars: int = MAX_ID_CHARS) -> str:
+    value = doc.get(name)
+    if not isinstance(value, str) or not value or len(value) > max_chars:
+        raise ApiError(400, "invalid_request",
+                       f"{name} must be a non-empty string of at most {max_chars} characters")
+    return value
+
+
+def handoff_fields(doc: Any, caller: TrustedRuntimeWorkScope) -> HandoffFields:
+    """The three handoff arguments, with the key's scope checked against the caller's."""
+    if not isinstance(doc, Mapping):
+        raise ApiError(400, "invalid_request", "the body must be a JSON object")
+    key_text = _string(doc, "effect_handoff_key", 512)
+    try:
+        key = EffectHandoffKey.parse(key_text)
+    except BadHandoffKey as exc:
+        raise ApiError(400, "bad_handoff_key", str(exc)) from None
+    if key.scope != caller:
+        # Same answer whichever component differs, and nothing is read: no disclosure.
+        raise ApiError(403, "scope_mismatch",
+                       "the handoff key does not belong to the authenticated work scope")
+    digest = _string(doc, "payload_digest", 80)
+    if not is_digest(digest):
+        raise ApiError(400, "invalid_request", "payload_digest must be sha256:<64 hex>")
+    return HandoffFields(key, key_text, digest, _string(doc, "runtime_outbox_id"))
+
+
+def command_body(doc: Any, caller: TrustedRuntimeWorkScope, catalog: Catalog) -> ValidCommand:
+    handoff = handoff_fields(doc, caller)
+    command = doc.get("command")
+    if not isinstance(command, Mapping):
+        raise ApiError(400, "invalid_request", "command must be a JSON object")
+    try:
+        digest = canonical_digest(command)
+    except NotCanonical as exc:
+        raise ApiError(400, "invalid_request", f"command is not canonical JSON: {exc}") from None
+    if digest != handoff.payload_digest:
+        raise ApiError(400, "payload_digest_mismatch",
+                       "payload_digest is not the digest of the canonical command")
+    intent_id = _string(command, "intent_id")
+    if intent_id != handoff.key.handoff_id:
+        raise ApiError(400, "invalid_request", "command.intent_id must match the handoff key")
+    name = _string(command, "operation", 128)
+    operation = catalog.operation(name)
+    if operation is None:
+        raise ApiError(422, "unknown_operation", f"operation {name!r} is not in the catalog")
+    kind = _string(command, "intent_kind", 32)
+    if kind not in operation.intent_kinds:
+        raise ApiError(422, "invalid_request", f"{name} does not accept intent kind {kind!r}")
+    revision = command.get("catalog_revision")
+    if not isinstance(revision, int) or isinstance(revision, bool):
+        raise ApiError(400, "invalid_request", "command.catalog_revision must be an integer")
+    if revision != catalog.revision:
+        raise ApiError(409, "catalog_revision_mismatch",
+                       f"this service serves catalog revision {catalog.revision}")
+    target = command.get("logical_target")
+    if not isinstance(target, Mapping) or target.get("object") != operation.local_object:
+        raise ApiError(422, "invalid_request",
+                       f"logical_target.object must be {operation.local_object!r}")
+    local_id = _string(target, f"{operation.local_object}_id")
+    request = command.get("request")
+    properties = request.get("properties") if isinstance(request, Mapping) else None
+    if not isinstance(properties, Mapping) or not properties:
+        raise ApiError(422, "invalid_request", "request.properties must be a non-empty object")
+    extra = set(properties) - operation.allowed_properties
+    if extra:
+        raise ApiError(422, "invalid_request",
+                       f"properties not allowed by {name}: {', '.join(sorted(extra))}")
+    if not all(v is None or isinstance(v, str) for v in properties.values()):
+        raise ApiError(422, "invalid_request", "property values must be strings or null")
+    assert isinstance(request, Mapping)
+    return ValidCommand(
+        handoff=handoff, operation=operation, intent_kind=kind, local_id=local_id,
+        catalog_revision=revision, frozen_request=canonical_bytes(dict(request)).decode(),
+    )

@@ -1,0 +1,196 @@
+"""The provider-neutral HTTP executor, driven by L1 operation definitions.
+
+Theory of operation
+-------------------
+:func:`prepare` turns (operation definition, binding, remote id, frozen
+request) into the exact bytes to send; it validates the sparse body against
+the definition's allowed properties. :meth:`HttpExecutor.dispatch` performs
+*one* exchange and reports a :class:`DispatchObservation` of how far it got;
+it never retries (httpx does not retry requests, and its transport is built
+with ``retries=0``). :meth:`HttpExecutor.read` performs the definition's
+read-back for reconciliation.
+
+Which exceptions mean "nothing was sent": failing to connect (refused, DNS,
+connect timeout) and waiting for a pooled connection. Anything after that
+(write/read errors and timeouts, a peer that closes without answering) may
+have delivered the request, so it is ``SENT``.
+
+Credentials are added at dispatch only; the prepared request keeps the
+headers that are safe to store (everything except ``Authorization``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import httpx
+
+from config.catalog import OperationDefinition
+from config.settings import BindingSettings
+from daemon.core.canonical import canonical_bytes
+from daemon.core.effects import DispatchObservation, Phase, RemoteSnapshot
+
+
+class BadRequestForOperation(ValueError):
+    """The frozen request does not fit the operation definition (never dispatched)."""
+
+
+@attrs.frozen(kw_only=True)
+class PreparedRequest:
+    method: str
+    url: str
+    path: str
+    body: bytes
+    safe_headers: dict[str, str]
+    body_sha256: str
+    idempotency_key: str
+    desired: dict[str, str | None]
+
+
+def prepare(
+    operation: OperationDefinition,
+    binding: BindingSettings,
+    remote_id: str,
+    request: Mapping[str, Any],
+    idempotency_key: str,
+) -> PreparedRequest:
+    properties = request.get("properties")
+    if not isinstance(properties, Mapping) or not properties:
+        raise BadRequestForOperation("request.properties must be a non-empty object")
+    extra = set(properties) - operation.allowed_properties
+    if extra:
+        raise BadRequestForOperation(
+            f"properties not allowed by {operation.name}: {', '.join(sorted(extra))}"
+        )
+    if not all(v is None or isinstance(v, str) for v in properties.values()):
+        raise BadRequestForOperation("property values must be strings or null")
+    path = operation.path.format(remote_id=urllib.parse.quote(remote_id, safe=""))
+    body = canonical_bytes({"properties": dict(properties)})
+    return PreparedRequest(
+        method=operation.method,
+        url=binding.base_url.rstrip("/") + path,
+        path=path,
+        body=body,
+        safe_headers={"Content-Type": "application/json", "Idempotency-Key": idempotency_key},
+        body_sha256="sha256:" + hashlib.sha256(body).hexdigest(),
+        idempotency_key=idempotency_key,
+        desired=dict(properties),
+    )
+
+
+def _retry_after(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP-date: fall back to the contract's default
+
+
+def _parse_time_us(text: object) -> int | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp() * 1_000_000)
+
+
+_EVIDENCE_HEADERS = ("x-hubspot-correlation-id", "x-request-id", "request-id")
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+
+
+@attrs.define(eq=False)
+class HttpExecutor:
+    """One shared HTTP/1.1 client for provider calls (keep-alive, no retries)."""
+
+    client: httpx.AsyncClient = attrs.field(
+        factory=lambda: httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(retries=0),
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+            follow_redirects=False,
+            trust_env=False,
+        )
+    )
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def dispatch(
+        self, prepared: PreparedRequest, token: str, timeout_s: float
+    ) -> tuple[DispatchObservation, dict[str, Any]]:
+        """Exactly one exchange. Returns the observation and safe provider evidence."""
+        headers = {**prepared.safe_headers, "Authorization": f"Bearer {token}"}
+        try:
+            response = await self.client.request(
+                prepared.method, prepared.url, content=prepared.body, headers=headers,
+                timeout=timeout_s,
+            )
+        except _NOT_SENT as exc:
+            return DispatchObservation(Phase.NOT_CONNECTED, detail=type(exc).__name__), {}
+        except httpx.HTTPError as exc:
+            return DispatchObservation(Phase.SENT, detail=type(exc).__name__), {}
+        evidence: dict[str, Any] = {"status": response.status_code}
+        for name in _EVIDENCE_HEADERS:
+            if name in response.headers:
+                evidence[name] = response.headers[name][:128]
+        try:
+            doc = response.json()
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            for field in ("id", "updatedAt", "category"):
+                if isinstance(doc.get(field), str):
+                    evidence[field] = doc[field][:128]
+        return (
+            DispatchObservation(
+                Phase.RESPONDED,
+                status=response.status_code,
+                retry_after_s=_retry_after(response.headers.get("retry-after")),
+            ),
+            evidence,
+        )
+
+    async def read(
+        self,
+        operation: OperationDefinition,
+        binding: BindingSettings,
+        remote_id: str,
+        properties: list[str],
+        token: str,
+        timeout_s: float,
+    ) -> RemoteSnapshot:
+        """The definition's read-back; raises ``httpx.HTTPError`` or ``LookupError``."""
+        read = operation.read
+        if read is None:
+            raise LookupError(f"{operation.name} defines no read-back")
+        path = read.path.format(
+            remote_id=urllib.parse.quote(remote_id, safe=""),
+            properties=urllib.parse.quote(",".join(properties), safe=","),
+        )
+        response = await self.client.request(
+            read.method, binding.base_url.rstrip("/") + path,
+            headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s,
+        )
+        if response.status_code == 404:
+            return RemoteSnapshot(exists=False)
+        if response.status_code != 200:
+            raise LookupError(f"read-back answered {response.status_code}")
+        doc = response.json()
+        props = doc.get("properties") if isinstance(doc, dict) else None
+        if not isinstance(props, dict):
+            raise LookupError("read-back has no properties object")
+        return RemoteSnapshot(
+            exists=True,
+            properties={k: v for k, v in props.items() if v is None or isinstance(v, str)},
+            updated_at_us=_parse_time_us(doc.get(read.updated_at_field))
+            if read.updated_at_field else None,
+        )

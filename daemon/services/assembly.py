@@ -1,0 +1,50 @@
+"""Build a replica's parts from the settings: catalog, HTTP client, handlers, API app."""
+
+from __future__ import annotations
+
+import attrs
+from quart_trio import QuartTrio
+
+from config.catalog import Catalog, load_catalog
+from config.settings import Settings
+from daemon.api.app import ApiContext, create_api_app
+from daemon.providers.executor import HttpExecutor
+from daemon.services.clock import Clock
+from daemon.services.effect_runner import EffectRunner, effect_handler
+from daemon.services.families import FamilyRegistry, build_registry, noop_handler
+from daemon.services.receipt_sender import ReceiptSender, receipt_handler
+from storage.effects import RECEIPT_FAMILY
+from storage.work_store import WorkStore
+
+
+@attrs.define(eq=False)
+class Assembly:
+    catalog: Catalog
+    executor: HttpExecutor
+    registry: FamilyRegistry
+    api_context: ApiContext | None
+    api_app: QuartTrio | None
+
+    async def aclose(self) -> None:
+        await self.executor.aclose()
+
+
+def assemble(settings: Settings, store: WorkStore, clock: Clock) -> Assembly:
+    catalog = load_catalog(settings)
+    executor = HttpExecutor()
+    runner = EffectRunner(
+        catalog=catalog, executor=executor,
+        receipt_max_attempts=settings.family(RECEIPT_FAMILY).max_attempts,
+    )
+    sender = ReceiptSender(settings=settings, client=executor.client)
+    registry = build_registry(settings, {
+        "noop": noop_handler,
+        "external_effect": effect_handler(runner),
+        RECEIPT_FAMILY: receipt_handler(sender),
+    })
+    context = None
+    app = None
+    if settings.runtimes:
+        context = ApiContext(settings=settings, store=store, catalog=catalog, clock=clock)
+        app = create_api_app(context)
+    return Assembly(catalog, executor, registry, context, app)

@@ -1,0 +1,119 @@
+"""The ``runtime_receipt`` work family: deliver a persisted result to the Runtime.
+
+The receipt (``CommitResultRequest``) was persisted when the command settled;
+this handler sends exactly those bytes until the Runtime confirms them, with
+the kernel's backoff between tries. The Runtime treats an identical commit as
+a duplicate, so a resend after a lost response is safe (replay-safe by the
+Runtime's contract). Nothing here ever changes the result: an old Runtime that
+rejects result format 2 gets the same receipt again later, never a fallback;
+a conflicting-result answer fails closed (dead, for an operator).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+import httpx
+
+from config.settings import RuntimeClient, Settings
+from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
+from daemon.services import logs
+from daemon.services.families import Handler, WorkContext
+from storage.effect_values import Command, ReceiptState, ResultReceipt
+
+OLD_RUNTIME_RETRY_S = 60.0
+MISCONFIGURED_RETRY_S = 300.0
+
+
+def commit_result_request(command: Command, receipt: ResultReceipt) -> dict[str, Any]:
+    return {
+        "scope": command.scope.as_json(),
+        "intent_id": command.intent_id,
+        "command_id": command.command_id,
+        "payload_digest": command.payload_digest,
+        "catalog_revision": command.catalog_revision,
+        "result_format_version": receipt.result_format_version,
+        "remote_id": receipt.remote_id,
+        "canonical_result": receipt.canonical_result,
+        "result_digest": receipt.result_digest,
+    }
+
+
+@attrs.define(eq=False)
+class ReceiptSender:
+    settings: Settings
+    client: httpx.AsyncClient
+    timeout_s: float = 10.0
+
+    def _runtime(self, name: str) -> RuntimeClient | None:
+        for rc in self.settings.runtimes:
+            if rc.name == name:
+                return rc
+        return None
+
+    async def handle(self, ctx: WorkContext) -> Outcome:
+        command_id = str(json.loads(ctx.item.payload)["command_id"])
+        receipt = await ctx.store.receipt_get(command_id)
+        command = await ctx.store.command_get(command_id)
+        if receipt is None or command is None:
+            return DeadLetter("missing_receipt", f"no receipt for command {command_id}")
+        if receipt.state is ReceiptState.CONFIRMED:
+            return Succeeded("already confirmed")
+        runtime = self._runtime(command.runtime_name)
+        if runtime is None or not runtime.results_url or runtime.results_token is None:
+            return RetryLater("runtime_not_configured",
+                              f"no results_url/token for runtime {command.runtime_name}",
+                              MISCONFIGURED_RETRY_S)
+        try:
+            response = await self.client.post(
+                runtime.results_url,
+                json=commit_result_request(command, receipt),
+                headers={"Authorization": f"Bearer {runtime.results_token.reveal()}"},
+                timeout=self.timeout_s,
+            )
+        except httpx.HTTPError as exc:
+            await self._note(ctx, command_id, f"transport:{type(exc).__name__}")
+            return RetryLater("runtime_unreachable", type(exc).__name__)
+        status = response.status_code
+        error = _error_code(response)
+        if status == 200:
+            await ctx.store.receipt_mark(ctx.fence, command_id, confirmed=True, error=None,
+                                         now_us=ctx.clock.now_us())
+            logs.event("receipt_confirmed", command_id=command_id, work_id=ctx.item.work_id,
+                       format=receipt.result_format_version)
+            return Succeeded("receipt confirmed by the Runtime")
+        await self._note(ctx, command_id, f"http_{status}:{error}")
+        if status == 422:
+            # An old Runtime: keep the exact result and try again after its upgrade.
+            return RetryLater("runtime_rejects_format",
+                              f"the Runtime rejected result format {receipt.result_format_version}"
+                              f" ({error}); kept, retrying", OLD_RUNTIME_RETRY_S)
+        if status == 409:
+            return DeadLetter("runtime_conflict", f"the Runtime refused the result ({error});"
+                              " failing closed")
+        if status in (401, 403, 404):
+            return RetryLater(f"runtime_{status}", f"the Runtime answered {status} ({error})",
+                              MISCONFIGURED_RETRY_S)
+        return RetryLater(f"runtime_{status}", f"the Runtime answered {status}")
+
+    async def _note(self, ctx: WorkContext, command_id: str, error: str) -> None:
+        await ctx.store.receipt_mark(ctx.fence, command_id, confirmed=False, error=error,
+                                     now_us=ctx.clock.now_us())
+
+
+def _error_code(response: httpx.Response) -> str:
+    try:
+        doc = response.json()
+    except ValueError:
+        return ""
+    value = doc.get("error") if isinstance(doc, dict) else None
+    return value[:64] if isinstance(value, str) else ""
+
+
+def receipt_handler(sender: ReceiptSender) -> Handler:
+    async def handle(ctx: WorkContext) -> Outcome:
+        return await sender.handle(ctx)
+
+    return handle
