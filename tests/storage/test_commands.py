@@ -44,7 +44,8 @@ async def test_a_different_digest_or_outbox_is_quarantined(store: WorkStore) -> 
             payload_digest=variant.payload_digest, runtime_outbox_id=variant.runtime_outbox_id,
             now_us=T0)
         assert rejected.admission is Admission.QUARANTINED
-    assert await store.quarantine_count(accepted_key := draft().handoff_key) == 4
+    accepted_key = draft().handoff_key
+    assert await store.quarantine_count(accepted_key) == 4
     found = await store.admission_read(accepted_key)
     assert found is not None and found[1].command_id == accepted.command_id
     assert len(await _effect_items(store)) == 1
