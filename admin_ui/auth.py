@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import hmac
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
@@ -112,7 +113,7 @@ def write_session_cookie(response: Response) -> Response:
         response.set_cookie(
             COOKIE_NAME,
             c.codec.dumps(new),
-            max_age=max(1, int(c.codec.remaining_s(new))),
+            max_age=max(1, math.ceil(c.codec.remaining_s(new))),
             path=COOKIE_PATH,
             secure=request.scheme == "https",
             httponly=True,
