@@ -1,0 +1,163 @@
+"""The operator console in a real browser (Chromium via Playwright) against a live replica."""
+
+from __future__ import annotations
+
+import re
+
+from playwright.sync_api import Page, expect
+
+from tests.ui.support import WAIT_MS, LiveConsole, in_browser, shot, sign_in
+
+
+async def test_sign_in_and_sign_out(live: LiveConsole) -> None:
+    def scenario(page: Page, live: LiveConsole) -> None:
+        page.goto("/admin/work")
+        expect(page).to_have_url(re.compile(r"/admin/sign-in\?next=/admin/work$"))
+        page.fill("#name", "ada")
+        page.fill("#password", "not-the-password")
+        page.click("#sign-in")
+        expect(page.locator("#error-banner")).to_have_text("invalid name or password")
+        shot(page, "01-sign-in-refused")
+        page.fill("#password", "admin-pass-1")
+        page.click("#sign-in")
+        expect(page).to_have_url(re.compile(r"/admin/work$"))
+        expect(page.locator("#who")).to_have_text("ada")
+        expect(page.locator("#who-role")).to_have_text("admin")
+        page.click("#sign-out")
+        expect(page).to_have_url(re.compile(r"/admin/sign-in\?notice=signed_out$"))
+        expect(page.locator("#notice-banner")).to_have_text("Signed out.")
+        shot(page, "02-signed-out")
+        page.goto("/admin/")
+        expect(page).to_have_url(re.compile(r"/admin/sign-in"))
+
+    await in_browser(live, scenario)
+
+
+async def test_pressure_moves_as_work_flows_without_reload(live: LiveConsole) -> None:
+    def scenario(page: Page, live: LiveConsole) -> None:
+        sign_in(page, "viv")
+        expect(page.locator("h1")).to_have_text("Overview")
+        expect(page.locator("#open-depth")).to_have_text("0", timeout=WAIT_MS)
+        page.evaluate("window.__sameDocument = 'yes'")
+        live.call(live.enqueue, "gated", 12)
+        # The gate is shut: the items are claimed and held, and the depth shows them.
+        expect(page.locator("#open-depth")).to_have_text("12", timeout=WAIT_MS)
+        row = page.locator('#pressure tr[data-family="gated"][data-state="processing"] .depth')
+        expect(row).to_have_text("12", timeout=WAIT_MS)
+        expect(page.locator('#chart-depth polyline[data-series="processing"]')).to_have_count(1)
+        expect(page.locator('#local tr[data-family="gated"] td').nth(1)).to_have_text("12")
+        shot(page, "03-overview-pressure")
+        live.call(live.board.open_gate)
+        expect(page.locator("#open-depth")).to_have_text("0", timeout=WAIT_MS)
+        expect(page.locator("#finished-count")).to_have_text("12", timeout=WAIT_MS)
+        expect(page.locator('#outcomes tr[data-family="gated"][data-outcome="succeeded"]')
+               ).to_have_count(1)
+        assert page.evaluate("window.__sameDocument") == "yes"  # no reload happened
+        expect(page.locator("#replicas tr[data-replica='ui-replica']")).to_contain_text(
+            "running")
+        shot(page, "04-overview-drained")
+
+    await in_browser(live, scenario)
+
+
+async def test_find_dead_item_replay_it_and_see_lineage_and_audit(live: LiveConsole) -> None:
+    (dead,) = await live.enqueue("flaky")
+    await live.wait_state(dead, "dead")
+    live.board.broken = False  # the provider is fixed: a replay will succeed
+
+    def scenario(page: Page, live: LiveConsole) -> None:
+        sign_in(page, "otto")
+        page.goto("/admin/dlq")
+        row = page.locator(f'#dlq-items tr[data-work-id="{dead}"]')
+        expect(row).to_contain_text("provider_down")
+        expect(row).to_contain_text("provider answered 503 (simulated outage)")
+        shot(page, "05-dlq")
+        row.locator("a.id").click()
+        expect(page.locator("#work-id")).to_have_text(dead)
+        expect(page.locator("#failure-class")).to_have_text("provider_down")
+        page.fill("#replay-reason", "provider is back")
+        page.click("#replay")
+        expect(page.locator("#notice-banner")).to_contain_text("Replayed")
+        new_id = page.locator("#work-id").inner_text()
+        assert new_id != dead
+        expect(page.locator("#replay-of a")).to_have_text(dead)
+        expect(page.locator("#lineage-sections [data-section='effect_attempts']")).to_contain_text(
+            "not recorded by this build yet")
+        live.call(live.wait_state, new_id, "succeeded")
+        page.reload()
+        expect(page.locator("#work-state")).to_have_text("succeeded")
+        expect(page.locator("#executions tbody tr")).to_have_count(1)
+        shot(page, "06-replayed-item")
+        page.click("#replay-of a")
+        expect(page.locator("#replays a")).to_have_text(new_id)
+        page.goto("/admin/audit")
+        entry = page.locator("#audit-table tr[data-action='work.replay']")
+        expect(entry).to_have_count(1)
+        expect(entry).to_contain_text("otto")
+        expect(entry).to_contain_text("provider is back")
+        expect(entry.locator("a.id")).to_have_text([dead, dead, new_id])
+        shot(page, "07-audit-log")
+
+    await in_browser(live, scenario)
+
+
+async def test_viewer_is_refused(live: LiveConsole) -> None:
+    (dead,) = await live.enqueue("flaky")
+    await live.wait_state(dead, "dead")
+
+    def scenario(page: Page, live: LiveConsole) -> None:
+        sign_in(page, "viv")
+        page.goto(f"/admin/work/{dead}")
+        expect(page.locator("#actions-refused")).to_contain_text("may look but not replay")
+        expect(page.locator("#replay-form")).to_have_count(0)
+        shot(page, "08-viewer-detail")
+        token = page.locator('meta[name="csrf-token"]').get_attribute("content")
+        assert token
+        api = page.request.post(f"/admin/api/work/{dead}/replay", data={"reason": "try"},
+                                headers={"X-CSRF-Token": token})
+        assert api.status == 403 and api.json()["error"] == "forbidden"
+        page.goto("/admin/operators")
+        expect(page.locator("#error-code")).to_have_text("forbidden")
+        shot(page, "09-viewer-refused")
+        assert live.call(live.store.work_replays_of, dead) == []
+
+    await in_browser(live, scenario)
+
+
+async def test_post_without_csrf_token_is_refused_and_changes_nothing(live: LiveConsole) -> None:
+    (dead,) = await live.enqueue("flaky")
+    await live.wait_state(dead, "dead")
+
+    def scenario(page: Page, live: LiveConsole) -> None:
+        sign_in(page, "otto")
+        page.goto(f"/admin/work/{dead}")
+        page.evaluate("document.querySelector('#replay-form input[name=csrf_token]').remove()")
+        page.fill("#replay-reason", "forged")
+        page.click("#replay")
+        expect(page.locator("#error-code")).to_have_text("csrf_failed")
+        expect(page.locator("#error-message")).to_contain_text("CSRF token")
+        shot(page, "10-csrf-refused")
+        api = page.request.post(f"/admin/api/work/{dead}/replay", data={"reason": "forged"})
+        assert api.status == 403 and api.json()["error"] == "csrf_failed"
+        assert live.call(live.store.work_replays_of, dead) == []
+        assert live.call(live.store.audit_list) == []
+
+    await in_browser(live, scenario)
+
+
+async def test_database_down_shows_a_banner(live: LiveConsole) -> None:
+    def scenario(page: Page, live: LiveConsole) -> None:
+        sign_in(page, "ada")
+        expect(page.locator("#db-banner")).to_be_hidden()
+        live.switch.down = True
+        expect(page.locator("#db-banner")).to_be_visible(timeout=WAIT_MS)
+        shot(page, "11-db-down-overview")
+        page.goto("/admin/work")
+        expect(page.locator("#db-banner")).to_be_visible()
+        expect(page.locator("#error-code")).to_have_text("database_unavailable")
+        shot(page, "12-db-down-work")
+        live.switch.down = False
+        page.goto("/admin/work")
+        expect(page.locator("#db-banner")).to_be_hidden()
+
+    await in_browser(live, scenario)
