@@ -124,6 +124,10 @@ class H11Server:
             await _Connection(self, stream).serve()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass  # the client went away; nothing to report
+        except Exception:
+            # A bug in this module or h11 misuse: lose this connection, keep the server.
+            _log.exception("sandbox_http_connection_failed")
+            reset_connection(stream)
         finally:
             self.open_connections -= 1
             # Synchronous close: safe even while being cancelled, never leaks the fd.
@@ -165,7 +169,7 @@ class _Connection:
                 reset_connection(self.stream)
                 return
             must_close = not complete
-            await self._send(verdict, close=must_close)
+            await self._send(verdict, close=must_close, head=request.method == "HEAD")
             if must_close or self.conn.our_state is h11.MUST_CLOSE:
                 await self._lingering_close()
                 return
@@ -180,6 +184,11 @@ class _Connection:
             name = raw_name.decode("latin-1")  # h11 already lower-cases names
             value = raw_value.decode("latin-1")
             headers[name] = f"{headers[name]}, {value}" if name in headers else value
+        if self.conn.they_are_waiting_for_100_continue:
+            # Clients such as curl hold large bodies back until told to go on.
+            await self.stream.send_all(
+                self.conn.send(h11.InformationalResponse(status_code=100, headers=[]))
+            )
         chunks: list[bytes] = []
         size = 0
         too_large = False
@@ -209,14 +218,14 @@ class _Connection:
         )
         return request, not (too_large and size > self.server.drain_limit)
 
-    async def _send(self, response: Response, *, close: bool) -> None:
+    async def _send(self, response: Response, *, close: bool, head: bool = False) -> None:
         headers = [(name.encode("latin-1"), value.encode("latin-1"))
                    for name, value in response.headers]
         headers.append((b"content-length", str(len(response.body)).encode("ascii")))
         if close:
             headers.append((b"connection", b"close"))
         data = self.conn.send(h11.Response(status_code=response.status, headers=headers))
-        if response.body:
+        if response.body and not head:  # a HEAD response declares the length, sends no body
             data += self.conn.send(h11.Data(data=response.body))
         data += self.conn.send(h11.EndOfMessage())
         await self.stream.send_all(data)

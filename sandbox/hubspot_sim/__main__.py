@@ -90,20 +90,30 @@ async def _serve(sim: HubSpotSimulator, host: str, port: int) -> None:
                 break
 
 
+def _first_error(group: BaseExceptionGroup[OSError]) -> OSError:
+    first = group.exceptions[0]
+    return first if isinstance(first, OSError) else _first_error(first)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.seed_contacts < 0:
             raise UsageError("--seed-contacts must be >= 0")
         sim = HubSpotSimulator(tokens=load_tokens(args.token_file, os.environ))
-        for n in range(1, args.seed_contacts + 1):
-            sim.add_contact(str(n), jobtitle=None)
-        trio.run(_serve, sim, args.host, args.port)
     except UsageError as exc:
         _event("hubspot_sim_usage_error", error=str(exc))
         return 2
-    except OSError as exc:  # e.g. address in use: the operator's to fix, not a bug
-        _event("hubspot_sim_bind_failed", host=args.host, port=args.port, error=str(exc))
+    for n in range(1, args.seed_contacts + 1):
+        sim.add_contact(str(n), jobtitle=None)
+    bind_error: OSError | None = None
+    try:
+        trio.run(_serve, sim, args.host, args.port)
+    except* OSError as group:  # e.g. address in use: the operator's to fix, not a bug
+        # trio's nursery wraps the bind failure in an ExceptionGroup; report the cause.
+        bind_error = _first_error(group)
+    if bind_error is not None:
+        _event("hubspot_sim_bind_failed", host=args.host, port=args.port, error=str(bind_error))
         return 2
     return 0
 
