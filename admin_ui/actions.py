@@ -143,7 +143,8 @@ class Operations:
         replayed = {i.work_id: i.new_work_id for i in report.items if i.outcome == "replayed"}
         others = {i.work_id: i.outcome for i in report.items if i.outcome != "replayed"}
         entry = AuditEntry(
-            audit_id=report.bulk_id,
+            # One millisecond past every replay of the run: the summary sorts after them.
+            audit_id=new_ulid(now + 1000),
             at_us=now,
             actor=actor,
             role=role,
@@ -152,8 +153,8 @@ class Operations:
             target_id=f"{report.family}/{report.failure_class or '*'}",
             reason=reason,
             before=json.dumps({"selected": report.selected}),
-            after=json.dumps({"replayed": replayed, "not_replayed": others,
-                              "complete": report.complete}),
+            after=json.dumps({"bulk_id": report.bulk_id, "replayed": replayed,
+                              "not_replayed": others, "complete": report.complete}),
         )
         try:
             await self.store.audit_append(entry)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -248,7 +249,9 @@ async def test_bulk_replay_is_capped_authorized_and_audited(console: ConsoleHarn
     assert len(singles) == 5 and all(e.actor == "otto" for e in singles)
     assert all(f"[bulk {first['bulk_id']}]" in e.reason or f"[bulk {second['bulk_id']}]"
                in e.reason for e in singles)
-    assert [b.audit_id for b in bulks] == [second["bulk_id"], first["bulk_id"]]
+    assert {json.loads(b.after)["bulk_id"] for b in bulks} == {second["bulk_id"],
+                                                                first["bulk_id"]}
+    assert entries[0].action == "dlq.bulk_replay"  # the summary follows its replays
     nothing = await (await client.post("/admin/api/dlq/replay", headers=headers, json={
         "family": "noop", "failure_class": "boom", "reason": "x"})).get_json()
     assert nothing["selected"] == 0

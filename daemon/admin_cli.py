@@ -1,0 +1,213 @@
+"""Operator verbs that mirror the admin console's JSON API.
+
+``integrationd hash-password`` prints an argon2id hash for ``[[operators]]
+password_hash`` (reading the password from stdin when it is not a terminal,
+else prompting twice). ``integrationd audit list`` reads the append-only audit
+log; ``integrationd dlq list|classes|replay`` reads the DLQ and bulk-replays
+it with the same rules as ``POST /admin/api/dlq/replay``: the actor is
+authorized against the current ``[[operators]]`` for every item, each replay
+is audited in its own transaction, conflicts are reported per item, and one
+summary audit entry records the run.
+
+``daemon/cli.py`` adds these with :func:`add_admin_commands` and runs them with
+:func:`run_admin_command` (exit codes: 0 ok, 1 runtime failure, 2 usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+from typing import Any
+
+from admin_ui.actions import Operations
+from admin_ui.errors import ConsoleError
+from admin_ui.filters import MAX_BULK, BulkReplayRequest, reason_from
+from admin_ui.passwords import hash_password
+from admin_ui.queries import DLQ_CLASS_SAMPLE
+from admin_ui.serialize import audit_json, dead_class_json, work_json
+from config.settings import Settings
+from daemon.core.ids import is_ulid
+from daemon.services.clock import WallClock
+from daemon.services.families import UnknownFamily, build_registry
+from daemon.services.operator_api import BadRequest, NotAuthorized
+from storage.migrate import check_schema
+from storage.open import describe_url, open_store
+from storage.port import DeadQuery, StorageError
+from storage.work_store import WorkStore
+
+ADMIN_COMMANDS = frozenset({"hash-password", "audit", "dlq"})
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class _Usage(Exception):
+    """Input the operator can fix: one line, exit 2."""
+
+
+def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``hash-password``, ``audit`` and ``dlq`` to the ``integrationd`` parser."""
+    hp = sub.add_parser(
+        "hash-password",
+        help="print an argon2id hash for an [[operators]] password_hash",
+        description="Reads the password from stdin when stdin is not a terminal (first line),"
+                    " otherwise prompts twice. Prints only the hash.",
+    )
+    hp.add_argument("--stdin", action="store_true",
+                    help="read the password from stdin even when it is a terminal")
+
+    audit = sub.add_parser("audit", help="read the append-only operator audit log")
+    audit_verbs = audit.add_subparsers(dest="audit_command", required=True, metavar="VERB")
+    al = audit_verbs.add_parser("list", help="audit entries, newest first")
+    al.add_argument("--target", help="only entries about this target (work id, dlq/FAMILY/...)")
+    al.add_argument("--limit", type=int, default=100, help="at most this many (1..1000)")
+    al.add_argument("--json", action="store_true", help="print JSON (as GET /admin/api/audit)")
+
+    dlq = sub.add_parser("dlq", help="read and replay the dead-letter queue")
+    dlq_verbs = dlq.add_subparsers(dest="dlq_command", required=True, metavar="VERB")
+    dl = dlq_verbs.add_parser("list", help="dead items, newest first")
+    dl.add_argument("--family", help="only this work family")
+    dl.add_argument("--class", dest="failure_class", help="only this failure class")
+    dl.add_argument("--unreplayed", action="store_true", help="only items not replayed yet")
+    dl.add_argument("--after", help="page: items older than this work id")
+    dl.add_argument("--limit", type=int, default=50, help="at most this many (1..200)")
+    dl.add_argument("--json", action="store_true", help="print JSON (as GET /admin/api/dlq)")
+    dc = dlq_verbs.add_parser("classes", help="dead items per family and failure class")
+    dc.add_argument("--sample", type=int, default=DLQ_CLASS_SAMPLE,
+                    help=f"count among the newest N dead items (default {DLQ_CLASS_SAMPLE})")
+    dc.add_argument("--json", action="store_true", help="print JSON")
+    dr = dlq_verbs.add_parser(
+        "replay", help="replay dead items of one family (and class) that were not replayed yet")
+    dr.add_argument("--family", required=True, help="work family (required)")
+    dr.add_argument("--class", dest="failure_class", help="only this failure class")
+    dr.add_argument("--limit", type=int, default=50, help=f"at most this many (1..{MAX_BULK})")
+    dr.add_argument("--actor", required=True, help="operator name (must hold operator/admin)")
+    dr.add_argument("--reason", required=True, help="why (kept in the audit log)")
+    dr.add_argument("--json", action="store_true",
+                    help="print the report as JSON (as POST /admin/api/dlq/replay)")
+
+
+def _print_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def _read_password(force_stdin: bool) -> str:
+    if force_stdin or not sys.stdin.isatty():
+        line = sys.stdin.readline()
+        password = line[:-1] if line.endswith("\n") else line
+    else:
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Again: ") != password:
+            raise _Usage("the passwords differ")
+    if not password:
+        raise _Usage("the password is empty")
+    return password
+
+
+def _limit(value: int, high: int) -> int:
+    if not 1 <= value <= high:
+        raise _Usage(f"--limit must be from 1 to {high}")
+    return value
+
+
+async def _open(settings: Settings) -> WorkStore:
+    password = settings.storage.password.reveal() if settings.storage.password else None
+    try:
+        store = await open_store(
+            settings.storage.url, password=password, pool_size=2,
+            sqlite_synchronous=settings.storage.sqlite_synchronous, base_dir=settings.base_dir,
+        )
+    except StorageError as exc:
+        raise StorageError(
+            f"database unreachable ({describe_url(settings.storage.url)}): {exc}") from None
+    try:
+        await check_schema(store.db, store.dialect)
+    except BaseException:
+        await store.db.aclose()
+        raise
+    return store
+
+
+async def _audit(store: WorkStore, args: argparse.Namespace) -> None:
+    entries = await store.audit_list(limit=_limit(args.limit, 1000), target_id=args.target)
+    if args.json:
+        _print_json({"entries": [audit_json(e) for e in entries]})
+        return
+    for e in entries:
+        sys.stdout.write(
+            f"{e.audit_id}  {e.actor} ({e.role})  {e.action}  {e.target_kind}:{e.target_id}"
+            f"  {e.before} -> {e.after}  reason: {e.reason}\n"
+        )
+
+
+async def _dlq(store: WorkStore, settings: Settings, args: argparse.Namespace) -> int:
+    verb = args.dlq_command
+    if verb == "list":
+        if args.after is not None and not is_ulid(args.after):
+            raise _Usage("--after must be a work id")
+        items = await store.work_dead_list(DeadQuery(
+            family=args.family, failure_class=args.failure_class,
+            unreplayed_only=args.unreplayed, after_id=args.after,
+            limit=_limit(args.limit, 200)))
+        replayed = await store.work_replay_map([i.work_id for i in items])
+        docs = [work_json(i, replayed_as=replayed.get(i.work_id)) for i in items]
+        if args.json:
+            _print_json({"items": docs})
+        else:
+            for d in docs:
+                sys.stdout.write(
+                    f"{d['work_id']}  {d['family']:<12} {d['failure_class'] or '-':<20}"
+                    f" {d['operator_summary'] or ''}"
+                    f"{'  replayed as ' + d['replayed_as'] if d.get('replayed_as') else ''}\n"
+                )
+        return EXIT_OK
+    if verb == "classes":
+        classes = await store.work_dead_classes(max(1, args.sample))
+        if args.json:
+            _print_json({"classes": [dead_class_json(c) for c in classes],
+                         "classes_sample": args.sample})
+        else:
+            for c in classes:
+                sys.stdout.write(f"{c.count:>8}  {c.family:<12} {c.failure_class or '-'}\n")
+        return EXIT_OK
+    # replay
+    request = BulkReplayRequest(family=args.family, failure_class=args.failure_class,
+                                limit=_limit(args.limit, MAX_BULK),
+                                reason=reason_from(args.reason))
+    ops = Operations(store, settings, build_registry(settings), WallClock())
+    report = await ops.bulk_replay(request, actor=args.actor)
+    if args.json:
+        _print_json(report.to_json())
+    else:
+        for item in report.items:
+            detail = item.new_work_id or item.message
+            sys.stdout.write(f"{item.work_id}  {item.outcome:<13} {detail}\n")
+        sys.stdout.write(
+            f"selected {report.selected}, replayed {report.count('replayed')},"
+            f" conflicts {report.count('conflict')} (audit {report.bulk_id})\n"
+        )
+    return EXIT_OK if report.complete else EXIT_FAILURE
+
+
+async def run_admin_command(settings: Settings, args: argparse.Namespace) -> int:
+    """Run one of :data:`ADMIN_COMMANDS`; report errors as one line on stderr."""
+    try:
+        if args.command == "hash-password":
+            sys.stdout.write(hash_password(_read_password(args.stdin)) + "\n")
+            return EXIT_OK
+        store = await _open(settings)
+        try:
+            if args.command == "audit":
+                await _audit(store, args)
+                return EXIT_OK
+            if args.command == "dlq":
+                return await _dlq(store, settings, args)
+        finally:
+            await store.db.aclose()
+    except (_Usage, BadRequest, ConsoleError, UnknownFamily) as exc:
+        sys.stderr.write(f"integrationd: {exc}\n")
+        return EXIT_USAGE
+    except (NotAuthorized, StorageError) as exc:
+        sys.stderr.write(f"integrationd: {exc}\n")
+        return EXIT_FAILURE
+    raise AssertionError(f"not an admin command: {args.command}")
