@@ -141,6 +141,9 @@ class BindingSettings:
     timeout: float = 10.0
     # L2 policy may shorten the provider's in-flight window (e.g. for a sandbox).
     max_in_flight: float = 0.0
+    # The largest clock difference assumed between us and the provider when a
+    # read-back's last-modified time is compared with our dispatch time.
+    max_clock_skew: float = 2.0
     token: Secret | None = None
 
 

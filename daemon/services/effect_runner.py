@@ -64,7 +64,6 @@ from storage.effect_values import (
     Settlement,
 )
 
-CLOCK_SKEW_US = 2_000_000
 # Outcome classes (or dispositions) that prove an attempt had no external effect.
 _NO_EFFECT_OUTCOMES = frozenset({
     OutcomeClass.REJECTED, OutcomeClass.RETRYABLE_PRE_DISPATCH, OutcomeClass.REPLAY_SAFE_RETRY,
@@ -242,7 +241,7 @@ class EffectRunner:
             desired, snapshot,
             earliest_dispatch_us=min(a.dispatch_started_at_us for a in unresolved),
             latest_dispatch_us=max(a.dispatch_started_at_us for a in unresolved),
-            now_us=ctx.clock.now_us(), clock_skew_us=CLOCK_SKEW_US,
+            now_us=ctx.clock.now_us(), clock_skew_us=int(binding.max_clock_skew * 1_000_000),
             max_in_flight_us=int(window_s * 1_000_000),
         )
         ids = [a.attempt_id for a in unresolved]

@@ -23,9 +23,6 @@ from daemon.services import logs
 from daemon.services.families import Handler, WorkContext
 from storage.effect_values import Command, ReceiptState, ResultReceipt
 
-OLD_RUNTIME_RETRY_S = 60.0
-MISCONFIGURED_RETRY_S = 300.0
-
 
 def commit_result_request(command: Command, receipt: ResultReceipt) -> dict[str, Any]:
     return {
@@ -64,8 +61,7 @@ class ReceiptSender:
         runtime = self._runtime(command.runtime_name)
         if runtime is None or not runtime.results_url or runtime.results_token is None:
             return RetryLater("runtime_not_configured",
-                              f"no results_url/token for runtime {command.runtime_name}",
-                              MISCONFIGURED_RETRY_S)
+                              f"no results_url/token for runtime {command.runtime_name}")
         try:
             response = await self.client.post(
                 runtime.results_url,
@@ -89,13 +85,12 @@ class ReceiptSender:
             # An old Runtime: keep the exact result and try again after its upgrade.
             return RetryLater("runtime_rejects_format",
                               f"the Runtime rejected result format {receipt.result_format_version}"
-                              f" ({error}); kept, retrying", OLD_RUNTIME_RETRY_S)
+                              f" ({error}); kept, retrying")
         if status == 409:
             return DeadLetter("runtime_conflict", f"the Runtime refused the result ({error});"
                               " failing closed")
         if status in (401, 403, 404):
-            return RetryLater(f"runtime_{status}", f"the Runtime answered {status} ({error})",
-                              MISCONFIGURED_RETRY_S)
+            return RetryLater(f"runtime_{status}", f"the Runtime answered {status} ({error})")
         return RetryLater(f"runtime_{status}", f"the Runtime answered {status}")
 
     async def _note(self, ctx: WorkContext, command_id: str, error: str) -> None:

@@ -1,0 +1,184 @@
+"""The HubSpot Lead.Title slice on one machine: simulator, reference Runtime, integrationd.
+
+Everything is a real server on loopback; integrationd runs in this process
+(its work loop and its /v1 API), on the test's database.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import httpx
+import trio
+
+from config.settings import (
+    ApiSettings,
+    BindingSettings,
+    CatalogSettings,
+    FamilySettings,
+    ReplicaSettings,
+    RuntimeClient,
+    Secret,
+    Settings,
+    WorkSettings,
+)
+from daemon.core.handoff import TrustedRuntimeWorkScope
+from daemon.core.identity import integration_scope_digest
+from daemon.services.assembly import assemble
+from daemon.services.clock import WallClock
+from daemon.services.replica import Replica
+from sandbox.hubspot_sim import HubSpotSimulator
+from sandbox.runtime import ReferenceRuntime
+from sandbox.runtime.server import serve as serve_runtime
+from storage.work_store import WorkStore
+from tests.support.harness import wait_for
+
+SCOPE = TrustedRuntimeWorkScope("org-acme", "install-1", "cap.leads", "sha256:binding-1")
+RUNTIME_TOKEN = "runtime-token-5f2a"
+RESULTS_TOKEN = "results-token-9c1e"
+HUBSPOT_TOKEN = "hubspot-token-77aa"
+REVISION = 7
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def slice_settings(*, api_port: int, runtime_url: str, hubspot_url: str, url: str,
+                   lease_ttl: float = 6.0) -> Settings:
+    return Settings(
+        api=ApiSettings(listen=f"127.0.0.1:{api_port}"),
+        replica=ReplicaSettings(drain_timeout=5.0),
+        work=WorkSettings(poll_interval=0.05, lease_margin=1.0, reclaim_interval=0.5),
+        families={
+            "external_effect": FamilySettings(max_attempts=8, backoff_base=0.2,
+                                              backoff_cap=1.0, lease_ttl=lease_ttl),
+            "runtime_receipt": FamilySettings(max_attempts=1_000_000, backoff_base=0.2,
+                                              backoff_cap=1.0, lease_ttl=lease_ttl),
+        },
+        runtimes=(RuntimeClient(
+            name="crm", org_id=SCOPE.org_id, app_installation_id=SCOPE.app_installation_id,
+            runtime_capability_id=SCOPE.runtime_capability_id,
+            runtime_work_binding_digest=SCOPE.runtime_work_binding_digest,
+            results_url=f"{runtime_url}/runtime/v1/results",
+            token=Secret(RUNTIME_TOKEN), results_token=Secret(RESULTS_TOKEN),
+        ),),
+        bindings=(BindingSettings(
+            binding_id="hubspot-main", provider="hubspot", org_id=SCOPE.org_id,
+            app_installation_id=SCOPE.app_installation_id, remote_account_id="portal-1",
+            base_url=hubspot_url, timeout=5.0, max_in_flight=1.0, max_clock_skew=0.1,
+            token=Secret(HUBSPOT_TOKEN),
+        ),),
+        catalog=CatalogSettings(revision=REVISION),
+    )
+
+
+LINK_SCOPE = integration_scope_digest(SCOPE.org_id, SCOPE.app_installation_id, "hubspot",
+                                      "portal-1")
+
+
+@attrs.define(eq=False)
+class Slice:
+    sim: HubSpotSimulator
+    runtime: ReferenceRuntime
+    runtime_url: str
+    api_url: str
+    store: WorkStore
+    settings: Settings
+    http: httpx.AsyncClient
+    replica: Replica | None = None
+
+    async def lead(self, lead_id: str, contact_id: str | None, *, link: bool = True,
+                   title: str = "Engineer") -> None:
+        """A Lead in the Runtime, its HubSpot contact, and (optionally) their remote link."""
+        if contact_id is not None:
+            self.sim.add_contact(contact_id, jobtitle=title, email=f"{lead_id}@example.com")
+        r = await self.http.post(f"{self.runtime_url}/leads",
+                                 json={"lead_id": lead_id, "title": title})
+        assert r.status_code == 201, r.text
+        if link and contact_id is not None:
+            await self.store.link_adopt(LINK_SCOPE, "lead", lead_id, "contact", contact_id,
+                                        actor="test", role="admin", reason="slice setup",
+                                        now_us=WallClock().now_us())
+
+    async def set_title(self, lead_id: str, title: str) -> str:
+        r = await self.http.patch(f"{self.runtime_url}/leads/{lead_id}", json={"title": title})
+        assert r.status_code == 200, r.text
+        return str(r.json()["intent_id"])
+
+    async def lead_doc(self, lead_id: str) -> dict[str, Any]:
+        r = await self.http.get(f"{self.runtime_url}/leads/{lead_id}")
+        assert r.status_code == 200, r.text
+        doc: dict[str, Any] = r.json()
+        return doc
+
+    async def intent(self, lead_id: str, intent_id: str) -> dict[str, Any]:
+        for intent in (await self.lead_doc(lead_id))["intents"]:
+            if intent["intent_id"] == intent_id:
+                return dict(intent)
+        raise AssertionError(f"no intent {intent_id}")
+
+    async def wait_intent(self, lead_id: str, intent_id: str, status: str,
+                          within_s: float = 60.0) -> dict[str, Any]:
+        async def reached() -> bool:
+            return bool((await self.intent(lead_id, intent_id))["status"] == status)
+
+        await wait_for(reached, within_s=within_s)
+        return await self.intent(lead_id, intent_id)
+
+    def patches(self, contact_id: str) -> list[Any]:
+        return [r for r in self.sim.requests
+                if r.method == "PATCH" and r.contact_id == contact_id]
+
+
+@asynccontextmanager
+async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False,
+                        with_replica: bool = True,
+                        lease_ttl: float = 6.0) -> AsyncIterator[Slice]:
+    sim = HubSpotSimulator(tokens={HUBSPOT_TOKEN})
+    api_port = free_port()
+    async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=10) as http:
+        sim_port = await nursery.start(sim.run)
+        runtime = ReferenceRuntime(
+            scope=SCOPE, integration_url=f"http://127.0.0.1:{api_port}",
+            integration_token=RUNTIME_TOKEN, results_token=RESULTS_TOKEN,
+            catalog_revision=REVISION, accept_no_effect_format=not old_runtime,
+            poll_interval_s=0.1,
+        )
+        runtime_scope = trio.CancelScope()
+
+        async def run_runtime(*, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+                              ) -> None:
+            with runtime_scope:
+                await serve_runtime(runtime, task_status=task_status)
+
+        runtime_port = await nursery.start(run_runtime)
+        settings = slice_settings(api_port=api_port,
+                                  runtime_url=f"http://127.0.0.1:{runtime_port}",
+                                  hubspot_url=f"http://127.0.0.1:{sim_port}", url=url,
+                                  lease_ttl=lease_ttl)
+        clock = WallClock()
+        parts = assemble(settings, store, clock)
+        the_slice = Slice(sim, runtime, f"http://127.0.0.1:{runtime_port}",
+                          f"http://127.0.0.1:{api_port}", store, settings, http)
+        try:
+            if with_replica:
+                replica = Replica(settings, store, parts.registry, clock, api_app=parts.api_app,
+                                  serve_admin=False, replica_id="slice-replica")
+                assert parts.api_context is not None
+                parts.api_context.wake = replica.wake
+                await nursery.start(replica.run)
+                the_slice.replica = replica
+            yield the_slice
+            if the_slice.replica is not None:
+                the_slice.replica.request_drain()
+                await wait_for(lambda: the_slice.replica.state == "stopped")  # type: ignore[union-attr]
+        finally:
+            nursery.cancel_scope.cancel()
+            await parts.aclose()
