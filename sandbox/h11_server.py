@@ -98,8 +98,8 @@ class H11Server:
     handler: Handler
     max_body: int = 64 * 1024
     drain_limit: int = 4 * 1024 * 1024
-    connections_accepted: int = 0
-    open_connections: int = 0
+    connections_accepted: int = attrs.field(default=0, init=False)
+    open_connections: int = attrs.field(default=0, init=False)
 
     async def run(
         self,
@@ -205,7 +205,7 @@ class _Connection:
                     chunks.append(event.data)
             elif isinstance(event, h11.EndOfMessage):
                 break
-            else:  # ConnectionClosed mid-body: h11 raises on EOF before the body ended
+            else:  # a guard only: h11 reports EOF mid-body as RemoteProtocolError
                 raise trio.BrokenResourceError("connection closed mid-request")
         request = Request(
             method=head.method.decode("ascii"),

@@ -46,6 +46,11 @@ def _error_status(_inst: object, attribute: attrs.Attribute[int], value: int) ->
         raise ValueError(f"{attribute.name} must be an HTTP error status (400-599), got {value}")
 
 
+def _upper_or_none(method: str | None) -> str | None:
+    # HTTP methods arrive upper-case; "patch" from a person should still match.
+    return method.upper() if method else None
+
+
 _FAULT_INT_FIELDS: Final = ("count", "latency_ms", "status", "retry_after_s")
 
 
@@ -58,7 +63,7 @@ class Fault:
     """
 
     mode: FaultMode = attrs.field(validator=attrs.validators.in_(FAULT_MODES))
-    method: str | None = None
+    method: str | None = attrs.field(default=None, converter=_upper_or_none)
     path_prefix: str = "/crm/"
     count: int = attrs.field(default=1, validator=_positive)
     latency_ms: int = attrs.field(default=0, validator=_not_negative)
@@ -92,7 +97,7 @@ class Fault:
                 ints[name] = value
         return cls(
             mode=cast(FaultMode, mode),
-            method=method.upper() if method else None,
+            method=method,
             path_prefix=prefix,
             **ints,
         )
@@ -157,7 +162,7 @@ class RequestRecord:
     status: int | None
     idempotency_key: str | None
     body_sha256: str
-    received_at: float  # epoch seconds, when the request was complete
+    received_at: float  # epoch seconds, when the whole request had been read
 
     def to_json(self) -> dict[str, Any]:
         return attrs.asdict(self)

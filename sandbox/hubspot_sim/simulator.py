@@ -139,6 +139,7 @@ class HubSpotSimulator:
         """The HTTP handler: control requests, or provider requests with faults."""
         if request.path.startswith(CONTROL_PREFIX):
             return handle_control(self, request)
+        received_at = time.time()  # before any injected latency
         fault = self._faults.take(request.method, request.path)
         if fault is None:
             outcome = self._provider(request)
@@ -157,17 +158,24 @@ class HubSpotSimulator:
             )
             outcome = _Outcome(response, _contact_id(request.path), applied=False)
         elif fault.mode == "reset_before":
-            self._record(request, _contact_id(request.path), applied=False, status=None)
+            self._record(request, received_at, _contact_id(request.path), False, status=None)
             return ABORT
         else:  # reset_after: the provider does the work, the answer is lost
             outcome = self._provider(request)
-            self._record(request, outcome.contact_id, applied=outcome.applied, status=None)
+            self._record(request, received_at, outcome.contact_id, outcome.applied, status=None)
             return ABORT
-        self._record(request, outcome.contact_id, outcome.applied, outcome.response.status)
+        self._record(
+            request, received_at, outcome.contact_id, outcome.applied, outcome.response.status
+        )
         return outcome.response
 
     def _record(
-        self, request: Request, contact_id: str | None, applied: bool, status: int | None
+        self,
+        request: Request,
+        received_at: float,
+        contact_id: str | None,
+        applied: bool,
+        status: int | None,
     ) -> None:
         digest = "" if request.body_too_large else hashlib.sha256(request.body).hexdigest()
         self.requests.append(
@@ -180,7 +188,7 @@ class HubSpotSimulator:
                 status=status,
                 idempotency_key=request.headers.get("idempotency-key"),
                 body_sha256=digest,
-                received_at=time.time(),
+                received_at=received_at,
             )
         )
 

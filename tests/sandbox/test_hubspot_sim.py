@@ -426,7 +426,7 @@ async def test_faults_are_taken_in_order_and_by_count(
 async def test_fault_is_taken_by_the_first_matching_request(
     served: Served, client: httpx.AsyncClient
 ) -> None:
-    served.sim.inject(Fault(mode="status", status=500, method="PATCH"))
+    served.sim.inject(Fault(mode="status", status=500, method="patch"))  # any case
     served.sim.inject(Fault(mode="status", status=502, method="GET"))
     served.sim.inject(Fault(mode="rate_limit", path_prefix=contact_url("2")))
     served.sim.add_contact("2", jobtitle=None)
