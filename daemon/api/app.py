@@ -3,7 +3,7 @@
 * ``POST /v1/commands``: accept a command exactly once (or answer from the
   existing admission fact);
 * ``POST /v1/handoffs/reject``: ``RejectIfUnaccepted``;
-* ``GET /v1/handoffs/{key}``: read the admission fact (404 is *not* evidence
+* ``GET /v1/handoffs?effect_handoff_key=...``: read the admission fact (404 is *not* evidence
   of rejection);
 * ``GET /v1/openapi.json``.
 
@@ -138,9 +138,10 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         # Answering a reject request, a tombstone is the successful outcome.
         return _json(body, 200 if result.admission is Admission.HANDOFF_REJECTED else status)
 
-    @app.get("/v1/handoffs/<path:key>")
-    async def read_admission(key: str) -> Response:
+    @app.get("/v1/handoffs")
+    async def read_admission() -> Response:
         rc = caller()
+        key = request.args.get("effect_handoff_key", "")
         try:
             parsed = EffectHandoffKey.parse(key)
         except ValueError as exc:

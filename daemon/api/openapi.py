@@ -98,10 +98,10 @@ OPENAPI: dict[str, Any] = {
                 },
             }
         },
-        "/v1/handoffs/{key}": {
+        "/v1/handoffs": {
             "get": {
                 "summary": "Read the admission fact; 404 is NOT evidence of rejection",
-                "parameters": [{"name": "key", "in": "path", "required": True,
+                "parameters": [{"name": "effect_handoff_key", "in": "query", "required": True,
                                 "schema": {"type": "string"}}],
                 "responses": {
                     "200": {"description": "the admission fact", "content": {"application/json":

@@ -1,0 +1,222 @@
+"""The /v1 service API over real HTTP: authentication, validation, the handoff fence.
+
+Every refusal is a 4xx with a JSON error body, and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from config.catalog import load_catalog
+from config.settings import RuntimeClient, Secret
+from daemon.api.app import ApiContext, create_api_app
+from daemon.core.canonical import canonical_digest
+from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
+from daemon.services.clock import WallClock
+from daemon.services.http_server import serve_app
+from storage.port import WorkQuery
+from storage.work_store import WorkStore
+from tests.support.backends import FreshDatabase
+from tests.support.commands import command_doc
+from tests.support.slice import RUNTIME_TOKEN, SCOPE, slice_settings
+
+OTHER_ORG = attrs.evolve(SCOPE, org_id="org-other")
+OTHER_INSTALL = attrs.evolve(SCOPE, app_installation_id="install-other")
+OTHER_TOKEN = "other-runtime-token"
+
+
+def body(intent_id: str = "int-1", *, scope: TrustedRuntimeWorkScope = SCOPE,
+         title: str = "CTO", outbox: str = "ob-1", command_intent: str | None = None,
+         **over: Any) -> dict[str, Any]:
+    command = command_doc(command_intent or intent_id, title)
+    command.update(over)
+    return {
+        "effect_handoff_key": EffectHandoffKey(scope, intent_id).encode(),
+        "payload_digest": canonical_digest(command),
+        "runtime_outbox_id": outbox,
+        "command": command,
+    }
+
+
+@attrs.define
+class Api:
+    client: httpx.AsyncClient
+    store: WorkStore
+
+    async def post(self, path: str, doc: Any, token: str | None = RUNTIME_TOKEN,
+                   **kw: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return await self.client.post(path, json=doc, headers=headers, **kw)
+
+    async def nothing_written(self) -> bool:
+        return await self.store.work_list(WorkQuery(family="external_effect")) == []
+
+
+@pytest.fixture
+async def api(database: FreshDatabase, store: WorkStore) -> AsyncIterator[Api]:
+    settings = slice_settings(api_port=0, runtime_url="http://127.0.0.1:9",
+                              hubspot_url="http://127.0.0.1:9", url=database.url)
+    other = RuntimeClient(
+        name="other", org_id=OTHER_ORG.org_id, app_installation_id=SCOPE.app_installation_id,
+        runtime_capability_id=SCOPE.runtime_capability_id,
+        runtime_work_binding_digest=SCOPE.runtime_work_binding_digest,
+        token=Secret(OTHER_TOKEN))
+    settings = attrs.evolve(settings, runtimes=(*settings.runtimes, other))
+    app = create_api_app(ApiContext(settings=settings, store=store,
+                                    catalog=load_catalog(settings), clock=WallClock()))
+    async with trio.open_nursery() as nursery:
+        address = await nursery.start(serve_app, app, "127.0.0.1:0")
+        async with httpx.AsyncClient(base_url=address) as client:
+            yield Api(client, store)
+        nursery.cancel_scope.cancel()
+
+
+async def test_accept_is_idempotent(api: Api) -> None:
+    first = await api.post("/v1/commands", body())
+    assert first.status_code == 200, first.text
+    assert first.json()["admission"] == "COMMAND_ACCEPTED"
+    again = await api.post("/v1/commands", body())
+    assert again.status_code == 200 and again.json() == first.json()
+    read = await api.client.get("/v1/handoffs",
+                                params={"effect_handoff_key": body()["effect_handoff_key"]},
+                                headers={"Authorization": f"Bearer {RUNTIME_TOKEN}"})
+    assert read.status_code == 200 and read.json()["command_id"] == first.json()["command_id"]
+    assert len(await api.store.work_list(WorkQuery(family="external_effect"))) == 1
+
+
+@pytest.mark.parametrize(
+    ("token", "status", "error"),
+    [(None, 401, "unauthenticated"), ("wrong", 401, "unauthenticated")],
+)
+async def test_unauthenticated(api: Api, token: str | None, status: int, error: str) -> None:
+    r = await api.post("/v1/commands", body(), token=token)
+    assert (r.status_code, r.json()["error"]) == (status, error)
+    assert await api.nothing_written()
+
+
+@pytest.mark.parametrize(
+    ("doc", "status", "error"),
+    [
+        ([], 400, "invalid_request"),
+        ({"effect_handoff_key": "nope"}, 400, "bad_handoff_key"),
+        ({**body(), "payload_digest": "sha256:" + "0" * 64}, 400, "payload_digest_mismatch"),
+        ({**body(), "payload_digest": "md5:x"}, 400, "invalid_request"),
+        ({**body(), "runtime_outbox_id": ""}, 400, "invalid_request"),
+        (body(operation="salesforce.nope"), 422, "unknown_operation"),
+        (body(catalog_revision=6), 409, "catalog_revision_mismatch"),
+        (body(intent_kind="DELETE"), 422, "invalid_request"),
+        (body(request={"properties": {"jobtitle": "x", "email": "y"}}), 422, "invalid_request"),
+        (body(request={"properties": {}}), 422, "invalid_request"),
+        (body(logical_target={"object": "account", "account_id": "a"}), 422, "invalid_request"),
+        (body("int-1", command_intent="int-other"), 400, "invalid_request"),
+    ],
+)
+async def test_malformed_commands_are_refused(api: Api, doc: Any, status: int,
+                                              error: str) -> None:
+    r = await api.post("/v1/commands", doc)
+    assert (r.status_code, r.json()["error"]) == (status, error), r.text
+    assert r.json()["message"]
+    assert await api.nothing_written()
+
+
+async def test_transport_level_refusals(api: Api) -> None:
+    auth = {"Authorization": f"Bearer {RUNTIME_TOKEN}"}
+    r = await api.client.post("/v1/commands", content=b"{not json", headers={
+        **auth, "Content-Type": "application/json"})
+    assert (r.status_code, r.json()["error"]) == (400, "malformed_json")
+    r = await api.client.post("/v1/commands", content=b"x=1", headers={
+        **auth, "Content-Type": "application/x-www-form-urlencoded"})
+    assert (r.status_code, r.json()["error"]) == (415, "unsupported_media_type")
+    big = body(title="x" * 70_000)
+    r = await api.post("/v1/commands", big)
+    assert (r.status_code, r.json()["error"]) == (413, "payload_too_large")
+    r = await api.client.get("/v1/nothing-here", headers=auth)
+    assert (r.status_code, r.json()["error"]) == (404, "not_found")
+    r = await api.client.get("/v1/commands", headers=auth)
+    assert (r.status_code, r.json()["error"]) == (405, "method_not_allowed")
+    assert await api.nothing_written()
+
+
+@pytest.mark.parametrize("scope", [OTHER_ORG, OTHER_INSTALL,
+                                   attrs.evolve(SCOPE, runtime_capability_id="cap.other"),
+                                   attrs.evolve(SCOPE, runtime_work_binding_digest="sha256:x")])
+async def test_cross_scope_requests_fail_closed_without_disclosure(
+    api: Api, scope: TrustedRuntimeWorkScope
+) -> None:
+    accepted = await api.post("/v1/commands", body())  # the real owner's admission
+    assert accepted.status_code == 200
+    foreign = body(scope=scope)
+    for path, doc in (("/v1/commands", foreign),
+                      ("/v1/handoffs/reject", {k: foreign[k] for k in (
+                          "effect_handoff_key", "payload_digest", "runtime_outbox_id")})):
+        r = await api.post(path, doc)
+        assert (r.status_code, r.json()["error"]) == (403, "scope_mismatch")
+        assert accepted.json()["command_id"] not in r.text
+    # Another org's caller presenting the owner's own key is refused the same way.
+    r = await api.post("/v1/commands", body(), token=OTHER_TOKEN)
+    assert (r.status_code, r.json()["error"]) == (403, "scope_mismatch")
+    read = await api.client.get("/v1/handoffs",
+                                params={"effect_handoff_key": body()["effect_handoff_key"]},
+                                headers={"Authorization": f"Bearer {OTHER_TOKEN}"})
+    assert read.status_code == 403 and accepted.json()["command_id"] not in read.text
+    assert len(await api.store.work_list(WorkQuery(family="external_effect"))) == 1
+
+
+async def test_repeated_key_with_another_digest_or_outbox_is_quarantined(api: Api) -> None:
+    assert (await api.post("/v1/commands", body())).status_code == 200
+    for doc in (body(title="CEO"), body(outbox="ob-2")):
+        r = await api.post("/v1/commands", doc)
+        assert (r.status_code, r.json()["error"]) == (409, "quarantined")
+        assert "command_id" not in r.json()
+    assert await api.store.quarantine_count(body()["effect_handoff_key"]) == 2
+    assert len(await api.store.work_list(WorkQuery(family="external_effect"))) == 1
+
+
+async def test_late_delivery_after_rejection_creates_nothing(api: Api) -> None:
+    doc = body()
+    handoff = {k: doc[k] for k in ("effect_handoff_key", "payload_digest", "runtime_outbox_id")}
+    auth = {"Authorization": f"Bearer {RUNTIME_TOKEN}"}
+    unknown = await api.client.get("/v1/handoffs", headers=auth,
+                                   params={"effect_handoff_key": doc["effect_handoff_key"]})
+    assert unknown.status_code == 404 and unknown.json()["admission"] == "UNKNOWN"
+    tomb = await api.post("/v1/handoffs/reject", handoff)
+    assert tomb.status_code == 200 and tomb.json()["admission"] == "HANDOFF_REJECTED"
+    assert tomb.json()["receipt"]["receipt_version"] == 1
+    again = await api.post("/v1/handoffs/reject", handoff)
+    assert again.json() == tomb.json()  # idempotent after a lost response
+    late = await api.post("/v1/commands", doc)
+    assert late.status_code == 409 and late.json()["admission"] == "HANDOFF_REJECTED"
+    assert await api.nothing_written()
+
+
+async def test_accept_racing_reject_over_http(api: Api) -> None:
+    for trial in range(8):
+        doc = body(f"int-race-{trial}")
+        handoff = {k: doc[k] for k in ("effect_handoff_key", "payload_digest",
+                                       "runtime_outbox_id")}
+        answers: list[str] = []
+
+        async def accept() -> None:
+            answers.append((await api.post("/v1/commands", doc)).json()["admission"])  # noqa: B023
+
+        async def reject() -> None:
+            answers.append((await api.post("/v1/handoffs/reject", handoff)  # noqa: B023
+                            ).json()["admission"])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(accept)
+            nursery.start_soon(reject)
+        assert len(set(answers)) == 1, answers
+
+
+async def test_openapi_document_lists_every_route(api: Api) -> None:
+    r = await api.client.get("/v1/openapi.json")
+    assert r.status_code == 200
+    assert set(r.json()["paths"]) == {"/v1/commands", "/v1/handoffs/reject",
+                                      "/v1/handoffs", "/v1/openapi.json"}
