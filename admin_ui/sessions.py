@@ -64,7 +64,7 @@ class SessionCodec:
 
     def __init__(self, secret: bytes, ttl_s: float) -> None:
         if len(secret) < 16:
-            raise ValueError("the admin session secret must be at least 16 bytes")
+            raise ValueError("admin.session_secret: must be at least 16 bytes long")
         self._secret = secret
         self.ttl_s = ttl_s
         self._serializer = URLSafeTimedSerializer(secret, salt=_SALT)

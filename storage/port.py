@@ -318,6 +318,8 @@ class DeadQuery:
 
     family: str | None = None
     failure_class: str | None = None
+    # Leave out dead items that were already replayed (a replay has ``replay_of`` = them).
+    unreplayed_only: bool = False
     after_id: str | None = None
     limit: int = 50
 

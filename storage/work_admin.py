@@ -36,7 +36,7 @@ from storage.port import (
     WorkNotFound,
     WorkQuery,
 )
-from storage.work_rows import SELECT_WORK, from_row, in_states
+from storage.work_rows import SELECT_WORK, from_row, in_states, placeholders
 
 _INSERT_COLUMNS = (
     "work_id, family, org_id, app_installation_id, subject_kind, subject_id, definition_ref,"
@@ -504,6 +504,10 @@ class WorkAdmin:
         if query.failure_class is not None:
             clauses.append("failure_class = ?")
             params.append(query.failure_class)
+        if query.unreplayed_only:
+            clauses.append(
+                "NOT EXISTS (SELECT 1 FROM work_items r WHERE r.replay_of = work_items.work_id)"
+            )
         if query.after_id is not None:
             clauses.append("work_id < ?")
             params.append(query.after_id)
@@ -536,6 +540,22 @@ class WorkAdmin:
             return out
 
         return await self.db.transact(body, name="work.dead_classes", write=False)
+
+    async def work_replay_map(self, work_ids: Sequence[str]) -> dict[str, str]:
+        """For each of ``work_ids`` that was replayed: original id -> replay's id."""
+        ids = list(dict.fromkeys(work_ids))[:1000]
+        if not ids:
+            return {}
+
+        async def body(tx: SqlTx) -> dict[str, str]:
+            rows = await tx.fetchall(
+                f"SELECT replay_of, work_id FROM work_items WHERE replay_of IN"
+                f" ({placeholders(len(ids))})",
+                ids,
+            )
+            return {str(a): str(b) for a, b in rows}
+
+        return await self.db.transact(body, name="work.replay_map", write=False)
 
     async def audit_append(self, entry: AuditEntry) -> None:
         """Append one audit entry in its own transaction (e.g. a bulk action's summary)."""
