@@ -30,6 +30,7 @@ from daemon.core.handoff import TrustedRuntimeWorkScope
 from daemon.core.identity import integration_scope_digest
 from daemon.services.assembly import assemble
 from daemon.services.clock import WallClock
+from daemon.services.http_server import serve_app
 from daemon.services.replica import Replica
 from sandbox.hubspot_sim import HubSpotSimulator
 from sandbox.runtime import ReferenceRuntime
@@ -168,7 +169,11 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
         the_slice = Slice(sim, runtime, f"http://127.0.0.1:{runtime_port}",
                           f"http://127.0.0.1:{api_port}", store, settings, http)
         try:
-            if with_replica:
+            if not with_replica:
+                # Only the /v1 API: commands are admitted, nothing claims them.
+                assert parts.api_app is not None
+                await nursery.start(serve_app, parts.api_app, settings.api.listen)
+            else:
                 replica = Replica(settings, store, parts.registry, clock, api_app=parts.api_app,
                                   serve_admin=False, replica_id="slice-replica")
                 assert parts.api_context is not None
