@@ -13,10 +13,21 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,bench]'
 	touch $@
 
-run: $(BIN)/.installed
+SECRETS := var/secrets/runtime-crm.token var/secrets/runtime-crm-results.token var/secrets/hubspot.token
+
+# Demo credentials for the sandbox (random, never committed, never printed).
+var/secrets/%.token:
+	@mkdir -p var/secrets && chmod 700 var/secrets
+	@$(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(32))' > $@ && chmod 600 $@
+
+# One replica, plus the HubSpot simulator and the reference CRM Runtime with a
+# little live traffic (Lead title changes flowing to HubSpot and back).
+run: $(BIN)/.installed $(SECRETS)
 	$(BIN)/integrationd --config $(CONFIG) migrate
 	$(BIN)/integrationd --config $(CONFIG) work enqueue noop --count 200
-	$(BIN)/integrationd --config $(CONFIG) run
+	@$(BIN)/integrationd --config $(CONFIG) sandbox & SANDBOX=$$!; \
+	  trap 'kill $$SANDBOX 2>/dev/null' EXIT INT TERM; \
+	  $(BIN)/integrationd --config $(CONFIG) run
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
@@ -32,6 +43,7 @@ test: lint typecheck pytest
 bench: $(BIN)/.installed
 	$(BIN)/python -m bench.kernel --backend mysql --replicas 4 --items 20000
 	$(BIN)/python -m bench.kernel --backend sqlite --replicas 4 --items 20000
+	$(BIN)/python -m bench.effects --replicas 4 --effects 5000
 
 clean:
 	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -32,6 +32,7 @@ from daemon.services.operator_api import (
     parse_state,
     replay,
 )
+from sandbox.demo import SandboxConfigError
 from storage.migrate import check_schema, migrate
 from storage.open import describe_url, open_store
 from storage.port import StorageError, WorkNotFound, WorkQuery
@@ -65,6 +66,14 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("run", help="run one replica: workers, admin listener, metrics")
     sub.add_parser("migrate", help="apply pending schema migrations")
     sub.add_parser("check-config", help="validate the configuration and print it (no secrets)")
+
+    box = sub.add_parser(
+        "sandbox",
+        help="run the HubSpot simulator and the reference Runtime (demo, tests, benchmarks)",
+    )
+    box.add_argument("--leads", type=int, default=5, help="Leads (and contacts) to seed")
+    box.add_argument("--interval", type=float, default=1.0,
+                     help="seconds between title changes (0: no traffic)")
 
     work = sub.add_parser("work", help="operate on work items").add_subparsers(
         dest="work_command", required=True, metavar="VERB"
@@ -165,6 +174,25 @@ async def _cmd_run(settings: Settings) -> int:
                 nursery.cancel_scope.cancel()
         finally:
             await parts.aclose()
+    finally:
+        await store.db.aclose()
+    return EXIT_OK
+
+
+async def _cmd_sandbox(settings: Settings, args: argparse.Namespace) -> int:
+    from sandbox.demo import run_sandbox
+
+    store = await _open(settings)
+    try:
+        await check_schema(store.db, store.dialect)
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                async def stop_on_signal() -> None:
+                    async for _ in signals:
+                        nursery.cancel_scope.cancel()
+
+                nursery.start_soon(stop_on_signal)
+                await run_sandbox(settings, store, leads=args.leads, interval_s=args.interval)
     finally:
         await store.db.aclose()
     return EXIT_OK
@@ -297,8 +325,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(_cmd_run, settings)
         if args.command == "work":
             return trio.run(_cmd_work, settings, args)
+        if args.command == "sandbox":
+            return trio.run(_cmd_sandbox, settings, args)
     except (BadRequest, UnknownFamily) as exc:
         sys.stderr.write(f"integrationd: {exc}\n")
+        return EXIT_USAGE
+    except SandboxConfigError as exc:
+        sys.stderr.write(f"integrationd: config error: {exc}\n")
         return EXIT_USAGE
     except (CliFailure, NotAuthorized, StorageError) as exc:
         sys.stderr.write(f"integrationd: {exc}\n")
