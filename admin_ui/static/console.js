@@ -118,6 +118,9 @@
       const points = series.map((p) => [p.at_us, p.depth[state] || 0]);
       return { name: state, points, last: points.length ? points[points.length - 1][1] : 0 };
     });
+    if (!depthSeries.length && series.length) {
+      depthSeries.push({ name: "all states", points: series.map((p) => [p.at_us, 0]), last: 0 });
+    }
     const depthSvg = document.getElementById("chart-depth");
     if (depthSvg) drawChart(depthSvg, document.getElementById("legend-depth"), depthSeries, "items");
     const tp = series.map((p) => [p.at_us, p.finished_per_s]);

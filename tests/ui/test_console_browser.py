@@ -161,3 +161,29 @@ async def test_database_down_shows_a_banner(live: LiveConsole) -> None:
         expect(page.locator("#db-banner")).to_be_hidden()
 
     await in_browser(live, scenario)
+
+
+async def test_bulk_replay_from_the_dlq(live: LiveConsole) -> None:
+    dead = await live.enqueue("flaky", 3)
+    for work_id in dead:
+        await live.wait_state(work_id, "dead")
+    live.board.broken = False
+
+    def scenario(page: Page, live: LiveConsole) -> None:
+        sign_in(page, "ada")
+        page.goto("/admin/dlq")
+        expect(page.locator("#dlq-classes")).to_contain_text("provider_down")
+        page.select_option("#bulk-family", "flaky")
+        page.fill("#bulk-class", "provider_down")
+        page.fill("#bulk-reason", "outage over")
+        page.click("#bulk-replay")
+        expect(page.locator("#bulk-replayed")).to_have_text("3")
+        expect(page.locator("#bulk-items tr[data-outcome='replayed']")).to_have_count(3)
+        shot(page, "13-bulk-replay")
+        page.goto("/admin/dlq?unreplayed=1")
+        expect(page.locator("#dlq-items")).to_contain_text("No dead items match.")
+        page.goto("/admin/audit")
+        expect(page.locator("#audit-table tr[data-action='dlq.bulk_replay']")).to_have_count(1)
+        expect(page.locator("#audit-table tr[data-action='work.replay']")).to_have_count(3)
+
+    await in_browser(live, scenario)
