@@ -72,6 +72,8 @@ async def work_detail(work_id: str) -> Response:
 
 
 async def _refused(work_id: str, exc: Exception) -> Response:
+    """Re-render the item with a refusal the operator can act on; re-raise anything else
+    (storage failures go to the app's "database unreachable" page, bugs stay bugs)."""
     err = classify(exc)
     if err is None or isinstance(err, DatabaseDown):
         raise exc
