@@ -82,6 +82,13 @@ def receipt_from_row(row: Row) -> ResultReceipt:
     )
 
 
+async def read_receipt(tx: SqlTx, command_id: str) -> ResultReceipt | None:
+    rows = await tx.fetchall(
+        f"SELECT {_RECEIPT_COLUMNS} FROM result_receipts WHERE command_id = ?", (command_id,)
+    )
+    return receipt_from_row(rows[0]) if rows else None
+
+
 async def attempts_of(tx: SqlTx, command_id: str) -> list[EffectAttempt]:
     rows = await tx.fetchall(
         f"SELECT {_ATTEMPT_COLUMNS} FROM effect_attempts WHERE command_id = ?"
@@ -141,14 +148,9 @@ class EffectJournal:
 
         async def body(tx: SqlTx) -> None:
             await fence_lock(tx, fence, now_us)
-            if not await tx.execute(
-                "UPDATE effect_attempts SET outcome = ?, response_status = ?,"
-                " provider_evidence = ?, failure_class = ?, finished_at_us = ?,"
-                " row_version = row_version + 1 WHERE attempt_id = ? AND outcome IS NULL",
-                (outcome, response_status, json.dumps(provider_evidence, sort_keys=True),
-                 failure_class or None, now_us, attempt_id),
-            ):
-                raise WorkConflict(f"attempt {attempt_id} already has an outcome")
+            await record_outcome(tx, attempt_id, outcome=outcome, response_status=response_status,
+                                 provider_evidence=provider_evidence,
+                                 failure_class=failure_class, now_us=now_us)
 
         await self.db.transact(body, name="effect.record")
 
@@ -164,7 +166,7 @@ class EffectJournal:
 
         async def body(tx: SqlTx) -> None:
             await fence_lock(tx, fence, now_us)
-            await _dispose(tx, attempt_ids, disposition, note, "reconciler", now_us)
+            await dispose(tx, attempt_ids, disposition, note, "reconciler", now_us)
 
         await self.db.transact(body, name="effect.dispose")
 
@@ -223,7 +225,7 @@ class EffectJournal:
             before = attempt_from_row(rows[0])
             if not before.unresolved:
                 raise WorkConflict(f"attempt {attempt_id} is not awaiting a disposition")
-            await _dispose(tx, [attempt_id], disposition, note, actor, now_us)
+            await dispose(tx, [attempt_id], disposition, note, actor, now_us)
             await append_audit(tx, AuditEntry(
                 audit_id=new_ulid(now_us), at_us=now_us, actor=actor, role=role,
                 action="effect.disposition", target_kind="effect_attempt", target_id=attempt_id,
@@ -255,11 +257,7 @@ class EffectJournal:
 
     async def receipt_get(self, command_id: str) -> ResultReceipt | None:
         async def body(tx: SqlTx) -> ResultReceipt | None:
-            rows = await tx.fetchall(
-                f"SELECT {_RECEIPT_COLUMNS} FROM result_receipts WHERE command_id = ?",
-                (command_id,),
-            )
-            return receipt_from_row(rows[0]) if rows else None
+            return await read_receipt(tx, command_id)
 
         return await self.db.transact(body, name="receipt.get", write=False)
 
@@ -269,22 +267,42 @@ class EffectJournal:
 
         async def body(tx: SqlTx) -> None:
             await fence_lock(tx, fence, now_us)
-            if confirmed:
-                await tx.execute(
-                    "UPDATE result_receipts SET state = 'confirmed', confirmed_at_us = ?,"
-                    " last_error = NULL WHERE command_id = ? AND state = 'pending'",
-                    (now_us, command_id),
-                )
-            else:
-                await tx.execute(
-                    "UPDATE result_receipts SET last_error = ? WHERE command_id = ?",
-                    ((error or "")[:128], command_id),
-                )
+            await mark_receipt(tx, command_id, confirmed=confirmed, error=error, now_us=now_us)
 
         await self.db.transact(body, name="receipt.mark")
 
 
-async def _dispose(tx: SqlTx, attempt_ids: list[str], disposition: Disposition, note: str,
+async def record_outcome(tx: SqlTx, attempt_id: str, *, outcome: str,
+                         response_status: int | None, provider_evidence: dict[str, Any],
+                         failure_class: str, now_us: int) -> None:
+    """Inside the caller's (fenced) transaction: the attempt's one outcome class."""
+    if not await tx.execute(
+        "UPDATE effect_attempts SET outcome = ?, response_status = ?,"
+        " provider_evidence = ?, failure_class = ?, finished_at_us = ?,"
+        " row_version = row_version + 1 WHERE attempt_id = ? AND outcome IS NULL",
+        (outcome, response_status, json.dumps(provider_evidence, sort_keys=True),
+         failure_class or None, now_us, attempt_id),
+    ):
+        raise WorkConflict(f"attempt {attempt_id} already has an outcome")
+
+
+async def mark_receipt(tx: SqlTx, command_id: str, *, confirmed: bool, error: str | None,
+                       now_us: int) -> None:
+    """Inside the caller's (fenced) transaction: a receipt delivery's result."""
+    if confirmed:
+        await tx.execute(
+            "UPDATE result_receipts SET state = 'confirmed', confirmed_at_us = ?,"
+            " last_error = NULL WHERE command_id = ? AND state = 'pending'",
+            (now_us, command_id),
+        )
+    else:
+        await tx.execute(
+            "UPDATE result_receipts SET last_error = ? WHERE command_id = ?",
+            ((error or "")[:128], command_id),
+        )
+
+
+async def dispose(tx: SqlTx, attempt_ids: list[str], disposition: Disposition, note: str,
                    actor: str, now_us: int) -> None:
     for attempt_id in attempt_ids:
         if not await tx.execute(

@@ -101,6 +101,7 @@ class DbStats:
     """Counters every adapter keeps: the benchmark's statements and commits per item."""
 
     statements: int = 0
+    # Writing transactions committed (reads are not counted: they cost no fsync).
     commits: int = 0
     rollbacks: int = 0
     retries: int = 0
@@ -177,6 +178,8 @@ class FinalizeResult:
     fence: Fence
     applied: bool
     state: WorkState | None
+    # A side write that failed (the finalization was rolled back with it).
+    error: str | None = None
 
 
 @attrs.frozen

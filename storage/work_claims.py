@@ -28,7 +28,7 @@ expired, even if nobody reclaimed the row yet, can change nothing.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -48,6 +48,7 @@ from storage.port import (
     LostLease,
     RenewResult,
     SqlTx,
+    StorageError,
 )
 from storage.work_rows import (
     LANE_BLOCKING_SQL,
@@ -59,6 +60,7 @@ from storage.work_rows import (
 )
 
 T = TypeVar("T")
+SideWrite = Callable[[SqlTx], Awaitable[None]]
 
 _READY_HEAD = (
     "SELECT w.work_id, w.org_id, w.source_lane, w.target_lane, w.run_after_us"
@@ -300,59 +302,65 @@ class WorkClaims:
         return RenewResult(renewed=renewed, lost=lost, cancel_requested=cancel)
 
     async def work_finalize_if_owner(
-        self, finalizations: Sequence[Finalization], replica: str, now_us: int
+        self,
+        finalizations: Sequence[Finalization],
+        replica: str,
+        now_us: int,
+        side_writes: Mapping[str, SideWrite] | None = None,
     ) -> list[FinalizeResult]:
+        """Finalize many items in one transaction, each against its own fence.
+
+        ``side_writes`` maps a work id to writes that must commit atomically
+        with that item's finalization (an effect's outcome and settlement, a
+        receipt's confirmation). Such an item is finalized on its own inside a
+        savepoint: if its fence no longer holds, the writes do not run; if a
+        write fails, the item's finalization is rolled back with it and the
+        result carries the error. Results come back in input order.
+        """
         if not finalizations:
             return []
+        extra = side_writes or {}
         groups: dict[tuple[Any, ...], list[Finalization]] = {}
         for fin in finalizations:
-            key = (
-                fin.new_state.value,
-                fin.run_after_us,
-                fin.terminal_outcome,
-                fin.failure_class,
-                fin.summary,
-                1 if fin.refund_attempt else 0,
-            )
-            groups.setdefault(key, []).append(fin)
+            if fin.fence.work_id not in extra:
+                groups.setdefault(_set_values(fin), []).append(fin)
+        special = [f for f in finalizations if f.fence.work_id in extra]
 
         async def body(tx: SqlTx) -> list[FinalizeResult]:
-            results: list[FinalizeResult] = []
+            results: dict[str, FinalizeResult] = {}
             journal: list[tuple[Any, ...]] = []
             for key, members in groups.items():
-                state, run_after, terminal, failure, summary, refund = key
                 fences = [m.fence for m in members]
-                where, args = fence_predicate(fences)
-                matched = await tx.execute(
-                    "UPDATE work_items SET state = ?, lease_until_us = NULL,"
-                    " target_lane_hold = NULL, run_after_us = COALESCE(?, run_after_us),"
-                    " terminal_outcome = ?, failure_class = ?, operator_summary = ?,"
-                    " attempt = attempt - ?, row_version = row_version + 1, updated_at_us = ?"
-                    f" WHERE {where} AND state = 'processing' AND lease_until_us >= ?",
-                    (state, run_after, terminal, failure, summary, refund, now_us, *args, now_us),
-                )
+                matched = await _finalize_update(tx, key, fences, now_us)
                 if matched == len(members):
                     applied = {m.fence.work_id for m in members}
                 else:
-                    applied = await _applied(tx, fences, state)
+                    applied = await _applied(tx, fences, key[0])
                 for m in members:
                     ok = m.fence.work_id in applied
-                    results.append(FinalizeResult(m.fence, ok, WorkState(state) if ok else None))
-                    if ok and m.event is not WorkEvent.RELEASE:
-                        journal.append(
-                            (
-                                m.fence.work_id,
-                                m.fence.ownership_epoch,
-                                m.family,
-                                m.attempt,
-                                replica,
-                                state,
-                                now_us,
-                            )
-                        )
+                    results[m.fence.work_id] = FinalizeResult(
+                        m.fence, ok, WorkState(key[0]) if ok else None)
+                    if ok:
+                        journal.extend(_journal_entry(m, replica, key[0], now_us))
+            for i, fin in enumerate(special):
+                key = _set_values(fin)
+                await tx.execute(f"SAVEPOINT fin_{i}")
+                try:
+                    if await _finalize_update(tx, key, [fin.fence], now_us):
+                        await extra[fin.fence.work_id](tx)
+                        results[fin.fence.work_id] = FinalizeResult(
+                            fin.fence, True, WorkState(key[0]))
+                        journal.extend(_journal_entry(fin, replica, key[0], now_us))
+                    else:
+                        results[fin.fence.work_id] = FinalizeResult(fin.fence, False, None)
+                    await tx.execute(f"RELEASE SAVEPOINT fin_{i}")
+                except StorageError as exc:
+                    await tx.execute(f"ROLLBACK TO SAVEPOINT fin_{i}")
+                    results[fin.fence.work_id] = FinalizeResult(fin.fence, False, None,
+                                                                error=str(exc))
             if journal:
                 await _journal(tx, journal)
-            return results
+            return [results[f.fence.work_id] for f in finalizations]
 
         try:
             return await self.db.transact(body, name="work.finalize")
@@ -389,6 +397,39 @@ class WorkClaims:
             return await body(tx)
 
         return await self.db.transact(fenced, name=name)
+
+
+def _set_values(fin: Finalization) -> tuple[Any, ...]:
+    return (
+        fin.new_state.value,
+        fin.run_after_us,
+        fin.terminal_outcome,
+        fin.failure_class,
+        fin.summary,
+        1 if fin.refund_attempt else 0,
+    )
+
+
+async def _finalize_update(tx: SqlTx, key: tuple[Any, ...], fences: Sequence[Fence],
+                           now_us: int) -> int:
+    state, run_after, terminal, failure, summary, refund = key
+    where, args = fence_predicate(fences)
+    return await tx.execute(
+        "UPDATE work_items SET state = ?, lease_until_us = NULL,"
+        " target_lane_hold = NULL, run_after_us = COALESCE(?, run_after_us),"
+        " terminal_outcome = ?, failure_class = ?, operator_summary = ?,"
+        " attempt = attempt - ?, row_version = row_version + 1, updated_at_us = ?"
+        f" WHERE {where} AND state = 'processing' AND lease_until_us >= ?",
+        (state, run_after, terminal, failure, summary, refund, now_us, *args, now_us),
+    )
+
+
+def _journal_entry(fin: Finalization, replica: str, state: str,
+                   now_us: int) -> list[tuple[Any, ...]]:
+    if fin.event is WorkEvent.RELEASE:
+        return []  # a released attempt is refunded, not an execution
+    return [(fin.fence.work_id, fin.fence.ownership_epoch, fin.family, fin.attempt, replica,
+             state, now_us)]
 
 
 async def _applied(tx: SqlTx, fences: Sequence[Fence], state: str) -> set[str]:

@@ -23,6 +23,7 @@ from daemon.services import logs
 from daemon.services.clock import Clock
 from daemon.services.metrics import Metrics
 from storage.port import FinalizeResult, StorageError
+from storage.work_claims import SideWrite
 from storage.work_store import WorkStore
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 class _Pending:
     finalization: Finalization
     flight: InFlight
+    side_write: SideWrite | None
     done: trio.Event = attrs.field(factory=trio.Event)
     result: FinalizeResult | None = None
 
@@ -48,8 +50,9 @@ class Completer:
     _queue: list[_Pending] = attrs.field(factory=list)
     _has_work: trio.Event = attrs.field(factory=trio.Event)
 
-    async def submit(self, finalization: Finalization, flight: InFlight) -> FinalizeResult:
-        pending = _Pending(finalization, flight)
+    async def submit(self, finalization: Finalization, flight: InFlight,
+                     side_write: SideWrite | None = None) -> FinalizeResult:
+        pending = _Pending(finalization, flight, side_write)
         self._queue.append(pending)
         self._has_work.set()
         await pending.done.wait()
@@ -67,7 +70,9 @@ class Completer:
             del self._queue[: len(batch)]
             try:
                 results = await self.store.work_finalize_if_owner(
-                    [p.finalization for p in batch], self.replica_id, self.clock.now_us()
+                    [p.finalization for p in batch], self.replica_id, self.clock.now_us(),
+                    {p.finalization.fence.work_id: p.side_write for p in batch
+                     if p.side_write is not None},
                 )
             except StorageError as exc:
                 self.metrics.db_errors.labels("finalize").inc()

@@ -41,6 +41,15 @@ class WorkContext:
     store: WorkStore
     clock: Clock
     replica_id: str
+    # Writes to commit atomically with this item's finalization (see on_finalize).
+    side_writes: list[Callable[[SqlTx], Awaitable[None]]] = attrs.field(factory=list)
+
+    def on_finalize(self, write: Callable[[SqlTx], Awaitable[None]]) -> None:
+        """Run ``write`` inside the transaction that finalizes this item, only if the
+        fence still holds there. If ``write`` raises a storage error, the
+        finalization is rolled back with it (the item stays claimed until its
+        lease runs out, then is reclaimed)."""
+        self.side_writes.append(write)
 
     async def fenced(self, body: Callable[[SqlTx], Awaitable[T]], *, name: str) -> T:
         """Run ``body`` in a transaction that first proves this claim is still live."""

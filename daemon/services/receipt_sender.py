@@ -21,7 +21,10 @@ from config.settings import RuntimeClient, Settings
 from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
 from daemon.services import logs
 from daemon.services.families import Handler, WorkContext
+from storage.commands import read_command
 from storage.effect_values import Command, ReceiptState, ResultReceipt
+from storage.effects import mark_receipt, read_receipt
+from storage.port import SqlTx
 
 
 def commit_result_request(command: Command, receipt: ResultReceipt) -> dict[str, Any]:
@@ -52,8 +55,12 @@ class ReceiptSender:
 
     async def handle(self, ctx: WorkContext) -> Outcome:
         command_id = str(json.loads(ctx.item.payload)["command_id"])
-        receipt = await ctx.store.receipt_get(command_id)
-        command = await ctx.store.command_get(command_id)
+
+        async def read(tx: SqlTx) -> tuple[ResultReceipt | None, Command | None]:
+            return await read_receipt(tx, command_id), await read_command(tx, command_id)
+
+        receipt, command = await ctx.store.db.transact(read, name="receipt.context",
+                                                       write=False)
         if receipt is None or command is None:
             return DeadLetter("missing_receipt", f"no receipt for command {command_id}")
         if receipt.state is ReceiptState.CONFIRMED:
@@ -75,8 +82,7 @@ class ReceiptSender:
         status = response.status_code
         error = _error_code(response)
         if status == 200:
-            await ctx.store.receipt_mark(ctx.fence, command_id, confirmed=True, error=None,
-                                         now_us=ctx.clock.now_us())
+            self._mark(ctx, command_id, confirmed=True, error=None)
             logs.event("receipt_confirmed", command_id=command_id, work_id=ctx.item.work_id,
                        format=receipt.result_format_version)
             return Succeeded("receipt confirmed by the Runtime")
@@ -94,8 +100,17 @@ class ReceiptSender:
         return RetryLater(f"runtime_{status}", f"the Runtime answered {status}")
 
     async def _note(self, ctx: WorkContext, command_id: str, error: str) -> None:
-        await ctx.store.receipt_mark(ctx.fence, command_id, confirmed=False, error=error,
-                                     now_us=ctx.clock.now_us())
+        self._mark(ctx, command_id, confirmed=False, error=error)
+
+    @staticmethod
+    def _mark(ctx: WorkContext, command_id: str, *, confirmed: bool, error: str | None) -> None:
+        """Record the delivery result with the item's finalization (one commit)."""
+        now = ctx.clock.now_us()
+
+        async def write(tx: SqlTx) -> None:
+            await mark_receipt(tx, command_id, confirmed=confirmed, error=error, now_us=now)
+
+        ctx.on_finalize(write)
 
 
 def _error_code(response: httpx.Response) -> str:

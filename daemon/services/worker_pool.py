@@ -43,7 +43,8 @@ from daemon.services.clock import Clock
 from daemon.services.completer import Completer
 from daemon.services.families import FamilyRegistry, WorkContext, WorkFamily
 from daemon.services.metrics import Metrics
-from storage.port import LostLease
+from storage.port import LostLease, SqlTx
+from storage.work_claims import SideWrite
 from storage.work_store import WorkStore
 
 
@@ -148,7 +149,14 @@ class WorkerPool:
 
     async def _execute(self, flight: InFlight) -> None:
         try:
-            outcome = await self._run_handler(flight)
+            ctx = WorkContext(
+                item=flight.item,
+                fence=flight.fence,
+                store=self.store,
+                clock=self.clock,
+                replica_id=self.replica_id,
+            )
+            outcome = await self._run_handler(flight, ctx)
             if outcome is None:
                 return
             item = flight.item
@@ -163,23 +171,20 @@ class WorkerPool:
                 now_us=self.clock.now_us(),
                 family=family.name,
             )
-            result = await self.completer.submit(finalization, flight)
+            result = await self.completer.submit(finalization, flight,
+                                                 _combined(ctx.side_writes))
             if result.applied and result.state is not None:
                 self.metrics.finalized.labels(family.name, result.state.value).inc()
-            elif not result.applied:
+            elif result.error is not None:
+                logs.warn("work_side_write_failed", work_id=item.work_id, family=family.name,
+                          epoch=flight.fence.ownership_epoch, error=result.error)
+            else:
                 self._lost(flight, "finalize_refused")
         finally:
             self._forget(flight)
 
-    async def _run_handler(self, flight: InFlight) -> Outcome | None:
+    async def _run_handler(self, flight: InFlight, ctx: WorkContext) -> Outcome | None:
         family = flight.family
-        ctx = WorkContext(
-            item=flight.item,
-            fence=flight.fence,
-            store=self.store,
-            clock=self.clock,
-            replica_id=self.replica_id,
-        )
         started = trio.current_time()
         outcome: Outcome | None = None
         with flight.scope:
@@ -203,6 +208,7 @@ class WorkerPool:
         reason = flight.stop_reason
         if reason is None:
             reason = "lease_untrusted"  # the scope's deadline (trust horizon) passed
+        ctx.side_writes.clear()  # stopped early: the handler's writes are void
         if reason == "cancel_requested":
             return CancelAcknowledged()
         if reason == "drain":
@@ -219,3 +225,14 @@ class WorkerPool:
             epoch=flight.fence.ownership_epoch,
             reason=reason,
         )
+
+
+def _combined(writes: list[SideWrite]) -> SideWrite | None:
+    if not writes:
+        return None
+
+    async def all_writes(tx: SqlTx) -> None:
+        for write in writes:
+            await write(tx)
+
+    return all_writes

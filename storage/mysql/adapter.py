@@ -218,7 +218,10 @@ class MysqlDatabase:
             charset="utf8mb4",
             use_unicode=True,
             client_flag=CLIENT.FOUND_ROWS,
-            autocommit=False,
+            # Reads run as single-statement autocommit transactions (at READ
+            # COMMITTED a multi-statement read transaction buys no consistency);
+            # writes open an explicit BEGIN ... COMMIT.
+            autocommit=True,
             connect_timeout=self.connect_timeout_s,
             sql_mode="STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION",
             init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
@@ -261,10 +264,11 @@ class MysqlDatabase:
     async def transact(
         self, body: Callable[[SqlTx], Awaitable[T]], *, name: str, write: bool = True
     ) -> T:
+        """``write=False`` bodies must only read: they run without BEGIN/COMMIT."""
         pause = 0.005
         for attempt in range(self.max_retries + 1):
             try:
-                return await self._attempt(body, name)
+                return await self._attempt(body, name, write)
             except _Retry as retry:
                 self.stats.retries += 1
                 if attempt == self.max_retries:
@@ -276,14 +280,15 @@ class MysqlDatabase:
                 pause = min(pause * 2, 0.2)
         raise AssertionError("unreachable")
 
-    async def _attempt(self, body: Callable[[SqlTx], Awaitable[T]], name: str) -> T:
+    async def _attempt(self, body: Callable[[SqlTx], Awaitable[T]], name: str, write: bool) -> T:
         pooled = await self._acquire()
         conn = pooled.conn
         reusable = False
         try:
             try:
                 with trio.fail_after(self.transaction_timeout_s):
-                    await conn.begin()
+                    if write:
+                        await conn.begin()
                     result = await body(_MysqlTx(conn, self.stats))
             except trio.TooSlowError:
                 raise DatabaseUnavailable(
@@ -291,16 +296,19 @@ class MysqlDatabase:
                     f" {self.transaction_timeout_s:.0f}s"
                 ) from None
             except trio_mysql.MySQLError as exc:
-                reusable = _server_reported(exc) and await self._rollback(conn)
+                if write:
+                    reusable = _server_reported(exc) and await self._rollback(conn)
+                else:
+                    reusable = _server_reported(exc)
                 raise self._translate(exc, name) from None
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 raise DatabaseUnavailable(f"{name}: connection lost: {exc!r}") from None
             except Exception:
                 # The body's own error (DuplicateKey, LostLease, a bug): every
                 # statement completed, so the protocol is in step.
-                reusable = await self._rollback(conn)
+                reusable = await self._rollback(conn) if write else True
                 raise
-            reusable = await self._commit(conn, name)
+            reusable = await self._commit(conn, name) if write else True
             return result
         finally:
             self._release(pooled, reusable)

@@ -200,7 +200,8 @@ class SqliteDatabase:
                     raise _Busy() from exc
                 raise StorageError(f"sqlite error: {exc}") from None
             raise
-        self.stats.commits += 1
+        if write:
+            self.stats.commits += 1
         return result
 
     async def aclose(self) -> None:

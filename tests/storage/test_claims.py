@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import pytest
 import trio
 
 from daemon.core.outcomes import (
     DeadLetter,
     Finalization,
+    Outcome,
     Released,
     RetryLater,
     Skipped,
@@ -15,7 +18,7 @@ from daemon.core.outcomes import (
 )
 from daemon.core.states import WorkEvent, WorkState
 from daemon.core.work import Fence
-from storage.port import LostLease, SqlTx
+from storage.port import LostLease, SqlTx, WorkConflict
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.work import SEC, T0, TTL, claim, enqueue, finalization, finalize
@@ -237,3 +240,52 @@ async def test_terminal_rows_are_never_reopened(store: WorkStore) -> None:
     assert (cancel.disposition, cancel.state) == ("noop", WorkState.SUCCEEDED)
     row = await store.work_get(item.work_id)
     assert row is not None and row.state is WorkState.SUCCEEDED
+
+
+async def test_batch_results_follow_input_order(store: WorkStore) -> None:
+    await enqueue(store, 4)
+    items = (await claim(store, limit=4)).claimed
+    outcomes: list[Outcome] = [Succeeded(), RetryLater("net"), Succeeded(), DeadLetter("bad")]
+    fins = [finalization(i, o) for i, o in zip(items, outcomes, strict=True)]
+    results = await store.work_finalize_if_owner(fins, "A", T0)
+    assert [r.fence.work_id for r in results] == [i.work_id for i in items]
+    assert [r.state for r in results] == [WorkState.SUCCEEDED, WorkState.RETRY,
+                                          WorkState.SUCCEEDED, WorkState.DEAD]
+
+
+async def test_side_writes_commit_with_their_finalization_only(store: WorkStore) -> None:
+    await enqueue(store, 3)
+    ok, stale, broken = (await claim(store, limit=3)).claimed
+    await store.db.transact(
+        lambda tx: tx.execute("UPDATE work_items SET lease_token = 'x' WHERE work_id = ?",
+                              (stale.work_id,)),
+        name="t",
+    )
+
+    def mark(item_id: str) -> Callable[[SqlTx], Awaitable[None]]:
+        async def write(tx: SqlTx) -> None:
+            await tx.execute("UPDATE work_items SET operator_summary = 'side' WHERE work_id = ?",
+                             (item_id,))
+        return write
+
+    async def failing(tx: SqlTx) -> None:
+        await tx.execute("UPDATE work_items SET operator_summary = 'half' WHERE work_id = ?",
+                         (broken.work_id,))
+        raise WorkConflict("the settlement lost a race")
+
+    fins = [finalization(i, Succeeded()) for i in (ok, stale, broken)]
+    results = await store.work_finalize_if_owner(
+        fins, "A", T0, side_writes={ok.work_id: mark(ok.work_id),
+                                    stale.work_id: mark(stale.work_id),
+                                    broken.work_id: failing})
+    assert [(r.applied, r.error) for r in results] == [
+        (True, None), (False, None), (False, "the settlement lost a race")]
+    rows = {i.work_id: await store.work_get(i.work_id) for i in (ok, stale, broken)}
+    assert rows[ok.work_id].operator_summary == "side"  # type: ignore[union-attr]
+    assert rows[ok.work_id].state is WorkState.SUCCEEDED  # type: ignore[union-attr]
+    assert rows[stale.work_id].operator_summary is None  # type: ignore[union-attr]
+    # The failed side write took its finalization down with it: still processing.
+    assert rows[broken.work_id].state is WorkState.PROCESSING  # type: ignore[union-attr]
+    assert rows[broken.work_id].operator_summary is None  # type: ignore[union-attr]
+    assert [e.work_id for e in await store.work_executions(ok.work_id)] == [ok.work_id]
+    assert await store.work_executions(broken.work_id) == []
