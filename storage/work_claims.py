@@ -2,10 +2,11 @@
 
 Theory of operation
 -------------------
-*Claim* is two steps in one short transaction: select eligible candidate ids
-(oldest first, lane rules applied by the database), then one conditional
-UPDATE over the chosen ids that re-checks ``state`` and ``run_after`` and
-installs a fresh lease token, ``ownership_epoch + 1`` and ``attempt + 1``.
+*Claim* is two steps: a plain read selects eligible candidate ids (oldest
+first, lane rules applied by the database; an idle poll ends here), then one
+short write transaction runs a conditional UPDATE over the chosen ids that
+re-checks ``state`` and ``run_after`` and installs a fresh lease token,
+``ownership_epoch + 1`` and ``attempt + 1``.
 Whatever rows that UPDATE matched are ours; we read them back by token. Two
 claimants racing for a row cannot both match it: the second UPDATE sees the
 first's committed ``processing`` state (row locks on MySQL-family servers;
@@ -118,21 +119,30 @@ class WorkClaims:
     async def work_claim(self, params: ClaimParams, now_us: int) -> ClaimResult:
         token = new_lease_token()
         lease_until = now_us + params.lease_ttl_us
+
+        # Step 1, a plain read: is there anything to claim? An idle poll then
+        # costs no write transaction (no lock, no commit) on any backend.
+        async def candidates(tx: SqlTx) -> tuple[list[tuple[Any, ...]], list[Candidate]]:
+            expired: list[tuple[Any, ...]] = []
+            if params.include_expired:
+                expired = await tx.fetchall(_EXPIRED_SQL, (now_us, params.family, params.limit))
+            room = params.limit - len(expired)
+            picked = await self._pick(tx, attrs.evolve(params, limit=room), now_us) if room else []
+            return expired, picked
+
+        expired, picked = await self.db.transact(candidates, name="work.claim.candidates",
+                                                 write=False)
+        if not expired and not picked:
+            return ClaimResult(claimed=[], expired_dead=[], contended=0)
         touched: list[str] = []
 
+        # Step 2, one short write transaction: conditional UPDATEs decide the winners.
         async def body(tx: SqlTx) -> ClaimResult:
             touched.clear()
             contended = 0
-            expired_dead: list[str] = []
-            # Expired leases first: they are the oldest work, and a row moved
-            # to dead here frees its target lane for the pick below.
-            if params.include_expired:
-                reclaimed, expired_dead = await self._sweep_expired(
-                    tx, params, token, lease_until, now_us
-                )
-                touched.extend(reclaimed)
-            room = params.limit - len(touched)
-            picked = await self._pick(tx, attrs.evolve(params, limit=room), now_us) if room else []
+            reclaimed, expired_dead = await self._sweep_expired(
+                tx, params, expired, token, lease_until, now_us)
+            touched.extend(reclaimed)
             ids = [c.work_id for c in picked]
             if ids:
                 touched.extend(ids)
@@ -220,9 +230,11 @@ class WorkClaims:
         return won
 
     async def _sweep_expired(
-        self, tx: SqlTx, params: ClaimParams, token: str, lease_until: int, now_us: int
+        self, tx: SqlTx, params: ClaimParams, rows: list[tuple[Any, ...]], token: str,
+        lease_until: int, now_us: int,
     ) -> tuple[list[str], list[str]]:
-        rows = await tx.fetchall(_EXPIRED_SQL, (now_us, params.family, params.limit))
+        """Reclaim (or, attempts spent, dead-letter) rows whose lease had expired:
+        a CAS on the observed fence plus ``lease_until < now``."""
         spent = [Fence(str(r[0]), str(r[1]), int(r[2])) for r in rows if int(r[3]) >= int(r[4])]
         again = [Fence(str(r[0]), str(r[1]), int(r[2])) for r in rows if int(r[3]) < int(r[4])]
         dead: list[str] = []

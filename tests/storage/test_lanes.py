@@ -92,10 +92,12 @@ async def test_held_target_lane_is_freed_by_every_exit(store: WorkStore) -> None
     await enqueue(store, 3, target_lane="T", max_attempts=1)
     (a,) = (await claim(store, ttl=SEC)).claimed
     assert (await claim(store, "B", now=T0 + SEC // 2)).claimed == []
-    # Lease expiry with attempts spent moves it to dead and frees the lane.
+    # Lease expiry with attempts spent moves it to dead and frees the lane for
+    # the next claim.
     result = await claim(store, "B", now=T0 + 2 * SEC)
     assert result.expired_dead == [a.work_id]
-    (b,) = result.claimed
+    assert result.claimed == []
+    (b,) = (await claim(store, "B", now=T0 + 2 * SEC)).claimed
     assert b.target_lane == "T" and b.work_id != a.work_id
     await finalize(store, b, Succeeded(), now=T0 + 2 * SEC)
     (c,) = (await claim(store, now=T0 + 2 * SEC)).claimed
