@@ -55,6 +55,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def mariadb_pid() -> int | None:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "mariadbd":
+                    return int(entry.name)
+            except OSError:
+                continue
+    return None
+
+
 def scope_of(i: int) -> TrustedRuntimeWorkScope:
     return TrustedRuntimeWorkScope(f"org-{i}", f"install-{i}", "cap.leads", f"sha256:bench-{i}")
 
@@ -131,8 +148,11 @@ async def drive(replicas: int, effects: int, leads: int, api_ports: list[int],
             for i in range(leads):
                 sim.add_contact(f"{r * 100000 + i}", jobtitle="Engineer")
                 rt.store.create_lead({"lead_id": f"lead-{i}", "title": "Engineer"})
-        admins = await trio.to_thread.run_sync(start_replicas)
+        admins, pids = await trio.to_thread.run_sync(start_replicas)
         before = [await trio.to_thread.run_sync(scrape, a) for a in admins]
+        db_pid = mariadb_pid()
+        cpu_before = ([cpu_seconds(p) for p in pids], cpu_seconds(os.getpid()),
+                      cpu_seconds(db_pid) if db_pid else 0.0)
         per_runtime = effects // replicas
         t0 = time.monotonic()
         for rt in runtimes:
@@ -148,6 +168,8 @@ async def drive(replicas: int, effects: int, leads: int, api_ports: list[int],
                     break
                 await trio.sleep(0.05)
         elapsed = time.monotonic() - t0
+        cpu_after = ([cpu_seconds(p) for p in pids], cpu_seconds(os.getpid()),
+                     cpu_seconds(db_pid) if db_pid else 0.0)
         after = [await trio.to_thread.run_sync(scrape, a) for a in admins]
         patches = [r for r in sim.requests if r.method == "PATCH"]
         results.update({
@@ -162,6 +184,13 @@ async def drive(replicas: int, effects: int, leads: int, api_ports: list[int],
                 for a, b in zip(after, before, strict=True)) / total, 2),
             "patch_requests": len(patches),
             "duplicate_patches": sum(1 for p in patches if p.applied) - total,
+            # CPU milliseconds per effect, by who spent them (2 cores on this machine).
+            "cpu_ms_per_effect": {
+                "replicas": round(1000 * (sum(cpu_after[0]) - sum(cpu_before[0])) / total, 2),
+                "sandbox_runtime_and_simulator": round(
+                    1000 * (cpu_after[1] - cpu_before[1]) / total, 2),
+                "mariadb": round(1000 * (cpu_after[2] - cpu_before[2]) / total, 2),
+            },
             "runtime_counters": {
                 k: sum(int(rt.store.stats().get(k, 0)) for rt in runtimes)
                 for k, v in runtimes[0].store.stats().items() if isinstance(v, int)
@@ -194,10 +223,10 @@ def main() -> None:
             configs = [write_config(workdir, url, i, args.replicas, api_ports, runtime_ports,
                                     sim_port) for i in range(args.replicas)]
 
-            def start_all() -> list[str]:
+            def start_all() -> tuple[list[str], list[int]]:
                 procs.extend(start_replica(cfg, i) for i, cfg in enumerate(configs))
                 deadline = time.monotonic() + 60
-                return [wait_admin(p, log, deadline) for p, log in procs]
+                return [wait_admin(p, log, deadline) for p, log in procs], [p.pid for p, _ in procs]
 
             sim = HubSpotSimulator(tokens={HUBSPOT_TOKEN})
             results: dict[str, Any] = {"system": "integrationd-effects", "backend": "mysql",

@@ -27,6 +27,7 @@ from daemon.core.work import Fence, WorkSpec
 from storage.commands import read_command
 from storage.effect_values import (
     AttemptDraft,
+    Command,
     Disposition,
     EffectAttempt,
     ReceiptState,
@@ -45,6 +46,13 @@ _ATTEMPT_COLUMNS = (
     " body_sha256, idempotency_key, pre_dispatch_evidence, dispatch_started_at_us,"
     " response_status, provider_evidence, outcome, failure_class, finished_at_us,"
     " disposition, disposition_note, disposition_by, disposition_at_us"
+)
+# The command's settlement and how many of its attempts are unresolved, in one read.
+_DISPATCHABLE_SQL = (
+    "SELECT c.settlement, (SELECT COUNT(*) FROM effect_attempts a"
+    " WHERE a.command_id = c.command_id AND a.disposition IS NULL"
+    " AND (a.outcome IS NULL OR a.outcome = 'OUTCOME_UNKNOWN'))"
+    " FROM external_commands c WHERE c.command_id = ?"
 )
 _RECEIPT_COLUMNS = (
     "command_id, intent_id, result_format_version, remote_id, canonical_result,"
@@ -113,14 +121,15 @@ class EffectJournal:
 
         async def body(tx: SqlTx) -> str:
             await fence_lock(tx, fence, now_us)
-            command = await read_command(tx, draft.command_id)
-            if command is None:
+            rows = await tx.fetchall(_DISPATCHABLE_SQL, (draft.command_id,))
+            if not rows:
                 raise WorkConflict(f"no command {draft.command_id}")
-            if command.settlement is not Settlement.OPEN:
-                raise WorkConflict(f"command {command.command_id} is {command.settlement.value};"
+            settlement, unresolved = rows[0]
+            if settlement != Settlement.OPEN:
+                raise WorkConflict(f"command {draft.command_id} is {settlement};"
                                    " no further dispatch")
-            if any(a.unresolved for a in await attempts_of(tx, draft.command_id)):
-                raise WorkConflict(f"command {command.command_id} has an unresolved attempt")
+            if int(unresolved):
+                raise WorkConflict(f"command {draft.command_id} has an unresolved attempt")
             await tx.execute(
                 f"INSERT INTO effect_attempts ({_ATTEMPT_COLUMNS}, lease_token, row_version)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL, NULL, NULL, NULL,"
@@ -319,6 +328,7 @@ async def settle(
     tx: SqlTx,
     *,
     command_id: str,
+    command: Command | None = None,
     settlement: Settlement,
     result_format_version: int,
     remote_id: str,
@@ -327,8 +337,13 @@ async def settle(
     receipt_max_attempts: int,
     now_us: int,
 ) -> str:
-    """Inside the caller's transaction: settle the command and queue its receipt."""
-    command = await read_command(tx, command_id)
+    """Inside the caller's transaction: settle the command and queue its receipt.
+
+    ``command`` (its immutable fields, read earlier) saves a read; the
+    conditional UPDATE on ``settlement`` is the check that counts.
+    """
+    if command is None:
+        command = await read_command(tx, command_id)
     if command is None:
         raise WorkConflict(f"no command {command_id}")
     if not await tx.execute(

@@ -106,6 +106,17 @@ class DbStats:
     rollbacks: int = 0
     retries: int = 0
     unknown_commits: int = 0
+    # Per transaction name: (count, total seconds). Names are fixed strings
+    # ("work.claim", "effect.checkpoint"...), so this stays small.
+    durations: dict[str, list[float]] = attrs.field(factory=dict)
+    # Time spent waiting for a pooled connection (MySQL) or the process's
+    # connection lock (SQLite).
+    wait_seconds: float = 0.0
+
+    def observe(self, name: str, seconds: float) -> None:
+        entry = self.durations.setdefault(name, [0.0, 0.0])
+        entry[0] += 1
+        entry[1] += seconds
 
 
 class Database(Protocol):

@@ -354,22 +354,9 @@ class WorkClaims:
                         m.fence, ok, WorkState(key[0]) if ok else None)
                     if ok:
                         journal.extend(_journal_entry(m, replica, key[0], now_us))
-            for i, fin in enumerate(special):
-                key = _set_values(fin)
-                await tx.execute(f"SAVEPOINT fin_{i}")
-                try:
-                    if await _finalize_update(tx, key, [fin.fence], now_us):
-                        await extra[fin.fence.work_id](tx)
-                        results[fin.fence.work_id] = FinalizeResult(
-                            fin.fence, True, WorkState(key[0]))
-                        journal.extend(_journal_entry(fin, replica, key[0], now_us))
-                    else:
-                        results[fin.fence.work_id] = FinalizeResult(fin.fence, False, None)
-                    await tx.execute(f"RELEASE SAVEPOINT fin_{i}")
-                except StorageError as exc:
-                    await tx.execute(f"ROLLBACK TO SAVEPOINT fin_{i}")
-                    results[fin.fence.work_id] = FinalizeResult(fin.fence, False, None,
-                                                                error=str(exc))
+            if special:
+                journal.extend(await _finalize_special(tx, special, extra, results, replica,
+                                                       now_us))
             if journal:
                 await _journal(tx, journal)
             return [results[f.fence.work_id] for f in finalizations]
@@ -409,6 +396,57 @@ class WorkClaims:
             return await body(tx)
 
         return await self.db.transact(fenced, name=name)
+
+
+async def _finalize_special(
+    tx: SqlTx,
+    special: list[Finalization],
+    extra: Mapping[str, SideWrite],
+    results: dict[str, FinalizeResult],
+    replica: str,
+    now_us: int,
+) -> list[tuple[Any, ...]]:
+    """Items with side writes: optimistically all under one savepoint; if any
+    write fails, roll that back and redo them one savepoint each, so only the
+    failing item (with its writes) is left out."""
+    await tx.execute("SAVEPOINT fin_all")
+    try:
+        journal = await _finalize_items(tx, special, extra, results, replica, now_us)
+    except StorageError:
+        await tx.execute("ROLLBACK TO SAVEPOINT fin_all")
+    else:
+        await tx.execute("RELEASE SAVEPOINT fin_all")
+        return journal
+    journal = []
+    for i, fin in enumerate(special):
+        await tx.execute(f"SAVEPOINT fin_{i}")
+        try:
+            journal.extend(await _finalize_items(tx, [fin], extra, results, replica, now_us))
+            await tx.execute(f"RELEASE SAVEPOINT fin_{i}")
+        except StorageError as exc:
+            await tx.execute(f"ROLLBACK TO SAVEPOINT fin_{i}")
+            results[fin.fence.work_id] = FinalizeResult(fin.fence, False, None, error=str(exc))
+    return journal
+
+
+async def _finalize_items(
+    tx: SqlTx,
+    items: list[Finalization],
+    extra: Mapping[str, SideWrite],
+    results: dict[str, FinalizeResult],
+    replica: str,
+    now_us: int,
+) -> list[tuple[Any, ...]]:
+    journal: list[tuple[Any, ...]] = []
+    for fin in items:
+        key = _set_values(fin)
+        if await _finalize_update(tx, key, [fin.fence], now_us):
+            await extra[fin.fence.work_id](tx)
+            results[fin.fence.work_id] = FinalizeResult(fin.fence, True, WorkState(key[0]))
+            journal.extend(_journal_entry(fin, replica, key[0], now_us))
+        else:
+            results[fin.fence.work_id] = FinalizeResult(fin.fence, False, None)
+    return journal
 
 
 def _set_values(fin: Finalization) -> tuple[Any, ...]:

@@ -108,18 +108,26 @@ _EVIDENCE_HEADERS = ("x-hubspot-correlation-id", "x-request-id", "request-id")
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
 
+def new_http_client(max_connections: int) -> httpx.AsyncClient:
+    """An HTTP/1.1 client with keep-alive and no retries of any kind.
+
+    httpcore's pool scans every connection for every queued request, so a
+    small pool per destination (providers, the Runtime) stays cheap.
+    """
+    return httpx.AsyncClient(
+        transport=httpx.AsyncHTTPTransport(retries=0),
+        limits=httpx.Limits(max_connections=max_connections,
+                            max_keepalive_connections=max_connections),
+        follow_redirects=False,
+        trust_env=False,
+    )
+
+
 @attrs.define(eq=False)
 class HttpExecutor:
     """One shared HTTP/1.1 client for provider calls (keep-alive, no retries)."""
 
-    client: httpx.AsyncClient = attrs.field(
-        factory=lambda: httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(retries=0),
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
-            follow_redirects=False,
-            trust_env=False,
-        )
-    )
+    client: httpx.AsyncClient = attrs.field(factory=lambda: new_http_client(32))
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import attrs
+import httpx
 from quart_trio import QuartTrio
 
 from config.catalog import Catalog, load_catalog
 from config.settings import Settings
 from daemon.api.app import ApiContext, create_api_app
-from daemon.providers.executor import HttpExecutor
+from daemon.providers.executor import HttpExecutor, new_http_client
 from daemon.services.clock import Clock
 from daemon.services.effect_runner import EffectRunner, effect_handler
 from daemon.services.families import FamilyRegistry, build_registry, noop_handler
@@ -21,12 +22,14 @@ from storage.work_store import WorkStore
 class Assembly:
     catalog: Catalog
     executor: HttpExecutor
+    runtime_client: httpx.AsyncClient
     registry: FamilyRegistry
     api_context: ApiContext | None
     api_app: QuartTrio | None
 
     async def aclose(self) -> None:
         await self.executor.aclose()
+        await self.runtime_client.aclose()
 
 
 def assemble(settings: Settings, store: WorkStore, clock: Clock) -> Assembly:
@@ -36,7 +39,8 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock) -> Assembly:
         catalog=catalog, executor=executor,
         receipt_max_attempts=settings.family(RECEIPT_FAMILY).max_attempts,
     )
-    sender = ReceiptSender(settings=settings, client=executor.client)
+    runtime_client = new_http_client(16)
+    sender = ReceiptSender(settings=settings, client=runtime_client)
     registry = build_registry(settings, {
         "noop": noop_handler,
         "external_effect": effect_handler(runner),
@@ -47,4 +51,4 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock) -> Assembly:
     if settings.runtimes:
         context = ApiContext(settings=settings, store=store, catalog=catalog, clock=clock)
         app = create_api_app(context)
-    return Assembly(catalog, executor, registry, context, app)
+    return Assembly(catalog, executor, runtime_client, registry, context, app)

@@ -264,7 +264,8 @@ class EffectRunner:
         now = ctx.clock.now_us()
 
         async def write(tx: SqlTx) -> None:
-            await settle(tx, command_id=command.command_id, settlement=settlement,
+            await settle(tx, command_id=command.command_id, command=command,
+                         settlement=settlement,
                          result_format_version=result_format, remote_id=remote_id,
                          canonical_result=canonical, result_digest=digest,
                          receipt_max_attempts=self.receipt_max_attempts, now_us=now)

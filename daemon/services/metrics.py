@@ -25,6 +25,21 @@ class _DbStatsCollector(Collector):
         self._stats = stats
 
     def collect(self) -> Iterator[CounterMetricFamily]:
+        count = CounterMetricFamily("integrationd_db_transactions",
+                                    "Transactions run, by operation", labels=["backend", "name"])
+        seconds = CounterMetricFamily("integrationd_db_transaction_seconds",
+                                      "Time in transactions (with retries and pool waits),"
+                                      " by operation", labels=["backend", "name"])
+        for name, (n, total) in sorted(self._stats.durations.items()):
+            count.add_metric([self._backend, name], n)
+            seconds.add_metric([self._backend, name], total)
+        yield count
+        yield seconds
+        wait = CounterMetricFamily("integrationd_db_connection_wait_seconds",
+                                   "Time spent waiting for a database connection",
+                                   labels=["backend"])
+        wait.add_metric([self._backend], self._stats.wait_seconds)
+        yield wait
         for name, doc, value in (
             ("integrationd_db_statements", "SQL statements sent", self._stats.statements),
             ("integrationd_db_commits", "Transactions committed", self._stats.commits),

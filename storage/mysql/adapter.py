@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -239,7 +240,9 @@ class MysqlDatabase:
         return _Pooled(conn, conn._sock)
 
     async def _acquire(self) -> _Pooled:
+        waited = time.monotonic()
         await self._slots.acquire()
+        self.stats.wait_seconds += time.monotonic() - waited
         if self._idle:
             return self._idle.pop()
         try:
@@ -266,9 +269,12 @@ class MysqlDatabase:
     ) -> T:
         """``write=False`` bodies must only read: they run without BEGIN/COMMIT."""
         pause = 0.005
+        started = time.monotonic()
         for attempt in range(self.max_retries + 1):
             try:
-                return await self._attempt(body, name, write)
+                result = await self._attempt(body, name, write)
+                self.stats.observe(name, time.monotonic() - started)
+                return result
             except _Retry as retry:
                 self.stats.retries += 1
                 if attempt == self.max_retries:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -163,10 +164,14 @@ class SqliteDatabase:
         conn = self.conn
         deadline = trio.current_time() + self.retry_budget_s
         pause = 0.001
+        started = time.monotonic()
         async with self._lock:
+            self.stats.wait_seconds += time.monotonic() - started
             while True:
                 try:
-                    return await self._attempt(conn, body, write)
+                    result = await self._attempt(conn, body, write)
+                    self.stats.observe(name, time.monotonic() - started)
+                    return result
                 except _Busy:
                     self.stats.retries += 1
                     if trio.current_time() + pause > deadline:
