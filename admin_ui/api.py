@@ -35,8 +35,6 @@ Json = dict[str, Any]
 NOT_CONFIGURED = {
     "subscriptions": "Remote subscriptions are not configured yet: the subscription"
                      " reconciler has not been built into this release.",
-    "bindings": "Integration bindings are not configured yet: the Catalog's L2 bindings"
-                " have not been loaded by this release.",
     "quota": "Distributed provider quota is not configured yet: no quota dimensions are"
              " declared by this release.",
 }
@@ -180,10 +178,25 @@ async def subscriptions() -> Json:
     return _not_configured("subscriptions")
 
 
+def bindings_json(settings: Any) -> Json:
+    """The L2 bindings this replica serves: generations, never token values."""
+    return {
+        "configured": bool(settings.bindings),
+        "catalog_revision": settings.catalog.revision,
+        "items": [
+            {"binding_id": b.binding_id, "provider": b.provider, "org_id": b.org_id,
+             "app_installation_id": b.app_installation_id,
+             "remote_account_id": b.remote_account_id, "base_url": b.base_url,
+             "generation": b.generation, "token": "set" if b.token else "missing"}
+            for b in settings.bindings
+        ],
+    }
+
+
 @bp.get("/bindings")
 @require("console.read")
 async def bindings() -> Json:
-    return _not_configured("bindings")
+    return bindings_json(console().view.settings)
 
 
 @bp.get("/quota")

@@ -17,6 +17,9 @@ from daemon.core.ids import is_ulid
 from daemon.core.states import WorkState
 from storage.port import DeadQuery, WorkQuery
 
+# DLQ class counts are taken among this many newest dead items (a bounded read).
+DLQ_CLASS_SAMPLE = 5000
+
 MAX_PAGE = 200
 DEFAULT_PAGE = 50
 MAX_BULK = 200

@@ -12,7 +12,7 @@ from quart.wrappers import Response
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from admin_ui import queries, readmodels
-from admin_ui.api import NOT_CONFIGURED
+from admin_ui.api import NOT_CONFIGURED, bindings_json
 from admin_ui.auth import require
 from admin_ui.context import console
 from admin_ui.errors import BadFilter
@@ -72,7 +72,7 @@ async def subscriptions() -> Response:
 @bp.get("/admin/bindings")
 @require("console.read")
 async def bindings() -> Response:
-    return await _not_configured("bindings", "Bindings")
+    return await page("bindings.html", doc=bindings_json(console().view.settings))
 
 
 @bp.get("/admin/quota")

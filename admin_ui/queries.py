@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from admin_ui.extensions import LineageProvider, lineage_sections, section_json
+from admin_ui.filters import DLQ_CLASS_SAMPLE
 from admin_ui.serialize import audit_json, dead_class_json, execution_json, work_json
 from admin_ui.view import ReplicaView
 from daemon.core.states import WorkState
@@ -18,7 +19,6 @@ from daemon.core.work import WorkItem
 from storage.port import DeadQuery, WorkNotFound, WorkQuery
 from storage.work_admin import REPLAYABLE
 
-DLQ_CLASS_SAMPLE = 5000
 CANCELLABLE = frozenset({WorkState.PENDING, WorkState.RETRY, WorkState.PROCESSING})
 
 

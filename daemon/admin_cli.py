@@ -23,9 +23,8 @@ from typing import Any
 
 from admin_ui.actions import Operations
 from admin_ui.errors import ConsoleError
-from admin_ui.filters import MAX_BULK, BulkReplayRequest, reason_from
+from admin_ui.filters import DLQ_CLASS_SAMPLE, MAX_BULK, BulkReplayRequest, reason_from
 from admin_ui.passwords import hash_password
-from admin_ui.queries import DLQ_CLASS_SAMPLE
 from admin_ui.serialize import audit_json, dead_class_json, work_json
 from config.settings import Settings
 from daemon.core.ids import is_ulid

@@ -19,6 +19,7 @@ import trio
 from config.catalog import CatalogError, load_catalog
 from config.load import ConfigError, load_settings
 from config.settings import Settings
+from daemon.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
 from daemon.services import logs
 from daemon.services.clock import WallClock
 from daemon.services.families import UnknownFamily, build_registry, known_family_names
@@ -32,7 +33,6 @@ from daemon.services.operator_api import (
     parse_state,
     replay,
 )
-from sandbox.demo import SandboxConfigError
 from storage.migrate import check_schema, migrate
 from storage.open import describe_url, open_store
 from storage.port import StorageError, WorkNotFound, WorkQuery
@@ -110,8 +110,10 @@ def _parser() -> argparse.ArgumentParser:
     can = work.add_parser("cancel", help="cancel an item (a running one acknowledges)")
     can.add_argument("work_id")
     can.add_argument("--actor", required=True, help="operator name (must hold operator/admin)")
+    can.add_argument("--reason", required=True, help="why (kept in the audit log)")
 
     work.add_parser("depths", help="queue depth per family and state (JSON)")
+    add_admin_commands(sub)
     return parser
 
 
@@ -162,7 +164,8 @@ async def _cmd_run(settings: Settings) -> int:
         await check_schema(store.db, store.dialect)
         clock = WallClock()
         parts = assemble(settings, store, clock)
-        replica = Replica(settings, store, parts.registry, clock, api_app=parts.api_app)
+        replica = Replica(settings, store, parts.registry, clock, api_app=parts.api_app,
+                          console_extensions=parts.console_extensions)
         if parts.api_context is not None:
             parts.api_context.wake = replica.wake
         if settings.replica.id:
@@ -271,7 +274,8 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
             else:
                 sys.stdout.write(f"replayed {args.work_id} as {new.work_id}\n")
         elif verb == "cancel":
-            result = await cancel(store, settings, clock, work_id=args.work_id, actor=args.actor)
+            result = await cancel(store, settings, clock, work_id=args.work_id, actor=args.actor,
+                                  reason=args.reason)
             _print_json({"work_id": result.work_id, "disposition": result.disposition,
                          "state": result.state.value})
         elif verb == "depths":
@@ -316,6 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"integrationd: config error: {exc}\n")
         return EXIT_USAGE
     try:
+        if args.command in ADMIN_COMMANDS:
+            return trio.run(run_admin_command, settings, args)
         if args.command == "check-config":
             _print_json(_summarize(settings))
             return EXIT_OK
@@ -330,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BadRequest, UnknownFamily) as exc:
         sys.stderr.write(f"integrationd: {exc}\n")
         return EXIT_USAGE
-    except SandboxConfigError as exc:
+    except ConfigError as exc:  # raised late, e.g. by the sandbox
         sys.stderr.write(f"integrationd: config error: {exc}\n")
         return EXIT_USAGE
     except (CliFailure, NotAuthorized, StorageError) as exc:

@@ -18,6 +18,7 @@ import urllib.parse
 import httpx
 import trio
 
+from config.load import ConfigError
 from config.settings import BindingSettings, RuntimeClient, Settings
 from daemon.core.handoff import TrustedRuntimeWorkScope
 from daemon.core.identity import integration_scope_digest
@@ -32,29 +33,29 @@ TITLES = ("Engineer", "Senior Engineer", "Staff Engineer", "Engineering Manager"
           "VP Engineering", "CTO", "Founder")
 
 
-class SandboxConfigError(Exception):
-    pass
+class SandboxConfigError(ConfigError):
+    """The sandbox cannot be placed from this configuration."""
 
 
 def _pieces(settings: Settings) -> tuple[RuntimeClient, BindingSettings]:
     if not settings.runtimes:
-        raise SandboxConfigError("runtimes: the sandbox needs a [[runtimes]] entry")
+        raise SandboxConfigError("runtimes", "the sandbox needs a [[runtimes]] entry")
     runtime = settings.runtimes[0]
     bindings = [b for b in settings.bindings if b.provider == "hubspot"]
     if not bindings:
-        raise SandboxConfigError("bindings: the sandbox needs a hubspot [[bindings]] entry")
+        raise SandboxConfigError("bindings", "the sandbox needs a hubspot [[bindings]] entry")
     binding = bindings[0]
     if runtime.token is None or runtime.results_token is None or binding.token is None:
-        raise SandboxConfigError("runtimes/bindings: tokens are missing (see README, demo)")
+        raise SandboxConfigError("runtimes", "tokens are missing (see README, demo)")
     if not runtime.results_url:
-        raise SandboxConfigError("runtimes[0].results_url: needed to place the Runtime")
+        raise SandboxConfigError("runtimes[0].results_url", "needed to place the Runtime")
     return runtime, binding
 
 
 def _host_port(url: str) -> tuple[str, int]:
     parts = urllib.parse.urlsplit(url)
     if parts.hostname is None or parts.port is None:
-        raise SandboxConfigError(f"{url}: expected http://host:port")
+        raise SandboxConfigError("url", f"{url}: expected http://host:port")
     return parts.hostname, parts.port
 
 

@@ -250,6 +250,30 @@ class EffectJournal:
 
         return await self.db.transact(body, name="effect.operator_disposition")
 
+    async def effect_unknown_list(self, limit: int = 100) -> list[EffectAttempt]:
+        """Attempts awaiting a disposition (unknown outcome, or a crash after the
+        checkpoint), oldest first: the operator's repair queue."""
+
+        async def body(tx: SqlTx) -> list[EffectAttempt]:
+            rows = await tx.fetchall(
+                f"SELECT {_ATTEMPT_COLUMNS} FROM effect_attempts WHERE disposition IS NULL"
+                " AND outcome = 'OUTCOME_UNKNOWN' ORDER BY attempt_id LIMIT ?",
+                (max(1, min(limit, 1000)),),
+            )
+            return [attempt_from_row(r) for r in rows]
+
+        return await self.db.transact(body, name="effect.unknown_list", write=False)
+
+    async def effect_attempt_get(self, attempt_id: str) -> EffectAttempt | None:
+        async def body(tx: SqlTx) -> EffectAttempt | None:
+            rows = await tx.fetchall(
+                f"SELECT {_ATTEMPT_COLUMNS} FROM effect_attempts WHERE attempt_id = ?",
+                (attempt_id,),
+            )
+            return attempt_from_row(rows[0]) if rows else None
+
+        return await self.db.transact(body, name="effect.attempt_get", write=False)
+
     async def effect_unknown_backlog(self) -> int:
         """Attempts whose outcome is unknown and not yet disposed (the repair queue)."""
 
@@ -352,6 +376,10 @@ async def settle(
         (settlement.value, now_us, command_id),
     ):
         raise WorkConflict(f"command {command_id} is already settled")
+    if command.handoff_key is None:
+        # A repair command was never handed off by the Runtime: its result is
+        # integrationd's record only; there is no intent to receipt.
+        return ""
     await tx.execute(
         f"INSERT INTO result_receipts ({_RECEIPT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?,"
         " 'pending', NULL, ?, NULL)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from storage.command_repair import CommandRepair
 from storage.commands import CommandInbox
 from storage.dialect import Dialect
 from storage.effects import EffectJournal
@@ -12,7 +13,9 @@ from storage.work_claims import WorkClaims
 from storage.work_rollback import WorkRollback
 
 
-class WorkStore(WorkClaims, WorkAdmin, WorkRollback, CommandInbox, EffectJournal, RemoteLinks):
+class WorkStore(
+    WorkClaims, WorkAdmin, WorkRollback, CommandInbox, EffectJournal, RemoteLinks, CommandRepair
+):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 
     def __init__(self, db: Database, dialect: Dialect) -> None:

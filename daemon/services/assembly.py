@@ -6,14 +6,18 @@ import attrs
 import httpx
 from quart_trio import QuartTrio
 
+from admin_ui.effects import effect_extensions
+from admin_ui.extensions import ConsoleExtensions
 from config.catalog import Catalog, load_catalog
 from config.settings import Settings
 from daemon.api.app import ApiContext, create_api_app
+from daemon.core.work import WorkItem
 from daemon.providers.executor import HttpExecutor, new_http_client
 from daemon.services.clock import Clock
-from daemon.services.effect_runner import EffectRunner, effect_handler
+from daemon.services.effect_runner import EffectRunner, effect_handler, replay_refusal
 from daemon.services.families import FamilyRegistry, build_registry, noop_handler
 from daemon.services.receipt_sender import ReceiptSender, receipt_handler
+from storage.commands import EFFECT_FAMILY
 from storage.effects import RECEIPT_FAMILY
 from storage.work_store import WorkStore
 
@@ -26,6 +30,7 @@ class Assembly:
     registry: FamilyRegistry
     api_context: ApiContext | None
     api_app: QuartTrio | None
+    console_extensions: ConsoleExtensions
 
     async def aclose(self) -> None:
         await self.executor.aclose()
@@ -41,14 +46,22 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock) -> Assembly:
     )
     runtime_client = new_http_client(16)
     sender = ReceiptSender(settings=settings, client=runtime_client)
-    registry = build_registry(settings, {
-        "noop": noop_handler,
-        "external_effect": effect_handler(runner),
-        RECEIPT_FAMILY: receipt_handler(sender),
-    })
+    async def effect_replay_guard(store: WorkStore, item: WorkItem) -> str | None:
+        return await replay_refusal(catalog, store, item)
+
+    registry = build_registry(
+        settings,
+        {
+            "noop": noop_handler,
+            EFFECT_FAMILY: effect_handler(runner),
+            RECEIPT_FAMILY: receipt_handler(sender),
+        },
+        {EFFECT_FAMILY: effect_replay_guard},
+    )
     context = None
     app = None
     if settings.runtimes:
         context = ApiContext(settings=settings, store=store, catalog=catalog, clock=clock)
         app = create_api_app(context)
-    return Assembly(catalog, executor, runtime_client, registry, context, app)
+    return Assembly(catalog, executor, runtime_client, registry, context, app,
+                    effect_extensions(catalog))

@@ -55,6 +55,7 @@ from daemon.core.handoff import (
 )
 from daemon.core.identity import integration_link_key_v2, integration_scope_digest
 from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Skipped, Succeeded
+from daemon.core.work import WorkItem
 from daemon.providers.executor import BadRequestForOperation, HttpExecutor, prepare
 from daemon.services import logs
 from daemon.services.families import Handler, WorkContext
@@ -71,6 +72,7 @@ from storage.effect_values import (
 from storage.effects import attempts_of, dispose, record_outcome, settle
 from storage.links import read_link
 from storage.port import SqlTx
+from storage.work_store import WorkStore
 
 # Outcome classes that prove an attempt had no external effect.
 _NO_EFFECT_OUTCOMES = frozenset({
@@ -320,6 +322,27 @@ class EffectRunner:
                               verdict.retry_after_s + 0.5)
         return RetryLater("outcome_unknown", "read-back proves neither effect nor absence:"
                           " operator disposition needed")
+
+
+async def replay_refusal(catalog: Catalog, store: WorkStore, item: WorkItem) -> str | None:
+    """Seed 10: no replay while an outcome is unknown (until reconciliation or an
+    operator's disposition), nor when the pinned binding or Catalog revision
+    is no longer what this service serves (identity/authority ambiguous)."""
+    payload = json.loads(item.payload)
+    command = await store.command_get(str(payload.get("command_id", "")))
+    if command is None:
+        return "its command is missing"
+    if any(a.unresolved for a in await store.effect_attempts(command.command_id)):
+        return ("an effect attempt's outcome is unknown; reconcile it or record an operator"
+                " disposition first")
+    binding = catalog.binding(command.binding_id)
+    if binding is None or binding.generation != command.binding_generation:
+        return ("the command's binding generation is no longer current; issue a repair"
+                " command instead")
+    if command.catalog_revision != catalog.revision:
+        return (f"the command names Catalog revision {command.catalog_revision}, this"
+                f" service serves {catalog.revision}")
+    return None
 
 
 def effect_handler(runner: EffectRunner) -> Handler:

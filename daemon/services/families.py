@@ -65,6 +65,8 @@ class WorkContext:
 
 
 Handler = Callable[[WorkContext], Awaitable[Outcome]]
+# Why a terminal item of this family may not be replayed right now (or None).
+ReplayGuard = Callable[[WorkStore, WorkItem], Awaitable[str | None]]
 
 
 @attrs.frozen
@@ -72,6 +74,7 @@ class WorkFamily:
     name: str
     handler: Handler
     settings: FamilySettings
+    replay_guard: ReplayGuard | None = None
 
     @property
     def backoff(self) -> BackoffPolicy:
@@ -140,9 +143,12 @@ def known_family_names() -> list[str]:
 
 
 def build_registry(
-    settings: Settings, handlers: Mapping[str, Handler] | None = None
+    settings: Settings,
+    handlers: Mapping[str, Handler] | None = None,
+    guards: Mapping[str, ReplayGuard] | None = None,
 ) -> FamilyRegistry:
     registry = FamilyRegistry()
     for name, handler in (handlers or BUILTIN_HANDLERS).items():
-        registry.add(WorkFamily(name, handler, settings.family(name)))
+        registry.add(WorkFamily(name, handler, settings.family(name),
+                                (guards or {}).get(name)))
     return registry

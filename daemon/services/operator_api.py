@@ -18,7 +18,14 @@ from daemon.core.states import WorkState
 from daemon.core.work import WorkItem, WorkSpec
 from daemon.services.clock import Clock
 from daemon.services.families import FamilyRegistry
-from storage.port import CancelResult, Execution, ReplayParams, WorkQuery
+from storage.port import (
+    CancelParams,
+    CancelResult,
+    Execution,
+    ReplayParams,
+    WorkConflict,
+    WorkQuery,
+)
 from storage.work_store import WorkStore
 
 MAX_PAYLOAD_BYTES = 64 * 1024
@@ -135,8 +142,13 @@ async def replay(
     item = await store.work_get(work_id)
     if item is not None:
         # Resolve the current definition explicitly: a family this build no
-        # longer runs cannot be replayed.
-        registry.get(item.family)
+        # longer runs cannot be replayed, and a family may refuse a replay
+        # whose identity, authority or idempotency is ambiguous right now.
+        family = registry.get(item.family)
+        if family.replay_guard is not None:
+            refusal = await family.replay_guard(store, item)
+            if refusal is not None:
+                raise WorkConflict(f"work {work_id} cannot be replayed: {refusal}")
     return await store.work_replay(
         ReplayParams(work_id=work_id, actor=operator.name, role=operator.role, reason=reason),
         clock.now_us(),
@@ -144,9 +156,15 @@ async def replay(
 
 
 async def cancel(store: WorkStore, settings: Settings, clock: Clock, *, work_id: str,
-                 actor: str) -> CancelResult:
-    authorize(settings, actor, "work.cancel")
-    return await store.work_cancel(work_id, clock.now_us())
+                 actor: str, reason: str) -> CancelResult:
+    """Cancel unclaimed work, or ask its claimant to stop; audited with the change."""
+    operator = authorize(settings, actor, "work.cancel")
+    if not reason.strip():
+        raise BadRequest("a cancel needs a reason")
+    return await store.work_cancel_audited(
+        CancelParams(work_id=work_id, actor=operator.name, role=operator.role, reason=reason),
+        clock.now_us(),
+    )
 
 
 async def list_items(store: WorkStore, query: WorkQuery) -> list[WorkItem]:

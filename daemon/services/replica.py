@@ -35,6 +35,7 @@ import trio
 from quart_trio import QuartTrio
 
 from admin_ui.app import create_app
+from admin_ui.extensions import ConsoleExtensions
 from config.settings import Settings
 from daemon.services import logs, sdnotify
 from daemon.services.clock import Clock
@@ -90,6 +91,8 @@ class Replica:
     serve_admin: bool = True
     # The service API (/v1/) for the Runtime, served on [api] listen when set.
     api_app: QuartTrio | None = None
+    # Console pages and lineage contributed by capabilities (the effect journal).
+    console_extensions: ConsoleExtensions | None = None
     api_address: str | None = None
     schedulers: dict[str, Scheduler] = attrs.field(factory=dict)
     pool: WorkerPool | None = None
@@ -142,7 +145,8 @@ class Replica:
         async with trio.open_nursery() as services:
             if self.serve_admin:
                 self.admin_address = await services.start(
-                    serve_app, create_app(self), self.settings.admin.listen
+                    serve_app, create_app(self, self.console_extensions),
+                    self.settings.admin.listen
                 )
             if self.api_app is not None:
                 self.api_address = await services.start(

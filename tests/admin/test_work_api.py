@@ -322,11 +322,16 @@ async def test_detail_page_shows_fields_lineage_and_actions_by_role(
 
 async def test_not_configured_features_say_so(console: ConsoleHarness) -> None:
     client, _ = await console.sign_in("viv")
-    for kind in ("subscriptions", "bindings", "quota"):
+    for kind in ("subscriptions", "quota"):
         doc = await (await client.get(f"/admin/api/{kind}")).get_json()
         assert doc["configured"] is False and doc["items"] == []
         page = await client.get(f"/admin/{kind}")
         assert "Not configured yet" in await page.get_data(as_text=True)
+    # Bindings are live (from [[bindings]]); this console's settings have none.
+    doc = await (await client.get("/admin/api/bindings")).get_json()
+    assert doc["configured"] is False and doc["items"] == []
+    page = await client.get("/admin/bindings")
+    assert "No bindings are configured" in await page.get_data(as_text=True)
 
 
 async def test_overview_reports_history_counters_and_replicas(console: ConsoleHarness) -> None:

@@ -133,7 +133,8 @@ async def test_operator_verbs(database: FreshDatabase, store: WorkStore, tmp_pat
     assert missing.returncode == 1 and "no work item" in missing.stderr
 
     cancelled = json.loads(
-        run_cli(cfg, "work", "cancel", new["work_id"], "--actor", "alice").stdout)
+        run_cli(cfg, "work", "cancel", new["work_id"], "--actor", "alice", "--reason",
+                "superseded").stdout)
     assert cancelled == {"work_id": new["work_id"], "disposition": "cancelled",
                          "state": "cancelled"}
 

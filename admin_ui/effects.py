@@ -1,0 +1,456 @@
+"""The effect journal in the console: lineage, the unknown-outcome queue, repairs (seed 10).
+
+Theory of operation
+-------------------
+Plugged in through :class:`admin_ui.extensions.ConsoleExtensions`:
+
+* lineage sections on a work item's page (its command, every effect attempt
+  with its outcome class and disposition, the Runtime receipt, the remote
+  link and the binding summary), never a payload or a token;
+* ``/admin/effects``: attempts whose outcome is unknown, awaiting a
+  disposition, and the remote-link adoption form;
+* repairs, each authorized at request time, CSRF-checked and audited in the
+  transaction that makes it: record a disposition on an unresolved attempt
+  (attach provider evidence, mark applied or absent), adopt an existing
+  remote record after uniqueness checks, retire a blocked command, or issue a
+  new command with repair lineage. None edits an attempt's request or
+  reopens terminal work; after a disposition, replaying the dead item lets
+  the effect runner settle (applied) or dispatch anew (absent).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from quart import Blueprint, redirect, request
+from quart.wrappers import Response
+from werkzeug.wrappers import Response as WerkzeugResponse
+
+from admin_ui.api import json_body
+from admin_ui.auth import current_principal, require
+from admin_ui.context import console
+from admin_ui.errors import BadInput, DatabaseDown, NotFound, classify
+from admin_ui.extensions import ConsoleExtensions, LineageRow, LineageSection, NavItem
+from admin_ui.filters import reason_from
+from admin_ui.render import page
+from admin_ui.view import ReplicaView
+from config.catalog import Catalog
+from config.settings import BindingSettings
+from daemon.core.handoff import NoEffectResult
+from daemon.core.identity import BadCoordinate, integration_scope_digest
+from daemon.core.ids import is_ulid
+from daemon.core.work import WorkItem
+from daemon.services.effect_runner import no_effect_reason
+from daemon.services.operator_api import NotAuthorized
+from storage.command_repair import RepairActor
+from storage.commands import EFFECT_FAMILY
+from storage.effect_values import Command, Disposition, EffectAttempt
+from storage.effects import RECEIPT_FAMILY
+
+OPERATE = frozenset({"operator", "admin"})
+ADMIN = frozenset({"admin"})
+ACTIONS = {
+    "effect.read": frozenset({"viewer", "operator", "admin"}),
+    "effect.repair": OPERATE,
+    "command.repair": OPERATE,
+    "link.adopt": ADMIN,  # binds an identity: admins only
+}
+DISPOSITIONS = {"applied": Disposition.OPERATOR_APPLIED, "absent": Disposition.OPERATOR_ABSENT}
+
+
+def _scope(binding: BindingSettings) -> str:
+    return integration_scope_digest(binding.org_id, binding.app_installation_id,
+                                    binding.provider, binding.remote_account_id)
+
+
+def _attempt_json(a: EffectAttempt) -> dict[str, Any]:
+    doc = attrs.asdict(a)
+    doc["unresolved"] = a.unresolved
+    return doc
+
+
+def _command_json(c: Command) -> dict[str, Any]:
+    doc = attrs.asdict(c)
+    doc["scope"] = c.scope.as_json()
+    doc["settlement"] = c.settlement.value
+    doc.pop("frozen_request", None)  # the request body is not shown to operators
+    return doc
+
+
+@attrs.define(eq=False)
+class EffectConsole:
+    catalog: Catalog
+
+    # ------------------------------------------------------------ lineage
+
+    async def _command_of(self, view: ReplicaView, item: WorkItem) -> Command | None:
+        if item.subject_kind not in ("command", "receipt") or not is_ulid(item.subject_id):
+            return None
+        return await view.store.command_get(item.subject_id)
+
+    async def command_section(self, view: ReplicaView, item: WorkItem) -> LineageSection | None:
+        command = await self._command_of(view, item)
+        if command is None:
+            return None
+        receipt = await view.store.receipt_get(command.command_id)
+        rows = [
+            LineageRow("Command", command.command_id,
+                       f"/admin/effects/commands/{command.command_id}"),
+            LineageRow("Intent", f"{command.intent_kind} {command.intent_id}"),
+            LineageRow("Operation", command.operation),
+            LineageRow("Target", f"{command.local_object} {command.local_id}"),
+            LineageRow("Runtime", command.runtime_name),
+            LineageRow("Settlement", command.settlement.value),
+        ]
+        if command.repair_of:
+            rows.append(LineageRow("Repair of", command.repair_of,
+                                   f"/admin/effects/commands/{command.repair_of}"))
+        if receipt is not None:
+            rows.append(LineageRow(
+                "Runtime receipt",
+                f"format {receipt.result_format_version}, {receipt.state.value}"
+                + (f", remote {receipt.remote_id}" if receipt.remote_id else "")
+                + (f", last error {receipt.last_error}" if receipt.last_error else ""),
+            ))
+        return LineageSection("commands", "External command", tuple(rows))
+
+    async def attempts_section(self, view: ReplicaView,
+                               item: WorkItem) -> LineageSection | None:
+        command = await self._command_of(view, item)
+        if command is None:
+            return None
+        attempts = await view.store.effect_attempts(command.command_id)
+        rows = tuple(
+            LineageRow(
+                f"Attempt (epoch {a.ownership_epoch})",
+                f"{a.method} {a.target_path}: {a.outcome or 'dispatched, no outcome recorded'}"
+                + (f", HTTP {a.response_status}" if a.response_status else "")
+                + (f", disposition {a.disposition} by {a.disposition_by}" if a.disposition
+                   else ""),
+                f"/admin/effects/attempts/{a.attempt_id}",
+            )
+            for a in attempts
+        )
+        return LineageSection("effect_attempts", "Effect attempts", rows,
+                              "no external call was made")
+
+    async def link_section(self, view: ReplicaView, item: WorkItem) -> LineageSection | None:
+        command = await self._command_of(view, item)
+        if command is None:
+            return None
+        op = self.catalog.operation(command.operation)
+        binding = self.catalog.binding(command.binding_id)
+        if op is None or binding is None:
+            return LineageSection("remote_links", "Remote link", (),
+                                  "operation or binding no longer configured")
+        link = await view.store.link_get(_scope(binding), op.local_object, command.local_id)
+        if link is None:
+            return LineageSection("remote_links", "Remote link", (), "no remote link")
+        return LineageSection("remote_links", "Remote link", (
+            LineageRow("Link", link.link_key),
+            LineageRow("Remote", f"{link.remote_object or '-'} {link.remote_id or '-'}"),
+            LineageRow("State", f"{link.state.value}, generation {link.generation}"),
+        ))
+
+    async def binding_section(self, view: ReplicaView,
+                              item: WorkItem) -> LineageSection | None:
+        command = await self._command_of(view, item)
+        if command is None:
+            return None
+        binding = self.catalog.binding(command.binding_id)
+        current = binding.generation if binding is not None else None
+        return LineageSection("bindings", "Binding summary", (
+            LineageRow("Binding", command.binding_id),
+            LineageRow("Pinned generation", str(command.binding_generation)),
+            LineageRow("Current generation", str(current) if current else "not configured"),
+            LineageRow("Catalog revision", f"{command.catalog_revision} (serving"
+                       f" {self.catalog.revision})"),
+        ))
+
+    # ------------------------------------------------------------ actions
+
+    async def dispose(self, attempt_id: str, disposition: str, note: str,
+                      actor: str) -> EffectAttempt:
+        operator = authorize_console(actor, "effect.repair")
+        if disposition not in DISPOSITIONS:
+            raise BadInput("disposition must be applied or absent")
+        if not note.strip():
+            raise BadInput("record the provider evidence in the note")
+        view = console().view
+        return await view.store.effect_operator_disposition(
+            attempt_id=attempt_id, disposition=DISPOSITIONS[disposition], note=note,
+            actor=operator[0], role=operator[1], now_us=view.clock.now_us(),
+        )
+
+    async def retire(self, command_id: str, reason: str, actor: str) -> str:
+        name, role = authorize_console(actor, "command.repair")
+        view = console().view
+        attempts = await view.store.effect_attempts(command_id)
+        reason_code = no_effect_reason([(a.outcome, a.disposition) for a in attempts])
+        no_effect = None
+        if reason_code is not None:
+            result = NoEffectResult(reason_code)
+            no_effect = (result.canonical.decode(), result.digest)
+        settlement = await view.store.command_retire(
+            command_id, RepairActor(actor=name, role=role, reason=reason), no_effect=no_effect,
+            receipt_max_attempts=view.settings.family(RECEIPT_FAMILY).max_attempts,
+            now_us=view.clock.now_us(),
+        )
+        return settlement.value
+
+    async def repair(self, command_id: str, reason: str, actor: str) -> str:
+        name, role = authorize_console(actor, "command.repair")
+        view = console().view
+        command = await view.store.command_get(command_id)
+        if command is None:
+            raise NotFound(f"no command {command_id}")
+        binding = self.catalog.binding(command.binding_id)
+        if binding is None:
+            raise BadInput(f"binding {command.binding_id} is no longer configured")
+        return await view.store.command_repair(
+            command_id, RepairActor(actor=name, role=role, reason=reason),
+            binding_generation=binding.generation, catalog_digest=self.catalog.digest,
+            max_attempts=view.settings.family(EFFECT_FAMILY).max_attempts,
+            now_us=view.clock.now_us(),
+        )
+
+    async def adopt(self, doc: dict[str, Any], actor: str) -> dict[str, Any]:
+        name, role = authorize_console(actor, "link.adopt")
+        binding = self.catalog.binding(str(doc.get("binding_id", "")))
+        if binding is None:
+            raise BadInput("binding_id must name a configured binding")
+        fields = {}
+        for key in ("local_object", "local_id", "remote_object", "remote_id"):
+            value = doc.get(key)
+            if not isinstance(value, str) or not value.strip() or len(value) > 255:
+                raise BadInput(f"{key} must be a non-empty string")
+            fields[key] = value
+        view = console().view
+        try:
+            link = await view.store.link_adopt(
+                _scope(binding), fields["local_object"], fields["local_id"],
+                fields["remote_object"], fields["remote_id"], actor=name, role=role,
+                reason=reason_from(doc.get("reason")), now_us=view.clock.now_us(),
+            )
+        except BadCoordinate as exc:
+            raise BadInput(str(exc)) from None
+        return {"link_key": link.link_key, "state": link.state.value,
+                "remote_object": link.remote_object, "remote_id": link.remote_id,
+                "generation": link.generation}
+
+
+def authorize_console(actor: str, action: str) -> tuple[str, str]:
+    """The current settings decide, now: the operator must exist and hold the role."""
+    operator = console().view.settings.operator(actor)
+    if operator is None:
+        raise NotAuthorized(f"{actor!r} is not a configured operator")
+    if operator.role not in ACTIONS[action]:
+        raise NotAuthorized(f"{actor!r} ({operator.role}) may not {action}")
+    return operator.name, operator.role
+
+
+# ------------------------------------------------------------------ HTTP
+
+def _principal_name() -> str:
+    principal = current_principal()
+    assert principal is not None
+    return principal.name
+
+
+def _ulid(value: str) -> str:
+    if not is_ulid(value):
+        raise NotFound(f"no such id {value[:40]}")
+    return value
+
+
+def build_blueprint(ec: EffectConsole) -> Blueprint:
+    bp = Blueprint("effects", __name__)
+
+    async def effects_page(status: int = 200, error: str | None = None,
+                           notice: str | None = None) -> Response:
+        view = console().view
+        unknown = await view.store.effect_unknown_list(200)
+        return await page("effects.html", status=status, error=error, notice=notice,
+                          unknown=unknown, bindings=view.settings.bindings)
+
+    async def refused(exc: Exception, render: Any) -> Response:
+        err = classify(exc)
+        if err is None or isinstance(err, DatabaseDown):
+            raise exc
+        result: Response = await render(err.status, err.message)
+        return result
+
+    @bp.get("/admin/effects")
+    @require("effect.read")
+    async def effects() -> Response:
+        return await effects_page()
+
+    @bp.get("/admin/effects/attempts/<attempt_id>")
+    @require("effect.read")
+    async def attempt_page(attempt_id: str, status: int = 200,
+                           error: str | None = None) -> Response:
+        attempt = await console().view.store.effect_attempt_get(_ulid(attempt_id))
+        if attempt is None:
+            raise NotFound(f"no effect attempt {attempt_id}")
+        audit = await console().view.store.audit_list(target_id=attempt_id)
+        return await page("effect_attempt.html", status=status, error=error, attempt=attempt,
+                          audit=audit, notice="Disposition recorded." if request.args.get(
+                              "notice") == "disposed" else None)
+
+    @bp.post("/admin/effects/attempts/<attempt_id>/disposition")
+    @require("effect.repair")
+    async def attempt_dispose(attempt_id: str) -> Response | WerkzeugResponse:
+        form = await request.form
+        try:
+            await ec.dispose(_ulid(attempt_id), str(form.get("disposition", "")),
+                             str(form.get("note", "")), _principal_name())
+        except Exception as exc:
+            return await refused(exc, lambda s, m: attempt_page(attempt_id, s, m))
+        return redirect(f"/admin/effects/attempts/{attempt_id}?notice=disposed")
+
+    @bp.get("/admin/effects/commands/<command_id>")
+    @require("effect.read")
+    async def command_page(command_id: str, status: int = 200, error: str | None = None,
+                           notice: str | None = None) -> Response:
+        view = console().view
+        command = await view.store.command_get(_ulid(command_id))
+        if command is None:
+            raise NotFound(f"no command {command_id}")
+        return await page(
+            "effect_command.html", status=status, error=error, notice=notice,
+            command=command, attempts=await view.store.effect_attempts(command_id),
+            receipt=await view.store.receipt_get(command_id),
+            audit=await view.store.audit_list(target_id=command_id),
+        )
+
+    @bp.post("/admin/effects/commands/<command_id>/retire")
+    @require("command.repair")
+    async def command_retire(command_id: str) -> Response:
+        form = await request.form
+        try:
+            settlement = await ec.retire(_ulid(command_id), reason_from(form.get("reason")),
+                                         _principal_name())
+        except Exception as exc:
+            return await refused(exc, lambda s, m: command_page(command_id, s, m))
+        return await command_page(command_id, notice=f"Retired ({settlement}).")
+
+    @bp.post("/admin/effects/commands/<command_id>/repair")
+    @require("command.repair")
+    async def command_repair(command_id: str) -> Response | WerkzeugResponse:
+        form = await request.form
+        try:
+            new_id = await ec.repair(_ulid(command_id), reason_from(form.get("reason")),
+                                     _principal_name())
+        except Exception as exc:
+            return await refused(exc, lambda s, m: command_page(command_id, s, m))
+        return redirect(f"/admin/effects/commands/{new_id}")
+
+    @bp.post("/admin/effects/links/adopt")
+    @require("link.adopt")
+    async def link_adopt() -> Response:
+        form = await request.form
+        try:
+            link = await ec.adopt(dict(form.items()), _principal_name())
+        except Exception as exc:
+            return await refused(exc, effects_page)
+        return await effects_page(notice=f"Linked ({link['link_key']}).")
+
+    # JSON API (the same actions)
+
+    @bp.get("/admin/api/effects/unknown")
+    @require("effect.read")
+    async def api_unknown() -> dict[str, Any]:
+        attempts = await console().view.store.effect_unknown_list(200)
+        return {"attempts": [_attempt_json(a) for a in attempts]}
+
+    @bp.get("/admin/api/effects/commands/<command_id>")
+    @require("effect.read")
+    async def api_command(command_id: str) -> dict[str, Any]:
+        view = console().view
+        command = await view.store.command_get(_ulid(command_id))
+        if command is None:
+            raise NotFound(f"no command {command_id}")
+        receipt = await view.store.receipt_get(command_id)
+        return {
+            "command": _command_json(command),
+            "attempts": [_attempt_json(a) for a in await view.store.effect_attempts(command_id)],
+            "receipt": attrs.asdict(receipt) if receipt else None,
+        }
+
+    @bp.post("/admin/api/effects/attempts/<attempt_id>/disposition")
+    @require("effect.repair")
+    async def api_dispose(attempt_id: str) -> dict[str, Any]:
+        body = await json_body()
+        attempt = await ec.dispose(_ulid(attempt_id), str(body.get("disposition", "")),
+                                   str(body.get("note", "")), _principal_name())
+        return {"attempt": _attempt_json(attempt)}
+
+    @bp.post("/admin/api/effects/commands/<command_id>/retire")
+    @require("command.repair")
+    async def api_retire(command_id: str) -> dict[str, Any]:
+        body = await json_body()
+        settlement = await ec.retire(_ulid(command_id), reason_from(body.get("reason")),
+                                     _principal_name())
+        return {"command_id": command_id, "settlement": settlement}
+
+    @bp.post("/admin/api/effects/commands/<command_id>/repair")
+    @require("command.repair")
+    async def api_repair(command_id: str) -> dict[str, Any]:
+        body = await json_body()
+        new_id = await ec.repair(_ulid(command_id), reason_from(body.get("reason")),
+                                 _principal_name())
+        return {"repair_of": command_id, "command_id": new_id}
+
+    @bp.post("/admin/api/effects/links/adopt")
+    @require("link.adopt")
+    async def api_adopt() -> dict[str, Any]:
+        return await ec.adopt(await json_body(), _principal_name())
+
+    return bp
+
+
+def _op(summary: str, method: str, *, body: bool = False, param: str | None = None
+        ) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "summary": summary,
+        "responses": {"200": {"description": "ok"}, "400": {"description": "bad input"},
+                      "401": {"description": "sign in"}, "403": {"description": "role"},
+                      "404": {"description": "not found"},
+                      "409": {"description": "conflict"}},
+    }
+    if param:
+        spec["parameters"] = [{"name": param, "in": "path", "required": True,
+                               "schema": {"type": "string"}}]
+    if body:
+        spec["requestBody"] = {"required": True,
+                               "content": {"application/json": {"schema": {"type": "object"}}}}
+    return {method: spec}
+
+
+OPENAPI_PATHS: dict[str, dict[str, Any]] = {
+    "/admin/api/effects/unknown": _op("Effect attempts awaiting a disposition", "get"),
+    "/admin/api/effects/commands/{command_id}": _op(
+        "A command with its attempts and receipt", "get", param="command_id"),
+    "/admin/api/effects/attempts/{attempt_id}/disposition": _op(
+        "Record an operator disposition (applied|absent) with provider evidence", "post",
+        body=True, param="attempt_id"),
+    "/admin/api/effects/commands/{command_id}/retire": _op(
+        "Retire a blocked command (no-effect receipt when provable)", "post", body=True,
+        param="command_id"),
+    "/admin/api/effects/commands/{command_id}/repair": _op(
+        "Issue a new command with repair lineage", "post", body=True, param="command_id"),
+    "/admin/api/effects/links/adopt": _op(
+        "Bind a local record to an existing remote record", "post", body=True),
+}
+
+
+def effect_extensions(catalog: Catalog) -> ConsoleExtensions:
+    ec = EffectConsole(catalog)
+    return ConsoleExtensions(
+        lineage=[ec.command_section, ec.attempts_section, ec.link_section, ec.binding_section],
+        blueprints=[build_blueprint(ec)],
+        nav=[NavItem("/admin/effects", "Effects", "effect.read")],
+        actions=dict(ACTIONS),
+        openapi_paths=OPENAPI_PATHS,
+    )
