@@ -16,10 +16,12 @@ import httpx
 import trio
 
 from config.settings import (
+    AdminSettings,
     ApiSettings,
     BindingSettings,
     CatalogSettings,
     FamilySettings,
+    Operator,
     ReplicaSettings,
     RuntimeClient,
     Secret,
@@ -52,13 +54,17 @@ def free_port() -> int:
 
 
 def slice_settings(*, api_port: int, runtime_url: str, hubspot_url: str, url: str,
-                   lease_ttl: float = 6.0) -> Settings:
+                   lease_ttl: float = 6.0, max_attempts: int = 8,
+                   operators: tuple[Operator, ...] = ()) -> Settings:
     return Settings(
+        admin=AdminSettings(listen="127.0.0.1:0",
+                            session_secret=Secret("slice-test-session-secret-0123456789")),
+        operators=operators,
         api=ApiSettings(listen=f"127.0.0.1:{api_port}"),
         replica=ReplicaSettings(drain_timeout=5.0),
         work=WorkSettings(poll_interval=0.05, lease_margin=1.0, reclaim_interval=0.5),
         families={
-            "external_effect": FamilySettings(max_attempts=8, backoff_base=0.2,
+            "external_effect": FamilySettings(max_attempts=max_attempts, backoff_base=0.2,
                                               backoff_cap=1.0, lease_ttl=lease_ttl),
             "runtime_receipt": FamilySettings(max_attempts=1_000_000, backoff_base=0.2,
                                               backoff_cap=1.0, lease_ttl=lease_ttl),
@@ -94,6 +100,8 @@ class Slice:
     settings: Settings
     http: httpx.AsyncClient
     replica: Replica | None = None
+    # The console's base URL when the slice runs with one.
+    base_url: str = ""
 
     async def lead(self, lead_id: str, contact_id: str | None, *, link: bool = True,
                    title: str = "Engineer") -> None:
@@ -140,8 +148,9 @@ class Slice:
 
 @asynccontextmanager
 async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False,
-                        with_replica: bool = True,
-                        lease_ttl: float = 6.0) -> AsyncIterator[Slice]:
+                        with_replica: bool = True, lease_ttl: float = 6.0,
+                        max_attempts: int = 8,
+                        operators: tuple[Operator, ...] = ()) -> AsyncIterator[Slice]:
     sim = HubSpotSimulator(tokens={HUBSPOT_TOKEN})
     api_port = free_port()
     async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=10) as http:
@@ -163,7 +172,8 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
         settings = slice_settings(api_port=api_port,
                                   runtime_url=f"http://127.0.0.1:{runtime_port}",
                                   hubspot_url=f"http://127.0.0.1:{sim_port}", url=url,
-                                  lease_ttl=lease_ttl)
+                                  lease_ttl=lease_ttl, max_attempts=max_attempts,
+                                  operators=operators)
         clock = WallClock()
         parts = assemble(settings, store, clock)
         the_slice = Slice(sim, runtime, f"http://127.0.0.1:{runtime_port}",
@@ -175,11 +185,13 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                 await nursery.start(serve_app, parts.api_app, settings.api.listen)
             else:
                 replica = Replica(settings, store, parts.registry, clock, api_app=parts.api_app,
-                                  serve_admin=False, replica_id="slice-replica")
+                                  serve_admin=bool(operators), replica_id="slice-replica",
+                                  console_extensions=parts.console_extensions)
                 assert parts.api_context is not None
                 parts.api_context.wake = replica.wake
-                await nursery.start(replica.run)
+                address = await nursery.start(replica.run)
                 the_slice.replica = replica
+                the_slice.base_url = address
             yield the_slice
             if the_slice.replica is not None:
                 the_slice.replica.request_drain()

@@ -1,0 +1,191 @@
+"""The console's effect repairs over real HTTP: roles, CSRF, conflicts, audit, no secrets."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+import pytest
+
+from daemon.core.states import WorkState
+from sandbox.hubspot_sim import Fault
+from storage.effect_values import Settlement
+from storage.port import WorkQuery
+from storage.work_store import WorkStore
+from tests.support.backends import FreshDatabase
+from tests.support.harness import wait_for
+from tests.support.slice import HUBSPOT_TOKEN, RESULTS_TOKEN, RUNTIME_TOKEN, Slice, running_slice
+from tests.ui.support import _OPERATORS, PASSWORDS
+
+pytestmark = pytest.mark.slow
+
+
+@asynccontextmanager
+async def closing(*clients: httpx.AsyncClient) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+async def signed_in(sl: Slice, name: str) -> tuple[httpx.AsyncClient, str]:
+    client = httpx.AsyncClient(base_url=sl.base_url, timeout=10)
+    form = await client.get("/admin/sign-in")
+    found = re.search(r'name="csrf_token" value="([^"]+)"', form.text)
+    assert found is not None
+    r = await client.post("/admin/sign-in", data={
+        "name": name, "password": PASSWORDS[name], "csrf_token": found.group(1),
+        "next": "/admin/"})
+    assert r.status_code == 302, r.text
+    doc = (await client.get("/admin/api/session")).json()
+    return client, str(doc["csrf_token"])
+
+
+@pytest.fixture
+async def unknown(database: FreshDatabase, store: WorkStore) -> AsyncIterator[tuple[Slice, str]]:
+    async with running_slice(store, database.url, max_attempts=2, operators=_OPERATORS) as sl:
+        await sl.lead("lead-1", "101")
+        sl.sim.inject(Fault(mode="reset_before", method="PATCH"))
+        await sl.set_title("lead-1", "CTO")
+        await wait_for(lambda: any(r.method == "PATCH" for r in sl.sim.requests), within_s=30)
+        sl.sim.add_contact("101", jobtitle="edited elsewhere")
+
+        async def dead() -> bool:
+            items = await store.work_list(WorkQuery(family="external_effect"))
+            return bool(items) and items[0].state is WorkState.DEAD
+
+        await wait_for(dead, within_s=60)
+        (attempt,) = await store.effect_unknown_list()
+        yield sl, attempt.attempt_id
+
+
+async def test_dispositions_need_a_role_and_csrf_and_happen_once(
+    unknown: tuple[Slice, str], store: WorkStore
+) -> None:
+    sl, attempt_id = unknown
+    path = f"/admin/api/effects/attempts/{attempt_id}/disposition"
+    body = {"disposition": "applied", "note": "HubSpot shows jobtitle CTO set by us"}
+    anonymous = httpx.AsyncClient(base_url=sl.base_url)
+    viewer, viewer_csrf = await signed_in(sl, "viv")
+    otto, csrf = await signed_in(sl, "otto")
+    async with closing(anonymous, viewer, otto):
+        assert (await anonymous.post(path, json=body)).status_code == 401
+        r = await viewer.post(path, json=body, headers={"X-CSRF-Token": viewer_csrf})
+        assert r.status_code == 403
+        r = await otto.post(path, json=body)  # no CSRF token
+        assert r.status_code == 403
+        assert await store.effect_unknown_backlog() == 1  # nothing changed
+        r = await otto.post(path, json={"disposition": "maybe", "note": "x"},
+                            headers={"X-CSRF-Token": csrf})
+        assert (r.status_code, r.json()["error"]) == (400, "bad_request")
+        r = await otto.post(path, json=body, headers={"X-CSRF-Token": csrf})
+        assert r.status_code == 200, r.text
+        assert r.json()["attempt"]["disposition"] == "operator_applied"
+        again = await otto.post(path, json=body, headers={"X-CSRF-Token": csrf})
+        assert again.status_code == 409
+        listed = (await otto.get("/admin/api/effects/unknown")).json()
+        assert listed["attempts"] == []
+        # Nothing secret anywhere on the pages an operator can read.
+        pages = [await otto.get(p) for p in (
+            "/admin/effects", f"/admin/effects/attempts/{attempt_id}", "/admin/bindings")]
+        for page in pages:
+            assert page.status_code == 200
+            for secret in (HUBSPOT_TOKEN, RUNTIME_TOKEN, RESULTS_TOKEN):
+                assert secret not in page.text
+    assert [e.action for e in await store.audit_list(target_id=attempt_id)] == [
+        "effect.disposition"]
+
+
+async def test_replay_is_refused_until_the_outcome_is_resolved(
+    unknown: tuple[Slice, str], store: WorkStore
+) -> None:
+    sl, attempt_id = unknown
+    (dead,) = await store.work_list(WorkQuery(family="external_effect"))
+    otto, csrf = await signed_in(sl, "otto")
+    async with closing(otto):
+        r = await otto.post(f"/admin/api/work/{dead.work_id}/replay",
+                            json={"reason": "again"}, headers={"X-CSRF-Token": csrf})
+        assert r.status_code == 409 and "outcome is unknown" in r.json()["message"]
+        r = await otto.post(f"/admin/api/effects/attempts/{attempt_id}/disposition",
+                            json={"disposition": "applied", "note": "seen in HubSpot"},
+                            headers={"X-CSRF-Token": csrf})
+        assert r.status_code == 200
+        r = await otto.post(f"/admin/api/work/{dead.work_id}/replay",
+                            json={"reason": "settle it"}, headers={"X-CSRF-Token": csrf})
+        assert r.status_code == 200, r.text
+        new_id = r.json()["item"]["work_id"]
+
+        async def settled() -> bool:
+            item = await store.work_get(new_id)
+            return item is not None and item.state is WorkState.SUCCEEDED
+
+        await wait_for(settled, within_s=30)
+    command = await store.command_get(dead.subject_id)
+    assert command is not None and command.settlement is Settlement.SUCCEEDED
+    # Settled from the operator's evidence: no second PATCH was sent.
+    assert len(sl.patches("101")) == 1
+
+
+async def test_retire_and_repair_commands(unknown: tuple[Slice, str], store: WorkStore) -> None:
+    sl, attempt_id = unknown
+    (dead,) = await store.work_list(WorkQuery(family="external_effect"))
+    command_id = dead.subject_id
+    otto, csrf = await signed_in(sl, "otto")
+    headers = {"X-CSRF-Token": csrf}
+    async with closing(otto):
+        r = await otto.post(f"/admin/api/effects/commands/{command_id}/retire",
+                            json={"reason": "give up"}, headers=headers)
+        assert r.status_code == 409 and "record a disposition first" in r.json()["message"]
+        await otto.post(f"/admin/api/effects/attempts/{attempt_id}/disposition",
+                        json={"disposition": "absent", "note": "not in HubSpot history"},
+                        headers=headers)
+        r = await otto.post(f"/admin/api/effects/commands/{command_id}/repair",
+                            json={"reason": "send it again under a new command"},
+                            headers=headers)
+        assert r.status_code == 200, r.text
+        new_command = r.json()["command_id"]
+        doc = (await otto.get(f"/admin/api/effects/commands/{command_id}")).json()
+        assert doc["command"]["settlement"] == "retired"
+        assert "frozen_request" not in doc["command"]
+
+        async def repaired() -> bool:
+            got = await store.command_get(new_command)
+            return got is not None and got.settlement is Settlement.SUCCEEDED
+
+        await wait_for(repaired, within_s=30)
+        fresh = await store.command_get(new_command)
+        assert fresh is not None and fresh.repair_of == command_id
+        # A repair command was never handed off: no receipt for it.
+        assert await store.receipt_get(new_command) is None
+        r = await otto.post(f"/admin/api/effects/commands/{command_id}/repair",
+                            json={"reason": "twice"}, headers=headers)
+        assert r.status_code == 200  # repairing a retired command again is allowed...
+    actions = [e.action for e in await store.audit_list(target_id=command_id)]
+    assert actions.count("command.repair") == 2
+
+
+async def test_link_adoption_is_for_admins(unknown: tuple[Slice, str], store: WorkStore) -> None:
+    sl, _ = unknown
+    body = {"binding_id": "hubspot-main", "local_object": "lead", "local_id": "lead-9",
+            "remote_object": "contact", "remote_id": "909", "reason": "found by hand"}
+    otto, otto_csrf = await signed_in(sl, "otto")
+    ada, ada_csrf = await signed_in(sl, "ada")
+    async with closing(otto, ada):
+        r = await otto.post("/admin/api/effects/links/adopt", json=body,
+                            headers={"X-CSRF-Token": otto_csrf})
+        assert r.status_code == 403
+        r = await ada.post("/admin/api/effects/links/adopt", json=body,
+                           headers={"X-CSRF-Token": ada_csrf})
+        assert r.status_code == 200 and r.json()["state"] == "active"
+        clash = {**body, "local_id": "lead-10"}
+        r = await ada.post("/admin/api/effects/links/adopt", json=clash,
+                           headers={"X-CSRF-Token": ada_csrf})
+        assert r.status_code == 409
+        r = await ada.post("/admin/api/effects/links/adopt", json={**body, "binding_id": "x"},
+                           headers={"X-CSRF-Token": ada_csrf})
+        assert r.status_code == 400
+        spec = (await ada.get("/admin/api/openapi.json")).json()
+        assert "/admin/api/effects/links/adopt" in spec["paths"]
