@@ -15,16 +15,26 @@ $(BIN)/.installed: pyproject.toml
 
 SECRETS := var/secrets/runtime-crm.token var/secrets/runtime-crm-results.token var/secrets/hubspot.token
 
-# Demo credentials for the sandbox (random, never committed, never printed).
+# Demo credentials for the sandbox and the console (random, never committed).
 var/secrets/%.token:
 	@mkdir -p var/secrets && chmod 700 var/secrets
 	@$(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(32))' > $@ && chmod 600 $@
 
+var/secrets/admin.password-hash: $(BIN)/.installed
+	@mkdir -p var/secrets && chmod 700 var/secrets
+	@$(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(12))' > var/secrets/admin.password
+	@chmod 600 var/secrets/admin.password
+	@$(BIN)/integrationd hash-password --stdin < var/secrets/admin.password > $@
+
 # One replica, plus the HubSpot simulator and the reference CRM Runtime with a
 # little live traffic (Lead title changes flowing to HubSpot and back).
-run: $(BIN)/.installed $(SECRETS)
+run: $(BIN)/.installed $(SECRETS) var/secrets/admin.password-hash
 	$(BIN)/integrationd --config $(CONFIG) migrate
 	$(BIN)/integrationd --config $(CONFIG) work enqueue noop --count 200
+	@echo ""
+	@echo "  console: http://127.0.0.1:8780/admin/  (sign in as admin; password in var/secrets/admin.password)"
+	@echo "  metrics: http://127.0.0.1:8780/metrics   service API: http://127.0.0.1:8781/v1/openapi.json"
+	@echo ""
 	@$(BIN)/integrationd --config $(CONFIG) sandbox & SANDBOX=$$!; \
 	  trap 'kill $$SANDBOX 2>/dev/null' EXIT INT TERM; \
 	  $(BIN)/integrationd --config $(CONFIG) run

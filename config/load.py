@@ -280,7 +280,14 @@ def parse_settings(
     if not isinstance(ops_raw, list):
         raise ConfigError("operators", "expected an array of tables ([[operators]])")
     for i, entry in enumerate(ops_raw):
-        op = _build(f"operators[{i}]", Operator, entry)
+        op = _build(f"operators[{i}]", Operator, entry, skip=("password_hash_file",))
+        if isinstance(entry, Mapping) and entry.get("password_hash_file"):
+            if op.password_hash:
+                raise ConfigError(f"operators[{i}]", "set password_hash or"
+                                  " password_hash_file, not both")
+            op = attrs.evolve(op, password_hash=_read_secret_file(
+                f"operators[{i}].password_hash_file", str(entry["password_hash_file"])
+            ).reveal())
         if not op.name:
             raise ConfigError(f"operators[{i}].name", "must not be empty")
         if op.role not in ROLES:

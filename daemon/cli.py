@@ -157,15 +157,17 @@ async def _cmd_migrate(settings: Settings) -> int:
 
 async def _cmd_run(settings: Settings) -> int:
     from daemon.services.assembly import assemble
+    from daemon.services.metrics import Metrics
     from daemon.services.replica import Replica
 
     store = await _open(settings)
     try:
         await check_schema(store.db, store.dialect)
         clock = WallClock()
-        parts = assemble(settings, store, clock)
-        replica = Replica(settings, store, parts.registry, clock, api_app=parts.api_app,
-                          console_extensions=parts.console_extensions)
+        metrics = Metrics()
+        parts = assemble(settings, store, clock, metrics)
+        replica = Replica(settings, store, parts.registry, clock, metrics=metrics,
+                          api_app=parts.api_app, console_extensions=parts.console_extensions)
         if parts.api_context is not None:
             parts.api_context.wake = replica.wake
         if settings.replica.id:

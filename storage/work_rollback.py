@@ -1,7 +1,9 @@
 """Rollback-only transitions (seed section 11.1).
 
 A rollback to a legacy owner first drains this kernel to zero ``processing``
-rows for the family, then fences every remaining unstarted row as
+rows for the family and refuses while any unstarted row has dispatch history
+in the effect journal (a prior or ambiguous external call), then fences every
+remaining unstarted row as
 ``awaiting_legacy_outcome`` under one ``rollback_execution_fence_id``. The
 legacy owner's terminal receipts reconcile those rows to the terminal
 ``reconciled_legacy_terminal`` (idempotent for the same receipt; a different
@@ -41,6 +43,22 @@ class WorkRollback:
                 raise WorkConflict(
                     f"rollback blocked: {int(rows[0][0])} {family} items are processing;"
                     " drain first"
+                )
+            # Prior dispatch or an ambiguous outcome blocks rollback: a legacy owner
+            # could not know what this kernel already sent.
+            dispatched = 0
+            for join in ("e.work_id = w.work_id",
+                         "w.subject_kind = 'command' AND e.command_id = w.subject_id"):
+                found = await tx.fetchall(
+                    "SELECT COUNT(*) FROM work_items w JOIN effect_attempts e ON " + join
+                    + " WHERE w.family = ? AND w.state IN ('pending', 'retry')",
+                    (family,),
+                )
+                dispatched += int(found[0][0])
+            if dispatched:
+                raise WorkConflict(
+                    f"rollback blocked: unstarted {family} items have dispatch history"
+                    " (prior or ambiguous effects); settle or repair them first"
                 )
             return await tx.execute(
                 "UPDATE work_items SET state = 'awaiting_legacy_outcome',"

@@ -16,6 +16,7 @@ from daemon.providers.executor import HttpExecutor, new_http_client
 from daemon.services.clock import Clock
 from daemon.services.effect_runner import EffectRunner, effect_handler, replay_refusal
 from daemon.services.families import FamilyRegistry, build_registry, noop_handler
+from daemon.services.metrics import Metrics
 from daemon.services.receipt_sender import ReceiptSender, receipt_handler
 from storage.commands import EFFECT_FAMILY
 from storage.effects import RECEIPT_FAMILY
@@ -37,12 +38,19 @@ class Assembly:
         await self.runtime_client.aclose()
 
 
-def assemble(settings: Settings, store: WorkStore, clock: Clock) -> Assembly:
+def assemble(settings: Settings, store: WorkStore, clock: Clock,
+             metrics: Metrics | None = None) -> Assembly:
     catalog = load_catalog(settings)
     executor = HttpExecutor()
+
+    def counted(operation: str, outcome: str) -> None:
+        if metrics is not None:
+            metrics.effect_attempts.labels(operation, outcome).inc()
+
     runner = EffectRunner(
         catalog=catalog, executor=executor,
         receipt_max_attempts=settings.family(RECEIPT_FAMILY).max_attempts,
+        on_attempt=counted,
     )
     runtime_client = new_http_client(16)
     sender = ReceiptSender(settings=settings, client=runtime_client)

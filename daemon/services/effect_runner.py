@@ -30,6 +30,7 @@ transaction that queues the receipt for the Runtime.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -126,6 +127,8 @@ class EffectRunner:
     catalog: Catalog
     executor: HttpExecutor
     receipt_max_attempts: int
+    # Called with (operation, outcome class) after every external call.
+    on_attempt: Callable[[str, str], None] = lambda operation, outcome: None
 
     async def _context(self, ctx: WorkContext, command_id: str) -> EffectContext | None:
         async def body(tx: SqlTx) -> EffectContext | None:
@@ -201,6 +204,7 @@ class EffectRunner:
         seen, provider_evidence = await self.executor.dispatch(
             prepared, binding.token.reveal(), binding.timeout)
         verdict = classify(op.contract, seen)
+        self.on_attempt(op.name, verdict.outcome.value)
         logs.event("effect_attempt", command_id=command.command_id, attempt_id=attempt_id,
                    work_id=ctx.item.work_id, epoch=ctx.fence.ownership_epoch,
                    outcome=verdict.outcome.value, status=seen.status, detail=seen.detail)

@@ -126,6 +126,18 @@ class Metrics:
             ["operation"],
             registry=r,
         )
+        self.effect_attempts = Counter(
+            "integrationd_effect_attempts",
+            "External calls made through DoOnce, by L1 operation and outcome class",
+            ["operation", "outcome"],
+            registry=r,
+        )
+        self.effect_unknown_backlog = Gauge(
+            "integrationd_effect_outcome_unknown_backlog",
+            "Effect attempts whose outcome is unknown and not yet disposed (sampled,"
+            " cluster-wide)",
+            registry=r,
+        )
         self.draining = Gauge(
             "integrationd_replica_draining", "1 while this replica drains", registry=r
         )

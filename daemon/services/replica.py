@@ -275,6 +275,7 @@ class Replica:
                 depths = await self.store.work_depths()
                 finished = await self.store.work_outcome_counts(previous_us, now_us)
                 self.metrics.set_depths(depths, now_us)
+                self.metrics.effect_unknown_backlog.set(await self.store.effect_unknown_backlog())
                 self.history.append(
                     HistoryPoint(now_us, (now_us - previous_us) / 1_000_000, tuple(depths),
                                  tuple(finished))

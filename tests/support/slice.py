@@ -33,6 +33,7 @@ from daemon.core.identity import integration_scope_digest
 from daemon.services.assembly import assemble
 from daemon.services.clock import WallClock
 from daemon.services.http_server import serve_app
+from daemon.services.metrics import Metrics
 from daemon.services.replica import Replica
 from sandbox.hubspot_sim import HubSpotSimulator
 from sandbox.runtime import ReferenceRuntime
@@ -175,7 +176,8 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                                   lease_ttl=lease_ttl, max_attempts=max_attempts,
                                   operators=operators)
         clock = WallClock()
-        parts = assemble(settings, store, clock)
+        metrics = Metrics()
+        parts = assemble(settings, store, clock, metrics)
         the_slice = Slice(sim, runtime, f"http://127.0.0.1:{runtime_port}",
                           f"http://127.0.0.1:{api_port}", store, settings, http)
         try:
@@ -184,7 +186,8 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                 assert parts.api_app is not None
                 await nursery.start(serve_app, parts.api_app, settings.api.listen)
             else:
-                replica = Replica(settings, store, parts.registry, clock, api_app=parts.api_app,
+                replica = Replica(settings, store, parts.registry, clock, metrics=metrics,
+                                  api_app=parts.api_app,
                                   serve_admin=bool(operators), replica_id="slice-replica",
                                   console_extensions=parts.console_extensions)
                 assert parts.api_context is not None
