@@ -6,7 +6,7 @@ CONFIG  ?= config/example.toml
 BIN     := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test lint typecheck pytest bench clean
+.PHONY: run test lint typecheck pytest bench clean chromium
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,7 +45,13 @@ lint: $(BIN)/.installed
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy
 
-pytest: $(BIN)/.installed
+# The console's browser tests drive Debian's Chromium (never a downloaded one).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium for the browser tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
+pytest: $(BIN)/.installed chromium
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
