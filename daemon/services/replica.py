@@ -6,7 +6,8 @@ The service tree, each started with ``nursery.start`` so that "started" means
 ready::
 
     Replica.run
-    |- admin HTTP server (/metrics, /healthz, /readyz; the admin UI later)
+    |- admin HTTP server (the console, /metrics, /healthz, /readyz)
+    |- service API (/v1/, when [[runtimes]] are configured)
     |- heartbeat (replicas table: seen, running/draining)
     |- depth sampler (one bounded query per interval feeds the depth gauges)
     '- work
