@@ -204,24 +204,11 @@ class WorkAdmin:
         return await self.db.transact(body, name="work.list", write=False)
 
     async def work_cancel(self, work_id: str, now_us: int) -> CancelResult:
+        """Cancel without an audit entry (the storage primitive; operators use
+        :meth:`work_cancel_audited`)."""
+
         async def body(tx: SqlTx) -> CancelResult:
-            if await tx.execute(
-                "UPDATE work_items SET state = 'cancelled', terminal_outcome = 'cancelled',"
-                " operator_summary = 'cancelled before it ran', row_version = row_version + 1,"
-                " updated_at_us = ? WHERE work_id = ? AND state IN ('pending', 'retry')",
-                (now_us, work_id),
-            ):
-                return CancelResult(work_id, "cancelled", WorkState.CANCELLED)
-            if await tx.execute(
-                "UPDATE work_items SET cancel_requested = 1, row_version = row_version + 1,"
-                " updated_at_us = ? WHERE work_id = ? AND state = 'processing'",
-                (now_us, work_id),
-            ):
-                return CancelResult(work_id, "requested", WorkState.PROCESSING)
-            rows = await tx.fetchall("SELECT state FROM work_items WHERE work_id = ?", (work_id,))
-            if not rows:
-                raise WorkNotFound(work_id)
-            return CancelResult(work_id, "noop", WorkState(rows[0][0]))
+            return await cancel_in_tx(tx, work_id, now_us)
 
         return await self.db.transact(body, name="work.cancel")
 
@@ -448,23 +435,12 @@ class WorkAdmin:
             )
             if not rows:
                 raise WorkNotFound(params.work_id)
-            before = WorkState(rows[0][0])
-            if await tx.execute(
-                "UPDATE work_items SET state = 'cancelled', terminal_outcome = 'cancelled',"
-                " operator_summary = 'cancelled before it ran', row_version = row_version + 1,"
-                " updated_at_us = ? WHERE work_id = ? AND state IN ('pending', 'retry')",
-                (now_us, params.work_id),
-            ):
-                result = CancelResult(params.work_id, "cancelled", WorkState.CANCELLED)
-            elif await tx.execute(
-                "UPDATE work_items SET cancel_requested = 1, row_version = row_version + 1,"
-                " updated_at_us = ? WHERE work_id = ? AND state = 'processing'",
-                (now_us, params.work_id),
-            ):
-                before = WorkState.PROCESSING  # what the matched UPDATE proves
-                result = CancelResult(params.work_id, "requested", WorkState.PROCESSING)
-            else:
-                return CancelResult(params.work_id, "noop", before)
+            result = await cancel_in_tx(tx, params.work_id, now_us)
+            if result.disposition == "noop":
+                return result
+            # What the matched UPDATE proves about the state before it.
+            before = WorkState.PROCESSING if result.disposition == "requested" else WorkState(
+                rows[0][0])
             await append_audit(
                 tx,
                 AuditEntry(
@@ -564,6 +540,28 @@ class WorkAdmin:
             await append_audit(tx, entry)
 
         await self.db.transact(body, name="audit.append")
+
+
+async def cancel_in_tx(tx: SqlTx, work_id: str, now_us: int) -> CancelResult:
+    """Unclaimed work is cancelled at once; a running item gets a cancel request that
+    its claimant acknowledges (fenced); terminal work is left alone (``noop``)."""
+    if await tx.execute(
+        "UPDATE work_items SET state = 'cancelled', terminal_outcome = 'cancelled',"
+        " operator_summary = 'cancelled before it ran', row_version = row_version + 1,"
+        " updated_at_us = ? WHERE work_id = ? AND state IN ('pending', 'retry')",
+        (now_us, work_id),
+    ):
+        return CancelResult(work_id, "cancelled", WorkState.CANCELLED)
+    if await tx.execute(
+        "UPDATE work_items SET cancel_requested = 1, row_version = row_version + 1,"
+        " updated_at_us = ? WHERE work_id = ? AND state = 'processing'",
+        (now_us, work_id),
+    ):
+        return CancelResult(work_id, "requested", WorkState.PROCESSING)
+    rows = await tx.fetchall("SELECT state FROM work_items WHERE work_id = ?", (work_id,))
+    if not rows:
+        raise WorkNotFound(work_id)
+    return CancelResult(work_id, "noop", WorkState(rows[0][0]))
 
 
 async def append_audit(tx: SqlTx, entry: AuditEntry) -> None:

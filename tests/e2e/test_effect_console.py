@@ -10,7 +10,6 @@ import httpx
 import pytest
 
 from daemon.core.states import WorkState
-from sandbox.hubspot_sim import Fault
 from storage.effect_values import Settlement
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
@@ -47,17 +46,7 @@ async def signed_in(sl: Slice, name: str) -> tuple[httpx.AsyncClient, str]:
 @pytest.fixture
 async def unknown(database: FreshDatabase, store: WorkStore) -> AsyncIterator[tuple[Slice, str]]:
     async with running_slice(store, database.url, max_attempts=2, operators=_OPERATORS) as sl:
-        await sl.lead("lead-1", "101")
-        sl.sim.inject(Fault(mode="reset_before", method="PATCH"))
-        await sl.set_title("lead-1", "CTO")
-        await wait_for(lambda: any(r.method == "PATCH" for r in sl.sim.requests), within_s=30)
-        sl.sim.add_contact("101", jobtitle="edited elsewhere")
-
-        async def dead() -> bool:
-            items = await store.work_list(WorkQuery(family="external_effect"))
-            return bool(items) and items[0].state is WorkState.DEAD
-
-        await wait_for(dead, within_s=60)
+        await sl.unknown_dead_effect()
         (attempt,) = await store.effect_unknown_list()
         yield sl, attempt.attempt_id
 

@@ -142,6 +142,29 @@ class Slice:
         await wait_for(reached, within_s=within_s)
         return await self.intent(lead_id, intent_id)
 
+    async def unknown_dead_effect(self, lead_id: str = "lead-1",
+                                  contact_id: str = "101") -> str:
+        """A PATCH whose outcome nobody can prove, dead and awaiting an operator: lost
+        mid-flight, then someone else edits the contact, so the read-back shows neither
+        our value nor an untouched record. Returns the dead work item's id."""
+        from sandbox.hubspot_sim import Fault
+        from storage.port import WorkQuery
+
+        await self.lead(lead_id, contact_id)
+        self.sim.inject(Fault(mode="reset_before", method="PATCH"))
+        await self.set_title(lead_id, "CTO")
+        await wait_for(lambda: any(r.method == "PATCH" for r in self.sim.requests),
+                       within_s=30)
+        self.sim.add_contact(contact_id, jobtitle="Changed in HubSpot by someone else")
+
+        async def dead() -> bool:
+            items = await self.store.work_list(WorkQuery(family="external_effect"))
+            return bool(items) and items[0].state.value == "dead"
+
+        await wait_for(dead, within_s=60)
+        (item,) = await self.store.work_list(WorkQuery(family="external_effect"))
+        return item.work_id
+
     def patches(self, contact_id: str) -> list[Any]:
         return [r for r in self.sim.requests
                 if r.method == "PATCH" and r.contact_id == contact_id]

@@ -11,31 +11,10 @@ import trio
 from playwright.sync_api import Page, expect
 
 from daemon.core.states import WorkState
-from sandbox.hubspot_sim import Fault
-from storage.port import WorkQuery
-from storage.work_store import WorkStore
 from tests.support.backends import fresh_database
 from tests.support.harness import wait_for
 from tests.support.slice import Slice, running_slice
 from tests.ui.support import _OPERATORS, in_browser, shot, sign_in
-
-
-async def _unknown_dead_item(sl: Slice, store: WorkStore) -> str:
-    """A PATCH whose outcome nobody can prove: lost mid-flight, then someone else edits
-    the contact, so the read-back shows neither our value nor an untouched record."""
-    await sl.lead("lead-1", "101")
-    sl.sim.inject(Fault(mode="reset_before", method="PATCH"))
-    await sl.set_title("lead-1", "CTO")
-    await wait_for(lambda: any(r.method == "PATCH" for r in sl.sim.requests), within_s=30)
-    sl.sim.add_contact("101", jobtitle="Changed in HubSpot by someone else")
-
-    async def dead() -> bool:
-        items = await store.work_list(WorkQuery(family="external_effect"))
-        return bool(items) and items[0].state is WorkState.DEAD
-
-    await wait_for(dead, within_s=60)
-    (item,) = await store.work_list(WorkQuery(family="external_effect"))
-    return item.work_id
 
 
 async def test_operator_records_a_disposition_then_replays(tmp_path: object) -> None:
@@ -43,7 +22,7 @@ async def test_operator_records_a_disposition_then_replays(tmp_path: object) -> 
         store = await database.open_store()
         async with running_slice(store, database.url, max_attempts=2,
                                  operators=_OPERATORS) as sl:
-            dead_id = await _unknown_dead_item(sl, store)
+            dead_id = await sl.unknown_dead_effect()
 
             def scenario(page: Page, live: Slice) -> None:
                 sign_in(page, "otto")
