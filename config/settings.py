@@ -80,6 +80,8 @@ class FamilySettings:
 # retried until the Runtime confirms them (effectively forever, backoff capped at
 # a minute); effects get a handful of attempts before waiting for an operator.
 FAMILY_DEFAULTS: dict[str, FamilySettings] = {
+    # Trivial handlers: bigger batches amortize each claim and finalize round trip.
+    "noop": FamilySettings(batch_size=128, concurrency=256),
     "external_effect": FamilySettings(max_attempts=8, backoff_base=2.0, backoff_cap=60.0,
                                       batch_size=32),
     "runtime_receipt": FamilySettings(max_attempts=1_000_000, backoff_base=1.0,

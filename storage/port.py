@@ -166,6 +166,10 @@ class ClaimParams:
     # Orgs whose oldest ready work joins the candidates even when another
     # org's backlog fills the oldest-first window (fair share across orgs).
     orgs: tuple[str, ...] = ()
+    # Read candidates before opening a write transaction, so that an idle poll
+    # costs no write. A busy claimer turns it off: selecting and updating in one
+    # short transaction leaves other replicas less time to take the same rows.
+    probe_first: bool = True
 
 
 @attrs.frozen

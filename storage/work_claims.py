@@ -2,11 +2,13 @@
 
 Theory of operation
 -------------------
-*Claim* is two steps: a plain read selects eligible candidate ids (oldest
-first, lane rules applied by the database; an idle poll ends here), then one
-short write transaction runs a conditional UPDATE over the chosen ids that
+*Claim* is two steps: select eligible candidate ids (oldest first, lane rules
+applied by the database), then one conditional UPDATE over the chosen ids that
 re-checks ``state`` and ``run_after`` and installs a fresh lease token,
-``ownership_epoch + 1`` and ``attempt + 1``.
+``ownership_epoch + 1`` and ``attempt + 1``. An idle claimer selects with a
+plain read first (no write transaction when there is nothing to do); a busy
+one selects inside the short write transaction, leaving other replicas less
+time to race for the same rows.
 Whatever rows that UPDATE matched are ours; we read them back by token. Two
 claimants racing for a row cannot both match it: the second UPDATE sees the
 first's committed ``processing`` state (row locks on MySQL-family servers;
@@ -120,8 +122,6 @@ class WorkClaims:
         token = new_lease_token()
         lease_until = now_us + params.lease_ttl_us
 
-        # Step 1, a plain read: is there anything to claim? An idle poll then
-        # costs no write transaction (no lock, no commit) on any backend.
         async def candidates(tx: SqlTx) -> tuple[list[tuple[Any, ...]], list[Candidate]]:
             expired: list[tuple[Any, ...]] = []
             if params.include_expired:
@@ -130,16 +130,19 @@ class WorkClaims:
             picked = await self._pick(tx, attrs.evolve(params, limit=room), now_us) if room else []
             return expired, picked
 
-        expired, picked = await self.db.transact(candidates, name="work.claim.candidates",
-                                                 write=False)
-        if not expired and not picked:
-            return ClaimResult(claimed=[], expired_dead=[], contended=0)
+        found: tuple[list[tuple[Any, ...]], list[Candidate]] | None = None
+        if params.probe_first:
+            # A plain read first: an idle poll then costs no write transaction.
+            found = await self.db.transact(candidates, name="work.claim.candidates",
+                                           write=False)
+            if not found[0] and not found[1]:
+                return ClaimResult(claimed=[], expired_dead=[], contended=0)
         touched: list[str] = []
 
-        # Step 2, one short write transaction: conditional UPDATEs decide the winners.
         async def body(tx: SqlTx) -> ClaimResult:
             touched.clear()
             contended = 0
+            expired, picked = found if found is not None else await candidates(tx)
             reclaimed, expired_dead = await self._sweep_expired(
                 tx, params, expired, token, lease_until, now_us)
             touched.extend(reclaimed)

@@ -70,7 +70,7 @@ from storage.effect_values import (
     RemoteLink,
     Settlement,
 )
-from storage.effects import attempts_of, dispose, record_outcome, settle
+from storage.effects import RECEIPT_FAMILY, attempts_of, dispose, record_outcome, settle
 from storage.links import read_link
 from storage.port import SqlTx
 from storage.work_store import WorkStore
@@ -277,6 +277,8 @@ class EffectRunner:
                          receipt_max_attempts=self.receipt_max_attempts, now_us=now)
 
         ctx.on_finalize(write)
+        if command.handoff_key is not None:
+            ctx.wake_after_finalize(RECEIPT_FAMILY)  # the receipt goes out at once
 
     # --------------------------------------------------------- reconcile
 

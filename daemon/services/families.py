@@ -43,6 +43,12 @@ class WorkContext:
     replica_id: str
     # Writes to commit atomically with this item's finalization (see on_finalize).
     side_writes: list[Callable[[SqlTx], Awaitable[None]]] = attrs.field(factory=list)
+    # Families to wake in this replica once the finalization committed.
+    wakes: set[str] = attrs.field(factory=set)
+
+    def wake_after_finalize(self, family: str) -> None:
+        """The finalization creates ``family`` work: let this replica claim it at once."""
+        self.wakes.add(family)
 
     def on_finalize(self, write: Callable[[SqlTx], Awaitable[None]]) -> None:
         """Run ``write`` inside the transaction that finalizes this item, only if the

@@ -183,6 +183,7 @@ class Replica:
             replica_id=self.replica_id,
             lease_margin_s=s.work.lease_margin,
             global_limit=s.work.concurrency,
+            wake=self.wake,
         )
         self.pool = pool
         min_ttl = min((f.settings.lease_ttl for f in self.registry.families.values()), default=30)

@@ -26,6 +26,8 @@ from storage.port import ClaimParams, StorageError
 from storage.work_claims import MAX_FAIR_ORGS
 from storage.work_store import WorkStore
 
+IDLE_BACKOFF = 8
+
 
 @attrs.define(eq=False)
 class Scheduler:
@@ -57,6 +59,8 @@ class Scheduler:
         batch = self.family.settings.batch_size
         pause = 0.05
         last_sweep = -math.inf
+        busy = False
+        idle_wait = self.poll_interval_s
         while True:
             free = self.pool.free_slots(self.family)
             # With work in flight, wait for a worthwhile number of free slots
@@ -68,7 +72,7 @@ class Scheduler:
             now = trio.current_time()
             sweep = now - last_sweep >= self.reclaim_interval_s
             try:
-                orgs = await self._fair_orgs(now)
+                orgs = await self._fair_orgs(now) if busy else ()
                 result = await self.store.work_claim(
                     ClaimParams(
                         family=self.family.name,
@@ -79,6 +83,7 @@ class Scheduler:
                         include_expired=sweep,
                         rotation=random.randrange(1 << 30),
                         orgs=orgs,
+                        probe_first=not busy,
                     ),
                     self.clock.now_us(),
                 )
@@ -90,6 +95,7 @@ class Scheduler:
                 await trio.sleep(pause)
                 pause = min(pause * 2, self.db_backoff_cap_s)
                 continue
+            busy = bool(result.claimed or result.contended)
             if not self._db_ok:
                 logs.event("work_claim_resumed", family=self.family.name)
             self._db_ok = True
@@ -107,8 +113,16 @@ class Scheduler:
             if len(result.claimed) >= limit or result.contended:
                 await trio.lowlevel.checkpoint()
                 continue
-            with trio.move_on_after(self.poll_interval_s):
+            # An idle family polls less and less often (up to IDLE_BACKOFF x the poll
+            # interval); a local wake-up or claimed work brings it back at once.
+            if result.claimed:
+                idle_wait = self.poll_interval_s
+            with trio.move_on_after(idle_wait):
                 await self._wakeup.wait()
+            if self._wakeup.is_set() or result.claimed:
+                idle_wait = self.poll_interval_s
+            else:
+                idle_wait = min(idle_wait * 2, self.poll_interval_s * IDLE_BACKOFF)
             self._wakeup = trio.Event()
 
     async def _fair_orgs(self, now: float) -> tuple[str, ...]:

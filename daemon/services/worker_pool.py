@@ -26,6 +26,7 @@ For the first two nothing is written: the row belongs to whoever reclaims it.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -79,6 +80,8 @@ class WorkerPool:
     replica_id: str
     lease_margin_s: float
     global_limit: int
+    # Wakes a family's local scheduler (the replica's; a no-op by default).
+    wake: Callable[[str], None] = lambda family: None
     flights: dict[str, InFlight] = attrs.field(factory=dict)
     _per_family: dict[str, int] = attrs.field(factory=dict)
     _slot_freed: trio.Event = attrs.field(factory=trio.Event)
@@ -175,6 +178,8 @@ class WorkerPool:
                                                  _combined(ctx.side_writes))
             if result.applied and result.state is not None:
                 self.metrics.finalized.labels(family.name, result.state.value).inc()
+                for name in ctx.wakes:
+                    self.wake(name)
             elif result.error is not None:
                 logs.warn("work_side_write_failed", work_id=item.work_id, family=family.name,
                           epoch=flight.fence.ownership_epoch, error=result.error)
