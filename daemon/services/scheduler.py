@@ -95,7 +95,7 @@ class Scheduler:
                 await trio.sleep(pause)
                 pause = min(pause * 2, self.db_backoff_cap_s)
                 continue
-            busy = bool(result.claimed or result.contended)
+            busy = len(result.claimed) >= limit or bool(result.contended)
             if not self._db_ok:
                 logs.event("work_claim_resumed", family=self.family.name)
             self._db_ok = True
