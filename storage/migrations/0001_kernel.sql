@@ -63,6 +63,11 @@ CREATE INDEX work_items_state_family_id ON work_items (state, family, work_id);
 
 CREATE INDEX work_items_org ON work_items (org_id, state, work_id);
 
+-- Operator filters on immutable columns (a state change never touches these).
+CREATE INDEX work_items_subject ON work_items (subject_id, work_id);
+
+CREATE INDEX work_items_target_lane ON work_items (target_lane, work_id);
+
 CREATE TABLE work_source_lanes (
     source_lane {KEY}(255) NOT NULL PRIMARY KEY,
     next_seq BIGINT NOT NULL
@@ -105,4 +110,4 @@ CREATE TABLE audit_log (
     after_json {TEXT} NOT NULL
 ) {OPTS};
 
-CREATE INDEX audit_log_target ON audit_log (target_kind, target_id);
+CREATE INDEX audit_log_target ON audit_log (target_id, audit_id);
