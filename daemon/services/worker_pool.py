@@ -205,6 +205,8 @@ class WorkerPool:
                     epoch=flight.fence.ownership_epoch,
                     error=type(exc).__name__,
                 )
+                ctx.side_writes.clear()  # a failed handler's pending writes are void
+                ctx.wakes.clear()
                 outcome = RetryLater("handler_error", f"handler raised {type(exc).__name__}")
         self.metrics.execution_seconds.labels(family.name).observe(trio.current_time() - started)
         if outcome is not None:
