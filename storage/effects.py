@@ -2,18 +2,20 @@
 
 Theory of operation
 -------------------
-Every write here happens inside :func:`storage.work_claims.fence_lock`'s
-transaction, i.e. only while the caller holds the live WorkItem fence:
+Every write here happens while the caller holds the live WorkItem fence:
+inside :func:`storage.work_claims.fence_lock`'s transaction (the store
+methods), or, for the in-transaction functions, in the fenced finalization
+of the item (``WorkContext.on_finalize``) or ``WorkStore.work_fenced``:
 
 * ``effect_checkpoint``: the durable dispatch-start checkpoint, written and
   committed *before* any byte leaves. One attempt per claim epoch (unique
   ``(work_id, ownership_epoch)``); refused if the command is settled or an
   earlier attempt is still unresolved (dispatched with no proven outcome).
-* ``effect_record``: the one terminal classification of that attempt.
+* ``record_outcome``: the one terminal classification of that attempt.
 * ``effect_dispose``: reconciliation's (or an operator's) disposition of an
   unresolved attempt: proven applied or proven absent. It never edits the
   attempt's request or its original outcome.
-* ``effect_settle``: persist the command's terminal result (success with a
+* ``settle``: persist the command's terminal result (success with a
   RemoteID, or ``ResourceNoEffectResultV1``), forbid further dispatch, and
   create the receipt and the WorkItem that delivers it, atomically.
 """
@@ -142,27 +144,6 @@ class EffectJournal:
 
         return await self.db.transact(body, name="effect.checkpoint")
 
-    async def effect_record(
-        self,
-        fence: Fence,
-        attempt_id: str,
-        *,
-        outcome: str,
-        response_status: int | None,
-        provider_evidence: dict[str, Any],
-        failure_class: str,
-        now_us: int,
-    ) -> None:
-        """Record the attempt's one outcome class (fenced; never overwritten)."""
-
-        async def body(tx: SqlTx) -> None:
-            await fence_lock(tx, fence, now_us)
-            await record_outcome(tx, attempt_id, outcome=outcome, response_status=response_status,
-                                 provider_evidence=provider_evidence,
-                                 failure_class=failure_class, now_us=now_us)
-
-        await self.db.transact(body, name="effect.record")
-
     async def effect_dispose(
         self,
         fence: Fence,
@@ -178,32 +159,6 @@ class EffectJournal:
             await dispose(tx, attempt_ids, disposition, note, "reconciler", now_us)
 
         await self.db.transact(body, name="effect.dispose")
-
-    async def effect_settle(
-        self,
-        fence: Fence,
-        *,
-        command_id: str,
-        settlement: Settlement,
-        result_format_version: int,
-        remote_id: str,
-        canonical_result: str,
-        result_digest: str,
-        receipt_max_attempts: int,
-        now_us: int,
-    ) -> str:
-        """Persist the terminal result, forbid further dispatch, queue the receipt (fenced)."""
-
-        async def body(tx: SqlTx) -> str:
-            await fence_lock(tx, fence, now_us)
-            return await settle(
-                tx, command_id=command_id, settlement=settlement,
-                result_format_version=result_format_version, remote_id=remote_id,
-                canonical_result=canonical_result, result_digest=result_digest,
-                receipt_max_attempts=receipt_max_attempts, now_us=now_us,
-            )
-
-        return await self.db.transact(body, name="effect.settle")
 
     async def effect_operator_disposition(
         self,
@@ -293,17 +248,6 @@ class EffectJournal:
             return await read_receipt(tx, command_id)
 
         return await self.db.transact(body, name="receipt.get", write=False)
-
-    async def receipt_mark(self, fence: Fence, command_id: str, *, confirmed: bool,
-                           error: str | None, now_us: int) -> None:
-        """Record a delivery result for a receipt (fenced by the delivering WorkItem)."""
-
-        async def body(tx: SqlTx) -> None:
-            await fence_lock(tx, fence, now_us)
-            await mark_receipt(tx, command_id, confirmed=confirmed, error=error, now_us=now_us)
-
-        await self.db.transact(body, name="receipt.mark")
-
 
 async def record_outcome(tx: SqlTx, attempt_id: str, *, outcome: str,
                          response_status: int | None, provider_evidence: dict[str, Any],

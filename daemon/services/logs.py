@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from typing import Any
 
 LOGGER_NAME = "integrationd"
@@ -58,7 +57,3 @@ def warn(name: str, **fields: Any) -> None:
 
 def error(name: str, **fields: Any) -> None:
     event(name, logging.ERROR, **fields)
-
-
-def monotonic_s() -> float:
-    return time.monotonic()

@@ -345,8 +345,10 @@ def _admission_fact(doc: dict[str, Any] | None) -> CommandAccepted | HandoffReje
 _RETRYABLE_4XX = frozenset({408, 429})
 
 
-def classify_command_answer(http_status: int, body: bytes) -> AdmissionAnswer:
-    """Classify integrationd's answer to ``POST /v1/commands``."""
+def _classify(
+    http_status: int, body: bytes
+) -> CommandAccepted | HandoffRejected | RetryLater | dict[str, Any]:
+    """The part both answers share: an admission fact, a retry, or the refusal's JSON."""
     doc = _json_object(body)
     fact = _admission_fact(doc)
     if 200 <= http_status < 300:
@@ -355,20 +357,23 @@ def classify_command_answer(http_status: int, body: bytes) -> AdmissionAnswer:
         return fact
     if http_status >= 500 or http_status in _RETRYABLE_4XX or http_status < 400:
         return RetryLater(f"http {http_status}")
-    return HandoffQuarantined(Quarantine(http_status, _error_code(doc, http_status)))
+    return doc or {}
+
+
+def classify_command_answer(http_status: int, body: bytes) -> AdmissionAnswer:
+    """Classify integrationd's answer to ``POST /v1/commands``."""
+    answer = _classify(http_status, body)
+    if isinstance(answer, dict):
+        return HandoffQuarantined(Quarantine(http_status, _error_code(answer, http_status)))
+    return answer
 
 
 def classify_reject_answer(http_status: int, body: bytes) -> RejectAnswer:
     """Classify integrationd's answer to ``POST /v1/handoffs/reject`` (RejectIfUnaccepted)."""
-    doc = _json_object(body)
-    fact = _admission_fact(doc)
-    if 200 <= http_status < 300:
-        return fact if fact is not None else RetryLater(f"unreadable {http_status} answer")
-    if http_status == 409 and isinstance(fact, HandoffRejected):
-        return fact
-    if http_status >= 500 or http_status in _RETRYABLE_4XX or http_status < 400:
-        return RetryLater(f"http {http_status}")
-    return WithdrawRefused(http_status, _error_code(doc, http_status))
+    answer = _classify(http_status, body)
+    if isinstance(answer, dict):
+        return WithdrawRefused(http_status, _error_code(answer, http_status))
+    return answer
 
 
 # -- owner fence ------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.core.work import WorkItem
+from daemon.core.work import Fence, WorkItem
 from storage.effect_values import AttemptDraft, Disposition, ReceiptState, Settlement
+from storage.effects import mark_receipt, record_outcome, settle
 from storage.port import LostLease, WorkConflict, WorkQuery
 from storage.work_store import WorkStore
 from tests.support.commands import draft
@@ -17,6 +18,25 @@ def attempt(command_id: str) -> AttemptDraft:
                         target_path="/crm/v3/objects/contacts/7", safe_headers="{}",
                         body_sha256="sha256:" + "0" * 64, idempotency_key=command_id,
                         pre_dispatch_evidence="{}")
+
+
+async def record(store: WorkStore, fence: Fence, attempt_id: str, now: int, *, outcome: str,
+                 status: int | None, failure_class: str = "",
+                 evidence: dict[str, str] | None = None) -> None:
+    """The attempt's outcome, written under the fence (as the finalize side write does)."""
+    await store.work_fenced(fence, now, lambda tx: record_outcome(
+        tx, attempt_id, outcome=outcome, response_status=status,
+        provider_evidence=evidence or {}, failure_class=failure_class, now_us=now),
+        name="test.record")
+
+
+async def settle_fenced(store: WorkStore, fence: Fence, command_id: str, now: int, *,
+                        settlement: Settlement, result_format: int, remote_id: str = "",
+                        canonical: str = "", digest: str = "") -> str:
+    return await store.work_fenced(fence, now, lambda tx: settle(
+        tx, command_id=command_id, settlement=settlement, result_format_version=result_format,
+        remote_id=remote_id, canonical_result=canonical, result_digest=digest,
+        receipt_max_attempts=5, now_us=now), name="test.settle")
 
 
 async def _claimed_command(store: WorkStore, ttl: int = 30 * SEC) -> tuple[str, WorkItem]:
@@ -40,13 +60,10 @@ async def test_checkpoint_needs_the_live_fence_and_is_one_per_claim(store: WorkS
     with pytest.raises(LostLease):
         await store.effect_checkpoint(item.fence, attempt(command_id), later)
     with pytest.raises(LostLease):
-        await store.effect_record(item.fence, attempt_id, outcome="ACCEPTED", response_status=200,
-                                  provider_evidence={}, failure_class="", now_us=later)
+        await record(store, item.fence, attempt_id, later, outcome="ACCEPTED", status=200)
     with pytest.raises(LostLease):
-        await store.effect_settle(item.fence, command_id=command_id,
-                                  settlement=Settlement.SUCCEEDED, result_format_version=1,
-                                  remote_id="7", canonical_result="", result_digest="",
-                                  receipt_max_attempts=5, now_us=later)
+        await settle_fenced(store, item.fence, command_id, later,
+                            settlement=Settlement.SUCCEEDED, result_format=1, remote_id="7")
     assert (await store.command_get(command_id)).settlement is Settlement.OPEN  # type: ignore[union-attr]
 
 
@@ -56,21 +73,17 @@ async def test_one_outcome_per_attempt_then_settlement_queues_the_receipt(
     command_id, item = await _claimed_command(store)
     assert item.fence is not None
     attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), T0)
-    await store.effect_record(item.fence, attempt_id, outcome="ACCEPTED", response_status=200,
-                              provider_evidence={"id": "7"}, failure_class="", now_us=T0)
+    await record(store, item.fence, attempt_id, T0, outcome="ACCEPTED", status=200,
+                 evidence={"id": "7"})
     with pytest.raises(WorkConflict, match="already has an outcome"):
-        await store.effect_record(item.fence, attempt_id, outcome="REJECTED",
-                                  response_status=400, provider_evidence={}, failure_class="x",
-                                  now_us=T0)
-    receipt_work = await store.effect_settle(
-        item.fence, command_id=command_id, settlement=Settlement.SUCCEEDED,
-        result_format_version=1, remote_id="7", canonical_result="", result_digest="",
-        receipt_max_attempts=5, now_us=T0)
+        await record(store, item.fence, attempt_id, T0, outcome="REJECTED", status=400,
+                     failure_class="x")
+    receipt_work = await settle_fenced(store, item.fence, command_id, T0,
+                                       settlement=Settlement.SUCCEEDED, result_format=1,
+                                       remote_id="7")
     with pytest.raises(WorkConflict, match="already settled"):
-        await store.effect_settle(
-            item.fence, command_id=command_id, settlement=Settlement.NO_EFFECT,
-            result_format_version=2, remote_id="", canonical_result="{}", result_digest="x",
-            receipt_max_attempts=5, now_us=T0)
+        await settle_fenced(store, item.fence, command_id, T0, settlement=Settlement.NO_EFFECT,
+                            result_format=2, canonical="{}", digest="x")
     # No further dispatch once settled.
     with pytest.raises(WorkConflict, match="no further dispatch"):
         await store.effect_checkpoint(item.fence, attempt(command_id), T0)
@@ -82,7 +95,8 @@ async def test_one_outcome_per_attempt_then_settlement_queues_the_receipt(
     assert sender.work_id == receipt_work and sender.subject_id == command_id
     (claimed,) = (await claim(store, family="runtime_receipt")).claimed
     assert claimed.fence is not None
-    await store.receipt_mark(claimed.fence, command_id, confirmed=True, error=None, now_us=T0)
+    await store.work_fenced(claimed.fence, T0, lambda tx: mark_receipt(
+        tx, command_id, confirmed=True, error=None, now_us=T0), name="test.mark")
     confirmed = await store.receipt_get(command_id)
     assert confirmed is not None and confirmed.state is ReceiptState.CONFIRMED
 
@@ -91,9 +105,8 @@ async def test_unknown_outcomes_wait_for_a_disposition(store: WorkStore) -> None
     command_id, item = await _claimed_command(store)
     assert item.fence is not None
     attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), T0)
-    await store.effect_record(item.fence, attempt_id, outcome="OUTCOME_UNKNOWN",
-                              response_status=None, provider_evidence={},
-                              failure_class="transport", now_us=T0)
+    await record(store, item.fence, attempt_id, T0, outcome="OUTCOME_UNKNOWN", status=None,
+                 failure_class="transport")
     assert await store.effect_unknown_backlog() == 1
     with pytest.raises(WorkConflict, match="operator_applied or operator_absent"):
         await store.effect_operator_disposition(
