@@ -303,6 +303,7 @@ def parse_settings(
     api = _build("api", ApiSettings, raw.get("api", {}))
     _parse_listen("api.listen", api.listen)
     _positive("api.max_body_bytes", api.max_body_bytes)
+    _positive("api.max_batch_commands", api.max_batch_commands)
     catalog = _build("catalog", CatalogSettings, raw.get("catalog", {}))
     _positive("catalog.revision", catalog.revision)
     return Settings(

@@ -106,7 +106,9 @@ class ApiSettings:
     """The service API (``/v1/``) the CRM Runtime calls."""
 
     listen: str = "127.0.0.1:8781"
-    max_body_bytes: int = 64 * 1024
+    # A whole request, batches included: 64 commands of a typical size fit.
+    max_body_bytes: int = 256 * 1024
+    max_batch_commands: int = 100
 
 
 @attrs.frozen(kw_only=True)

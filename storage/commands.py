@@ -22,7 +22,8 @@ compared with the authenticated caller's).
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from daemon.core.canonical import canonical_bytes
 from daemon.core.handoff import TrustedRuntimeWorkScope
@@ -38,12 +39,20 @@ from storage.idgen import new_ulid
 from storage.port import Database, DuplicateKey, Row, SqlTx
 from storage.work_admin import insert_work
 
+T = TypeVar("T")
+
 EFFECT_FAMILY = "external_effect"
 RECEIPT_VERSION = 1
 
 _ADMISSION_COLUMNS = (
     "org_id, app_installation_id, runtime_capability_id, runtime_work_binding_digest,"
     " payload_digest, runtime_outbox_id, admission, command_id, receipt_json"
+)
+_INSERT_ACCEPTED = (
+    "INSERT INTO handoff_admissions (handoff_key, org_id, app_installation_id,"
+    " runtime_capability_id, runtime_work_binding_digest, payload_digest, runtime_outbox_id,"
+    " admission, command_id, receipt_json, created_at_us)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, 'COMMAND_ACCEPTED', ?, NULL, ?)"
 )
 _COMMAND_COLUMNS = (
     "command_id, handoff_key, org_id, app_installation_id, runtime_capability_id,"
@@ -132,33 +141,74 @@ class CommandInbox:
         """Accept a command exactly once, or answer from the existing admission fact."""
 
         async def body(tx: SqlTx) -> AdmissionResult:
-            existing = await self._admission_row(tx, draft.handoff_key)
-            if existing is None:
-                command_id = new_ulid(now_us)
-                try:
-                    await tx.execute(
-                        "INSERT INTO handoff_admissions (handoff_key, org_id,"
-                        " app_installation_id, runtime_capability_id,"
-                        " runtime_work_binding_digest, payload_digest, runtime_outbox_id,"
-                        " admission, command_id, receipt_json, created_at_us)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, 'COMMAND_ACCEPTED', ?, NULL, ?)",
-                        (draft.handoff_key, *_scope_values(draft.scope), draft.payload_digest,
-                         draft.runtime_outbox_id, command_id, now_us),
-                    )
-                except DuplicateKey:
-                    existing = await self._admission_row(tx, draft.handoff_key)
-                else:
-                    work_id = await _insert_command(tx, draft, command_id, now_us)
-                    return AdmissionResult(Admission.COMMAND_ACCEPTED, command_id=command_id,
-                                           work_id=work_id, created=True)
-            assert existing is not None
-            return await self._answer_existing(
-                tx, existing, key=draft.handoff_key, scope=draft.scope,
-                runtime_name=draft.runtime_name, payload_digest=draft.payload_digest,
-                outbox_id=draft.runtime_outbox_id, now_us=now_us,
-            )
+            return await self._accept_in(tx, draft, now_us)
 
         return await self._idempotent(body, "command.accept")
+
+    async def _accept_in(self, tx: SqlTx, draft: CommandDraft, now_us: int) -> AdmissionResult:
+        existing = await self._admission_row(tx, draft.handoff_key)
+        if existing is None:
+            command_id = new_ulid(now_us)
+            try:
+                await tx.execute(_INSERT_ACCEPTED, (
+                    draft.handoff_key, *_scope_values(draft.scope), draft.payload_digest,
+                    draft.runtime_outbox_id, command_id, now_us))
+            except DuplicateKey:
+                existing = await self._admission_row(tx, draft.handoff_key)
+            else:
+                (work_id,) = await _insert_commands(tx, [(draft, command_id)], now_us)
+                return AdmissionResult(Admission.COMMAND_ACCEPTED, command_id=command_id,
+                                       work_id=work_id, created=True)
+        assert existing is not None
+        return await self._answer_existing(
+            tx, existing, key=draft.handoff_key, scope=draft.scope,
+            runtime_name=draft.runtime_name, payload_digest=draft.payload_digest,
+            outbox_id=draft.runtime_outbox_id, now_us=now_us,
+        )
+
+    async def command_accept_many(self, drafts: Sequence[CommandDraft],
+                                  now_us: int) -> list[AdmissionResult]:
+        """Accept a batch of commands in one transaction; one answer per draft, in order.
+
+        Each answer is exactly what :meth:`command_accept` would give for that
+        draft alone. The common case (fresh keys, none repeated) costs one read
+        of the keys and one multi-row INSERT per table. Anything else (a key
+        already admitted, repeated in the batch, or taken by a racing caller
+        between the read and the INSERT) is answered one draft at a time inside
+        the same transaction, through the single-command path.
+        """
+        if not drafts:
+            return []
+
+        async def body(tx: SqlTx) -> list[AdmissionResult]:
+            keys = [d.handoff_key for d in drafts]
+            if len(set(keys)) == len(keys) and not await self._any_admitted(tx, keys):
+                ids = [new_ulid(now_us) for _ in drafts]
+                try:
+                    await tx.executemany(_INSERT_ACCEPTED, [
+                        (d.handoff_key, *_scope_values(d.scope), d.payload_digest,
+                         d.runtime_outbox_id, command_id, now_us)
+                        for d, command_id in zip(drafts, ids, strict=True)
+                    ])
+                except DuplicateKey:
+                    pass  # a racing caller took a key: the statement wrote nothing
+                else:
+                    work_ids = await _insert_commands(tx, list(zip(drafts, ids, strict=True)),
+                                                      now_us)
+                    return [AdmissionResult(Admission.COMMAND_ACCEPTED, command_id=c,
+                                            work_id=w, created=True)
+                            for c, w in zip(ids, work_ids, strict=True)]
+            return [await self._accept_in(tx, d, now_us) for d in drafts]
+
+        return await self._idempotent(body, "command.accept_many")
+
+    async def _any_admitted(self, tx: SqlTx, keys: Sequence[str]) -> bool:
+        marks = ", ".join("?" for _ in keys)
+        rows = await tx.fetchall(
+            f"SELECT 1 FROM handoff_admissions WHERE handoff_key IN ({marks}) LIMIT 1",
+            tuple(keys),
+        )
+        return bool(rows)
 
     async def command_reject_if_unaccepted(
         self,
@@ -206,14 +256,13 @@ class CommandInbox:
 
         return await self._idempotent(body, "command.reject_if_unaccepted")
 
-    async def _idempotent(self, body: Any, name: str) -> AdmissionResult:
+    async def _idempotent(self, body: Callable[[SqlTx], Awaitable[T]], name: str) -> T:
         # TiDB (optimistic) may report the racing INSERT's duplicate key only at
         # COMMIT; the whole body then runs again and answers from the winner.
         try:
-            result: AdmissionResult = await self.db.transact(body, name=name)
+            return await self.db.transact(body, name=name)
         except DuplicateKey:
-            result = await self.db.transact(body, name=name)
-        return result
+            return await self.db.transact(body, name=name)
 
     async def admission_read(self, handoff_key: str) -> tuple[TrustedRuntimeWorkScope,
                                                                 AdmissionResult] | None:
@@ -254,16 +303,26 @@ def _scope_values(scope: TrustedRuntimeWorkScope) -> tuple[str, str, str, str]:
 
 async def _insert_command(tx: SqlTx, draft: CommandDraft, command_id: str, now_us: int,
                           repair_of: str | None = None) -> str:
-    await tx.execute(
+    (work_id,) = await _insert_commands(tx, [(draft, command_id)], now_us, repair_of)
+    return work_id
+
+
+async def _insert_commands(tx: SqlTx, commands: Sequence[tuple[CommandDraft, str]],
+                           now_us: int, repair_of: str | None = None) -> list[str]:
+    """Insert the commands and their one WorkItem each; return the work ids in order."""
+    await tx.executemany(
         f"INSERT INTO external_commands ({_COMMAND_COLUMNS}, updated_at_us)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?, ?, ?)",
-        (command_id, draft.handoff_key or None, *_scope_values(draft.scope), draft.runtime_name,
-         draft.intent_id, draft.intent_kind, draft.operation, draft.local_object,
-         draft.local_id, draft.binding_id, draft.binding_generation, draft.catalog_revision,
-         draft.frozen_request, draft.payload_digest, draft.runtime_outbox_id, repair_of,
-         now_us, now_us),
+        [(command_id, draft.handoff_key or None, *_scope_values(draft.scope), draft.runtime_name,
+          draft.intent_id, draft.intent_kind, draft.operation, draft.local_object,
+          draft.local_id, draft.binding_id, draft.binding_generation, draft.catalog_revision,
+          draft.frozen_request, draft.payload_digest, draft.runtime_outbox_id, repair_of,
+          now_us, now_us)
+         for draft, command_id in commands],
     )
-    (work,) = await insert_work(
+    # The dedupe key is the new command's own id, so it cannot collide: the
+    # WorkItems go in as one multi-row INSERT.
+    works = await insert_work(
         tx,
         [WorkSpec(
             family=EFFECT_FAMILY,
@@ -278,7 +337,8 @@ async def _insert_command(tx: SqlTx, draft: CommandDraft, command_id: str, now_u
             source_lane=draft.lane,
             max_attempts=draft.max_attempts,
             dedupe_key=f"command:{command_id}",
-        )],
+        ) for draft, command_id in commands],
         now_us,
+        fresh_dedupe_keys=True,
     )
-    return work.work_id
+    return [w.work_id for w in works]

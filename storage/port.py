@@ -89,7 +89,10 @@ class SqlTx(Protocol):
         ...
 
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
-        """Run one INSERT for many rows (a multi-row INSERT where the driver can)."""
+        """Run one INSERT for many rows (a multi-row INSERT where the driver can).
+
+        All or nothing: after an error (a duplicate key, say) no row was written.
+        """
         ...
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:

@@ -92,37 +92,68 @@ async def allocate_source_seqs(tx: SqlTx, lanes: Counter[str]) -> dict[str, int]
 
     The counter row's lock serializes enqueuers of one lane until COMMIT, so
     sequence order is commit order: no later number becomes visible first.
-    Lanes are taken in sorted order so two enqueuers never deadlock.
+    One UPDATE takes every existing lane (InnoDB locks the primary-key IN list
+    in key order, so two enqueuers never deadlock on lane order); lanes that
+    do not exist yet are created with one multi-row INSERT, or one at a time
+    if another enqueuer created one of them first.
     """
-    first: dict[str, int] = {}
-    for lane in sorted(lanes):
-        n = lanes[lane]
-        while True:
-            if await tx.execute(
-                "UPDATE work_source_lanes SET next_seq = next_seq + ? WHERE source_lane = ?",
-                (n, lane),
-            ):
-                rows = await tx.fetchall(
-                    "SELECT next_seq FROM work_source_lanes WHERE source_lane = ?", (lane,)
-                )
-                first[lane] = int(rows[0][0]) - n
-                break
-            try:
-                await tx.execute(
-                    "INSERT INTO work_source_lanes (source_lane, next_seq) VALUES (?, ?)",
-                    (lane, n + 1),
-                )
-                first[lane] = 1
-                break
-            except DuplicateKey:
-                continue  # another enqueuer created the lane first: take the UPDATE path
+    names = sorted(lanes)
+    marks = placeholders(len(names))
+    cases = " ".join("WHEN ? THEN ?" for _ in names)
+    await tx.execute(
+        f"UPDATE work_source_lanes SET next_seq = next_seq + CASE source_lane {cases} END"
+        f" WHERE source_lane IN ({marks})",
+        (*(v for lane in names for v in (lane, lanes[lane])), *names),
+    )
+    rows = await tx.fetchall(
+        f"SELECT source_lane, next_seq FROM work_source_lanes WHERE source_lane IN ({marks})",
+        tuple(names),
+    )
+    first = {str(lane): int(next_seq) - lanes[str(lane)] for lane, next_seq in rows}
+    missing = [lane for lane in names if lane not in first]
+    if not missing:
+        return first
+    try:
+        await tx.executemany(
+            "INSERT INTO work_source_lanes (source_lane, next_seq) VALUES (?, ?)",
+            [(lane, lanes[lane] + 1) for lane in missing],
+        )
+        first.update((lane, 1) for lane in missing)
+    except DuplicateKey:  # the statement wrote nothing; take the lanes one by one
+        for lane in missing:
+            first[lane] = await _allocate_one(tx, lane, lanes[lane])
     return first
 
 
+async def _allocate_one(tx: SqlTx, lane: str, n: int) -> int:
+    while True:
+        if await tx.execute(
+            "UPDATE work_source_lanes SET next_seq = next_seq + ? WHERE source_lane = ?",
+            (n, lane),
+        ):
+            rows = await tx.fetchall(
+                "SELECT next_seq FROM work_source_lanes WHERE source_lane = ?", (lane,)
+            )
+            return int(rows[0][0]) - n
+        try:
+            await tx.execute(
+                "INSERT INTO work_source_lanes (source_lane, next_seq) VALUES (?, ?)",
+                (lane, n + 1),
+            )
+            return 1
+        except DuplicateKey:
+            continue  # another enqueuer created the lane first: take the UPDATE path
+
+
 async def insert_work(
-    tx: SqlTx, specs: Sequence[WorkSpec], now_us: int
+    tx: SqlTx, specs: Sequence[WorkSpec], now_us: int, *, fresh_dedupe_keys: bool = False
 ) -> list[EnqueueResult]:
-    """Insert WorkItems inside the caller's transaction (used by enqueue and admission)."""
+    """Insert WorkItems inside the caller's transaction (used by enqueue and admission).
+
+    ``fresh_dedupe_keys``: the caller guarantees no dedupe key can already
+    exist (it derives them from ids it just generated), so every row goes into
+    one multi-row INSERT.
+    """
     lanes = Counter(s.source_lane for s in specs if s.source_lane is not None)
     next_seq = await allocate_source_seqs(tx, lanes) if lanes else {}
     plain: list[tuple[Any, ...]] = []
@@ -134,7 +165,7 @@ async def insert_work(
             next_seq[spec.source_lane] = seq + 1
         work_id = new_ulid(now_us)
         params = _insert_params(work_id, spec, seq, now_us)
-        if spec.dedupe_key is None and spec.replay_of is None:
+        if fresh_dedupe_keys or (spec.dedupe_key is None and spec.replay_of is None):
             plain.append(params)
             results.append(EnqueueResult(work_id, True))
             continue

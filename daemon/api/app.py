@@ -2,6 +2,8 @@
 
 * ``POST /v1/commands``: accept a command exactly once (or answer from the
   existing admission fact);
+* ``POST /v1/commands/batch``: many commands in one request and one transaction (what an
+  outbox relay sends), answered entry by entry exactly as ``/v1/commands`` would;
 * ``POST /v1/handoffs/reject``: ``RejectIfUnaccepted``;
 * ``GET /v1/handoffs?effect_handoff_key=...``: read the admission fact (404 is *not* evidence
   of rejection);
@@ -93,16 +95,14 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         except ValueError:
             raise ApiError(400, "malformed_json", "the body is not valid JSON") from None
 
-    @app.post("/v1/commands")
-    async def accept_command() -> Response:
-        rc = caller()
-        valid = command_body(await json_body(), _scope(rc), ctx.catalog)
+    def draft_for(rc: RuntimeClient, doc: Any) -> CommandDraft:
+        valid = command_body(doc, _scope(rc), ctx.catalog)
         op = valid.operation
         binding = ctx.catalog.binding_for(rc.org_id, rc.app_installation_id, op.provider)
         if binding is None:
             raise ApiError(422, "no_binding", f"no {op.provider} binding for this scope")
         handoff = valid.handoff
-        draft = CommandDraft(
+        return CommandDraft(
             scope=_scope(rc), runtime_name=rc.name, handoff_key=handoff.key_text,
             payload_digest=handoff.payload_digest, runtime_outbox_id=handoff.runtime_outbox_id,
             intent_id=handoff.key.handoff_id, intent_kind=valid.intent_kind,
@@ -113,15 +113,61 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
             max_attempts=ctx.settings.family(EFFECT_FAMILY).max_attempts,
             lane=f"{rc.org_id}:{op.local_object}:{valid.local_id}",
         )
+
+    def answered(rc: RuntimeClient, draft: CommandDraft,
+                 result: AdmissionResult) -> tuple[dict[str, Any], int]:
+        if result.created:
+            logs.event("command_accepted", command_id=result.command_id, work_id=result.work_id,
+                       runtime=rc.name, operation=draft.operation)
+        elif result.admission is Admission.QUARANTINED:
+            logs.warn("handoff_quarantined", runtime=rc.name, reason=result.reason)
+        return _admission_json(result, draft.handoff_key)
+
+    @app.post("/v1/commands")
+    async def accept_command() -> Response:
+        rc = caller()
+        draft = draft_for(rc, await json_body())
         result = await ctx.store.command_accept(draft, ctx.clock.now_us())
         if result.created:
             ctx.wake(EFFECT_FAMILY)
-            logs.event("command_accepted", command_id=result.command_id, work_id=result.work_id,
-                       runtime=rc.name, operation=op.name)
-        elif result.admission is Admission.QUARANTINED:
-            logs.warn("handoff_quarantined", runtime=rc.name, reason=result.reason)
-        body, status = _admission_json(result, handoff.key_text)
-        return _json(body, status)
+        return _json(*answered(rc, draft, result))
+
+    @app.post("/v1/commands/batch")
+    async def accept_commands() -> Response:
+        """Many commands in one request and one transaction; one answer per entry, in order.
+
+        Each answer is what ``POST /v1/commands`` would answer for that entry
+        alone, with its HTTP status in ``status``; an entry that fails
+        validation is answered with its error and nothing is written for it.
+        """
+        rc = caller()
+        doc = await json_body()
+        entries = doc.get("commands") if isinstance(doc, dict) else None
+        limit = ctx.settings.api.max_batch_commands
+        if not isinstance(entries, list) or not entries:
+            raise ApiError(400, "invalid_request", "commands must be a non-empty array")
+        if len(entries) > limit:
+            raise ApiError(400, "batch_too_large", f"at most {limit} commands per batch")
+        answers: list[dict[str, Any] | None] = []
+        drafts: list[CommandDraft] = []
+        for entry in entries:
+            try:
+                drafts.append(draft_for(rc, entry))
+                answers.append(None)
+            except ApiError as exc:
+                answers.append({"status": exc.status, "error": exc.code, "message": exc.message})
+        results = iter(await ctx.store.command_accept_many(drafts, ctx.clock.now_us()))
+        valid = iter(drafts)
+        created = False
+        for i, answer in enumerate(answers):
+            if answer is None:
+                draft, result = next(valid), next(results)
+                created = created or result.created
+                body, status = answered(rc, draft, result)
+                answers[i] = {"status": status, **body}
+        if created:
+            ctx.wake(EFFECT_FAMILY)
+        return _json({"results": answers}, 200)
 
     @app.post("/v1/handoffs/reject")
     async def reject_if_unaccepted() -> Response:

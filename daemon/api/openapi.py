@@ -85,6 +85,31 @@ OPENAPI: dict[str, Any] = {
                 },
             }
         },
+        "/v1/commands/batch": {
+            "post": {
+                "summary": "Accept many commands in one request and one transaction",
+                "description": "Each entry is answered exactly as POST /v1/commands would"
+                               " answer it alone, with that HTTP status in `status`. An entry"
+                               " that fails validation gets its error; nothing is written for"
+                               " it. At most `api.max_batch_commands` entries.",
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": {"type": "object", "required": ["commands"], "properties": {
+                        "commands": {"type": "array", "minItems": 1, "items": {
+                            "$ref": "#/components/schemas/CommandRequest"}}}}}}},
+                "responses": {
+                    "200": {"description": "one answer per entry, in order",
+                            "content": {"application/json": {"schema": {
+                                "type": "object", "required": ["results"], "properties": {
+                                    "results": {"type": "array", "items": {
+                                        "type": "object", "required": ["status"],
+                                        "properties": {"status": {"type": "integer"}},
+                                        "description": "status plus the Admission or Error"
+                                                       " body of POST /v1/commands",
+                                    }}}}}}},
+                    **_errors(400, 401, 413, 415, 503),
+                },
+            }
+        },
         "/v1/handoffs/reject": {
             "post": {
                 "summary": "RejectIfUnaccepted: the accepted command, or a durable tombstone",

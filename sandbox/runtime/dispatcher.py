@@ -4,10 +4,13 @@ Theory of operation
 -------------------
 Each outbox entry holds the exact bytes of one ``POST /v1/commands`` body, fixed when the
 intent was created. The dispatcher sends the oldest entry of each Lead (so one Lead's
-handoffs are admitted in order), up to ``dispatch_concurrency`` at once. A definitive answer
-(accepted, rejected, quarantined) is applied to the intent and ends the entry; anything else
-(a transport error, 5xx, 408/429, an unreadable 2xx) keeps it and schedules the same bytes
-again after capped exponential backoff with full jitter. It never gives up.
+handoffs are admitted in order), up to ``dispatch_batch`` entries per request (``POST
+/v1/commands/batch``, the entries' bytes verbatim inside ``{"commands": [...]}``) and up to
+``dispatch_concurrency`` requests at once. A definitive answer (accepted, rejected,
+quarantined) is applied to the intent and ends the entry; anything else (a transport error,
+5xx, 408/429, an unreadable 2xx) keeps it and schedules the same bytes again after capped
+exponential backoff with full jitter. It never gives up. An integrationd without the batch
+route (404/405) is sent single commands from then on.
 
 The dispatcher sleeps until the next entry is due, at most ``poll_interval_s``, and wakes
 early when the Runtime adds an entry (:class:`~sandbox.runtime.runtime.Wakeup`).
@@ -33,6 +36,7 @@ from sandbox.runtime.model import (
     RejectAnswer,
     RetryLater,
     WithdrawRefused,
+    classify_batch_answer,
     classify_command_answer,
     classify_reject_answer,
 )
@@ -40,6 +44,7 @@ from sandbox.runtime.runtime import ReferenceRuntime
 from sandbox.runtime.store import OutboxEntry, Refused
 
 COMMANDS_PATH = "/v1/commands"
+BATCH_PATH = "/v1/commands/batch"
 REJECT_PATH = "/v1/handoffs/reject"
 
 
@@ -47,6 +52,10 @@ class IntegrationPort(Protocol):
     """What the dispatcher and withdraw need from integrationd (tests may substitute it)."""
 
     async def send_command(self, body: bytes) -> AdmissionAnswer: ...
+
+    async def send_commands(self, bodies: list[bytes]) -> list[AdmissionAnswer] | RetryLater:
+        """One answer per body, in order; or one RetryLater for the whole batch."""
+        ...
 
     async def reject_if_unaccepted(self, body: bytes) -> RejectAnswer: ...
 
@@ -56,6 +65,7 @@ class IntegrationClient:
     """Posts handoffs to integrationd; turns every outcome into a classified answer."""
 
     _http: httpx.AsyncClient
+    _batch_route: bool = True
 
     @classmethod
     @asynccontextmanager
@@ -87,6 +97,21 @@ class IntegrationClient:
         answer = await self._post(COMMANDS_PATH, body)
         return answer if isinstance(answer, RetryLater) else classify_command_answer(*answer)
 
+    async def send_commands(self, bodies: list[bytes]) -> list[AdmissionAnswer] | RetryLater:
+        """``POST /v1/commands/batch`` with each body verbatim as one entry."""
+        if self._batch_route:
+            answer = await self._post(BATCH_PATH, b'{"commands":[' + b",".join(bodies) + b"]}")
+            if isinstance(answer, RetryLater):
+                return answer
+            status = answer[0]
+            if status in (404, 405):
+                self._batch_route = False  # an integrationd from before the batch route
+            elif not 400 <= status < 500 or status in (408, 429):
+                return classify_batch_answer(*answer, expected=len(bodies))
+            # Otherwise the batch as a whole was refused (too large, say): each entry
+            # gets its own answer from the single route.
+        return [await self.send_command(body) for body in bodies]
+
     async def reject_if_unaccepted(self, body: bytes) -> RejectAnswer:
         """``POST /v1/handoffs/reject`` (integrationd's idempotent RejectIfUnaccepted)."""
         answer = await self._post(REJECT_PATH, body)
@@ -104,47 +129,61 @@ class OutboxDispatcher:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         runtime = self.runtime
         store = runtime.store
+        capacity = runtime.dispatch_concurrency * runtime.dispatch_batch
         async with trio.open_nursery() as nursery:
             task_status.started()
             while True:
                 now = trio.current_time()
-                free = runtime.dispatch_concurrency - len(self._in_flight)
-                for entry in store.due_entries(now, exclude=self._in_flight, limit=free):
-                    self._in_flight.add(entry.outbox_id)
-                    nursery.start_soon(self._deliver, entry)
+                due = store.due_entries(now, exclude=self._in_flight,
+                                        limit=capacity - len(self._in_flight))
+                for i in range(0, len(due), runtime.dispatch_batch):
+                    batch = due[i:i + runtime.dispatch_batch]
+                    self._in_flight.update(e.outbox_id for e in batch)
+                    nursery.start_soon(self._deliver, batch)
                 timeout = runtime.poll_interval_s
-                if len(self._in_flight) < runtime.dispatch_concurrency:
+                if len(self._in_flight) < capacity:
                     next_at = store.next_due_at(exclude=self._in_flight)
                     if next_at is not None:
                         timeout = min(timeout, next_at - now)
                 await runtime.wakeup.wait(timeout)
 
-    async def _deliver(self, entry: OutboxEntry) -> None:
+    async def _deliver(self, batch: list[OutboxEntry]) -> None:
         store = self.runtime.store
         try:
-            store.counters["dispatch_sent"] += 1
-            answer = await self.client.send_command(entry.body)
-            if isinstance(answer, RetryLater):
-                attempts = store.attempts(entry.outbox_id) + 1
-                delay = self.runtime.dispatch_backoff.delay_s(attempts, random.random())
-                store.schedule_retry(
-                    entry.outbox_id, next_at=trio.current_time() + delay, reason=answer.reason
-                )
-                logs.warn("runtime_dispatch_retry", intent_id=entry.intent_id,
-                          attempts=attempts, reason=answer.reason, delay_s=round(delay, 3))
-                return
-            store.counters["dispatch_answered"] += 1
-            try:
-                state = store.record_answer(entry.intent_id, answer)
-            except ContractViolation as exc:
-                logs.error("runtime_contract_violation", intent_id=entry.intent_id,
-                           detail=str(exc))
-                return
-            logs.event("runtime_dispatch_answer", intent_id=entry.intent_id,
-                       status=state.status.value, command_id=state.command_id)
+            store.counters["dispatch_sent"] += len(batch)
+            answers: list[AdmissionAnswer] | RetryLater
+            if len(batch) == 1:
+                answers = [await self.client.send_command(batch[0].body)]
+            else:
+                answers = await self.client.send_commands([e.body for e in batch])
+            if isinstance(answers, RetryLater):
+                answers = [answers] * len(batch)
+            for entry, answer in zip(batch, answers, strict=True):
+                self._apply(entry, answer)
         finally:
-            self._in_flight.discard(entry.outbox_id)
+            self._in_flight.difference_update(e.outbox_id for e in batch)
             self.runtime.wakeup.set()
+
+    def _apply(self, entry: OutboxEntry, answer: AdmissionAnswer) -> None:
+        store = self.runtime.store
+        if isinstance(answer, RetryLater):
+            attempts = store.attempts(entry.outbox_id) + 1
+            delay = self.runtime.dispatch_backoff.delay_s(attempts, random.random())
+            store.schedule_retry(
+                entry.outbox_id, next_at=trio.current_time() + delay, reason=answer.reason
+            )
+            logs.warn("runtime_dispatch_retry", intent_id=entry.intent_id,
+                      attempts=attempts, reason=answer.reason, delay_s=round(delay, 3))
+            return
+        store.counters["dispatch_answered"] += 1
+        try:
+            state = store.record_answer(entry.intent_id, answer)
+        except ContractViolation as exc:
+            logs.error("runtime_contract_violation", intent_id=entry.intent_id,
+                       detail=str(exc))
+            return
+        logs.event("runtime_dispatch_answer", intent_id=entry.intent_id,
+                   status=state.status.value, command_id=state.command_id)
 
 
 async def withdraw_intent(

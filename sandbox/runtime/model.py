@@ -349,7 +349,12 @@ def _classify(
     http_status: int, body: bytes
 ) -> CommandAccepted | HandoffRejected | RetryLater | dict[str, Any]:
     """The part both answers share: an admission fact, a retry, or the refusal's JSON."""
-    doc = _json_object(body)
+    return _classify_doc(http_status, _json_object(body))
+
+
+def _classify_doc(
+    http_status: int, doc: dict[str, Any] | None
+) -> CommandAccepted | HandoffRejected | RetryLater | dict[str, Any]:
     fact = _admission_fact(doc)
     if 200 <= http_status < 300:
         return fact if fact is not None else RetryLater(f"unreadable {http_status} answer")
@@ -366,6 +371,29 @@ def classify_command_answer(http_status: int, body: bytes) -> AdmissionAnswer:
     if isinstance(answer, dict):
         return HandoffQuarantined(Quarantine(http_status, _error_code(answer, http_status)))
     return answer
+
+
+def classify_batch_answer(http_status: int, body: bytes, *,
+                          expected: int) -> list[AdmissionAnswer] | RetryLater:
+    """Classify a 200 answer to ``POST /v1/commands/batch``: one answer per entry.
+
+    Each entry carries the status ``POST /v1/commands`` would have answered and is
+    classified exactly as that answer. Anything unreadable, or the wrong number of
+    entries, retries the whole batch (admission is idempotent).
+    """
+    if http_status != 200:
+        return RetryLater(f"http {http_status}")
+    doc = _json_object(body)
+    results = doc.get("results") if doc else None
+    if not isinstance(results, list) or len(results) != expected or not all(
+            isinstance(r, dict) and isinstance(r.get("status"), int) for r in results):
+        return RetryLater("unreadable batch answer")
+    answers: list[AdmissionAnswer] = []
+    for result in results:
+        answer = _classify_doc(result["status"], result)
+        answers.append(HandoffQuarantined(Quarantine(result["status"], _error_code(
+            answer, result["status"]))) if isinstance(answer, dict) else answer)
+    return answers
 
 
 def classify_reject_answer(http_status: int, body: bytes) -> RejectAnswer:

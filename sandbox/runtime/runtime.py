@@ -69,6 +69,8 @@ class ReferenceRuntime:
     dispatch_backoff: BackoffPolicy = DEFAULT_BACKOFF
     poll_interval_s: float = 1.0
     dispatch_concurrency: int = 8
+    # Entries per POST /v1/commands/batch (1: single POST /v1/commands requests).
+    dispatch_batch: int = 32
     request_timeout_s: float = 10.0
     now_us: Callable[[], int] = wall_clock_us
     new_id: Callable[[str], str] = new_ulid_id
@@ -76,8 +78,8 @@ class ReferenceRuntime:
     wakeup: Wakeup = attrs.field(init=False, factory=Wakeup)
 
     def __attrs_post_init__(self) -> None:
-        if self.dispatch_concurrency < 1:
-            raise ValueError("dispatch_concurrency must be at least 1")
+        if self.dispatch_concurrency < 1 or self.dispatch_batch < 1:
+            raise ValueError("dispatch_concurrency and dispatch_batch must be at least 1")
         if self.poll_interval_s <= 0 or self.request_timeout_s <= 0:
             raise ValueError("poll_interval_s and request_timeout_s must be positive")
         self.store = RuntimeStore(

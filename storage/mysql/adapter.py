@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
+import re
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
@@ -57,6 +58,11 @@ T = TypeVar("T")
 
 # Deadlock, lock wait timeout, record changed since read (MariaDB/MySQL);
 # TiDB write conflict, schema changed, txn too old / retry limit.
+# ``INSERT INTO t (...) VALUES (<one row>)``: executemany repeats the row
+# tuple (literals included, which the driver's own rewrite refuses) so that
+# a batch is one multi-row INSERT, statement-atomic on InnoDB.
+_INSERT_VALUES = re.compile(r"\s*(INSERT\b.+?\bVALUES\s*)(\(.*\))\s*\Z", re.DOTALL)
+MULTI_ROW_CHUNK = 500
 RETRYABLE_CODES = frozenset({1213, 1205, 1020, 9007, 8002, 8022, 8028})
 DUPLICATE_KEY_CODE = 1062
 
@@ -164,15 +170,26 @@ class _MysqlTx:
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         if not rows:
             return 0
-        self._stats.statements += 1
-        cur = self._conn.cursor()
+        insert = _INSERT_VALUES.match(sql)
+        if insert is None:  # not a plain INSERT ... VALUES (...): one statement per row
+            return sum([await self.execute(sql, row) for row in rows])
+        prefix, values = insert.group(1), insert.group(2)
+        chunks = [rows[i:i + MULTI_ROW_CHUNK] for i in range(0, len(rows), MULTI_ROW_CHUNK)]
+        if len(chunks) == 1:
+            return await self.execute(
+                prefix + ", ".join([values] * len(rows)), [v for row in rows for v in row])
+        # Several statements: a savepoint keeps the batch all-or-nothing.
+        await self.execute("SAVEPOINT executemany")
         try:
-            await cur.executemany(to_pyformat(sql), [tuple(r) for r in rows])
-        except trio_mysql.IntegrityError as exc:
-            if _code(exc) == DUPLICATE_KEY_CODE:
-                raise DuplicateKey(str(exc.args[-1])) from None
+            count = 0
+            for chunk in chunks:
+                count += await self.execute(
+                    prefix + ", ".join([values] * len(chunk)), [v for row in chunk for v in row])
+        except DuplicateKey:  # other errors end the whole transaction anyway
+            await self.execute("ROLLBACK TO SAVEPOINT executemany")
             raise
-        return int(cur.rowcount)
+        await self.execute("RELEASE SAVEPOINT executemany")
+        return count
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         self._stats.statements += 1

@@ -92,14 +92,23 @@ class _SqliteTx:
         if not rows:
             return 0
         self._stats.statements += 1
+        # A savepoint makes the batch all-or-nothing, like MySQL's multi-row
+        # INSERT: callers fall back to row-at-a-time after a duplicate key.
+        self._conn.execute("SAVEPOINT executemany")
         try:
-            return self._conn.executemany(sql, rows).rowcount
-        except sqlite3.IntegrityError as exc:
-            raise DuplicateKey(str(exc)) from None
-        except sqlite3.OperationalError as exc:
-            if _is_busy(exc):
+            count = self._conn.executemany(sql, rows).rowcount
+        except sqlite3.Error as exc:
+            self._conn.execute("ROLLBACK TO SAVEPOINT executemany")
+            self._conn.execute("RELEASE SAVEPOINT executemany")
+            if isinstance(exc, sqlite3.IntegrityError):
+                if "UNIQUE" in str(exc) or "PRIMARY KEY" in str(exc):
+                    raise DuplicateKey(str(exc)) from None
+                raise StorageError(f"sqlite integrity error: {exc}") from None
+            if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
                 raise _Busy() from exc
             raise StorageError(f"sqlite error: {exc}") from None
+        self._conn.execute("RELEASE SAVEPOINT executemany")
+        return count
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         return self._run(sql, params).fetchall()

@@ -133,13 +133,14 @@ async def test_transport_level_refusals(api: Api) -> None:
     r = await api.client.post("/v1/commands", content=b"x=1", headers={
         **auth, "Content-Type": "application/x-www-form-urlencoded"})
     assert (r.status_code, r.json()["error"]) == (415, "unsupported_media_type")
-    big = body(title="x" * 70_000)
-    r = await api.post("/v1/commands", big)
-    assert (r.status_code, r.json()["error"]) == (413, "payload_too_large")
     r = await api.client.get("/v1/nothing-here", headers=auth)
     assert (r.status_code, r.json()["error"]) == (404, "not_found")
     r = await api.client.get("/v1/commands", headers=auth)
     assert (r.status_code, r.json()["error"]) == (405, "method_not_allowed")
+    # Last: the server closes the connection instead of reading the rest of the body.
+    big = body(title="x" * 300_000)  # over api.max_body_bytes (256 KiB)
+    r = await api.post("/v1/commands", big)
+    assert (r.status_code, r.json()["error"]) == (413, "payload_too_large")
     assert await api.nothing_written()
 
 
@@ -218,5 +219,65 @@ async def test_accept_racing_reject_over_http(api: Api) -> None:
 async def test_openapi_document_lists_every_route(api: Api) -> None:
     r = await api.client.get("/v1/openapi.json")
     assert r.status_code == 200
-    assert set(r.json()["paths"]) == {"/v1/commands", "/v1/handoffs/reject",
-                                      "/v1/handoffs", "/v1/openapi.json"}
+    assert set(r.json()["paths"]) == {"/v1/commands", "/v1/commands/batch",
+                                      "/v1/handoffs/reject", "/v1/handoffs",
+                                      "/v1/openapi.json"}
+
+
+async def test_a_batch_is_answered_entry_by_entry(api: Api) -> None:
+    first = await api.post("/v1/commands", body("int-old", outbox="ob-old"))
+    assert first.status_code == 200
+    entries = [
+        body("int-b1", outbox="ob-b1"),
+        body("int-old", outbox="ob-old"),  # a resend: the same command
+        body("int-old", outbox="ob-other"),  # same key, other outbox: quarantined
+        body("int-b2", scope=OTHER_ORG, outbox="ob-b2"),  # another scope's key
+        body(operation="salesforce.nope"),  # invalid: nothing written for it
+        {"effect_handoff_key": "nope"},
+        body("int-b3", outbox="ob-b3"),
+    ]
+    r = await api.post("/v1/commands/batch", {"commands": entries})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [(a["status"], a.get("admission") or a.get("error")) for a in results] == [
+        (200, "COMMAND_ACCEPTED"), (200, "COMMAND_ACCEPTED"), (409, "quarantined"),
+        (403, "scope_mismatch"), (422, "unknown_operation"), (400, "bad_handoff_key"),
+        (200, "COMMAND_ACCEPTED")]
+    assert results[1]["command_id"] == first.json()["command_id"]
+    assert "command_id" not in results[2] and "command_id" not in results[3]
+    items = await api.store.work_list(WorkQuery(family="external_effect"))
+    assert sorted(i.subject_id for i in items) == sorted(
+        [first.json()["command_id"], results[0]["command_id"], results[6]["command_id"]])
+    # The same batch again (a lost response): the same answers, nothing new.
+    again = await api.post("/v1/commands/batch", {"commands": entries})
+    assert [a.get("command_id") for a in again.json()["results"]] == [
+        a.get("command_id") for a in results]
+    assert len(await api.store.work_list(WorkQuery(family="external_effect"))) == 3
+
+
+@pytest.mark.parametrize(
+    ("doc", "token", "status", "error"),
+    [
+        ({"commands": [body()]}, None, 401, "unauthenticated"),
+        ({"commands": [body()]}, "wrong", 401, "unauthenticated"),
+        ([body()], RUNTIME_TOKEN, 400, "invalid_request"),
+        ({"commands": []}, RUNTIME_TOKEN, 400, "invalid_request"),
+        ({"commands": body()}, RUNTIME_TOKEN, 400, "invalid_request"),
+        ({"commands": [body(f"int-{i}", outbox=f"ob-{i}") for i in range(101)]}, RUNTIME_TOKEN,
+         400, "batch_too_large"),
+    ],
+)
+async def test_a_bad_batch_is_refused_whole(api: Api, doc: Any, token: str | None, status: int,
+                                            error: str) -> None:
+    r = await api.post("/v1/commands/batch", doc, token=token)
+    assert (r.status_code, r.json()["error"]) == (status, error), r.text
+    assert r.json()["message"]
+    assert await api.nothing_written()
+
+
+async def test_an_oversized_batch_is_413(api: Api) -> None:
+    big = {"commands": [body(f"int-{i}", outbox=f"ob-{i}", title="x" * 4_000)  # 80 x 4 KB > 256 KiB
+                        for i in range(80)]}
+    r = await api.post("/v1/commands/batch", big)
+    assert (r.status_code, r.json()["error"]) == (413, "payload_too_large")
+    assert await api.nothing_written()

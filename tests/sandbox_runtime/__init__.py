@@ -60,6 +60,7 @@ class FakeIntegration:
     token: str = INTEGRATION_TOKEN
     admissions: dict[str, Admission] = attrs.field(factory=dict)
     received: list[Received] = attrs.field(factory=list)
+    paths: list[str] = attrs.field(factory=list)
     command_script: list[Answer] = attrs.field(factory=list)
     reject_script: list[Answer] = attrs.field(factory=list)
     hold_before_decision: trio.Event | None = None
@@ -112,6 +113,10 @@ class FakeIntegration:
 
     def create_app(self) -> QuartTrio:
         app = QuartTrio(__name__)
+
+        @app.before_request
+        async def note_path() -> None:
+            self.paths.append(request.path)  # routes this fake lacks included
 
         async def record() -> dict[str, Any] | None:
             body = await request.get_data(as_text=False)

@@ -217,6 +217,9 @@ class ScriptedClient:
         await trio.lowlevel.checkpoint()
         return self.answers.pop(0) if self.answers else CommandAccepted("cmd-7")
 
+    async def send_commands(self, bodies: list[bytes]) -> list[AdmissionAnswer] | RetryLater:
+        return [await self.send_command(body) for body in bodies]
+
     async def reject_if_unaccepted(self, body: bytes) -> RejectAnswer:
         raise AssertionError("not used")
 
@@ -238,3 +241,20 @@ async def test_backoff_under_mock_clock(autojump_clock: trio.testing.MockClock) 
         nursery.cancel_scope.cancel()
     assert len(client.bodies) == 13 and len(set(client.bodies)) == 1
     assert store.counters["dispatch_retries"] == 12 and not store.outbox
+
+
+async def test_an_integrationd_without_the_batch_route_gets_single_commands(
+    fake: tuple[FakeIntegration, str]
+) -> None:
+    async with running_runtime(fake[1], poll_interval_s=3600.0) as rt:
+        store = rt.runtime.store
+        intents = []
+        for i in range(5):  # due together, so the dispatcher batches them
+            store.create_lead({"lead_id": f"lead-{i}", "title": "t"})
+            intents.append(store.update_lead(f"lead-{i}", {"title": "CTO"}).intent.intent_id)
+        rt.runtime.wakeup.set()
+        for intent_id in intents:
+            await rt.wait_status(intent_id, "ACCEPTED")
+        assert fake[0].paths.count("/v1/commands/batch") == 1  # tried once: 404
+        assert len(fake[0].commands()) == 5
+        assert store.counters["dispatch_answered"] == 5

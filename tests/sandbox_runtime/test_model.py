@@ -21,6 +21,7 @@ from daemon.core.handoff import (
 )
 from sandbox.runtime.model import (
     OUTSTANDING,
+    classify_batch_answer,
     CommandAccepted,
     ContractViolation,
     HandoffQuarantined,
@@ -204,6 +205,34 @@ def test_classify_reject_answer(status: int, body: bytes, expected: object) -> N
 def test_classifiers_accept_any_answer(status: int, body: bytes) -> None:
     classify_command_answer(status, body)
     classify_reject_answer(status, body)
+    classify_batch_answer(status, body, expected=1)
+
+
+@pytest.mark.parametrize(("status", "body", "expected"), COMMAND_ANSWERS)
+def test_each_batch_entry_is_classified_as_its_single_answer(status: int, body: bytes,
+                                                             expected: object) -> None:
+    doc = json.loads(body) if body.startswith(b"{") else {}
+    entry = json.dumps({"status": status, **doc}).encode()
+    answers = classify_batch_answer(200, b'{"results":[' + entry + b"]}", expected=1)
+    if isinstance(expected, RetryLater):
+        assert isinstance(answers, list) and isinstance(answers[0], RetryLater)
+    else:
+        assert answers == [expected]
+
+
+BATCH_FAILURES: list[tuple[int, bytes]] = [
+    (503, b""),
+    (429, b'{"results":[]}'),
+    (200, b"not json"),
+    (200, b'{"results":{}}'),
+    (200, b'{"results":[{"status":200,"admission":"COMMAND_ACCEPTED","command_id":"c"}]}'),
+    (200, b'{"results":[{"admission":"COMMAND_ACCEPTED","command_id":"c"},{"status":200}]}'),
+]
+
+
+@pytest.mark.parametrize(("status", "body"), BATCH_FAILURES)
+def test_an_unreadable_batch_answer_retries_the_whole_batch(status: int, body: bytes) -> None:
+    assert isinstance(classify_batch_answer(status, body, expected=2), RetryLater)
 
 
 def test_apply_admission() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from storage.effect_values import Admission, Settlement
+from storage.effect_values import Admission, AdmissionResult, CommandDraft, Settlement
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
@@ -106,3 +106,86 @@ async def test_accept_racing_reject_has_exactly_one_outcome(database: FreshDatab
             assert len(commands) == 1 and len(items) == 1
         else:
             assert commands == {None} and items == []
+
+
+async def test_accept_many_answers_each_draft_as_accept_would(store: WorkStore) -> None:
+    # Prior facts: one accepted, one rejected (tombstone).
+    accepted = await store.command_accept(draft("int-a", lead="lead-a"), T0)
+    tomb = draft("int-t", lead="lead-t")
+    await store.command_reject_if_unaccepted(
+        scope=SCOPE, runtime_name="crm", handoff_key=tomb.handoff_key,
+        payload_digest=tomb.payload_digest, runtime_outbox_id=tomb.runtime_outbox_id,
+        now_us=T0)
+    batch = [
+        draft("int-n1", lead="lead-1"),
+        draft("int-a", lead="lead-a"),  # a resend of the accepted one
+        tomb,  # a late delivery after the rejection
+        draft("int-a", lead="lead-a", outbox="outbox-9"),  # same key, other outbox
+        draft("int-n2", lead="lead-1"),  # same Lead: next in its source lane
+        draft("int-n1", lead="lead-1"),  # repeated inside the batch
+    ]
+    answers = await store.command_accept_many(batch, T0 + 10)
+    assert [a.admission for a in answers] == [
+        Admission.COMMAND_ACCEPTED, Admission.COMMAND_ACCEPTED, Admission.HANDOFF_REJECTED,
+        Admission.QUARANTINED, Admission.COMMAND_ACCEPTED, Admission.COMMAND_ACCEPTED]
+    assert [a.created for a in answers] == [True, False, False, False, True, False]
+    assert answers[1].command_id == accepted.command_id
+    assert answers[5].command_id == answers[0].command_id
+    assert answers[3].command_id is None  # nothing disclosed
+    assert await store.quarantine_count(batch[3].handoff_key) == 1
+    items = {i.subject_id: i for i in await store.work_list(WorkQuery(family="external_effect"))}
+    assert set(items) == {accepted.command_id, answers[0].command_id, answers[4].command_id}
+    first, second = items[answers[0].command_id], items[answers[4].command_id]
+    assert first.source_lane == second.source_lane == "org-1:lead:lead-1"
+    assert first.source_seq is not None and second.source_seq == first.source_seq + 1
+
+
+async def test_accept_many_fresh_batch_is_one_transaction(store: WorkStore) -> None:
+    batch = [draft(f"int-{i}", lead=f"lead-{i % 3}") for i in range(9)]
+    commits = store.db.stats.commits
+    answers = await store.command_accept_many(batch, T0)
+    assert store.db.stats.commits == commits + 1
+    assert all(a.created and a.admission is Admission.COMMAND_ACCEPTED for a in answers)
+    assert len({a.command_id for a in answers}) == 9
+    by_lane: dict[str, list[int]] = {}
+    for item in await store.work_list(WorkQuery(family="external_effect")):
+        assert item.source_lane is not None and item.source_seq is not None
+        by_lane.setdefault(item.source_lane, []).append(item.source_seq)
+    assert {k: sorted(v) for k, v in by_lane.items()} == {
+        f"org-1:lead:lead-{n}": [1, 2, 3] for n in range(3)}
+    # A second batch over the same lanes continues each lane's sequence.
+    await store.command_accept_many([draft(f"int-x{n}", lead=f"lead-{n}") for n in range(3)],
+                                    T0 + 1)
+    seqs = [i.source_seq for i in await store.work_list(WorkQuery(family="external_effect"))
+            if i.source_lane == "org-1:lead:lead-0"]
+    assert sorted(s for s in seqs if s is not None) == [1, 2, 3, 4]
+
+
+async def test_accept_many_racing_rejects_has_one_outcome_per_key(
+        database: FreshDatabase) -> None:
+    stores = [await database.open_store(pool_size=2) for _ in range(3)]
+    batch = [draft(f"int-b{i}", lead=f"lead-{i}") for i in range(6)]
+    rejects: list[Admission] = []
+
+    async def reject(store: WorkStore, d: CommandDraft) -> None:
+        r = await store.command_reject_if_unaccepted(
+            scope=SCOPE, runtime_name="crm", handoff_key=d.handoff_key,
+            payload_digest=d.payload_digest, runtime_outbox_id=d.runtime_outbox_id, now_us=T0)
+        rejects.append(r.admission)
+
+    answers: list[AdmissionResult] = []
+
+    async def accept_all() -> None:
+        answers.extend(await stores[0].command_accept_many(batch, T0))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(accept_all)
+        for i, d in enumerate(batch[::2]):
+            nursery.start_soon(reject, stores[1 + i % 2], d)
+    for d, answer in zip(batch, answers, strict=True):
+        found = await stores[0].admission_read(d.handoff_key)
+        assert found is not None and found[1].admission is answer.admission
+    accepted = {a.command_id for a in answers if a.admission is Admission.COMMAND_ACCEPTED}
+    assert set(await _effect_items(stores[0])) == accepted
+    assert len(rejects) == 3 and all(r in (Admission.COMMAND_ACCEPTED, Admission.HANDOFF_REJECTED)
+                                     for r in rejects)
