@@ -23,6 +23,7 @@ of the item (``WorkContext.on_finalize``) or ``WorkStore.work_fenced``:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from daemon.core.work import Fence, WorkSpec
@@ -37,9 +38,10 @@ from storage.effect_values import (
     Settlement,
 )
 from storage.idgen import new_ulid
-from storage.port import AuditEntry, Database, Row, SqlTx, WorkConflict
+from storage.port import AuditEntry, Database, LostLease, Row, SqlTx, StorageError, WorkConflict
 from storage.work_admin import append_audit, insert_work
-from storage.work_claims import fence_lock
+from storage.work_claims import fence_lock, fence_lock_many
+from storage.work_rows import placeholders
 
 RECEIPT_FAMILY = "runtime_receipt"
 
@@ -55,6 +57,17 @@ _DISPATCHABLE_SQL = (
     " WHERE a.command_id = c.command_id AND a.disposition IS NULL"
     " AND (a.outcome IS NULL OR a.outcome = 'OUTCOME_UNKNOWN'))"
     " FROM external_commands c WHERE c.command_id = ?"
+)
+_DISPATCHABLE_MANY_SQL = (
+    "SELECT c.command_id, c.settlement, (SELECT COUNT(*) FROM effect_attempts a"
+    " WHERE a.command_id = c.command_id AND a.disposition IS NULL"
+    " AND (a.outcome IS NULL OR a.outcome = 'OUTCOME_UNKNOWN'))"
+    " FROM external_commands c WHERE c.command_id IN ({marks})"
+)
+_INSERT_ATTEMPT_SQL = (
+    f"INSERT INTO effect_attempts ({_ATTEMPT_COLUMNS}, lease_token, row_version)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL, NULL, NULL, NULL,"
+    " NULL, NULL, NULL, ?, 0)"
 )
 _RECEIPT_COLUMNS = (
     "command_id, intent_id, result_format_version, remote_id, canonical_result,"
@@ -81,6 +94,25 @@ def attempt_from_row(row: Row) -> EffectAttempt:
         disposition_note=_str(row[17]), disposition_by=_str(row[18]),
         disposition_at_us=_int(row[19]),
     )
+
+
+def _dispatch_refusal(command_id: str, state: tuple[str, int] | None) -> WorkConflict | None:
+    """Why no attempt may start, from the command's (settlement, unresolved attempts)."""
+    if state is None:
+        return WorkConflict(f"no command {command_id}")
+    settlement, unresolved = state
+    if settlement != Settlement.OPEN:
+        return WorkConflict(f"command {command_id} is {settlement}; no further dispatch")
+    if unresolved:
+        return WorkConflict(f"command {command_id} has an unresolved attempt")
+    return None
+
+
+def _attempt_params(attempt_id: str, fence: Fence, draft: AttemptDraft,
+                    now_us: int) -> tuple[Any, ...]:
+    return (attempt_id, draft.command_id, fence.work_id, fence.ownership_epoch, draft.method,
+            draft.target_path, draft.safe_headers, draft.body_sha256, draft.idempotency_key,
+            draft.pre_dispatch_evidence, now_us, fence.lease_token)
 
 
 def receipt_from_row(row: Row) -> ResultReceipt:
@@ -124,25 +156,56 @@ class EffectJournal:
         async def body(tx: SqlTx) -> str:
             await fence_lock(tx, fence, now_us)
             rows = await tx.fetchall(_DISPATCHABLE_SQL, (draft.command_id,))
-            if not rows:
-                raise WorkConflict(f"no command {draft.command_id}")
-            settlement, unresolved = rows[0]
-            if settlement != Settlement.OPEN:
-                raise WorkConflict(f"command {draft.command_id} is {settlement};"
-                                   " no further dispatch")
-            if int(unresolved):
-                raise WorkConflict(f"command {draft.command_id} has an unresolved attempt")
-            await tx.execute(
-                f"INSERT INTO effect_attempts ({_ATTEMPT_COLUMNS}, lease_token, row_version)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL, NULL, NULL, NULL,"
-                " NULL, NULL, NULL, ?, 0)",
-                (attempt_id, draft.command_id, fence.work_id, fence.ownership_epoch,
-                 draft.method, draft.target_path, draft.safe_headers, draft.body_sha256,
-                 draft.idempotency_key, draft.pre_dispatch_evidence, now_us, fence.lease_token),
-            )
+            refusal = _dispatch_refusal(draft.command_id, (str(rows[0][0]), int(rows[0][1]))
+                                        if rows else None)
+            if refusal is not None:
+                raise refusal
+            await tx.execute(_INSERT_ATTEMPT_SQL, _attempt_params(attempt_id, fence, draft,
+                                                                  now_us))
             return attempt_id
 
         return await self.db.transact(body, name="effect.checkpoint")
+
+    async def effect_checkpoint_many(
+        self, requests: Sequence[tuple[Fence, AttemptDraft]], now_us: int
+    ) -> list[str | StorageError]:
+        """Many handlers' checkpoints in one transaction (group commit).
+
+        One answer per request, in order: the attempt id, or the error that
+        :meth:`effect_checkpoint` would have raised for that request alone
+        (``LostLease``, ``WorkConflict``); only those checkpoints are left out.
+        Errors of the transaction itself (database unreachable, unknown
+        COMMIT) are raised and concern every request.
+        """
+        if not requests:
+            return []
+        ids = [new_ulid(now_us) for _ in requests]
+
+        async def body(tx: SqlTx) -> list[str | StorageError]:
+            answers: list[str | StorageError] = list(ids)
+            live = await fence_lock_many(tx, [fence for fence, _ in requests], now_us)
+            wanted = [d.command_id for fence, d in requests if fence.work_id in live]
+            state: dict[str, tuple[str, int]] = {}
+            if wanted:
+                unique = sorted(set(wanted))
+                rows = await tx.fetchall(
+                    _DISPATCHABLE_MANY_SQL.format(marks=placeholders(len(unique))), unique)
+                state = {str(r[0]): (str(r[1]), int(r[2])) for r in rows}
+            inserts = []
+            for i, (fence, draft) in enumerate(requests):
+                refusal = (LostLease(fence) if fence.work_id not in live
+                           else _dispatch_refusal(draft.command_id,
+                                                  state.get(draft.command_id)))
+                if refusal is not None:
+                    answers[i] = refusal
+                    continue
+                # A second request for one command in one batch finds the first unresolved.
+                state[draft.command_id] = (Settlement.OPEN.value, 1)
+                inserts.append(_attempt_params(ids[i], fence, draft, now_us))
+            await tx.executemany(_INSERT_ATTEMPT_SQL, inserts)
+            return answers
+
+        return await self.db.transact(body, name="effect.checkpoint_many")
 
     async def effect_dispose(
         self,

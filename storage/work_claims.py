@@ -113,6 +113,32 @@ async def fence_lock(tx: SqlTx, fence: Fence, now_us: int) -> None:
         raise LostLease(fence)
 
 
+async def fence_lock_many(tx: SqlTx, fences: Sequence[Fence], now_us: int) -> set[str]:
+    """:func:`fence_lock` for many items in two statements at most: the work
+    ids whose live fence ``tx`` now holds (the others are left untouched)."""
+    if not fences:
+        return set()
+    matched = await tx.execute(
+        "UPDATE work_items SET row_version = row_version + 1"
+        " WHERE state = 'processing' AND lease_until_us >= ? AND ("
+        + " OR ".join("(work_id = ? AND lease_token = ? AND ownership_epoch = ?)"
+                      for _ in fences) + ")",
+        (now_us, *(v for f in fences for v in (f.work_id, f.lease_token, f.ownership_epoch))),
+    )
+    if matched == len(fences):
+        return {f.work_id for f in fences}
+    # Some fences are gone: the rows we locked still carry ours (nobody else
+    # can change them before COMMIT); a row that did not match never will.
+    rows = await tx.fetchall(
+        f"SELECT work_id, lease_token, ownership_epoch FROM work_items"
+        f" WHERE work_id IN ({placeholders(len(fences))}) AND state = 'processing'"
+        " AND lease_until_us >= ?",
+        (*(f.work_id for f in fences), now_us),
+    )
+    held = {(str(r[0]), str(r[1]), int(r[2])) for r in rows}
+    return {f.work_id for f in fences if (f.work_id, f.lease_token, f.ownership_epoch) in held}
+
+
 class WorkClaims:
     """Claim-side methods of the work store (mixed into ``WorkStore``)."""
 

@@ -13,6 +13,7 @@ from config.settings import Settings
 from daemon.api.app import ApiContext, create_api_app
 from daemon.core.work import WorkItem
 from daemon.providers.executor import HttpExecutor, new_http_client
+from daemon.services.checkpoints import CheckpointBatcher
 from daemon.services.clock import Clock
 from daemon.services.effect_runner import EffectRunner, effect_handler, replay_refusal
 from daemon.services.families import FamilyRegistry, build_registry, noop_handler
@@ -47,10 +48,11 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         if metrics is not None:
             metrics.effect_attempts.labels(operation, outcome).inc()
 
+    checkpoints = CheckpointBatcher(store, clock)
     runner = EffectRunner(
         catalog=catalog, executor=executor,
         receipt_max_attempts=settings.family(RECEIPT_FAMILY).max_attempts,
-        on_attempt=counted,
+        on_attempt=counted, checkpoints=checkpoints,
     )
     runtime_client = new_http_client(16)
     sender = ReceiptSender(settings=settings, client=runtime_client)
@@ -66,6 +68,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         },
         {EFFECT_FAMILY: effect_replay_guard},
     )
+    registry.services.append(checkpoints.run)
     context = None
     app = None
     if settings.runtimes:

@@ -59,6 +59,7 @@ from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Skipped, Succe
 from daemon.core.work import WorkItem
 from daemon.providers.executor import BadRequestForOperation, HttpExecutor, prepare
 from daemon.services import logs
+from daemon.services.checkpoints import CheckpointBatcher
 from daemon.services.families import Handler, WorkContext
 from storage.commands import read_command
 from storage.effect_values import (
@@ -129,6 +130,8 @@ class EffectRunner:
     receipt_max_attempts: int
     # Called with (operation, outcome class) after every external call.
     on_attempt: Callable[[str, str], None] = lambda operation, outcome: None
+    # Group commit for checkpoints; None commits each one on its own.
+    checkpoints: CheckpointBatcher | None = None
 
     async def _context(self, ctx: WorkContext, command_id: str) -> EffectContext | None:
         async def body(tx: SqlTx) -> EffectContext | None:
@@ -189,17 +192,17 @@ class EffectRunner:
             "link_generation": ec.link.generation,
             "link_key": ec.link.link_key,
         }).decode()
-        attempt_id = await ctx.store.effect_checkpoint(
-            ctx.fence,
-            AttemptDraft(
-                command_id=command.command_id, method=prepared.method,
-                target_path=prepared.path,
-                safe_headers=canonical_bytes(prepared.safe_headers).decode(),
-                body_sha256=prepared.body_sha256, idempotency_key=prepared.idempotency_key,
-                pre_dispatch_evidence=evidence,
-            ),
-            ctx.clock.now_us(),
+        draft = AttemptDraft(
+            command_id=command.command_id, method=prepared.method,
+            target_path=prepared.path,
+            safe_headers=canonical_bytes(prepared.safe_headers).decode(),
+            body_sha256=prepared.body_sha256, idempotency_key=prepared.idempotency_key,
+            pre_dispatch_evidence=evidence,
         )
+        if self.checkpoints is not None:
+            attempt_id = await self.checkpoints.checkpoint(ctx.fence, draft)
+        else:
+            attempt_id = await ctx.store.effect_checkpoint(ctx.fence, draft, ctx.clock.now_us())
         # The checkpoint is committed: only now may bytes leave.
         seen, provider_evidence = await self.executor.dispatch(
             prepared, binding.token.reveal(), binding.timeout)

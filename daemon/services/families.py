@@ -97,6 +97,9 @@ class WorkFamily:
 @attrs.define
 class FamilyRegistry:
     families: dict[str, WorkFamily] = attrs.field(factory=dict)
+    # Services the handlers rely on (a checkpoint batcher, say), started by the
+    # replica before its worker pool and stopped after it.
+    services: list[Callable[..., Awaitable[None]]] = attrs.field(factory=list)
 
     def add(self, family: WorkFamily) -> None:
         self.families[family.name] = family

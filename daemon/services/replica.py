@@ -12,6 +12,7 @@ ready::
     |- depth sampler (one bounded query per interval feeds the depth gauges)
     '- work
        |- completer (batched fenced finalization)
+       |- family services (the effect checkpoint batcher)
        |- lease keeper (renewals; stops work whose lease is lost or untrusted)
        '- worker pool (handler tasks)
           '- schedulers, one per family (claim loops)
@@ -193,6 +194,8 @@ class Replica:
         )
         async with trio.open_nursery() as work:
             await work.start(completer.run)
+            for service in self.registry.services:
+                await work.start(service)
             await work.start(keeper.run)
             await work.start(pool.run)
             async with trio.open_nursery() as claiming:

@@ -21,7 +21,6 @@ from daemon.core.handoff import (
 )
 from sandbox.runtime.model import (
     OUTSTANDING,
-    classify_batch_answer,
     CommandAccepted,
     ContractViolation,
     HandoffQuarantined,
@@ -35,6 +34,7 @@ from sandbox.runtime.model import (
     RetryLater,
     WithdrawRefused,
     apply_admission,
+    classify_batch_answer,
     classify_command_answer,
     classify_reject_answer,
     decide_delete,

@@ -135,7 +135,7 @@ async def test_accept_many_answers_each_draft_as_accept_would(store: WorkStore) 
     assert await store.quarantine_count(batch[3].handoff_key) == 1
     items = {i.subject_id: i for i in await store.work_list(WorkQuery(family="external_effect"))}
     assert set(items) == {accepted.command_id, answers[0].command_id, answers[4].command_id}
-    first, second = items[answers[0].command_id], items[answers[4].command_id]
+    first, second = (items[str(answers[0].command_id)], items[str(answers[4].command_id)])
     assert first.source_lane == second.source_lane == "org-1:lead:lead-1"
     assert first.source_seq is not None and second.source_seq == first.source_seq + 1
 

@@ -125,3 +125,41 @@ async def test_unknown_outcomes_wait_for_a_disposition(store: WorkStore) -> None
     (entry,) = await store.audit_list(target_id=attempt_id)
     assert (entry.action, entry.actor, entry.reason) == (
         "effect.disposition", "alice", "HubSpot audit log shows the change")
+
+
+async def test_checkpoints_commit_together_and_each_gets_its_own_answer(
+    store: WorkStore,
+) -> None:
+    ids = []
+    for i in range(5):
+        accepted = await store.command_accept(draft(f"int-{i}", lead=f"lead-{i}"), T0)
+        assert accepted.command_id is not None
+        ids.append(accepted.command_id)
+    claimed = (await claim(store, family="external_effect", ttl=5 * SEC)).claimed
+    items = {i.subject_id: i for i in claimed}
+    fences = [items[c].fence for c in ids]
+    assert all(f is not None for f in fences)
+    f0, f1, f2, f3, f4 = (f for f in fences if f is not None)
+    # ids[1] already has an unresolved attempt; ids[2] is settled; f3 is a stale fence.
+    await store.effect_checkpoint(f1, attempt(ids[1]), T0)
+    await settle_fenced(store, f2, ids[2], T0, settlement=Settlement.NO_EFFECT,
+                        result_format=2, canonical="{}", digest="sha256:" + "1" * 64)
+    stale = Fence(f3.work_id, "not-the-token", f3.ownership_epoch)
+    commits = store.db.stats.commits
+    answers = await store.effect_checkpoint_many([
+        (f0, attempt(ids[0])), (f1, attempt(ids[1])), (f2, attempt(ids[2])),
+        (stale, attempt(ids[3])), (f4, attempt(ids[4])),
+        (f4, attempt(ids[4])),  # the same command twice in one batch
+    ], T0 + 1)
+    assert store.db.stats.commits == commits + 1
+    assert isinstance(answers[0], str) and isinstance(answers[4], str)
+    assert [type(a) for a in answers[1:4]] == [WorkConflict, WorkConflict, LostLease]
+    assert "unresolved attempt" in str(answers[1]) and "no further dispatch" in str(answers[2])
+    assert isinstance(answers[5], WorkConflict) and "unresolved" in str(answers[5])
+    for command_id, expected in ((ids[0], [answers[0]]), (ids[3], []), (ids[4], [answers[4]])):
+        assert [a.attempt_id for a in await store.effect_attempts(command_id)] == expected
+    (row,) = await store.effect_attempts(ids[4])
+    assert (row.work_id, row.ownership_epoch) == (f4.work_id, f4.ownership_epoch)
+    # Past the lease, nothing is written and every answer is LostLease.
+    late = await store.effect_checkpoint_many([(f0, attempt(ids[0]))], T0 + 6 * SEC)
+    assert [type(a) for a in late] == [LostLease]
