@@ -145,10 +145,10 @@ def start_replica(cfg: Path, index: int) -> tuple[subprocess.Popen[bytes], Path]
     log = cfg.parent / f"replica-{index}.log"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     profile = os.environ.get("BENCH_PROFILE_DIR")  # profile replica 0 with cProfile
-    prefix = ["-m", "cProfile", "-o", f"{profile}/replica-{index}.prof"] if (
-        profile and index == 0) else []
+    command = (["-m", "bench.profile_replica", f"{profile}/replica-{index}.prof"]
+               if profile and index == 0 else ["-m", "daemon.cli"])
     proc = subprocess.Popen(
-        [sys.executable, *prefix, "-m", "daemon.cli", "--config", str(cfg), "run"],
+        [sys.executable, *command, "--config", str(cfg), "run"],
         stdout=subprocess.DEVNULL, stderr=log.open("wb"), cwd=cfg.parent, env=env,
     )
     return proc, log

@@ -26,6 +26,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from daemon.core.handoff import commit_result_request
 from daemon.core.work import Fence, WorkSpec
 from storage.commands import read_command
 from storage.effect_values import (
@@ -403,7 +404,17 @@ async def settle(
             subject_id=command_id,
             definition_ref=command.runtime_name,
             catalog_revision=command.catalog_revision,
-            payload=json.dumps({"command_id": command_id}),
+            # The exact request, so the sender needs no read; the row stays the record.
+            payload=json.dumps({
+                "command_id": command_id,
+                "runtime": command.runtime_name,
+                "request": commit_result_request(
+                    scope=command.scope, intent_id=command.intent_id, command_id=command_id,
+                    payload_digest=command.payload_digest,
+                    catalog_revision=command.catalog_revision,
+                    result_format_version=result_format_version, remote_id=remote_id,
+                    canonical_result=canonical_result, result_digest=result_digest),
+            }),
             max_attempts=receipt_max_attempts,
             dedupe_key=f"receipt:{command_id}",
         )],

@@ -371,12 +371,7 @@ class WorkClaims:
             results: dict[str, FinalizeResult] = {}
             journal: list[tuple[Any, ...]] = []
             for key, members in groups.items():
-                fences = [m.fence for m in members]
-                matched = await _finalize_update(tx, key, fences, now_us)
-                if matched == len(members):
-                    applied = {m.fence.work_id for m in members}
-                else:
-                    applied = await _applied(tx, fences, key[0])
+                applied = await _finalize_group(tx, key, members, now_us)
                 for m in members:
                     ok = m.fence.work_id in applied
                     results[m.fence.work_id] = FinalizeResult(
@@ -467,15 +462,29 @@ async def _finalize_items(
     now_us: int,
 ) -> list[tuple[Any, ...]]:
     journal: list[tuple[Any, ...]] = []
+    groups: dict[tuple[Any, ...], list[Finalization]] = {}
     for fin in items:
-        key = _set_values(fin)
-        if await _finalize_update(tx, key, [fin.fence], now_us):
-            await extra[fin.fence.work_id](tx)
-            results[fin.fence.work_id] = FinalizeResult(fin.fence, True, WorkState(key[0]))
-            journal.extend(_journal_entry(fin, replica, key[0], now_us))
-        else:
-            results[fin.fence.work_id] = FinalizeResult(fin.fence, False, None)
+        groups.setdefault(_set_values(fin), []).append(fin)
+    for key, members in groups.items():
+        applied = await _finalize_group(tx, key, members, now_us)
+        for fin in members:
+            if fin.fence.work_id in applied:
+                # The fence held (the row is locked until COMMIT): its writes may run.
+                await extra[fin.fence.work_id](tx)
+                results[fin.fence.work_id] = FinalizeResult(fin.fence, True, WorkState(key[0]))
+                journal.extend(_journal_entry(fin, replica, key[0], now_us))
+            else:
+                results[fin.fence.work_id] = FinalizeResult(fin.fence, False, None)
     return journal
+
+
+async def _finalize_group(tx: SqlTx, key: tuple[Any, ...], members: Sequence[Finalization],
+                          now_us: int) -> set[str]:
+    """One fenced UPDATE for items going to the same values; the work ids it applied to."""
+    fences = [m.fence for m in members]
+    if await _finalize_update(tx, key, fences, now_us) == len(members):
+        return {m.fence.work_id for m in members}
+    return await _applied(tx, fences, key[0])
 
 
 def _set_values(fin: Finalization) -> tuple[Any, ...]:

@@ -126,3 +126,21 @@ def parse_no_effect(canonical: str, digest: str) -> NoEffectResult:
     if result.canonical.decode() != canonical:
         raise ValueError("canonical result is not in canonical form")
     return result
+
+
+def commit_result_request(*, scope: TrustedRuntimeWorkScope, intent_id: str, command_id: str,
+                          payload_digest: str, catalog_revision: int,
+                          result_format_version: int, remote_id: str, canonical_result: str,
+                          result_digest: str) -> dict[str, object]:
+    """The ``CommitResultRequest`` body a receipt sends to the Runtime (seed 003)."""
+    return {
+        "scope": scope.as_json(),
+        "intent_id": intent_id,
+        "command_id": command_id,
+        "payload_digest": payload_digest,
+        "catalog_revision": catalog_revision,
+        "result_format_version": result_format_version,
+        "remote_id": remote_id,
+        "canonical_result": canonical_result,
+        "result_digest": result_digest,
+    }

@@ -29,6 +29,7 @@ from typing import Any
 
 import attrs
 import httpx
+import trio
 
 from config.catalog import OperationDefinition
 from config.settings import BindingSettings
@@ -124,10 +125,47 @@ def new_http_client(max_connections: int) -> httpx.AsyncClient:
 
 
 @attrs.define(eq=False)
+class BoundedHttp:
+    """An httpx client that admits one request per pooled connection at a time.
+
+    Requests over the limit wait on a semaphore instead of in httpcore's
+    queue, whose assignment step scans every queued request against every
+    connection (quadratic: a tenth of a busy replica's CPU went there). A wait
+    longer than the request's own timeout fails as ``httpx.PoolTimeout``:
+    nothing was sent.
+    """
+
+    client: httpx.AsyncClient
+    max_connections: int
+    _slots: trio.Semaphore = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._slots = trio.Semaphore(self.max_connections)
+
+    @classmethod
+    def open(cls, max_connections: int) -> BoundedHttp:
+        return cls(new_http_client(max_connections), max_connections)
+
+    async def request(self, method: str, url: str, *, timeout_s: float,
+                      **kwargs: Any) -> httpx.Response:
+        with trio.move_on_after(timeout_s) as waiting:
+            await self._slots.acquire()
+        if waiting.cancelled_caught:
+            raise httpx.PoolTimeout("no free connection within the timeout")
+        try:
+            return await self.client.request(method, url, timeout=timeout_s, **kwargs)
+        finally:
+            self._slots.release()
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+@attrs.define(eq=False)
 class HttpExecutor:
     """One shared HTTP/1.1 client for provider calls (keep-alive, no retries)."""
 
-    client: httpx.AsyncClient = attrs.field(factory=lambda: new_http_client(32))
+    client: BoundedHttp = attrs.field(factory=lambda: BoundedHttp.open(32))
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -140,7 +178,7 @@ class HttpExecutor:
         try:
             response = await self.client.request(
                 prepared.method, prepared.url, content=prepared.body, headers=headers,
-                timeout=timeout_s,
+                timeout_s=timeout_s,
             )
         except _NOT_SENT as exc:
             return DispatchObservation(Phase.NOT_CONNECTED, detail=type(exc).__name__), {}
@@ -186,7 +224,7 @@ class HttpExecutor:
         )
         response = await self.client.request(
             read.method, binding.base_url.rstrip("/") + path,
-            headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s,
+            headers={"Authorization": f"Bearer {token}"}, timeout_s=timeout_s,
         )
         if response.status_code == 404:
             return RemoteSnapshot(exists=False)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import attrs
-import httpx
 from quart_trio import QuartTrio
 
 from admin_ui.effects import effect_extensions
@@ -12,7 +11,7 @@ from config.catalog import Catalog, load_catalog
 from config.settings import Settings
 from daemon.api.app import ApiContext, create_api_app
 from daemon.core.work import WorkItem
-from daemon.providers.executor import HttpExecutor, new_http_client
+from daemon.providers.executor import BoundedHttp, HttpExecutor
 from daemon.services.checkpoints import CheckpointBatcher
 from daemon.services.clock import Clock
 from daemon.services.effect_runner import EffectRunner, effect_handler, replay_refusal
@@ -28,7 +27,7 @@ from storage.work_store import WorkStore
 class Assembly:
     catalog: Catalog
     executor: HttpExecutor
-    runtime_client: httpx.AsyncClient
+    runtime_client: BoundedHttp
     registry: FamilyRegistry
     api_context: ApiContext | None
     api_app: QuartTrio | None
@@ -54,7 +53,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         receipt_max_attempts=settings.family(RECEIPT_FAMILY).max_attempts,
         on_attempt=counted, checkpoints=checkpoints,
     )
-    runtime_client = new_http_client(16)
+    runtime_client = BoundedHttp.open(16)
     sender = ReceiptSender(settings=settings, client=runtime_client)
     async def effect_replay_guard(store: WorkStore, item: WorkItem) -> str | None:
         return await replay_refusal(catalog, store, item)

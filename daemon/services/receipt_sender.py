@@ -1,10 +1,12 @@
 """The ``runtime_receipt`` work family: deliver a persisted result to the Runtime.
 
-The receipt (``CommitResultRequest``) was persisted when the command settled;
-this handler sends exactly those bytes until the Runtime confirms them, with
-the kernel's backoff between tries. The Runtime treats an identical commit as
-a duplicate, so a resend after a lost response is safe (replay-safe by the
-Runtime's contract). Nothing here ever changes the result: an old Runtime that
+The receipt (``CommitResultRequest``) was persisted when the command settled,
+in the result_receipts row and, verbatim, in this WorkItem's immutable
+payload (so sending needs no read); this handler sends exactly that request
+until the Runtime confirms it, with the kernel's backoff between tries. The
+Runtime treats an identical commit as a duplicate, so a resend after a lost
+response (or a replayed receipt item) is safe (replay-safe by the Runtime's
+contract). Nothing here ever changes the result: an old Runtime that
 rejects result format 2 gets the same receipt again later, never a fallback;
 a conflicting-result answer fails closed (dead, for an operator).
 """
@@ -12,13 +14,14 @@ a conflicting-result answer fails closed (dead, for an operator).
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import attrs
 import httpx
 
 from config.settings import RuntimeClient, Settings
+from daemon.core.handoff import commit_result_request
 from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
+from daemon.providers.executor import BoundedHttp
 from daemon.services import logs
 from daemon.services.families import Handler, WorkContext
 from storage.commands import read_command
@@ -27,24 +30,18 @@ from storage.effects import mark_receipt, read_receipt
 from storage.port import SqlTx
 
 
-def commit_result_request(command: Command, receipt: ResultReceipt) -> dict[str, Any]:
-    return {
-        "scope": command.scope.as_json(),
-        "intent_id": command.intent_id,
-        "command_id": command.command_id,
-        "payload_digest": command.payload_digest,
-        "catalog_revision": command.catalog_revision,
-        "result_format_version": receipt.result_format_version,
-        "remote_id": receipt.remote_id,
-        "canonical_result": receipt.canonical_result,
-        "result_digest": receipt.result_digest,
-    }
+def receipt_request(command: Command, receipt: ResultReceipt) -> dict[str, object]:
+    return commit_result_request(
+        scope=command.scope, intent_id=command.intent_id, command_id=command.command_id,
+        payload_digest=command.payload_digest, catalog_revision=command.catalog_revision,
+        result_format_version=receipt.result_format_version, remote_id=receipt.remote_id,
+        canonical_result=receipt.canonical_result, result_digest=receipt.result_digest)
 
 
 @attrs.define(eq=False)
 class ReceiptSender:
     settings: Settings
-    client: httpx.AsyncClient
+    client: BoundedHttp
     timeout_s: float = 10.0
 
     def _runtime(self, name: str) -> RuntimeClient | None:
@@ -54,27 +51,32 @@ class ReceiptSender:
         return None
 
     async def handle(self, ctx: WorkContext) -> Outcome:
-        command_id = str(json.loads(ctx.item.payload)["command_id"])
+        payload = json.loads(ctx.item.payload)
+        command_id = str(payload["command_id"])
+        request = payload.get("request")
+        runtime_name = payload.get("runtime")
+        if not isinstance(request, dict) or not isinstance(runtime_name, str):
+            # A receipt queued without its request in the payload: read it.
+            async def read(tx: SqlTx) -> tuple[ResultReceipt | None, Command | None]:
+                return await read_receipt(tx, command_id), await read_command(tx, command_id)
 
-        async def read(tx: SqlTx) -> tuple[ResultReceipt | None, Command | None]:
-            return await read_receipt(tx, command_id), await read_command(tx, command_id)
-
-        receipt, command = await ctx.store.db.transact(read, name="receipt.context",
-                                                       write=False)
-        if receipt is None or command is None:
-            return DeadLetter("missing_receipt", f"no receipt for command {command_id}")
-        if receipt.state is ReceiptState.CONFIRMED:
-            return Succeeded("already confirmed")
-        runtime = self._runtime(command.runtime_name)
+            receipt, command = await ctx.store.db.transact(read, name="receipt.context",
+                                                           write=False)
+            if receipt is None or command is None:
+                return DeadLetter("missing_receipt", f"no receipt for command {command_id}")
+            if receipt.state is ReceiptState.CONFIRMED:
+                return Succeeded("already confirmed")
+            request, runtime_name = receipt_request(command, receipt), command.runtime_name
+        runtime = self._runtime(runtime_name)
         if runtime is None or not runtime.results_url or runtime.results_token is None:
             return RetryLater("runtime_not_configured",
-                              f"no results_url/token for runtime {command.runtime_name}")
+                              f"no results_url/token for runtime {runtime_name}")
         try:
-            response = await self.client.post(
-                runtime.results_url,
-                json=commit_result_request(command, receipt),
+            response = await self.client.request(
+                "POST", runtime.results_url,
+                json=request,
                 headers={"Authorization": f"Bearer {runtime.results_token.reveal()}"},
-                timeout=self.timeout_s,
+                timeout_s=self.timeout_s,
             )
         except httpx.HTTPError as exc:
             await self._note(ctx, command_id, f"transport:{type(exc).__name__}")
@@ -84,13 +86,14 @@ class ReceiptSender:
         if status == 200:
             self._mark(ctx, command_id, confirmed=True, error=None)
             logs.event("receipt_confirmed", command_id=command_id, work_id=ctx.item.work_id,
-                       format=receipt.result_format_version)
+                       format=request.get("result_format_version"))
             return Succeeded("receipt confirmed by the Runtime")
         await self._note(ctx, command_id, f"http_{status}:{error}")
         if status == 422:
             # An old Runtime: keep the exact result and try again after its upgrade.
             return RetryLater("runtime_rejects_format",
-                              f"the Runtime rejected result format {receipt.result_format_version}"
+                              f"the Runtime rejected result format"
+                              f" {request.get('result_format_version')}"
                               f" ({error}); kept, retrying")
         if status == 409:
             return DeadLetter("runtime_conflict", f"the Runtime refused the result ({error});"

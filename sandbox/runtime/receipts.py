@@ -168,6 +168,11 @@ def decide_result(
             return RefuseResult(400, "bad_result", f"format 2: {exc}")
     if state is None:
         return RefuseResult(404, "unknown_intent", "no such intent")
+    if state.status is IntentStatus.PENDING:
+        # The handoff's answer is still on its way back to the outbox (a batch
+        # answer is slower than a fast effect): retryable, never fail closed.
+        return RefuseResult(503, "handoff_answer_pending",
+                            "the intent's handoff has not been answered yet; retry")
     if state.status not in (IntentStatus.ACCEPTED, IntentStatus.COMMITTED):
         return RefuseResult(409, "intent_not_accepted",
                             f"the intent is {state.status.value}, not ACCEPTED")

@@ -309,7 +309,7 @@ RESULT_CASES: list[tuple[str, dict[str, Any], IntentState | None, bool, object]]
     ("scope binding", request_doc(scope=OTHER_SCOPE.as_json()), None, True,
      (403, "scope_mismatch")),
     ("unknown intent", GOOD_1, None, True, (404, "unknown_intent")),
-    ("pending", GOOD_1, state(S.PENDING), True, (409, "intent_not_accepted")),
+    ("pending", GOOD_1, state(S.PENDING), True, (503, "handoff_answer_pending")),
     ("rejected", GOOD_1, state(S.REJECTED), True, (409, "intent_not_accepted")),
     ("quarantined", GOOD_1, state(S.QUARANTINED), True, (409, "intent_not_accepted")),
     ("wrong command id", request_doc(command_id="cmd-2"), state(S.ACCEPTED), True,

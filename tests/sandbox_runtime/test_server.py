@@ -198,7 +198,7 @@ async def test_result_receipts_over_http(rt: RunningRuntime) -> None:
     assert (response.status_code, response.json()["error"]) == (400, "malformed_json")
 
 
-async def test_result_before_acceptance_is_recorded_is_refused(
+async def test_result_before_acceptance_is_recorded_is_retryable(
     rt: RunningRuntime, fake: tuple[FakeIntegration, str]
 ) -> None:
     fake[0].hold_before_decision = trio.Event()
@@ -206,7 +206,8 @@ async def test_result_before_acceptance_is_recorded_is_refused(
     intent_id = await rt.patch_title()
     intent = rt.intent(intent_id) | {"command_id": "cmd-1"}
     response = await rt.post_result(result_request(intent))
-    assert (response.status_code, response.json()["error"]) == (409, "intent_not_accepted")
+    assert (response.status_code, response.json()["error"]) == (503, "handoff_answer_pending")
+    assert rt.status(intent_id) == "PENDING"  # nothing recorded
     fake[0].hold_before_decision.set()
     await rt.wait_status(intent_id, "ACCEPTED")
     assert (await rt.post_result(result_request(intent))).status_code == 200
