@@ -54,7 +54,7 @@ _INSERT_ACCEPTED = (
     " admission, command_id, receipt_json, created_at_us)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, 'COMMAND_ACCEPTED', ?, NULL, ?)"
 )
-_COMMAND_COLUMNS = (
+COMMAND_COLUMNS = (
     "command_id, handoff_key, org_id, app_installation_id, runtime_capability_id,"
     " runtime_work_binding_digest, runtime_name, intent_id, intent_kind, operation,"
     " local_object, local_id, binding_id, binding_generation, catalog_revision,"
@@ -87,7 +87,7 @@ def command_from_row(row: Row) -> Command:
 
 async def read_command(tx: SqlTx, command_id: str) -> Command | None:
     rows = await tx.fetchall(
-        f"SELECT {_COMMAND_COLUMNS} FROM external_commands WHERE command_id = ?", (command_id,)
+        f"SELECT {COMMAND_COLUMNS} FROM external_commands WHERE command_id = ?", (command_id,)
     )
     return command_from_row(rows[0]) if rows else None
 
@@ -311,7 +311,7 @@ async def _insert_commands(tx: SqlTx, commands: Sequence[tuple[CommandDraft, str
                            now_us: int, repair_of: str | None = None) -> list[str]:
     """Insert the commands and their one WorkItem each; return the work ids in order."""
     await tx.executemany(
-        f"INSERT INTO external_commands ({_COMMAND_COLUMNS}, updated_at_us)"
+        f"INSERT INTO external_commands ({COMMAND_COLUMNS}, updated_at_us)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?, ?, ?)",
         [(command_id, draft.handoff_key or None, *_scope_values(draft.scope), draft.runtime_name,
           draft.intent_id, draft.intent_kind, draft.operation, draft.local_object,
@@ -333,7 +333,8 @@ async def _insert_commands(tx: SqlTx, commands: Sequence[tuple[CommandDraft, str
             definition_ref=draft.operation,
             catalog_revision=draft.catalog_revision,
             catalog_digest=draft.catalog_digest,
-            payload=json.dumps({"command_id": command_id}),
+            payload=json.dumps({"command_id": command_id, "link_key": draft.link_key}
+                               if draft.link_key else {"command_id": command_id}),
             source_lane=draft.lane,
             max_attempts=draft.max_attempts,
             dedupe_key=f"command:{command_id}",

@@ -47,6 +47,9 @@ class CommandDraft:
     frozen_request: str  # canonical JSON
     max_attempts: int
     lane: str
+    # The RemoteLink key the command targets, when admission could compute it:
+    # carried in the WorkItem payload so the handler reads its context at once.
+    link_key: str = ""
 
 
 @attrs.frozen

@@ -28,17 +28,19 @@ from typing import Any
 
 from daemon.core.handoff import commit_result_request
 from daemon.core.work import Fence, WorkSpec
-from storage.commands import read_command
+from storage.commands import COMMAND_COLUMNS, command_from_row, read_command
 from storage.effect_values import (
     AttemptDraft,
     Command,
     Disposition,
     EffectAttempt,
     ReceiptState,
+    RemoteLink,
     ResultReceipt,
     Settlement,
 )
 from storage.idgen import new_ulid
+from storage.links import LINK_COLUMNS, link_from_row
 from storage.port import AuditEntry, Database, LostLease, Row, SqlTx, StorageError, WorkConflict
 from storage.work_admin import append_audit, insert_work
 from storage.work_claims import fence_lock, fence_lock_many
@@ -139,6 +141,34 @@ async def attempts_of(tx: SqlTx, command_id: str) -> list[EffectAttempt]:
         (command_id,),
     )
     return [attempt_from_row(r) for r in rows]
+
+
+_CONTEXT_SQL = (
+    "SELECT {command}, (SELECT COUNT(*) FROM effect_attempts a"
+    " WHERE a.command_id = c.command_id), {link}"
+    " FROM external_commands c LEFT JOIN remote_links l ON l.link_key = ?"
+    " WHERE c.command_id = ?"
+)
+
+
+async def read_effect_context(
+    tx: SqlTx, command_id: str, link_key: str
+) -> tuple[Command, int, RemoteLink | None] | None:
+    """The command, how many attempts it has, and the link at ``link_key``: one read."""
+    rows = await tx.fetchall(_CONTEXT_SQL.format(
+        command=_qualified("c", COMMAND_COLUMNS), link=_qualified("l", LINK_COLUMNS)),
+        (link_key, command_id))
+    if not rows:
+        return None
+    row = rows[0]
+    width = len(COMMAND_COLUMNS.split(","))
+    link_row = row[width + 1:]
+    return (command_from_row(row[:width]), int(row[width]),
+            link_from_row(link_row) if link_row[0] is not None else None)
+
+
+def _qualified(alias: str, columns: str) -> str:
+    return ", ".join(f"{alias}.{c.strip()}" for c in columns.split(","))
 
 
 class EffectJournal:

@@ -30,7 +30,7 @@ from storage.idgen import new_ulid
 from storage.port import AuditEntry, Database, DuplicateKey, Row, SqlTx, WorkConflict
 from storage.work_admin import append_audit
 
-_LINK_COLUMNS = (
+LINK_COLUMNS = (
     "link_key, scope_digest, local_object, local_id, remote_object, remote_id, locator_hash,"
     " state, generation, updated_at_us"
 )
@@ -45,7 +45,7 @@ def link_from_row(row: Row) -> RemoteLink:
 
 
 async def read_link(tx: SqlTx, link_key: str) -> RemoteLink | None:
-    rows = await tx.fetchall(f"SELECT {_LINK_COLUMNS} FROM remote_links WHERE link_key = ?",
+    rows = await tx.fetchall(f"SELECT {LINK_COLUMNS} FROM remote_links WHERE link_key = ?",
                              (link_key,))
     return link_from_row(rows[0]) if rows else None
 
@@ -71,7 +71,7 @@ class RemoteLinks:
             # If the slot (or a link) already exists, answer with it.
             with contextlib.suppress(DuplicateKey):
                 await tx.execute(
-                    f"INSERT INTO remote_links ({_LINK_COLUMNS}, active_locator, created_at_us)"
+                    f"INSERT INTO remote_links ({LINK_COLUMNS}, active_locator, created_at_us)"
                     " VALUES (?, ?, ?, ?, NULL, NULL, NULL, 'pending_create', 1, ?, NULL, ?)",
                     (key, scope_digest, local_object, local_id, now_us, now_us),
                 )
@@ -121,7 +121,7 @@ class RemoteLinks:
             try:
                 if existing is None:
                     await tx.execute(
-                        f"INSERT INTO remote_links ({_LINK_COLUMNS}, active_locator,"
+                        f"INSERT INTO remote_links ({LINK_COLUMNS}, active_locator,"
                         " created_at_us) VALUES (?, ?, ?, ?, ?, ?, ?, 'active', 1, ?, ?, ?)",
                         (key, scope_digest, local_object, local_id, remote_object, normalized,
                          locator, now_us, locator, now_us),

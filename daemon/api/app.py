@@ -33,6 +33,7 @@ from config.settings import RuntimeClient, Settings
 from daemon.api.openapi import OPENAPI
 from daemon.api.validation import ApiError, command_body, handoff_fields
 from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
+from daemon.core.identity import integration_link_key_v2, integration_scope_digest
 from daemon.services import logs
 from daemon.services.clock import Clock
 from storage.commands import EFFECT_FAMILY
@@ -112,6 +113,10 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
             frozen_request=valid.frozen_request,
             max_attempts=ctx.settings.family(EFFECT_FAMILY).max_attempts,
             lane=f"{rc.org_id}:{op.local_object}:{valid.local_id}",
+            link_key=integration_link_key_v2(
+                integration_scope_digest(binding.org_id, binding.app_installation_id,
+                                         binding.provider, binding.remote_account_id),
+                op.local_object, valid.local_id),
         )
 
     def answered(rc: RuntimeClient, draft: CommandDraft,

@@ -71,7 +71,14 @@ from storage.effect_values import (
     RemoteLink,
     Settlement,
 )
-from storage.effects import RECEIPT_FAMILY, attempts_of, dispose, record_outcome, settle
+from storage.effects import (
+    RECEIPT_FAMILY,
+    attempts_of,
+    dispose,
+    read_effect_context,
+    record_outcome,
+    settle,
+)
 from storage.links import read_link
 from storage.port import SqlTx
 from storage.work_store import WorkStore
@@ -133,24 +140,41 @@ class EffectRunner:
     # Group commit for checkpoints; None commits each one on its own.
     checkpoints: CheckpointBatcher | None = None
 
-    async def _context(self, ctx: WorkContext, command_id: str) -> EffectContext | None:
+    async def _context(self, ctx: WorkContext, command_id: str,
+                       link_hint: str = "") -> EffectContext | None:
+        """Read once: with the link key admission put in the payload (``link_hint``),
+        the command, its attempt count and the link come in one statement, and the
+        attempts only when there are any."""
+
         async def body(tx: SqlTx) -> EffectContext | None:
-            command = await read_command(tx, command_id)
-            if command is None:
-                return None
+            found_link: RemoteLink | None = None
+            if link_hint:
+                found = await read_effect_context(tx, command_id, link_hint)
+                if found is None:
+                    return None
+                command, attempt_count, found_link = found
+            else:
+                read = await read_command(tx, command_id)
+                if read is None:
+                    return None
+                command, attempt_count = read, 1
             op = self.catalog.operation(command.operation)
             binding = self.catalog.binding(command.binding_id)
             link = None
             if op is not None and binding is not None:
-                link = await read_link(tx, integration_link_key_v2(
-                    _scope_digest(binding), op.local_object, command.local_id))
-            return EffectContext(command, await attempts_of(tx, command_id), op, binding, link)
+                # The key from the current binding decides; the hint only saves a read.
+                key = integration_link_key_v2(_scope_digest(binding), op.local_object,
+                                              command.local_id)
+                link = found_link if key == link_hint else await read_link(tx, key)
+            attempts = await attempts_of(tx, command_id) if attempt_count else []
+            return EffectContext(command, attempts, op, binding, link)
 
         return await ctx.store.db.transact(body, name="effect.context", write=False)
 
     async def handle(self, ctx: WorkContext) -> Outcome:
-        command_id = str(json.loads(ctx.item.payload)["command_id"])
-        ec = await self._context(ctx, command_id)
+        payload = json.loads(ctx.item.payload)
+        command_id = str(payload["command_id"])
+        ec = await self._context(ctx, command_id, str(payload.get("link_key") or ""))
         if ec is None:
             return DeadLetter("missing_command", f"no command {command_id}")
         if ec.command.settlement is not Settlement.OPEN:
@@ -159,7 +183,7 @@ class EffectRunner:
             outcome = await self._reconcile(ctx, ec)
             if outcome is not None:
                 return outcome
-            ec = await self._context(ctx, command_id) or ec
+            ec = await self._context(ctx, command_id, str(payload.get("link_key") or "")) or ec
         if any(a.outcome == OutcomeClass.ACCEPTED or a.disposition in APPLIED_DISPOSITIONS
                for a in ec.attempts):
             return self._settle_success(ctx, ec)

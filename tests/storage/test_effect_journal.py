@@ -6,8 +6,8 @@ import pytest
 
 from daemon.core.work import Fence, WorkItem
 from storage.effect_values import AttemptDraft, Disposition, ReceiptState, Settlement
-from storage.effects import mark_receipt, record_outcome, settle
-from storage.port import LostLease, WorkConflict, WorkQuery
+from storage.effects import mark_receipt, read_effect_context, record_outcome, settle
+from storage.port import LostLease, SqlTx, WorkConflict, WorkQuery
 from storage.work_store import WorkStore
 from tests.support.commands import draft
 from tests.support.work import SEC, T0, claim
@@ -163,3 +163,34 @@ async def test_checkpoints_commit_together_and_each_gets_its_own_answer(
     # Past the lease, nothing is written and every answer is LostLease.
     late = await store.effect_checkpoint_many([(f0, attempt(ids[0]))], T0 + 6 * SEC)
     assert [type(a) for a in late] == [LostLease]
+
+
+async def test_the_effect_context_is_one_read(store: WorkStore) -> None:
+    command_id, item = await _claimed_command(store)
+    assert item.fence is not None
+    link = await store.link_adopt("a" * 64, "lead", "lead-1", "contact", "7", actor="t",
+                                  role="admin", reason="seed", now_us=T0)
+
+    async def read(key: str) -> tuple[object, int, object] | None:
+        async def body(tx: SqlTx) -> tuple[object, int, object] | None:
+            return await read_effect_context(tx, command_id, key)
+
+        return await store.db.transact(body, name="test.context", write=False)
+
+    before = store.db.stats.statements
+    found = await read(link.link_key)
+    assert store.db.stats.statements == before + 1
+    assert found is not None
+    command, attempts, got = found
+    assert command == await store.command_get(command_id)
+    assert (attempts, got) == (0, link)
+    await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+    assert await read("no-such-link") == (command, 1, None)
+    assert await read_effect_context_missing(store) is None
+
+
+async def read_effect_context_missing(store: WorkStore) -> object:
+    async def body(tx: SqlTx) -> object:
+        return await read_effect_context(tx, "no-such-command", "k")
+
+    return await store.db.transact(body, name="test.context", write=False)
