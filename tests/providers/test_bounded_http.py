@@ -1,0 +1,55 @@
+"""BoundedHttp: one request per pooled connection; a wait past the timeout sends nothing."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from daemon.providers.executor import BoundedHttp
+from sandbox.h11_server import H11Server, Request, Response
+
+
+async def test_a_request_waits_for_a_free_connection_then_times_out_unsent(
+    nursery: trio.Nursery, mock_clock: trio.testing.MockClock
+) -> None:
+    seen: list[str] = []
+    arrived, release, answered = trio.Event(), trio.Event(), trio.Event()
+
+    async def slow(request: Request) -> Response:
+        seen.append(request.path)
+        arrived.set()
+        await release.wait()
+        return Response(200, b"done")
+
+    port: int = await nursery.start(H11Server(slow).run)
+    http = BoundedHttp.open(1)
+    first: list[httpx.Response] = []
+
+    async def hold_the_only_connection() -> None:
+        first.append(await http.request("GET", f"http://127.0.0.1:{port}/first",
+                                        timeout_s=1000.0))
+        answered.set()
+
+    nursery.start_soon(hold_the_only_connection)
+    await arrived.wait()
+    async with trio.open_nursery() as waiting:
+        outcome: list[BaseException] = []
+
+        async def second() -> None:
+            with pytest.raises(httpx.PoolTimeout) as caught:
+                await http.request("GET", f"http://127.0.0.1:{port}/second", timeout_s=5.0)
+            outcome.append(caught.value)
+
+        waiting.start_soon(second)
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(5.0)
+    assert len(outcome) == 1 and seen == ["/first"]  # the second request never left
+    release.set()
+    await answered.wait()
+    assert first[0].text == "done"
+    # The slot came back: the next request goes out on the same connection.
+    third = await http.request("GET", f"http://127.0.0.1:{port}/third", timeout_s=1000.0)
+    assert third.status_code == 200 and seen == ["/first", "/third"]
+    await http.aclose()
