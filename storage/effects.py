@@ -167,12 +167,51 @@ async def read_effect_context(
             link_from_row(link_row) if link_row[0] is not None else None)
 
 
+EffectContextRow = tuple[Command, int, RemoteLink | None]
+
+
+async def read_effect_contexts(
+    tx: SqlTx, requests: Sequence[tuple[str, str]]
+) -> list[EffectContextRow | None]:
+    """:func:`read_effect_context` for many (command id, link key) pairs: two reads."""
+    if len(requests) == 1:
+        return [await read_effect_context(tx, *requests[0])]
+    commands = sorted({c for c, _ in requests})
+    rows = await tx.fetchall(
+        f"SELECT {_qualified('c', COMMAND_COLUMNS)}, (SELECT COUNT(*) FROM effect_attempts a"
+        " WHERE a.command_id = c.command_id) FROM external_commands c"
+        f" WHERE c.command_id IN ({placeholders(len(commands))})", commands)
+    found = {str(r[0]): (command_from_row(r[:-1]), int(r[-1])) for r in rows}
+    keys = sorted({k for _, k in requests if k})
+    links: dict[str, RemoteLink] = {}
+    if keys:
+        for r in await tx.fetchall(
+                f"SELECT {LINK_COLUMNS} FROM remote_links"
+                f" WHERE link_key IN ({placeholders(len(keys))})", keys):
+            link = link_from_row(r)
+            links[link.link_key] = link
+    out: list[EffectContextRow | None] = []
+    for command_id, key in requests:
+        hit = found.get(command_id)
+        out.append(None if hit is None else (hit[0], hit[1], links.get(key)))
+    return out
+
+
 def _qualified(alias: str, columns: str) -> str:
     return ", ".join(f"{alias}.{c.strip()}" for c in columns.split(","))
 
 
 class EffectJournal:
     db: Database
+
+    async def effect_contexts(self, requests: Sequence[tuple[str, str]]
+                              ) -> list[EffectContextRow | None]:
+        """Many handlers' context reads at once (see :func:`read_effect_contexts`)."""
+
+        async def body(tx: SqlTx) -> list[EffectContextRow | None]:
+            return await read_effect_contexts(tx, requests)
+
+        return await self.db.transact(body, name="effect.contexts", write=False)
 
     async def effect_attempts(self, command_id: str) -> list[EffectAttempt]:
         async def body(tx: SqlTx) -> list[EffectAttempt]:

@@ -12,6 +12,7 @@ from config.settings import Settings
 from daemon.api.app import ApiContext, create_api_app
 from daemon.core.work import WorkItem
 from daemon.providers.executor import BoundedHttp, HttpExecutor
+from daemon.services.batcher import Batcher
 from daemon.services.checkpoints import CheckpointBatcher
 from daemon.services.clock import Clock
 from daemon.services.effect_runner import EffectRunner, effect_handler, replay_refusal
@@ -19,7 +20,7 @@ from daemon.services.families import FamilyRegistry, build_registry, noop_handle
 from daemon.services.metrics import Metrics
 from daemon.services.receipt_sender import ReceiptSender, receipt_handler
 from storage.commands import EFFECT_FAMILY
-from storage.effects import RECEIPT_FAMILY
+from storage.effects import RECEIPT_FAMILY, EffectContextRow
 from storage.work_store import WorkStore
 
 
@@ -48,10 +49,11 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
             metrics.effect_attempts.labels(operation, outcome).inc()
 
     checkpoints = CheckpointBatcher(store, clock)
+    contexts: Batcher[tuple[str, str], EffectContextRow | None] = Batcher(store.effect_contexts)
     runner = EffectRunner(
         catalog=catalog, executor=executor,
         receipt_max_attempts=settings.family(RECEIPT_FAMILY).max_attempts,
-        on_attempt=counted, checkpoints=checkpoints,
+        on_attempt=counted, checkpoints=checkpoints, contexts=contexts,
     )
     runtime_client = BoundedHttp.open(16)
     sender = ReceiptSender(settings=settings, client=runtime_client)
@@ -67,7 +69,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         },
         {EFFECT_FAMILY: effect_replay_guard},
     )
-    registry.services.append(checkpoints.run)
+    registry.services.extend([checkpoints.batcher.run, contexts.run])
     context = None
     app = None
     if settings.runtimes:

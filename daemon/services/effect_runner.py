@@ -59,6 +59,7 @@ from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Skipped, Succe
 from daemon.core.work import WorkItem
 from daemon.providers.executor import BadRequestForOperation, HttpExecutor, prepare
 from daemon.services import logs
+from daemon.services.batcher import Batcher
 from daemon.services.checkpoints import CheckpointBatcher
 from daemon.services.families import Handler, WorkContext
 from storage.commands import read_command
@@ -73,9 +74,9 @@ from storage.effect_values import (
 )
 from storage.effects import (
     RECEIPT_FAMILY,
+    EffectContextRow,
     attempts_of,
     dispose,
-    read_effect_context,
     record_outcome,
     settle,
 )
@@ -139,35 +140,51 @@ class EffectRunner:
     on_attempt: Callable[[str, str], None] = lambda operation, outcome: None
     # Group commit for checkpoints; None commits each one on its own.
     checkpoints: CheckpointBatcher | None = None
+    # Shared context reads; None reads each one on its own.
+    contexts: Batcher[tuple[str, str], EffectContextRow | None] | None = None
 
     async def _context(self, ctx: WorkContext, command_id: str,
                        link_hint: str = "") -> EffectContext | None:
-        """Read once: with the link key admission put in the payload (``link_hint``),
-        the command, its attempt count and the link come in one statement, and the
-        attempts only when there are any."""
+        """Read once. With the link key admission put in the payload (``link_hint``),
+        the command, its attempt count and the link come in one read, shared with
+        other handlers' reads (``contexts``); the attempts are read only when there
+        are any. The key computed from the current binding still decides."""
+        if not link_hint:
+            return await self._context_unhinted(ctx, command_id)
+        request = (command_id, link_hint)
+        if self.contexts is not None:
+            found = await self.contexts.submit(request)
+        else:
+            (found,) = await ctx.store.effect_contexts([request])
+        if found is None:
+            return None
+        command, attempt_count, hinted = found
+        op = self.catalog.operation(command.operation)
+        binding = self.catalog.binding(command.binding_id)
+        key = (integration_link_key_v2(_scope_digest(binding), op.local_object, command.local_id)
+               if op is not None and binding is not None else None)
+        if not attempt_count and key == link_hint:
+            return EffectContext(command, [], op, binding, hinted)
 
+        async def rest(tx: SqlTx) -> tuple[RemoteLink | None, list[EffectAttempt]]:
+            link = hinted if key == link_hint else (await read_link(tx, key) if key else None)
+            return link, (await attempts_of(tx, command_id) if attempt_count else [])
+
+        link, attempts = await ctx.store.db.transact(rest, name="effect.context", write=False)
+        return EffectContext(command, attempts, op, binding, link)
+
+    async def _context_unhinted(self, ctx: WorkContext, command_id: str) -> EffectContext | None:
         async def body(tx: SqlTx) -> EffectContext | None:
-            found_link: RemoteLink | None = None
-            if link_hint:
-                found = await read_effect_context(tx, command_id, link_hint)
-                if found is None:
-                    return None
-                command, attempt_count, found_link = found
-            else:
-                read = await read_command(tx, command_id)
-                if read is None:
-                    return None
-                command, attempt_count = read, 1
+            command = await read_command(tx, command_id)
+            if command is None:
+                return None
             op = self.catalog.operation(command.operation)
             binding = self.catalog.binding(command.binding_id)
             link = None
             if op is not None and binding is not None:
-                # The key from the current binding decides; the hint only saves a read.
-                key = integration_link_key_v2(_scope_digest(binding), op.local_object,
-                                              command.local_id)
-                link = found_link if key == link_hint else await read_link(tx, key)
-            attempts = await attempts_of(tx, command_id) if attempt_count else []
-            return EffectContext(command, attempts, op, binding, link)
+                link = await read_link(tx, integration_link_key_v2(
+                    _scope_digest(binding), op.local_object, command.local_id))
+            return EffectContext(command, await attempts_of(tx, command_id), op, binding, link)
 
         return await ctx.store.db.transact(body, name="effect.context", write=False)
 

@@ -45,7 +45,7 @@ async def test_concurrent_checkpoints_commit_together(store: WorkStore) -> None:
             answers[command_id] = exc
 
     async with trio.open_nursery() as nursery:
-        await nursery.start(batcher.run)
+        await nursery.start(batcher.batcher.run)
         commits = store.db.stats.commits
         async with trio.open_nursery() as handlers:
             for command_id, fence in work[:7]:
@@ -64,13 +64,13 @@ async def test_concurrent_checkpoints_commit_together(store: WorkStore) -> None:
 async def test_a_cancelled_handler_s_queued_checkpoint_is_dropped(store: WorkStore) -> None:
     [(command_id, fence)] = await _claimed(store, 1)
     batcher = CheckpointBatcher(store, TrioClock())
-    batcher._running = True  # as if started, but not taking batches yet
+    batcher.batcher._running = True  # as if started, but not taking batches yet
     async with trio.open_nursery() as handler:
         handler.start_soon(batcher.checkpoint, fence, attempt(command_id))
         await trio.testing.wait_all_tasks_blocked()  # queued, waiting for its batch
         handler.cancel_scope.cancel()
     async with trio.open_nursery() as nursery:
-        await nursery.start(batcher.run)
+        await nursery.start(batcher.batcher.run)
         await trio.testing.wait_all_tasks_blocked()
         nursery.cancel_scope.cancel()
     assert await store.effect_attempts(command_id) == []

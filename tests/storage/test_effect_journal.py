@@ -194,3 +194,25 @@ async def read_effect_context_missing(store: WorkStore) -> object:
         return await read_effect_context(tx, "no-such-command", "k")
 
     return await store.db.transact(body, name="test.context", write=False)
+
+
+async def test_many_effect_contexts_are_two_reads(store: WorkStore) -> None:
+    ids = []
+    for i in range(3):
+        accepted = await store.command_accept(draft(f"int-{i}", lead=f"lead-{i}"), T0)
+        assert accepted.command_id is not None
+        ids.append(accepted.command_id)
+    links = [await store.link_adopt("b" * 64, "lead", f"lead-{i}", "contact", str(70 + i),
+                                    actor="t", role="admin", reason="seed", now_us=T0)
+             for i in range(2)]
+    requests = [(ids[0], links[0].link_key), (ids[1], links[1].link_key),
+                (ids[2], "ilk2:" + "0" * 64), ("no-such-command", links[0].link_key),
+                (ids[0], links[0].link_key)]
+    before = store.db.stats.statements
+    found = await store.effect_contexts(requests)
+    assert store.db.stats.statements == before + 2
+    singles = [await store.effect_contexts([r]) for r in requests]
+    assert found == [s[0] for s in singles]
+    assert [f[2] if f else None for f in found] == [links[0], links[1], None, None, links[0]]
+    assert [f[0].command_id if f else None for f in found] == [ids[0], ids[1], ids[2], None,
+                                                               ids[0]]
