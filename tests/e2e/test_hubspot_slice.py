@@ -29,6 +29,13 @@ async def _command_id(store: WorkStore, intent_status: dict[str, object]) -> str
     return command_id
 
 
+async def _receipt_confirmed(store: WorkStore, command_id: str) -> bool:
+    # The Runtime commits the receipt first; integrationd records the confirmation
+    # with the receipt item's finalization just after.
+    receipt = await store.receipt_get(command_id)
+    return receipt is not None and receipt.state is ReceiptState.CONFIRMED
+
+
 async def test_title_change_flows_end_to_end(database: FreshDatabase, store: WorkStore) -> None:
     async with running_slice(store, database.url) as sl:
         await sl.lead("lead-1", "101")
@@ -60,8 +67,7 @@ async def test_title_change_flows_end_to_end(database: FreshDatabase, store: Wor
         assert attempt.target_path == "/crm/v3/objects/contacts/101"
         assert json.loads(attempt.provider_evidence or "{}")["id"] == "101"
         assert "Authorization" not in attempt.safe_headers
-        stored = await store.receipt_get(command_id)
-        assert stored is not None and stored.state is ReceiptState.CONFIRMED
+        await wait_for(lambda: _receipt_confirmed(store, command_id), within_s=30)
         effect_items = await store.work_list(WorkQuery(family="external_effect"))
         assert [i.state.value for i in effect_items] == ["succeeded"]
         assert [i.state.value for i in await store.work_list(
@@ -177,8 +183,9 @@ async def test_old_runtime_keeps_the_result_and_retries_after_upgrade(
         # The Runtime upgrades; the exact same result is delivered.
         sl.runtime.store.accept_no_effect_format = True
         await sl.wait_intent("lead-1", intent_id, "COMMITTED", within_s=120)
+        await wait_for(lambda: _receipt_confirmed(store, command_id), within_s=30)
         after = await store.receipt_get(command_id)
-        assert after is not None and after.state is ReceiptState.CONFIRMED
+        assert after is not None
         assert (after.canonical_result, after.result_digest) == (before.canonical_result,
                                                                  before.result_digest)
 
