@@ -4,8 +4,7 @@ Handlers submit a :class:`Finalization` and wait. The completer takes
 everything queued, commits it with one ``work_finalize_if_owner`` call (each
 row still checked against its own fence), and wakes the submitters with their
 own result. Under load, submissions pile up while a flush is in flight, so
-batches grow by themselves; an idle completer lingers ``linger_s`` (2 ms)
-after the first submission so that handlers finishing together share it.
+batches grow by themselves; at low load a finalization is flushed at once.
 
 If the database is unreachable, the batch is kept and retried with backoff
 for as long as each item's lease can still be trusted; an item whose trust
@@ -48,9 +47,6 @@ class Completer:
     replica_id: str
     max_batch: int = 512
     backoff_cap_s: float = 5.0
-    # After the first finalization of a batch arrives, wait this long for others
-    # (handlers finishing in the same instant): fewer, larger transactions.
-    linger_s: float = 0.002
     _queue: list[_Pending] = attrs.field(factory=list)
     _has_work: trio.Event = attrs.field(factory=trio.Event)
 
@@ -70,8 +66,6 @@ class Completer:
             if not self._queue:
                 self._has_work = trio.Event()
                 await self._has_work.wait()
-                if self.linger_s > 0:
-                    await trio.sleep(self.linger_s)
             batch = self._queue[: self.max_batch]
             del self._queue[: len(batch)]
             try:
