@@ -353,10 +353,11 @@ class WorkClaims:
 
         ``side_writes`` maps a work id to writes that must commit atomically
         with that item's finalization (an effect's outcome and settlement, a
-        receipt's confirmation). Such an item is finalized on its own inside a
-        savepoint: if its fence no longer holds, the writes do not run; if a
-        write fails, the item's finalization is rolled back with it and the
-        result carries the error. Results come back in input order.
+        receipt's confirmation). They run only if the item's fence held. If a
+        write fails, the whole transaction is rolled back and run again with
+        each such item under its own savepoint, so that only the failing item
+        is left out (its result carries the error). Results come back in
+        input order.
         """
         if not finalizations:
             return []
@@ -367,7 +368,7 @@ class WorkClaims:
                 groups.setdefault(_set_values(fin), []).append(fin)
         special = [f for f in finalizations if f.fence.work_id in extra]
 
-        async def body(tx: SqlTx) -> list[FinalizeResult]:
+        async def body(tx: SqlTx, *, isolate: bool) -> list[FinalizeResult]:
             results: dict[str, FinalizeResult] = {}
             journal: list[tuple[Any, ...]] = []
             for key, members in groups.items():
@@ -378,15 +379,32 @@ class WorkClaims:
                         m.fence, ok, WorkState(key[0]) if ok else None)
                     if ok:
                         journal.extend(_journal_entry(m, replica, key[0], now_us))
-            if special:
-                journal.extend(await _finalize_special(tx, special, extra, results, replica,
-                                                       now_us))
+            if special and isolate:
+                journal.extend(await _finalize_isolated(tx, special, extra, results, replica,
+                                                        now_us))
+            elif special:
+                try:
+                    journal.extend(await _finalize_items(tx, special, extra, results, replica,
+                                                         now_us))
+                except StorageError as exc:
+                    raise _SideWriteFailed() from exc
             if journal:
                 await _journal(tx, journal)
             return [results[f.fence.work_id] for f in finalizations]
 
+        async def optimistic(tx: SqlTx) -> list[FinalizeResult]:
+            return await body(tx, isolate=False)
+
+        async def isolated(tx: SqlTx) -> list[FinalizeResult]:
+            return await body(tx, isolate=True)
+
         try:
-            return await self.db.transact(body, name="work.finalize")
+            try:
+                return await self.db.transact(optimistic, name="work.finalize")
+            except _SideWriteFailed:
+                # Some item's writes failed: nothing was committed. Again, with each
+                # item under its own savepoint, so only the failing one is left out.
+                return await self.db.transact(isolated, name="work.finalize")
         except CommitOutcomeUnknown:
             return await self._reconcile_finalize(finalizations)
 
@@ -422,7 +440,11 @@ class WorkClaims:
         return await self.db.transact(fenced, name=name)
 
 
-async def _finalize_special(
+class _SideWriteFailed(Exception):
+    """A side write failed on the optimistic path: roll back, redo isolated."""
+
+
+async def _finalize_isolated(
     tx: SqlTx,
     special: list[Finalization],
     extra: Mapping[str, SideWrite],
@@ -430,18 +452,9 @@ async def _finalize_special(
     replica: str,
     now_us: int,
 ) -> list[tuple[Any, ...]]:
-    """Items with side writes: optimistically all under one savepoint; if any
-    write fails, roll that back and redo them one savepoint each, so only the
-    failing item (with its writes) is left out."""
-    await tx.execute("SAVEPOINT fin_all")
-    try:
-        journal = await _finalize_items(tx, special, extra, results, replica, now_us)
-    except StorageError:
-        await tx.execute("ROLLBACK TO SAVEPOINT fin_all")
-    else:
-        await tx.execute("RELEASE SAVEPOINT fin_all")
-        return journal
-    journal = []
+    """Items with side writes, one savepoint each: a failing item (with its
+    writes) is rolled back and reported; the others go on."""
+    journal: list[tuple[Any, ...]] = []
     for i, fin in enumerate(special):
         await tx.execute(f"SAVEPOINT fin_{i}")
         try:

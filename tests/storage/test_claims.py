@@ -289,3 +289,25 @@ async def test_side_writes_commit_with_their_finalization_only(store: WorkStore)
     assert rows[broken.work_id].operator_summary is None  # type: ignore[union-attr]
     assert [e.work_id for e in await store.work_executions(ok.work_id)] == [ok.work_id]
     assert await store.work_executions(broken.work_id) == []
+
+
+async def test_side_writes_that_all_succeed_cost_one_transaction(store: WorkStore) -> None:
+    await enqueue(store, 4)
+    items = (await claim(store, limit=4)).claimed
+
+    def mark(item_id: str) -> Callable[[SqlTx], Awaitable[None]]:
+        async def write(tx: SqlTx) -> None:
+            await tx.execute("UPDATE work_items SET operator_summary = 'side' WHERE work_id = ?",
+                             (item_id,))
+        return write
+
+    commits, rollbacks = store.db.stats.commits, store.db.stats.rollbacks
+    results = await store.work_finalize_if_owner(
+        [finalization(i, Succeeded()) for i in items], "A", T0,
+        side_writes={i.work_id: mark(i.work_id) for i in items})
+    assert all(r.applied for r in results)
+    assert (store.db.stats.commits, store.db.stats.rollbacks) == (commits + 1, rollbacks)
+    for item in items:
+        row = await store.work_get(item.work_id)
+        assert row is not None and (row.state, row.operator_summary) == (WorkState.SUCCEEDED,
+                                                                         "side")
