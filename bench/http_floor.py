@@ -1,0 +1,64 @@
+"""The CPU floor of one HTTP exchange on this machine, with the daemon's own parts.
+
+    python -m bench.http_floor --requests 4000 --concurrency 32
+
+Sends PATCHes through ``BoundedHttp`` (httpx, as the effect runner and the
+receipt sender do) to the sandbox's h11 server in the same process, and
+prints the CPU time per exchange (client and server together) and the rate.
+Every effect needs two exchanges that cannot be batched (the provider PATCH
+and the Runtime receipt), so this bounds effects/s per core from above.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import trio
+
+from daemon.providers.executor import BoundedHttp
+from sandbox.h11_server import H11Server, Request, Response
+
+
+async def _ok(request: Request) -> Response:
+    return Response(200, b'{"id":"1"}', (("content-type", "application/json"),))
+
+
+async def measure(requests: int, concurrency: int) -> dict[str, float]:
+    async with trio.open_nursery() as nursery:
+        port: int = await nursery.start(H11Server(_ok).run)
+        http = BoundedHttp.open(concurrency)
+        url = f"http://127.0.0.1:{port}/crm/v3/objects/contacts/1"
+        headers = {"authorization": "Bearer t", "content-type": "application/json"}
+        per_worker = requests // concurrency
+
+        async def worker() -> None:
+            for _ in range(per_worker):
+                await http.request("PATCH", url, timeout_s=10.0, headers=headers,
+                                   content=b'{"properties":{"jobtitle":"x"}}')
+
+        cpu, wall = time.process_time(), time.monotonic()
+        async with trio.open_nursery() as workers:
+            for _ in range(concurrency):
+                workers.start_soon(worker)
+        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+        await http.aclose()
+        nursery.cancel_scope.cancel()
+    sent = per_worker * concurrency
+    return {"exchanges": sent, "cpu_us_per_exchange": round(cpu / sent * 1e6, 1),
+            "exchanges_per_s": round(sent / wall, 1),
+            "exchanges_per_cpu_second": round(sent / cpu, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    args = parser.parse_args()
+    result = trio.run(measure, args.requests, args.concurrency)
+    print(json.dumps({"system": "http-floor", **result}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
