@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -40,6 +39,7 @@ from bench.kernel import (
 from daemon.core.handoff import TrustedRuntimeWorkScope
 from daemon.core.identity import integration_scope_digest
 from sandbox.hubspot_sim import HubSpotSimulator
+from sandbox.ports import free_port
 from sandbox.runtime import ReferenceRuntime
 from sandbox.runtime.server import serve as serve_runtime
 from storage.migrate import migrate
@@ -47,12 +47,6 @@ from storage.open import open_store
 
 HUBSPOT_TOKEN = "bench-hubspot-token"
 REVISION = 7
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -215,9 +209,9 @@ def main() -> None:
         procs: list[tuple[subprocess.Popen[bytes], Path]] = []
         try:
             trio.run(seed_links, url, args.replicas, args.leads)
-            api_ports = [_free_port() for _ in range(args.replicas)]
-            runtime_ports = [_free_port() for _ in range(args.replicas)]
-            sim_port = _free_port()
+            api_ports = [free_port() for _ in range(args.replicas)]
+            runtime_ports = [free_port() for _ in range(args.replicas)]
+            sim_port = free_port()
             env = secrets_env(args.replicas)
             os.environ.update(env)
             configs = [write_config(workdir, url, i, args.replicas, api_ports, runtime_ports,

@@ -24,6 +24,7 @@ import trio
 
 from daemon.core.states import WorkState
 from sandbox.hubspot_sim import Fault, HubSpotSimulator
+from sandbox.ports import free_port
 from sandbox.runtime import ReferenceRuntime
 from sandbox.runtime.server import serve as serve_runtime
 from storage.port import ClaimParams, WorkQuery
@@ -37,7 +38,6 @@ from tests.support.slice import (
     RESULTS_TOKEN,
     RUNTIME_TOKEN,
     SCOPE,
-    free_port,
     running_slice,
 )
 

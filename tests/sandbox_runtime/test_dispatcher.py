@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 
 import attrs
@@ -10,6 +9,7 @@ import pytest
 import trio
 
 from daemon.core.retry import BackoffPolicy
+from sandbox.ports import free_port
 from sandbox.runtime.dispatcher import OutboxDispatcher
 from sandbox.runtime.model import (
     AdmissionAnswer,
@@ -87,15 +87,8 @@ async def test_retries_send_the_same_bytes_until_a_definitive_answer(
     assert (stats["dispatch_retries"], stats["dispatch_sent"]) == (4, 5)
 
 
-def _unused_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 async def test_integrationd_not_up_yet() -> None:
-    port = _unused_port()
+    port = free_port()
     async with running_runtime(f"http://127.0.0.1:{port}") as rt:
         await rt.create_lead()
         intent_id = await rt.patch_title()

@@ -6,7 +6,6 @@ Everything is a real server on loopback; integrationd runs in this process
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -36,6 +35,7 @@ from daemon.services.http_server import serve_app
 from daemon.services.metrics import Metrics
 from daemon.services.replica import Replica
 from sandbox.hubspot_sim import HubSpotSimulator
+from sandbox.ports import free_port
 from sandbox.runtime import ReferenceRuntime
 from sandbox.runtime.server import serve as serve_runtime
 from storage.work_store import WorkStore
@@ -46,12 +46,6 @@ RUNTIME_TOKEN = "runtime-token-5f2a"
 RESULTS_TOKEN = "results-token-9c1e"
 HUBSPOT_TOKEN = "hubspot-token-77aa"
 REVISION = 7
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def slice_settings(*, api_port: int, runtime_url: str, hubspot_url: str, url: str,
