@@ -3,8 +3,9 @@
     python -m bench.http_floor --requests 4000 --concurrency 32
 
 Sends PATCHes through ``BoundedHttp`` (httpx, as the effect runner and the
-receipt sender do) to the sandbox's h11 server in the same process, and
-prints the CPU time per exchange (client and server together) and the rate.
+receipt sender do) to the sandbox's h11 server, first in the same process
+(CPU per exchange, client and server together), then with the server in a
+child process (the client's share alone: what integrationd pays per call).
 Every effect needs two exchanges that cannot be batched (the provider PATCH
 and the Runtime receipt), so this bounds effects/s per core from above.
 """
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import time
+from multiprocessing.connection import Connection
 
 import trio
 
@@ -25,9 +28,20 @@ async def _ok(request: Request) -> Response:
     return Response(200, b'{"id":"1"}', (("content-type", "application/json"),))
 
 
-async def measure(requests: int, concurrency: int) -> dict[str, float]:
+async def _serve_forever(port_out: Connection) -> None:
     async with trio.open_nursery() as nursery:
         port: int = await nursery.start(H11Server(_ok).run)
+        port_out.send(port)
+
+
+def _child_server(port_out: Connection) -> None:
+    trio.run(_serve_forever, port_out)
+
+
+async def measure(requests: int, concurrency: int, port: int | None = None) -> dict[str, float]:
+    async with trio.open_nursery() as nursery:
+        if port is None:
+            port = await nursery.start(H11Server(_ok).run)
         http = BoundedHttp.open(concurrency)
         url = f"http://127.0.0.1:{port}/crm/v3/objects/contacts/1"
         headers = {"authorization": "Bearer t", "content-type": "application/json"}
@@ -56,8 +70,19 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=32)
     args = parser.parse_args()
-    result = trio.run(measure, args.requests, args.concurrency)
-    print(json.dumps({"system": "http-floor", **result}), flush=True)
+    both = trio.run(measure, args.requests, args.concurrency)
+    print(json.dumps({"system": "http-floor", "measured": "client and server, one process",
+                      **both}), flush=True)
+    receive, send = multiprocessing.Pipe(duplex=False)
+    server = multiprocessing.Process(target=_child_server, args=(send,), daemon=True)
+    server.start()
+    try:
+        client = trio.run(measure, args.requests, args.concurrency, receive.recv())
+    finally:
+        server.terminate()
+        server.join()
+    print(json.dumps({"system": "http-floor", "measured": "client only (server in a child)",
+                      **client}), flush=True)
 
 
 if __name__ == "__main__":
