@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import ssl
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
@@ -109,16 +110,19 @@ _EVIDENCE_HEADERS = ("x-hubspot-correlation-id", "x-request-id", "request-id")
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
 
-def new_http_client(max_connections: int) -> httpx.AsyncClient:
+def new_http_client(max_connections: int, tls: ssl.SSLContext | None = None) -> httpx.AsyncClient:
     """An HTTP/1.1 client with keep-alive and no retries of any kind.
 
-    httpcore's pool scans every connection for every queued request, so a
-    small pool per destination (providers, the Runtime) stays cheap.
+    The limits go to the transport (a client ignores its own ``limits`` when
+    given a transport). ``tls`` lets many clients share one context: each
+    default context loads the CA bundle again (time and ~0.7 MB apiece).
     """
     return httpx.AsyncClient(
-        transport=httpx.AsyncHTTPTransport(retries=0),
-        limits=httpx.Limits(max_connections=max_connections,
-                            max_keepalive_connections=max_connections),
+        transport=httpx.AsyncHTTPTransport(
+            retries=0, trust_env=False, verify=tls or httpx.create_ssl_context(),
+            limits=httpx.Limits(max_connections=max_connections,
+                                max_keepalive_connections=max_connections),
+        ),
         follow_redirects=False,
         trust_env=False,
     )
@@ -126,37 +130,50 @@ def new_http_client(max_connections: int) -> httpx.AsyncClient:
 
 # Connections per httpx client. httpcore's pool does work proportional to its
 # size on every request: one client's CPU per exchange was 550 us with 4
-# connections and 1,270 us with 32 (``python -m bench.http_floor``), so a
-# large pool is several small clients.
+# connections and 1,270 us with 32 (``python -m bench.http_floor``), so many
+# connections are many small clients.
 SHARD_CONNECTIONS = 4
+
+
+@attrs.define(eq=False)
+class _Shard:
+    client: httpx.AsyncClient
+    busy: int = 0
 
 
 @attrs.define(eq=False)
 class BoundedHttp:
     """httpx clients that admit one request per pooled connection at a time.
 
-    ``max_connections`` are spread over small clients (``SHARD_CONNECTIONS``
-    each); a request goes to the least busy one. Requests over the limit wait
-    on a semaphore instead of in httpcore's queue, whose assignment step scans
-    every queued request against every connection. A wait longer than the
+    Each origin (scheme and host:port) gets its own small clients of
+    ``SHARD_CONNECTIONS`` connections, made as its load needs them, so a
+    client never closes a kept-alive connection to one origin to open one to
+    another, and its pool stays small. A request goes to the least busy
+    client of its origin. Requests over ``max_connections`` in all wait on a
+    semaphore instead of in httpcore's queue; a wait longer than the
     request's own timeout fails as ``httpx.PoolTimeout``: nothing was sent.
     """
 
-    clients: list[httpx.AsyncClient]
     max_connections: int
+    _tls: ssl.SSLContext = attrs.field(init=False, factory=httpx.create_ssl_context)
     _slots: trio.Semaphore = attrs.field(init=False)
-    _busy: list[int] = attrs.field(init=False)
+    _origins: dict[str, list[_Shard]] = attrs.field(init=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         self._slots = trio.Semaphore(self.max_connections)
-        self._busy = [0] * len(self.clients)
 
     @classmethod
     def open(cls, max_connections: int) -> BoundedHttp:
-        sizes = [SHARD_CONNECTIONS] * (max_connections // SHARD_CONNECTIONS)
-        if max_connections % SHARD_CONNECTIONS:
-            sizes.append(max_connections % SHARD_CONNECTIONS)
-        return cls([new_http_client(n) for n in sizes], max_connections)
+        return cls(max_connections)
+
+    def _shard(self, url: str) -> _Shard:
+        parts = urllib.parse.urlsplit(url)
+        shards = self._origins.setdefault(f"{parts.scheme}://{parts.netloc}", [])
+        shard = min(shards, key=lambda s: s.busy, default=None)
+        if shard is None or shard.busy >= SHARD_CONNECTIONS:
+            shard = _Shard(new_http_client(SHARD_CONNECTIONS, self._tls))
+            shards.append(shard)
+        return shard
 
     async def request(self, method: str, url: str, *, timeout_s: float,
                       **kwargs: Any) -> httpx.Response:
@@ -164,18 +181,18 @@ class BoundedHttp:
             await self._slots.acquire()
         if waiting.cancelled_caught:
             raise httpx.PoolTimeout("no free connection within the timeout")
-        # A free slot means some client has a free connection: the least busy one.
-        shard = min(range(len(self.clients)), key=self._busy.__getitem__)
-        self._busy[shard] += 1
+        shard = self._shard(url)
+        shard.busy += 1
         try:
-            return await self.clients[shard].request(method, url, timeout=timeout_s, **kwargs)
+            return await shard.client.request(method, url, timeout=timeout_s, **kwargs)
         finally:
-            self._busy[shard] -= 1
+            shard.busy -= 1
             self._slots.release()
 
     async def aclose(self) -> None:
-        for client in self.clients:
-            await client.aclose()
+        for shards in self._origins.values():
+            for shard in shards:
+                await shard.client.aclose()
 
 
 @attrs.define(eq=False)

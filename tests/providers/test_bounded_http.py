@@ -7,7 +7,7 @@ import pytest
 import trio
 import trio.testing
 
-from daemon.providers.executor import BoundedHttp
+from daemon.providers.executor import SHARD_CONNECTIONS, BoundedHttp
 from sandbox.h11_server import H11Server, Request, Response
 
 
@@ -52,4 +52,20 @@ async def test_a_request_waits_for_a_free_connection_then_times_out_unsent(
     # The slot came back: the next request goes out on the same connection.
     third = await http.request("GET", f"http://127.0.0.1:{port}/third", timeout_s=1000.0)
     assert third.status_code == 200 and seen == ["/first", "/third"]
+    await http.aclose()
+
+
+async def test_each_origin_keeps_its_connections(nursery: trio.Nursery) -> None:
+    async def ok(request: Request) -> Response:
+        return Response(200, b"ok")
+
+    servers = [H11Server(ok) for _ in range(SHARD_CONNECTIONS + 1)]
+    ports = [await nursery.start(server.run) for server in servers]
+    http = BoundedHttp.open(SHARD_CONNECTIONS)
+    for _ in range(3):  # round-robin over more origins than one client has connections
+        for port in ports:
+            response = await http.request("GET", f"http://127.0.0.1:{port}/", timeout_s=10.0)
+            assert response.status_code == 200
+    # Kept alive: one connection per origin, never closed to make room for another.
+    assert [s.connections_accepted for s in servers] == [1] * len(servers)
     await http.aclose()
