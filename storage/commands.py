@@ -38,6 +38,7 @@ from storage.effect_values import (
 from storage.idgen import new_ulid
 from storage.port import Database, DuplicateKey, Row, SqlTx
 from storage.work_admin import insert_work
+from storage.work_rows import placeholders
 
 T = TypeVar("T")
 
@@ -203,9 +204,9 @@ class CommandInbox:
         return await self._idempotent(body, "command.accept_many")
 
     async def _any_admitted(self, tx: SqlTx, keys: Sequence[str]) -> bool:
-        marks = ", ".join("?" for _ in keys)
         rows = await tx.fetchall(
-            f"SELECT 1 FROM handoff_admissions WHERE handoff_key IN ({marks}) LIMIT 1",
+            f"SELECT 1 FROM handoff_admissions WHERE handoff_key IN ({placeholders(len(keys))})"
+            " LIMIT 1",
             tuple(keys),
         )
         return bool(rows)
