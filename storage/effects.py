@@ -54,14 +54,8 @@ _ATTEMPT_COLUMNS = (
     " response_status, provider_evidence, outcome, failure_class, finished_at_us,"
     " disposition, disposition_note, disposition_by, disposition_at_us"
 )
-# The command's settlement and how many of its attempts are unresolved, in one read.
+# Each command's settlement and how many of its attempts are unresolved, in one read.
 _DISPATCHABLE_SQL = (
-    "SELECT c.settlement, (SELECT COUNT(*) FROM effect_attempts a"
-    " WHERE a.command_id = c.command_id AND a.disposition IS NULL"
-    " AND (a.outcome IS NULL OR a.outcome = 'OUTCOME_UNKNOWN'))"
-    " FROM external_commands c WHERE c.command_id = ?"
-)
-_DISPATCHABLE_MANY_SQL = (
     "SELECT c.command_id, c.settlement, (SELECT COUNT(*) FROM effect_attempts a"
     " WHERE a.command_id = c.command_id AND a.disposition IS NULL"
     " AND (a.outcome IS NULL OR a.outcome = 'OUTCOME_UNKNOWN'))"
@@ -221,20 +215,10 @@ class EffectJournal:
 
     async def effect_checkpoint(self, fence: Fence, draft: AttemptDraft, now_us: int) -> str:
         """Write the dispatch-start checkpoint (fenced). Commit it before dispatching."""
-        attempt_id = new_ulid(now_us)
-
-        async def body(tx: SqlTx) -> str:
-            await fence_lock(tx, fence, now_us)
-            rows = await tx.fetchall(_DISPATCHABLE_SQL, (draft.command_id,))
-            refusal = _dispatch_refusal(draft.command_id, (str(rows[0][0]), int(rows[0][1]))
-                                        if rows else None)
-            if refusal is not None:
-                raise refusal
-            await tx.execute(_INSERT_ATTEMPT_SQL, _attempt_params(attempt_id, fence, draft,
-                                                                  now_us))
-            return attempt_id
-
-        return await self.db.transact(body, name="effect.checkpoint")
+        (answer,) = await self.effect_checkpoint_many([(fence, draft)], now_us)
+        if isinstance(answer, StorageError):
+            raise answer
+        return answer
 
     async def effect_checkpoint_many(
         self, requests: Sequence[tuple[Fence, AttemptDraft]], now_us: int
@@ -259,7 +243,7 @@ class EffectJournal:
             if wanted:
                 unique = sorted(set(wanted))
                 rows = await tx.fetchall(
-                    _DISPATCHABLE_MANY_SQL.format(marks=placeholders(len(unique))), unique)
+                    _DISPATCHABLE_SQL.format(marks=placeholders(len(unique))), unique)
                 state = {str(r[0]): (str(r[1]), int(r[2])) for r in rows}
             inserts = []
             for i, (fence, draft) in enumerate(requests):
