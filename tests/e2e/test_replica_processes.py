@@ -179,7 +179,11 @@ async def test_database_lost_while_running_backs_off_and_resumes(tmp_path: Path)
 
             await wait_until(store, some_done)
             proxy.refuse()
-            await trio.sleep(4)
+            # Hold the outage until a claim has failed: with every slot busy the
+            # scheduler claims again only once the in-flight items' trust horizon
+            # (lease minus margin) has passed, which a fixed sleep could race.
+            await wait_for(lambda: any(e["event"] == "work_claim_failed" for e in a.events()),
+                           within_s=60)
             status, body = await a.get("/readyz")
             assert status == 503 and json.loads(body)["database"] == "unreachable"
             assert a.proc.returncode is None  # no crash
