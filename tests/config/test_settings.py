@@ -1,0 +1,142 @@
+"""The settings loader: partial overrides change only their key, values keep their types.
+
+Synchronous and table-driven; every row goes through ``parse_settings``, the function the CLI
+uses, with an explicit environment.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import pytest
+
+from config.load import ConfigError, parse_settings
+from config.settings import FAMILY_DEFAULTS, FamilySettings, Settings
+
+FAMILIES = tuple(FAMILY_DEFAULTS)
+
+
+def _parse(raw: dict[str, Any], environ: dict[str, str] | None = None) -> Settings:
+    return parse_settings(raw, environ=environ or {}, known_families=FAMILIES)
+
+
+def _other_value(name: str, value: Any) -> Any:
+    """A valid value for ``name`` that differs from ``value``."""
+    if name == "backoff_cap":
+        return value + 7.0
+    if name == "backoff_base":
+        return 0.5 if value != 0.5 else 0.25
+    if name == "lease_ttl":
+        return value + 11.0
+    return value + 3
+
+
+FIELDS = [f.name for f in attrs.fields(FamilySettings)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("field", FIELDS)
+def test_partial_family_table_changes_only_that_key(family: str, field: str) -> None:
+    base = FAMILY_DEFAULTS[family]
+    new = _other_value(field, getattr(base, field))
+    got = _parse({"families": {family: {field: new}}}).family(family)
+    assert got == attrs.evolve(base, **{field: new})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("field", FIELDS)
+def test_partial_family_environment_override_changes_only_that_key(
+        family: str, field: str) -> None:
+    base = FAMILY_DEFAULTS[family]
+    new = _other_value(field, getattr(base, field))
+    env = {f"INTEGRATIOND__FAMILIES__{family.upper()}__{field.upper()}": str(new)}
+    assert _parse({}, env).family(family) == attrs.evolve(base, **{field: new})
+
+
+def test_receipt_backoff_cap_override_keeps_receipts_retried_until_confirmed() -> None:
+    """The finding: `backoff_cap = 10` dropped max_attempts from 1,000,000 to 5."""
+    got = _parse({"families": {"runtime_receipt": {"backoff_cap": 10}}}).family("runtime_receipt")
+    assert got.max_attempts == 1_000_000
+    assert got.backoff_cap == 10.0
+
+
+def test_one_noop_key_keeps_noop_batch_size() -> None:
+    """The finding: one noop key halved batch_size (128 -> 64)."""
+    assert _parse({"families": {"noop": {"max_attempts": 3}}}).family("noop").batch_size == 128
+
+
+def test_partial_family_table_is_validated_against_merged_values() -> None:
+    # backoff_base above the built-in cap (60 for runtime_receipt) is refused by name.
+    with pytest.raises(ConfigError, match=r"^families\.runtime_receipt\.backoff_cap: "):
+        _parse({"families": {"runtime_receipt": {"backoff_base": 120}}})
+
+
+BAD_TYPES = [
+    # (section, key, TOML value, message fragment)
+    ("families.noop", "max_attempts", 2.5, "expected an integer"),
+    ("families.noop", "max_attempts", 2.0, "expected an integer"),
+    ("families.noop", "max_attempts", "3", "expected an integer"),
+    ("families.noop", "max_attempts", True, "expected an integer"),
+    ("work", "poll_interval", "0.25", "expected a number"),
+    ("work", "poll_interval", True, "expected a number"),
+    ("work", "concurrency", 1.5, "expected an integer"),
+    ("storage", "pool_size", "8", "expected an integer"),
+    ("storage", "url", 5, "expected a string"),
+    ("api", "max_body_bytes", 1e6, "expected an integer"),
+]
+
+
+def _nest(section: str, key: str, value: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {key: value}
+    for part in reversed(section.split(".")):
+        raw = {part: raw}
+    return raw
+
+
+@pytest.mark.parametrize(("section", "key", "value", "message"), BAD_TYPES)
+def test_toml_value_of_the_wrong_type_is_refused_naming_the_key(
+        section: str, key: str, value: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _parse(_nest(section, key, value))
+    assert str(info.value).startswith(f"{section}.{key}: {message}")
+
+
+GOOD_ENV = [
+    ("INTEGRATIOND__WORK__POLL_INTERVAL", "0.5", lambda s: s.work.poll_interval == 0.5),
+    ("INTEGRATIOND__WORK__CONCURRENCY", "12", lambda s: s.work.concurrency == 12),
+    ("INTEGRATIOND__STORAGE__POOL_SIZE", " 4 ", lambda s: s.storage.pool_size == 4),
+    ("INTEGRATIOND__REPLICA__DRAIN_TIMEOUT", "7", lambda s: s.replica.drain_timeout == 7.0),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "check"), GOOD_ENV)
+def test_environment_text_is_parsed_as_the_key_type(name: str, text: str, check: Any) -> None:
+    assert check(_parse({}, {name: text}))
+
+
+BAD_ENV = [
+    ("INTEGRATIOND__FAMILIES__NOOP__MAX_ATTEMPTS", "2.5", "families.noop.max_attempts",
+     "expected an integer"),
+    ("INTEGRATIOND__WORK__CONCURRENCY", "1e3", "work.concurrency", "expected an integer"),
+    ("INTEGRATIOND__WORK__POLL_INTERVAL", "fast", "work.poll_interval", "expected a number"),
+    ("INTEGRATIOND__WORK__POLL_INTERVAL", "nan", "work.poll_interval", "expected a number"),
+    ("INTEGRATIOND__WORK__POLL_INTERVAL", "inf", "work.poll_interval", "expected a number"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "key", "message"), BAD_ENV)
+def test_bad_environment_text_is_refused_naming_the_key(
+        name: str, text: str, key: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _parse({}, {name: text})
+    assert str(info.value).startswith(f"{key}: {message}")
+
+
+def test_integer_toml_value_is_accepted_for_a_number_key() -> None:
+    assert _parse({"work": {"poll_interval": 1}}).work.poll_interval == 1.0
+
+
+def test_unknown_family_key_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^families\.noop\.batchsize: unknown setting"):
+        _parse({"families": {"noop": {"batchsize": 3}}})
