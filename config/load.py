@@ -14,7 +14,9 @@ as one line and exits 2.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import tomllib
 import urllib.parse
 from collections.abc import Collection, Mapping
@@ -24,6 +26,7 @@ from typing import Any
 import attrs
 
 from config.settings import (
+    FAMILY_DEFAULTS,
     ROLES,
     AdminSettings,
     ApiSettings,
@@ -59,27 +62,32 @@ class ConfigError(Exception):
         self.key = key
 
 
+class _EnvText(str):
+    """A value that came from the environment: text to parse as the key's type.
+
+    A TOML value already has a type, and it must be the key's: ``2.5`` is not an
+    integer and ``"0.25"`` is not a number. Only environment text is parsed.
+    """
+
+
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
+
+
 def _coerce(key: str, value: Any, kind: type[Any]) -> Any:
+    if isinstance(value, _EnvText):
+        return _parse_text(key, value.strip(), kind)
     if kind is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
-            return value.lower() in ("true", "1")
         raise ConfigError(key, f"expected true or false, got {value!r}")
     if kind is int:
-        if isinstance(value, bool):
-            raise ConfigError(key, f"expected an integer, got {value!r}")
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise ConfigError(key, f"expected an integer, got {value!r}") from None
+        if type(value) is int:
+            return value
+        raise ConfigError(key, f"expected an integer, got {value!r}")
     if kind is float:
-        if isinstance(value, bool):
-            raise ConfigError(key, f"expected a number, got {value!r}")
-        try:
+        if type(value) in (int, float) and math.isfinite(value):
             return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(key, f"expected a number, got {value!r}") from None
+        raise ConfigError(key, f"expected a number, got {value!r}")
     if kind is str:
         if not isinstance(value, str):
             raise ConfigError(key, f"expected a string, got {value!r}")
@@ -87,12 +95,36 @@ def _coerce(key: str, value: Any, kind: type[Any]) -> Any:
     raise ConfigError(key, "unsupported setting type")
 
 
+def _parse_text(key: str, text: str, kind: type[Any]) -> Any:
+    if kind is bool:
+        if text.lower() in ("true", "false", "1", "0"):
+            return text.lower() in ("true", "1")
+        raise ConfigError(key, f"expected true or false, got {text!r}")
+    if kind is int:
+        if _INTEGER_TEXT.fullmatch(text):
+            return int(text)
+        raise ConfigError(key, f"expected an integer, got {text!r}")
+    if kind is float:
+        try:
+            number = float(text)
+        except ValueError:
+            raise ConfigError(key, f"expected a number, got {text!r}") from None
+        if not math.isfinite(number):
+            raise ConfigError(key, f"expected a number, got {text!r}")
+        return number
+    if kind is str:
+        return str(text)
+    raise ConfigError(key, "unsupported setting type")
+
+
 _FIELD_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
 def _build(
-    section: str, cls: type[Any], table: Mapping[str, Any], skip: Collection[str] = ()
+    section: str, cls: type[Any], table: Mapping[str, Any], skip: Collection[str] = (),
+    base: Any = None,
 ) -> Any:
+    """``cls`` from one table; with ``base``, the table changes only the keys it names."""
     if not isinstance(table, Mapping):
         raise ConfigError(section, "expected a table")
     fields = {f.name: f for f in attrs.fields(cls)}
@@ -106,6 +138,8 @@ def _build(
         if field is None or kind is None:
             raise ConfigError(key, "unknown setting")
         kwargs[name] = _coerce(key, value, kind)
+    if base is not None:
+        return attrs.evolve(base, **kwargs)
     return cls(**kwargs)
 
 
@@ -127,7 +161,7 @@ def _merge_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
             if not isinstance(nested, dict):
                 raise ConfigError(".".join(path), "cannot override a non-table")
             table = nested
-        table[path[-1]] = value
+        table[path[-1]] = _EnvText(value)
 
 
 def _read_secret_file(key: str, path: str) -> Secret:
@@ -260,7 +294,10 @@ def parse_settings(
         if name not in known_families:
             known = ", ".join(sorted(known_families))
             raise ConfigError(f"families.{name}", f"unknown work family (known: {known})")
-        fam = _build(f"families.{name}", FamilySettings, table)
+        # A partial table (or one environment override) changes only the keys it names:
+        # the rest keep the family's built-in defaults, not the generic ones.
+        fam = _build(f"families.{name}", FamilySettings, table,
+                     base=FAMILY_DEFAULTS.get(name, FamilySettings()))
         for field in ("max_attempts", "lease_ttl", "batch_size", "concurrency",
                       "backoff_base", "backoff_cap"):
             _positive(f"families.{name}.{field}", getattr(fam, field))

@@ -19,6 +19,7 @@ import trio
 from config.catalog import CatalogError, load_catalog
 from config.load import ConfigError, load_settings
 from config.settings import Settings
+from config.summary import describe_settings
 from daemon.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
 from daemon.services import logs
 from daemon.services.clock import WallClock
@@ -65,7 +66,10 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("run", help="run one replica: workers, admin listener, metrics")
     sub.add_parser("migrate", help="apply pending schema migrations")
-    sub.add_parser("check-config", help="validate the configuration and print it (no secrets)")
+    check = sub.add_parser("check-config",
+                           help="validate the configuration and print it (no secrets)")
+    check.add_argument("--connect", action="store_true",
+                       help="also prove the database is reachable and fully migrated")
 
     box = sub.add_parser(
         "sandbox",
@@ -184,6 +188,18 @@ async def _cmd_run(settings: Settings) -> int:
     return EXIT_OK
 
 
+async def _cmd_check_connect(settings: Settings) -> int:
+    """``check-config --connect``: the database answers and its schema is current."""
+    store = await _open(settings)
+    try:
+        await check_schema(store.db, store.dialect)
+    finally:
+        await store.db.aclose()
+    sys.stderr.write(f"integrationd: {describe_url(settings.storage.url)}: reachable,"
+                     " schema current\n")
+    return EXIT_OK
+
+
 async def _cmd_sandbox(settings: Settings, args: argparse.Namespace) -> int:
     from sandbox.demo import run_sandbox
 
@@ -293,25 +309,6 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
     return result
 
 
-def _summarize(settings: Settings) -> dict[str, Any]:
-    return {
-        "storage": {"url": describe_url(settings.storage.url),
-                    "password": "set" if settings.storage.password else "unset",
-                    "pool_size": settings.storage.pool_size},
-        "admin": {"listen": settings.admin.listen},
-        "replica": {"id": settings.replica.id or "(hostname:pid)",
-                    "drain_timeout": settings.replica.drain_timeout},
-        "work": {"concurrency": settings.work.concurrency,
-                 "lease_margin": settings.work.lease_margin,
-                 "poll_interval": settings.work.poll_interval},
-        "families": {name: {"lease_ttl": settings.family(name).lease_ttl,
-                            "batch_size": settings.family(name).batch_size,
-                            "max_attempts": settings.family(name).max_attempts}
-                     for name in known_family_names()},
-        "operators": [{"name": o.name, "role": o.role} for o in settings.operators],
-    }
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logs.configure(args.log_level)
@@ -325,7 +322,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ADMIN_COMMANDS:
             return trio.run(run_admin_command, settings, args)
         if args.command == "check-config":
-            _print_json(_summarize(settings))
+            _print_json(describe_settings(settings, known_family_names(), describe_url))
+            if args.connect:
+                return trio.run(_cmd_check_connect, settings)
             return EXIT_OK
         if args.command == "migrate":
             return trio.run(_cmd_migrate, settings)

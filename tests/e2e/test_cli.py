@@ -141,3 +141,59 @@ async def test_operator_verbs(database: FreshDatabase, store: WorkStore, tmp_pat
     # The test's own claim took the three acme items too; one dead item remains.
     depths = json.loads(run_cli(cfg, "work", "depths").stdout)
     assert sorted((d["state"], d["count"]) for d in depths) == [("dead", 1), ("processing", 3)]
+
+
+def test_check_config_prints_every_section_with_secrets_as_set_or_unset(
+        tmp_path: Path) -> None:
+    """The finding: check-config left out [api], [[runtimes]], [[bindings]], [catalog],
+    admin.auth and the secrets' state."""
+    example = Path(__file__).resolve().parents[2] / "config" / "example.toml"
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    text = example.read_text().replace("var/secrets/", f"{secrets}/")
+    for name in ("runtime-crm.token", "runtime-crm-results.token", "hubspot.token"):
+        (secrets / name).write_text(f"value-of-{name}\n")
+    # A real argon2 hash, so the operator's hash file loads.
+    (secrets / "admin.password-hash").write_text(
+        "$argon2id$v=19$m=65536,t=3,p=4$c2FsdHNhbHQ$5h1bQ0Wm4zG8GZ0S1b3tWJZq5bq7d7O4X3Qe2s0hY0c\n")
+    cfg = tmp_path / "example.toml"
+    cfg.write_text(text)
+    result = run_cli(cfg, "check-config")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    for section in ("storage", "replica", "admin", "work", "families", "operators", "api",
+                    "runtimes", "bindings", "catalog"):
+        assert section in doc, section
+    assert doc["admin"]["auth"] == "password"
+    assert doc["admin"]["session_secret"] == "unset"
+    assert doc["api"]["listen"] == "127.0.0.1:8781"
+    assert doc["catalog"]["revision"] == 7
+    (runtime,) = doc["runtimes"]
+    assert runtime["token"] == "set" and runtime["results_token"] == "set"
+    assert runtime["results_url"].endswith("/runtime/v1/results")
+    (binding,) = doc["bindings"]
+    assert binding["token"] == "set" and binding["base_url"] == "http://127.0.0.1:8791"
+    assert {o["name"]: o["password_hash"] for o in doc["operators"]} == {
+        "admin": "set", "viewer": "unset"}
+    assert set(doc["families"]) >= {"noop", "external_effect", "runtime_receipt"}
+    assert doc["families"]["runtime_receipt"]["max_attempts"] == 1_000_000
+    printed = result.stdout + result.stderr
+    assert "value-of-" not in printed and "$argon2id" not in printed
+
+
+def test_check_config_connect_proves_the_database_is_reachable_and_migrated(
+        tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    cfg = write_config(tmp_path / "a.toml", f"sqlite:///{db}")
+    unmigrated = run_cli(cfg, "check-config", "--connect")
+    assert unmigrated.returncode == 1
+    assert "run `integrationd migrate`" in unmigrated.stderr
+    assert run_cli(cfg, "migrate").returncode == 0
+    ok = run_cli(cfg, "check-config", "--connect")
+    assert ok.returncode == 0, ok.stderr
+    assert "reachable, schema current" in ok.stderr
+    unreachable = run_cli(write_config(tmp_path / "b.toml", "mysql://root@127.0.0.1:9/nothing"),
+                          "check-config", "--connect")
+    assert unreachable.returncode == 1
+    assert "database unreachable" in unreachable.stderr
+    assert "Traceback" not in unreachable.stderr
