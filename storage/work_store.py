@@ -8,13 +8,15 @@ from storage.dialect import Dialect
 from storage.effects import EffectJournal
 from storage.links import RemoteLinks
 from storage.port import Database
+from storage.quota import QuotaLedger
 from storage.work_admin import WorkAdmin
 from storage.work_claims import WorkClaims
 from storage.work_rollback import WorkRollback
 
 
 class WorkStore(
-    WorkClaims, WorkAdmin, WorkRollback, CommandInbox, EffectJournal, RemoteLinks, CommandRepair
+    WorkClaims, WorkAdmin, WorkRollback, CommandInbox, EffectJournal, RemoteLinks, CommandRepair,
+    QuotaLedger,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 

@@ -29,6 +29,7 @@ scheduler can run it at exactly that time instead of retrying with backoff.
 
 from __future__ import annotations
 
+import enum
 import math
 
 import attrs
@@ -126,3 +127,25 @@ def returned(policy: QuotaPolicy, state: QuotaState, unused: tuple[int, ...]
 def slot_usable(policy: QuotaPolicy, slot_us: int, now_us: int) -> bool:
     """A send may start at ``now`` on this slot: not early, not past its jitter."""
     return slot_us <= now_us < slot_us + max(1, policy.jitter_us)
+
+
+class ReservationState(enum.StrEnum):
+    """One slot handed to one effect attempt (seed 9: reserved before dispatch)."""
+
+    RESERVED = "reserved"  # granted to a claim; nothing sent yet
+    SENT = "sent"  # the request was dispatched on it (a response, any response)
+    RELEASED = "released"  # provably never left (pre-dispatch refusal, connect failure)
+    SPENT_UNKNOWN = "spent_unknown"  # it may have left (timeout, reset): counts as spent
+
+
+# A reservation moves once, out of RESERVED; every other state is terminal.
+RESERVATION_TRANSITIONS: frozenset[tuple[ReservationState, ReservationState]] = frozenset({
+    (ReservationState.RESERVED, ReservationState.SENT),
+    (ReservationState.RESERVED, ReservationState.RELEASED),
+    (ReservationState.RESERVED, ReservationState.SPENT_UNKNOWN),
+})
+
+
+def reservation_transition(current: ReservationState, target: ReservationState) -> bool:
+    """Whether ``current -> target`` is legal (a repeat of the same move is idempotent)."""
+    return current == target or (current, target) in RESERVATION_TRANSITIONS

@@ -24,8 +24,10 @@ from daemon.core.outcomes import (
     RetryLater,
     Succeeded,
 )
+from daemon.core.quota import QuotaPolicy, ReservationState
 from storage.migrate import migrate
 from storage.port import Database, DbStats, ReplayParams, Row, SqlTx, WorkQuery
+from storage.quota import reservation_move, reservation_open
 from storage.work_rollback import LegacyReceipt
 from storage.work_store import WorkStore
 from tests.support.backends import fresh_database
@@ -125,6 +127,19 @@ async def _workload(store: WorkStore) -> None:
     await store.work_legacy_reconcile(LegacyReceipt(legacy[0].work_id, "f1", 1, "d"), T0)
     await store.work_legacy_unknown(legacy[1].work_id, "f1", T0)
     await store.work_cutover_blockers("legacy")
+    policy = QuotaPolicy(limit=10, window_us=SEC)
+    granted = await store.quota_grant("q", policy, now_us=T0, count=2)
+    await store.quota_throttle("q", policy, now_us=T0, retry_after_us=SEC)
+    await store.quota_return("q", policy, getattr(granted, "slots", ())[1:], now_us=T0)
+    await store.quota_keys()
+
+    async def reserve(tx: SqlTx) -> None:
+        rid = await reservation_open(tx, quota_key="q", slot_at_us=T0, expires_at_us=T0,
+                                     work_id="W", ownership_epoch=1, now_us=T0)
+        await reservation_move(tx, rid, ReservationState.SENT, now_us=T0, attempt_id="A")
+
+    await store.db.transact(reserve, name="quota.reserve")
+    await store.quota_reservations("W")
 
 
 async def test_every_statement_is_portable(backend: str, tmp_path: Path) -> None:

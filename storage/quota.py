@@ -1,0 +1,258 @@
+"""The quota ledger: one shared budget row per quota key, and slot reservations.
+
+Theory of operation
+-------------------
+The schedule itself is pure (:mod:`daemon.core.quota`); this module keeps its state in
+the database so that every replica draws from one budget:
+
+* ``quota_grant``: read the key's row, decide, and move it with one conditional UPDATE
+  judged by matched rows (``WHERE quota_key = ? AND tat_us = ? AND blocked_until_us = ?``:
+  a compare-and-swap on what was read). A lost race re-reads in a fresh transaction;
+  a grant is never handed out twice, on any backend, under any isolation level.
+  A grant may cover a small block of slots, so a hot key costs one row update per block.
+* ``quota_throttle``: a provider 429 blocks the key for every replica in one statement.
+* ``quota_return``: unused slots come back when nothing was granted after them.
+* reservations: a slot bound to one claim (work id + ownership epoch) and, once the
+  request is prepared, to its effect attempt; ``reserved -> sent | released |
+  spent_unknown``, each a conditional UPDATE on the current state.
+
+Policies (limit, window, jitter) come from the caller's L1/L2 definition; the row records
+the latest one for operators only.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from daemon.core.quota import (
+    Granted,
+    QuotaPolicy,
+    QuotaState,
+    ReservationState,
+    Wait,
+    grant,
+    reservation_transition,
+    returned,
+    throttled,
+)
+from storage.idgen import new_ulid
+from storage.port import (
+    CommitOutcomeUnknown,
+    Database,
+    DuplicateKey,
+    Row,
+    SqlTx,
+    StorageError,
+    WorkConflict,
+)
+
+# A CAS lost this many times in a row means something is wrong (not mere contention).
+_MAX_CAS_TRIES = 200
+
+_KEY_COLUMNS = (
+    "quota_key, tat_us, blocked_until_us, last_throttled_at_us, throttles_total,"
+    " granted_total, returned_total, limit_count, window_us, interval_us, updated_at_us"
+)
+
+
+class QuotaContention(StorageError):
+    """A grant kept losing its compare-and-swap (far beyond ordinary contention)."""
+
+
+@attrs.frozen
+class QuotaKeyView:
+    """One key's budget, for operators."""
+
+    quota_key: str
+    state: QuotaState
+    last_throttled_at_us: int
+    throttles_total: int
+    granted_total: int
+    returned_total: int
+    limit_count: int
+    window_us: int
+    interval_us: int
+    updated_at_us: int
+
+
+@attrs.frozen
+class QuotaReservation:
+    reservation_id: str
+    quota_key: str
+    slot_at_us: int
+    expires_at_us: int
+    work_id: str
+    ownership_epoch: int
+    attempt_id: str | None
+    state: ReservationState
+
+
+def _key_from_row(row: Row) -> QuotaKeyView:
+    return QuotaKeyView(
+        quota_key=str(row[0]), state=QuotaState(int(row[1]), int(row[2])),
+        last_throttled_at_us=int(row[3]), throttles_total=int(row[4]),
+        granted_total=int(row[5]), returned_total=int(row[6]), limit_count=int(row[7]),
+        window_us=int(row[8]), interval_us=int(row[9]), updated_at_us=int(row[10]),
+    )
+
+
+async def _read_or_create(tx: SqlTx, key: str, policy: QuotaPolicy,
+                          now_us: int) -> QuotaState:
+    rows = await tx.fetchall(
+        "SELECT tat_us, blocked_until_us FROM quota_keys WHERE quota_key = ?", (key,))
+    if rows:
+        return QuotaState(int(rows[0][0]), int(rows[0][1]))
+    await tx.execute(
+        f"INSERT INTO quota_keys ({_KEY_COLUMNS}) VALUES (?, 0, 0, 0, 0, 0, 0, ?, ?, ?, ?)",
+        (key, policy.limit, policy.window_us, policy.interval_us, now_us))
+    return QuotaState()
+
+
+async def _cas(tx: SqlTx, key: str, seen: QuotaState, new: QuotaState, policy: QuotaPolicy,
+               now_us: int, *, granted: int = 0, returned_count: int = 0) -> bool:
+    matched = await tx.execute(
+        "UPDATE quota_keys SET tat_us = ?, blocked_until_us = ?,"
+        " granted_total = granted_total + ?, returned_total = returned_total + ?,"
+        " limit_count = ?, window_us = ?, interval_us = ?, updated_at_us = ?"
+        " WHERE quota_key = ? AND tat_us = ? AND blocked_until_us = ?",
+        (new.tat_us, new.blocked_until_us, granted, returned_count, policy.limit,
+         policy.window_us, policy.interval_us, now_us, key, seen.tat_us,
+         seen.blocked_until_us))
+    return matched == 1
+
+
+class QuotaLedger:
+    db: Database
+
+    async def quota_grant(self, key: str, policy: QuotaPolicy, *, now_us: int, count: int = 1,
+                          max_wait_us: int = 0) -> Granted | Wait:
+        """Up to ``count`` slots of ``key``'s shared budget, or when to come back."""
+
+        async def body(tx: SqlTx) -> Granted | Wait | None:
+            seen = await _read_or_create(tx, key, policy, now_us)
+            decision = grant(policy, seen, now_us=now_us, count=count,
+                             max_wait_us=max_wait_us)
+            if isinstance(decision, Wait):
+                return decision
+            if await _cas(tx, key, seen, decision.state, policy, now_us,
+                          granted=len(decision.slots)):
+                return decision
+            return None  # another replica moved the row first: read again
+
+        for _ in range(_MAX_CAS_TRIES):
+            try:
+                result = await self.db.transact(body, name="quota.grant")
+            except DuplicateKey:
+                continue  # two first grants created the row at once; the other won
+            except CommitOutcomeUnknown:
+                # If it did commit, those slots are simply never used: capacity lost,
+                # never exceeded. Ask again.
+                continue
+            if result is not None:
+                return result
+        raise QuotaContention(f"quota key {key}: grant kept losing to other replicas")
+
+    async def quota_throttle(self, key: str, policy: QuotaPolicy, *, now_us: int,
+                             retry_after_us: int) -> QuotaState:
+        """A provider 429: block ``key`` until ``now + retry_after`` for every replica."""
+
+        async def body(tx: SqlTx) -> QuotaState:
+            seen = await _read_or_create(tx, key, policy, now_us)
+            new = throttled(seen, now_us=now_us, retry_after_us=retry_after_us)
+            # One statement moves the shared budget; it never moves a block back.
+            await tx.execute(
+                "UPDATE quota_keys SET blocked_until_us = CASE WHEN blocked_until_us < ?"
+                " THEN ? ELSE blocked_until_us END, last_throttled_at_us = ?,"
+                " throttles_total = throttles_total + 1, updated_at_us = ? WHERE quota_key = ?",
+                (new.blocked_until_us, new.blocked_until_us, now_us, now_us, key))
+            return new
+
+        for _ in range(_MAX_CAS_TRIES):
+            try:
+                return await self.db.transact(body, name="quota.throttle")
+            except DuplicateKey:
+                continue
+        raise QuotaContention(f"quota key {key}: could not record a throttle")
+
+    async def quota_return(self, key: str, policy: QuotaPolicy, unused: tuple[int, ...], *,
+                           now_us: int) -> bool:
+        """Give back unused slots; False when they cannot come back (they expire unused)."""
+
+        async def body(tx: SqlTx) -> bool:
+            rows = await tx.fetchall(
+                "SELECT tat_us, blocked_until_us FROM quota_keys WHERE quota_key = ?", (key,))
+            if not rows:
+                return False
+            seen = QuotaState(int(rows[0][0]), int(rows[0][1]))
+            new = returned(policy, seen, unused)
+            if new is None:
+                return False
+            return await _cas(tx, key, seen, new, policy, now_us, returned_count=len(unused))
+
+        return await self.db.transact(body, name="quota.return")
+
+    async def quota_keys(self, prefix: str = "", limit: int = 200) -> list[QuotaKeyView]:
+        async def body(tx: SqlTx) -> list[QuotaKeyView]:
+            rows = await tx.fetchall(
+                f"SELECT {_KEY_COLUMNS} FROM quota_keys WHERE quota_key >= ?"
+                " ORDER BY quota_key LIMIT ?", (prefix, limit))
+            return [_key_from_row(r) for r in rows if str(r[0]).startswith(prefix)]
+
+        return await self.db.transact(body, name="quota.keys", write=False)
+
+    async def quota_reservations(self, work_id: str) -> list[QuotaReservation]:
+        async def body(tx: SqlTx) -> list[QuotaReservation]:
+            rows = await tx.fetchall(
+                f"SELECT {_RESERVATION_COLUMNS} FROM quota_reservations WHERE work_id = ?"
+                " ORDER BY reservation_id", (work_id,))
+            return [_reservation_from_row(r) for r in rows]
+
+        return await self.db.transact(body, name="quota.reservations", write=False)
+
+
+_RESERVATION_COLUMNS = (
+    "reservation_id, quota_key, slot_at_us, expires_at_us, work_id, ownership_epoch,"
+    " attempt_id, state"
+)
+
+
+def _reservation_from_row(row: Row) -> QuotaReservation:
+    return QuotaReservation(
+        reservation_id=str(row[0]), quota_key=str(row[1]), slot_at_us=int(row[2]),
+        expires_at_us=int(row[3]), work_id=str(row[4]), ownership_epoch=int(row[5]),
+        attempt_id=None if row[6] is None else str(row[6]), state=ReservationState(row[7]),
+    )
+
+
+async def reservation_open(tx: SqlTx, *, quota_key: str, slot_at_us: int, expires_at_us: int,
+                           work_id: str, ownership_epoch: int, now_us: int) -> str:
+    """Bind one granted slot to one claim, inside that claim's fenced transaction."""
+    reservation_id = new_ulid(now_us)
+    await tx.execute(
+        f"INSERT INTO quota_reservations ({_RESERVATION_COLUMNS}, created_at_us,"
+        " updated_at_us) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
+        (reservation_id, quota_key, slot_at_us, expires_at_us, work_id, ownership_epoch,
+         ReservationState.RESERVED.value, now_us, now_us))
+    return reservation_id
+
+
+async def reservation_move(tx: SqlTx, reservation_id: str, target: ReservationState, *,
+                           now_us: int, attempt_id: str | None = None) -> None:
+    """``reserved -> target`` (idempotent when already there); anything else is refused."""
+    rows = await tx.fetchall(
+        "SELECT state, attempt_id FROM quota_reservations WHERE reservation_id = ?",
+        (reservation_id,))
+    if not rows:
+        raise WorkConflict(f"no quota reservation {reservation_id}")
+    current = ReservationState(rows[0][0])
+    if not reservation_transition(current, target):
+        raise WorkConflict(f"quota reservation {reservation_id} is {current.value},"
+                           f" cannot become {target.value}")
+    if current == target:
+        return
+    matched = await tx.execute(
+        "UPDATE quota_reservations SET state = ?, attempt_id = COALESCE(?, attempt_id),"
+        " updated_at_us = ? WHERE reservation_id = ? AND state = ?",
+        (target.value, attempt_id, now_us, reservation_id, current.value))
+    if matched != 1:
+        raise WorkConflict(f"quota reservation {reservation_id} changed concurrently")

@@ -1,0 +1,117 @@
+"""Conformance: the quota ledger on every backend (seed 9: quota reserved in the database,
+shared by every replica)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import trio
+
+from daemon.core.quota import Granted, QuotaPolicy, QuotaState, ReservationState, Wait
+from storage.port import SqlTx, WorkConflict
+from storage.quota import reservation_move, reservation_open
+from storage.work_store import WorkStore
+from tests.support.work import T0
+
+S = 1_000_000
+POLICY = QuotaPolicy(limit=10, window_us=S, jitter_us=0)  # one slot every 100 ms
+
+
+async def test_first_grant_creates_the_key_and_later_grants_are_spaced(store: WorkStore) -> None:
+    first = await store.quota_grant("k", POLICY, now_us=T0)
+    assert first == Granted((T0,), QuotaState(T0 + 100_000, 0))
+    # Same instant: the next slot is 100 ms later, within max_wait it is granted ahead.
+    second = await store.quota_grant("k", POLICY, now_us=T0, max_wait_us=S)
+    assert isinstance(second, Granted) and second.slots == (T0 + 100_000,)
+    # Without waiting: told exactly when to come back.
+    assert await store.quota_grant("k", POLICY, now_us=T0) == Wait(T0 + 200_000)
+    (view,) = await store.quota_keys()
+    assert (view.quota_key, view.granted_total, view.interval_us) == ("k", 2, 100_000)
+    # Independent keys do not share a budget.
+    assert await store.quota_grant("other", POLICY, now_us=T0) == Granted(
+        (T0,), QuotaState(T0 + 100_000, 0))
+
+
+async def test_a_block_of_slots_costs_one_grant(store: WorkStore) -> None:
+    got = await store.quota_grant("k", POLICY, now_us=T0, count=5)
+    assert isinstance(got, Granted)
+    assert got.slots == tuple(T0 + i * 100_000 for i in range(5))
+    assert (await store.quota_keys())[0].granted_total == 5
+
+
+async def test_a_throttle_blocks_the_key_for_everyone(store: WorkStore) -> None:
+    await store.quota_grant("k", POLICY, now_us=T0)
+    blocked = await store.quota_throttle("k", POLICY, now_us=T0, retry_after_us=10 * S)
+    assert blocked.blocked_until_us == T0 + 10 * S
+    assert await store.quota_grant("k", POLICY, now_us=T0 + S) == Wait(T0 + 10 * S)
+    # A shorter Retry-After later never moves the block back.
+    await store.quota_throttle("k", POLICY, now_us=T0 + S, retry_after_us=S)
+    (view,) = await store.quota_keys()
+    assert view.state.blocked_until_us == T0 + 10 * S
+    assert (view.throttles_total, view.last_throttled_at_us) == (2, T0 + S)
+    got = await store.quota_grant("k", POLICY, now_us=T0 + 10 * S)
+    assert isinstance(got, Granted) and got.slots == (T0 + 10 * S,)
+
+
+async def test_a_throttle_on_a_new_key_creates_it_blocked(store: WorkStore) -> None:
+    await store.quota_throttle("fresh", POLICY, now_us=T0, retry_after_us=3 * S)
+    assert await store.quota_grant("fresh", POLICY, now_us=T0) == Wait(T0 + 3 * S)
+
+
+async def test_unused_newest_slots_come_back_once(store: WorkStore) -> None:
+    got = await store.quota_grant("k", POLICY, now_us=T0, count=4)
+    assert isinstance(got, Granted)
+    assert await store.quota_return("k", POLICY, got.slots[2:], now_us=T0)
+    assert not await store.quota_return("k", POLICY, got.slots[2:], now_us=T0)
+    again = await store.quota_grant("k", POLICY, now_us=T0, max_wait_us=S)
+    assert isinstance(again, Granted) and again.slots == (got.slots[2],)
+    assert not await store.quota_return("nosuch", POLICY, (T0,), now_us=T0)
+
+
+async def test_concurrent_grants_never_hand_out_one_slot_twice(store: WorkStore,
+                                                             ) -> None:
+    slots: list[int] = []
+    roomy = QuotaPolicy(limit=1000, window_us=S, jitter_us=0)
+
+    async def grab() -> None:
+        for _ in range(10):
+            got = await store.quota_grant("hot", roomy, now_us=T0, count=2, max_wait_us=60 * S)
+            assert isinstance(got, Granted)
+            slots.extend(got.slots)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(8):
+            nursery.start_soon(grab)
+    assert len(slots) == len(set(slots)) == 160
+    ordered = sorted(slots)
+    assert all(b - a >= roomy.interval_us for a, b in itertools.pairwise(ordered))
+    assert (await store.quota_keys())[0].granted_total == 160
+
+
+async def test_reservations_move_once_out_of_reserved(store: WorkStore) -> None:
+    async def open_two(tx: SqlTx) -> tuple[str, str]:
+        a = await reservation_open(tx, quota_key="k", slot_at_us=T0, expires_at_us=T0 + 1,
+                                   work_id="W1", ownership_epoch=3, now_us=T0)
+        b = await reservation_open(tx, quota_key="k", slot_at_us=T0 + 5, expires_at_us=T0 + 6,
+                                   work_id="W1", ownership_epoch=3, now_us=T0)
+        return a, b
+
+    a, b = await store.db.transact(open_two, name="test")
+
+    async def move(rid: str, target: ReservationState, attempt: str | None = None) -> None:
+        async def body(tx: SqlTx) -> None:
+            await reservation_move(tx, rid, target, now_us=T0, attempt_id=attempt)
+        await store.db.transact(body, name="test")
+
+    await move(a, ReservationState.SENT, "A1")
+    await move(a, ReservationState.SENT)  # idempotent
+    await move(b, ReservationState.SPENT_UNKNOWN, "A2")
+    for rid, target in ((a, ReservationState.RELEASED), (b, ReservationState.SENT),
+                        (b, ReservationState.RESERVED)):
+        with pytest.raises(WorkConflict, match="cannot become"):
+            await move(rid, target)
+    with pytest.raises(WorkConflict, match="no quota reservation"):
+        await move("nosuch", ReservationState.SENT)
+    got = {(r.reservation_id, r.state, r.attempt_id) for r in await store.quota_reservations("W1")}
+    assert got == {(a, ReservationState.SENT, "A1"), (b, ReservationState.SPENT_UNKNOWN, "A2")}
