@@ -110,7 +110,8 @@ def test_no_window_ever_sees_more_than_the_limit(seed: int) -> None:
     rng = random.Random(seed)
     policy = QuotaPolicy(limit=rng.choice([3, 10, 100]), window_us=rng.choice([S, 10 * S]),
                          jitter_us=rng.choice([0, 50_000, 250_000]))
-    state, now, sends = QuotaState(), 0, []
+    state, now = QuotaState(), 0
+    sends: list[int] = []
     for _ in range(400):
         now += rng.randrange(0, policy.interval_us * 3)
         if rng.random() < 0.05:
