@@ -4,14 +4,21 @@ shared by every replica)."""
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
+import time
+from typing import Any
 
 import pytest
 import trio
 
 from daemon.core.quota import Granted, QuotaPolicy, QuotaState, ReservationState, Wait
+from sandbox.quota_meter import QuotaMeter
 from storage.port import SqlTx, WorkConflict
 from storage.quota import reservation_move, reservation_open
 from storage.work_store import WorkStore
+from tests.support.backends import FreshDatabase
 from tests.support.work import T0
 
 S = 1_000_000
@@ -115,3 +122,50 @@ async def test_reservations_move_once_out_of_reserved(store: WorkStore) -> None:
         await move("nosuch", ReservationState.SENT)
     got = {(r.reservation_id, r.state, r.attempt_id) for r in await store.quota_reservations("W1")}
     assert got == {(a, ReservationState.SENT, "A1"), (b, ReservationState.SPENT_UNKNOWN, "A2")}
+
+
+@pytest.mark.slow
+async def test_replicas_sharing_one_key_never_exceed_the_providers_window(
+        database: FreshDatabase, store: WorkStore) -> None:
+    """Seed 13: replica scaling does not multiply quota. Four OS processes draw on one key
+    and send to a real provider stand-in that counts arrivals in its own windows; 100
+    other keys run beside it. The meter sees no window over the limit and no 429."""
+    limit, window = 20, 1.0
+    meter = QuotaMeter(limit, window)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(meter.run)
+        start_at = time.time() + 1.5
+        spec = {"url": database.url, "start_at": start_at, "duration": 3.0, "limit": limit,
+                "window": window, "jitter": 0.25, "block": 2, "max_wait": 0.5,
+                "meter": f"http://127.0.0.1:{port}"}
+        hot = [{**spec, "owner": f"hot{i}", "keys": ["hot"]} for i in range(4)]
+        cold = [{**spec, "owner": "cold", "keys": [f"cold{i}" for i in range(100)]}]
+        results = await _run_racers([*hot, *cold])
+        nursery.cancel_scope.cancel()
+    report = meter.report()
+    assert report["violations"] == 0 and report["throttled"] == 0, report
+    keys = report["keys"]
+    assert isinstance(keys, dict)
+    hot_sends = sum(r["sends"] for r in results[:4])
+    assert keys["hot"]["arrivals"] == hot_sends > 0
+    # Four replicas together got no more than one replica's share of the provider
+    # (racers that started late stretch the run: allow for the spread of their starts).
+    assert hot_sends <= limit * ((3.0 + max(r["late_s"] for r in results)) / window + 1)
+    assert all(r["statuses"].keys() <= {"200"} for r in results)
+    assert (await store.quota_keys("hot"))[0].granted_total >= hot_sends
+
+
+async def _run_racers(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    procs = [await trio.lowlevel.open_process(
+        [sys.executable, "-m", "tests.support.quota_racer", json.dumps(s)],
+        stdout=subprocess.PIPE) for s in specs]
+    results = []
+    with trio.fail_after(60):
+        for proc in procs:
+            assert proc.stdout is not None
+            data = b""
+            async for chunk in proc.stdout:
+                data += chunk
+            assert await proc.wait() == 0
+            results.append(json.loads(data))
+    return results

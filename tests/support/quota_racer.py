@@ -1,0 +1,84 @@
+"""A separate OS process that draws on shared quota: ``python -m tests.support.quota_racer``.
+
+Arguments (one JSON object): storage ``url``, ``owner``, ``start_at`` (Unix time every racer
+starts at), ``duration`` (s), ``keys`` (quota keys to pick from at random), the policy
+(``limit``, ``window``, ``jitter`` in s), ``block`` (slots per grant), ``max_wait`` (s) and an
+optional ``meter`` URL. Until the deadline it grants slots and, with a meter, sends one
+request per slot at its slot time (a slot missed by more than the jitter is dropped, never
+sent late). It prints one JSON line: grants, slots, sends, dropped slots, statuses and every
+grant's latency in microseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from typing import Any
+
+import httpx
+import trio
+
+from daemon.core.quota import Granted, QuotaPolicy
+from storage.open import open_store
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+async def race(spec: dict[str, Any]) -> dict[str, Any]:
+    store = await open_store(spec["url"], pool_size=1, sqlite_synchronous="NORMAL")
+    policy = QuotaPolicy(limit=int(spec["limit"]), window_us=int(spec["window"] * 1e6),
+                         jitter_us=int(spec.get("jitter", 0.25) * 1e6))
+    keys: list[str] = list(spec["keys"])
+    block = int(spec.get("block", 1))
+    max_wait_us = int(spec.get("max_wait", 0) * 1e6)
+    rng = random.Random(spec["owner"])
+    out: dict[str, Any] = {"owner": spec["owner"], "grants": 0, "slots": 0, "sends": 0,
+                           "dropped": 0, "waits": 0, "statuses": {}, "latency_us": []}
+    client = httpx.AsyncClient(timeout=5.0) if spec.get("meter") else None
+    await trio.sleep(max(0.0, spec["start_at"] - time.time()))
+    # A racer that came up late (a loaded machine) still runs its whole duration.
+    out["late_s"] = max(0.0, time.time() - spec["start_at"])
+    deadline = time.time() + spec["duration"]
+    try:
+        while time.time() < deadline:
+            key = rng.choice(keys)
+            started = time.perf_counter_ns()
+            got = await store.quota_grant(key, policy, now_us=_now_us(), count=block,
+                                          max_wait_us=max_wait_us)
+            out["latency_us"].append((time.perf_counter_ns() - started) // 1000)
+            if not isinstance(got, Granted):
+                out["waits"] += 1
+                # Come back exactly when the budget allows, not on a backoff guess.
+                await trio.sleep(max(0.0, min(got.until_us / 1e6, deadline) - time.time()))
+                continue
+            out["grants"] += 1
+            out["slots"] += len(got.slots)
+            if client is None:
+                continue
+            for slot in got.slots:
+                await trio.sleep(max(0.0, slot / 1e6 - time.time()))
+                if _now_us() >= slot + max(1, policy.jitter_us):
+                    out["dropped"] += 1
+                    continue
+                response = await client.get(f"{spec['meter']}/q/{key}")
+                out["sends"] += 1
+                status = str(response.status_code)
+                out["statuses"][status] = out["statuses"].get(status, 0) + 1
+    finally:
+        if client is not None:
+            await client.aclose()
+        await store.db.aclose()
+    return out
+
+
+async def _main(raw: str) -> None:
+    result = await race(json.loads(raw))
+    sys.stdout.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    trio.run(_main, sys.argv[1])
