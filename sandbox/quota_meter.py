@@ -69,7 +69,9 @@ class QuotaMeter:
                   "violations": max(0, k.worst_window - self.limit)}
             for key, k in self.keys.items()
         }
+        times = [t for k in self.keys.values() for t in k.arrivals]
         return {"limit": self.limit, "window_s": self.window_s, "keys": per_key,
+                "span_s": (max(times) - min(times)) if times else 0.0,
                 "arrivals": sum(len(k.arrivals) for k in self.keys.values()),
                 "throttled": sum(k.throttled for k in self.keys.values()),
                 "violations": sum(max(0, k.worst_window - self.limit)

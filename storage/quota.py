@@ -5,11 +5,10 @@ Theory of operation
 The schedule itself is pure (:mod:`daemon.core.quota`); this module keeps its state in
 the database so that every replica draws from one budget:
 
-* ``quota_grant``: read the key's row, decide, and move it with one conditional UPDATE
-  judged by matched rows (``WHERE quota_key = ? AND tat_us = ? AND blocked_until_us = ?``:
-  a compare-and-swap on what was read). A lost race re-reads in a fresh transaction;
-  a grant is never handed out twice, on any backend, under any isolation level.
-  A grant may cover a small block of slots, so a hot key costs one row update per block.
+* ``quota_grant``: one conditional UPDATE judged by matched rows moves the key's row by
+  the schedule's own arithmetic; the row lock it takes serializes grants of one key on
+  every backend, so a slot is never handed out twice, and a grant may cover a small
+  block of slots, so a hot key costs one row update per block.
 * ``quota_throttle``: a provider 429 blocks the key for every replica in one statement.
 * ``quota_return``: unused slots come back when nothing was granted after them.
 * reservations: a slot bound to one claim (work id + ownership epoch) and, once the
@@ -46,9 +45,18 @@ from storage.port import (
     WorkConflict,
 )
 
-# A CAS lost this many times in a row means something is wrong (not mere contention).
+# Bounded retries of a grant (first grants racing to create the row, unknown COMMITs).
 _MAX_CAS_TRIES = 200
 
+# start = max(tat, blocked, now); the row moves to start + count * interval, only while
+# start <= now + max_wait (both tat and blocked at or below the horizon).
+_GRANT_SQL = (
+    "UPDATE quota_keys SET tat_us = (CASE WHEN tat_us >= blocked_until_us"
+    " THEN (CASE WHEN tat_us > ? THEN tat_us ELSE ? END)"
+    " ELSE (CASE WHEN blocked_until_us > ? THEN blocked_until_us ELSE ? END) END) + ?,"
+    " granted_total = granted_total + ?, limit_count = ?, window_us = ?, interval_us = ?,"
+    " updated_at_us = ? WHERE quota_key = ? AND tat_us <= ? AND blocked_until_us <= ?"
+)
 _KEY_COLUMNS = (
     "quota_key, tat_us, blocked_until_us, last_throttled_at_us, throttles_total,"
     " granted_total, returned_total, limit_count, window_us, interval_us, updated_at_us"
@@ -126,18 +134,34 @@ class QuotaLedger:
 
     async def quota_grant(self, key: str, policy: QuotaPolicy, *, now_us: int, count: int = 1,
                           max_wait_us: int = 0) -> Granted | Wait:
-        """Up to ``count`` slots of ``key``'s shared budget, or when to come back."""
+        """Up to ``count`` slots of ``key``'s shared budget, or when to come back.
+
+        One conditional UPDATE, judged by matched rows, moves the budget by exactly the
+        arithmetic of :func:`daemon.core.quota.grant` (``start = max(tat, blocked, now)``,
+        allowed while ``start <= now + max_wait``); the read after it, under the row lock
+        the UPDATE took, tells which slots it moved over. Concurrent grants queue on the
+        row instead of failing a compare-and-swap and starting again.
+        """
+        if count <= 0:
+            raise ValueError(f"count must be positive, got {count}")
+        step = policy.interval_us
+        horizon = now_us + max_wait_us
 
         async def body(tx: SqlTx) -> Granted | Wait | None:
+            matched = await tx.execute(_GRANT_SQL, (
+                now_us, now_us, now_us, now_us, count * step, count, policy.limit,
+                policy.window_us, step, now_us, key, horizon, horizon))
+            if matched == 1:
+                rows = await tx.fetchall(
+                    "SELECT tat_us, blocked_until_us FROM quota_keys WHERE quota_key = ?",
+                    (key,))
+                state = QuotaState(int(rows[0][0]), int(rows[0][1]))
+                first = state.tat_us - count * step
+                return Granted(tuple(first + i * step for i in range(count)), state)
             seen = await _read_or_create(tx, key, policy, now_us)
             decision = grant(policy, seen, now_us=now_us, count=count,
                              max_wait_us=max_wait_us)
-            if isinstance(decision, Wait):
-                return decision
-            if await _cas(tx, key, seen, decision.state, policy, now_us,
-                          granted=len(decision.slots)):
-                return decision
-            return None  # another replica moved the row first: read again
+            return decision if isinstance(decision, Wait) else None  # created: go again
 
         for _ in range(_MAX_CAS_TRIES):
             try:
@@ -150,7 +174,7 @@ class QuotaLedger:
                 continue
             if result is not None:
                 return result
-        raise QuotaContention(f"quota key {key}: grant kept losing to other replicas")
+        raise QuotaContention(f"quota key {key}: could not grant")
 
     async def quota_throttle(self, key: str, policy: QuotaPolicy, *, now_us: int,
                              retry_after_us: int) -> QuotaState:

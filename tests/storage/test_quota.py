@@ -157,7 +157,7 @@ async def test_replicas_sharing_one_key_never_exceed_the_providers_window(
 
 async def _run_racers(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     procs = [await trio.lowlevel.open_process(
-        [sys.executable, "-m", "tests.support.quota_racer", json.dumps(s)],
+        [sys.executable, "-m", "sandbox.quota_racer", json.dumps(s)],
         stdout=subprocess.PIPE) for s in specs]
     results = []
     with trio.fail_after(60):

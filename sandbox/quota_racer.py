@@ -1,4 +1,4 @@
-"""A separate OS process that draws on shared quota: ``python -m tests.support.quota_racer``.
+"""A separate OS process that draws on shared quota: ``python -m sandbox.quota_racer``.
 
 Arguments (one JSON object): storage ``url``, ``owner``, ``start_at`` (Unix time every racer
 starts at), ``duration`` (s), ``keys`` (quota keys to pick from at random), the policy
@@ -7,6 +7,10 @@ optional ``meter`` URL. Until the deadline it grants slots and, with a meter, se
 request per slot at its slot time (a slot missed by more than the jitter is dropped, never
 sent late). It prints one JSON line: grants, slots, sends, dropped slots, statuses and every
 grant's latency in microseconds.
+
+With ``"local": true`` it is the peer a team would otherwise write: the same schedule kept
+in a process-local bucket per key (no database), so every replica believes it owns the
+whole provider limit.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 import httpx
 import trio
 
-from daemon.core.quota import Granted, QuotaPolicy
+from daemon.core.quota import Granted, QuotaPolicy, QuotaState, Wait, grant
 from storage.open import open_store
 
 
@@ -28,8 +32,26 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
+class LocalBuckets:
+    """The naive peer: one in-process budget per key, shared with nobody."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, QuotaState] = {}
+
+    async def quota_grant(self, key: str, policy: QuotaPolicy, *, now_us: int, count: int,
+                          max_wait_us: int) -> Granted | Wait:
+        got = grant(policy, self.states.get(key, QuotaState()), now_us=now_us, count=count,
+                    max_wait_us=max_wait_us)
+        if isinstance(got, Granted):
+            self.states[key] = got.state
+        return got
+
+
 async def race(spec: dict[str, Any]) -> dict[str, Any]:
-    store = await open_store(spec["url"], pool_size=1, sqlite_synchronous="NORMAL")
+    local = bool(spec.get("local"))
+    store = None if local else await open_store(spec["url"], pool_size=1,
+                                                sqlite_synchronous="NORMAL")
+    ledger: Any = LocalBuckets() if store is None else store
     policy = QuotaPolicy(limit=int(spec["limit"]), window_us=int(spec["window"] * 1e6),
                          jitter_us=int(spec.get("jitter", 0.25) * 1e6))
     keys: list[str] = list(spec["keys"])
@@ -47,7 +69,7 @@ async def race(spec: dict[str, Any]) -> dict[str, Any]:
         while time.time() < deadline:
             key = rng.choice(keys)
             started = time.perf_counter_ns()
-            got = await store.quota_grant(key, policy, now_us=_now_us(), count=block,
+            got = await ledger.quota_grant(key, policy, now_us=_now_us(), count=block,
                                           max_wait_us=max_wait_us)
             out["latency_us"].append((time.perf_counter_ns() - started) // 1000)
             if not isinstance(got, Granted):
@@ -71,7 +93,8 @@ async def race(spec: dict[str, Any]) -> dict[str, Any]:
     finally:
         if client is not None:
             await client.aclose()
-        await store.db.aclose()
+        if store is not None:
+            await store.db.aclose()
     return out
 
 
