@@ -33,6 +33,7 @@ from config.settings import (
     BindingSettings,
     CatalogSettings,
     FamilySettings,
+    KeysSettings,
     Operator,
     ReplicaSettings,
     RuntimeClient,
@@ -50,6 +51,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "work": WorkSettings,
     "api": ApiSettings,
     "catalog": CatalogSettings,
+    "keys": KeysSettings,
 }
 _ARRAYS = ("families", "operators", "runtimes", "bindings")
 
@@ -343,6 +345,7 @@ def parse_settings(
     _positive("api.max_batch_commands", api.max_batch_commands)
     catalog = _build("catalog", CatalogSettings, raw.get("catalog", {}))
     _positive("catalog.revision", catalog.revision)
+    keys = _build("keys", KeysSettings, raw.get("keys", {}))
     return Settings(
         storage=storage,
         replica=replica,
@@ -354,6 +357,7 @@ def parse_settings(
         runtimes=_runtimes(raw.get("runtimes", []), environ),
         bindings=_bindings(raw.get("bindings", []), environ),
         catalog=catalog,
+        keys=keys,
         base_dir=base_dir,
     )
 

@@ -152,6 +152,21 @@ class BindingSettings:
 
 
 @attrs.frozen(kw_only=True)
+class KeysSettings:
+    """Token-bundle encryption keys (never in the TOML: only where to find them).
+
+    Each key is 32 bytes, as 64 hex digits or base64, in the systemd credential
+    ``token-key-ID`` or the file ``dir/ID.key``. ``active`` seals new bundles; every key
+    id that still seals a stored bundle must be loadable too.
+    """
+
+    active: str = ""
+    # Comma-separated ids of older keys still needed to open stored bundles.
+    previous: str = ""
+    dir: str = ""
+
+
+@attrs.frozen(kw_only=True)
 class CatalogSettings:
     # The Catalog revision this deployment serves; commands must name the same one.
     revision: int = 1
@@ -169,6 +184,7 @@ class Settings:
     runtimes: tuple[RuntimeClient, ...] = ()
     bindings: tuple[BindingSettings, ...] = ()
     catalog: CatalogSettings = CatalogSettings()
+    keys: KeysSettings = KeysSettings()
     # Directory that relative paths (the SQLite file) resolve against.
     base_dir: str = "."
 

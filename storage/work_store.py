@@ -6,6 +6,7 @@ from storage.command_repair import CommandRepair
 from storage.commands import CommandInbox
 from storage.dialect import Dialect
 from storage.effects import EffectJournal
+from storage.grants import AuthorizationGrants
 from storage.links import RemoteLinks
 from storage.port import Database
 from storage.quota import QuotaLedger
@@ -16,7 +17,7 @@ from storage.work_rollback import WorkRollback
 
 class WorkStore(
     WorkClaims, WorkAdmin, WorkRollback, CommandInbox, EffectJournal, RemoteLinks, CommandRepair,
-    QuotaLedger,
+    QuotaLedger, AuthorizationGrants,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 

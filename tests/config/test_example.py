@@ -16,6 +16,7 @@ from config.settings import (
     BindingSettings,
     CatalogSettings,
     FamilySettings,
+    KeysSettings,
     Operator,
     ReplicaSettings,
     RuntimeClient,
@@ -26,7 +27,7 @@ from config.settings import (
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "example.toml"
 SECTIONS: dict[str, type[Any]] = {
     "storage": StorageSettings, "replica": ReplicaSettings, "admin": AdminSettings,
-    "work": WorkSettings, "api": ApiSettings, "catalog": CatalogSettings,
+    "work": WorkSettings, "api": ApiSettings, "catalog": CatalogSettings, "keys": KeysSettings,
     "families.noop": FamilySettings, "runtimes": RuntimeClient, "bindings": BindingSettings,
     "operators": Operator,
 }

@@ -1,0 +1,96 @@
+"""Key rotation: rewrap every stored token bundle under the active key (seed 8.2).
+
+Rewrapping keeps the secret material and its authority; it only changes the wrapping, and
+as a change of secret material at rest it moves the grant to the next token version, by
+the same compare-and-swap a refresh uses. A refresh that wins the race has already sealed
+under the active key, so the rotation simply finds it done. Dispatch never stops: a
+worker opening a bundle reads whichever version is current, under whichever key sealed it,
+as long as both keys are loaded (``[keys] previous``) until the rotation has finished.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import attrs
+
+from daemon.core.token_bundle import BundleContext, BundleRefused, TokenKey, open_bundle, rewrap
+from storage.grants import AuthorizationGrants, StoredGrant
+from storage.idgen import new_ulid
+from storage.port import AuditEntry
+
+_RACE_TRIES = 20
+
+
+@attrs.frozen
+class RotationReport:
+    rewrapped: int
+    already_current: int
+    # (binding id, generation, stable reason): bundles that could not be opened.
+    refused: tuple[tuple[str, int, str], ...]
+
+
+def _context(grant: StoredGrant, version: int | None = None) -> BundleContext:
+    return BundleContext(grant.binding_id, grant.generation,
+                         grant.token_version if version is None else version)
+
+
+async def verify_keys(store: AuthorizationGrants, keys: Mapping[str, TokenKey]) -> list[str]:
+    """Problems with the loaded keys against the stored bundles (empty when none): a key
+    id that seals a bundle but is not loaded, or a loaded key that does not open its
+    bundles (a wrong key under the right id). Each message names the key id."""
+    problems: list[str] = []
+    tried: set[str] = set()
+    for grant in await store.grant_list():
+        key_id = grant.sealed.key_id
+        if key_id in tried:
+            continue
+        tried.add(key_id)
+        if key_id not in keys:
+            problems.append(f"token key {key_id!r} seals stored bundles but is not loaded"
+                            " (add it to keys.previous until a rotation has moved them)")
+            continue
+        try:
+            open_bundle(grant.sealed, keys, _context(grant))
+        except BundleRefused:
+            problems.append(f"token key {key_id!r} does not open the bundles it should"
+                            " (a different key under that id?)")
+    return problems
+
+
+async def rotate_keys(store: AuthorizationGrants, keys: Mapping[str, TokenKey], active: str, *,
+                      actor: str, reason: str, now_us: int) -> RotationReport:
+    new_key = keys[active]
+    rewrapped = already = 0
+    refused: list[tuple[str, int, str]] = []
+    for listed in await store.grant_list():
+        grant: StoredGrant | None = listed
+        for _ in range(_RACE_TRIES):
+            if grant is None or grant.sealed.key_id == active:
+                already += 1
+                break
+            try:
+                sealed = rewrap(grant.sealed, keys, _context(grant), new_key,
+                                _context(grant, grant.token_version + 1))
+            except BundleRefused as exc:
+                refused.append((grant.binding_id, grant.generation, exc.reason))
+                break
+            audit = AuditEntry(
+                audit_id=new_ulid(now_us), at_us=now_us, actor=actor, role="admin",
+                action="grant.rewrap", target_kind="authorization_grant",
+                target_id=f"{grant.binding_id}:{grant.generation}", reason=reason,
+                before=json.dumps({"key_id": grant.sealed.key_id,
+                                   "token_version": grant.token_version}),
+                after=json.dumps({"key_id": active, "token_version": grant.token_version + 1}),
+            )
+            if await store.grant_replace(binding_id=grant.binding_id,
+                                         generation=grant.generation,
+                                         expected_version=grant.token_version, sealed=sealed,
+                                         expires_at_us=grant.expires_at_us, now_us=now_us,
+                                         refreshed=False, audit=audit):
+                rewrapped += 1
+                break
+            # A refresh (or another rotation) moved it first: look again.
+            grant = await store.grant_get(grant.binding_id, grant.generation)
+    return RotationReport(rewrapped, already, tuple(refused))

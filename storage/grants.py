@@ -1,0 +1,144 @@
+"""AuthorizationGrant: sealed token bundles per binding generation (seed 8.2).
+
+Every write is a compare-and-swap on ``token_version`` (judged by matched rows), so two
+writers can never both install "the next version": a refresh, a rotation and a key
+rewrap that race have one winner, and a stale writer can never overwrite a newer version.
+The bundle is stored sealed (:mod:`daemon.core.token_bundle`); this module never sees a
+token in the clear.
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+
+import attrs
+
+from daemon.core.token_bundle import SealedBundle
+from storage.port import AuditEntry, Database, DuplicateKey, Row, SqlTx, WorkConflict
+from storage.work_admin import append_audit
+
+
+class GrantState(enum.StrEnum):
+    VALID = "valid"
+    NEEDS_REAUTHORIZATION = "needs_reauthorization"
+    REVOKED = "revoked"
+
+
+@attrs.frozen
+class StoredGrant:
+    binding_id: str
+    generation: int
+    token_version: int
+    sealed: SealedBundle
+    state: GrantState
+    expires_at_us: int
+    last_refresh_at_us: int
+    updated_at_us: int
+
+
+_COLUMNS = (
+    "binding_id, generation, token_version, key_id, nonce_hex, ciphertext_b64, state,"
+    " expires_at_us, last_refresh_at_us, updated_at_us"
+)
+
+
+def _from_row(row: Row) -> StoredGrant:
+    return StoredGrant(
+        binding_id=str(row[0]), generation=int(row[1]), token_version=int(row[2]),
+        sealed=SealedBundle(str(row[3]), bytes.fromhex(str(row[4])),
+                            base64.b64decode(str(row[5]))),
+        state=GrantState(row[6]), expires_at_us=int(row[7]), last_refresh_at_us=int(row[8]),
+        updated_at_us=int(row[9]),
+    )
+
+
+async def read_grant(tx: SqlTx, binding_id: str, generation: int) -> StoredGrant | None:
+    rows = await tx.fetchall(
+        f"SELECT {_COLUMNS} FROM authorization_grants WHERE binding_id = ? AND generation = ?",
+        (binding_id, generation))
+    return _from_row(rows[0]) if rows else None
+
+
+async def replace_grant(tx: SqlTx, *, binding_id: str, generation: int, expected_version: int,
+                        sealed: SealedBundle, expires_at_us: int, now_us: int,
+                        refreshed: bool) -> bool:
+    """Install ``expected_version + 1`` if the row is still at ``expected_version``."""
+    matched = await tx.execute(
+        "UPDATE authorization_grants SET token_version = token_version + 1, key_id = ?,"
+        " nonce_hex = ?, ciphertext_b64 = ?, state = ?, expires_at_us = ?,"
+        " last_refresh_at_us = CASE WHEN ? = 1 THEN ? ELSE last_refresh_at_us END,"
+        " updated_at_us = ?"
+        " WHERE binding_id = ? AND generation = ? AND token_version = ?",
+        (sealed.key_id, sealed.nonce.hex(), base64.b64encode(sealed.ciphertext).decode(),
+         GrantState.VALID.value, expires_at_us, 1 if refreshed else 0, now_us, now_us,
+         binding_id, generation, expected_version))
+    return matched == 1
+
+
+class AuthorizationGrants:
+    db: Database
+
+    async def grant_install(self, *, binding_id: str, generation: int, sealed: SealedBundle,
+                            expires_at_us: int, now_us: int) -> StoredGrant:
+        """The first grant of a binding generation (token version 1)."""
+
+        async def body(tx: SqlTx) -> StoredGrant:
+            await tx.execute(
+                f"INSERT INTO authorization_grants ({_COLUMNS})"
+                " VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, ?)",
+                (binding_id, generation, sealed.key_id, sealed.nonce.hex(),
+                 base64.b64encode(sealed.ciphertext).decode(), GrantState.VALID.value,
+                 expires_at_us, now_us, now_us))
+            found = await read_grant(tx, binding_id, generation)
+            assert found is not None
+            return found
+
+        try:
+            return await self.db.transact(body, name="grant.install")
+        except DuplicateKey:
+            raise WorkConflict(f"binding {binding_id} generation {generation} already has a"
+                               " grant") from None
+
+    async def grant_get(self, binding_id: str, generation: int) -> StoredGrant | None:
+        async def body(tx: SqlTx) -> StoredGrant | None:
+            return await read_grant(tx, binding_id, generation)
+
+        return await self.db.transact(body, name="grant.get", write=False)
+
+    async def grant_list(self) -> list[StoredGrant]:
+        async def body(tx: SqlTx) -> list[StoredGrant]:
+            rows = await tx.fetchall(
+                f"SELECT {_COLUMNS} FROM authorization_grants ORDER BY binding_id, generation")
+            return [_from_row(r) for r in rows]
+
+        return await self.db.transact(body, name="grant.list", write=False)
+
+    async def grant_replace(self, *, binding_id: str, generation: int, expected_version: int,
+                            sealed: SealedBundle, expires_at_us: int, now_us: int,
+                            refreshed: bool, audit: AuditEntry | None = None) -> bool:
+        """CAS to the next token version; False when another writer got there first."""
+
+        async def body(tx: SqlTx) -> bool:
+            ok = await replace_grant(tx, binding_id=binding_id, generation=generation,
+                                     expected_version=expected_version, sealed=sealed,
+                                     expires_at_us=expires_at_us, now_us=now_us,
+                                     refreshed=refreshed)
+            if ok and audit is not None:
+                await append_audit(tx, audit)
+            return ok
+
+        return await self.db.transact(body, name="grant.replace")
+
+    async def grant_mark(self, binding_id: str, generation: int, expected_version: int,
+                         state: GrantState, now_us: int) -> bool:
+        """Set the grant's state at the version the caller saw (e.g. needs re-authorization
+        after ``invalid_grant``); False when a newer version arrived meanwhile."""
+
+        async def body(tx: SqlTx) -> bool:
+            return await tx.execute(
+                "UPDATE authorization_grants SET state = ?, updated_at_us = ?"
+                " WHERE binding_id = ? AND generation = ? AND token_version = ?",
+                (state.value, now_us, binding_id, generation, expected_version)) == 1
+
+        return await self.db.transact(body, name="grant.mark")

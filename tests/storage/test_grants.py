@@ -1,0 +1,71 @@
+"""Conformance: AuthorizationGrant rows on every backend: sealed only, one next version."""
+
+from __future__ import annotations
+
+import pytest
+
+from daemon.core.token_bundle import (
+    BundleContext,
+    SecretText,
+    TokenBundle,
+    TokenKey,
+    open_bundle,
+    seal,
+)
+from storage.grants import GrantState
+from storage.port import WorkConflict
+from storage.work_store import WorkStore
+from tests.support.work import T0
+
+KEY = TokenKey("k1", bytes(range(32)))
+BUNDLE = TokenBundle(access_token=SecretText("at-SECRET"), refresh_token=SecretText("rt-SECRET"),
+                     expires_at_us=T0 + 3600_000_000)
+
+
+
+async def test_install_then_read_back_sealed(store: WorkStore) -> None:
+    sealed = seal(BUNDLE, KEY, BundleContext("b1", 2, 1))
+    got = await store.grant_install(binding_id="b1", generation=2, sealed=sealed,
+                                    expires_at_us=BUNDLE.expires_at_us, now_us=T0)
+    assert (got.token_version, got.state, got.sealed) == (1, GrantState.VALID, sealed)
+    assert open_bundle(got.sealed, {"k1": KEY}, BundleContext("b1", 2, 1)) == BUNDLE
+    assert await store.grant_get("b1", 2) == got
+    assert await store.grant_get("b1", 3) is None
+    with pytest.raises(WorkConflict, match="already has a grant"):
+        await store.grant_install(binding_id="b1", generation=2, sealed=sealed,
+                                  expires_at_us=0, now_us=T0)
+
+
+async def test_one_writer_installs_each_next_version(store: WorkStore) -> None:
+    await store.grant_install(binding_id="b1", generation=2,
+                              sealed=seal(BUNDLE, KEY, BundleContext("b1", 2, 1)),
+                              expires_at_us=0, now_us=T0)
+    v2 = seal(BUNDLE, KEY, BundleContext("b1", 2, 2))
+    assert await store.grant_replace(binding_id="b1", generation=2, expected_version=1,
+                                     sealed=v2, expires_at_us=T0 + 1, now_us=T0 + 5,
+                                     refreshed=True)
+    # A stale writer that also read version 1 cannot overwrite version 2.
+    stale = seal(BUNDLE, KEY, BundleContext("b1", 2, 2))
+    assert not await store.grant_replace(binding_id="b1", generation=2, expected_version=1,
+                                         sealed=stale, expires_at_us=0, now_us=T0 + 6,
+                                         refreshed=True)
+    got = await store.grant_get("b1", 2)
+    assert got is not None
+    assert (got.token_version, got.sealed, got.last_refresh_at_us) == (2, v2, T0 + 5)
+    # A rewrap is not a refresh: the last refresh time stays.
+    assert await store.grant_replace(binding_id="b1", generation=2, expected_version=2,
+                                     sealed=seal(BUNDLE, KEY, BundleContext("b1", 2, 3)),
+                                     expires_at_us=T0 + 1, now_us=T0 + 9, refreshed=False)
+    got = await store.grant_get("b1", 2)
+    assert got is not None and (got.token_version, got.last_refresh_at_us) == (3, T0 + 5)
+
+
+async def test_state_is_marked_only_at_the_version_seen(store: WorkStore) -> None:
+    await store.grant_install(binding_id="b1", generation=2,
+                              sealed=seal(BUNDLE, KEY, BundleContext("b1", 2, 1)),
+                              expires_at_us=0, now_us=T0)
+    assert not await store.grant_mark("b1", 2, 7, GrantState.NEEDS_REAUTHORIZATION, T0)
+    assert await store.grant_mark("b1", 2, 1, GrantState.NEEDS_REAUTHORIZATION, T0)
+    got = await store.grant_get("b1", 2)
+    assert got is not None and got.state is GrantState.NEEDS_REAUTHORIZATION
+    assert [g.binding_id for g in await store.grant_list()] == ["b1"]
