@@ -1,0 +1,123 @@
+"""PrincipalBinding transitions, row by row: every event in every state."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from daemon.core.principals import (
+    BindingEvent,
+    BindingFacts,
+    BindingIdentity,
+    BindingRefused,
+    BindingState,
+    PrincipalKind,
+    connect,
+    dispatchable,
+    transition,
+)
+
+ID = BindingIdentity(issuer="https://auth.example", remote_account_id="portal-1",
+                     remote_subject="app-7", installation_id="inst-1",
+                     scopes=("write", "read"))
+BASE = connect(binding_id="b1", kind=PrincipalKind.SHARED, org_id="org-1",
+               app_installation_id="install-1", provider="p", identity=ID)
+OFF = attrs.evolve(BASE, state=BindingState.DISCONNECTED)
+
+CHANGES = {
+    "issuer": attrs.evolve(ID, issuer="https://other.example"),
+    "remote subject": attrs.evolve(ID, remote_subject="app-8"),
+    "remote account": attrs.evolve(ID, remote_account_id="portal-2"),
+    "installation id": attrs.evolve(ID, installation_id="inst-2"),
+    "scope added": attrs.evolve(ID, scopes=("read", "write", "admin")),
+    "scope removed": attrs.evolve(ID, scopes=("read",)),
+}
+
+
+def test_connect_starts_at_generation_one() -> None:
+    assert (BASE.generation, BASE.state) == (1, BindingState.CONNECTED)
+    assert BASE.identity.scopes == ("read", "write")  # order never matters
+
+
+@pytest.mark.parametrize("what", sorted(CHANGES))
+def test_every_change_that_could_retarget_work_bumps_the_generation(what: str) -> None:
+    after = transition(BASE, BindingEvent.CHANGE, CHANGES[what])
+    assert (after.generation, after.identity) == (2, CHANGES[what])
+
+
+ROWS: list[tuple[str, BindingFacts, BindingEvent, BindingIdentity | None, int | str,
+                 BindingState | None]] = [
+    # (name, from, event, identity, generation after or refusal reason, state after)
+    ("disconnect", BASE, BindingEvent.DISCONNECT, None, 1, BindingState.DISCONNECTED),
+    ("disconnect again", OFF, BindingEvent.DISCONNECT, None, 1, BindingState.DISCONNECTED),
+    ("reconnect", OFF, BindingEvent.RECONNECT, None, 2, BindingState.CONNECTED),
+    ("reconnect as another", OFF, BindingEvent.RECONNECT, CHANGES["remote account"], 2,
+     BindingState.CONNECTED),
+    ("same identity", BASE, BindingEvent.CHANGE, attrs.evolve(ID, scopes=("read", "write")),
+     1, BindingState.CONNECTED),
+    ("reconnect while connected", BASE, BindingEvent.RECONNECT, None, "not_disconnected",
+     None),
+    ("change while disconnected", OFF, BindingEvent.CHANGE, ID, "disconnected", None),
+    ("change without identity", BASE, BindingEvent.CHANGE, None, "missing_field", None),
+    ("connect twice", BASE, BindingEvent.CONNECT, None, "already_connected", None),
+    ("connect after disconnect", OFF, BindingEvent.CONNECT, None, "use_reconnect", None),
+]
+
+
+@pytest.mark.parametrize(("name", "start", "event", "identity", "expect", "state"), ROWS,
+                         ids=[r[0] for r in ROWS])
+def test_transition_table(name: str, start: BindingFacts, event: BindingEvent,
+                          identity: BindingIdentity | None, expect: int | str,
+                          state: BindingState | None) -> None:
+    if isinstance(expect, str):
+        with pytest.raises(BindingRefused) as info:
+            transition(start, event, identity)
+        assert info.value.reason == expect
+        return
+    after = transition(start, event, identity)
+    assert (after.generation, after.state) == (expect, state)
+
+
+def test_every_event_in_every_state_is_decided() -> None:
+    """Exhaustive: each (state, event) pair either moves or is refused with a reason
+    (an unhandled pair would raise AssertionError)."""
+    decided: dict[tuple[BindingState, BindingEvent], str] = {}
+    for start in (BASE, OFF):
+        for event in BindingEvent:
+            try:
+                decided[(start.state, event)] = transition(start, event, ID).state.value
+            except BindingRefused as exc:
+                decided[(start.state, event)] = exc.reason
+    assert len(decided) == len(BindingState) * len(BindingEvent)
+
+
+@pytest.mark.parametrize(("kwargs", "reason"), [
+    ({"kind": PrincipalKind.PER_USER}, "user_required"),
+    ({"user_id": "u1"}, "user_not_allowed"),
+    ({"org_id": ""}, "missing_field"),
+    ({"identity": attrs.evolve(ID, remote_subject="")}, "missing_field"),
+])
+def test_connect_refusals(kwargs: dict[str, object], reason: str) -> None:
+    args: dict[str, object] = {"binding_id": "b1", "kind": PrincipalKind.SHARED,
+                               "org_id": "org-1", "app_installation_id": "i",
+                               "provider": "p", "identity": ID, **kwargs}
+    with pytest.raises(BindingRefused) as info:
+        connect(**args)  # type: ignore[arg-type]
+    assert info.value.reason == reason
+
+
+def test_per_user_principal() -> None:
+    mine = connect(binding_id="b2", kind=PrincipalKind.PER_USER, org_id="org-1",
+                   app_installation_id="i", provider="p", identity=ID, user_id="u1")
+    assert (mine.kind, mine.user_id) == (PrincipalKind.PER_USER, "u1")
+
+
+@pytest.mark.parametrize(("facts", "pinned", "reason"), [
+    (BASE, 1, None),
+    (BASE, 2, "binding_generation"),
+    (transition(BASE, BindingEvent.CHANGE, CHANGES["issuer"]), 1, "binding_generation"),
+    (OFF, 1, "binding_disconnected"),
+    (None, 1, "binding_missing"),
+])
+def test_dispatchable(facts: BindingFacts | None, pinned: int, reason: str | None) -> None:
+    assert dispatchable(facts, pinned) == reason
