@@ -9,6 +9,7 @@ from storage.effects import EffectJournal
 from storage.grants import AuthorizationGrants
 from storage.links import RemoteLinks
 from storage.port import Database
+from storage.principals import PrincipalBindings
 from storage.quota import QuotaLedger
 from storage.work_admin import WorkAdmin
 from storage.work_claims import WorkClaims
@@ -17,7 +18,7 @@ from storage.work_rollback import WorkRollback
 
 class WorkStore(
     WorkClaims, WorkAdmin, WorkRollback, CommandInbox, EffectJournal, RemoteLinks, CommandRepair,
-    QuotaLedger, AuthorizationGrants,
+    QuotaLedger, AuthorizationGrants, PrincipalBindings,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 
