@@ -21,6 +21,7 @@ from config.load import ConfigError, load_settings
 from config.settings import Settings
 from config.summary import describe_settings
 from daemon.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
+from daemon.binding_cli import add_binding_commands, run_binding_command
 from daemon.keys_cli import add_keys_commands, run_keys_command
 from daemon.services import logs
 from daemon.services.clock import WallClock
@@ -120,6 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     work.add_parser("depths", help="queue depth per family and state (JSON)")
     add_admin_commands(sub)
     add_keys_commands(sub)
+    add_binding_commands(sub)
     return parser
 
 
@@ -332,6 +334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(_cmd_migrate, settings)
         if args.command == "keys":
             return trio.run(run_keys_command, settings, args, _open)
+        if args.command == "binding":
+            return trio.run(run_binding_command, settings, args, _open)
         if args.command == "run":
             return trio.run(_cmd_run, settings)
         if args.command == "work":

@@ -1,0 +1,150 @@
+"""``integrationd binding ...``: PrincipalBinding transitions as audited operator actions.
+
+``binding list [--org ORG]`` and ``binding show ID`` read the durable facts. ``binding
+connect``, ``disconnect``, ``reconnect`` and ``change`` apply one transition (an operator or
+admin, ``--actor`` and ``--reason`` required, the OS user recorded beside the actor); each
+but ``connect`` names the generation the operator saw (``--generation N``), so a binding
+that changed meanwhile is refused rather than changed twice. A binding holds no secret.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+
+from config.settings import Settings
+from daemon.core.principals import (
+    BindingEvent,
+    BindingFacts,
+    BindingIdentity,
+    BindingRefused,
+    PrincipalKind,
+    connect,
+)
+from daemon.services.clock import WallClock
+from daemon.services.operator_api import BadRequest, NotAuthorized
+from storage.migrate import check_schema
+from storage.port import WorkConflict
+from storage.principals import Actor
+from storage.work_store import WorkStore
+
+EXIT_OK = 0
+_WRITERS = ("operator", "admin")
+
+
+def add_binding_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    binding = sub.add_parser("binding", help="principal bindings: list, show, transitions")
+    verbs = binding.add_subparsers(dest="binding_command", required=True, metavar="VERB")
+    lst = verbs.add_parser("list", help="every binding (generation, state, identity)")
+    lst.add_argument("--org", help="only this org")
+    show = verbs.add_parser("show", help="one binding")
+    show.add_argument("binding_id")
+    for verb, text in (("connect", "create a binding at generation 1"),
+                       ("disconnect", "stop dispatch under the binding (generation kept)"),
+                       ("reconnect", "connect again: the generation moves"),
+                       ("change", "change its identity or scopes: the generation moves")):
+        p = verbs.add_parser(verb, help=text)
+        p.add_argument("binding_id")
+        p.add_argument("--actor", required=True, help="operator name (operator or admin)")
+        p.add_argument("--reason", required=True, help="why (kept in the audit log)")
+        if verb != "connect":
+            p.add_argument("--generation", type=int, required=True,
+                           help="the generation you saw (refused if it has moved)")
+        if verb != "disconnect":
+            need = verb == "connect"
+            p.add_argument("--issuer", required=need, help="token issuer")
+            p.add_argument("--remote-account", required=need, help="remote tenant/account id")
+            p.add_argument("--remote-subject", required=need, help="remote user or app id")
+            p.add_argument("--installation", help="provider app installation id")
+            p.add_argument("--scopes", help="comma-separated scopes")
+        if verb == "connect":
+            p.add_argument("--kind", choices=[k.value for k in PrincipalKind],
+                           default="shared")
+            p.add_argument("--user", default="", help="per-user principals: whose grant")
+            p.add_argument("--org", required=True)
+            p.add_argument("--app-installation", required=True)
+            p.add_argument("--provider", required=True)
+
+
+def binding_json(facts: BindingFacts) -> dict[str, object]:
+    return {"binding_id": facts.binding_id, "kind": facts.kind.value, "org_id": facts.org_id,
+            "app_installation_id": facts.app_installation_id, "provider": facts.provider,
+            "user_id": facts.user_id or None, "generation": facts.generation,
+            "state": facts.state.value, "issuer": facts.identity.issuer,
+            "remote_account_id": facts.identity.remote_account_id,
+            "remote_subject": facts.identity.remote_subject,
+            "installation_id": facts.identity.installation_id or None,
+            "scopes": list(facts.identity.scopes)}
+
+
+def _actor(settings: Settings, args: argparse.Namespace) -> Actor:
+    operator = settings.operator(args.actor)
+    if operator is None or operator.role not in _WRITERS:
+        raise NotAuthorized(f"{args.actor!r} may not change bindings (operators and admins)")
+    os_user = os.environ.get("SUDO_USER") or getpass.getuser()
+    return Actor(operator.name, operator.role, f"{args.reason} (os user {os_user})")
+
+
+def _identity(args: argparse.Namespace, base: BindingIdentity | None) -> BindingIdentity:
+    def pick(value: str | None, old: str) -> str:
+        return old if value is None else value
+
+    scopes = None if args.scopes is None else [s.strip() for s in args.scopes.split(",")
+                                               if s.strip()]
+    return BindingIdentity(
+        issuer=pick(args.issuer, base.issuer if base else ""),
+        remote_account_id=pick(args.remote_account, base.remote_account_id if base else ""),
+        remote_subject=pick(args.remote_subject, base.remote_subject if base else ""),
+        installation_id=pick(args.installation, base.installation_id if base else ""),
+        scopes=tuple(scopes if scopes is not None else (base.scopes if base else ())))
+
+
+async def run_binding_command(settings: Settings, args: argparse.Namespace,
+                              open_database: Callable[[Settings], Awaitable[WorkStore]]) -> int:
+    verb = args.binding_command
+    actor = _actor(settings, args) if verb not in ("list", "show") else None
+    store = await open_database(settings)
+    now = WallClock().now_us()
+    try:
+        await check_schema(store.db, store.dialect)
+        if verb == "list":
+            found = await store.binding_list(args.org)
+            if not found:
+                sys.stderr.write("integrationd: no bindings\n")
+            _print([binding_json(b) for b in found])
+            return EXIT_OK
+        if verb == "show":
+            one = await store.binding_get(args.binding_id)
+            if one is None:
+                raise BadRequest(f"no binding {args.binding_id}")
+            _print(binding_json(one))
+            return EXIT_OK
+        assert actor is not None
+        try:
+            if verb == "connect":
+                facts = connect(binding_id=args.binding_id, kind=PrincipalKind(args.kind),
+                                org_id=args.org, app_installation_id=args.app_installation,
+                                provider=args.provider, identity=_identity(args, None),
+                                user_id=args.user)
+                result = await store.binding_connect(facts, actor, now)
+            else:
+                current = await store.binding_get(args.binding_id)
+                identity = (None if verb == "disconnect" or current is None
+                            else _identity(args, current.identity))
+                result = await store.binding_transition(
+                    args.binding_id, BindingEvent(verb), actor,
+                    expected_generation=args.generation, now_us=now, identity=identity)
+        except BindingRefused as exc:
+            raise WorkConflict(str(exc)) from None
+        _print(binding_json(result))
+        return EXIT_OK
+    finally:
+        await store.db.aclose()
+
+
+def _print(doc: object) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")

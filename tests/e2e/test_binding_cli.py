@@ -1,0 +1,54 @@
+"""``integrationd binding ...``: audited transitions from the command line (real processes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from storage.work_store import WorkStore
+from tests.support.backends import FreshDatabase
+from tests.support.processes import run_cli, write_config
+
+WHO = ("--actor", "alice", "--reason", "onboarding")
+
+
+async def test_binding_lifecycle(database: FreshDatabase, store: WorkStore,
+                                 tmp_path: Path) -> None:
+    cfg = write_config(tmp_path / "c.toml", database.url)
+    empty = run_cli(cfg, "binding", "list")
+    assert empty.returncode == 0 and json.loads(empty.stdout) == []
+    assert "no bindings" in empty.stderr
+
+    made = run_cli(cfg, "binding", "connect", "b1", *WHO, "--org", "org-1",
+                   "--app-installation", "i1", "--provider", "p", "--issuer", "https://iss",
+                   "--remote-account", "acct-1", "--remote-subject", "app-1",
+                   "--scopes", "write,read")
+    assert made.returncode == 0, made.stderr
+    doc = json.loads(made.stdout)
+    assert (doc["generation"], doc["state"], doc["scopes"]) == (1, "connected",
+                                                                ["read", "write"])
+
+    stale = run_cli(cfg, "binding", "disconnect", "b1", *WHO, "--generation", "2")
+    assert stale.returncode == 1 and "not 2" in stale.stderr
+    illegal = run_cli(cfg, "binding", "reconnect", "b1", *WHO, "--generation", "1")
+    assert illegal.returncode == 1 and "not_disconnected" in illegal.stderr
+    viewer = run_cli(cfg, "binding", "disconnect", "b1", "--actor", "victor", "--reason", "x",
+                     "--generation", "1")
+    assert viewer.returncode == 1 and "may not change bindings" in viewer.stderr
+
+    off = run_cli(cfg, "binding", "disconnect", "b1", *WHO, "--generation", "1")
+    assert json.loads(off.stdout)["state"] == "disconnected"
+    back = run_cli(cfg, "binding", "reconnect", "b1", *WHO, "--generation", "1",
+                   "--remote-account", "acct-2")
+    assert back.returncode == 0, back.stderr
+    doc = json.loads(back.stdout)
+    assert (doc["generation"], doc["remote_account_id"], doc["issuer"]) == (2, "acct-2",
+                                                                          "https://iss")
+    shown = json.loads(run_cli(cfg, "binding", "show", "b1").stdout)
+    assert shown == doc
+    missing = run_cli(cfg, "binding", "show", "nosuch")
+    assert missing.returncode == 2 and "no binding nosuch" in missing.stderr
+
+    actions = [e.action for e in await store.audit_list(target_id="b1")]
+    assert sorted(actions) == ["binding.connect", "binding.disconnect", "binding.reconnect"]
+    assert all("os user" in e.reason for e in await store.audit_list(target_id="b1"))
