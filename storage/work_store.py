@@ -11,6 +11,7 @@ from storage.links import RemoteLinks
 from storage.port import Database
 from storage.principals import PrincipalBindings
 from storage.quota import QuotaLedger
+from storage.refresh_leases import RefreshLeases
 from storage.work_admin import WorkAdmin
 from storage.work_claims import WorkClaims
 from storage.work_rollback import WorkRollback
@@ -18,7 +19,7 @@ from storage.work_rollback import WorkRollback
 
 class WorkStore(
     WorkClaims, WorkAdmin, WorkRollback, CommandInbox, EffectJournal, RemoteLinks, CommandRepair,
-    QuotaLedger, AuthorizationGrants, PrincipalBindings,
+    QuotaLedger, AuthorizationGrants, PrincipalBindings, RefreshLeases,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 
