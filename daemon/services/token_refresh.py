@@ -6,8 +6,8 @@ Theory of operation
 needs the binding generation's access token:
 
 1. Read the grant. Unusable (none, needs re-authorization, revoked): fail closed with that
-   reason. Not expiring within ``margin`` (and not the version a 401 rejected): open the bundle
-   and return it (unless the provider rejected exactly this version with a 401).
+   reason. Not expiring within ``margin``, and not the version a provider 401 rejected:
+   open the bundle and return it.
 2. Otherwise take the refresh lease *inside the fenced transaction* (a stale claimant can
    change nothing, so it never reaches the provider). Losers wait, bounded, for the next
    token version and use it; nobody else calls the provider while a lease is live.
