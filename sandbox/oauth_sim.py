@@ -43,6 +43,8 @@ class OAuthSimulator:
     journal: list[dict[str, object]] = attrs.field(factory=list)
     hang: bool = False
     malformed: bool = False
+    # False: answer without a new refresh token (the old one stays valid), as some do.
+    rotate: bool = True
 
     def seed(self, refresh_token: str) -> None:
         self.valid_refresh.add(refresh_token)
@@ -57,6 +59,7 @@ class OAuthSimulator:
             doc = json.loads(request.body)
             self.hang = bool(doc.get("hang", self.hang))
             self.malformed = bool(doc.get("malformed", self.malformed))
+            self.rotate = bool(doc.get("rotate", self.rotate))
             if doc.get("revoke_all"):
                 self.valid_refresh.clear()
             return Response(204)
@@ -82,13 +85,16 @@ class OAuthSimulator:
         if self.malformed:
             entry["answer"] = "malformed"
             return Response(200, b'{"access_token": 5}', _JSON)
-        self.valid_refresh.discard(presented)  # rotating: used once
-        access, refresh = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
-        self.valid_refresh.add(refresh)
+        access = secrets.token_urlsafe(24)
         self.access_tokens.add(access)
         entry["answer"] = "ok"
-        body = {"access_token": access, "refresh_token": refresh, "token_type": "bearer",
-                "expires_in": self.lifetime_s}
+        body: dict[str, object] = {"access_token": access, "token_type": "bearer",
+                                   "expires_in": self.lifetime_s}
+        if self.rotate:
+            self.valid_refresh.discard(presented)  # rotating: used once
+            refresh = secrets.token_urlsafe(24)
+            self.valid_refresh.add(refresh)
+            body["refresh_token"] = refresh
         return Response(200, json.dumps(body).encode(), _JSON)
 
     async def run(self, host: str = "127.0.0.1", port: int = 0, *,

@@ -90,6 +90,11 @@ class AuthorizationGrants:
                 (binding_id, generation, sealed.key_id, sealed.nonce.hex(),
                  base64.b64encode(sealed.ciphertext).decode(), GrantState.VALID.value,
                  expires_at_us, now_us, now_us))
+            # Its refresh-ownership row, idle, so that racing first refreshes only CAS.
+            await tx.execute(
+                "INSERT INTO refresh_leases (binding_id, generation, lease_token, owner_work_id,"
+                " owner_epoch, until_us, from_version, started_at_us, refreshes_total)"
+                " VALUES (?, ?, NULL, NULL, NULL, 0, 0, 0, 0)", (binding_id, generation))
             found = await read_grant(tx, binding_id, generation)
             assert found is not None
             return found

@@ -44,7 +44,7 @@ from daemon.core.work import Fence
 from daemon.services import logs
 from daemon.services.clock import Clock
 from storage.idgen import new_lease_token
-from storage.port import SqlTx
+from storage.port import DuplicateKey, SqlTx
 from storage.refresh_leases import (
     AlreadyRefreshed,
     GrantUnusable,
@@ -139,7 +139,10 @@ class TokenOwner:
                 lease_token=token, work_id=fence.work_id, epoch=fence.ownership_epoch,
                 ttl_us=self.lease_us, now_us=now)
 
-        return await self.store.work_fenced(fence, now, body, name="refresh.lease")
+        try:
+            return await self.store.work_fenced(fence, now, body, name="refresh.lease")
+        except DuplicateKey:
+            return LeaseBusy(now)  # two first owners created the lease row at once
 
     async def _refresh(self, binding_id: str, generation: int, endpoint: RefreshEndpoint,
                        bundle: TokenBundle, lease: LeaseWon) -> AccessToken:

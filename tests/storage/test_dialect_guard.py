@@ -24,10 +24,15 @@ from daemon.core.outcomes import (
     RetryLater,
     Succeeded,
 )
+from daemon.core.principals import BindingEvent, BindingIdentity, PrincipalKind, connect
 from daemon.core.quota import QuotaPolicy, ReservationState
+from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, TokenKey, seal
+from storage.grants import GrantState
 from storage.migrate import migrate
 from storage.port import Database, DbStats, ReplayParams, Row, SqlTx, WorkQuery
+from storage.principals import Actor
 from storage.quota import reservation_move, reservation_open
+from storage.refresh_leases import refresh_lease_acquire
 from storage.work_rollback import LegacyReceipt
 from storage.work_store import WorkStore
 from tests.support.backends import fresh_database
@@ -140,6 +145,41 @@ async def _workload(store: WorkStore) -> None:
 
     await store.db.transact(reserve, name="quota.reserve")
     await store.quota_reservations("W")
+    await _credentials_workload(store)
+
+
+async def _credentials_workload(store: WorkStore) -> None:
+    """Principal bindings, grants and refresh leases: every statement they emit."""
+    key = TokenKey("k", bytes(32))
+    facts = connect(binding_id="b", kind=PrincipalKind.SHARED, org_id="o",
+                    app_installation_id="i", provider="p",
+                    identity=BindingIdentity(issuer="x", remote_account_id="a",
+                                             remote_subject="s"))
+    who = Actor("a", "admin", "r")
+    await store.binding_connect(facts, who, T0)
+    await store.binding_transition("b", BindingEvent.DISCONNECT, who, expected_generation=1,
+                                   now_us=T0)
+    await store.binding_list("o")
+    bundle = TokenBundle(access_token=SecretText("t"), refresh_token=SecretText("r"))
+    await store.grant_install(binding_id="b", generation=1,
+                              sealed=seal(bundle, key, BundleContext("b", 1, 1)),
+                              expires_at_us=T0, now_us=T0)
+    await store.grant_mark("b", 1, 1, GrantState.VALID, T0)
+    await store.grant_list()
+
+    async def lease(tx: SqlTx) -> None:
+        await refresh_lease_acquire(tx, binding_id="b", generation=1, seen_version=1,
+                                    lease_token="L", work_id="W", epoch=1, ttl_us=SEC,
+                                    now_us=T0)
+
+    await store.db.transact(lease, name="refresh.lease")
+    await store.refresh_activate(binding_id="b", generation=1, lease_token="L",
+                                 from_version=1,
+                                 sealed=seal(bundle, key, BundleContext("b", 1, 2)),
+                                 expires_at_us=T0, now_us=T0)
+    await store.refresh_fail(binding_id="b", generation=1, lease_token="L", from_version=2,
+                             needs_reauthorization=True, now_us=T0)
+    await store.refresh_count("b", 1)
 
 
 async def test_every_statement_is_portable(backend: str, tmp_path: Path) -> None:

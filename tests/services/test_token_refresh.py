@@ -1,0 +1,202 @@
+"""The token owner against a real OAuth endpoint (rotating refresh tokens) and a real
+database: one refresh per token version, fail closed on every bad answer, nothing leaked."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import trio
+
+from config.settings import Secret
+from daemon.core.token_bundle import (
+    BundleContext,
+    SecretText,
+    TokenBundle,
+    TokenKey,
+    open_bundle,
+    seal,
+)
+from daemon.core.work import Fence
+from daemon.services.clock import WallClock
+from daemon.services.token_refresh import RefreshEndpoint, TokenOwner, TokenUnavailable
+from sandbox.oauth_sim import OAuthSimulator, refreshes_per_token
+from storage.grants import GrantState
+from storage.port import LostLease
+from storage.work_store import WorkStore
+from tests.support.work import claim, enqueue
+
+KEY = TokenKey("k1", bytes(range(32)))
+CLIENT_SECRET = "client-SECRET-x"
+CLOCK = WallClock()
+
+
+@pytest.fixture
+async def oauth() -> AsyncIterator[tuple[OAuthSimulator, str]]:
+    sim = OAuthSimulator(client_secret=CLIENT_SECRET)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(sim.run)
+        yield sim, f"http://127.0.0.1:{port}/oauth/v1/token"
+        nursery.cancel_scope.cancel()
+
+
+async def _setup(store: WorkStore, sim: OAuthSimulator, *, expired: bool,
+                 items: int = 1) -> list[Fence]:
+    now = CLOCK.now_us()
+    sim.seed("refresh-SECRET-0")
+    bundle = TokenBundle(access_token=SecretText("access-SECRET-0"),
+                         refresh_token=SecretText("refresh-SECRET-0"),
+                         expires_at_us=now + (-1 if expired else 3_600_000_000))
+    await store.grant_install(binding_id="b1", generation=1,
+                              sealed=seal(bundle, KEY, BundleContext("b1", 1, 1)),
+                              expires_at_us=bundle.expires_at_us, now_us=now)
+    await enqueue(store, items, now=now)
+    got = await claim(store, now=now, limit=items)
+    return [i.fence for i in got.claimed if i.fence is not None]
+
+
+def _owner(store: WorkStore, http: httpx.AsyncClient, **kw: int) -> TokenOwner:
+    return TokenOwner(store, {"k1": KEY}, "k1", http, CLOCK, **kw)
+
+
+def _endpoint(url: str) -> RefreshEndpoint:
+    return RefreshEndpoint(url, "client-1", Secret(CLIENT_SECRET))
+
+
+async def test_a_valid_token_is_used_without_calling_the_provider(
+        store: WorkStore, oauth: tuple[OAuthSimulator, str]) -> None:
+    sim, url = oauth
+    (fence,) = await _setup(store, sim, expired=False)
+    async with httpx.AsyncClient() as http:
+        got = await _owner(store, http).access_token(fence, "b1", 1, _endpoint(url))
+    assert (got.token.reveal(), got.token_version) == ("access-SECRET-0", 1)
+    assert sim.journal == []
+
+
+async def test_many_claimants_see_an_expired_token_one_refresh_reaches_the_provider(
+        store: WorkStore, oauth: tuple[OAuthSimulator, str]) -> None:
+    sim, url = oauth
+    fences = await _setup(store, sim, expired=True, items=8)
+    got: list[tuple[str, int]] = []
+    async with httpx.AsyncClient() as http:
+        owner = _owner(store, http)
+
+        async def one(fence: Fence) -> None:
+            token = await owner.access_token(fence, "b1", 1, _endpoint(url))
+            got.append((token.token.reveal(), token.token_version))
+
+        async with trio.open_nursery() as nursery:
+            for fence in fences:
+                nursery.start_soon(one, fence)
+    assert len(got) == 8 and {v for _, v in got} == {2}
+    assert len({t for t, _ in got}) == 1 and got[0][0] in sim.access_tokens
+    assert refreshes_per_token(sim.journal) == {_digest("refresh-SECRET-0"): 1}
+    grant = await store.grant_get("b1", 1)
+    assert grant is not None and grant.token_version == 2
+    stored = open_bundle(grant.sealed, {"k1": KEY}, BundleContext("b1", 1, 2))
+    # The rotated refresh token replaced the old one, which the provider no longer honours.
+    assert stored.refresh_token is not None and stored.refresh_token.reveal() in sim.valid_refresh
+    assert "refresh-SECRET-0" not in sim.valid_refresh
+    assert await store.refresh_count("b1", 1) == 1
+
+
+async def test_a_401_on_the_current_version_refreshes_once(
+        store: WorkStore, oauth: tuple[OAuthSimulator, str]) -> None:
+    sim, url = oauth
+    (fence,) = await _setup(store, sim, expired=False)
+    async with httpx.AsyncClient() as http:
+        owner = _owner(store, http)
+        fresh = await owner.access_token(fence, "b1", 1, _endpoint(url), rejected_version=1)
+        assert fresh.token_version == 2
+        # A second 401 report about version 1 uses version 2, no new refresh.
+        again = await owner.access_token(fence, "b1", 1, _endpoint(url), rejected_version=1)
+    assert again == fresh and len(sim.journal) == 1
+
+
+async def test_an_answer_without_a_new_refresh_token_keeps_the_old_one(
+        store: WorkStore, oauth: tuple[OAuthSimulator, str]) -> None:
+    sim, url = oauth
+    sim.rotate = False
+    (fence,) = await _setup(store, sim, expired=True)
+    async with httpx.AsyncClient() as http:
+        assert (await _owner(store, http).access_token(fence, "b1", 1,
+                                                       _endpoint(url))).token_version == 2
+    grant = await store.grant_get("b1", 1)
+    assert grant is not None
+    kept = open_bundle(grant.sealed, {"k1": KEY}, BundleContext("b1", 1, 2)).refresh_token
+    assert kept is not None and kept.reveal() == "refresh-SECRET-0"
+
+
+async def test_invalid_grant_needs_reauthorization_after_one_attempt(
+        store: WorkStore, oauth: tuple[OAuthSimulator, str]) -> None:
+    sim, url = oauth
+    (fence,) = await _setup(store, sim, expired=True)
+    sim.valid_refresh.clear()  # revoked at the provider
+    async with httpx.AsyncClient() as http:
+        owner = _owner(store, http)
+        with pytest.raises(TokenUnavailable) as info:
+            await owner.access_token(fence, "b1", 1, _endpoint(url))
+        assert info.value.reason == "needs_reauthorization"
+        with pytest.raises(TokenUnavailable) as again:
+            await owner.access_token(fence, "b1", 1, _endpoint(url))
+    assert again.value.reason == "needs_reauthorization"
+    assert len(sim.journal) == 1  # never a retry loop
+    grant = await store.grant_get("b1", 1)
+    assert grant is not None and grant.state is GrantState.NEEDS_REAUTHORIZATION
+
+
+@pytest.mark.parametrize(("behaviour", "reason"), [("hang", "refresh_timeout"),
+                                                  ("malformed", "refresh_malformed")])
+async def test_a_hung_or_malformed_endpoint_fails_closed_and_the_next_owner_is_warned(
+        store: WorkStore, oauth: tuple[OAuthSimulator, str], behaviour: str,
+        reason: str) -> None:
+    sim, url = oauth
+    setattr(sim, behaviour, True)
+    fences = await _setup(store, sim, expired=True, items=2)
+    async with httpx.AsyncClient() as http:
+        owner = _owner(store, http, lease_us=1_500_000, call_margin_us=500_000)
+        with pytest.raises(TokenUnavailable) as info:
+            await owner.access_token(fences[0], "b1", 1, _endpoint(url))
+        assert info.value.reason == reason
+        setattr(sim, behaviour, False)
+        # The lease was left to expire: nobody refreshes until then, then one owner does.
+        await trio.sleep(1.6)
+        sim.valid_refresh.clear()  # as if the unfinished call had spent it
+        with pytest.raises(TokenUnavailable) as spent:
+            await owner.access_token(fences[1], "b1", 1, _endpoint(url))
+    assert spent.value.reason == "needs_reauthorization"
+    assert "possibly spent" in str(spent.value)
+    assert "SECRET" not in str(info.value) + str(spent.value)
+
+
+async def test_a_stale_claimant_never_reaches_the_token_endpoint(
+        store: WorkStore, oauth: tuple[OAuthSimulator, str]) -> None:
+    sim, url = oauth
+    (fence,) = await _setup(store, sim, expired=True)
+    stale = Fence(fence.work_id, "not-our-token", fence.ownership_epoch)
+    async with httpx.AsyncClient() as http:
+        with pytest.raises(LostLease):
+            await _owner(store, http).access_token(stale, "b1", 1, _endpoint(url))
+    assert sim.journal == []
+
+
+async def test_no_grant_and_a_wrong_client_are_clear(
+        store: WorkStore, oauth: tuple[OAuthSimulator, str]) -> None:
+    sim, url = oauth
+    (fence,) = await _setup(store, sim, expired=True)
+    async with httpx.AsyncClient() as http:
+        owner = _owner(store, http)
+        with pytest.raises(TokenUnavailable) as none:
+            await owner.access_token(fence, "b1", 9, _endpoint(url))
+        assert none.value.reason == "no_grant"
+        bad = RefreshEndpoint(url, "client-1", Secret("wrong"))
+        with pytest.raises(TokenUnavailable) as wrong:
+            await owner.access_token(fence, "b1", 1, bad)
+    assert wrong.value.reason == "refresh_malformed"
+    assert "wrong" not in str(wrong.value)
+
+
+def _digest(token: str) -> str:
+    import hashlib
+    return hashlib.sha256(token.encode()).hexdigest()[:16]
