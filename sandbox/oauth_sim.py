@@ -45,6 +45,8 @@ class OAuthSimulator:
     malformed: bool = False
     # False: answer without a new refresh token (the old one stays valid), as some do.
     rotate: bool = True
+    # Set at the first token call (a test waits on it).
+    called: trio.Event = attrs.field(factory=trio.Event)
 
     def seed(self, refresh_token: str) -> None:
         self.valid_refresh.add(refresh_token)
@@ -72,6 +74,7 @@ class OAuthSimulator:
         presented = form.get("refresh_token", "")
         entry: dict[str, object] = {"refresh_token": _digest(presented)}
         self.journal.append(entry)
+        self.called.set()
         if self.hang:
             entry["answer"] = "hang"
             await trio.sleep_forever()

@@ -1,0 +1,75 @@
+"""A separate OS process that needs a binding's access token: ``python -m
+sandbox.refresh_racer SPEC`` (one JSON object: storage ``url``, ``owner``, ``token_url``,
+``client_secret_file``, ``key_file``, ``start_at``, ``lease_s``).
+
+It claims one ``noop`` WorkItem of its own (a live fence, as a handler would hold), waits
+for the shared start instant, asks the token owner for the access token of binding ``b1``
+generation 1, and prints one JSON line: the token version it got, or the stable reason it
+got none. It never prints a token.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from config.settings import Secret
+from daemon.core.token_bundle import TokenKey
+from daemon.services.clock import WallClock
+from daemon.services.token_refresh import RefreshEndpoint, TokenOwner, TokenUnavailable
+from storage.open import open_store
+from storage.port import ClaimParams
+
+
+async def race(spec: dict[str, Any]) -> dict[str, Any]:
+    store = await open_store(spec["url"], pool_size=2, sqlite_synchronous="NORMAL")
+    clock = WallClock()
+    key = TokenKey("k1", bytes.fromhex(spec["key_hex"]))
+    endpoint = RefreshEndpoint(spec["token_url"], "client-1", Secret(spec["client_secret"]))
+    out: dict[str, Any] = {"owner": spec["owner"]}
+    try:
+        fence = None
+        while fence is None:
+            got = await store.work_claim(
+                ClaimParams(family="noop", owner=spec["owner"], limit=1,
+                            lease_ttl_us=600_000_000, window=64), clock.now_us())
+            fence = got.claimed[0].fence if got.claimed else None
+            if fence is None:
+                await trio.sleep(0.05)
+        await trio.sleep(max(0.0, spec["start_at"] - time.time()))
+        lease_us = int(spec.get("lease_s", 30) * 1_000_000)
+        async with httpx.AsyncClient(timeout=60) as http:
+            owner = TokenOwner(store, {"k1": key}, "k1", http, clock, lease_us=lease_us,
+                               call_margin_us=lease_us // 4, wait_us=lease_us * 4)
+            try:
+                token = await owner.access_token(fence, "b1", 1, endpoint)
+                out["version"] = token.token_version
+            except TokenUnavailable as exc:
+                out["reason"] = exc.reason
+    finally:
+        await store.db.aclose()
+    return out
+
+
+async def _main(spec: dict[str, Any]) -> None:
+    result = await race(spec)
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+def _load(raw: str) -> dict[str, Any]:
+    """The spec, with the key and the client secret read from their files (never argv)."""
+    spec = dict(json.loads(raw))
+    spec["key_hex"] = Path(spec.pop("key_file")).read_text().strip()
+    spec["client_secret"] = Path(spec.pop("client_secret_file")).read_text().strip()
+    return spec
+
+
+if __name__ == "__main__":
+    trio.run(_main, _load(sys.argv[1]))

@@ -1,0 +1,112 @@
+"""Seed 13's refresh fault matrix with real OS processes: replicas that see an expired
+token at once refresh it once; a refresh owner killed mid-call is taken over after its
+lease, and the outcome is deterministic and visible."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, TokenKey, seal
+from daemon.services.clock import WallClock
+from sandbox.oauth_sim import OAuthSimulator
+from storage.work_store import WorkStore
+from tests.support.backends import FreshDatabase
+from tests.support.work import enqueue
+
+KEY = TokenKey("k1", bytes(range(32)))
+CLIENT_SECRET = "client-SECRET-proc"
+REPLICAS = 4
+
+
+@pytest.fixture
+async def oauth() -> AsyncIterator[tuple[OAuthSimulator, str]]:
+    sim = OAuthSimulator(client_secret=CLIENT_SECRET)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(sim.run)
+        yield sim, f"http://127.0.0.1:{port}/oauth/v1/token"
+        nursery.cancel_scope.cancel()
+
+
+async def _seed(store: WorkStore, sim: OAuthSimulator, items: int) -> None:
+    now = WallClock().now_us()
+    sim.seed("refresh-SECRET-0")
+    bundle = TokenBundle(access_token=SecretText("access-SECRET-0"),
+                         refresh_token=SecretText("refresh-SECRET-0"), expires_at_us=now - 1)
+    await store.grant_install(binding_id="b1", generation=1,
+                              sealed=seal(bundle, KEY, BundleContext("b1", 1, 1)),
+                              expires_at_us=now - 1, now_us=now)
+    await enqueue(store, items, now=now)
+
+
+def _spec(database: FreshDatabase, tmp_path: Path, url: str, owner: str,
+          start_at: float, lease_s: float = 30.0) -> str:
+    (tmp_path / "key").write_text(KEY.material.hex())
+    (tmp_path / "client").write_text(CLIENT_SECRET)
+    return json.dumps({"url": database.url, "owner": owner, "token_url": url,
+                       "key_file": str(tmp_path / "key"),
+                       "client_secret_file": str(tmp_path / "client"),
+                       "start_at": start_at, "lease_s": lease_s})
+
+
+async def _start(spec: str) -> trio.Process:
+    return await trio.lowlevel.open_process(
+        [sys.executable, "-m", "sandbox.refresh_racer", spec], stdout=subprocess.PIPE)
+
+
+async def _result(proc: trio.Process) -> dict[str, Any]:
+    assert proc.stdout is not None
+    data = b""
+    async for chunk in proc.stdout:
+        data += chunk
+    assert await proc.wait() == 0
+    return dict(json.loads(data))
+
+
+@pytest.mark.slow
+async def test_replicas_that_see_an_expired_token_at_once_refresh_it_once(
+        database: FreshDatabase, store: WorkStore, tmp_path: Path,
+        oauth: tuple[OAuthSimulator, str]) -> None:
+    sim, url = oauth
+    await _seed(store, sim, REPLICAS)
+    start_at = time.time() + 3.0
+    procs = [await _start(_spec(database, tmp_path, url, f"r{i}", start_at))
+             for i in range(REPLICAS)]
+    with trio.fail_after(90):
+        results = [await _result(p) for p in procs]
+    assert [r.get("version") for r in results] == [2] * REPLICAS, results
+    assert [e["answer"] for e in sim.journal] == ["ok"]  # one call reached the provider
+    assert await store.refresh_count("b1", 1) == 1
+
+
+@pytest.mark.slow
+async def test_a_refresh_owner_killed_mid_call_is_taken_over_after_its_lease(
+        database: FreshDatabase, store: WorkStore, tmp_path: Path,
+        oauth: tuple[OAuthSimulator, str]) -> None:
+    sim, url = oauth
+    await _seed(store, sim, 2)
+    sim.hang = True
+    first = await _start(_spec(database, tmp_path, url, "r0", time.time(), lease_s=3.0))
+    with trio.fail_after(60):
+        await sim.called.wait()  # the owner's call has reached the provider, and hangs
+    first.send_signal(signal.SIGKILL)
+    await first.wait()
+    sim.hang = False
+    second = await _start(_spec(database, tmp_path, url, "r1", time.time(), lease_s=3.0))
+    with trio.fail_after(60):
+        result = await _result(second)
+    # The hung call never reached the provider's logic, so the refresh token still works:
+    # the second owner takes over after the first one's lease and refreshes exactly once.
+    assert result["version"] == 2, result
+    assert [e["answer"] for e in sim.journal] == ["hang", "ok"]
+    grant = await store.grant_get("b1", 1)
+    assert grant is not None and grant.token_version == 2
