@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from storage.catalog_revisions import CatalogRevisions
 from storage.command_repair import CommandRepair
 from storage.commands import CommandInbox
 from storage.dialect import Dialect
@@ -14,7 +15,8 @@ from storage.work_rollback import WorkRollback
 
 
 class WorkStore(
-    WorkClaims, WorkAdmin, WorkRollback, CommandInbox, EffectJournal, RemoteLinks, CommandRepair
+    WorkClaims, WorkAdmin, WorkRollback, CommandInbox, EffectJournal, RemoteLinks, CommandRepair,
+    CatalogRevisions,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 

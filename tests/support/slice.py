@@ -14,6 +14,7 @@ import attrs
 import httpx
 import trio
 
+from config.catalog import load_catalog
 from config.settings import (
     AdminSettings,
     ApiSettings,
@@ -30,6 +31,7 @@ from config.settings import (
 from daemon.core.handoff import TrustedRuntimeWorkScope
 from daemon.core.identity import integration_scope_digest
 from daemon.services.assembly import assemble
+from daemon.services.catalog_view import publish_current
 from daemon.services.clock import WallClock
 from daemon.services.http_server import serve_app
 from daemon.services.metrics import Metrics
@@ -194,6 +196,8 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                                   operators=operators)
         clock = WallClock()
         metrics = Metrics()
+        await publish_current(store, load_catalog(settings), actor="test", role="admin",
+                              reason="slice setup", now_us=clock.now_us())
         parts = assemble(settings, store, clock, metrics)
         the_slice = Slice(sim, runtime, f"http://127.0.0.1:{runtime_port}",
                           f"http://127.0.0.1:{api_port}", store, settings, http)
