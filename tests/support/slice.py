@@ -14,7 +14,7 @@ import attrs
 import httpx
 import trio
 
-from config.catalog import load_catalog
+from config.catalog import build_catalog, load_catalog
 from config.settings import (
     AdminSettings,
     ApiSettings,
@@ -170,7 +170,12 @@ class Slice:
 async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False,
                         with_replica: bool = True, lease_ttl: float = 6.0,
                         max_attempts: int = 8,
-                        operators: tuple[Operator, ...] = ()) -> AsyncIterator[Slice]:
+                        operators: tuple[Operator, ...] = (),
+                        served_documents: list[Any] | None = None) -> AsyncIterator[Slice]:
+    """The slice, its Catalog revision REVISION published. With ``served_documents``
+    (L1 definition documents), the replica serves them as current revision
+    REVISION + 1 (published too), while the Runtime still builds commands
+    against REVISION."""
     sim = HubSpotSimulator(tokens={HUBSPOT_TOKEN})
     api_port = free_port()
     async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=10) as http:
@@ -198,7 +203,13 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
         metrics = Metrics()
         await publish_current(store, load_catalog(settings), actor="test", role="admin",
                               reason="slice setup", now_us=clock.now_us())
-        parts = assemble(settings, store, clock, metrics)
+        served = None
+        if served_documents is not None:
+            settings = attrs.evolve(settings, catalog=CatalogSettings(revision=REVISION + 1))
+            served = build_catalog(REVISION + 1, served_documents, settings.bindings)
+            await publish_current(store, served, actor="test", role="admin",
+                                  reason="slice: a newer revision", now_us=clock.now_us())
+        parts = assemble(settings, store, clock, metrics, catalog=served)
         the_slice = Slice(sim, runtime, f"http://127.0.0.1:{runtime_port}",
                           f"http://127.0.0.1:{api_port}", store, settings, http)
         try:
