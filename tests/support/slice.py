@@ -99,6 +99,8 @@ class Slice:
     replica: Replica | None = None
     # The console's base URL when the slice runs with one.
     base_url: str = ""
+    # The simulator's port (the binding's base URL, part of the Catalog revision).
+    hubspot_port: int = 0
 
     async def lead(self, lead_id: str, contact_id: str | None, *, link: bool = True,
                    title: str = "Engineer") -> None:
@@ -171,7 +173,8 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                         with_replica: bool = True, lease_ttl: float = 6.0,
                         max_attempts: int = 8,
                         operators: tuple[Operator, ...] = (),
-                        served_documents: list[Any] | None = None) -> AsyncIterator[Slice]:
+                        served_documents: list[Any] | None = None,
+                        hubspot_port: int | None = None) -> AsyncIterator[Slice]:
     """The slice, its Catalog revision REVISION published. With ``served_documents``
     (L1 definition documents), the replica serves them as current revision
     REVISION + 1 (published too), while the Runtime still builds commands
@@ -179,7 +182,9 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
     sim = HubSpotSimulator(tokens={HUBSPOT_TOKEN})
     api_port = free_port()
     async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=10) as http:
-        sim_port = await nursery.start(sim.run)
+        # A second slice on the same database reuses the first one's simulator
+        # address: the base URL is part of the pinned Catalog revision.
+        sim_port = await nursery.start(sim.run, "127.0.0.1", hubspot_port or 0)
         runtime = ReferenceRuntime(
             scope=SCOPE, integration_url=f"http://127.0.0.1:{api_port}",
             integration_token=RUNTIME_TOKEN, results_token=RESULTS_TOKEN,
@@ -211,7 +216,8 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                                   reason="slice: a newer revision", now_us=clock.now_us())
         parts = assemble(settings, store, clock, metrics, catalog=served)
         the_slice = Slice(sim, runtime, f"http://127.0.0.1:{runtime_port}",
-                          f"http://127.0.0.1:{api_port}", store, settings, http)
+                          f"http://127.0.0.1:{api_port}", store, settings, http,
+                          hubspot_port=sim_port)
         try:
             if not with_replica:
                 # Only the /v1 API: commands are admitted, nothing claims them.
