@@ -11,6 +11,7 @@ included, exactly as revision 7 defines them.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import attrs
@@ -133,3 +134,45 @@ async def test_a_command_whose_pinned_content_is_not_stored_is_refused_before_di
         assert sl.patches("103") == []
         command = await store.command_get(result.command_id)
         assert command is not None and command.settlement is Settlement.NO_EFFECT
+
+
+async def test_replay_and_repair_resolve_the_current_revision_and_record_both(
+        database: FreshDatabase, store: WorkStore) -> None:
+    from tests.e2e.test_effect_console import closing, signed_in
+    from tests.ui.support import _OPERATORS
+
+    async with running_slice(store, database.url, max_attempts=2, operators=_OPERATORS,
+                             served_documents=_revision_8()) as sl:
+        await sl.unknown_dead_effect()  # a command pinned to 7, dead, outcome unknown
+        (attempt,) = await store.effect_unknown_list()
+        (dead,) = await store.work_list(WorkQuery(family="external_effect"))
+        rev7, rev8 = await store.catalog_get(REVISION), await store.catalog_get(REVISION + 1)
+        assert rev7 is not None and rev8 is not None
+        otto, csrf = await signed_in(sl, "otto")
+        headers = {"X-CSRF-Token": csrf}
+        async with closing(otto):
+            r = await otto.post(f"/admin/api/effects/attempts/{attempt.attempt_id}/disposition",
+                                json={"disposition": "absent", "note": "not in HubSpot"},
+                                headers=headers)
+            assert r.status_code == 200, r.text
+            # A replay runs the same command, pinned to 7, while 8 is current: refused.
+            r = await otto.post(f"/admin/api/work/{dead.work_id}/replay",
+                                json={"reason": "again"}, headers=headers)
+            assert r.status_code == 409
+            assert (f"pinned to Catalog revision {REVISION} ({rev7.digest}); the current"
+                    f" revision is {REVISION + 1} ({rev8.digest}): issue a repair command"
+                    in r.json()["message"])
+            r = await otto.post(f"/admin/api/effects/commands/{dead.subject_id}/repair",
+                                json={"reason": "send it under the current revision"},
+                                headers=headers)
+            assert r.status_code == 200, r.text
+            new_id = r.json()["command_id"]
+        new = await store.command_get(new_id)
+        assert new is not None and new.repair_of == dead.subject_id
+        assert (new.catalog_revision, new.catalog_digest) == (REVISION + 1, rev8.digest)
+        (entry,) = [e for e in await store.audit_list(target_id=dead.subject_id)
+                    if e.action == "command.repair"]
+        assert json.loads(entry.before)["catalog_revision"] == REVISION
+        assert json.loads(entry.before)["catalog_digest"] == rev7.digest
+        assert json.loads(entry.after)["catalog_revision"] == REVISION + 1
+        assert json.loads(entry.after)["catalog_digest"] == rev8.digest
