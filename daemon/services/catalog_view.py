@@ -56,12 +56,16 @@ class CatalogView:
         return await self.pinned(revision, digest)
 
     async def pinned(self, revision: int, digest: str) -> Catalog | None:
-        """Exactly the revision a command pinned; None if no such content is stored."""
+        """Exactly the revision a command pinned; None if no such content is stored.
+
+        A command admitted before revisions were stored (migration 0003) has no
+        digest: it was admitted because its revision number was the one served,
+        so it runs under the revision published under that number."""
         found = self._parsed.get((revision, digest))
         if found is not None:
             return found
         row = await self.store.catalog_get(revision)
-        if row is None or row.digest != digest:
+        if row is None or (digest and row.digest != digest):
             return None
         return self._parse(row)
 

@@ -132,3 +132,12 @@ async def test_the_view_serves_exactly_the_pinned_content_and_caches_it(
     await store.db.transact(tamper, name="test.tamper")
     assert await view.pinned(7, digest) is pinned  # an immutable fact, parsed once
     assert await CatalogView(store, current).pinned(7, digest) is None  # tampered: refused
+
+
+async def test_a_command_admitted_before_digests_runs_under_the_revision_of_its_number(
+        store: WorkStore) -> None:
+    digest = await _publish(store, 7)
+    view = CatalogView(store, load_catalog(Settings(catalog=CatalogSettings(revision=7))))
+    legacy = await view.pinned(7, "")  # migration 0003 left old commands without a digest
+    assert legacy is not None and legacy.digest == digest
+    assert await view.pinned(8, "") is None
