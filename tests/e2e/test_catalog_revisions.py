@@ -16,9 +16,10 @@ from typing import Any
 
 import attrs
 
-from config.catalog import load_documents
+from config.catalog import build_catalog, load_documents
 from daemon.core.canonical import canonical_digest
 from daemon.core.handoff import EffectHandoffKey
+from daemon.services.catalog_view import publish_current
 from daemon.services.clock import WallClock
 from sandbox.hubspot_sim import Fault
 from storage.effect_values import Settlement
@@ -32,12 +33,12 @@ from tests.support.slice import REVISION, RUNTIME_TOKEN, SCOPE, Slice, running_s
 V8_SUFFIX = "/v8"
 
 
-def _revision_8() -> list[Any]:
+def _revision_8(suffix: str = V8_SUFFIX) -> list[Any]:
     """The shipped L1 definitions with another path and one more allowed property."""
     documents = copy.deepcopy(load_documents())
     for doc in documents:
         for table in doc.get("operations", {}).values():
-            table["path"] = table["path"] + V8_SUFFIX
+            table["path"] = table["path"] + suffix
             table["allowed_properties"] = [*table["allowed_properties"], "email"]
     return documents
 
@@ -68,12 +69,18 @@ async def test_queued_and_retried_commands_dispatch_under_their_pinned_revision_
         await sl.lead("lead-1", "101")
         sl.sim.inject(Fault(mode="rate_limit", method="PATCH"))  # first attempt: 429, retried
         intent_id = await sl.set_title("lead-1", "CTO")
+        await wait_for(lambda: bool(sl.patches("101")), within_s=30)
+        # Mid-flight, with the retry queued: yet another revision is published.
+        await publish_current(store, build_catalog(REVISION + 2, _revision_8("/v9"),
+                                                   sl.settings.bindings),
+                              actor="test", role="admin", reason="mid-flight",
+                              now_us=WallClock().now_us())
         intent = await sl.wait_intent("lead-1", intent_id, "COMMITTED")
 
         patches = sl.patches("101")
         assert [(p.path, p.status) for p in patches] == [
             ("/crm/v3/objects/contacts/101", 429), ("/crm/v3/objects/contacts/101", 200)]
-        assert not any(r.path.endswith(V8_SUFFIX) for r in sl.sim.requests)
+        assert not any(r.path.endswith((V8_SUFFIX, "/v9")) for r in sl.sim.requests)
         command = await store.command_get(str(intent["command_id"]))
         rev7 = await store.catalog_get(REVISION)
         assert command is not None and rev7 is not None
