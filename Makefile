@@ -30,6 +30,7 @@ var/secrets/admin.password-hash: $(BIN)/.installed
 # little live traffic (Lead title changes flowing to HubSpot and back).
 run: $(BIN)/.installed $(SECRETS) var/secrets/admin.password-hash
 	$(BIN)/integrationd --config $(CONFIG) migrate
+	$(BIN)/integrationd --config $(CONFIG) catalog publish --actor admin --reason "make run"
 	$(BIN)/integrationd --config $(CONFIG) work enqueue noop --count 200
 	@echo ""
 	@echo "  console: http://127.0.0.1:8780/admin/  (sign in as admin; password in var/secrets/admin.password)"

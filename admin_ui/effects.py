@@ -164,7 +164,8 @@ class EffectConsole:
             LineageRow("Binding", command.binding_id),
             LineageRow("Pinned generation", str(command.binding_generation)),
             LineageRow("Current generation", str(current) if current else "not configured"),
-            LineageRow("Catalog revision", f"{command.catalog_revision} (serving"
+            LineageRow("Catalog revision", f"{command.catalog_revision}"
+                       f" {command.catalog_digest or '(no digest)'} (current:"
                        f" {self.catalog.revision})"),
         ))
 
@@ -210,7 +211,8 @@ class EffectConsole:
             raise BadInput(f"binding {command.binding_id} is no longer configured")
         return await view.store.command_repair(
             command_id, RepairActor(actor=name, role=role, reason=reason),
-            binding_generation=binding.generation, catalog_digest=self.catalog.digest,
+            binding_generation=binding.generation, catalog_revision=self.catalog.revision,
+            catalog_digest=self.catalog.digest,
             max_attempts=view.settings.family(EFFECT_FAMILY).max_attempts,
             now_us=view.clock.now_us(),
         )

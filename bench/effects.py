@@ -36,8 +36,12 @@ from bench.kernel import (
     start_replica,
     wait_admin,
 )
+from config.catalog import load_catalog
+from config.load import load_settings
 from daemon.core.handoff import TrustedRuntimeWorkScope
 from daemon.core.identity import integration_scope_digest
+from daemon.services.catalog_view import publish_current
+from daemon.services.families import known_family_names
 from sandbox.hubspot_sim import HubSpotSimulator
 from sandbox.ports import free_port
 from sandbox.runtime import ReferenceRuntime
@@ -121,6 +125,15 @@ async def seed_links(url: str, replicas: int, leads: int) -> None:
             await store.link_adopt(scope, "lead", f"lead-{i}", "contact", f"{r * 100000 + i}",
                                    actor="bench", role="admin", reason="bench seed",
                                    now_us=time.time_ns() // 1000)
+    await store.db.aclose()
+
+
+async def publish_catalog(url: str, config: Path) -> None:
+    """Every replica serves the same revision (same bindings): publish it once."""
+    store = await open_store(url)
+    catalog = load_catalog(load_settings(str(config), known_families=known_family_names()))
+    await publish_current(store, catalog, actor="bench", role="admin", reason="bench",
+                          now_us=time.time_ns() // 1000)
     await store.db.aclose()
 
 
@@ -216,6 +229,7 @@ def main() -> None:
             os.environ.update(env)
             configs = [write_config(workdir, url, i, args.replicas, api_ports, runtime_ports,
                                     sim_port) for i in range(args.replicas)]
+            trio.run(publish_catalog, url, configs[0])
 
             def start_all() -> tuple[list[str], list[int]]:
                 procs.extend(start_replica(cfg, i) for i, cfg in enumerate(configs))

@@ -3,8 +3,10 @@
 L1 definitions are data files (``config/providers/*.toml``); L2 bindings come
 from the settings (``[[bindings]]``). :func:`load_catalog` validates both and
 computes the ``BindingView`` digest: canonical JSON of every definition and
-every binding's non-secret fields, so a command pinned to a revision can be
-checked against exactly what is being served.
+every binding's non-secret fields. A published revision stores that content
+(``storage/catalog_revisions.py``) and is parsed back through the same
+functions (:func:`build_catalog`), so work pinned to a revision runs against
+exactly the definitions it was admitted under.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import Any
 import attrs
 
 from config.settings import BindingSettings, Settings
-from daemon.core.canonical import canonical_digest
+from daemon.core.canonical import NotCanonical
+from daemon.core.catalog_content import content_bytes, content_digest
 from daemon.core.effects import OperationContract
 
 _METHODS = ("GET", "POST", "PATCH", "PUT", "DELETE")
@@ -55,6 +58,8 @@ class Catalog:
     digest: str
     operations: dict[str, OperationDefinition]
     bindings: tuple[BindingSettings, ...]
+    # The canonical content (``daemon/core/catalog_content.py``) the digest is of.
+    content: str = attrs.field(default="", repr=False)
 
     def operation(self, name: str) -> OperationDefinition | None:
         return self.operations.get(name)
@@ -117,9 +122,8 @@ def _operation(provider: str, name: str, table: dict[str, Any]) -> OperationDefi
     )
 
 
-def load_definitions() -> tuple[dict[str, OperationDefinition], list[Any]]:
-    """Every shipped L1 definition (and the raw documents, for the digest)."""
-    operations: dict[str, OperationDefinition] = {}
+def load_documents() -> list[Any]:
+    """Every shipped L1 definition document (``config/providers/*.toml``), by file name."""
     documents: list[Any] = []
     folder = resources.files("config").joinpath("providers")
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
@@ -130,41 +134,59 @@ def load_definitions() -> tuple[dict[str, OperationDefinition], list[Any]]:
         if not isinstance(provider, str) or f"{provider}.toml" != entry.name:
             raise CatalogError(f"providers/{entry.name}", "provider must match the file name")
         documents.append(doc)
+    return documents
+
+
+def operations_from_documents(documents: list[Any]) -> dict[str, OperationDefinition]:
+    """Parse L1 definition documents: the shipped files, or a stored revision's content."""
+    operations: dict[str, OperationDefinition] = {}
+    for i, doc in enumerate(documents):
+        provider = doc.get("provider") if isinstance(doc, dict) else None
+        if not isinstance(provider, str) or not provider:
+            raise CatalogError(f"definitions[{i}].provider", "expected a provider name")
         for name, table in doc.get("operations", {}).items():
             if name in operations:
                 raise CatalogError(f"providers.{provider}.operations.{name}", "duplicate")
             operations[name] = _operation(provider, name, table)
-    return operations, documents
+    return operations
 
 
-def load_catalog(settings: Settings) -> Catalog:
-    operations, documents = load_definitions()
+def load_definitions() -> tuple[dict[str, OperationDefinition], list[Any]]:
+    """Every shipped L1 definition (and the raw documents, for the digest)."""
+    documents = load_documents()
+    return operations_from_documents(documents), documents
+
+
+def binding_fields(binding: BindingSettings) -> dict[str, Any]:
+    """An L2 binding's non-secret fields: what a Catalog revision holds of it."""
+    return {k: v for k, v in attrs.asdict(binding).items() if k != "token"}
+
+
+def build_catalog(revision: int, documents: list[Any],
+                  bindings: tuple[BindingSettings, ...]) -> Catalog:
+    """Validate L1 documents and L2 bindings into a :class:`Catalog` whose digest is
+    that of their revision content (``daemon/core/catalog_content.py``)."""
+    operations = operations_from_documents(documents)
     providers = {op.provider for op in operations.values()}
-    for i, b in enumerate(settings.bindings):
+    for i, b in enumerate(bindings):
         if b.provider not in providers:
             raise CatalogError(f"bindings[{i}].provider",
                                f"no L1 definition for {b.provider!r}")
-    view = {
-        "revision": settings.catalog.revision,
-        "definitions": documents,
-        "bindings": [
-            {k: v for k, v in attrs.asdict(b).items() if k != "token"} for b in settings.bindings
-        ],
-    }
+    try:
+        content = content_bytes(documents, [binding_fields(b) for b in bindings])
+    except NotCanonical as exc:
+        raise CatalogError("catalog", f"cannot be stored canonically: {exc}") from None
     return Catalog(
-        revision=settings.catalog.revision,
-        digest=canonical_digest(_no_floats(view)),
+        revision=revision,
+        digest=content_digest(content),
         operations=operations,
-        bindings=settings.bindings,
+        bindings=bindings,
+        content=content.decode(),
     )
 
 
-def _no_floats(value: Any) -> Any:
-    """Canonical JSON has no floats; render them as decimal strings for the digest."""
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, dict):
-        return {k: _no_floats(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_no_floats(v) for v in value]
-    return value
+def load_catalog(settings: Settings) -> Catalog:
+    """The Catalog this configuration describes (shipped L1 files + its L2 bindings),
+    numbered ``catalog.revision``. Whether that revision is *published* with this
+    digest is for the caller to check (``daemon/services/catalog_view.py``)."""
+    return build_catalog(settings.catalog.revision, load_documents(), settings.bindings)

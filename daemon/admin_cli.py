@@ -9,6 +9,9 @@ authorized against the current ``[[operators]]`` for every item, each replay
 is audited in its own transaction, conflicts are reported per item, and one
 summary audit entry records the run.
 
+``integrationd catalog publish|list|show|delete`` manages Catalog revisions
+(:mod:`daemon.catalog_cli`).
+
 ``daemon/cli.py`` adds these with :func:`add_admin_commands` and runs them with
 :func:`run_admin_command` (exit codes: 0 ok, 1 runtime failure, 2 usage).
 """
@@ -27,6 +30,7 @@ from admin_ui.filters import DLQ_CLASS_SAMPLE, MAX_BULK, BulkReplayRequest, reas
 from admin_ui.passwords import hash_password
 from admin_ui.serialize import audit_json, dead_class_json, work_json
 from config.settings import Settings
+from daemon.catalog_cli import CatalogUsage, add_catalog_command, run_catalog_command
 from daemon.core.ids import is_ulid
 from daemon.services.clock import WallClock
 from daemon.services.families import UnknownFamily, build_registry
@@ -36,7 +40,7 @@ from storage.open import describe_url, open_store
 from storage.port import DeadQuery, StorageError
 from storage.work_store import WorkStore
 
-ADMIN_COMMANDS = frozenset({"hash-password", "audit", "dlq"})
+ADMIN_COMMANDS = frozenset({"hash-password", "audit", "dlq", "catalog"})
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
@@ -45,7 +49,7 @@ class _Usage(Exception):
 
 
 def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``hash-password``, ``audit`` and ``dlq`` to the ``integrationd`` parser."""
+    """Add ``hash-password``, ``audit``, ``dlq`` and ``catalog`` to the ``integrationd`` parser."""
     hp = sub.add_parser(
         "hash-password",
         help="print an argon2id hash for an [[operators]] password_hash",
@@ -84,6 +88,7 @@ def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     dr.add_argument("--reason", required=True, help="why (kept in the audit log)")
     dr.add_argument("--json", action="store_true",
                     help="print the report as JSON (as POST /admin/api/dlq/replay)")
+    add_catalog_command(sub)
 
 
 def _print_json(doc: Any) -> None:
@@ -201,9 +206,12 @@ async def run_admin_command(settings: Settings, args: argparse.Namespace) -> int
                 return EXIT_OK
             if args.command == "dlq":
                 return await _dlq(store, settings, args)
+            if args.command == "catalog":
+                await run_catalog_command(store, settings, args)
+                return EXIT_OK
         finally:
             await store.db.aclose()
-    except (_Usage, BadRequest, ConsoleError, UnknownFamily) as exc:
+    except (_Usage, BadRequest, ConsoleError, UnknownFamily, CatalogUsage) as exc:
         sys.stderr.write(f"integrationd: {exc}\n")
         return EXIT_USAGE
     except (NotAuthorized, StorageError) as exc:

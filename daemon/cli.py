@@ -24,6 +24,7 @@ from daemon.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_comma
 from daemon.binding_cli import add_binding_commands, run_binding_command
 from daemon.keys_cli import add_keys_commands, run_keys_command
 from daemon.services import logs
+from daemon.services.catalog_view import serving_refusal
 from daemon.services.clock import WallClock
 from daemon.services.families import UnknownFamily, build_registry, known_family_names
 from daemon.services.operator_api import (
@@ -171,6 +172,13 @@ async def _cmd_run(settings: Settings) -> int:
     store = await _open(settings)
     try:
         await check_schema(store.db, store.dialect)
+        if settings.bindings or settings.runtimes:
+            # Effect work is configured: the current revision must be published
+            # with exactly this configuration's content (nothing is published here).
+            catalog = load_catalog(settings)
+            refusal = serving_refusal(catalog, await store.catalog_digest(catalog.revision))
+            if refusal is not None:
+                raise ConfigError("catalog.revision", refusal)
         clock = WallClock()
         metrics = Metrics()
         parts = assemble(settings, store, clock, metrics)

@@ -14,6 +14,7 @@ import json
 import attrs
 
 from daemon.core.states import TERMINAL
+from storage.catalog_revisions import read_revision
 from storage.commands import _insert_command, read_command
 from storage.effect_values import Command, CommandDraft, Settlement
 from storage.effects import attempts_of, settle
@@ -47,8 +48,9 @@ async def _repairable(tx: SqlTx, command_id: str) -> Command:
     return command
 
 
-async def _audit(tx: SqlTx, who: RepairActor, action: str, command_id: str, before: dict[str, str],
-                 after: dict[str, str], now_us: int) -> None:
+async def _audit(tx: SqlTx, who: RepairActor, action: str, command_id: str,
+                 before: dict[str, str | int], after: dict[str, str | int],
+                 now_us: int) -> None:
     await append_audit(tx, AuditEntry(
         audit_id=new_ulid(now_us), at_us=now_us, actor=who.actor, role=who.role, action=action,
         target_kind="external_command", target_id=command_id, reason=who.reason,
@@ -90,15 +92,22 @@ class CommandRepair:
         return await self.db.transact(body, name="command.retire")
 
     async def command_repair(self, command_id: str, who: RepairActor, *,
-                             binding_generation: int, catalog_digest: str, max_attempts: int,
-                             now_us: int) -> str:
+                             binding_generation: int, catalog_revision: int,
+                             catalog_digest: str, max_attempts: int, now_us: int) -> str:
         """A new command with repair lineage, pinned to the *current* binding
-        generation; the old one is retired if it was still open."""
+        generation and the Catalog revision the caller resolved as current
+        (it must be published with that digest); the old one is retired if it
+        was still open. The audit entry records both revisions."""
 
         async def body(tx: SqlTx) -> str:
             old = await _repairable(tx, command_id)
             if old.settlement is Settlement.SUCCEEDED:
                 raise WorkConflict(f"command {command_id} succeeded; nothing to repair")
+            resolved = await read_revision(tx, catalog_revision)
+            if resolved is None or resolved.digest != catalog_digest:
+                raise WorkConflict(
+                    f"the current Catalog revision {catalog_revision} is not published with"
+                    f" digest {catalog_digest}: publish it first (integrationd catalog publish)")
             if old.settlement is Settlement.OPEN:
                 await tx.execute(
                     "UPDATE external_commands SET settlement = 'retired', updated_at_us = ?"
@@ -110,14 +119,18 @@ class CommandRepair:
                 intent_id=old.intent_id, intent_kind=old.intent_kind, operation=old.operation,
                 local_object=old.local_object, local_id=old.local_id,
                 binding_id=old.binding_id, binding_generation=binding_generation,
-                catalog_revision=old.catalog_revision, catalog_digest=catalog_digest,
+                catalog_revision=catalog_revision, catalog_digest=catalog_digest,
                 frozen_request=old.frozen_request, max_attempts=max_attempts,
                 lane=f"{old.scope.org_id}:{old.local_object}:{old.local_id}",
             )
             await _insert_command(tx, draft, new_id, now_us, repair_of=command_id)
             await _audit(tx, who, "command.repair", command_id,
-                         {"command_id": command_id, "settlement": old.settlement.value},
-                         {"command_id": new_id, "repair_of": command_id}, now_us)
+                         {"command_id": command_id, "settlement": old.settlement.value,
+                          "catalog_revision": old.catalog_revision,
+                          "catalog_digest": old.catalog_digest},
+                         {"command_id": new_id, "repair_of": command_id,
+                          "catalog_revision": catalog_revision,
+                          "catalog_digest": catalog_digest}, now_us)
             return new_id
 
         return await self.db.transact(body, name="command.repair")

@@ -12,6 +12,12 @@ re-reads the winner's fact and answers from it. So an acceptance racing a
 rejection yields exactly one outcome, and a late delivery after a rejection
 can never create a command or WorkItem.
 
+Every command is pinned to the Catalog revision *and* digest it was admitted
+under (``catalog_revision``, ``catalog_digest``; the caller resolved both from
+a published revision, ``daemon/services/catalog_view.py``), and so is its
+WorkItem: dispatch, retries, reconciliation and replay run against exactly
+that revision's stored definitions.
+
 A request whose payload digest or Runtime outbox identity differs from the
 stored fact is *quarantined*: recorded in ``handoff_quarantine`` as evidence,
 answered with no admission detail, and it changes nothing else. Scope checks
@@ -59,7 +65,8 @@ COMMAND_COLUMNS = (
     "command_id, handoff_key, org_id, app_installation_id, runtime_capability_id,"
     " runtime_work_binding_digest, runtime_name, intent_id, intent_kind, operation,"
     " local_object, local_id, binding_id, binding_generation, catalog_revision,"
-    " frozen_request, payload_digest, runtime_outbox_id, settlement, repair_of, created_at_us"
+    " frozen_request, payload_digest, runtime_outbox_id, settlement, repair_of, created_at_us,"
+    " catalog_digest"
 )
 
 
@@ -83,6 +90,7 @@ def command_from_row(row: Row) -> Command:
         settlement=Settlement(row[18]),
         repair_of=row[19],
         created_at_us=int(row[20]),
+        catalog_digest=str(row[21]),
     )
 
 
@@ -313,12 +321,12 @@ async def _insert_commands(tx: SqlTx, commands: Sequence[tuple[CommandDraft, str
     """Insert the commands and their one WorkItem each; return the work ids in order."""
     await tx.executemany(
         f"INSERT INTO external_commands ({COMMAND_COLUMNS}, updated_at_us)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?, ?, ?)",
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?, ?, ?, ?)",
         [(command_id, draft.handoff_key or None, *_scope_values(draft.scope), draft.runtime_name,
           draft.intent_id, draft.intent_kind, draft.operation, draft.local_object,
           draft.local_id, draft.binding_id, draft.binding_generation, draft.catalog_revision,
           draft.frozen_request, draft.payload_digest, draft.runtime_outbox_id, repair_of,
-          now_us, now_us)
+          now_us, draft.catalog_digest, now_us)
          for draft, command_id in commands],
     )
     # The dedupe key is the new command's own id, so it cannot collide: the

@@ -84,6 +84,8 @@ class Command:
     settlement: Settlement
     repair_of: str | None
     created_at_us: int
+    # The digest of the pinned Catalog revision ("" for commands older than pinning).
+    catalog_digest: str = ""
 
 
 @attrs.frozen(kw_only=True)

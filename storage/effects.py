@@ -457,6 +457,7 @@ async def settle(
             subject_id=command_id,
             definition_ref=command.runtime_name,
             catalog_revision=command.catalog_revision,
+            catalog_digest=command.catalog_digest,
             # The exact request, so the sender needs no read; the row stays the record.
             payload=json.dumps({
                 "command_id": command_id,

@@ -81,6 +81,18 @@ class WorkConflict(StorageError):
     """A requested operator transition lost to another transition or is not legal now."""
 
 
+class RevisionNotPublished(StorageError):
+    """A Catalog revision named by a caller is not published."""
+
+    def __init__(self, revision: int) -> None:
+        super().__init__(f"catalog revision {revision} is not published")
+        self.revision = revision
+
+
+class RevisionConflict(WorkConflict):
+    """A publish or delete of a Catalog revision that its stored facts forbid."""
+
+
 class SqlTx(Protocol):
     """One open transaction. Statements use ``?`` placeholders."""
 
@@ -238,6 +250,9 @@ class ReplayParams:
     actor: str
     role: str
     reason: str
+    # The current Catalog (revision, digest) the caller resolved; the audit
+    # entry records it beside the replayed item's pinned one.
+    resolved_catalog: tuple[int, str] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -352,3 +367,53 @@ class DeadClassCount:
     family: str
     failure_class: str | None
     count: int
+
+
+# ------------------------------------------------------- Catalog revisions
+
+
+@attrs.frozen(kw_only=True)
+class CatalogRevision:
+    """One published Catalog revision: an immutable fact."""
+
+    revision: int
+    digest: str
+    content: str = attrs.field(repr=False)  # canonical JSON; "" in listings
+    published_by: str
+    published_at_us: int
+
+
+@attrs.frozen(kw_only=True)
+class PublishParams:
+    revision: int
+    digest: str
+    content: str = attrs.field(repr=False)
+    actor: str
+    role: str
+    reason: str
+
+
+@attrs.frozen
+class RevisionPins:
+    """Unsettled work pinned to one revision (a delete needs both at zero)."""
+
+    open_commands: int
+    live_work: int
+
+
+class CatalogRevisionPort(Protocol):
+    """Publishing, reading and deleting Catalog revisions (``storage/catalog_revisions.py``)."""
+
+    async def catalog_publish(self, params: PublishParams,
+                              now_us: int) -> tuple[CatalogRevision, bool]: ...
+
+    async def catalog_get(self, revision: int) -> CatalogRevision | None: ...
+
+    async def catalog_digest(self, revision: int) -> str | None: ...
+
+    async def catalog_list(self) -> list[CatalogRevision]: ...
+
+    async def catalog_pins(self, revision: int) -> RevisionPins: ...
+
+    async def catalog_delete(self, revision: int, *, actor: str, role: str, reason: str,
+                             now_us: int) -> CatalogRevision: ...

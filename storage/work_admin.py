@@ -58,6 +58,13 @@ DEPTH_STATES = frozenset(WorkState) - TERMINAL | {WorkState.DEAD}
 REPLAYABLE = TERMINAL - {WorkState.RECONCILED_LEGACY_TERMINAL}
 
 
+def _resolved(params: ReplayParams) -> dict[str, Any]:
+    if params.resolved_catalog is None:
+        return {}
+    revision, digest = params.resolved_catalog
+    return {"resolved_catalog_revision": revision, "resolved_catalog_digest": digest}
+
+
 def _insert_params(
     work_id: str, spec: WorkSpec, seq: int | None, now_us: int
 ) -> tuple[Any, ...]:
@@ -287,8 +294,11 @@ class WorkAdmin:
                     target_kind="work_item",
                     target_id=old.work_id,
                     reason=params.reason,
-                    before=json.dumps({"work_id": old.work_id, "state": old.state.value}),
-                    after=json.dumps({"work_id": created.work_id, "state": "pending"}),
+                    before=json.dumps({"work_id": old.work_id, "state": old.state.value,
+                                       "catalog_revision": old.catalog_revision,
+                                       "catalog_digest": old.catalog_digest}),
+                    after=json.dumps({"work_id": created.work_id, "state": "pending"}
+                                     | _resolved(params)),
                 ),
             )
             new_rows = await tx.fetchall(f"{SELECT_WORK} WHERE work_id = ?", (created.work_id,))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from storage.catalog_revisions import CatalogRevisions
 from storage.command_repair import CommandRepair
 from storage.commands import CommandInbox
 from storage.dialect import Dialect
@@ -20,6 +21,7 @@ from storage.work_rollback import WorkRollback
 class WorkStore(
     WorkClaims, WorkAdmin, WorkRollback, CommandInbox, EffectJournal, RemoteLinks, CommandRepair,
     QuotaLedger, AuthorizationGrants, PrincipalBindings, RefreshLeases,
+    CatalogRevisions,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 

@@ -9,6 +9,12 @@
   of rejection);
 * ``GET /v1/openapi.json``.
 
+A command names the Catalog revision it was built against; it is validated
+against that *published* revision's definitions and pinned to its
+(revision, digest), whatever revision the configuration serves as current
+(409 ``catalog_revision_not_published`` when none is published under that
+number).
+
 Callers authenticate with a bearer token bound, in the configuration, to one
 ``TrustedRuntimeWorkScope``. Bodies are validated in
 :mod:`daemon.api.validation`; errors are JSON ``{"error", "message"}`` with a
@@ -31,10 +37,11 @@ from werkzeug.exceptions import HTTPException
 from config.catalog import Catalog
 from config.settings import RuntimeClient, Settings
 from daemon.api.openapi import OPENAPI
-from daemon.api.validation import ApiError, command_body, handoff_fields
+from daemon.api.validation import ApiError, command_body, handoff_fields, requested_revision
 from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
 from daemon.core.identity import integration_link_key_v2, integration_scope_digest
 from daemon.services import logs
+from daemon.services.catalog_view import CatalogView
 from daemon.services.clock import Clock
 from storage.commands import EFFECT_FAMILY
 from storage.effect_values import Admission, AdmissionResult, CommandDraft
@@ -48,6 +55,9 @@ class ApiContext:
     store: WorkStore
     catalog: Catalog
     clock: Clock
+    # The published revisions; a command is validated against, and pinned to,
+    # the one it names.
+    catalogs: CatalogView
     # Called after a command is accepted, so the local scheduler claims it at once.
     wake: Callable[[str], None] = lambda family: None
 
@@ -96,10 +106,19 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         except ValueError:
             raise ApiError(400, "malformed_json", "the body is not valid JSON") from None
 
-    def draft_for(rc: RuntimeClient, doc: Any) -> CommandDraft:
-        valid = command_body(doc, _scope(rc), ctx.catalog)
+    async def resolve(docs: list[Any]) -> dict[int, Catalog | None]:
+        """The published revisions these bodies name: one read per distinct revision."""
+        wanted = {r for r in map(requested_revision, docs) if r is not None}
+        return {r: await ctx.catalogs.published(r) for r in sorted(wanted)}
+
+    def draft_for(rc: RuntimeClient, doc: Any, revisions: dict[int, Catalog | None]
+                  ) -> CommandDraft:
+        revision = requested_revision(doc)
+        pinned = revisions.get(revision) if revision is not None else None
+        valid = command_body(doc, _scope(rc), pinned)
+        assert pinned is not None
         op = valid.operation
-        binding = ctx.catalog.binding_for(rc.org_id, rc.app_installation_id, op.provider)
+        binding = pinned.binding_for(rc.org_id, rc.app_installation_id, op.provider)
         if binding is None:
             raise ApiError(422, "no_binding", f"no {op.provider} binding for this scope")
         handoff = valid.handoff
@@ -109,7 +128,7 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
             intent_id=handoff.key.handoff_id, intent_kind=valid.intent_kind,
             operation=op.name, local_object=op.local_object, local_id=valid.local_id,
             binding_id=binding.binding_id, binding_generation=binding.generation,
-            catalog_revision=valid.catalog_revision, catalog_digest=ctx.catalog.digest,
+            catalog_revision=pinned.revision, catalog_digest=pinned.digest,
             frozen_request=valid.frozen_request,
             max_attempts=ctx.settings.family(EFFECT_FAMILY).max_attempts,
             lane=f"{rc.org_id}:{op.local_object}:{valid.local_id}",
@@ -131,7 +150,8 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
     @app.post("/v1/commands")
     async def accept_command() -> Response:
         rc = caller()
-        draft = draft_for(rc, await json_body())
+        doc = await json_body()
+        draft = draft_for(rc, doc, await resolve([doc]))
         result = await ctx.store.command_accept(draft, ctx.clock.now_us())
         if result.created:
             ctx.wake(EFFECT_FAMILY)
@@ -155,9 +175,10 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
             raise ApiError(400, "batch_too_large", f"at most {limit} commands per batch")
         answers: list[dict[str, Any] | None] = []
         drafts: list[CommandDraft] = []
+        revisions = await resolve(entries)
         for entry in entries:
             try:
-                drafts.append(draft_for(rc, entry))
+                drafts.append(draft_for(rc, entry, revisions))
                 answers.append(None)
             except ApiError as exc:
                 answers.append({"status": exc.status, "error": exc.code, "message": exc.message})

@@ -79,7 +79,7 @@ OPENAPI: dict[str, Any] = {
                     "200": {"description": "COMMAND_ACCEPTED", "content": {"application/json": {
                         "schema": {"$ref": "#/components/schemas/Admission"}}}},
                     "409": {"description": "HANDOFF_REJECTED (tombstone), quarantined, or"
-                                           " catalog_revision_mismatch",
+                                           " catalog_revision_not_published",
                             "content": {"application/json": {"schema": {}}}},
                     **_errors(400, 401, 403, 413, 415, 422, 503),
                 },

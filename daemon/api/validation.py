@@ -71,7 +71,20 @@ def handoff_fields(doc: Any, caller: TrustedRuntimeWorkScope) -> HandoffFields:
     return HandoffFields(key, key_text, digest, _string(doc, "runtime_outbox_id"))
 
 
-def command_body(doc: Any, caller: TrustedRuntimeWorkScope, catalog: Catalog) -> ValidCommand:
+def requested_revision(doc: Any) -> int | None:
+    """The Catalog revision a command body names, if it names one as an integer
+    (anything else is left for :func:`command_body` to refuse)."""
+    command = doc.get("command") if isinstance(doc, Mapping) else None
+    revision = command.get("catalog_revision") if isinstance(command, Mapping) else None
+    if isinstance(revision, int) and not isinstance(revision, bool):
+        return revision
+    return None
+
+
+def command_body(doc: Any, caller: TrustedRuntimeWorkScope,
+                 catalog: Catalog | None) -> ValidCommand:
+    """Validate a command against the published revision it names (``catalog``:
+    that revision, None when it is not published)."""
     handoff = handoff_fields(doc, caller)
     command = doc.get("command")
     if not isinstance(command, Mapping):
@@ -86,19 +99,20 @@ def command_body(doc: Any, caller: TrustedRuntimeWorkScope, catalog: Catalog) ->
     intent_id = _string(command, "intent_id")
     if intent_id != handoff.key.handoff_id:
         raise ApiError(400, "invalid_request", "command.intent_id must match the handoff key")
-    name = _string(command, "operation", 128)
-    operation = catalog.operation(name)
-    if operation is None:
-        raise ApiError(422, "unknown_operation", f"operation {name!r} is not in the catalog")
-    kind = _string(command, "intent_kind", 32)
-    if kind not in operation.intent_kinds:
-        raise ApiError(422, "invalid_request", f"{name} does not accept intent kind {kind!r}")
     revision = command.get("catalog_revision")
     if not isinstance(revision, int) or isinstance(revision, bool):
         raise ApiError(400, "invalid_request", "command.catalog_revision must be an integer")
-    if revision != catalog.revision:
-        raise ApiError(409, "catalog_revision_mismatch",
-                       f"this service serves catalog revision {catalog.revision}")
+    if catalog is None or revision != catalog.revision:
+        raise ApiError(409, "catalog_revision_not_published",
+                       f"catalog revision {revision} is not published")
+    name = _string(command, "operation", 128)
+    operation = catalog.operation(name)
+    if operation is None:
+        raise ApiError(422, "unknown_operation",
+                       f"operation {name!r} is not in catalog revision {revision}")
+    kind = _string(command, "intent_kind", 32)
+    if kind not in operation.intent_kinds:
+        raise ApiError(422, "invalid_request", f"{name} does not accept intent kind {kind!r}")
     target = command.get("logical_target")
     if not isinstance(target, Mapping) or target.get("object") != operation.local_object:
         raise ApiError(422, "invalid_request",

@@ -13,6 +13,7 @@ from daemon.api.app import ApiContext, create_api_app
 from daemon.core.work import WorkItem
 from daemon.providers.executor import BoundedHttp, HttpExecutor
 from daemon.services.batcher import Batcher
+from daemon.services.catalog_view import CatalogView
 from daemon.services.checkpoints import CheckpointBatcher
 from daemon.services.clock import Clock
 from daemon.services.effect_runner import EffectRunner, effect_handler, replay_refusal
@@ -27,6 +28,7 @@ from storage.work_store import WorkStore
 @attrs.define(eq=False)
 class Assembly:
     catalog: Catalog
+    catalogs: CatalogView
     executor: HttpExecutor
     runtime_client: BoundedHttp
     registry: FamilyRegistry
@@ -40,8 +42,10 @@ class Assembly:
 
 
 def assemble(settings: Settings, store: WorkStore, clock: Clock,
-             metrics: Metrics | None = None) -> Assembly:
-    catalog = load_catalog(settings)
+             metrics: Metrics | None = None, *, catalog: Catalog | None = None) -> Assembly:
+    """``catalog`` overrides the current Catalog the settings describe (tests that
+    serve other L1 definitions than the shipped files)."""
+    catalog = catalog if catalog is not None else load_catalog(settings)
     executor = HttpExecutor()
 
     def counted(operation: str, outcome: str) -> None:
@@ -50,15 +54,16 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
 
     checkpoints = CheckpointBatcher(store, clock)
     contexts: Batcher[tuple[str, str], EffectContextRow | None] = Batcher(store.effect_contexts)
+    catalogs = CatalogView(store, catalog)
     runner = EffectRunner(
-        catalog=catalog, executor=executor,
+        catalog=catalog, catalogs=catalogs, executor=executor,
         receipt_max_attempts=settings.family(RECEIPT_FAMILY).max_attempts,
         on_attempt=counted, checkpoints=checkpoints, contexts=contexts,
     )
     runtime_client = BoundedHttp.open(16)
     sender = ReceiptSender(settings=settings, client=runtime_client)
     async def effect_replay_guard(store: WorkStore, item: WorkItem) -> str | None:
-        return await replay_refusal(catalog, store, item)
+        return await replay_refusal(catalogs, store, item)
 
     registry = build_registry(
         settings,
@@ -73,7 +78,8 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     context = None
     app = None
     if settings.runtimes:
-        context = ApiContext(settings=settings, store=store, catalog=catalog, clock=clock)
+        context = ApiContext(settings=settings, store=store, catalog=catalog, clock=clock,
+                             catalogs=catalogs)
         app = create_api_app(context)
-    return Assembly(catalog, executor, runtime_client, registry, context, app,
+    return Assembly(catalog, catalogs, executor, runtime_client, registry, context, app,
                     effect_extensions(catalog))

@@ -60,9 +60,9 @@ from daemon.core.work import WorkItem
 from daemon.providers.executor import BadRequestForOperation, HttpExecutor, prepare
 from daemon.services import logs
 from daemon.services.batcher import Batcher
+from daemon.services.catalog_view import CatalogView
 from daemon.services.checkpoints import CheckpointBatcher
 from daemon.services.families import Handler, WorkContext
-from storage.commands import read_command
 from storage.effect_values import (
     APPLIED_DISPOSITIONS,
     AttemptDraft,
@@ -118,6 +118,8 @@ class EffectContext:
     operation: OperationDefinition | None
     binding: BindingSettings | None
     link: RemoteLink | None
+    # The Catalog revision the command pinned, as stored (None: not stored any more).
+    pinned: Catalog | None = None
 
     @property
     def remote_id(self) -> str | None:
@@ -133,7 +135,10 @@ def _scope_digest(binding: BindingSettings) -> str:
 
 @attrs.define(eq=False)
 class EffectRunner:
+    # The current Catalog (what the configuration serves): only the binding
+    # generation check reads it. Every definition comes from the pinned revision.
     catalog: Catalog
+    catalogs: CatalogView
     executor: HttpExecutor
     receipt_max_attempts: int
     # Called with (operation, outcome class) after every external call.
@@ -159,34 +164,43 @@ class EffectRunner:
         if found is None:
             return None
         command, attempt_count, hinted = found
-        op = self.catalog.operation(command.operation)
-        binding = self.catalog.binding(command.binding_id)
+        pinned, op, binding = await self._definitions(command)
         key = (integration_link_key_v2(_scope_digest(binding), op.local_object, command.local_id)
                if op is not None and binding is not None else None)
         if not attempt_count and key == link_hint:
-            return EffectContext(command, [], op, binding, hinted)
+            return EffectContext(command, [], op, binding, hinted, pinned)
 
         async def rest(tx: SqlTx) -> tuple[RemoteLink | None, list[EffectAttempt]]:
             link = hinted if key == link_hint else (await read_link(tx, key) if key else None)
             return link, (await attempts_of(tx, command_id) if attempt_count else [])
 
         link, attempts = await ctx.store.db.transact(rest, name="effect.context", write=False)
-        return EffectContext(command, attempts, op, binding, link)
+        return EffectContext(command, attempts, op, binding, link, pinned)
+
+    async def _definitions(self, command: Command) -> tuple[
+            Catalog | None, OperationDefinition | None, BindingSettings | None]:
+        """The command's operation and binding from exactly its pinned revision
+        (cached after the first read: a revision never changes)."""
+        pinned = await self.catalogs.pinned(command.catalog_revision, command.catalog_digest)
+        if pinned is None:
+            return None, None, None
+        return pinned, pinned.operation(command.operation), pinned.binding(command.binding_id)
 
     async def _context_unhinted(self, ctx: WorkContext, command_id: str) -> EffectContext | None:
-        async def body(tx: SqlTx) -> EffectContext | None:
-            command = await read_command(tx, command_id)
-            if command is None:
-                return None
-            op = self.catalog.operation(command.operation)
-            binding = self.catalog.binding(command.binding_id)
+        command = await ctx.store.command_get(command_id)
+        if command is None:
+            return None
+        pinned, op, binding = await self._definitions(command)
+
+        async def body(tx: SqlTx) -> tuple[RemoteLink | None, list[EffectAttempt]]:
             link = None
             if op is not None and binding is not None:
                 link = await read_link(tx, integration_link_key_v2(
                     _scope_digest(binding), op.local_object, command.local_id))
-            return EffectContext(command, await attempts_of(tx, command_id), op, binding, link)
+            return link, await attempts_of(tx, command_id)
 
-        return await ctx.store.db.transact(body, name="effect.context", write=False)
+        link, attempts = await ctx.store.db.transact(body, name="effect.context", write=False)
+        return EffectContext(command, attempts, op, binding, link, pinned)
 
     async def handle(self, ctx: WorkContext) -> Outcome:
         payload = json.loads(ctx.item.payload)
@@ -210,10 +224,17 @@ class EffectRunner:
 
     async def _dispatch(self, ctx: WorkContext, ec: EffectContext) -> Outcome:
         command, op, binding = ec.command, ec.operation, ec.binding
+        if ec.pinned is None:
+            return self._refuse(ctx, ec, _history(ec.attempts), "catalog_revision_unavailable",
+                                f"the pinned Catalog revision {command.catalog_revision}"
+                                f" ({command.catalog_digest or 'no digest'}) is not stored")
         if op is None:
             return self._refuse(ctx, ec, _history(ec.attempts), "unknown_operation",
-                                f"operation {command.operation} is not in the catalog")
-        if binding is None or binding.generation != command.binding_generation:
+                                f"operation {command.operation} is not in catalog revision"
+                                f" {command.catalog_revision}")
+        current = self.catalog.binding(command.binding_id)
+        if (binding is None or current is None
+                or current.generation != command.binding_generation):
             return self._refuse(ctx, ec, _history(ec.attempts), "binding_generation",
                                 "the pinned binding generation is no longer current")
         remote_id = ec.remote_id
@@ -330,8 +351,8 @@ class EffectRunner:
         """Resolve unresolved attempts; ``None`` means proceed (they were proven absent)."""
         op, binding, remote_id = ec.operation, ec.binding, ec.remote_id
         if op is None or binding is None:
-            return RetryLater("reconcile_unavailable",
-                              "operation or binding gone; cannot read back", 60.0)
+            return RetryLater("reconcile_unavailable", "the pinned Catalog revision has no such"
+                              " operation or binding; cannot read back", 60.0)
         if remote_id is None or binding.token is None:
             return DeadLetter("outcome_unknown", "cannot read back (no link or credentials):"
                               " operator disposition needed")
@@ -374,10 +395,17 @@ class EffectRunner:
                           " operator disposition needed")
 
 
-async def replay_refusal(catalog: Catalog, store: WorkStore, item: WorkItem) -> str | None:
+async def replay_refusal(catalogs: CatalogView, store: WorkStore,
+                         item: WorkItem) -> str | None:
     """Seed 10: no replay while an outcome is unknown (until reconciliation or an
     operator's disposition), nor when the pinned binding or Catalog revision
-    is no longer what this service serves (identity/authority ambiguous)."""
+    is no longer what this service serves (identity/authority ambiguous).
+
+    The current revision is resolved explicitly (``catalogs.current``, which
+    must be published with the configuration's digest): a replay runs the same
+    command, pinned to its revision, so it is allowed only when that *is* the
+    current revision; otherwise a repair issues a new command pinned to the
+    current one."""
     payload = json.loads(item.payload)
     command = await store.command_get(str(payload.get("command_id", "")))
     if command is None:
@@ -385,13 +413,19 @@ async def replay_refusal(catalog: Catalog, store: WorkStore, item: WorkItem) -> 
     if any(a.unresolved for a in await store.effect_attempts(command.command_id)):
         return ("an effect attempt's outcome is unknown; reconcile it or record an operator"
                 " disposition first")
-    binding = catalog.binding(command.binding_id)
+    current = catalogs.current
+    binding = current.binding(command.binding_id)
     if binding is None or binding.generation != command.binding_generation:
         return ("the command's binding generation is no longer current; issue a repair"
                 " command instead")
-    if command.catalog_revision != catalog.revision:
-        return (f"the command names Catalog revision {command.catalog_revision}, this"
-                f" service serves {catalog.revision}")
+    if (command.catalog_revision, command.catalog_digest) != (current.revision, current.digest):
+        return (f"the command is pinned to Catalog revision {command.catalog_revision}"
+                f" ({command.catalog_digest or 'no digest'}); the current revision is"
+                f" {current.revision} ({current.digest}): issue a repair command instead")
+    published = await catalogs.published(current.revision)
+    if published is None or published.digest != current.digest:
+        return (f"the current Catalog revision {current.revision} is not published with this"
+                " configuration's content")
     return None
 
 

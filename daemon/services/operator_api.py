@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from config.catalog import load_catalog
 from config.settings import Operator, Settings
 from daemon.core.states import WorkState
 from daemon.core.work import WorkItem, WorkSpec
@@ -36,6 +37,9 @@ ACTION_ROLES: dict[str, frozenset[str]] = {
     "work.enqueue": frozenset({"operator", "admin"}),
     "work.cancel": frozenset({"operator", "admin"}),
     "work.replay": frozenset({"operator", "admin"}),
+    "catalog.read": frozenset({"viewer", "operator", "admin"}),
+    "catalog.publish": frozenset({"admin"}),
+    "catalog.delete": frozenset({"admin"}),
 }
 
 
@@ -149,8 +153,10 @@ async def replay(
             refusal = await family.replay_guard(store, item)
             if refusal is not None:
                 raise WorkConflict(f"work {work_id} cannot be replayed: {refusal}")
+    current = load_catalog(settings)  # resolved explicitly, recorded in the audit entry
     return await store.work_replay(
-        ReplayParams(work_id=work_id, actor=operator.name, role=operator.role, reason=reason),
+        ReplayParams(work_id=work_id, actor=operator.name, role=operator.role, reason=reason,
+                     resolved_catalog=(current.revision, current.digest)),
         clock.now_us(),
     )
 

@@ -90,8 +90,12 @@ async def test_replay_creates_lineage_and_audit(console: ConsoleHarness) -> None
     (entry,) = detail["audit"]
     assert entry["action"] == "work.replay" and entry["actor"] == "otto"
     assert entry["reason"] == "provider fixed"
-    assert entry["before"] == {"work_id": dead, "state": "dead"}
+    # The audit entry records the pinned and the resolved current Catalog revision.
+    assert entry["before"] == {"work_id": dead, "state": "dead", "catalog_revision": 0,
+                               "catalog_digest": ""}
     assert entry["after"]["work_id"] == new["work_id"]
+    assert entry["after"]["resolved_catalog_revision"] == 1
+    assert entry["after"]["resolved_catalog_digest"].startswith("sha256:")
     child = await (await client.get(f"/admin/api/work/{new['work_id']}")).get_json()
     assert child["lineage"]["replay_of"]["work_id"] == dead
     assert child["lineage"]["created_by"][0]["audit_id"] == entry["audit_id"]

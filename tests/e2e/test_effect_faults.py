@@ -22,7 +22,12 @@ import httpx
 import pytest
 import trio
 
+from config.catalog import load_catalog
+from config.load import load_settings
 from daemon.core.states import WorkState
+from daemon.services.catalog_view import publish_current
+from daemon.services.clock import WallClock
+from daemon.services.families import known_family_names
 from sandbox.hubspot_sim import Fault, HubSpotSimulator
 from sandbox.ports import free_port
 from sandbox.runtime import ReferenceRuntime
@@ -121,6 +126,11 @@ async def world(database: FreshDatabase, tmp_path: Path) -> AsyncIterator[World]
             cfg = replica_config(tmp_path / "a.toml", database.url, api_port=api_port,
                                  runtime_url=runtime_url,
                                  hubspot_url=f"http://127.0.0.1:{sim_port}")
+            # The replicas serve revision 7: publish it (``run`` publishes nothing).
+            store = await database.open_store()
+            catalog = load_catalog(load_settings(str(cfg), known_families=known_family_names()))
+            await publish_current(store, catalog, actor="test", role="admin",
+                                  reason="fault tests", now_us=WallClock().now_us())
             yield World(sim, runtime_url, api_port, cfg, http)
             nursery.cancel_scope.cancel()
     finally:
@@ -229,7 +239,8 @@ async def test_claimed_but_not_checkpointed_dispatches_exactly_once(
             family="external_effect", owner="died-after-claim", limit=1,
             lease_ttl_us=1_000_000), time.time_ns() // 1000)
         assert len(dead.claimed) == 1
-    async with running_slice(store, database.url, lease_ttl=2.0) as sl2:
+    async with running_slice(store, database.url, lease_ttl=2.0,
+                             hubspot_port=sl.hubspot_port) as sl2:
         sl2.sim.add_contact("101", jobtitle="Engineer")
         await wait_for(lambda: sl2.patches("101"), within_s=30)
         (item,) = await store.work_list(WorkQuery(family="external_effect"))

@@ -18,6 +18,7 @@ from config.settings import RuntimeClient, Secret
 from daemon.api.app import ApiContext, create_api_app
 from daemon.core.canonical import canonical_digest
 from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
+from daemon.services.catalog_view import CatalogView, publish_current
 from daemon.services.clock import WallClock
 from daemon.services.http_server import serve_app
 from storage.port import WorkQuery
@@ -68,8 +69,11 @@ async def api(database: FreshDatabase, store: WorkStore) -> AsyncIterator[Api]:
         runtime_work_binding_digest=SCOPE.runtime_work_binding_digest,
         token=Secret(OTHER_TOKEN))
     settings = attrs.evolve(settings, runtimes=(*settings.runtimes, other))
-    app = create_api_app(ApiContext(settings=settings, store=store,
-                                    catalog=load_catalog(settings), clock=WallClock()))
+    catalog = load_catalog(settings)
+    await publish_current(store, catalog, actor="test", role="admin", reason="api tests",
+                          now_us=WallClock().now_us())
+    app = create_api_app(ApiContext(settings=settings, store=store, catalog=catalog,
+                                    clock=WallClock(), catalogs=CatalogView(store, catalog)))
     async with trio.open_nursery() as nursery:
         address = await nursery.start(serve_app, app, "127.0.0.1:0")
         async with httpx.AsyncClient(base_url=address) as client:
@@ -109,7 +113,7 @@ async def test_unauthenticated(api: Api, token: str | None, status: int, error: 
         ({**body(), "payload_digest": "md5:x"}, 400, "invalid_request"),
         ({**body(), "runtime_outbox_id": ""}, 400, "invalid_request"),
         (body(operation="salesforce.nope"), 422, "unknown_operation"),
-        (body(catalog_revision=6), 409, "catalog_revision_mismatch"),
+        (body(catalog_revision=6), 409, "catalog_revision_not_published"),
         (body(intent_kind="DELETE"), 422, "invalid_request"),
         (body(request={"properties": {"jobtitle": "x", "email": "y"}}), 422, "invalid_request"),
         (body(request={"properties": {}}), 422, "invalid_request"),

@@ -3,7 +3,7 @@
 A recording wrapper sits between the store and the real adapter while a
 workload drives every store method (migrations, enqueue with lanes and dedupe,
 claims with expiry and lane conflicts, renewals, every finalization, cancel,
-replay, depths, rollback states). Each recorded statement is checked against
+replay, depths, rollback states, Catalog revisions). Each recorded statement is checked against
 the constructs TiDB, MariaDB and SQLite do not share (docs/architecture.md).
 """
 
@@ -29,7 +29,15 @@ from daemon.core.quota import QuotaPolicy, ReservationState
 from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, TokenKey, seal
 from storage.grants import GrantState
 from storage.migrate import migrate
-from storage.port import Database, DbStats, ReplayParams, Row, SqlTx, WorkQuery
+from storage.port import (
+    Database,
+    DbStats,
+    PublishParams,
+    ReplayParams,
+    Row,
+    SqlTx,
+    WorkQuery,
+)
 from storage.principals import Actor
 from storage.quota import reservation_move, reservation_open
 from storage.refresh_leases import refresh_lease_acquire
@@ -126,6 +134,15 @@ async def _workload(store: WorkStore) -> None:
     await store.work_execution_totals("noop")
     await store.work_count_open("noop")
     await store.audit_list()
+    revision = PublishParams(revision=1, digest="sha256:x", content="{}", actor="a",
+                             role="admin", reason="r")
+    await store.catalog_publish(revision, T0)
+    await store.catalog_publish(revision, T0)  # answered from the stored row
+    await store.catalog_get(1)
+    await store.catalog_digest(1)
+    await store.catalog_list()
+    await store.catalog_pins(1)
+    await store.catalog_delete(1, actor="a", role="admin", reason="r", now_us=T0)
     await enqueue(store, 2, family="legacy")
     await store.work_rollback_fence("legacy", "f1", T0)
     legacy = await store.work_list(WorkQuery(family="legacy"))

@@ -14,6 +14,7 @@ import attrs
 import httpx
 import trio
 
+from config.catalog import build_catalog, load_catalog
 from config.settings import (
     AdminSettings,
     ApiSettings,
@@ -30,6 +31,7 @@ from config.settings import (
 from daemon.core.handoff import TrustedRuntimeWorkScope
 from daemon.core.identity import integration_scope_digest
 from daemon.services.assembly import assemble
+from daemon.services.catalog_view import publish_current
 from daemon.services.clock import WallClock
 from daemon.services.http_server import serve_app
 from daemon.services.metrics import Metrics
@@ -97,6 +99,8 @@ class Slice:
     replica: Replica | None = None
     # The console's base URL when the slice runs with one.
     base_url: str = ""
+    # The simulator's port (the binding's base URL, part of the Catalog revision).
+    hubspot_port: int = 0
 
     async def lead(self, lead_id: str, contact_id: str | None, *, link: bool = True,
                    title: str = "Engineer") -> None:
@@ -168,11 +172,19 @@ class Slice:
 async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False,
                         with_replica: bool = True, lease_ttl: float = 6.0,
                         max_attempts: int = 8,
-                        operators: tuple[Operator, ...] = ()) -> AsyncIterator[Slice]:
+                        operators: tuple[Operator, ...] = (),
+                        served_documents: list[Any] | None = None,
+                        hubspot_port: int | None = None) -> AsyncIterator[Slice]:
+    """The slice, its Catalog revision REVISION published. With ``served_documents``
+    (L1 definition documents), the replica serves them as current revision
+    REVISION + 1 (published too), while the Runtime still builds commands
+    against REVISION."""
     sim = HubSpotSimulator(tokens={HUBSPOT_TOKEN})
     api_port = free_port()
     async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=10) as http:
-        sim_port = await nursery.start(sim.run)
+        # A second slice on the same database reuses the first one's simulator
+        # address: the base URL is part of the pinned Catalog revision.
+        sim_port = await nursery.start(sim.run, "127.0.0.1", hubspot_port or 0)
         runtime = ReferenceRuntime(
             scope=SCOPE, integration_url=f"http://127.0.0.1:{api_port}",
             integration_token=RUNTIME_TOKEN, results_token=RESULTS_TOKEN,
@@ -194,9 +206,18 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                                   operators=operators)
         clock = WallClock()
         metrics = Metrics()
-        parts = assemble(settings, store, clock, metrics)
+        await publish_current(store, load_catalog(settings), actor="test", role="admin",
+                              reason="slice setup", now_us=clock.now_us())
+        served = None
+        if served_documents is not None:
+            settings = attrs.evolve(settings, catalog=CatalogSettings(revision=REVISION + 1))
+            served = build_catalog(REVISION + 1, served_documents, settings.bindings)
+            await publish_current(store, served, actor="test", role="admin",
+                                  reason="slice: a newer revision", now_us=clock.now_us())
+        parts = assemble(settings, store, clock, metrics, catalog=served)
         the_slice = Slice(sim, runtime, f"http://127.0.0.1:{runtime_port}",
-                          f"http://127.0.0.1:{api_port}", store, settings, http)
+                          f"http://127.0.0.1:{api_port}", store, settings, http,
+                          hubspot_port=sim_port)
         try:
             if not with_replica:
                 # Only the /v1 API: commands are admitted, nothing claims them.

@@ -1,0 +1,49 @@
+"""A published Catalog revision's stored content, parsed back into a :class:`Catalog`.
+
+The content holds no secret: a binding's token comes from the current
+settings, by binding id (``secrets``). The parsed revision is checked against
+the digest it was stored under, so a worker never runs content that differs
+from what the command pinned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from config.catalog import Catalog, CatalogError, build_catalog
+from config.settings import BindingSettings
+from daemon.core.catalog_content import BadContent, content_digest, parse_content
+
+_BINDING_FIELDS = frozenset(f.name for f in attrs.fields(BindingSettings)) - {"token"}
+
+
+def _binding(i: int, fields: Any, secrets: dict[str, BindingSettings]) -> BindingSettings:
+    if not isinstance(fields, dict) or not set(fields) <= _BINDING_FIELDS:
+        raise CatalogError(f"bindings[{i}]", "not the non-secret fields of a binding")
+    try:
+        binding = BindingSettings(**fields)
+    except TypeError as exc:
+        raise CatalogError(f"bindings[{i}]", str(exc)) from None
+    current = secrets.get(binding.binding_id)
+    return attrs.evolve(binding, token=current.token if current is not None else None)
+
+
+def catalog_from_content(revision: int, digest: str, content: str,
+                         secrets: tuple[BindingSettings, ...] = ()) -> Catalog:
+    """Parse a stored revision; raise :class:`CatalogError` if it is not what ``digest`` says."""
+    actual = content_digest(content.encode())
+    if actual != digest:
+        raise CatalogError(f"catalog revision {revision}",
+                           f"stored content has digest {actual}, not {digest}")
+    try:
+        definitions, raw_bindings = parse_content(content)
+    except BadContent as exc:
+        raise CatalogError(f"catalog revision {revision}", str(exc)) from None
+    by_id = {b.binding_id: b for b in secrets}
+    bindings = tuple(_binding(i, f, by_id) for i, f in enumerate(raw_bindings))
+    # The digest is that of the stored bytes: a field added to the settings
+    # later (with its default) does not change what an old revision was.
+    return attrs.evolve(build_catalog(revision, definitions, bindings), digest=digest,
+                        content=content)
