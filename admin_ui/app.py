@@ -41,12 +41,14 @@ from admin_ui.render import age_since, fmt_age, fmt_ts, page
 from admin_ui.view import ReplicaView
 from daemon.services import logs
 from daemon.services.families import UnknownFamily
+from daemon.services.http_guard import guard_app
 from daemon.services.operator_api import BadRequest, NotAuthorized
 from storage.port import StorageError, WorkConflict, WorkNotFound
 
 __all__ = ["METRICS_CONTENT_TYPE", "ReplicaView", "create_app"]
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MAX_BODY_BYTES = 64 * 1024
 STATIC_PREFIX = "/admin/static/"
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
@@ -92,7 +94,7 @@ def create_app(replica: ReplicaView, extensions: ConsoleExtensions | None = None
     """The admin listener's app; ``extensions`` adds pages, API routes and lineage."""
     app = QuartTrio(__name__, static_url_path="/admin/static", static_folder="static",
                     template_folder="templates")
-    app.config["MAX_CONTENT_LENGTH"] = 64 * 1024
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.extensions[EXTENSION_KEY] = Console.build(replica, extensions)
     app.add_template_filter(fmt_ts, "ts")
     app.add_template_filter(fmt_age, "age")
@@ -153,6 +155,7 @@ def create_app(replica: ReplicaView, extensions: ConsoleExtensions | None = None
         app.register_blueprint(blueprint)
     for blueprint in console_extensions(app).blueprints:
         app.register_blueprint(blueprint)
+    guard_app(app, MAX_BODY_BYTES)
     return app
 
 

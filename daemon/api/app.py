@@ -36,6 +36,7 @@ from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
 from daemon.core.identity import integration_link_key_v2, integration_scope_digest
 from daemon.services import logs
 from daemon.services.clock import Clock
+from daemon.services.http_guard import guard_app
 from storage.commands import EFFECT_FAMILY
 from storage.effect_values import Admission, AdmissionResult, CommandDraft
 from storage.port import StorageError
@@ -227,4 +228,5 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
             exc.code or 500, "http_error")
         return _json({"error": code, "message": exc.description or code}, exc.code or 500)
 
+    guard_app(app, ctx.settings.api.max_body_bytes)
     return app

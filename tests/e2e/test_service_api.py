@@ -5,6 +5,7 @@ Every refusal is a 4xx with a JSON error body, and writes nothing.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,6 +25,7 @@ from storage.port import WorkQuery
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.commands import command_doc
+from tests.support.raw_http import refused_then_next
 from tests.support.slice import RUNTIME_TOKEN, SCOPE, slice_settings
 
 OTHER_ORG = attrs.evolve(SCOPE, org_id="org-other")
@@ -48,6 +50,7 @@ def body(intent_id: str = "int-1", *, scope: TrustedRuntimeWorkScope = SCOPE,
 class Api:
     client: httpx.AsyncClient
     store: WorkStore
+    address: str
 
     async def post(self, path: str, doc: Any, token: str | None = RUNTIME_TOKEN,
                    **kw: Any) -> httpx.Response:
@@ -73,7 +76,7 @@ async def api(database: FreshDatabase, store: WorkStore) -> AsyncIterator[Api]:
     async with trio.open_nursery() as nursery:
         address = await nursery.start(serve_app, app, "127.0.0.1:0")
         async with httpx.AsyncClient(base_url=address) as client:
-            yield Api(client, store)
+            yield Api(client, store, address)
         nursery.cancel_scope.cancel()
 
 
@@ -280,4 +283,43 @@ async def test_an_oversized_batch_is_413(api: Api) -> None:
                         for i in range(80)]}
     r = await api.post("/v1/commands/batch", big)
     assert (r.status_code, r.json()["error"]) == (413, "payload_too_large")
+    assert await api.nothing_written()
+
+
+# An early refusal (before the body is read) must leave the connection usable: the body
+# arriving after the answer is read and dropped, or the server closes the connection.
+# Today the second request on the socket is never answered (the GET stalls).
+JSON = {"Content-Type": "application/json"}
+BEARER = {"Authorization": f"Bearer {RUNTIME_TOKEN}"}
+
+
+@pytest.mark.parametrize(
+    ("headers", "size", "status", "error"),
+    [
+        (JSON, 200_000, 401, "unauthenticated"),
+        (JSON, 40, 401, "unauthenticated"),
+        ({**JSON, "Authorization": "Bearer wrong"}, 200_000, 401, "unauthenticated"),
+        ({**BEARER, "Content-Type": "text/plain"}, 200_000, 415, "unsupported_media_type"),
+        ({**BEARER, "Content-Type": "text/plain"}, 40, 415, "unsupported_media_type"),
+    ],
+)
+async def test_the_next_request_after_an_early_refusal_is_answered(
+    api: Api, headers: dict[str, str], size: int, status: int, error: str
+) -> None:
+    for path in ("/v1/commands", "/v1/commands/batch", "/v1/handoffs/reject"):
+        first, second = await refused_then_next(api.address, "POST", path, headers,
+                                                b" " * size, "/v1/openapi.json")
+        assert (first.status, json.loads(first.body)["error"]) == (status, error)
+        # Within the body limit the body is read and dropped: the connection is reused.
+        assert second is not None and second.status == 200, path
+    assert await api.nothing_written()
+
+
+async def test_an_early_refusal_of_a_body_over_the_limit_closes_the_connection(
+    api: Api
+) -> None:
+    first, second = await refused_then_next(api.address, "POST", "/v1/commands", JSON,
+                                            b" " * 300_000, "/v1/openapi.json")
+    assert first.status == 401 and first.headers.get("connection") == "close"
+    assert second is None
     assert await api.nothing_written()
