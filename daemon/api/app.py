@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 from quart import Response, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, InternalServerError
 
 from config.catalog import Catalog
 from config.settings import RuntimeClient, Settings
@@ -34,6 +34,7 @@ from daemon.api.openapi import OPENAPI
 from daemon.api.validation import ApiError, command_body, handoff_fields
 from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
 from daemon.core.identity import integration_link_key_v2, integration_scope_digest
+from daemon.core.json_input import BadJson, parse_json
 from daemon.services import logs
 from daemon.services.clock import Clock
 from daemon.services.http_guard import guard_app
@@ -92,10 +93,11 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         if request.mimetype != "application/json":
             raise ApiError(415, "unsupported_media_type", "send application/json")
         raw = await request.get_data(as_text=False)
+        assert isinstance(raw, bytes)
         try:
-            return json.loads(raw)
-        except ValueError:
-            raise ApiError(400, "malformed_json", "the body is not valid JSON") from None
+            return parse_json(raw)
+        except BadJson as exc:
+            raise ApiError(400, "malformed_json", exc.message) from None
 
     def draft_for(rc: RuntimeClient, doc: Any) -> CommandDraft:
         valid = command_body(doc, _scope(rc), ctx.catalog)
@@ -224,6 +226,9 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
+        if isinstance(exc, InternalServerError):  # a bug: the traceback is in the log only
+            return _json({"error": "internal_error",
+                          "message": "the request failed inside integrationd; see its log"}, 500)
         code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
             exc.code or 500, "http_error")
         return _json({"error": code, "message": exc.description or code}, exc.code or 500)

@@ -15,6 +15,7 @@ import attrs
 import trio
 
 MAX_HEAD = 64 * 1024
+LATE_BODY_S = 0.1
 
 
 @attrs.frozen
@@ -109,8 +110,13 @@ async def refused_then_next(address: str, method: str, path: str, headers: dict[
         with trio.fail_after(timeout_s):
             await conn.send(request_head(method, path, headers, len(body)))
             first = await conn.read_response()
+            # Let the server finish the answer before the body arrives: the late body of
+            # the finding (sent at once, it often races the end of the answer and wins).
+            await trio.sleep(LATE_BODY_S)
             try:
-                await conn.send(body + request_head("GET", then, then_headers or {}, 0))
+                # Two writes, as a client sends a body and later its next request.
+                await conn.send(body)
+                await conn.send(request_head("GET", then, then_headers or {}, 0))
             except trio.BrokenResourceError:
                 return first, None
             try:
