@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from urllib.parse import quote
 
 from quart import Response, g, redirect, request
@@ -45,7 +46,7 @@ from daemon.services.http_guard import guard_app
 from daemon.services.operator_api import BadRequest, NotAuthorized
 from storage.port import StorageError, WorkConflict, WorkNotFound
 
-__all__ = ["METRICS_CONTENT_TYPE", "ReplicaView", "create_app"]
+__all__ = ["METRICS_CONTENT_TYPE", "ReplicaView", "console_factory", "create_app"]
 
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_BODY_BYTES = 64 * 1024
@@ -163,6 +164,17 @@ def create_app(replica: ReplicaView, extensions: ConsoleExtensions | None = None
         app.register_blueprint(blueprint)
     guard_app(app, MAX_BODY_BYTES)
     return app
+
+
+def console_factory(
+    extensions: ConsoleExtensions | None = None,
+) -> Callable[[ReplicaView], QuartTrio]:
+    """What the composition root hands a replica: builds its admin app, given the replica."""
+
+    def build(replica: ReplicaView) -> QuartTrio:
+        return create_app(replica, extensions)
+
+    return build
 
 
 def console_extensions(app: QuartTrio) -> ConsoleExtensions:
