@@ -31,7 +31,7 @@ from werkzeug.exceptions import HTTPException, InternalServerError
 from config.catalog import Catalog
 from config.settings import RuntimeClient, Settings
 from daemon.api.openapi import OPENAPI
-from daemon.api.validation import ApiError, command_body, handoff_fields
+from daemon.api.validation import ApiError, command_body, handoff_fields, only_fields
 from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
 from daemon.core.identity import integration_link_key_v2, integration_scope_digest
 from daemon.core.json_input import BadJson, parse_json
@@ -87,7 +87,12 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
                 if rc.token is not None and hmac.compare_digest(
                         rc.token.reveal().encode(), token.encode()):
                     return rc
-        raise ApiError(401, "unauthenticated", "a valid bearer token is required")
+        # RFC 6750: name the scheme; error="invalid_token" only when a token was offered.
+        challenge = 'Bearer realm="integrationd"'
+        if header:
+            challenge += ', error="invalid_token"'
+        raise ApiError(401, "unauthenticated", "a valid bearer token is required",
+                       {"WWW-Authenticate": challenge})
 
     async def json_body() -> Any:
         if request.mimetype != "application/json":
@@ -150,6 +155,8 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         """
         rc = caller()
         doc = await json_body()
+        if isinstance(doc, dict):
+            only_fields(doc, ("commands",), "the body")
         entries = doc.get("commands") if isinstance(doc, dict) else None
         limit = ctx.settings.api.max_batch_commands
         if not isinstance(entries, list) or not entries:
@@ -217,7 +224,9 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
 
     @app.errorhandler(ApiError)
     async def api_error(exc: ApiError) -> Response:
-        return _json({"error": exc.code, "message": exc.message}, exc.status)
+        response = _json({"error": exc.code, "message": exc.message}, exc.status)
+        response.headers.update(exc.headers)
+        return response
 
     @app.errorhandler(StorageError)
     async def storage_error(exc: StorageError) -> Response:

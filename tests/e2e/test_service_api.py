@@ -323,3 +323,80 @@ async def test_an_early_refusal_of_a_body_over_the_limit_closes_the_connection(
     assert first.status == 401 and first.headers.get("connection") == "close"
     assert second is None
     assert await api.nothing_written()
+
+
+@pytest.mark.parametrize(
+    ("raw", "word"),
+    [
+        (b"[" * 1000, "deeper"),  # today: RecursionError, a 500 with a traceback
+        (b'{"commands": ' + b"[" * 1000 + b"]" * 1000 + b"}", "deeper"),
+        (b'{"effect_handoff_key": "\xff\xfe"}', "UTF-8"),
+        (b"\xff\xfe{}", "UTF-8"),
+        (b'{"x": NaN}', "not valid JSON"),
+    ],
+)
+async def test_bodies_that_are_not_utf8_or_nest_too_deeply_are_a_json_400(
+    api: Api, raw: bytes, word: str
+) -> None:
+    for path in ("/v1/commands", "/v1/commands/batch", "/v1/handoffs/reject"):
+        r = await api.client.post(path, content=raw, headers={**BEARER, **JSON})
+        assert (r.status_code, r.json()["error"]) == (400, "malformed_json"), (path, r.text)
+        assert word in r.json()["message"]
+    assert await api.nothing_written()
+
+
+def _with(doc: dict[str, Any], *path: str, **extra: Any) -> dict[str, Any]:
+    """``doc`` with ``extra`` fields added to the object at ``path``."""
+    out = json.loads(json.dumps(doc))
+    target = out
+    for key in path:
+        target = target[key]
+    target.update(extra)
+    if path and path[0] == "command":
+        out["payload_digest"] = canonical_digest(out["command"])  # still a valid digest
+    return out
+
+
+@pytest.mark.parametrize(
+    ("doc", "where"),
+    [
+        (_with(body(), extra="x"), "the body"),
+        (_with(body(), "command", priority=1), "command"),
+        (_with(body(), "command", "logical_target", account_id="a"), "logical_target"),
+        (_with(body(), "command", "request", method="DELETE"), "request"),
+    ],
+)
+async def test_fields_the_openapi_document_forbids_are_refused(
+    api: Api, doc: dict[str, Any], where: str
+) -> None:
+    r = await api.post("/v1/commands", doc)
+    assert (r.status_code, r.json()["error"]) == (400, "invalid_request"), r.text
+    assert f"unknown field(s) in {where}" in r.json()["message"]
+    batch = await api.post("/v1/commands/batch", {"commands": [doc]})
+    assert batch.json()["results"][0]["error"] == "invalid_request"
+    assert await api.nothing_written()
+
+
+async def test_the_reject_and_batch_bodies_refuse_unknown_fields(api: Api) -> None:
+    handoff = {k: body()[k] for k in ("effect_handoff_key", "payload_digest",
+                                      "runtime_outbox_id")}
+    r = await api.post("/v1/handoffs/reject", {**handoff, "command": body()["command"]})
+    assert (r.status_code, r.json()["error"]) == (400, "invalid_request")
+    r = await api.post("/v1/commands/batch", {"commands": [body()], "atomic": True})
+    assert (r.status_code, r.json()["error"]) == (400, "invalid_request")
+    assert await api.nothing_written()
+
+
+@pytest.mark.parametrize(
+    ("token", "challenge"),
+    [(None, 'Bearer realm="integrationd"'),
+     ("wrong", 'Bearer realm="integrationd", error="invalid_token"')],
+)
+async def test_a_401_carries_www_authenticate(api: Api, token: str | None,
+                                              challenge: str) -> None:
+    for r in (await api.post("/v1/commands", body(), token=token),
+              await api.client.get("/v1/handoffs", params={"effect_handoff_key": "x"},
+                                   headers={"Authorization": f"Bearer {token}"} if token
+                                   else {})):
+        assert r.status_code == 401
+        assert r.headers["WWW-Authenticate"] == challenge
