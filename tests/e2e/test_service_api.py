@@ -347,7 +347,7 @@ async def test_bodies_that_are_not_utf8_or_nest_too_deeply_are_a_json_400(
 
 def _with(doc: dict[str, Any], *path: str, **extra: Any) -> dict[str, Any]:
     """``doc`` with ``extra`` fields added to the object at ``path``."""
-    out = json.loads(json.dumps(doc))
+    out: dict[str, Any] = json.loads(json.dumps(doc))
     target = out
     for key in path:
         target = target[key]
