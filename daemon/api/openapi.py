@@ -122,7 +122,11 @@ OPENAPI: dict[str, Any] = {
                     "schema": {"type": "object", "required": ["commands"],
                                "additionalProperties": False, "properties": {
                                    "commands": {"type": "array", "minItems": 1, "items": {
-                                       "$ref": "#/components/schemas/CommandRequest"}}}}}}},
+                                       "description": "a POST /v1/commands body"
+                                                      " (CommandRequest); an entry that is"
+                                                      " not is answered with its error in"
+                                                      " `results`, not by refusing the batch"
+                                   }}}}}}},
                 "responses": {
                     "200": {"description": "one answer per entry, in order",
                             "content": {"application/json": {"schema": {
