@@ -8,7 +8,6 @@ are ``{"error": code, "message": text}`` with a stable code. The document at
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from quart import Blueprint, request
@@ -26,6 +25,7 @@ from admin_ui.filters import (
 )
 from admin_ui.serialize import cancel_json, work_json
 from daemon.core.ids import is_ulid
+from daemon.core.json_input import BadJson, parse_json
 from storage.port import WorkNotFound
 
 bp = Blueprint("api", __name__, url_prefix="/admin/api")
@@ -49,11 +49,12 @@ def checked_work_id(work_id: str) -> str:
 async def json_body() -> dict[str, Any]:
     if request.mimetype != "application/json":
         raise UnsupportedMediaType("send a JSON object with Content-Type: application/json")
-    raw = await request.get_data(as_text=True)
+    raw = await request.get_data(as_text=False)
+    assert isinstance(raw, bytes)
     try:
-        doc = json.loads(raw or "{}")
-    except ValueError:
-        raise BadInput("the body is not valid JSON") from None
+        doc = parse_json(raw or b"{}")
+    except BadJson as exc:
+        raise BadInput(exc.message) from None
     if not isinstance(doc, dict):
         raise BadInput("the body must be a JSON object")
     return doc

@@ -419,12 +419,15 @@ def _op(summary: str, method: str, *, body: bool = False, param: str | None = No
         "responses": {"200": {"description": "ok"}, "400": {"description": "bad input"},
                       "401": {"description": "sign in"}, "403": {"description": "role"},
                       "404": {"description": "not found"},
-                      "409": {"description": "conflict"}},
+                      "409": {"description": "conflict"},
+                      "503": {"description": "database unavailable"}},
     }
     if param:
         spec["parameters"] = [{"name": param, "in": "path", "required": True,
                                "schema": {"type": "string"}}]
     if body:
+        spec["responses"].update({"413": {"description": "body over 64 KiB"},
+                                  "415": {"description": "body is not JSON"}})
         spec["requestBody"] = {"required": True,
                                "content": {"application/json": {"schema": {"type": "object"}}}}
     return {method: spec}

@@ -22,12 +22,13 @@ def _json(schema: Json, description: str = "OK") -> Json:
 
 def _errors(*statuses: int) -> dict[str, Json]:
     names = {400: "BadRequest", 401: "Unauthenticated", 403: "Forbidden", 404: "NotFound",
-             409: "Conflict", 415: "UnsupportedMediaType", 503: "DatabaseUnavailable"}
+             409: "Conflict", 413: "PayloadTooLarge", 415: "UnsupportedMediaType",
+             503: "DatabaseUnavailable"}
     return {str(s): {"$ref": f"#/components/responses/{names[s]}"} for s in statuses}
 
 
 READ_ERRORS = (401, 403, 503)
-WRITE_ERRORS = (400, 401, 403, 404, 409, 415, 503)
+WRITE_ERRORS = (400, 401, 403, 404, 409, 413, 415, 503)
 WRITE_SECURITY: list[Json] = [
     {"sessionCookie": [], "csrfToken": []},
     {"proxyUser": [], "csrfToken": []},
@@ -51,9 +52,14 @@ def _post(summary: str, body: Json, schema: Json) -> Json:
     }
 
 
+# An empty query value means "not given" (the console's filter forms send empty fields).
+EMPTY: Json = {"type": "string", "maxLength": 0}
+
+
 def _q(name: str, description: str, schema: Json | None = None) -> Json:
-    return {"name": name, "in": "query", "required": False, "description": description,
-            "schema": schema or {"type": "string"}}
+    return {"name": name, "in": "query", "required": False,
+            "description": description + ("; empty: the default" if schema else ""),
+            "schema": {"anyOf": [schema, EMPTY]} if schema else {"type": "string"}}
 
 
 WORK_ID = {"name": "work_id", "in": "path", "required": True,
@@ -245,13 +251,16 @@ def _error_response(description: str) -> Json:
 
 
 RESPONSES: Json = {
-    "BadRequest": _error_response("Malformed input (codes: bad_request, bad_filter)"),
+    "BadRequest": _error_response(
+        "Malformed input (codes: bad_request, bad_filter); a body that is not UTF-8 JSON or"
+        " nests deeper than 32 levels is bad_request"),
     "Unauthenticated": _error_response("Not signed in (code: unauthenticated)"),
     "Forbidden": _error_response("Role does not allow it, or CSRF check failed"
                                  " (codes: forbidden, csrf_failed); nothing changed"),
     "NotFound": _error_response("No such item (code: not_found)"),
     "Conflict": _error_response("Lost to another transition or not legal now (codes:"
                                 " conflict, family_not_runnable)"),
+    "PayloadTooLarge": _error_response("Body over 64 KiB (code: payload_too_large)"),
     "UnsupportedMediaType": _error_response("Body is not JSON"
                                             " (code: unsupported_media_type)"),
     "DatabaseUnavailable": _error_response(

@@ -24,7 +24,7 @@ from daemon.services import logs
 from storage.port import StorageError
 
 if TYPE_CHECKING:
-    from daemon.services.replica import HistoryPoint, MetricSample
+    from admin_ui.view import HistoryPoint, MetricSample
 
 SERIES_POINTS = 180
 THROUGHPUT_WINDOW_S = 60.0
@@ -149,6 +149,6 @@ async def overview(view: ReplicaView) -> dict[str, Any]:
         "pressure": pressure(latest),
         "throughput": throughput(history, THROUGHPUT_WINDOW_S),
         "series": series(history),
-        "local": local_counters(view.counter_samples()),
+        "local": local_counters(list(view.counter_samples())),
         "replicas": seen,
     }

@@ -2,21 +2,51 @@
 
 The app never reaches into the work loop: it reads through this protocol,
 which :class:`daemon.services.replica.Replica` implements, so the console can
-be served (and tested) apart from the running replica.
+be served (and tested) apart from the running replica. The console does not
+import the replica (nor the replica the console): the CLI, the composition
+root, builds the app and hands the replica a factory for it. The history and
+counter samples the console reads are described here by their shape.
 """
 
 from __future__ import annotations
 
-import collections
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from config.settings import Settings
 from daemon.services.clock import Clock
 from daemon.services.families import FamilyRegistry
+from storage.port import OutcomeCount, QueueDepth
 from storage.work_store import WorkStore
 
-if TYPE_CHECKING:
-    from daemon.services.replica import HistoryPoint, MetricSample
+
+class HistoryPoint(Protocol):
+    """One depth sample, and what finished (cluster-wide) since the previous one."""
+
+    @property
+    def at_us(self) -> int: ...
+
+    @property
+    def interval_s(self) -> float: ...
+
+    @property
+    def depths(self) -> Sequence[QueueDepth]: ...
+
+    @property
+    def finished(self) -> Sequence[OutcomeCount]: ...
+
+
+class MetricSample(Protocol):
+    """One sample of the replica's metrics: name, labels, value."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+
+    @property
+    def value(self) -> float: ...
 
 
 class ReplicaView(Protocol):
@@ -27,7 +57,9 @@ class ReplicaView(Protocol):
     registry: FamilyRegistry
     clock: Clock
     replica_id: str
-    history: collections.deque[HistoryPoint]
+
+    @property
+    def history(self) -> Sequence[HistoryPoint]: ...
 
     @property
     def state(self) -> str: ...
@@ -36,4 +68,4 @@ class ReplicaView(Protocol):
 
     def readiness(self) -> tuple[bool, dict[str, object]]: ...
 
-    def counter_samples(self, prefix: str = "integrationd_work_") -> list[MetricSample]: ...
+    def counter_samples(self, prefix: str = "integrationd_work_") -> Sequence[MetricSample]: ...

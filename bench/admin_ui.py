@@ -40,6 +40,7 @@ import trio
 import trio_mysql
 from argon2 import PasswordHasher
 
+from admin_ui.app import console_factory
 from config.settings import AdminSettings, Operator, ReplicaSettings, Settings, WorkSettings
 from daemon.core.work import WorkSpec
 from daemon.services.clock import WallClock
@@ -194,7 +195,7 @@ async def run(items: int, requests: int) -> dict[str, Any]:
                 operators=(Operator(name="bench", role="admin", password_hash=hashed),),
             )
             replica = Replica(settings, store, build_registry(settings, {}), WallClock(),
-                              replica_id="bench-ui")
+                              replica_id="bench-ui", admin_app=console_factory())
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(replica.run)
                 base = address if address.startswith("http") else f"http://{address}"

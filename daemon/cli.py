@@ -165,6 +165,8 @@ async def _cmd_migrate(settings: Settings) -> int:
 
 
 async def _cmd_run(settings: Settings) -> int:
+    from admin_ui.app import console_factory
+    from admin_ui.effects import effect_extensions
     from daemon.services.assembly import assemble
     from daemon.services.metrics import Metrics
     from daemon.services.replica import Replica
@@ -182,8 +184,11 @@ async def _cmd_run(settings: Settings) -> int:
         clock = WallClock()
         metrics = Metrics()
         parts = assemble(settings, store, clock, metrics)
+        # The composition root: the console is built here and handed to the replica, so
+        # the services never import the console, nor the console the replica.
+        admin_app = console_factory(effect_extensions(parts.catalog))
         replica = Replica(settings, store, parts.registry, clock, metrics=metrics,
-                          api_app=parts.api_app, console_extensions=parts.console_extensions)
+                          api_app=parts.api_app, admin_app=admin_app)
         if parts.api_context is not None:
             parts.api_context.wake = replica.wake
         if settings.replica.id:

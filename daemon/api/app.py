@@ -32,17 +32,25 @@ from typing import Any
 import attrs
 from quart import Response, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, InternalServerError
 
 from config.catalog import Catalog
 from config.settings import RuntimeClient, Settings
 from daemon.api.openapi import OPENAPI
-from daemon.api.validation import ApiError, command_body, handoff_fields, requested_revision
+from daemon.api.validation import (
+    ApiError,
+    command_body,
+    handoff_fields,
+    only_fields,
+    requested_revision,
+)
 from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
 from daemon.core.identity import integration_link_key_v2, integration_scope_digest
+from daemon.core.json_input import BadJson, parse_json
 from daemon.services import logs
 from daemon.services.catalog_view import CatalogView
 from daemon.services.clock import Clock
+from daemon.services.http_guard import guard_app
 from storage.commands import EFFECT_FAMILY
 from storage.effect_values import Admission, AdmissionResult, CommandDraft
 from storage.port import StorageError
@@ -95,16 +103,22 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
                 if rc.token is not None and hmac.compare_digest(
                         rc.token.reveal().encode(), token.encode()):
                     return rc
-        raise ApiError(401, "unauthenticated", "a valid bearer token is required")
+        # RFC 6750: name the scheme; error="invalid_token" only when a token was offered.
+        challenge = 'Bearer realm="integrationd"'
+        if header:
+            challenge += ', error="invalid_token"'
+        raise ApiError(401, "unauthenticated", "a valid bearer token is required",
+                       {"WWW-Authenticate": challenge})
 
     async def json_body() -> Any:
         if request.mimetype != "application/json":
             raise ApiError(415, "unsupported_media_type", "send application/json")
         raw = await request.get_data(as_text=False)
+        assert isinstance(raw, bytes)
         try:
-            return json.loads(raw)
-        except ValueError:
-            raise ApiError(400, "malformed_json", "the body is not valid JSON") from None
+            return parse_json(raw)
+        except BadJson as exc:
+            raise ApiError(400, "malformed_json", exc.message) from None
 
     async def resolve(docs: list[Any]) -> dict[int, Catalog | None]:
         """The published revisions these bodies name: one read per distinct revision."""
@@ -167,6 +181,8 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         """
         rc = caller()
         doc = await json_body()
+        if isinstance(doc, dict):
+            only_fields(doc, ("commands",), "the body")
         entries = doc.get("commands") if isinstance(doc, dict) else None
         limit = ctx.settings.api.max_batch_commands
         if not isinstance(entries, list) or not entries:
@@ -235,7 +251,9 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
 
     @app.errorhandler(ApiError)
     async def api_error(exc: ApiError) -> Response:
-        return _json({"error": exc.code, "message": exc.message}, exc.status)
+        response = _json({"error": exc.code, "message": exc.message}, exc.status)
+        response.headers.update(exc.headers)
+        return response
 
     @app.errorhandler(StorageError)
     async def storage_error(exc: StorageError) -> Response:
@@ -244,8 +262,12 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
+        if isinstance(exc, InternalServerError):  # a bug: the traceback is in the log only
+            return _json({"error": "internal_error",
+                          "message": "the request failed inside integrationd; see its log"}, 500)
         code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
             exc.code or 500, "http_error")
         return _json({"error": code, "message": exc.description or code}, exc.code or 500)
 
+    guard_app(app, ctx.settings.api.max_body_bytes)
     return app

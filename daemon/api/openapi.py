@@ -18,8 +18,16 @@ _HANDOFF_PROPS: dict[str, Any] = {
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    return {str(c): {"description": "error", "content": {"application/json": {"schema": _ERROR}}}
-            for c in codes}
+    out: dict[str, Any] = {}
+    for c in codes:
+        out[str(c)] = {"description": "error",
+                       "content": {"application/json": {"schema": _ERROR}}}
+        if c == 401:
+            out[str(c)]["headers"] = {"WWW-Authenticate": {
+                "description": 'Bearer realm="integrationd" (with error="invalid_token" when'
+                               " a token was presented)",
+                "required": True, "schema": {"type": "string"}}}
+    return out
 
 
 OPENAPI: dict[str, Any] = {
@@ -40,19 +48,37 @@ OPENAPI: dict[str, Any] = {
                 "type": "object",
                 "required": ["intent_id", "intent_kind", "operation", "logical_target",
                              "catalog_revision", "request"],
+                "additionalProperties": False,
                 "properties": {
-                    "intent_id": {"type": "string"},
+                    "intent_id": {"type": "string", "minLength": 1, "maxLength": 255},
                     "intent_kind": {"type": "string", "enum": ["UPSERT", "DELETE", "CREATE"]},
-                    "operation": {"type": "string"},
-                    "logical_target": {"type": "object"},
+                    "operation": {"type": "string", "minLength": 1, "maxLength": 128},
+                    "logical_target": {
+                        "type": "object", "required": ["object"],
+                        "minProperties": 2, "maxProperties": 2,
+                        "properties": {"object": {"type": "string"}},
+                        "additionalProperties": {"type": "string", "minLength": 1,
+                                                 "maxLength": 255},
+                        "description": "exactly {object, <object>_id}, e.g."
+                                       ' {"object": "lead", "lead_id": "lead-1"}; the object'
+                                       " is the operation's local object",
+                    },
                     "catalog_revision": {"type": "integer"},
-                    "request": {"type": "object",
-                                "properties": {"properties": {"type": "object"}}},
+                    "request": {
+                        "type": "object", "required": ["properties"],
+                        "additionalProperties": False,
+                        "properties": {"properties": {
+                            "type": "object", "minProperties": 1,
+                            "additionalProperties": {"type": ["string", "null"]},
+                            "description": "only the properties the operation allows",
+                        }},
+                    },
                 },
             },
             "CommandRequest": {
                 "type": "object",
                 "required": [*_HANDOFF_PROPS, "command"],
+                "additionalProperties": False,
                 "properties": {**_HANDOFF_PROPS,
                                "command": {"$ref": "#/components/schemas/Command"}},
             },
@@ -93,9 +119,14 @@ OPENAPI: dict[str, Any] = {
                                " that fails validation gets its error; nothing is written for"
                                " it. At most `api.max_batch_commands` entries.",
                 "requestBody": {"required": True, "content": {"application/json": {
-                    "schema": {"type": "object", "required": ["commands"], "properties": {
-                        "commands": {"type": "array", "minItems": 1, "items": {
-                            "$ref": "#/components/schemas/CommandRequest"}}}}}}},
+                    "schema": {"type": "object", "required": ["commands"],
+                               "additionalProperties": False, "properties": {
+                                   "commands": {"type": "array", "minItems": 1, "items": {
+                                       "description": "a POST /v1/commands body"
+                                                      " (CommandRequest); an entry that is"
+                                                      " not is answered with its error in"
+                                                      " `results`, not by refusing the batch"
+                                   }}}}}}},
                 "responses": {
                     "200": {"description": "one answer per entry, in order",
                             "content": {"application/json": {"schema": {

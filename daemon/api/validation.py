@@ -6,7 +6,7 @@ code and a message that never echoes payload values or another scope's data.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -19,11 +19,13 @@ MAX_ID_CHARS = 255
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str,
+                 headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = dict(headers or {})
 
 
 @attrs.frozen
@@ -52,10 +54,27 @@ def _string(doc: Mapping[str, Any], name: str, max_chars: int = MAX_ID_CHARS) ->
     return value
 
 
-def handoff_fields(doc: Any, caller: TrustedRuntimeWorkScope) -> HandoffFields:
-    """The three handoff arguments, with the key's scope checked against the caller's."""
+def only_fields(doc: Mapping[str, Any], allowed: Iterable[str], where: str) -> None:
+    """Refuse fields the OpenAPI document does not allow (``additionalProperties: false``)."""
+    extra = sorted(str(k)[:64] for k in set(doc) - set(allowed))
+    if extra:
+        more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
+        raise ApiError(400, "invalid_request",
+                       f"unknown field(s) in {where}: {', '.join(extra[:5])}{more}")
+
+
+HANDOFF_FIELDS = ("effect_handoff_key", "payload_digest", "runtime_outbox_id")
+COMMAND_FIELDS = ("intent_id", "intent_kind", "operation", "logical_target",
+                  "catalog_revision", "request")
+
+
+def handoff_fields(doc: Any, caller: TrustedRuntimeWorkScope,
+                   also: tuple[str, ...] = ()) -> HandoffFields:
+    """The three handoff arguments (and no other fields but ``also``), with the key's scope
+    checked against the caller's."""
     if not isinstance(doc, Mapping):
         raise ApiError(400, "invalid_request", "the body must be a JSON object")
+    only_fields(doc, (*HANDOFF_FIELDS, *also), "the body")
     key_text = _string(doc, "effect_handoff_key", 512)
     try:
         key = EffectHandoffKey.parse(key_text)
@@ -85,10 +104,11 @@ def command_body(doc: Any, caller: TrustedRuntimeWorkScope,
                  catalog: Catalog | None) -> ValidCommand:
     """Validate a command against the published revision it names (``catalog``:
     that revision, None when it is not published)."""
-    handoff = handoff_fields(doc, caller)
+    handoff = handoff_fields(doc, caller, also=("command",))
     command = doc.get("command")
     if not isinstance(command, Mapping):
         raise ApiError(400, "invalid_request", "command must be a JSON object")
+    only_fields(command, COMMAND_FIELDS, "command")
     try:
         digest = canonical_digest(command)
     except NotCanonical as exc:
@@ -118,7 +138,10 @@ def command_body(doc: Any, caller: TrustedRuntimeWorkScope,
         raise ApiError(422, "invalid_request",
                        f"logical_target.object must be {operation.local_object!r}")
     local_id = _string(target, f"{operation.local_object}_id")
+    only_fields(target, ("object", f"{operation.local_object}_id"), "logical_target")
     request = command.get("request")
+    if isinstance(request, Mapping):
+        only_fields(request, ("properties",), "request")
     properties = request.get("properties") if isinstance(request, Mapping) else None
     if not isinstance(properties, Mapping) or not properties:
         raise ApiError(422, "invalid_request", "request.properties must be a non-empty object")

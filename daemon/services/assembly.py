@@ -1,12 +1,14 @@
-"""Build a replica's parts from the settings: catalog, HTTP client, handlers, API app."""
+"""Build a replica's parts from the settings: catalog, HTTP client, handlers, API app.
+
+The console is not one of them: the CLI (the composition root) builds it from
+the catalog, so the services never import the console.
+"""
 
 from __future__ import annotations
 
 import attrs
 from quart_trio import QuartTrio
 
-from admin_ui.effects import effect_extensions
-from admin_ui.extensions import ConsoleExtensions
 from config.catalog import Catalog, load_catalog
 from config.settings import Settings
 from daemon.api.app import ApiContext, create_api_app
@@ -34,7 +36,6 @@ class Assembly:
     registry: FamilyRegistry
     api_context: ApiContext | None
     api_app: QuartTrio | None
-    console_extensions: ConsoleExtensions
 
     async def aclose(self) -> None:
         await self.executor.aclose()
@@ -81,5 +82,4 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         context = ApiContext(settings=settings, store=store, catalog=catalog, clock=clock,
                              catalogs=catalogs)
         app = create_api_app(context)
-    return Assembly(catalog, catalogs, executor, runtime_client, registry, context, app,
-                    effect_extensions(catalog))
+    return Assembly(catalog, catalogs, executor, runtime_client, registry, context, app)

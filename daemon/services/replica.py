@@ -31,13 +31,12 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 
 import attrs
 import trio
 from quart_trio import QuartTrio
 
-from admin_ui.app import create_app
-from admin_ui.extensions import ConsoleExtensions
 from config.settings import Settings
 from daemon.services import logs, sdnotify
 from daemon.services.clock import Clock
@@ -89,12 +88,11 @@ class Replica:
     metrics: Metrics = attrs.field(factory=Metrics)
     replica_id: str = attrs.field(factory=default_replica_id)
     admin_address: str | None = None
-    # Tests of the work loop under trio's MockClock run without the HTTP listener.
-    serve_admin: bool = True
+    # Builds the admin listener's app (console, /metrics, /healthz, /readyz) for this
+    # replica; the CLI passes the console's. None: no admin listener (work-loop tests).
+    admin_app: Callable[[Replica], QuartTrio] | None = None
     # The service API (/v1/) for the Runtime, served on [api] listen when set.
     api_app: QuartTrio | None = None
-    # Console pages and lineage contributed by capabilities (the effect journal).
-    console_extensions: ConsoleExtensions | None = None
     api_address: str | None = None
     schedulers: dict[str, Scheduler] = attrs.field(factory=dict)
     pool: WorkerPool | None = None
@@ -145,10 +143,9 @@ class Replica:
         await self.store.db.ping()
         self._last_db_ok = time.monotonic()
         async with trio.open_nursery() as services:
-            if self.serve_admin:
+            if self.admin_app is not None:
                 self.admin_address = await services.start(
-                    serve_app, create_app(self, self.console_extensions),
-                    self.settings.admin.listen
+                    serve_app, self.admin_app(self), self.settings.admin.listen
                 )
             if self.api_app is not None:
                 self.api_address = await services.start(

@@ -17,6 +17,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from config.settings import Secret
+from daemon.services.http_guard import guard_app
 from daemon.services.http_server import serve_app
 from sandbox.runtime.dispatcher import (
     IntegrationClient,
@@ -141,6 +142,7 @@ def create_app(runtime: ReferenceRuntime, client: IntegrationPort) -> QuartTrio:
         message = messages.get(code, exc.description or exc.name)
         return {"error": names.get(code, f"http_{code}"), "message": message}, code
 
+    guard_app(app, MAX_BODY_BYTES)  # an early 401 never stalls integrationd's receipt sender
     return app
 
 

@@ -120,6 +120,5 @@ async def console_harness(database: FreshDatabase, store: WorkStore | None = Non
     store = store or await database.open_store()
     cfg = settings or console_settings()
     registry = build_registry(cfg, {name: noop_handler for name in families})
-    replica = Replica(cfg, store, registry, WallClock(), replica_id="console-test",
-                      serve_admin=False)
+    replica = Replica(cfg, store, registry, WallClock(), replica_id="console-test")
     yield ConsoleHarness(database, store, replica, create_app(replica))

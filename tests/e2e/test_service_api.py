@@ -5,6 +5,7 @@ Every refusal is a 4xx with a JSON error body, and writes nothing.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from storage.port import WorkQuery
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.commands import command_doc
+from tests.support.raw_http import refused_then_next
 from tests.support.slice import RUNTIME_TOKEN, SCOPE, slice_settings
 
 OTHER_ORG = attrs.evolve(SCOPE, org_id="org-other")
@@ -49,6 +51,7 @@ def body(intent_id: str = "int-1", *, scope: TrustedRuntimeWorkScope = SCOPE,
 class Api:
     client: httpx.AsyncClient
     store: WorkStore
+    address: str
 
     async def post(self, path: str, doc: Any, token: str | None = RUNTIME_TOKEN,
                    **kw: Any) -> httpx.Response:
@@ -77,7 +80,7 @@ async def api(database: FreshDatabase, store: WorkStore) -> AsyncIterator[Api]:
     async with trio.open_nursery() as nursery:
         address = await nursery.start(serve_app, app, "127.0.0.1:0")
         async with httpx.AsyncClient(base_url=address) as client:
-            yield Api(client, store)
+            yield Api(client, store, address)
         nursery.cancel_scope.cancel()
 
 
@@ -285,3 +288,119 @@ async def test_an_oversized_batch_is_413(api: Api) -> None:
     r = await api.post("/v1/commands/batch", big)
     assert (r.status_code, r.json()["error"]) == (413, "payload_too_large")
     assert await api.nothing_written()
+
+
+# An early refusal (before the body is read) must leave the connection usable: the body
+# arriving after the answer is read and dropped, or the server closes the connection.
+# Today the second request on the socket is never answered (the GET stalls).
+JSON = {"Content-Type": "application/json"}
+BEARER = {"Authorization": f"Bearer {RUNTIME_TOKEN}"}
+
+
+@pytest.mark.parametrize(
+    ("headers", "size", "status", "error"),
+    [
+        (JSON, 200_000, 401, "unauthenticated"),
+        (JSON, 40, 401, "unauthenticated"),
+        ({**JSON, "Authorization": "Bearer wrong"}, 200_000, 401, "unauthenticated"),
+        ({**BEARER, "Content-Type": "text/plain"}, 200_000, 415, "unsupported_media_type"),
+        ({**BEARER, "Content-Type": "text/plain"}, 40, 415, "unsupported_media_type"),
+    ],
+)
+async def test_the_next_request_after_an_early_refusal_is_answered(
+    api: Api, headers: dict[str, str], size: int, status: int, error: str
+) -> None:
+    for path in ("/v1/commands", "/v1/commands/batch", "/v1/handoffs/reject"):
+        first, second = await refused_then_next(api.address, "POST", path, headers,
+                                                b" " * size, "/v1/openapi.json")
+        assert (first.status, json.loads(first.body)["error"]) == (status, error)
+        # Within the body limit the body is read and dropped: the connection is reused.
+        assert second is not None and second.status == 200, path
+    assert await api.nothing_written()
+
+
+async def test_an_early_refusal_of_a_body_over_the_limit_closes_the_connection(
+    api: Api
+) -> None:
+    first, second = await refused_then_next(api.address, "POST", "/v1/commands", JSON,
+                                            b" " * 300_000, "/v1/openapi.json")
+    assert first.status == 401 and first.headers.get("connection") == "close"
+    assert second is None
+    assert await api.nothing_written()
+
+
+@pytest.mark.parametrize(
+    ("raw", "word"),
+    [
+        (b"[" * 1000, "deeper"),  # today: RecursionError, a 500 with a traceback
+        (b'{"commands": ' + b"[" * 1000 + b"]" * 1000 + b"}", "deeper"),
+        (b'{"effect_handoff_key": "\xff\xfe"}', "UTF-8"),
+        (b"\xff\xfe{}", "UTF-8"),
+        (b'{"x": NaN}', "not valid JSON"),
+    ],
+)
+async def test_bodies_that_are_not_utf8_or_nest_too_deeply_are_a_json_400(
+    api: Api, raw: bytes, word: str
+) -> None:
+    for path in ("/v1/commands", "/v1/commands/batch", "/v1/handoffs/reject"):
+        r = await api.client.post(path, content=raw, headers={**BEARER, **JSON})
+        assert (r.status_code, r.json()["error"]) == (400, "malformed_json"), (path, r.text)
+        assert word in r.json()["message"]
+    assert await api.nothing_written()
+
+
+def _with(doc: dict[str, Any], *path: str, **extra: Any) -> dict[str, Any]:
+    """``doc`` with ``extra`` fields added to the object at ``path``."""
+    out: dict[str, Any] = json.loads(json.dumps(doc))
+    target = out
+    for key in path:
+        target = target[key]
+    target.update(extra)
+    if path and path[0] == "command":
+        out["payload_digest"] = canonical_digest(out["command"])  # still a valid digest
+    return out
+
+
+@pytest.mark.parametrize(
+    ("doc", "where"),
+    [
+        (_with(body(), extra="x"), "the body"),
+        (_with(body(), "command", priority=1), "command"),
+        (_with(body(), "command", "logical_target", account_id="a"), "logical_target"),
+        (_with(body(), "command", "request", method="DELETE"), "request"),
+    ],
+)
+async def test_fields_the_openapi_document_forbids_are_refused(
+    api: Api, doc: dict[str, Any], where: str
+) -> None:
+    r = await api.post("/v1/commands", doc)
+    assert (r.status_code, r.json()["error"]) == (400, "invalid_request"), r.text
+    assert f"unknown field(s) in {where}" in r.json()["message"]
+    batch = await api.post("/v1/commands/batch", {"commands": [doc]})
+    assert batch.json()["results"][0]["error"] == "invalid_request"
+    assert await api.nothing_written()
+
+
+async def test_the_reject_and_batch_bodies_refuse_unknown_fields(api: Api) -> None:
+    handoff = {k: body()[k] for k in ("effect_handoff_key", "payload_digest",
+                                      "runtime_outbox_id")}
+    r = await api.post("/v1/handoffs/reject", {**handoff, "command": body()["command"]})
+    assert (r.status_code, r.json()["error"]) == (400, "invalid_request")
+    r = await api.post("/v1/commands/batch", {"commands": [body()], "atomic": True})
+    assert (r.status_code, r.json()["error"]) == (400, "invalid_request")
+    assert await api.nothing_written()
+
+
+@pytest.mark.parametrize(
+    ("token", "challenge"),
+    [(None, 'Bearer realm="integrationd"'),
+     ("wrong", 'Bearer realm="integrationd", error="invalid_token"')],
+)
+async def test_a_401_carries_www_authenticate(api: Api, token: str | None,
+                                              challenge: str) -> None:
+    for r in (await api.post("/v1/commands", body(), token=token),
+              await api.client.get("/v1/handoffs", params={"effect_handoff_key": "x"},
+                                   headers={"Authorization": f"Bearer {token}"} if token
+                                   else {})):
+        assert r.status_code == 401
+        assert r.headers["WWW-Authenticate"] == challenge

@@ -23,6 +23,7 @@ from tests.sandbox_runtime import (
     running_runtime,
     wait_until,
 )
+from tests.support.raw_http import refused_then_next
 
 
 @pytest.fixture
@@ -331,3 +332,18 @@ def test_tokens_stay_out_of_reprs() -> None:
     runtime = runtime_config("http://127.0.0.1:1")
     text = repr(runtime) + repr(attrs.asdict(runtime, recurse=False))
     assert INTEGRATION_TOKEN not in text and "results-secret-token" not in text
+
+
+async def test_an_early_401_does_not_stall_the_next_request_on_the_connection(
+    rt: RunningRuntime,
+) -> None:
+    # The receipt sender's case: the Runtime answers 401 before reading the receipt, the
+    # body arrives after the answer, and the next request on that kept-alive connection
+    # used to wait forever.
+    address = str(rt.http.base_url).rstrip("/")
+    first, second = await refused_then_next(
+        address, "POST", "/runtime/v1/results",
+        {"Content-Type": "application/json", "authorization": "Bearer wrong"},
+        b" " * 50_000, "/_runtime/intents")
+    assert first.status == 401
+    assert second is not None and second.status == 200

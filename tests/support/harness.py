@@ -33,8 +33,7 @@ async def running_replica(
     replica_id: str = "replica-1",
 ) -> AsyncIterator[Replica]:
     registry = build_registry(cfg, handlers or {"noop": noop_handler})
-    replica = Replica(cfg, store, registry, TrioClock(), replica_id=replica_id,
-                      serve_admin=False)
+    replica = Replica(cfg, store, registry, TrioClock(), replica_id=replica_id)
     async with trio.open_nursery() as nursery:
         await nursery.start(replica.run)
         yield replica

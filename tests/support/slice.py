@@ -14,6 +14,8 @@ import attrs
 import httpx
 import trio
 
+from admin_ui.app import console_factory
+from admin_ui.effects import effect_extensions
 from config.catalog import build_catalog, load_catalog
 from config.settings import (
     AdminSettings,
@@ -224,10 +226,10 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                 assert parts.api_app is not None
                 await nursery.start(serve_app, parts.api_app, settings.api.listen)
             else:
+                console = console_factory(effect_extensions(parts.catalog))
                 replica = Replica(settings, store, parts.registry, clock, metrics=metrics,
-                                  api_app=parts.api_app,
-                                  serve_admin=bool(operators), replica_id="slice-replica",
-                                  console_extensions=parts.console_extensions)
+                                  api_app=parts.api_app, replica_id="slice-replica",
+                                  admin_app=console if operators else None)
                 assert parts.api_context is not None
                 parts.api_context.wake = replica.wake
                 address = await nursery.start(replica.run)

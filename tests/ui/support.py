@@ -31,6 +31,7 @@ import trio
 from argon2 import PasswordHasher
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from admin_ui.app import console_factory
 from config.settings import (
     AdminSettings,
     FamilySettings,
@@ -138,7 +139,8 @@ async def live_console(database: FreshDatabase) -> AsyncIterator[LiveConsole]:
     board = Switchboard()
     cfg = settings()
     registry = build_registry(cfg, {"gated": board.gated, "flaky": board.flaky})
-    replica = Replica(cfg, store, registry, WallClock(), replica_id="ui-replica")
+    replica = Replica(cfg, store, registry, WallClock(), replica_id="ui-replica",
+                      admin_app=console_factory())
     async with trio.open_nursery() as nursery:
         address = await nursery.start(replica.run)
         try:
