@@ -176,12 +176,26 @@ class ClaimParams:
 
 
 @attrs.frozen
+class Reclaim:
+    """An expired lease this claim superseded (journaled as a ``lease_lost`` execution)."""
+
+    work_id: str
+    superseded_epoch: int
+    attempt: int
+    previous_owner: str
+    # The attempts were spent: the item went to dead instead of to this claimant.
+    dead: bool
+
+
+@attrs.frozen
 class ClaimResult:
     claimed: list[WorkItem]
     # Expired rows whose attempts were spent, moved to dead by this claim.
     expired_dead: list[str]
     # Candidates another claimant won first (contention, for metrics).
     contended: int
+    # Expired leases this claim superseded (reclaimed, or moved to dead).
+    reclaimed: list[Reclaim] = attrs.field(factory=list)
 
 
 @attrs.frozen
@@ -264,12 +278,35 @@ class CancelResult:
 
 @attrs.frozen
 class Execution:
+    """One execution of a WorkItem (one ownership epoch): who ran it and how it ended.
+
+    ``outcome`` is the state its finalization produced, or ``lease_lost`` when the
+    lease expired unfinished and ``reclaimed_by`` superseded it (``finished_at_us``
+    is then the moment of the reclaim).
+    """
+
     work_id: str
     ownership_epoch: int
     attempt: int
     replica: str
     outcome: str
     finished_at_us: int
+    reclaimed_by: str | None = None
+
+
+@attrs.frozen
+class ExecutionSummary:
+    """Executions of one family in the journal (every outcome, ``lease_lost`` included)."""
+
+    executions: int
+    items: int  # distinct work ids with at least one execution
+    succeeded_items: int  # distinct work ids with a succeeded execution
+    by_outcome: dict[str, int]
+
+    @property
+    def repeated(self) -> int:
+        """Executions beyond the first of each item (the benchmarks' "duplicates")."""
+        return self.executions - self.items
 
 
 @attrs.frozen(kw_only=True)

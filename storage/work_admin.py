@@ -26,8 +26,6 @@ from storage.port import (
     DeadQuery,
     DuplicateKey,
     EnqueueResult,
-    Execution,
-    OutcomeCount,
     QueueDepth,
     ReplayParams,
     ReplicaInfo,
@@ -312,46 +310,6 @@ class WorkAdmin:
             return out
 
         return await self.db.transact(body, name="work.depths", write=False)
-
-    async def work_executions(self, work_id: str) -> list[Execution]:
-        async def body(tx: SqlTx) -> list[Execution]:
-            rows = await tx.fetchall(
-                "SELECT work_id, ownership_epoch, attempt, replica, outcome, finished_at_us"
-                " FROM work_executions WHERE work_id = ? ORDER BY ownership_epoch",
-                (work_id,),
-            )
-            return [
-                Execution(str(a), int(b), int(c), str(d), str(e), int(f))
-                for a, b, c, d, e, f in rows
-            ]
-
-        return await self.db.transact(body, name="work.executions", write=False)
-
-    async def work_execution_totals(self, family: str) -> tuple[int, int]:
-        """(execution rows, distinct work ids) that *succeeded* for one family."""
-
-        async def body(tx: SqlTx) -> tuple[int, int]:
-            rows = await tx.fetchall(
-                "SELECT COUNT(*), COUNT(DISTINCT work_id) FROM work_executions"
-                " WHERE family = ? AND outcome = 'succeeded'",
-                (family,),
-            )
-            return int(rows[0][0]), int(rows[0][1])
-
-        return await self.db.transact(body, name="work.execution_totals", write=False)
-
-    async def work_outcome_counts(self, since_us: int, until_us: int) -> list[OutcomeCount]:
-        """Executions finished in ``[since_us, until_us)`` per family and outcome (cluster-wide)."""
-
-        async def body(tx: SqlTx) -> list[OutcomeCount]:
-            rows = await tx.fetchall(
-                "SELECT family, outcome, COUNT(*) FROM work_executions"
-                " WHERE finished_at_us >= ? AND finished_at_us < ? GROUP BY family, outcome",
-                (since_us, until_us),
-            )
-            return [OutcomeCount(str(f), str(o), int(n)) for f, o, n in rows]
-
-        return await self.db.transact(body, name="work.outcome_counts", write=False)
 
     async def work_count_open(self, family: str | None = None) -> int:
         """Non-terminal items (of one family, or all)."""

@@ -10,11 +10,13 @@ from storage.links import RemoteLinks
 from storage.port import Database
 from storage.work_admin import WorkAdmin
 from storage.work_claims import WorkClaims
+from storage.work_executions import WorkExecutions
 from storage.work_rollback import WorkRollback
 
 
 class WorkStore(
-    WorkClaims, WorkAdmin, WorkRollback, CommandInbox, EffectJournal, RemoteLinks, CommandRepair
+    WorkClaims, WorkAdmin, WorkExecutions, WorkRollback, CommandInbox, EffectJournal,
+    RemoteLinks, CommandRepair,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 

@@ -133,7 +133,9 @@ async def test_stale_claimant_can_change_nothing(store: WorkStore) -> None:
     row = await store.work_get(stale.work_id)
     assert row is not None
     assert (row.state, row.lease_owner, row.ownership_epoch) == (WorkState.PROCESSING, "B", 2)
-    assert await store.work_executions(stale.work_id) == []
+    # The stale claimant journaled nothing; B's reclaim journaled its lost execution.
+    assert [(e.ownership_epoch, e.outcome, e.replica, e.reclaimed_by)
+            for e in await store.work_executions(stale.work_id)] == [(1, "lease_lost", "A", "B")]
     assert (await finalize(store, fresh, Succeeded(), now=later)).applied
 
 
