@@ -163,7 +163,11 @@ SCHEMAS: Json = {
     "Execution": {"type": "object", "properties": {
         "work_id": {"type": "string"}, "ownership_epoch": {"type": "integer"},
         "attempt": {"type": "integer"}, "replica": {"type": "string"},
-        "outcome": {"type": "string"}, "finished_at_us": {"type": "integer"}}},
+        "outcome": {"type": "string", "description": "the state its finalization produced,"
+                    " or lease_lost (its lease expired unfinished and was reclaimed)"},
+        "finished_at_us": {"type": "integer"},
+        "reclaimed_by": {"type": ["string", "null"],
+                         "description": "the replica whose claim superseded a lost lease"}}},
     "AuditEntry": {"type": "object", "properties": {
         "audit_id": {"type": "string"}, "at_us": {"type": "integer"},
         "actor": {"type": "string"}, "role": {"type": "string"},

@@ -361,3 +361,23 @@ async def test_overview_reports_history_counters_and_replicas(console: ConsoleHa
     assert doc["database"] == "ok" and doc["replicas"] == []
     page = await (await client.get("/admin/")).get_data(as_text=True)
     assert 'data-family="noop" data-state="pending"' in page and "this replica" in page
+
+
+async def test_work_detail_shows_a_reclaimed_execution(console: ConsoleHarness) -> None:
+    """Finding (issue 13): the journal showed one execution for an item on attempt 2."""
+    (wid,) = await console.enqueue(1)
+    now = console.replica.clock.now_us()
+
+    def params(owner: str) -> ClaimParams:
+        return ClaimParams(family="noop", owner=owner, limit=1, lease_ttl_us=1_000_000,
+                           window=4, include_expired=True)
+
+    await console.store.work_claim(params("crashed-replica"), now)
+    (again,) = (await console.store.work_claim(params("rescuer"), now + 2_000_000)).claimed
+    assert again.attempt == 2
+    client, _ = await console.sign_in("viv")
+    doc = await (await client.get(f"/admin/api/work/{wid}")).get_json()
+    assert [(e["ownership_epoch"], e["outcome"], e["replica"], e["reclaimed_by"])
+            for e in doc["executions"]] == [(1, "lease_lost", "crashed-replica", "rescuer")]
+    page = await (await client.get(f"/admin/work/{wid}")).get_data(as_text=True)
+    assert 'data-outcome="lease_lost"' in page and "<code>rescuer</code>" in page

@@ -61,9 +61,17 @@ async def test_sigkill_after_claim_is_reclaimed_after_lease_expiry(
         done = await store.work_get(slow)
         assert done is not None and done.state is WorkState.SUCCEEDED
         assert done.ownership_epoch == 2 and done.lease_owner != held.lease_owner
-        assert [e.ownership_epoch for e in await store.work_executions(slow)] == [2]
+        # The killed execution is journaled too: lease_lost, superseded by B.
+        assert [(e.ownership_epoch, e.outcome, e.replica, e.reclaimed_by)
+                for e in await store.work_executions(slow)] == [
+            (1, "lease_lost", held.lease_owner, done.lease_owner),
+            (2, "succeeded", done.lease_owner, None)]
         rows, distinct = await store.work_execution_totals("noop")
-        assert rows == distinct == len(quick) + 1  # nothing lost, nothing twice
+        assert rows == distinct == len(quick) + 1  # nothing lost, nothing succeeded twice
+        summary = await store.work_execution_summary("noop")
+        assert (summary.executions, summary.repeated) == (len(quick) + 2, 1)
+        assert any(e["event"] == "work_lease_reclaimed" and e["work_id"] == slow
+                   for e in b.events())
     finally:
         await stop_all(started)
 

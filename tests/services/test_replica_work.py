@@ -112,7 +112,7 @@ async def test_stale_replica_stops_when_another_takes_the_lease(
 
 
 async def test_unreachable_database_stops_work_at_the_trust_horizon_then_resumes(
-    store: WorkStore, autojump_clock: object
+    store: WorkStore, autojump_clock: object, caplog: pytest.LogCaptureFixture
 ) -> None:
     runs: list[tuple[int, str, float]] = []
 
@@ -143,7 +143,18 @@ async def test_unreachable_database_stops_work_at_the_trust_horizon_then_resumes
         switch.down = False
         await wait_for(lambda: _state_is(store, wid, WorkState.SUCCEEDED))
         await wait_for(lambda: replica.readiness()[0])
-    assert [e.ownership_epoch for e in await store.work_executions(wid)] == [2]
+        # The stopped execution is in the journal: its lease was reclaimed (here by
+        # the same replica, once the database came back), and counted.
+        assert replica.metrics.reclaimed.labels("long")._value.get() == 1
+    assert [(e.ownership_epoch, e.outcome, e.replica, e.reclaimed_by)
+            for e in await store.work_executions(wid)] == [
+        (1, "lease_lost", replica.replica_id, replica.replica_id),
+        (2, "succeeded", replica.replica_id, None)]
+    (logged,) = [r for r in caplog.records if r.getMessage() == "work_lease_reclaimed"]
+    assert logged.fields == {  # type: ignore[attr-defined]
+        "family": "long", "work_id": wid, "superseded_epoch": 1, "attempt": 1,
+        "previous_owner": replica.replica_id, "reclaimed_by": replica.replica_id,
+        "disposition": "reclaimed"}
 
 
 async def test_operator_cancel_is_acknowledged(store: WorkStore, autojump_clock: object) -> None:
