@@ -181,6 +181,9 @@ SCHEMAS: Json = {
         "empty_text": {"type": "string"}}},
     "WorkDetail": {"type": "object", "properties": {
         "item": _ref("WorkItem"),
+        "hold": {"type": ["string", "null"],
+                 "description": "why this build leaves the item for another replica (written"
+                                " for a newer engine capability or payload schema), or null"},
         "executions": {"type": "array", "items": _ref("Execution")},
         "lineage": {"type": "object", "properties": {
             "replay_of": {"type": ["object", "null"]},

@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 import attrs
 
+from daemon.core.capability import DEFAULT_PAYLOAD_SCHEMA_VERSION, ENGINE_CAPABILITY_VERSION
 from daemon.core.outcomes import Finalization
 from daemon.core.states import WorkState
 from daemon.core.work import Fence, WorkItem, WorkSpec
@@ -173,6 +174,11 @@ class ClaimParams:
     # costs no write. A busy claimer turns it off: selecting and updating in one
     # short transaction leaves other replicas less time to take the same rows.
     probe_first: bool = True
+    # The newest engine capability and payload schema the claimant can run: work
+    # written for newer ones is left (pending, or its expired lease unreclaimed)
+    # for a replica that can (daemon/core/capability.py).
+    engine_capability_version: int = ENGINE_CAPABILITY_VERSION
+    payload_schema_version: int = DEFAULT_PAYLOAD_SCHEMA_VERSION
 
 
 @attrs.frozen

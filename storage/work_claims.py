@@ -24,6 +24,15 @@ is non-terminal. Sequence numbers are handed out under the lane counter's row
 lock at enqueue and terminal states never reopen, so "head of lane" cannot
 become false between the select and the UPDATE.
 
+Capability: a claimant states the newest engine capability and payload schema
+it can run; candidates and expired leases of work written for newer ones are
+not selected, so that work waits for a replica that can run it.
+
+Every execution is journaled (``storage/work_executions.py``): a reclaim
+writes the superseded epoch as ``lease_lost`` in the reclaim's transaction. A
+claim whose COMMIT outcome is unknown is reconciled by reading the rows that
+carry our token (retried while the database is still away), then run.
+
 Every later write names the fence: ``(work_id, lease_token, ownership_epoch)``
 with ``state = 'processing'`` and an unexpired lease. A claimant whose lease
 expired, even if nobody reclaimed the row yet, can change nothing.
@@ -73,6 +82,7 @@ _READY_HEAD = (
     "SELECT w.work_id, w.org_id, w.source_lane, w.target_lane, w.run_after_us"
     " FROM work_items w"
     " WHERE w.state = ? AND w.family = ? AND w.run_after_us <= ?"
+    " AND w.engine_capability_version <= ? AND w.payload_schema_version <= ?"
 )
 _READY_TAIL = (
     " AND (w.target_lane IS NULL OR NOT EXISTS ("
@@ -100,6 +110,7 @@ _EXPIRED_SQL = (
     "SELECT work_id, lease_token, ownership_epoch, attempt, max_attempts, lease_owner"
     " FROM work_items"
     " WHERE state = 'processing' AND lease_until_us < ? AND family = ?"
+    " AND engine_capability_version <= ? AND payload_schema_version <= ?"
     " ORDER BY lease_until_us LIMIT ?"
 )
 
@@ -159,7 +170,8 @@ class WorkClaims:
         async def candidates(tx: SqlTx) -> tuple[list[tuple[Any, ...]], list[Candidate]]:
             expired: list[tuple[Any, ...]] = []
             if params.include_expired:
-                expired = await tx.fetchall(_EXPIRED_SQL, (now_us, params.family, params.limit))
+                expired = await tx.fetchall(_EXPIRED_SQL, (
+                    now_us, params.family, *_runnable(params), params.limit))
             room = params.limit - len(expired)
             picked = await self._pick(tx, attrs.evolve(params, limit=room), now_us) if room else []
             return expired, picked
@@ -214,7 +226,8 @@ class WorkClaims:
         rows: list[tuple[Any, ...]] = []
         for state in (WorkState.PENDING, WorkState.RETRY):
             rows.extend(
-                await tx.fetchall(_READY_SQL, (state.value, params.family, now_us, window))
+                await tx.fetchall(_READY_SQL, (state.value, params.family, now_us,
+                                               *_runnable(params), window))
             )
         rows.sort(key=lambda r: (int(r[4]), str(r[0])))
         rows = rows[:window]
@@ -224,7 +237,8 @@ class WorkClaims:
             for org in orgs:
                 for state in (WorkState.PENDING, WorkState.RETRY):
                     rows.extend(await tx.fetchall(
-                        _READY_ORG_SQL, (state.value, params.family, now_us, org, share)
+                        _READY_ORG_SQL, (state.value, params.family, now_us,
+                                         *_runnable(params), org, share)
                     ))
             rows.sort(key=lambda r: (int(r[4]), str(r[0])))
         candidates = [Candidate(str(r[0]), str(r[1]), r[2], r[3]) for r in rows]
@@ -489,6 +503,11 @@ class WorkClaims:
             return await body(tx)
 
         return await self.db.transact(fenced, name=name)
+
+
+def _runnable(params: ClaimParams) -> tuple[int, int]:
+    """The claimant's (engine capability, payload schema) bounds, as SQL arguments."""
+    return params.engine_capability_version, params.payload_schema_version
 
 
 def _expired_fence(row: tuple[Any, ...]) -> Fence:

@@ -17,6 +17,7 @@ import random
 import attrs
 import trio
 
+from daemon.core.capability import ENGINE_CAPABILITY_VERSION
 from daemon.services import logs
 from daemon.services.clock import Clock
 from daemon.services.families import WorkFamily
@@ -84,6 +85,8 @@ class Scheduler:
                         rotation=random.randrange(1 << 30),
                         orgs=orgs,
                         probe_first=not busy,
+                        engine_capability_version=ENGINE_CAPABILITY_VERSION,
+                        payload_schema_version=self.family.payload_schema_version,
                     ),
                     self.clock.now_us(),
                 )

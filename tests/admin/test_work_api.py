@@ -381,3 +381,14 @@ async def test_work_detail_shows_a_reclaimed_execution(console: ConsoleHarness) 
             for e in doc["executions"]] == [(1, "lease_lost", "crashed-replica", "rescuer")]
     page = await (await client.get(f"/admin/work/{wid}")).get_data(as_text=True)
     assert 'data-outcome="lease_lost"' in page and "<code>rescuer</code>" in page
+
+
+async def test_work_for_a_newer_engine_says_why_it_waits(console: ConsoleHarness) -> None:
+    (newer,) = await console.enqueue(1, engine_capability_version=99)
+    (current,) = await console.enqueue(1)
+    client, _ = await console.sign_in("viv")
+    doc = await (await client.get(f"/admin/api/work/{newer}")).get_json()
+    assert "engine capability v99" in doc["hold"] and "left for a replica" in doc["hold"]
+    assert (await (await client.get(f"/admin/api/work/{current}")).get_json())["hold"] is None
+    page = await (await client.get(f"/admin/work/{newer}")).get_data(as_text=True)
+    assert 'id="capability-hold"' in page and "engine capability v99" in page

@@ -277,3 +277,19 @@ async def test_small_org_is_not_starved_by_a_big_backlog(
         await wait_for(lambda: done.count("small") == 5)
         # All of the small org's work finished while most of the backlog waited.
         assert len(done) < 100
+
+
+async def test_a_replica_leaves_work_written_for_a_newer_engine(
+    store: WorkStore, autojump_clock: object
+) -> None:
+    (newer,) = await enqueue(store, engine_capability_version=2)
+    (schema,) = await enqueue(store, payload_schema_version=2)
+    (current,) = await enqueue(store)
+    async with running_replica(store, settings()) as replica:
+        await wait_for(lambda: _state_is(store, current, WorkState.SUCCEEDED))
+        await trio.sleep(60)  # many polls and reclaim sweeps later
+        assert replica.metrics.claimed.labels("noop")._value.get() == 1
+    for wid in (newer, schema):
+        item = await store.work_get(wid)
+        assert item is not None and (item.state, item.attempt) == (WorkState.PENDING, 0)
+        assert await store.work_executions(wid) == []
