@@ -173,7 +173,10 @@ SCHEMAS: Json = {
         "actor": {"type": "string"}, "role": {"type": "string"},
         "action": {"type": "string"}, "target_kind": {"type": "string"},
         "target_id": {"type": "string"}, "reason": {"type": "string"},
-        "before": {}, "after": {}}},
+        "before": {}, "after": {},
+        "origin": {"type": ["object", "null"],
+                   "description": "where the action came from, when recorded: the CLI writes"
+                                  " {via: cli, os_user, uid, sudo_user} beside the actor"}}},
     "LineageSection": {"type": "object", "properties": {
         "key": {"type": "string"}, "title": {"type": "string"},
         "rows": {"type": "array", "items": {"type": "object", "properties": {
@@ -212,6 +215,9 @@ SCHEMAS: Json = {
         "failure_class": _NULL_STR, "selected": {"type": "integer"},
         "complete": {"type": "boolean"}, "replayed": {"type": "integer"},
         "conflicts": {"type": "integer"},
+        "audit_id": {"type": ["string", "null"],
+                     "description": "the dlq.bulk_replay summary audit entry, or null when"
+                                    " none was written (nothing selected, or writing failed)"},
         "items": {"type": "array", "items": {"type": "object", "properties": {
             "work_id": {"type": "string"},
             "outcome": {"type": "string", "enum": ["replayed", "conflict", "refused",

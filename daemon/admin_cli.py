@@ -16,9 +16,14 @@ summary audit entry records the run.
 from __future__ import annotations
 
 import argparse
+import datetime
 import getpass
 import json
+import os
+import pwd
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from admin_ui.actions import Operations
@@ -29,7 +34,7 @@ from admin_ui.serialize import audit_json, dead_class_json, work_json
 from config.settings import Settings
 from daemon.core.ids import is_ulid
 from daemon.services.clock import WallClock
-from daemon.services.families import UnknownFamily, build_registry
+from daemon.services.families import FamilyRegistry, UnknownFamily
 from daemon.services.operator_api import BadRequest, NotAuthorized
 from storage.migrate import check_schema
 from storage.open import describe_url, open_store
@@ -90,6 +95,46 @@ def _print_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
+def say_empty(what: str) -> None:
+    """An empty listing says so (text output; JSON shows an empty list)."""
+    sys.stdout.write(f"no {what}\n")
+
+
+def iso_utc(us: int) -> str:
+    """UTC epoch microseconds as ISO 8601 UTC (``2026-12-01T08:00:00.000000Z``)."""
+    at = datetime.datetime.fromtimestamp(us // 1_000_000, tz=datetime.UTC)
+    return at.replace(microsecond=us % 1_000_000).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def cli_origin() -> str:
+    """Who really acts through this CLI process, recorded in the audit log beside
+    ``--actor``: the OS user the process runs as (from its effective uid, not from
+    the environment) and, under sudo, the invoking ``SUDO_USER``."""
+    uid = os.geteuid()
+    try:
+        os_user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        os_user = str(uid)
+    doc: dict[str, Any] = {"via": "cli", "os_user": os_user, "uid": uid}
+    sudo_user = os.environ.get("SUDO_USER")
+    if sudo_user:
+        doc["sudo_user"] = sudo_user[:128]
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+@asynccontextmanager
+async def operator_registry(settings: Settings, store: WorkStore) -> AsyncIterator[FamilyRegistry]:
+    """The registry of every family this build runs, as ``integrationd run`` builds it
+    (with each family's replay guard), for operator verbs that resolve families."""
+    from daemon.services.assembly import assemble
+
+    parts = assemble(settings, store, WallClock())
+    try:
+        yield parts.registry
+    finally:
+        await parts.aclose()
+
+
 def _read_password(force_stdin: bool) -> str:
     if force_stdin or not sys.stdin.isatty():
         line = sys.stdin.readline()
@@ -132,11 +177,27 @@ async def _audit(store: WorkStore, args: argparse.Namespace) -> None:
     if args.json:
         _print_json({"entries": [audit_json(e) for e in entries]})
         return
+    if not entries:
+        say_empty("audit entries" + (f" about {args.target}" if args.target else ""))
     for e in entries:
         sys.stdout.write(
-            f"{e.audit_id}  {e.actor} ({e.role})  {e.action}  {e.target_kind}:{e.target_id}"
-            f"  {e.before} -> {e.after}  reason: {e.reason}\n"
+            f"{e.audit_id}  {iso_utc(e.at_us)}  {e.actor} ({e.role})  {e.action}"
+            f"  {e.target_kind}:{e.target_id}  {e.before} -> {e.after}  reason: {e.reason}"
+            f"{_origin_text(e.origin)}\n"
         )
+
+
+def _origin_text(origin: str | None) -> str:
+    if origin is None:
+        return ""
+    try:
+        doc = json.loads(origin)
+    except ValueError:
+        return ""
+    if not isinstance(doc, dict):
+        return ""
+    parts = [f"{k}={doc[k]}" for k in ("os_user", "sudo_user") if doc.get(k)]
+    return f"  via {doc.get('via', '?')}" + (f" ({', '.join(parts)})" if parts else "")
 
 
 async def _dlq(store: WorkStore, settings: Settings, args: argparse.Namespace) -> int:
@@ -152,6 +213,8 @@ async def _dlq(store: WorkStore, settings: Settings, args: argparse.Namespace) -
         docs = [work_json(i, replayed_as=replayed.get(i.work_id)) for i in items]
         if args.json:
             _print_json({"items": docs})
+        elif not docs:
+            say_empty("dead items match")
         else:
             for d in docs:
                 sys.stdout.write(
@@ -165,6 +228,8 @@ async def _dlq(store: WorkStore, settings: Settings, args: argparse.Namespace) -
         if args.json:
             _print_json({"classes": [dead_class_json(c) for c in classes],
                          "classes_sample": args.sample})
+        elif not classes:
+            say_empty("dead items")
         else:
             for c in classes:
                 sys.stdout.write(f"{c.count:>8}  {c.family:<12} {c.failure_class or '-'}\n")
@@ -173,17 +238,24 @@ async def _dlq(store: WorkStore, settings: Settings, args: argparse.Namespace) -
     request = BulkReplayRequest(family=args.family, failure_class=args.failure_class,
                                 limit=_limit(args.limit, MAX_BULK),
                                 reason=reason_from(args.reason))
-    ops = Operations(store, settings, build_registry(settings), WallClock())
-    report = await ops.bulk_replay(request, actor=args.actor)
+    async with operator_registry(settings, store) as registry:
+        ops = Operations(store, settings, registry, WallClock())
+        report = await ops.bulk_replay(request, actor=args.actor)
     if args.json:
         _print_json(report.to_json())
+    elif not report.selected:
+        which = f" of class {report.failure_class}" if report.failure_class else ""
+        sys.stdout.write(f"nothing to replay: no dead {report.family} item{which} is waiting"
+                         " for a replay (no audit entry written)\n")
     else:
         for item in report.items:
             detail = item.new_work_id or item.message
             sys.stdout.write(f"{item.work_id}  {item.outcome:<13} {detail}\n")
+        audit = (f"audit {report.audit_id}" if report.audit_id is not None
+                 else "the summary audit entry could not be written")
         sys.stdout.write(
             f"selected {report.selected}, replayed {report.count('replayed')},"
-            f" conflicts {report.count('conflict')} (audit {report.bulk_id})\n"
+            f" conflicts {report.count('conflict')} (run {report.bulk_id}; {audit})\n"
         )
     return EXIT_OK if report.complete else EXIT_FAILURE
 

@@ -19,7 +19,15 @@ import trio
 from config.catalog import CatalogError, load_catalog
 from config.load import ConfigError, load_settings
 from config.settings import Settings
-from daemon.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
+from daemon.admin_cli import (
+    ADMIN_COMMANDS,
+    add_admin_commands,
+    cli_origin,
+    iso_utc,
+    operator_registry,
+    run_admin_command,
+    say_empty,
+)
 from daemon.services import logs
 from daemon.services.clock import WallClock
 from daemon.services.families import UnknownFamily, build_registry, known_family_names
@@ -36,7 +44,12 @@ from daemon.services.operator_api import (
 from storage.migrate import check_schema, migrate
 from storage.open import describe_url, open_store
 from storage.port import StorageError, WorkNotFound, WorkQuery
+from storage.work_admin import AUDIT_ORIGIN
 from storage.work_store import WorkStore
+
+# Commands whose audited actions are an operator's at this terminal: their audit
+# entries record the OS user (and SUDO_USER) beside --actor.
+OPERATOR_COMMANDS = ADMIN_COMMANDS | {"work"}
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -112,7 +125,8 @@ def _parser() -> argparse.ArgumentParser:
     can.add_argument("--actor", required=True, help="operator name (must hold operator/admin)")
     can.add_argument("--reason", required=True, help="why (kept in the audit log)")
 
-    work.add_parser("depths", help="queue depth per family and state (JSON)")
+    dep = work.add_parser("depths", help="queue depth per family and state")
+    dep.add_argument("--json", action="store_true", help="print JSON (one document)")
     add_admin_commands(sub)
     return parser
 
@@ -251,6 +265,8 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
             items = await store.work_list(query)
             if args.json:
                 _print_json([item_json(i) for i in items])
+            elif not items:
+                say_empty("work items match")
             else:
                 for i in items:
                     sys.stdout.write(
@@ -262,15 +278,17 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
             if item is None:
                 raise WorkNotFound(args.work_id)
             doc = item_json(item, await store.work_executions(item.work_id))
+            doc["hold"] = registry.hold_reason(item)
             if args.json:
                 _print_json(doc)
             else:
-                sys.stdout.write("\n".join(f"{k}: {v}" for k, v in doc.items()) + "\n")
+                sys.stdout.write(show_text(doc))
         elif verb == "replay":
-            new = await replay(
-                store, settings, registry, clock,
-                work_id=args.work_id, actor=args.actor, reason=args.reason,
-            )
+            async with operator_registry(settings, store) as families:
+                new = await replay(
+                    store, settings, families, clock,
+                    work_id=args.work_id, actor=args.actor, reason=args.reason,
+                )
             if args.json:
                 _print_json(item_json(new))
             else:
@@ -282,15 +300,50 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
                          "state": result.state.value})
         elif verb == "depths":
             depths = await store.work_depths()
-            _print_json([
-                {"family": d.family, "state": d.state.value, "count": d.count,
-                 "oldest_run_after_us": d.oldest_run_after_us}
-                for d in depths
-            ])
+            if args.json:
+                _print_json([
+                    {"family": d.family, "state": d.state.value, "count": d.count,
+                     "oldest_run_after_us": d.oldest_run_after_us}
+                    for d in depths
+                ])
+            elif not depths:
+                say_empty("queued work (every family is empty)")
+            else:
+                for d in depths:
+                    oldest = (iso_utc(d.oldest_run_after_us)
+                              if d.oldest_run_after_us is not None else "-")
+                    sys.stdout.write(f"{d.family:<16} {d.state.value:<24} {d.count:>10}"
+                                     f"  oldest run_after {oldest}\n")
         return EXIT_OK
 
     result: int = await _with_store(settings, act)
     return result
+
+
+def _readable(key: str, value: Any) -> tuple[str, Any]:
+    """``*_us`` epoch-microsecond fields become ISO 8601 UTC under the key without ``_us``."""
+    if key.endswith("_us") and (value is None or isinstance(value, int)):
+        return key[:-3], iso_utc(value) if value is not None else None
+    if isinstance(value, dict):
+        return key, dict(_readable(k, v) for k, v in value.items())
+    if isinstance(value, list):
+        return key, [_readable("", v)[1] for v in value]
+    return key, value
+
+
+def show_text(doc: dict[str, Any]) -> str:
+    """``work show``: one ``key: value`` line per field, times as ISO 8601 UTC, nested
+    structures (the execution journal) as JSON, ``None`` as ``-``."""
+    lines = []
+    for key, value in (_readable(k, v) for k, v in doc.items()):
+        if isinstance(value, dict | list):
+            text = json.dumps(value, sort_keys=True)
+        elif value is None:
+            text = "-"
+        else:
+            text = str(value)
+        lines.append(f"{key}: {text}")
+    return "\n".join(lines) + "\n"
 
 
 def _summarize(settings: Settings) -> dict[str, Any]:
@@ -321,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, CatalogError) as exc:
         sys.stderr.write(f"integrationd: config error: {exc}\n")
         return EXIT_USAGE
+    if args.command in OPERATOR_COMMANDS:
+        AUDIT_ORIGIN.set(cli_origin())
     try:
         if args.command in ADMIN_COMMANDS:
             return trio.run(run_admin_command, settings, args)

@@ -272,6 +272,9 @@ class AuditEntry:
     reason: str
     before: str
     after: str
+    # Where the action came from, as JSON text (the CLI records the OS user and
+    # SUDO_USER beside the --actor it was given); None when not recorded.
+    origin: str | None = None
 
 
 @attrs.frozen

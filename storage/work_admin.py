@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any
-
-import attrs
 
 from daemon.core.states import TERMINAL, WorkState
 from daemon.core.work import WorkItem, WorkSpec
@@ -390,7 +389,7 @@ class WorkAdmin:
         async def body(tx: SqlTx) -> list[AuditEntry]:
             rows = await tx.fetchall(
                 "SELECT audit_id, at_us, actor, role, action, target_kind, target_id, reason,"
-                f" before_json, after_json FROM audit_log{clause}"
+                f" before_json, after_json, origin_json FROM audit_log{clause}"
                 " ORDER BY audit_id DESC LIMIT ?",
                 (*params, max(1, min(limit, 1000))),
             )
@@ -406,6 +405,7 @@ class WorkAdmin:
                     reason=str(r[7]),
                     before=str(r[8]),
                     after=str(r[9]),
+                    origin=str(r[10]) if r[10] is not None else None,
                 )
                 for r in rows
             ]
@@ -553,11 +553,19 @@ async def cancel_in_tx(tx: SqlTx, work_id: str, now_us: int) -> CancelResult:
     return CancelResult(work_id, "noop", WorkState(rows[0][0]))
 
 
+# Where this process's operator actions come from (JSON text), recorded with every
+# audit entry that does not name its own origin: the CLI sets it once at start-up
+# (the OS user and SUDO_USER beside --actor). Context-local, so a test or a
+# server can set it per task.
+AUDIT_ORIGIN: ContextVar[str | None] = ContextVar("integrationd_audit_origin", default=None)
+
+
 async def append_audit(tx: SqlTx, entry: AuditEntry) -> None:
     """Append one audit entry inside the caller's transaction (there is no update path)."""
-    values = attrs.astuple(entry)
+    origin = entry.origin if entry.origin is not None else AUDIT_ORIGIN.get()
     await tx.execute(
         "INSERT INTO audit_log (audit_id, at_us, actor, role, action, target_kind, target_id,"
-        " reason, before_json, after_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        values,
+        " reason, before_json, after_json, origin_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (entry.audit_id, entry.at_us, entry.actor, entry.role, entry.action, entry.target_kind,
+         entry.target_id, entry.reason, entry.before, entry.after, origin),
     )

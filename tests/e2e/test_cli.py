@@ -139,5 +139,5 @@ async def test_operator_verbs(database: FreshDatabase, store: WorkStore, tmp_pat
                          "state": "cancelled"}
 
     # The test's own claim took the three acme items too; one dead item remains.
-    depths = json.loads(run_cli(cfg, "work", "depths").stdout)
+    depths = json.loads(run_cli(cfg, "work", "depths", "--json").stdout)
     assert sorted((d["state"], d["count"]) for d in depths) == [("dead", 1), ("processing", 3)]
