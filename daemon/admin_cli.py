@@ -9,6 +9,13 @@ authorized against the current ``[[operators]]`` for every item, each replay
 is audited in its own transaction, conflicts are reported per item, and one
 summary audit entry records the run.
 
+Replays resolve families as ``integrationd run`` does (:func:`operator_registry`:
+every family, with its replay guard). Every audit entry a CLI process writes
+records, beside ``--actor``, the OS user it ran as and ``SUDO_USER``
+(:func:`cli_origin`). As text, an empty listing says so; ``--json`` prints one
+document. ``work show``'s text form (:func:`show_text`) prints times as ISO 8601
+UTC and structures as JSON.
+
 ``daemon/cli.py`` adds these with :func:`add_admin_commands` and runs them with
 :func:`run_admin_command` (exit codes: 0 ok, 1 runtime failure, 2 usage).
 """
@@ -39,6 +46,7 @@ from daemon.services.operator_api import BadRequest, NotAuthorized
 from storage.migrate import check_schema
 from storage.open import describe_url, open_store
 from storage.port import DeadQuery, StorageError
+from storage.work_admin import AUDIT_ORIGIN
 from storage.work_store import WorkStore
 
 ADMIN_COMMANDS = frozenset({"hash-password", "audit", "dlq"})
@@ -120,6 +128,38 @@ def cli_origin() -> str:
     if sudo_user:
         doc["sudo_user"] = sudo_user[:128]
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def record_cli_origin() -> None:
+    """Record :func:`cli_origin` with every audit entry this task (and the tasks it
+    starts) writes: the operator verbs call it first."""
+    AUDIT_ORIGIN.set(cli_origin())
+
+
+def _readable(key: str, value: Any) -> tuple[str, Any]:
+    """``*_us`` epoch-microsecond fields become ISO 8601 UTC under the key without ``_us``."""
+    if key.endswith("_us") and (value is None or isinstance(value, int)):
+        return key[:-3], iso_utc(value) if value is not None else None
+    if isinstance(value, dict):
+        return key, dict(_readable(k, v) for k, v in value.items())
+    if isinstance(value, list):
+        return key, [_readable("", v)[1] for v in value]
+    return key, value
+
+
+def show_text(doc: dict[str, Any]) -> str:
+    """``work show``: one ``key: value`` line per field, times as ISO 8601 UTC, nested
+    structures (the execution journal) as JSON, ``None`` as ``-``."""
+    lines = []
+    for key, value in (_readable(k, v) for k, v in doc.items()):
+        if isinstance(value, dict | list):
+            text = json.dumps(value, sort_keys=True)
+        elif value is None:
+            text = "-"
+        else:
+            text = str(value)
+        lines.append(f"{key}: {text}")
+    return "\n".join(lines) + "\n"
 
 
 @asynccontextmanager
@@ -262,6 +302,7 @@ async def _dlq(store: WorkStore, settings: Settings, args: argparse.Namespace) -
 
 async def run_admin_command(settings: Settings, args: argparse.Namespace) -> int:
     """Run one of :data:`ADMIN_COMMANDS`; report errors as one line on stderr."""
+    record_cli_origin()
     try:
         if args.command == "hash-password":
             sys.stdout.write(hash_password(_read_password(args.stdin)) + "\n")

@@ -19,15 +19,7 @@ import trio
 from config.catalog import CatalogError, load_catalog
 from config.load import ConfigError, load_settings
 from config.settings import Settings
-from daemon.admin_cli import (
-    ADMIN_COMMANDS,
-    add_admin_commands,
-    cli_origin,
-    iso_utc,
-    operator_registry,
-    run_admin_command,
-    say_empty,
-)
+from daemon.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
 from daemon.services import logs
 from daemon.services.clock import WallClock
 from daemon.services.families import UnknownFamily, build_registry, known_family_names
@@ -44,12 +36,7 @@ from daemon.services.operator_api import (
 from storage.migrate import check_schema, migrate
 from storage.open import describe_url, open_store
 from storage.port import StorageError, WorkNotFound, WorkQuery
-from storage.work_admin import AUDIT_ORIGIN
 from storage.work_store import WorkStore
-
-# Commands whose audited actions are an operator's at this terminal: their audit
-# entries record the OS user (and SUDO_USER) beside --actor.
-OPERATOR_COMMANDS = ADMIN_COMMANDS | {"work"}
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -230,6 +217,15 @@ async def _watch_signals(replica: Any, scope: trio.CancelScope) -> None:
 
 
 async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
+    from daemon.admin_cli import (
+        iso_utc,
+        operator_registry,
+        record_cli_origin,
+        say_empty,
+        show_text,
+    )
+
+    record_cli_origin()
     clock = WallClock()
     registry = build_registry(settings)
     verb = args.work_command
@@ -320,32 +316,6 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
     return result
 
 
-def _readable(key: str, value: Any) -> tuple[str, Any]:
-    """``*_us`` epoch-microsecond fields become ISO 8601 UTC under the key without ``_us``."""
-    if key.endswith("_us") and (value is None or isinstance(value, int)):
-        return key[:-3], iso_utc(value) if value is not None else None
-    if isinstance(value, dict):
-        return key, dict(_readable(k, v) for k, v in value.items())
-    if isinstance(value, list):
-        return key, [_readable("", v)[1] for v in value]
-    return key, value
-
-
-def show_text(doc: dict[str, Any]) -> str:
-    """``work show``: one ``key: value`` line per field, times as ISO 8601 UTC, nested
-    structures (the execution journal) as JSON, ``None`` as ``-``."""
-    lines = []
-    for key, value in (_readable(k, v) for k, v in doc.items()):
-        if isinstance(value, dict | list):
-            text = json.dumps(value, sort_keys=True)
-        elif value is None:
-            text = "-"
-        else:
-            text = str(value)
-        lines.append(f"{key}: {text}")
-    return "\n".join(lines) + "\n"
-
-
 def _summarize(settings: Settings) -> dict[str, Any]:
     return {
         "storage": {"url": describe_url(settings.storage.url),
@@ -374,8 +344,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, CatalogError) as exc:
         sys.stderr.write(f"integrationd: config error: {exc}\n")
         return EXIT_USAGE
-    if args.command in OPERATOR_COMMANDS:
-        AUDIT_ORIGIN.set(cli_origin())
     try:
         if args.command in ADMIN_COMMANDS:
             return trio.run(run_admin_command, settings, args)
