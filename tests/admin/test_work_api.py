@@ -254,8 +254,14 @@ async def test_bulk_replay_is_capped_authorized_and_audited(console: ConsoleHarn
     assert entries[0].action == "dlq.bulk_replay"  # the summary follows its replays
     nothing = await (await client.post("/admin/api/dlq/replay", headers=headers, json={
         "family": "noop", "failure_class": "boom", "reason": "x"})).get_json()
-    assert nothing["selected"] == 0
+    assert nothing["selected"] == 0 and nothing["audit_id"] is None
     assert len(await console.store.audit_list()) == len(entries)  # nothing to audit
+    assert first["audit_id"] in {b.audit_id for b in bulks}
+    unknown = await client.post("/admin/api/dlq/replay", headers=headers,
+                                json={"family": "nosuch", "reason": "x"})
+    assert unknown.status_code == 409
+    assert (await unknown.get_json())["error"] == "family_not_runnable"
+    assert len(await console.store.audit_list()) == len(entries)
 
 
 async def test_concurrent_bulk_replays_report_conflicts_per_item(
