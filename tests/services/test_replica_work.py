@@ -293,3 +293,24 @@ async def test_a_replica_leaves_work_written_for_a_newer_engine(
         item = await store.work_get(wid)
         assert item is not None and (item.state, item.attempt) == (WorkState.PENDING, 0)
         assert await store.work_executions(wid) == []
+
+
+async def test_a_lost_claim_commit_reply_does_not_strand_the_batch(
+    store: WorkStore, autojump_clock: object
+) -> None:
+    """Finding (issue 13): when the claim's COMMIT reply was lost while the database
+    was going away, the replica dropped the batch until lease expiry (one attempt
+    lost per item). It reads back the rows carrying its token once it can, and runs
+    them under the claim it made."""
+    switch = SwitchableDatabase(store.db)
+    flaky = WorkStore(switch, store.dialect)
+    ids = await enqueue(store, 5)
+    switch.lose_reply("work.claim", outage_s=2.0)
+    async with running_replica(flaky, settings({"noop": FamilySettings(lease_ttl=30)})) as r:
+        await wait_for(lambda: _zero(store.work_count_open()))
+        assert r.metrics.reclaimed.labels("noop")._value.get() == 0
+    for wid in ids:
+        item = await store.work_get(wid)
+        assert item is not None and (item.state, item.attempt, item.ownership_epoch) == (
+            WorkState.SUCCEEDED, 1, 1)
+        assert [e.outcome for e in await store.work_executions(wid)] == ["succeeded"]
