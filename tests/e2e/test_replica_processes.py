@@ -226,7 +226,9 @@ async def test_four_replicas_drain_20000_items_exactly_once(
 
         await wait_until(store, drained, within_s=300)
         rows, distinct = await store.work_execution_totals("noop")
-        assert (rows, distinct) == (20_000, 20_000)  # zero duplicates, zero lost
+        assert (rows, distinct) == (20_000, 20_000)  # zero lost, none succeeded twice
+        summary = await store.work_execution_summary("noop")
+        assert (summary.executions, summary.repeated) == (20_000, 0)  # none ran twice
         for r in replicas:
             r.terminate()
         assert [await r.wait() for r in replicas] == [0, 0, 0, 0]
