@@ -124,9 +124,10 @@ def cli_origin() -> str:
     except KeyError:
         os_user = str(uid)
     doc: dict[str, Any] = {"via": "cli", "os_user": os_user, "uid": uid}
-    sudo_user = os.environ.get("SUDO_USER")
+    # From the environment (sudo sets it): recorded as a claim, printable and bounded.
+    sudo_user = "".join(c for c in os.environ.get("SUDO_USER", "") if c.isprintable())[:128]
     if sudo_user:
-        doc["sudo_user"] = sudo_user[:128]
+        doc["sudo_user"] = sudo_user
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
