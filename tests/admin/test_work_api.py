@@ -398,3 +398,22 @@ async def test_work_for_a_newer_engine_says_why_it_waits(console: ConsoleHarness
     assert (await (await client.get(f"/admin/api/work/{current}")).get_json())["hold"] is None
     page = await (await client.get(f"/admin/work/{newer}")).get_data(as_text=True)
     assert 'id="capability-hold"' in page and "engine capability v99" in page
+
+
+async def test_the_audit_page_shows_where_a_cli_action_came_from(
+    console: ConsoleHarness,
+) -> None:
+    from storage.idgen import new_ulid
+    from storage.port import AuditEntry
+
+    now = console.replica.clock.now_us()
+    await console.store.audit_append(AuditEntry(
+        audit_id=new_ulid(now), at_us=now, actor="otto", role="operator", action="work.cancel",
+        target_kind="work_item", target_id="x", reason="dup", before="{}", after="{}",
+        origin='{"os_user":"root","sudo_user":"bob","uid":0,"via":"cli"}'))
+    client, _ = await console.sign_in("viv")
+    doc = await (await client.get("/admin/api/audit")).get_json()
+    assert doc["entries"][0]["origin"] == {"os_user": "root", "sudo_user": "bob", "uid": 0,
+                                           "via": "cli"}
+    page = await (await client.get("/admin/audit")).get_data(as_text=True)
+    assert "via cli as root (sudo by bob)" in page
