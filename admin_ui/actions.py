@@ -54,6 +54,9 @@ class BulkReplayReport:
     selected: int
     complete: bool
     items: tuple[BulkItemResult, ...]
+    # The summary ``dlq.bulk_replay`` audit entry, when one was written (nothing is
+    # written when nothing was selected, or when writing it failed).
+    audit_id: str | None = None
 
     def count(self, outcome: str) -> int:
         return sum(1 for i in self.items if i.outcome == outcome)
@@ -67,6 +70,7 @@ class BulkReplayReport:
             "complete": self.complete,
             "replayed": self.count("replayed"),
             "conflicts": self.count("conflict"),
+            "audit_id": self.audit_id,
             "items": [attrs.asdict(i) for i in self.items],
         }
 
@@ -103,6 +107,7 @@ class Operations:
     async def bulk_replay(self, request: BulkReplayRequest, *, actor: str) -> BulkReplayReport:
         """Replay up to ``request.limit`` not-yet-replayed dead items of one family/class."""
         operator = authorize(self.settings, actor, "work.replay")
+        self.registry.get(request.family)  # an unknown family is refused, not "0 selected"
         now = self.clock.now_us()
         bulk_id = new_ulid(now)
         selected = await self.store.work_dead_list(
@@ -134,11 +139,14 @@ class Operations:
         report = BulkReplayReport(bulk_id, request.family, request.failure_class,
                                   len(selected), complete, tuple(results))
         if selected:
-            await self._audit_bulk(report, operator.name, operator.role, request.reason)
+            audit_id = await self._audit_bulk(report, operator.name, operator.role,
+                                              request.reason)
+            report = attrs.evolve(report, audit_id=audit_id)
         return report
 
     async def _audit_bulk(self, report: BulkReplayReport, actor: str, role: str,
-                          reason: str) -> None:
+                          reason: str) -> str | None:
+        """Write the run's summary audit entry; its id, or ``None`` if it failed."""
         now = self.clock.now_us()
         replayed = {i.work_id: i.new_work_id for i in report.items if i.outcome == "replayed"}
         others = {i.work_id: i.outcome for i in report.items if i.outcome != "replayed"}
@@ -161,3 +169,5 @@ class Operations:
         except StorageError as exc:
             # Each replay already has its own audit entry; only the summary is lost.
             logs.warn("admin_bulk_audit_failed", bulk=report.bulk_id, error=str(exc))
+            return None
+        return entry.audit_id

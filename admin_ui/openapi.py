@@ -169,13 +169,20 @@ SCHEMAS: Json = {
     "Execution": {"type": "object", "properties": {
         "work_id": {"type": "string"}, "ownership_epoch": {"type": "integer"},
         "attempt": {"type": "integer"}, "replica": {"type": "string"},
-        "outcome": {"type": "string"}, "finished_at_us": {"type": "integer"}}},
+        "outcome": {"type": "string", "description": "the state its finalization produced,"
+                    " or lease_lost (its lease expired unfinished and was reclaimed)"},
+        "finished_at_us": {"type": "integer"},
+        "reclaimed_by": {"type": ["string", "null"],
+                         "description": "the replica whose claim superseded a lost lease"}}},
     "AuditEntry": {"type": "object", "properties": {
         "audit_id": {"type": "string"}, "at_us": {"type": "integer"},
         "actor": {"type": "string"}, "role": {"type": "string"},
         "action": {"type": "string"}, "target_kind": {"type": "string"},
         "target_id": {"type": "string"}, "reason": {"type": "string"},
-        "before": {}, "after": {}}},
+        "before": {}, "after": {},
+        "origin": {"type": ["object", "null"],
+                   "description": "where the action came from, when recorded: the CLI writes"
+                                  " {via: cli, os_user, uid, sudo_user} beside the actor"}}},
     "LineageSection": {"type": "object", "properties": {
         "key": {"type": "string"}, "title": {"type": "string"},
         "rows": {"type": "array", "items": {"type": "object", "properties": {
@@ -183,6 +190,9 @@ SCHEMAS: Json = {
         "empty_text": {"type": "string"}}},
     "WorkDetail": {"type": "object", "properties": {
         "item": _ref("WorkItem"),
+        "hold": {"type": ["string", "null"],
+                 "description": "why this build leaves the item for another replica (written"
+                                " for a newer engine capability or payload schema), or null"},
         "executions": {"type": "array", "items": _ref("Execution")},
         "lineage": {"type": "object", "properties": {
             "replay_of": {"type": ["object", "null"]},
@@ -211,6 +221,9 @@ SCHEMAS: Json = {
         "failure_class": _NULL_STR, "selected": {"type": "integer"},
         "complete": {"type": "boolean"}, "replayed": {"type": "integer"},
         "conflicts": {"type": "integer"},
+        "audit_id": {"type": ["string", "null"],
+                     "description": "the dlq.bulk_replay summary audit entry, or null when"
+                                    " none was written (nothing selected, or writing failed)"},
         "items": {"type": "array", "items": {"type": "object", "properties": {
             "work_id": {"type": "string"},
             "outcome": {"type": "string", "enum": ["replayed", "conflict", "refused",

@@ -66,6 +66,7 @@ async def work_detail(view: ReplicaView, work_id: str,
     sections = await lineage_sections(view, item, providers)
     return {
         "item": work_json(item),
+        "hold": view.registry.hold_reason(item),
         "executions": [execution_json(e) for e in executions],
         "lineage": {"replay_of": original, "replays": [_summary(r) for r in replays],
                     "created_by": created_by},

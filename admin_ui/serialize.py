@@ -41,6 +41,7 @@ def audit_json(entry: AuditEntry) -> dict[str, Any]:
     doc = attrs.asdict(entry)
     doc["before"] = _json_or_text(entry.before)
     doc["after"] = _json_or_text(entry.after)
+    doc["origin"] = _json_or_text(entry.origin) if entry.origin is not None else None
     return doc
 
 

@@ -11,7 +11,10 @@ What it does, on either backend:
    execution's ``finished_at`` (from the execution journal);
 4. statements and commits come from each replica's ``/metrics`` (difference
    across the run, so start-up and the drain are excluded); resident memory
-   (peak) from ``/proc``; duplicates and lost items from the journal.
+   (peak) from ``/proc``; duplicates and lost items from the execution journal,
+   which holds every execution (an execution whose lease was reclaimed is there as
+   ``lease_lost``): ``duplicates`` counts executions beyond the first of each item,
+   whatever their outcome, not repeated finalizations.
 
 Then the same N no-op jobs go through procrastinate on the local PostgreSQL,
 with R worker processes, released the same way, and the ratio is printed.
@@ -39,7 +42,7 @@ import trio
 from daemon.core.work import WorkSpec
 from storage.migrate import migrate
 from storage.open import open_store
-from storage.port import SqlTx
+from storage.port import ExecutionSummary, SqlTx
 
 REPO = Path(__file__).resolve().parents[1]
 MYSQL_URL = os.environ.get("INTEGRATIOND_BENCH_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
@@ -112,18 +115,18 @@ async def open_count(url: str) -> int:
         await store.db.aclose()
 
 
-async def journal(url: str) -> tuple[int, int, int]:
-    """(execution rows, distinct items, last finished_at_us) for succeeded noop work."""
+async def journal(url: str) -> tuple[ExecutionSummary, int]:
+    """(every noop execution in the journal, last finished_at_us)."""
     store = await open_store(url, sqlite_synchronous="NORMAL")
     try:
-        rows, distinct = await store.work_execution_totals("noop")
+        summary = await store.work_execution_summary("noop")
 
         async def body(tx: SqlTx) -> int:
             (row,) = await tx.fetchall("SELECT MAX(finished_at_us) FROM work_executions")
             return int(row[0] or 0)
 
         last = await store.db.transact(body, name="bench.last", write=False)
-        return rows, distinct, last
+        return summary, last
     finally:
         await store.db.aclose()
 
@@ -210,7 +213,7 @@ def bench_integrationd(backend: str, replicas: int, items: int,
                     p.send_signal(signal.SIGTERM)
                 for p, _ in procs:
                     p.wait(timeout=60)
-            rows, distinct, last = trio.run(journal, url)
+            summary, last = trio.run(journal, url)
         finally:
             if dbname:
                 mysql_admin(f"DROP DATABASE {dbname}")
@@ -225,13 +228,15 @@ def bench_integrationd(backend: str, replicas: int, items: int,
         "replicas": replicas,
         "items": items,
         "seconds": round(seconds, 3),
-        "items_per_s": round(distinct / seconds, 1),
+        "items_per_s": round(summary.succeeded_items / seconds, 1),
         "statements_per_item": round(delta("integrationd_db_statements_total") / items, 3),
         "commits_per_item": round(delta("integrationd_db_commits_total") / items, 4),
         "transaction_retries": int(delta("integrationd_db_transaction_retries_total")),
         "claim_contention": int(delta("integrationd_work_claim_contention_total")),
-        "duplicates": rows - distinct,
-        "lost": items - distinct,
+        "executions": summary.executions,
+        "duplicates": summary.repeated,
+        "lease_lost": summary.by_outcome.get("lease_lost", 0),
+        "lost": items - summary.succeeded_items,
         "peak_rss_mb_per_replica": [round(r, 1) for r in rss],
         **({"sqlite_synchronous": sqlite_synchronous} if backend == "sqlite" else {}),
     }

@@ -12,6 +12,13 @@ summary audit entry records the run.
 ``integrationd catalog publish|list|show|delete`` manages Catalog revisions
 (:mod:`daemon.catalog_cli`).
 
+Replays resolve families as ``integrationd run`` does (:func:`operator_registry`:
+every family, with its replay guard). Every audit entry a CLI process writes
+records, beside ``--actor``, the OS user it ran as and ``SUDO_USER``
+(:func:`cli_origin`). As text, an empty listing says so; ``--json`` prints one
+document. ``work show``'s text form (:func:`show_text`) prints times as ISO 8601
+UTC and structures as JSON.
+
 ``daemon/cli.py`` adds these with :func:`add_admin_commands` and runs them with
 :func:`run_admin_command` (exit codes: 0 ok, 1 runtime failure, 2 usage).
 """
@@ -19,9 +26,14 @@ summary audit entry records the run.
 from __future__ import annotations
 
 import argparse
+import datetime
 import getpass
 import json
+import os
+import pwd
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from admin_ui.actions import Operations
@@ -33,11 +45,12 @@ from config.settings import Settings
 from daemon.catalog_cli import CatalogUsage, add_catalog_command, run_catalog_command
 from daemon.core.ids import is_ulid
 from daemon.services.clock import WallClock
-from daemon.services.families import UnknownFamily, build_registry
+from daemon.services.families import FamilyRegistry, UnknownFamily
 from daemon.services.operator_api import BadRequest, NotAuthorized
 from storage.migrate import check_schema
 from storage.open import describe_url, open_store
 from storage.port import DeadQuery, StorageError
+from storage.work_admin import AUDIT_ORIGIN
 from storage.work_store import WorkStore
 
 ADMIN_COMMANDS = frozenset({"hash-password", "audit", "dlq", "catalog"})
@@ -95,6 +108,79 @@ def _print_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
+def say_empty(what: str) -> None:
+    """An empty listing says so (text output; JSON shows an empty list)."""
+    sys.stdout.write(f"no {what}\n")
+
+
+def iso_utc(us: int) -> str:
+    """UTC epoch microseconds as ISO 8601 UTC (``2026-12-01T08:00:00.000000Z``)."""
+    at = datetime.datetime.fromtimestamp(us // 1_000_000, tz=datetime.UTC)
+    return at.replace(microsecond=us % 1_000_000).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def cli_origin() -> str:
+    """Who really acts through this CLI process, recorded in the audit log beside
+    ``--actor``: the OS user the process runs as (from its effective uid, not from
+    the environment) and, under sudo, the invoking ``SUDO_USER``."""
+    uid = os.geteuid()
+    try:
+        os_user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        os_user = str(uid)
+    doc: dict[str, Any] = {"via": "cli", "os_user": os_user, "uid": uid}
+    # From the environment (sudo sets it): recorded as a claim, printable and bounded.
+    sudo_user = "".join(c for c in os.environ.get("SUDO_USER", "") if c.isprintable())[:128]
+    if sudo_user:
+        doc["sudo_user"] = sudo_user
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def record_cli_origin() -> None:
+    """Record :func:`cli_origin` with every audit entry this task (and the tasks it
+    starts) writes: the operator verbs call it first."""
+    AUDIT_ORIGIN.set(cli_origin())
+
+
+def _readable(key: str, value: Any) -> tuple[str, Any]:
+    """``*_us`` epoch-microsecond fields become ISO 8601 UTC under the key without ``_us``."""
+    if key.endswith("_us") and (value is None or isinstance(value, int)):
+        return key[:-3], iso_utc(value) if value is not None else None
+    if isinstance(value, dict):
+        return key, dict(_readable(k, v) for k, v in value.items())
+    if isinstance(value, list):
+        return key, [_readable("", v)[1] for v in value]
+    return key, value
+
+
+def show_text(doc: dict[str, Any]) -> str:
+    """``work show``: one ``key: value`` line per field, times as ISO 8601 UTC, nested
+    structures (the execution journal) as JSON, ``None`` as ``-``."""
+    lines = []
+    for key, value in (_readable(k, v) for k, v in doc.items()):
+        if isinstance(value, dict | list):
+            text = json.dumps(value, sort_keys=True)
+        elif value is None:
+            text = "-"
+        else:
+            text = str(value)
+        lines.append(f"{key}: {text}")
+    return "\n".join(lines) + "\n"
+
+
+@asynccontextmanager
+async def operator_registry(settings: Settings, store: WorkStore) -> AsyncIterator[FamilyRegistry]:
+    """The registry of every family this build runs, as ``integrationd run`` builds it
+    (with each family's replay guard), for operator verbs that resolve families."""
+    from daemon.services.assembly import assemble
+
+    parts = assemble(settings, store, WallClock())
+    try:
+        yield parts.registry
+    finally:
+        await parts.aclose()
+
+
 def _read_password(force_stdin: bool) -> str:
     if force_stdin or not sys.stdin.isatty():
         line = sys.stdin.readline()
@@ -137,11 +223,27 @@ async def _audit(store: WorkStore, args: argparse.Namespace) -> None:
     if args.json:
         _print_json({"entries": [audit_json(e) for e in entries]})
         return
+    if not entries:
+        say_empty("audit entries" + (f" about {args.target}" if args.target else ""))
     for e in entries:
         sys.stdout.write(
-            f"{e.audit_id}  {e.actor} ({e.role})  {e.action}  {e.target_kind}:{e.target_id}"
-            f"  {e.before} -> {e.after}  reason: {e.reason}\n"
+            f"{e.audit_id}  {iso_utc(e.at_us)}  {e.actor} ({e.role})  {e.action}"
+            f"  {e.target_kind}:{e.target_id}  {e.before} -> {e.after}  reason: {e.reason}"
+            f"{_origin_text(e.origin)}\n"
         )
+
+
+def _origin_text(origin: str | None) -> str:
+    if origin is None:
+        return ""
+    try:
+        doc = json.loads(origin)
+    except ValueError:
+        return ""
+    if not isinstance(doc, dict):
+        return ""
+    parts = [f"{k}={doc[k]}" for k in ("os_user", "sudo_user") if doc.get(k)]
+    return f"  via {doc.get('via', '?')}" + (f" ({', '.join(parts)})" if parts else "")
 
 
 async def _dlq(store: WorkStore, settings: Settings, args: argparse.Namespace) -> int:
@@ -157,6 +259,8 @@ async def _dlq(store: WorkStore, settings: Settings, args: argparse.Namespace) -
         docs = [work_json(i, replayed_as=replayed.get(i.work_id)) for i in items]
         if args.json:
             _print_json({"items": docs})
+        elif not docs:
+            say_empty("dead items match")
         else:
             for d in docs:
                 sys.stdout.write(
@@ -170,6 +274,8 @@ async def _dlq(store: WorkStore, settings: Settings, args: argparse.Namespace) -
         if args.json:
             _print_json({"classes": [dead_class_json(c) for c in classes],
                          "classes_sample": args.sample})
+        elif not classes:
+            say_empty("dead items")
         else:
             for c in classes:
                 sys.stdout.write(f"{c.count:>8}  {c.family:<12} {c.failure_class or '-'}\n")
@@ -178,23 +284,31 @@ async def _dlq(store: WorkStore, settings: Settings, args: argparse.Namespace) -
     request = BulkReplayRequest(family=args.family, failure_class=args.failure_class,
                                 limit=_limit(args.limit, MAX_BULK),
                                 reason=reason_from(args.reason))
-    ops = Operations(store, settings, build_registry(settings), WallClock())
-    report = await ops.bulk_replay(request, actor=args.actor)
+    async with operator_registry(settings, store) as registry:
+        ops = Operations(store, settings, registry, WallClock())
+        report = await ops.bulk_replay(request, actor=args.actor)
     if args.json:
         _print_json(report.to_json())
+    elif not report.selected:
+        which = f" of class {report.failure_class}" if report.failure_class else ""
+        sys.stdout.write(f"nothing to replay: no dead {report.family} item{which} is waiting"
+                         " for a replay (no audit entry written)\n")
     else:
         for item in report.items:
             detail = item.new_work_id or item.message
             sys.stdout.write(f"{item.work_id}  {item.outcome:<13} {detail}\n")
+        audit = (f"audit {report.audit_id}" if report.audit_id is not None
+                 else "the summary audit entry could not be written")
         sys.stdout.write(
             f"selected {report.selected}, replayed {report.count('replayed')},"
-            f" conflicts {report.count('conflict')} (audit {report.bulk_id})\n"
+            f" conflicts {report.count('conflict')} (run {report.bulk_id}; {audit})\n"
         )
     return EXIT_OK if report.complete else EXIT_FAILURE
 
 
 async def run_admin_command(settings: Settings, args: argparse.Namespace) -> int:
     """Run one of :data:`ADMIN_COMMANDS`; report errors as one line on stderr."""
+    record_cli_origin()
     try:
         if args.command == "hash-password":
             sys.stdout.write(hash_password(_read_password(args.stdin)) + "\n")

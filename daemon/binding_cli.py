@@ -10,13 +10,12 @@ that changed meanwhile is refused rather than changed twice. A binding holds no 
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
-import os
 import sys
 from collections.abc import Awaitable, Callable
 
 from config.settings import Settings
+from daemon.admin_cli import record_cli_origin
 from daemon.core.principals import (
     BindingEvent,
     BindingFacts,
@@ -85,8 +84,7 @@ def _actor(settings: Settings, args: argparse.Namespace) -> Actor:
     operator = settings.operator(args.actor)
     if operator is None or operator.role not in _WRITERS:
         raise NotAuthorized(f"{args.actor!r} may not change bindings (operators and admins)")
-    os_user = os.environ.get("SUDO_USER") or getpass.getuser()
-    return Actor(operator.name, operator.role, f"{args.reason} (os user {os_user})")
+    return Actor(operator.name, operator.role, args.reason)
 
 
 def _identity(args: argparse.Namespace, base: BindingIdentity | None) -> BindingIdentity:
@@ -106,6 +104,7 @@ def _identity(args: argparse.Namespace, base: BindingIdentity | None) -> Binding
 async def run_binding_command(settings: Settings, args: argparse.Namespace,
                               open_database: Callable[[Settings], Awaitable[WorkStore]]) -> int:
     verb = args.binding_command
+    record_cli_origin()  # the OS user (and SUDO_USER) beside --actor in the audit log
     actor = _actor(settings, args) if verb not in ("list", "show") else None
     store = await open_database(settings)
     now = WallClock().now_us()

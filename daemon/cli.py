@@ -119,7 +119,8 @@ def _parser() -> argparse.ArgumentParser:
     can.add_argument("--actor", required=True, help="operator name (must hold operator/admin)")
     can.add_argument("--reason", required=True, help="why (kept in the audit log)")
 
-    work.add_parser("depths", help="queue depth per family and state (JSON)")
+    dep = work.add_parser("depths", help="queue depth per family and state")
+    dep.add_argument("--json", action="store_true", help="print JSON (one document)")
     add_admin_commands(sub)
     add_keys_commands(sub)
     add_binding_commands(sub)
@@ -249,6 +250,15 @@ async def _watch_signals(replica: Any, scope: trio.CancelScope) -> None:
 
 
 async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
+    from daemon.admin_cli import (
+        iso_utc,
+        operator_registry,
+        record_cli_origin,
+        say_empty,
+        show_text,
+    )
+
+    record_cli_origin()
     clock = WallClock()
     registry = build_registry(settings)
     verb = args.work_command
@@ -284,6 +294,8 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
             items = await store.work_list(query)
             if args.json:
                 _print_json([item_json(i) for i in items])
+            elif not items:
+                say_empty("work items match")
             else:
                 for i in items:
                     sys.stdout.write(
@@ -295,15 +307,17 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
             if item is None:
                 raise WorkNotFound(args.work_id)
             doc = item_json(item, await store.work_executions(item.work_id))
+            doc["hold"] = registry.hold_reason(item)
             if args.json:
                 _print_json(doc)
             else:
-                sys.stdout.write("\n".join(f"{k}: {v}" for k, v in doc.items()) + "\n")
+                sys.stdout.write(show_text(doc))
         elif verb == "replay":
-            new = await replay(
-                store, settings, registry, clock,
-                work_id=args.work_id, actor=args.actor, reason=args.reason,
-            )
+            async with operator_registry(settings, store) as families:
+                new = await replay(
+                    store, settings, families, clock,
+                    work_id=args.work_id, actor=args.actor, reason=args.reason,
+                )
             if args.json:
                 _print_json(item_json(new))
             else:
@@ -315,11 +329,20 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
                          "state": result.state.value})
         elif verb == "depths":
             depths = await store.work_depths()
-            _print_json([
-                {"family": d.family, "state": d.state.value, "count": d.count,
-                 "oldest_run_after_us": d.oldest_run_after_us}
-                for d in depths
-            ])
+            if args.json:
+                _print_json([
+                    {"family": d.family, "state": d.state.value, "count": d.count,
+                     "oldest_run_after_us": d.oldest_run_after_us}
+                    for d in depths
+                ])
+            elif not depths:
+                say_empty("queued work (every family is empty)")
+            else:
+                for d in depths:
+                    oldest = (iso_utc(d.oldest_run_after_us)
+                              if d.oldest_run_after_us is not None else "-")
+                    sys.stdout.write(f"{d.family:<16} {d.state.value:<24} {d.count:>10}"
+                                     f"  oldest run_after {oldest}\n")
         return EXIT_OK
 
     result: int = await _with_store(settings, act)

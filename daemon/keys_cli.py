@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from config.keys import load_token_keys
 from config.load import ConfigError
 from config.settings import Settings
+from daemon.admin_cli import record_cli_origin
 from daemon.services.clock import WallClock
 from daemon.services.key_rotation import rotate_keys, verify_keys
 from daemon.services.operator_api import NotAuthorized
@@ -39,6 +40,7 @@ def add_keys_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 async def run_keys_command(settings: Settings, args: argparse.Namespace,
                            open_database: Callable[[Settings], Awaitable[WorkStore]]) -> int:
+    record_cli_origin()  # the OS user (and SUDO_USER) beside --actor in the audit log
     keys = load_token_keys(settings.keys, os.environ, settings.base_dir)
     if args.keys_command == "rotate":
         operator = settings.operator(args.actor)

@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 import attrs
 
+from daemon.core.capability import DEFAULT_PAYLOAD_SCHEMA_VERSION, ENGINE_CAPABILITY_VERSION
 from daemon.core.outcomes import Finalization
 from daemon.core.states import WorkState
 from daemon.core.work import Fence, WorkItem, WorkSpec
@@ -185,6 +186,23 @@ class ClaimParams:
     # costs no write. A busy claimer turns it off: selecting and updating in one
     # short transaction leaves other replicas less time to take the same rows.
     probe_first: bool = True
+    # The newest engine capability and payload schema the claimant can run: work
+    # written for newer ones is left (pending, or its expired lease unreclaimed)
+    # for a replica that can (daemon/core/capability.py).
+    engine_capability_version: int = ENGINE_CAPABILITY_VERSION
+    payload_schema_version: int = DEFAULT_PAYLOAD_SCHEMA_VERSION
+
+
+@attrs.frozen
+class Reclaim:
+    """An expired lease this claim superseded (journaled as a ``lease_lost`` execution)."""
+
+    work_id: str
+    superseded_epoch: int
+    attempt: int
+    previous_owner: str
+    # The attempts were spent: the item went to dead instead of to this claimant.
+    dead: bool
 
 
 @attrs.frozen
@@ -194,6 +212,8 @@ class ClaimResult:
     expired_dead: list[str]
     # Candidates another claimant won first (contention, for metrics).
     contended: int
+    # Expired leases this claim superseded (reclaimed, or moved to dead).
+    reclaimed: list[Reclaim] = attrs.field(factory=list)
 
 
 @attrs.frozen
@@ -267,6 +287,9 @@ class AuditEntry:
     reason: str
     before: str
     after: str
+    # Where the action came from, as JSON text (the CLI records the OS user and
+    # SUDO_USER beside the --actor it was given); None when not recorded.
+    origin: str | None = None
 
 
 @attrs.frozen
@@ -279,12 +302,35 @@ class CancelResult:
 
 @attrs.frozen
 class Execution:
+    """One execution of a WorkItem (one ownership epoch): who ran it and how it ended.
+
+    ``outcome`` is the state its finalization produced, or ``lease_lost`` when the
+    lease expired unfinished and ``reclaimed_by`` superseded it (``finished_at_us``
+    is then the moment of the reclaim).
+    """
+
     work_id: str
     ownership_epoch: int
     attempt: int
     replica: str
     outcome: str
     finished_at_us: int
+    reclaimed_by: str | None = None
+
+
+@attrs.frozen
+class ExecutionSummary:
+    """Executions of one family in the journal (every outcome, ``lease_lost`` included)."""
+
+    executions: int
+    items: int  # distinct work ids with at least one execution
+    succeeded_items: int  # distinct work ids with a succeeded execution
+    by_outcome: dict[str, int]
+
+    @property
+    def repeated(self) -> int:
+        """Executions beyond the first of each item (the benchmarks' "duplicates")."""
+        return self.executions - self.items
 
 
 @attrs.frozen(kw_only=True)

@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any
-
-import attrs
 
 from daemon.core.states import TERMINAL, WorkState
 from daemon.core.work import WorkItem, WorkSpec
@@ -26,8 +25,6 @@ from storage.port import (
     DeadQuery,
     DuplicateKey,
     EnqueueResult,
-    Execution,
-    OutcomeCount,
     QueueDepth,
     ReplayParams,
     ReplicaInfo,
@@ -323,46 +320,6 @@ class WorkAdmin:
 
         return await self.db.transact(body, name="work.depths", write=False)
 
-    async def work_executions(self, work_id: str) -> list[Execution]:
-        async def body(tx: SqlTx) -> list[Execution]:
-            rows = await tx.fetchall(
-                "SELECT work_id, ownership_epoch, attempt, replica, outcome, finished_at_us"
-                " FROM work_executions WHERE work_id = ? ORDER BY ownership_epoch",
-                (work_id,),
-            )
-            return [
-                Execution(str(a), int(b), int(c), str(d), str(e), int(f))
-                for a, b, c, d, e, f in rows
-            ]
-
-        return await self.db.transact(body, name="work.executions", write=False)
-
-    async def work_execution_totals(self, family: str) -> tuple[int, int]:
-        """(execution rows, distinct work ids) that *succeeded* for one family."""
-
-        async def body(tx: SqlTx) -> tuple[int, int]:
-            rows = await tx.fetchall(
-                "SELECT COUNT(*), COUNT(DISTINCT work_id) FROM work_executions"
-                " WHERE family = ? AND outcome = 'succeeded'",
-                (family,),
-            )
-            return int(rows[0][0]), int(rows[0][1])
-
-        return await self.db.transact(body, name="work.execution_totals", write=False)
-
-    async def work_outcome_counts(self, since_us: int, until_us: int) -> list[OutcomeCount]:
-        """Executions finished in ``[since_us, until_us)`` per family and outcome (cluster-wide)."""
-
-        async def body(tx: SqlTx) -> list[OutcomeCount]:
-            rows = await tx.fetchall(
-                "SELECT family, outcome, COUNT(*) FROM work_executions"
-                " WHERE finished_at_us >= ? AND finished_at_us < ? GROUP BY family, outcome",
-                (since_us, until_us),
-            )
-            return [OutcomeCount(str(f), str(o), int(n)) for f, o, n in rows]
-
-        return await self.db.transact(body, name="work.outcome_counts", write=False)
-
     async def work_count_open(self, family: str | None = None) -> int:
         """Non-terminal items (of one family, or all)."""
         family_clause = " AND family = ?" if family is not None else ""
@@ -442,7 +399,7 @@ class WorkAdmin:
         async def body(tx: SqlTx) -> list[AuditEntry]:
             rows = await tx.fetchall(
                 "SELECT audit_id, at_us, actor, role, action, target_kind, target_id, reason,"
-                f" before_json, after_json FROM audit_log{clause}"
+                f" before_json, after_json, origin_json FROM audit_log{clause}"
                 " ORDER BY audit_id DESC LIMIT ?",
                 (*params, max(1, min(limit, 1000))),
             )
@@ -458,6 +415,7 @@ class WorkAdmin:
                     reason=str(r[7]),
                     before=str(r[8]),
                     after=str(r[9]),
+                    origin=str(r[10]) if r[10] is not None else None,
                 )
                 for r in rows
             ]
@@ -605,11 +563,19 @@ async def cancel_in_tx(tx: SqlTx, work_id: str, now_us: int) -> CancelResult:
     return CancelResult(work_id, "noop", WorkState(rows[0][0]))
 
 
+# Where this process's operator actions come from (JSON text), recorded with every
+# audit entry that does not name its own origin: the CLI sets it once at start-up
+# (the OS user and SUDO_USER beside --actor). Context-local, so a test or a
+# server can set it per task.
+AUDIT_ORIGIN: ContextVar[str | None] = ContextVar("integrationd_audit_origin", default=None)
+
+
 async def append_audit(tx: SqlTx, entry: AuditEntry) -> None:
     """Append one audit entry inside the caller's transaction (there is no update path)."""
-    values = attrs.astuple(entry)
+    origin = entry.origin if entry.origin is not None else AUDIT_ORIGIN.get()
     await tx.execute(
         "INSERT INTO audit_log (audit_id, at_us, actor, role, action, target_kind, target_id,"
-        " reason, before_json, after_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        values,
+        " reason, before_json, after_json, origin_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (entry.audit_id, entry.at_us, entry.actor, entry.role, entry.action, entry.target_kind,
+         entry.target_id, entry.reason, entry.before, entry.after, origin),
     )

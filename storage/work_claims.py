@@ -24,6 +24,15 @@ is non-terminal. Sequence numbers are handed out under the lane counter's row
 lock at enqueue and terminal states never reopen, so "head of lane" cannot
 become false between the select and the UPDATE.
 
+Capability: a claimant states the newest engine capability and payload schema
+it can run; candidates and expired leases of work written for newer ones are
+not selected, so that work waits for a replica that can run it.
+
+Every execution is journaled (``storage/work_executions.py``): a reclaim
+writes the superseded epoch as ``lease_lost`` in the reclaim's transaction. A
+claim whose COMMIT outcome is unknown is reconciled by reading the rows that
+carry our token (retried while the database is still away), then run.
+
 Every later write names the fence: ``(work_id, lease_token, ownership_epoch)``
 with ``state = 'processing'`` and an unexpired lease. A claimant whose lease
 expired, even if nobody reclaimed the row yet, can change nothing.
@@ -35,6 +44,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
+import trio
 
 from daemon.core.lanes import Candidate, pick_batch
 from daemon.core.outcomes import Finalization
@@ -49,10 +59,13 @@ from storage.port import (
     DuplicateKey,
     FinalizeResult,
     LostLease,
+    Reclaim,
     RenewResult,
     SqlTx,
     StorageError,
 )
+from storage.work_executions import LEASE_LOST, journal_entry
+from storage.work_executions import journal as journal_rows
 from storage.work_rows import (
     LANE_BLOCKING_SQL,
     SELECT_WORK,
@@ -69,6 +82,7 @@ _READY_HEAD = (
     "SELECT w.work_id, w.org_id, w.source_lane, w.target_lane, w.run_after_us"
     " FROM work_items w"
     " WHERE w.state = ? AND w.family = ? AND w.run_after_us <= ?"
+    " AND w.engine_capability_version <= ? AND w.payload_schema_version <= ?"
 )
 _READY_TAIL = (
     " AND (w.target_lane IS NULL OR NOT EXISTS ("
@@ -81,6 +95,9 @@ _READY_TAIL = (
 _READY_SQL = _READY_HEAD + _READY_TAIL
 _READY_ORG_SQL = _READY_HEAD + " AND w.org_id = ?" + _READY_TAIL
 MAX_FAIR_ORGS = 8
+# Backoff of the read-back after a claim COMMIT with an unknown outcome.
+RECONCILE_FIRST_PAUSE_S = 0.05
+RECONCILE_MAX_PAUSE_S = 1.0
 
 _CLAIM_SET = (
     "UPDATE work_items SET state = 'processing', lease_owner = ?, lease_token = ?,"
@@ -90,8 +107,10 @@ _CLAIM_SET = (
 _CLAIM_WHERE = f" AND state IN {in_states(EXECUTABLE)} AND run_after_us <= ?"
 
 _EXPIRED_SQL = (
-    "SELECT work_id, lease_token, ownership_epoch, attempt, max_attempts FROM work_items"
+    "SELECT work_id, lease_token, ownership_epoch, attempt, max_attempts, lease_owner"
+    " FROM work_items"
     " WHERE state = 'processing' AND lease_until_us < ? AND family = ?"
+    " AND engine_capability_version <= ? AND payload_schema_version <= ?"
     " ORDER BY lease_until_us LIMIT ?"
 )
 
@@ -151,7 +170,8 @@ class WorkClaims:
         async def candidates(tx: SqlTx) -> tuple[list[tuple[Any, ...]], list[Candidate]]:
             expired: list[tuple[Any, ...]] = []
             if params.include_expired:
-                expired = await tx.fetchall(_EXPIRED_SQL, (now_us, params.family, params.limit))
+                expired = await tx.fetchall(_EXPIRED_SQL, (
+                    now_us, params.family, *_runnable(params), params.limit))
             room = params.limit - len(expired)
             picked = await self._pick(tx, attrs.evolve(params, limit=room), now_us) if room else []
             return expired, picked
@@ -164,13 +184,16 @@ class WorkClaims:
             if not found[0] and not found[1]:
                 return ClaimResult(claimed=[], expired_dead=[], contended=0)
         touched: list[str] = []
+        superseded: list[Reclaim] = []
 
         async def body(tx: SqlTx) -> ClaimResult:
             touched.clear()
+            superseded.clear()
             contended = 0
             expired, picked = found if found is not None else await candidates(tx)
-            reclaimed, expired_dead = await self._sweep_expired(
+            reclaimed, swept = await self._sweep_expired(
                 tx, params, expired, token, lease_until, now_us)
+            superseded.extend(swept)
             touched.extend(reclaimed)
             ids = [c.work_id for c in picked]
             if ids:
@@ -185,21 +208,26 @@ class WorkClaims:
                     (*touched, token),
                 )
                 claimed = [from_row(r) for r in rows]
-            return ClaimResult(claimed=claimed, expired_dead=expired_dead, contended=contended)
+            return ClaimResult(claimed=claimed, contended=contended,
+                               expired_dead=[c.work_id for c in swept if c.dead],
+                               reclaimed=swept)
 
         try:
             return await self.db.transact(body, name="work.claim")
         except CommitOutcomeUnknown:
             # The claim may have committed: whatever carries our token is ours.
-            claimed = await self._read_by_token(touched, token)
-            return ClaimResult(claimed=claimed, expired_dead=[], contended=0)
+            claimed = await self._reconcile_claim(touched, token, params.lease_ttl_us)
+            ours = {i.work_id for i in claimed}
+            return ClaimResult(claimed=claimed, expired_dead=[], contended=0,
+                               reclaimed=[c for c in superseded if c.work_id in ours])
 
     async def _pick(self, tx: SqlTx, params: ClaimParams, now_us: int) -> list[Candidate]:
         window = max(params.window, params.limit)
         rows: list[tuple[Any, ...]] = []
         for state in (WorkState.PENDING, WorkState.RETRY):
             rows.extend(
-                await tx.fetchall(_READY_SQL, (state.value, params.family, now_us, window))
+                await tx.fetchall(_READY_SQL, (state.value, params.family, now_us,
+                                               *_runnable(params), window))
             )
         rows.sort(key=lambda r: (int(r[4]), str(r[0])))
         rows = rows[:window]
@@ -209,7 +237,8 @@ class WorkClaims:
             for org in orgs:
                 for state in (WorkState.PENDING, WorkState.RETRY):
                     rows.extend(await tx.fetchall(
-                        _READY_ORG_SQL, (state.value, params.family, now_us, org, share)
+                        _READY_ORG_SQL, (state.value, params.family, now_us,
+                                         *_runnable(params), org, share)
                     ))
             rows.sort(key=lambda r: (int(r[4]), str(r[0])))
         candidates = [Candidate(str(r[0]), str(r[1]), r[2], r[3]) for r in rows]
@@ -261,15 +290,20 @@ class WorkClaims:
     async def _sweep_expired(
         self, tx: SqlTx, params: ClaimParams, rows: list[tuple[Any, ...]], token: str,
         lease_until: int, now_us: int,
-    ) -> tuple[list[str], list[str]]:
+    ) -> tuple[list[str], list[Reclaim]]:
         """Reclaim (or, attempts spent, dead-letter) rows whose lease had expired:
-        a CAS on the observed fence plus ``lease_until < now``."""
-        spent = [Fence(str(r[0]), str(r[1]), int(r[2])) for r in rows if int(r[3]) >= int(r[4])]
-        again = [Fence(str(r[0]), str(r[1]), int(r[2])) for r in rows if int(r[3]) < int(r[4])]
-        dead: list[str] = []
-        if spent:
-            where, args = fence_predicate(spent)
-            await tx.execute(
+        a CAS on the observed fence plus ``lease_until < now``. Each lease this
+        transaction superseded is journaled as a ``lease_lost`` execution of its
+        previous owner. Returns (reclaimed work ids, every superseded lease)."""
+        spent = [r for r in rows if int(r[3]) >= int(r[4])]
+        again = [r for r in rows if int(r[3]) < int(r[4])]
+        superseded: list[Reclaim] = []
+        # Rare (attempts spent and the lease expired): one exact CAS per row, so
+        # that only the rows this transaction moved are reported and journaled.
+        for r in spent:
+            fence = _expired_fence(r)
+            where, args = fence_predicate([fence])
+            if await tx.execute(
                 "UPDATE work_items SET state = 'dead', lease_until_us = NULL,"
                 " target_lane_hold = NULL, terminal_outcome = 'dead',"
                 " failure_class = 'lease_expired', operator_summary = ?,"
@@ -277,15 +311,46 @@ class WorkClaims:
                 f" updated_at_us = ? WHERE {where} AND state = 'processing'"
                 " AND lease_until_us < ?",
                 ("lease expired with attempts exhausted", now_us, *args, now_us),
-            )
-            dead = [f.work_id for f in spent]
+            ):
+                superseded.append(_reclaim(r, dead=True))
         if again:
-            where, args = fence_predicate(again)
-            await tx.execute(
+            fences = [_expired_fence(r) for r in again]
+            where, args = fence_predicate(fences)
+            matched = await tx.execute(
                 f"{_CLAIM_SET} WHERE {where} AND state = 'processing' AND lease_until_us < ?",
                 (params.owner, token, lease_until, now_us, *args, now_us),
             )
-        return [f.work_id for f in again], dead
+            won = {str(r[0]) for r in again}
+            if matched != len(again):  # another sweeper took some first
+                won = {str(w) for (w,) in await tx.fetchall(
+                    f"SELECT work_id FROM work_items WHERE work_id IN"
+                    f" ({placeholders(len(again))}) AND lease_token = ?",
+                    (*(r[0] for r in again), token),
+                )}
+            superseded.extend(_reclaim(r, dead=False) for r in again if str(r[0]) in won)
+        await journal_rows(tx, [
+            journal_entry(c.work_id, c.superseded_epoch, params.family, c.attempt,
+                          c.previous_owner, LEASE_LOST, now_us, params.owner)
+            for c in superseded
+        ])
+        return [c.work_id for c in superseded if not c.dead], superseded
+
+    async def _reconcile_claim(self, ids: list[str], token: str,
+                               lease_ttl_us: int) -> list[WorkItem]:
+        """Read back a claim whose COMMIT outcome is unknown: the rows carrying our
+        token are ours. The database that lost the reply is often still going away
+        (a restart, a failover), so the read is retried with backoff for up to half
+        the lease: a batch that did commit is run, not left to lease expiry."""
+        give_up_at = trio.current_time() + lease_ttl_us / 2_000_000
+        pause = RECONCILE_FIRST_PAUSE_S
+        while True:
+            try:
+                return await self._read_by_token(ids, token)
+            except StorageError:
+                if trio.current_time() + pause >= give_up_at:
+                    raise
+            await trio.sleep(pause)
+            pause = min(pause * 2, RECONCILE_MAX_PAUSE_S)
 
     async def _read_by_token(self, ids: list[str], token: str) -> list[WorkItem]:
         if not ids:
@@ -389,7 +454,7 @@ class WorkClaims:
                 except StorageError as exc:
                     raise _SideWriteFailed() from exc
             if journal:
-                await _journal(tx, journal)
+                await journal_rows(tx, journal)
             return [results[f.fence.work_id] for f in finalizations]
 
         async def optimistic(tx: SqlTx) -> list[FinalizeResult]:
@@ -438,6 +503,20 @@ class WorkClaims:
             return await body(tx)
 
         return await self.db.transact(fenced, name=name)
+
+
+def _runnable(params: ClaimParams) -> tuple[int, int]:
+    """The claimant's (engine capability, payload schema) bounds, as SQL arguments."""
+    return params.engine_capability_version, params.payload_schema_version
+
+
+def _expired_fence(row: tuple[Any, ...]) -> Fence:
+    return Fence(str(row[0]), str(row[1]), int(row[2]))
+
+
+def _reclaim(row: tuple[Any, ...], *, dead: bool) -> Reclaim:
+    return Reclaim(work_id=str(row[0]), superseded_epoch=int(row[2]), attempt=int(row[3]),
+                   previous_owner=str(row[5] or ""), dead=dead)
 
 
 class _SideWriteFailed(Exception):
@@ -529,8 +608,8 @@ def _journal_entry(fin: Finalization, replica: str, state: str,
                    now_us: int) -> list[tuple[Any, ...]]:
     if fin.event is WorkEvent.RELEASE:
         return []  # a released attempt is refunded, not an execution
-    return [(fin.fence.work_id, fin.fence.ownership_epoch, fin.family, fin.attempt, replica,
-             state, now_us)]
+    return [journal_entry(fin.fence.work_id, fin.fence.ownership_epoch, fin.family,
+                          fin.attempt, replica, state, now_us)]
 
 
 async def _applied(tx: SqlTx, fences: Sequence[Fence], state: str) -> set[str]:
@@ -538,22 +617,3 @@ async def _applied(tx: SqlTx, fences: Sequence[Fence], state: str) -> set[str]:
     where, args = fence_predicate(fences)
     rows = await tx.fetchall(f"SELECT work_id, state FROM work_items WHERE {where}", args)
     return {str(r[0]) for r in rows if r[1] == state}
-
-
-_JOURNAL_SQL = (
-    "INSERT INTO work_executions (work_id, ownership_epoch, family, attempt, replica,"
-    " outcome, finished_at_us) VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
-
-
-async def _journal(tx: SqlTx, entries: list[tuple[Any, ...]]) -> None:
-    """Journal finished executions; an entry already there (a repeated finalize
-    after an unknown COMMIT) is the same fact and is skipped."""
-    try:
-        await tx.executemany(_JOURNAL_SQL, entries)
-    except DuplicateKey:
-        for entry in entries:
-            try:
-                await tx.execute(_JOURNAL_SQL, entry)
-            except DuplicateKey:
-                continue

@@ -15,13 +15,14 @@ from storage.quota import QuotaLedger
 from storage.refresh_leases import RefreshLeases
 from storage.work_admin import WorkAdmin
 from storage.work_claims import WorkClaims
+from storage.work_executions import WorkExecutions
 from storage.work_rollback import WorkRollback
 
 
 class WorkStore(
-    WorkClaims, WorkAdmin, WorkRollback, CommandInbox, EffectJournal, RemoteLinks, CommandRepair,
-    QuotaLedger, AuthorizationGrants, PrincipalBindings, RefreshLeases,
-    CatalogRevisions,
+    WorkClaims, WorkAdmin, WorkExecutions, WorkRollback, CommandInbox, EffectJournal,
+    RemoteLinks, CommandRepair, QuotaLedger, AuthorizationGrants, PrincipalBindings,
+    RefreshLeases, CatalogRevisions,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 

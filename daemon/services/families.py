@@ -16,8 +16,10 @@ import attrs
 import trio
 
 from config.settings import FamilySettings, Settings
+from daemon.core.capability import DEFAULT_PAYLOAD_SCHEMA_VERSION, hold_reason
 from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
 from daemon.core.retry import BackoffPolicy
+from daemon.core.states import TERMINAL
 from daemon.core.work import Fence, WorkItem
 from daemon.services.clock import Clock
 from storage.port import SqlTx
@@ -81,6 +83,15 @@ class WorkFamily:
     handler: Handler
     settings: FamilySettings
     replay_guard: ReplayGuard | None = None
+    # The newest payload schema the handler reads: newer work is left for a
+    # replica whose build can read it (see daemon/core/capability.py).
+    payload_schema_version: int = DEFAULT_PAYLOAD_SCHEMA_VERSION
+
+    def hold_reason(self, item: WorkItem) -> str | None:
+        """Why this build would leave ``item`` for another replica (or ``None``)."""
+        return hold_reason(item_engine=item.engine_capability_version,
+                           item_schema=item.payload_schema_version,
+                           schema=self.payload_schema_version)
 
     @property
     def backoff(self) -> BackoffPolicy:
@@ -112,6 +123,17 @@ class FamilyRegistry:
 
     def names(self) -> list[str]:
         return sorted(self.families)
+
+    def hold_reason(self, item: WorkItem) -> str | None:
+        """Why this build leaves a not-yet-finished ``item`` for another replica: it was
+        written for a newer engine or payload schema (``None`` if it may run it here)."""
+        if item.state in TERMINAL:
+            return None
+        family = self.families.get(item.family)
+        if family is not None:
+            return family.hold_reason(item)
+        return hold_reason(item_engine=item.engine_capability_version,
+                           item_schema=item.payload_schema_version)
 
 
 async def noop_handler(ctx: WorkContext) -> Outcome:

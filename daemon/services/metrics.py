@@ -87,6 +87,12 @@ class Metrics:
             ["family"],
             registry=r,
         )
+        self.reclaimed = Counter(
+            "integrationd_work_reclaimed",
+            "Expired leases this replica superseded (journaled as lease_lost executions)",
+            ["family"],
+            registry=r,
+        )
         self.expired_dead = Counter(
             "integrationd_work_expired_dead",
             "Expired leases whose attempts were spent, moved to dead",

@@ -17,12 +17,13 @@ import random
 import attrs
 import trio
 
+from daemon.core.capability import ENGINE_CAPABILITY_VERSION
 from daemon.services import logs
 from daemon.services.clock import Clock
 from daemon.services.families import WorkFamily
 from daemon.services.metrics import Metrics
 from daemon.services.worker_pool import WorkerPool
-from storage.port import ClaimParams, StorageError
+from storage.port import ClaimParams, Reclaim, StorageError
 from storage.work_claims import MAX_FAIR_ORGS
 from storage.work_store import WorkStore
 
@@ -84,6 +85,8 @@ class Scheduler:
                         rotation=random.randrange(1 << 30),
                         orgs=orgs,
                         probe_first=not busy,
+                        engine_capability_version=ENGINE_CAPABILITY_VERSION,
+                        payload_schema_version=self.family.payload_schema_version,
                     ),
                     self.clock.now_us(),
                 )
@@ -110,6 +113,8 @@ class Scheduler:
                 self.metrics.claim_contention.labels(self.family.name).inc(result.contended)
             if result.expired_dead:
                 self.metrics.expired_dead.labels(self.family.name).inc(len(result.expired_dead))
+            if result.reclaimed:
+                self._report_reclaims(result.reclaimed)
             if len(result.claimed) >= limit or result.contended:
                 await trio.lowlevel.checkpoint()
                 continue
@@ -124,6 +129,16 @@ class Scheduler:
             else:
                 idle_wait = min(idle_wait * 2, self.poll_interval_s * IDLE_BACKOFF)
             self._wakeup = trio.Event()
+
+    def _report_reclaims(self, reclaims: list[Reclaim]) -> None:
+        """One log line per superseded lease (rare: its replica died, hung or was
+        partitioned) and the counter; the journal already holds the execution."""
+        self.metrics.reclaimed.labels(self.family.name).inc(len(reclaims))
+        for r in reclaims:
+            logs.warn("work_lease_reclaimed", family=self.family.name, work_id=r.work_id,
+                      superseded_epoch=r.superseded_epoch, attempt=r.attempt,
+                      previous_owner=r.previous_owner, reclaimed_by=self.owner,
+                      disposition="dead" if r.dead else "reclaimed")
 
     async def _fair_orgs(self, now: float) -> tuple[str, ...]:
         """The next few orgs with ready work, in rotation (none when only one org waits)."""

@@ -32,6 +32,7 @@ import contextlib
 import functools
 import random
 import re
+import socket
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
@@ -226,7 +227,7 @@ class MysqlDatabase:
         await self.ping()
         return self
 
-    async def _connect(self) -> _Pooled:
+    async def _open_connection(self) -> _Pooled:
         conn = trio_mysql.connect(
             host=self.target.host,
             port=self.target.port,
@@ -244,8 +245,22 @@ class MysqlDatabase:
             sql_mode="STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION",
             init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
         )
+        # We open the stream ourselves: when the handshake fails, trio-mysql
+        # "closes" it with a close() that trio streams lack and forgets it, which
+        # would leak the socket; we close it.
+        with trio.fail_after(self.connect_timeout_s):
+            stream = await trio.open_tcp_stream(self.target.host, self.target.port)
         try:
-            await conn.connect()
+            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            await conn.connect(stream)
+        except BaseException:
+            stream.socket.close()
+            raise
+        return _Pooled(conn, stream)
+
+    async def _connect(self) -> _Pooled:
+        try:
+            return await self._open_connection()
         except trio_mysql.MySQLError as exc:
             raise DatabaseUnavailable(
                 f"cannot connect to {self.target.describe()}: {exc.args[-1] if exc.args else exc}"
@@ -254,7 +269,11 @@ class MysqlDatabase:
             raise DatabaseUnavailable(
                 f"cannot connect to {self.target.describe()}: {exc}"
             ) from None
-        return _Pooled(conn, conn._sock)
+        except trio.TooSlowError:
+            raise DatabaseUnavailable(
+                f"cannot connect to {self.target.describe()}: no answer within"
+                f" {self.connect_timeout_s:g}s"
+            ) from None
 
     async def _acquire(self) -> _Pooled:
         waited = time.monotonic()

@@ -258,8 +258,14 @@ async def test_bulk_replay_is_capped_authorized_and_audited(console: ConsoleHarn
     assert entries[0].action == "dlq.bulk_replay"  # the summary follows its replays
     nothing = await (await client.post("/admin/api/dlq/replay", headers=headers, json={
         "family": "noop", "failure_class": "boom", "reason": "x"})).get_json()
-    assert nothing["selected"] == 0
+    assert nothing["selected"] == 0 and nothing["audit_id"] is None
     assert len(await console.store.audit_list()) == len(entries)  # nothing to audit
+    assert first["audit_id"] in {b.audit_id for b in bulks}
+    unknown = await client.post("/admin/api/dlq/replay", headers=headers,
+                                json={"family": "nosuch", "reason": "x"})
+    assert unknown.status_code == 409
+    assert (await unknown.get_json())["error"] == "family_not_runnable"
+    assert len(await console.store.audit_list()) == len(entries)
 
 
 async def test_concurrent_bulk_replays_report_conflicts_per_item(
@@ -365,3 +371,53 @@ async def test_overview_reports_history_counters_and_replicas(console: ConsoleHa
     assert doc["database"] == "ok" and doc["replicas"] == []
     page = await (await client.get("/admin/")).get_data(as_text=True)
     assert 'data-family="noop" data-state="pending"' in page and "this replica" in page
+
+
+async def test_work_detail_shows_a_reclaimed_execution(console: ConsoleHarness) -> None:
+    """Finding (issue 13): the journal showed one execution for an item on attempt 2."""
+    (wid,) = await console.enqueue(1)
+    now = console.replica.clock.now_us()
+
+    def params(owner: str) -> ClaimParams:
+        return ClaimParams(family="noop", owner=owner, limit=1, lease_ttl_us=1_000_000,
+                           window=4, include_expired=True)
+
+    await console.store.work_claim(params("crashed-replica"), now)
+    (again,) = (await console.store.work_claim(params("rescuer"), now + 2_000_000)).claimed
+    assert again.attempt == 2
+    client, _ = await console.sign_in("viv")
+    doc = await (await client.get(f"/admin/api/work/{wid}")).get_json()
+    assert [(e["ownership_epoch"], e["outcome"], e["replica"], e["reclaimed_by"])
+            for e in doc["executions"]] == [(1, "lease_lost", "crashed-replica", "rescuer")]
+    page = await (await client.get(f"/admin/work/{wid}")).get_data(as_text=True)
+    assert 'data-outcome="lease_lost"' in page and "<code>rescuer</code>" in page
+
+
+async def test_work_for_a_newer_engine_says_why_it_waits(console: ConsoleHarness) -> None:
+    (newer,) = await console.enqueue(1, engine_capability_version=99)
+    (current,) = await console.enqueue(1)
+    client, _ = await console.sign_in("viv")
+    doc = await (await client.get(f"/admin/api/work/{newer}")).get_json()
+    assert "engine capability v99" in doc["hold"] and "left for a replica" in doc["hold"]
+    assert (await (await client.get(f"/admin/api/work/{current}")).get_json())["hold"] is None
+    page = await (await client.get(f"/admin/work/{newer}")).get_data(as_text=True)
+    assert 'id="capability-hold"' in page and "engine capability v99" in page
+
+
+async def test_the_audit_page_shows_where_a_cli_action_came_from(
+    console: ConsoleHarness,
+) -> None:
+    from storage.idgen import new_ulid
+    from storage.port import AuditEntry
+
+    now = console.replica.clock.now_us()
+    await console.store.audit_append(AuditEntry(
+        audit_id=new_ulid(now), at_us=now, actor="otto", role="operator", action="work.cancel",
+        target_kind="work_item", target_id="x", reason="dup", before="{}", after="{}",
+        origin='{"os_user":"root","sudo_user":"bob","uid":0,"via":"cli"}'))
+    client, _ = await console.sign_in("viv")
+    doc = await (await client.get("/admin/api/audit")).get_json()
+    assert doc["entries"][0]["origin"] == {"os_user": "root", "sudo_user": "bob", "uid": 0,
+                                           "via": "cli"}
+    page = await (await client.get("/admin/audit")).get_data(as_text=True)
+    assert "via cli as root (sudo by bob)" in page

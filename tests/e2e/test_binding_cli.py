@@ -51,4 +51,6 @@ async def test_binding_lifecycle(database: FreshDatabase, store: WorkStore,
 
     actions = [e.action for e in await store.audit_list(target_id="b1")]
     assert sorted(actions) == ["binding.connect", "binding.disconnect", "binding.reconnect"]
-    assert all("os user" in e.reason for e in await store.audit_list(target_id="b1"))
+    # Who really acted: the OS user beside --actor.
+    assert all(e.origin is not None and '"os_user"' in e.origin
+               for e in await store.audit_list(target_id="b1"))

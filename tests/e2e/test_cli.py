@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
+import pwd
+import re
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 
 from daemon.core.outcomes import DeadLetter
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
+from tests.support.commands import draft
 from tests.support.processes import cli_env, run_cli, write_config
 from tests.support.work import claim, enqueue, finalize
 
@@ -139,7 +145,7 @@ async def test_operator_verbs(database: FreshDatabase, store: WorkStore, tmp_pat
                          "state": "cancelled"}
 
     # The test's own claim took the three acme items too; one dead item remains.
-    depths = json.loads(run_cli(cfg, "work", "depths").stdout)
+    depths = json.loads(run_cli(cfg, "work", "depths", "--json").stdout)
     assert sorted((d["state"], d["count"]) for d in depths) == [("dead", 1), ("processing", 3)]
 
 
@@ -197,3 +203,187 @@ def test_check_config_connect_proves_the_database_is_reachable_and_migrated(
     assert unreachable.returncode == 1
     assert "database unreachable" in unreachable.stderr
     assert "Traceback" not in unreachable.stderr
+# A Catalog revision and a binding matching tests/support/commands.draft(), so that the
+# effect family's replay guard (same binding generation, same revision) lets a replay by.
+EFFECT_CATALOG = """
+[[operators]]
+name = "root"
+role = "admin"
+
+[catalog]
+revision = 7
+
+[[bindings]]
+binding_id = "hubspot-main"
+provider = "hubspot"
+org_id = "org-1"
+app_installation_id = "install-1"
+remote_account_id = "portal-1"
+base_url = "http://127.0.0.1:9"
+generation = 1
+"""
+
+
+async def _dead_effects(store: WorkStore, n: int, cfg: Path) -> list[str]:
+    """``n`` dead effect items whose commands pin revision 7 as the config publishes it."""
+    published = run_cli(cfg, "catalog", "publish", "--actor", "root", "--reason", "setup",
+                        "--json")
+    assert published.returncode == 0, published.stderr
+    digest = json.loads(published.stdout)["digest"]
+    now = time.time_ns() // 1000
+    for i in range(n):
+        accepted = await store.command_accept(attrs.evolve(
+            draft(f"int-{i}", outbox=f"outbox-{i}", lead=f"lead-{i}"),
+            catalog_digest=digest), now)
+        assert accepted.work_id is not None
+    items = (await claim(store, now=now, limit=n, family="external_effect")).claimed
+    assert len(items) == n
+    for item in items:
+        await finalize(store, item, DeadLetter("provider_rejected", "the provider said no"),
+                       now=now)
+    return sorted(i.work_id for i in items)
+
+
+async def test_work_replay_and_dlq_replay_resolve_every_family(
+    database: FreshDatabase, store: WorkStore, tmp_path: Path
+) -> None:
+    """Finding (issue 13): both verbs built a registry of noop only and refused
+    external_effect ("unknown work family ... known: noop")."""
+    cfg = write_config(tmp_path / "a.toml", database.url, extra=EFFECT_CATALOG)
+    first, second = await _dead_effects(store, 2, cfg)
+    one = run_cli(cfg, "work", "replay", first, "--actor", "alice", "--reason", "fixed",
+                  "--json")
+    assert one.returncode == 0, one.stderr
+    assert json.loads(one.stdout)["replay_of"] == first
+    bulk = run_cli(cfg, "dlq", "replay", "--family", "external_effect", "--actor", "alice",
+                   "--reason", "fixed", "--json")
+    assert bulk.returncode == 0, bulk.stderr
+    report = json.loads(bulk.stdout)
+    assert [(i["work_id"], i["outcome"]) for i in report["items"]] == [(second, "replayed")]
+    replays = await store.work_replay_map([first, second])
+    assert set(replays) == {first, second}
+    # The family's own replay guard ran: a second replay of either is refused.
+    again = run_cli(cfg, "work", "replay", first, "--actor", "alice", "--reason", "x")
+    assert again.returncode == 1 and "already replayed" in again.stderr
+
+
+async def test_dlq_replay_refuses_an_unknown_family(
+    database: FreshDatabase, store: WorkStore, tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "a.toml", database.url)
+    result = run_cli(cfg, "dlq", "replay", "--family", "nosuch", "--actor", "alice",
+                     "--reason", "x")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "integrationd: unknown work family 'nosuch'"
+        " (known: external_effect, noop, runtime_receipt)"]
+    assert result.stdout == ""
+    assert await store.audit_list() == []  # nothing written
+
+
+async def test_dlq_replay_prints_an_audit_id_only_when_one_was_written(
+    database: FreshDatabase, store: WorkStore, tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "a.toml", database.url)
+    nothing = run_cli(cfg, "dlq", "replay", "--family", "noop", "--actor", "alice",
+                      "--reason", "x")
+    assert nothing.returncode == 0, nothing.stderr
+    assert "audit" not in nothing.stdout.replace("no audit entry written", "")
+    assert "nothing to replay" in nothing.stdout
+    assert await store.audit_list() == []
+    as_json = json.loads(run_cli(cfg, "dlq", "replay", "--family", "noop", "--actor", "alice",
+                                 "--reason", "x", "--json").stdout)
+    assert as_json["selected"] == 0 and as_json["audit_id"] is None
+
+    now = time.time_ns() // 1000
+    await enqueue(store, now=now)
+    (item,) = (await claim(store, now=now)).claimed
+    await finalize(store, item, DeadLetter("bad"), now=now)
+    done = run_cli(cfg, "dlq", "replay", "--family", "noop", "--actor", "alice", "--reason",
+                   "provider fixed")
+    assert done.returncode == 0, done.stderr
+    summary = [e for e in await store.audit_list() if e.action == "dlq.bulk_replay"]
+    assert len(summary) == 1
+    assert f"audit {summary[0].audit_id}" in done.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])  # output only
+async def test_work_show_prints_iso_times_and_json_structures(
+    backend: str, database: FreshDatabase, store: WorkStore, tmp_path: Path
+) -> None:
+    """Finding (issue 13): times were epoch microseconds and the journal a Python repr."""
+    cfg = write_config(tmp_path / "a.toml", database.url)
+    now = time.time_ns() // 1000
+    (wid,) = await enqueue(store, now=now)
+    (item,) = (await claim(store, now=now)).claimed
+    await finalize(store, item, DeadLetter("bad"), now=now)
+    shown = run_cli(cfg, "work", "show", wid)
+    assert shown.returncode == 0, shown.stderr
+    fields = dict(line.split(": ", 1) for line in shown.stdout.splitlines())
+    iso = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+    for key in ("created_at", "updated_at", "run_after"):
+        assert iso.match(fields[key]), (key, fields[key])
+    assert "created_at_us" not in fields and fields["lease_until"] == "-"
+    (execution,) = json.loads(fields["executions"])
+    assert execution["outcome"] == "dead" and iso.match(execution["finished_at"])
+    assert fields["hold"] == "-"
+    expected = datetime.datetime.fromtimestamp(now // 1_000_000, tz=datetime.UTC)
+    assert fields["created_at"].startswith(expected.strftime("%Y-%m-%dT%H:%M:%S"))
+    # --json keeps the machine shape (epoch microseconds).
+    doc = json.loads(run_cli(cfg, "work", "show", wid, "--json").stdout)
+    assert doc["created_at_us"] == item.created_at_us and doc["hold"] is None
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])  # output only
+async def test_work_show_says_why_newer_work_waits(
+    backend: str, database: FreshDatabase, store: WorkStore, tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "a.toml", database.url)
+    (wid,) = await enqueue(store, engine_capability_version=7)
+    fields = dict(line.split(": ", 1)
+                  for line in run_cli(cfg, "work", "show", wid).stdout.splitlines())
+    assert "engine capability v7" in fields["hold"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])  # output only
+async def test_listing_verbs_take_json_and_say_when_empty(
+    backend: str, database: FreshDatabase, store: WorkStore, tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "a.toml", database.url)
+    listings = [("work", "list"), ("work", "depths"), ("dlq", "list"), ("dlq", "classes"),
+                ("audit", "list")]
+    for verb in listings:
+        text = run_cli(cfg, *verb)
+        assert text.returncode == 0, (verb, text.stderr)
+        assert text.stdout.startswith("no "), (verb, text.stdout)
+        assert len(text.stdout.splitlines()) == 1
+        as_json = run_cli(cfg, *verb, "--json")
+        assert as_json.returncode == 0, (verb, as_json.stderr)
+        doc = json.loads(as_json.stdout)
+        assert doc in ([], {"items": []}, {"entries": []},
+                       {"classes": [], "classes_sample": 5000}), (verb, doc)
+    await enqueue(store, 2)
+    depths = run_cli(cfg, "work", "depths")
+    assert depths.stdout.split()[:3] == ["noop", "pending", "2"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])  # output only
+async def test_the_audit_log_records_the_os_user_beside_the_actor(
+    backend: str, database: FreshDatabase, store: WorkStore, tmp_path: Path
+) -> None:
+    """Finding (issue 13): the CLI audited only the --actor it was told."""
+    cfg = write_config(tmp_path / "a.toml", database.url)
+    (wid,) = await enqueue(store)
+    env = cli_env()
+    env["SUDO_USER"] = "bob"
+    result = run_cli(cfg, "work", "cancel", wid, "--actor", "alice", "--reason", "dup",
+                     env=env)
+    assert result.returncode == 0, result.stderr
+    (entry,) = await store.audit_list()
+    assert entry.actor == "alice" and entry.origin is not None
+    assert json.loads(entry.origin) == {"via": "cli", "os_user": pwd.getpwuid(os.geteuid())
+                                        .pw_name, "uid": os.geteuid(), "sudo_user": "bob"}
+    listed = run_cli(cfg, "audit", "list")
+    assert "via cli (os_user=" in listed.stdout and "sudo_user=bob" in listed.stdout
+    doc = json.loads(run_cli(cfg, "audit", "list", "--json").stdout)
+    assert doc["entries"][0]["origin"]["sudo_user"] == "bob"

@@ -191,7 +191,9 @@ async def test_stale_claimant_cannot_dispatch_or_finalize(
             (attempt,) = await store.effect_attempts(command_id)
             assert attempt.ownership_epoch == 1 and attempt.disposition == "proven_applied"
             executions = await store.work_executions(item.work_id)
-            assert [e.ownership_epoch for e in executions] == [2]  # A never finalized
+            # A never finalized: its execution is journaled as superseded by B's reclaim.
+            assert [(e.ownership_epoch, e.outcome) for e in executions] == [
+                (1, "lease_lost"), (2, "succeeded")]
             assert a.proc.returncode is None  # the stale replica did not crash
             assert any(e["event"] == "work_lease_lost" for e in a.events())
         finally:

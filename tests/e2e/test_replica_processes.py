@@ -61,9 +61,25 @@ async def test_sigkill_after_claim_is_reclaimed_after_lease_expiry(
         done = await store.work_get(slow)
         assert done is not None and done.state is WorkState.SUCCEEDED
         assert done.ownership_epoch == 2 and done.lease_owner != held.lease_owner
-        assert [e.ownership_epoch for e in await store.work_executions(slow)] == [2]
+        # The killed execution is journaled too: lease_lost, superseded by B.
+        assert [(e.ownership_epoch, e.outcome, e.replica, e.reclaimed_by)
+                for e in await store.work_executions(slow)] == [
+            (1, "lease_lost", held.lease_owner, done.lease_owner),
+            (2, "succeeded", done.lease_owner, None)]
         rows, distinct = await store.work_execution_totals("noop")
-        assert rows == distinct == len(quick) + 1  # nothing lost, nothing twice
+        assert rows == distinct == len(quick) + 1  # nothing lost, nothing succeeded twice
+        # A may have held some quick items too (claimed, finalization not yet sent):
+        # whatever it lost is journaled, so every item shows every epoch it was granted.
+        summary = await store.work_execution_summary("noop")
+        lost = summary.by_outcome.get("lease_lost", 0)
+        assert lost >= 1 and summary.executions == len(quick) + 1 + lost
+        for wid in [slow, *quick]:
+            item = await store.work_get(wid)
+            assert item is not None
+            assert [e.ownership_epoch for e in await store.work_executions(wid)] == list(
+                range(1, item.ownership_epoch + 1))
+        assert any(e["event"] == "work_lease_reclaimed" and e["work_id"] == slow
+                   for e in b.events())
     finally:
         await stop_all(started)
 
@@ -218,7 +234,9 @@ async def test_four_replicas_drain_20000_items_exactly_once(
 
         await wait_until(store, drained, within_s=300)
         rows, distinct = await store.work_execution_totals("noop")
-        assert (rows, distinct) == (20_000, 20_000)  # zero duplicates, zero lost
+        assert (rows, distinct) == (20_000, 20_000)  # zero lost, none succeeded twice
+        summary = await store.work_execution_summary("noop")
+        assert (summary.executions, summary.repeated) == (20_000, 0)  # none ran twice
         for r in replicas:
             r.terminate()
         assert [await r.wait() for r in replicas] == [0, 0, 0, 0]

@@ -112,7 +112,7 @@ async def test_stale_replica_stops_when_another_takes_the_lease(
 
 
 async def test_unreachable_database_stops_work_at_the_trust_horizon_then_resumes(
-    store: WorkStore, autojump_clock: object
+    store: WorkStore, autojump_clock: object, caplog: pytest.LogCaptureFixture
 ) -> None:
     runs: list[tuple[int, str, float]] = []
 
@@ -143,7 +143,18 @@ async def test_unreachable_database_stops_work_at_the_trust_horizon_then_resumes
         switch.down = False
         await wait_for(lambda: _state_is(store, wid, WorkState.SUCCEEDED))
         await wait_for(lambda: replica.readiness()[0])
-    assert [e.ownership_epoch for e in await store.work_executions(wid)] == [2]
+        # The stopped execution is in the journal: its lease was reclaimed (here by
+        # the same replica, once the database came back), and counted.
+        assert replica.metrics.reclaimed.labels("long")._value.get() == 1
+    assert [(e.ownership_epoch, e.outcome, e.replica, e.reclaimed_by)
+            for e in await store.work_executions(wid)] == [
+        (1, "lease_lost", replica.replica_id, replica.replica_id),
+        (2, "succeeded", replica.replica_id, None)]
+    (logged,) = [r for r in caplog.records if r.getMessage() == "work_lease_reclaimed"]
+    assert logged.fields == {  # type: ignore[attr-defined]
+        "family": "long", "work_id": wid, "superseded_epoch": 1, "attempt": 1,
+        "previous_owner": replica.replica_id, "reclaimed_by": replica.replica_id,
+        "disposition": "reclaimed"}
 
 
 async def test_operator_cancel_is_acknowledged(store: WorkStore, autojump_clock: object) -> None:
@@ -266,3 +277,40 @@ async def test_small_org_is_not_starved_by_a_big_backlog(
         await wait_for(lambda: done.count("small") == 5)
         # All of the small org's work finished while most of the backlog waited.
         assert len(done) < 100
+
+
+async def test_a_replica_leaves_work_written_for_a_newer_engine(
+    store: WorkStore, autojump_clock: object
+) -> None:
+    (newer,) = await enqueue(store, engine_capability_version=2)
+    (schema,) = await enqueue(store, payload_schema_version=2)
+    (current,) = await enqueue(store)
+    async with running_replica(store, settings()) as replica:
+        await wait_for(lambda: _state_is(store, current, WorkState.SUCCEEDED))
+        await trio.sleep(60)  # many polls and reclaim sweeps later
+        assert replica.metrics.claimed.labels("noop")._value.get() == 1
+    for wid in (newer, schema):
+        item = await store.work_get(wid)
+        assert item is not None and (item.state, item.attempt) == (WorkState.PENDING, 0)
+        assert await store.work_executions(wid) == []
+
+
+async def test_a_lost_claim_commit_reply_does_not_strand_the_batch(
+    store: WorkStore, autojump_clock: object
+) -> None:
+    """Finding (issue 13): when the claim's COMMIT reply was lost while the database
+    was going away, the replica dropped the batch until lease expiry (one attempt
+    lost per item). It reads back the rows carrying its token once it can, and runs
+    them under the claim it made."""
+    switch = SwitchableDatabase(store.db)
+    flaky = WorkStore(switch, store.dialect)
+    ids = await enqueue(store, 5)
+    switch.lose_reply("work.claim", outage_s=2.0)
+    async with running_replica(flaky, settings({"noop": FamilySettings(lease_ttl=30)})) as r:
+        await wait_for(lambda: _zero(store.work_count_open()))
+        assert r.metrics.reclaimed.labels("noop")._value.get() == 0
+    for wid in ids:
+        item = await store.work_get(wid)
+        assert item is not None and (item.state, item.attempt, item.ownership_epoch) == (
+            WorkState.SUCCEEDED, 1, 1)
+        assert [e.outcome for e in await store.work_executions(wid)] == ["succeeded"]

@@ -18,7 +18,7 @@ from daemon.core.outcomes import (
 )
 from daemon.core.states import WorkEvent, WorkState
 from daemon.core.work import Fence
-from storage.port import LostLease, SqlTx, WorkConflict
+from storage.port import ClaimParams, LostLease, SqlTx, WorkConflict
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.work import SEC, T0, TTL, claim, enqueue, finalization, finalize
@@ -133,7 +133,9 @@ async def test_stale_claimant_can_change_nothing(store: WorkStore) -> None:
     row = await store.work_get(stale.work_id)
     assert row is not None
     assert (row.state, row.lease_owner, row.ownership_epoch) == (WorkState.PROCESSING, "B", 2)
-    assert await store.work_executions(stale.work_id) == []
+    # The stale claimant journaled nothing; B's reclaim journaled its lost execution.
+    assert [(e.ownership_epoch, e.outcome, e.replica, e.reclaimed_by)
+            for e in await store.work_executions(stale.work_id)] == [(1, "lease_lost", "A", "B")]
     assert (await finalize(store, fresh, Succeeded(), now=later)).applied
 
 
@@ -311,3 +313,35 @@ async def test_side_writes_that_all_succeed_cost_one_transaction(store: WorkStor
         row = await store.work_get(item.work_id)
         assert row is not None and (row.state, row.operator_summary) == (WorkState.SUCCEEDED,
                                                                          "side")
+
+
+async def test_work_written_for_a_newer_engine_is_left_for_a_replica_that_can(
+    store: WorkStore,
+) -> None:
+    """Finding (issue 8, item 12): the claim ignored engine_capability_version and
+    payload_schema_version, so an old replica ran work written for a newer engine."""
+    (newer_engine,) = await enqueue(store, engine_capability_version=2)
+    (newer_schema,) = await enqueue(store, payload_schema_version=3)
+    (current,) = await enqueue(store)
+
+    def params(engine: int, schema: int, owner: str) -> ClaimParams:
+        return ClaimParams(family="noop", owner=owner, limit=10, lease_ttl_us=TTL, window=40,
+                           include_expired=True, engine_capability_version=engine,
+                           payload_schema_version=schema)
+
+    old = await store.work_claim(params(1, 1, "old"), T0)
+    assert [i.work_id for i in old.claimed] == [current]
+    assert (await finalize(store, old.claimed[0], Succeeded(), replica="old")).applied
+    for wid in (newer_engine, newer_schema):
+        row = await store.work_get(wid)
+        assert row is not None and (row.state, row.attempt) == (WorkState.PENDING, 0)
+    engine_only = await store.work_claim(params(2, 1, "mid"), T0)
+    assert [i.work_id for i in engine_only.claimed] == [newer_engine]
+    (expired,) = engine_only.claimed
+    # An expired lease on newer work is not reclaimed by an old replica either.
+    late = await store.work_claim(params(1, 1, "old"), T0 + 2 * TTL)
+    assert (late.claimed, late.reclaimed) == ([], [])
+    row = await store.work_get(expired.work_id)
+    assert row is not None and row.lease_owner == "mid" and row.ownership_epoch == 1
+    new = await store.work_claim(params(2, 3, "new"), T0 + 2 * TTL)
+    assert sorted(i.work_id for i in new.claimed) == sorted([newer_schema, newer_engine])

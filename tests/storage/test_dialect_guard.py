@@ -132,6 +132,11 @@ async def _workload(store: WorkStore) -> None:
     await store.work_depths()
     await store.work_executions(again[0].work_id)
     await store.work_execution_totals("noop")
+    await store.work_execution_summary("noop")
+    # Attempts spent with the lease expired: the dead sweep, journaled as lease_lost.
+    await enqueue(store, 1, family="spent", max_attempts=1)
+    await claim(store, family="spent", ttl=SEC)
+    await claim(store, "C", family="spent", now=T0 + 5 * SEC)
     await store.work_count_open("noop")
     await store.audit_list()
     revision = PublishParams(revision=1, digest="sha256:x", content="{}", actor="a",

@@ -158,6 +158,29 @@ async def test_claim_with_unknown_commit_is_reconciled(mysql_db: FreshDatabase) 
         nursery.cancel_scope.cancel()
 
 
+async def test_a_lost_claim_commit_does_not_strand_the_batch(mysql_db: FreshDatabase) -> None:
+    """Finding (issue 13): when a claim's COMMIT reply was lost and the database was
+    still going away, the read-back failed and the whole batch was dropped until its
+    lease expired (one attempt lost per item). The read-back is now retried."""
+    direct = await mysql_db.open_store()
+    ids = await enqueue(direct, 3)
+    async with trio.open_nursery() as nursery:
+        store, proxy = await _via_proxy(mysql_db, nursery)
+        proxy.cut_after_next_commit(refuse_for=1.0)
+        result = await claim(store, "A", limit=3)
+        assert proxy.cuts == 1 and proxy.refused >= 1  # the read-back was refused first
+        assert sorted(i.work_id for i in result.claimed) == sorted(ids)
+        for item in result.claimed:
+            assert (item.attempt, item.ownership_epoch) == (1, 1)
+            row = await direct.work_get(item.work_id)
+            assert row is not None and row.lease_token == item.lease_token
+        fins = [finalization(i, Succeeded()) for i in result.claimed]
+        assert all(r.applied for r in await store.work_finalize_if_owner(fins, "A", T0))
+        summary = await direct.work_execution_summary("noop")
+        assert (summary.executions, summary.succeeded_items) == (3, 3)
+        nursery.cancel_scope.cancel()
+
+
 async def test_unreachable_database_is_a_clear_error(mysql_db: FreshDatabase) -> None:
     async with trio.open_nursery() as nursery:
         store, proxy = await _via_proxy(mysql_db, nursery)

@@ -4,7 +4,10 @@
   "goes away"); ``restore()`` lets connections through again.
 * ``cut_after_next_commit()``: forward the next ``COMMIT`` to the server, let
   the server run it, then cut the connection before the reply reaches the
-  client: a COMMIT whose outcome the client cannot know.
+  client: a COMMIT whose outcome the client cannot know. With
+  ``refuse_for=S`` the proxy then also refuses connections for S seconds (the
+  server is still going away, as in a restart), so the client's read-back
+  fails a few times before it succeeds.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ class ChaosProxy:
     refusing: bool = False
     cut_armed: bool = False
     cuts: int = 0
+    refuse_after_cut_s: float = 0.0
+    refused: int = 0
     _streams: set[trio.SocketStream] = attrs.field(factory=set)
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
@@ -40,11 +45,18 @@ class ChaosProxy:
     def restore(self) -> None:
         self.refusing = False
 
-    def cut_after_next_commit(self) -> None:
+    def cut_after_next_commit(self, refuse_for: float = 0.0) -> None:
         self.cut_armed = True
+        self.refuse_after_cut_s = refuse_for
+
+    async def _refuse_a_while(self, seconds: float) -> None:
+        self.refuse()
+        await trio.sleep(seconds)
+        self.restore()
 
     async def _handle(self, client: trio.SocketStream) -> None:
         if self.refusing:
+            self.refused += 1
             await client.aclose()
             return
         try:
@@ -76,6 +88,11 @@ class ChaosProxy:
                     down.cancel()  # the reply must never reach the client
                     await server.send_all(data)
                     await trio.sleep(0.3)  # let the server run the COMMIT
+                    if self.refuse_after_cut_s:
+                        # Refuse from now on (this connection included) for a while.
+                        self.refusing = True
+                        trio.lowlevel.spawn_system_task(
+                            self._refuse_a_while, self.refuse_after_cut_s)
                     break
                 await server.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):

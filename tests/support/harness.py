@@ -13,7 +13,7 @@ from config.settings import FamilySettings, ReplicaSettings, Settings, WorkSetti
 from daemon.services.clock import TrioClock
 from daemon.services.families import Handler, build_registry, noop_handler
 from daemon.services.replica import Replica
-from storage.port import Database, DatabaseUnavailable, DbStats, SqlTx
+from storage.port import CommitOutcomeUnknown, Database, DatabaseUnavailable, DbStats, SqlTx
 from storage.work_store import WorkStore
 
 
@@ -62,10 +62,24 @@ class SwitchableDatabase:
 
     inner: Database
     down: bool = False
+    # lose_reply(): the next write transaction of that name commits for real, its
+    # "reply" is lost (CommitOutcomeUnknown), and the database stays away a while.
+    _lose_reply_of: str | None = None
+    _outage_s: float = 0.0
+    _up_at: float | None = None
+
+    def lose_reply(self, name: str, outage_s: float) -> None:
+        self._lose_reply_of, self._outage_s = name, outage_s
 
     @property
     def backend(self) -> str:
         return self.inner.backend
+
+    def _check_up(self, name: str) -> None:
+        if self._up_at is not None and trio.current_time() >= self._up_at:
+            self.down, self._up_at = False, None
+        if self.down:
+            raise DatabaseUnavailable(f"{name}: database unreachable (switched off)")
 
     @property
     def stats(self) -> DbStats:
@@ -73,13 +87,16 @@ class SwitchableDatabase:
 
     async def transact(self, body: Callable[[SqlTx], Any], *, name: str,
                        write: bool = True) -> Any:
-        if self.down:
-            raise DatabaseUnavailable(f"{name}: database unreachable (switched off)")
-        return await self.inner.transact(body, name=name, write=write)
+        self._check_up(name)
+        result = await self.inner.transact(body, name=name, write=write)
+        if write and name == self._lose_reply_of:
+            self._lose_reply_of = None
+            self.down, self._up_at = True, trio.current_time() + self._outage_s
+            raise CommitOutcomeUnknown(f"{name}: connection lost during COMMIT")
+        return result
 
     async def ping(self) -> None:
-        if self.down:
-            raise DatabaseUnavailable("ping: database unreachable (switched off)")
+        self._check_up("ping")
         await self.inner.ping()
 
     async def aclose(self) -> None:
