@@ -112,6 +112,7 @@ def _operation(provider: str, name: str, table: dict[str, Any]) -> OperationDefi
             replay_safe=bool(table.get("replay_safe", False)),
             default_retry_after_s=float(table.get("default_retry_after", 5.0)),
             max_in_flight_s=float(table.get("max_in_flight", 30.0)),
+            max_clock_skew_s=float(table.get("max_clock_skew", 2.0)),
         ),
         read=read,
     )

@@ -59,7 +59,8 @@ COMMAND_COLUMNS = (
     "command_id, handoff_key, org_id, app_installation_id, runtime_capability_id,"
     " runtime_work_binding_digest, runtime_name, intent_id, intent_kind, operation,"
     " local_object, local_id, binding_id, binding_generation, catalog_revision,"
-    " frozen_request, payload_digest, runtime_outbox_id, settlement, repair_of, created_at_us"
+    " frozen_request, payload_digest, runtime_outbox_id, settlement, repair_of, created_at_us,"
+    " link_key, link_generation, remote_id"
 )
 
 
@@ -83,6 +84,9 @@ def command_from_row(row: Row) -> Command:
         settlement=Settlement(row[18]),
         repair_of=row[19],
         created_at_us=int(row[20]),
+        link_key=None if row[21] is None else str(row[21]),
+        link_generation=None if row[22] is None else int(row[22]),
+        remote_id=None if row[23] is None else str(row[23]),
     )
 
 
@@ -308,17 +312,35 @@ async def _insert_command(tx: SqlTx, draft: CommandDraft, command_id: str, now_u
     return work_id
 
 
+async def _link_pins(tx: SqlTx, keys: Sequence[str]) -> dict[str, tuple[int, str | None]]:
+    """The (generation, remote id) of each existing link, read in the admission's
+    own transaction: what the commands pin."""
+    wanted = sorted({k for k in keys if k})
+    if not wanted:
+        return {}
+    rows = await tx.fetchall(
+        f"SELECT link_key, generation, remote_id FROM remote_links"
+        f" WHERE link_key IN ({placeholders(len(wanted))})", wanted)
+    return {str(r[0]): (int(r[1]), None if r[2] is None else str(r[2])) for r in rows}
+
+
 async def _insert_commands(tx: SqlTx, commands: Sequence[tuple[CommandDraft, str]],
                            now_us: int, repair_of: str | None = None) -> list[str]:
-    """Insert the commands and their one WorkItem each; return the work ids in order."""
+    """Insert the commands and their one WorkItem each; return the work ids in order.
+
+    Each command pins the RemoteLink it targets as it is now (key, generation,
+    remote id; no generation when there is no link yet), so a later rebind or
+    reconnect cannot retarget it (seed 8.1)."""
+    pins = await _link_pins(tx, [draft.link_key for draft, _ in commands])
     await tx.executemany(
         f"INSERT INTO external_commands ({COMMAND_COLUMNS}, updated_at_us)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?, ?, ?)",
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?, ?,"
+        " ?, ?, ?, ?)",
         [(command_id, draft.handoff_key or None, *_scope_values(draft.scope), draft.runtime_name,
           draft.intent_id, draft.intent_kind, draft.operation, draft.local_object,
           draft.local_id, draft.binding_id, draft.binding_generation, draft.catalog_revision,
           draft.frozen_request, draft.payload_digest, draft.runtime_outbox_id, repair_of,
-          now_us, now_us)
+          now_us, draft.link_key or None, *pins.get(draft.link_key, (None, None)), now_us)
          for draft, command_id in commands],
     )
     # The dedupe key is the new command's own id, so it cannot collide: the

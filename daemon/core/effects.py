@@ -84,6 +84,9 @@ class OperationContract:
     default_retry_after_s: float = 5.0
     # The provider processes or drops a request within this window.
     max_in_flight_s: float = 30.0
+    # The largest clock difference the provider's last-modified times may have
+    # against ours (a read-back's proof of absence subtracts it).
+    max_clock_skew_s: float = 2.0
 
 
 @attrs.frozen
