@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import tomllib
 from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -118,11 +120,15 @@ def _operation(provider: str, name: str, table: dict[str, Any]) -> OperationDefi
     )
 
 
-def load_definitions() -> tuple[dict[str, OperationDefinition], list[Any]]:
-    """Every shipped L1 definition (and the raw documents, for the digest)."""
+def load_definitions(directory: str = "") -> tuple[dict[str, OperationDefinition], list[Any]]:
+    """Every L1 definition (and the raw documents, for the digest): the shipped
+    ones, or those in ``directory`` (``catalog.definitions_dir``)."""
     operations: dict[str, OperationDefinition] = {}
     documents: list[Any] = []
-    folder = resources.files("config").joinpath("providers")
+    folder: Traversable = (Path(directory) if directory
+                           else resources.files("config").joinpath("providers"))
+    if directory and not Path(directory).is_dir():
+        raise CatalogError("catalog.definitions_dir", f"no such directory: {directory}")
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".toml"):
             continue
@@ -139,7 +145,7 @@ def load_definitions() -> tuple[dict[str, OperationDefinition], list[Any]]:
 
 
 def load_catalog(settings: Settings) -> Catalog:
-    operations, documents = load_definitions()
+    operations, documents = load_definitions(settings.catalog.definitions_dir)
     providers = {op.provider for op in operations.values()}
     for i, b in enumerate(settings.bindings):
         if b.provider not in providers:

@@ -40,6 +40,7 @@ from sandbox.runtime import ReferenceRuntime
 from sandbox.runtime.server import serve as serve_runtime
 from storage.work_store import WorkStore
 from tests.support.harness import wait_for
+from tests.support.l1 import sandbox_definitions_dir
 
 SCOPE = TrustedRuntimeWorkScope("org-acme", "install-1", "cap.leads", "sha256:binding-1")
 RUNTIME_TOKEN = "runtime-token-5f2a"
@@ -50,7 +51,8 @@ REVISION = 7
 
 def slice_settings(*, api_port: int, runtime_url: str, hubspot_url: str, url: str,
                    lease_ttl: float = 6.0, max_attempts: int = 8,
-                   operators: tuple[Operator, ...] = ()) -> Settings:
+                   operators: tuple[Operator, ...] = (),
+                   binding_generation: int = 1) -> Settings:
     return Settings(
         admin=AdminSettings(listen="127.0.0.1:0",
                             session_secret=Secret("slice-test-session-secret-0123456789")),
@@ -74,10 +76,12 @@ def slice_settings(*, api_port: int, runtime_url: str, hubspot_url: str, url: st
         bindings=(BindingSettings(
             binding_id="hubspot-main", provider="hubspot", org_id=SCOPE.org_id,
             app_installation_id=SCOPE.app_installation_id, remote_account_id="portal-1",
-            base_url=hubspot_url, timeout=5.0, max_in_flight=1.0, max_clock_skew=0.1,
+            base_url=hubspot_url, timeout=5.0, generation=binding_generation,
             token=Secret(HUBSPOT_TOKEN),
         ),),
-        catalog=CatalogSettings(revision=REVISION),
+        # The simulator answers at once: its L1 declares a 1 s window (L2 may
+        # only lengthen L1's).
+        catalog=CatalogSettings(revision=REVISION, definitions_dir=sandbox_definitions_dir()),
     )
 
 
@@ -168,7 +172,8 @@ class Slice:
 async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False,
                         with_replica: bool = True, lease_ttl: float = 6.0,
                         max_attempts: int = 8,
-                        operators: tuple[Operator, ...] = ()) -> AsyncIterator[Slice]:
+                        operators: tuple[Operator, ...] = (),
+                        binding_generation: int = 1) -> AsyncIterator[Slice]:
     sim = HubSpotSimulator(tokens={HUBSPOT_TOKEN})
     api_port = free_port()
     async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=10) as http:
@@ -191,7 +196,7 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                                   runtime_url=f"http://127.0.0.1:{runtime_port}",
                                   hubspot_url=f"http://127.0.0.1:{sim_port}", url=url,
                                   lease_ttl=lease_ttl, max_attempts=max_attempts,
-                                  operators=operators)
+                                  operators=operators, binding_generation=binding_generation)
         clock = WallClock()
         metrics = Metrics()
         parts = assemble(settings, store, clock, metrics)
