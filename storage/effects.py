@@ -269,6 +269,20 @@ class EffectJournal:
 
         return await self.db.transact(body, name="effect.checkpoint_many")
 
+    async def work_fences_live(self, fences: Sequence[Fence], now_us: int
+                               ) -> list[StorageError | None]:
+        """Prove many claims live in one transaction (a fenced step with nothing else
+        to write, such as a receipt delivery): ``None`` for a live fence,
+        ``LostLease`` for the others."""
+        if not fences:
+            return []
+
+        async def body(tx: SqlTx) -> list[StorageError | None]:
+            live = await fence_lock_many(tx, list(fences), now_us)
+            return [None if f.work_id in live else LostLease(f) for f in fences]
+
+        return await self.db.transact(body, name="work.fences_live")
+
     async def effect_dispose(
         self,
         fence: Fence,
