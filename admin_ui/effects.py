@@ -38,7 +38,11 @@ from admin_ui.view import ReplicaView
 from config.catalog import Catalog
 from config.settings import BindingSettings
 from daemon.core.handoff import NoEffectResult
-from daemon.core.identity import BadCoordinate, integration_scope_digest
+from daemon.core.identity import (
+    BadCoordinate,
+    integration_link_key_v2,
+    integration_scope_digest,
+)
 from daemon.core.ids import is_ulid
 from daemon.core.no_effect import AttemptFacts, no_effect_proof
 from daemon.core.work import WorkItem
@@ -217,6 +221,11 @@ class EffectConsole:
             binding_generation=binding.generation, catalog_digest=self.catalog.digest,
             max_attempts=view.settings.family(EFFECT_FAMILY).max_attempts,
             now_us=view.clock.now_us(),
+            # The repair pins the link the current binding names, as it is now.
+            link_key=integration_link_key_v2(
+                integration_scope_digest(binding.org_id, binding.app_installation_id,
+                                         binding.provider, binding.remote_account_id),
+                command.local_object, command.local_id),
         )
 
     async def adopt(self, doc: dict[str, Any], actor: str) -> dict[str, Any]:
