@@ -13,8 +13,9 @@ rejection yields exactly one outcome, and a late delivery after a rejection
 can never create a command or WorkItem.
 
 A request whose payload digest or Runtime outbox identity differs from the
-stored fact is *quarantined*: recorded in ``handoff_quarantine`` as evidence,
-answered with no admission detail, and it changes nothing else. Scope checks
+stored fact (also when its body fails validation) is *quarantined*: recorded
+in ``handoff_quarantine`` as evidence, answered with no admission detail, and
+it changes nothing else. Scope checks
 happen before storage is touched (the key encodes the complete scope and is
 compared with the authenticated caller's).
 """
@@ -260,6 +261,39 @@ class CommandInbox:
             )
 
         return await self._idempotent(body, "command.reject_if_unaccepted")
+
+    async def command_quarantine_invalid(
+        self,
+        *,
+        handoff_key: str,
+        runtime_name: str,
+        payload_digest: str,
+        runtime_outbox_id: str,
+        body_matches_digest: bool,
+        reason: str,
+        now_us: int,
+    ) -> bool:
+        """A request for an *admitted* key whose body failed validation: record it in
+        ``handoff_quarantine`` when it conflicts with the stored fact (another
+        digest or outbox identity, or a body that is not the one its digest names).
+        True when recorded. A fresh key, or the admitted body itself, records nothing."""
+
+        async def body(tx: SqlTx) -> bool:
+            row = await self._admission_row(tx, handoff_key)
+            if row is None:
+                return False
+            if row[4] == payload_digest and row[5] == runtime_outbox_id and body_matches_digest:
+                return False
+            await tx.execute(
+                "INSERT INTO handoff_quarantine (quarantine_id, handoff_key, runtime_name,"
+                " reason, presented_payload_digest, presented_outbox_id, at_us)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (new_ulid(now_us), handoff_key, runtime_name, reason[:64], payload_digest[:80],
+                 runtime_outbox_id[:255], now_us),
+            )
+            return True
+
+        return await self.db.transact(body, name="command.quarantine_invalid")
 
     async def _idempotent(self, body: Callable[[SqlTx], Awaitable[T]], name: str) -> T:
         # TiDB (optimistic) may report the racing INSERT's duplicate key only at
