@@ -18,22 +18,28 @@ SANDBOX_IN_FLIGHT_S = 1.0
 SANDBOX_CLOCK_SKEW_S = 0.1
 
 
-def _replace_setting(text: str, name: str, value: float, source: str) -> str:
-    pattern = re.compile(rf"^{name} = [0-9.]+$", re.MULTILINE)
+def _replace_setting(text: str, name: str, value: float | bool, source: str) -> str:
+    pattern = re.compile(rf"^{name} = [0-9.a-z]+$", re.MULTILINE)
     found = len(pattern.findall(text))
     if not found:
         raise AssertionError(f"{source} declares no {name}")
-    return pattern.sub(f"{name} = {value!r}", text)
+    rendered = ("true" if value else "false") if isinstance(value, bool) else repr(value)
+    return pattern.sub(f"{name} = {rendered}", text)
 
 
 def write_sandbox_definitions(directory: Path, *, max_in_flight: float = SANDBOX_IN_FLIGHT_S,
-                              max_clock_skew: float = SANDBOX_CLOCK_SKEW_S) -> Path:
+                              max_clock_skew: float = SANDBOX_CLOCK_SKEW_S,
+                              replay_safe: bool | None = None) -> Path:
+    """Copies of the shipped L1 files with these windows (and, when given, a
+    different ``replay_safe`` declaration)."""
     directory.mkdir(parents=True, exist_ok=True)
     for entry in resources.files("config").joinpath("providers").iterdir():
         if not entry.name.endswith(".toml"):
             continue
         text = _replace_setting(entry.read_text(), "max_in_flight", max_in_flight, entry.name)
         text = _replace_setting(text, "max_clock_skew", max_clock_skew, entry.name)
+        if replay_safe is not None:
+            text = _replace_setting(text, "replay_safe", replay_safe, entry.name)
         (directory / entry.name).write_text(text)
     return directory
 

@@ -52,7 +52,7 @@ REVISION = 7
 def slice_settings(*, api_port: int, runtime_url: str, hubspot_url: str, url: str,
                    lease_ttl: float = 6.0, max_attempts: int = 8,
                    operators: tuple[Operator, ...] = (),
-                   binding_generation: int = 1) -> Settings:
+                   binding_generation: int = 1, definitions_dir: str = "") -> Settings:
     return Settings(
         admin=AdminSettings(listen="127.0.0.1:0",
                             session_secret=Secret("slice-test-session-secret-0123456789")),
@@ -81,7 +81,8 @@ def slice_settings(*, api_port: int, runtime_url: str, hubspot_url: str, url: st
         ),),
         # The simulator answers at once: its L1 declares a 1 s window (L2 may
         # only lengthen L1's).
-        catalog=CatalogSettings(revision=REVISION, definitions_dir=sandbox_definitions_dir()),
+        catalog=CatalogSettings(revision=REVISION,
+                                definitions_dir=definitions_dir or sandbox_definitions_dir()),
     )
 
 
@@ -173,7 +174,8 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                         with_replica: bool = True, lease_ttl: float = 6.0,
                         max_attempts: int = 8,
                         operators: tuple[Operator, ...] = (),
-                        binding_generation: int = 1) -> AsyncIterator[Slice]:
+                        binding_generation: int = 1,
+                        definitions_dir: str = "") -> AsyncIterator[Slice]:
     sim = HubSpotSimulator(tokens={HUBSPOT_TOKEN})
     api_port = free_port()
     async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=10) as http:
@@ -196,7 +198,8 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                                   runtime_url=f"http://127.0.0.1:{runtime_port}",
                                   hubspot_url=f"http://127.0.0.1:{sim_port}", url=url,
                                   lease_ttl=lease_ttl, max_attempts=max_attempts,
-                                  operators=operators, binding_generation=binding_generation)
+                                  operators=operators, binding_generation=binding_generation,
+                                  definitions_dir=definitions_dir)
         clock = WallClock()
         metrics = Metrics()
         parts = assemble(settings, store, clock, metrics)
