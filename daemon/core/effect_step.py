@@ -93,7 +93,8 @@ class BindingView:
 
     generation: int
     has_token: bool
-    timeout_s: float
+    # When the client gives up on an exchange at the latest (the shell enforces it).
+    client_deadline_s: float
     max_in_flight_s: float = 0.0  # L2; 0 means L1's
     max_clock_skew_s: float = 0.0  # L2
 
@@ -278,9 +279,9 @@ def _refuse(command: CommandView, history: Sequence[AttemptFacts], code: str,
 def _exchange_end_us(a: AttemptView, binding: BindingView | None) -> int:
     """The later of the dispatch and the moment the client gave up on it."""
     end = a.gave_up_at_us
-    if end is None:  # recorded before give-up times were: the client's timeout bounds it
-        timeout = binding.timeout_s if binding is not None else 0.0
-        end = a.dispatched_at_us + int(timeout * 1_000_000)
+    if end is None:  # recorded before give-up times were: the client's deadline bounds it
+        deadline = binding.client_deadline_s if binding is not None else 0.0
+        end = a.dispatched_at_us + int(deadline * 1_000_000)
     return max(a.dispatched_at_us, end)
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import attrs
 import httpx
+import trio
 
 from config.catalog import Catalog, OperationDefinition
 from config.settings import BindingSettings
@@ -56,7 +57,7 @@ from daemon.core.effect_step import (
     after_attempt,
     decide,
 )
-from daemon.core.effects import Classification, DispatchObservation, classify
+from daemon.core.effects import Classification, DispatchObservation, Phase, classify
 from daemon.core.handoff import (
     RESULT_FORMAT_NO_EFFECT,
     RESULT_FORMAT_SUCCESS,
@@ -111,6 +112,12 @@ class EffectContext:
     link: RemoteLink | None
 
 
+def _client_deadline_s(binding: BindingSettings) -> float:
+    """When the client gives up on an exchange at the latest: waiting for a free
+    connection and the request each take at most the binding's timeout."""
+    return 2 * binding.timeout
+
+
 def _desired(command: Command) -> dict[str, str | None]:
     """The values the command asks for (what a read-back must show)."""
     props = json.loads(command.frozen_request).get("properties", {})
@@ -139,7 +146,7 @@ def operation_view(op: OperationDefinition) -> OperationView:
 
 def binding_view(b: BindingSettings) -> BindingView:
     return BindingView(generation=b.generation, has_token=b.token is not None,
-                       timeout_s=b.timeout, max_in_flight_s=b.max_in_flight,
+                       client_deadline_s=_client_deadline_s(b), max_in_flight_s=b.max_in_flight,
                        max_clock_skew_s=b.max_clock_skew)
 
 
@@ -323,15 +330,21 @@ class EffectRunner:
             safe_headers=canonical_bytes(prepared.safe_headers).decode(),
             body_sha256=prepared.body_sha256, idempotency_key=prepared.idempotency_key,
             pre_dispatch_evidence=evidence,
-            give_up_after_us=int(binding.timeout * 1_000_000),
+            give_up_after_us=int(_client_deadline_s(binding) * 1_000_000),
         )
         if self.checkpoints is not None:
             attempt_id = await self.checkpoints.checkpoint(ctx.fence, draft)
         else:
             attempt_id = await ctx.store.effect_checkpoint(ctx.fence, draft, ctx.clock.now_us())
         # The checkpoint is committed: only now may bytes leave.
-        seen, provider_evidence = await self.executor.dispatch(
-            prepared, binding.token.reveal(), binding.timeout)
+        # One deadline for the whole exchange (a free connection, then the request):
+        # the give-up bound the checkpoint recorded is then true.
+        with trio.move_on_after(_client_deadline_s(binding)) as deadline:
+            seen, provider_evidence = await self.executor.dispatch(
+                prepared, binding.token.reveal(), binding.timeout)
+        if deadline.cancelled_caught:
+            seen, provider_evidence = DispatchObservation(Phase.SENT,
+                                                          detail="ClientDeadline"), {}
         verdict = classify(op.contract, seen)
         self.on_attempt(op.name, verdict.outcome.value)
         logs.event("effect_attempt", command_id=command.command_id, attempt_id=attempt_id,

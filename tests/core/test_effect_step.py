@@ -46,7 +46,7 @@ COMMAND = CommandView(command_id="c1", settlement="open", intent_kind="UPSERT",
                       binding_generation=1, link_key="lk", link_generation=3, remote_id="101")
 OP = OperationView(name="op", intent_kinds=frozenset({"UPSERT"}), max_in_flight_s=30.0,
                    max_clock_skew_s=2.0)
-BINDING = BindingView(generation=1, has_token=True, timeout_s=10.0)
+BINDING = BindingView(generation=1, has_token=True, client_deadline_s=10.0)
 LINK = LinkView(state="active", generation=3, remote_id="101")
 VIEW: ClaimView[str] = ClaimView(command=COMMAND, operation=OP, binding=BINDING, link=LINK,
                                  request=REQUEST, desired={"jobtitle": "CTO"}, now_us=NOW)
@@ -194,7 +194,7 @@ ROWS: list[tuple[str, ClaimView[str], Step[str]]] = [
      attrs.evolve(VIEW, attempts=(att("OUTCOME_UNKNOWN", "maybe_applied", gave_up_s=975),),
                   readback=Readback(OLD_SNAPSHOT)),
      Wait("outcome_unknown", "waiting out the provider's in-flight window", 5.5)),
-    # A row without a give-up time: the client's timeout (10 s) bounds it.
+    # A row without a give-up time: the client's deadline (10 s) bounds it.
     ("a legacy row counts from dispatch plus the client timeout",
      attrs.evolve(VIEW, attempts=(att(None, at_s=965),), readback=Readback(OLD_SNAPSHOT)),
      Wait("outcome_unknown", "waiting out the provider's in-flight window", 5.5)),
