@@ -38,10 +38,14 @@ from admin_ui.view import ReplicaView
 from config.catalog import Catalog
 from config.settings import BindingSettings
 from daemon.core.handoff import NoEffectResult
-from daemon.core.identity import BadCoordinate, integration_scope_digest
+from daemon.core.identity import (
+    BadCoordinate,
+    integration_link_key_v2,
+    integration_scope_digest,
+)
 from daemon.core.ids import is_ulid
+from daemon.core.no_effect import AttemptFacts, no_effect_proof
 from daemon.core.work import WorkItem
-from daemon.services.effect_runner import no_effect_reason
 from daemon.services.operator_api import NotAuthorized
 from storage.command_repair import RepairActor
 from storage.commands import EFFECT_FAMILY
@@ -187,11 +191,15 @@ class EffectConsole:
     async def retire(self, command_id: str, reason: str, actor: str) -> str:
         name, role = authorize_console(actor, "command.repair")
         view = console().view
+        command = await view.store.command_get(command_id)
         attempts = await view.store.effect_attempts(command_id)
-        reason_code = no_effect_reason([(a.outcome, a.disposition) for a in attempts])
+        # The same proof as the effect runner's (daemon/core/no_effect.py).
+        proof = no_effect_proof(command.intent_kind if command is not None else "",
+                                [AttemptFacts(a.outcome, a.evidence, a.disposition)
+                                 for a in attempts])
         no_effect = None
-        if reason_code is not None:
-            result = NoEffectResult(reason_code)
+        if proof.reason is not None:
+            result = NoEffectResult(proof.reason)
             no_effect = (result.canonical.decode(), result.digest)
         settlement = await view.store.command_retire(
             command_id, RepairActor(actor=name, role=role, reason=reason), no_effect=no_effect,
@@ -215,6 +223,11 @@ class EffectConsole:
             catalog_digest=self.catalog.digest,
             max_attempts=view.settings.family(EFFECT_FAMILY).max_attempts,
             now_us=view.clock.now_us(),
+            # The repair pins the link the current binding names, as it is now.
+            link_key=integration_link_key_v2(
+                integration_scope_digest(binding.org_id, binding.app_installation_id,
+                                         binding.provider, binding.remote_account_id),
+                command.local_object, command.local_id),
         )
 
     async def adopt(self, doc: dict[str, Any], actor: str) -> dict[str, Any]:

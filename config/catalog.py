@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import tomllib
 from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -117,15 +119,20 @@ def _operation(provider: str, name: str, table: dict[str, Any]) -> OperationDefi
             replay_safe=bool(table.get("replay_safe", False)),
             default_retry_after_s=float(table.get("default_retry_after", 5.0)),
             max_in_flight_s=float(table.get("max_in_flight", 30.0)),
+            max_clock_skew_s=float(table.get("max_clock_skew", 2.0)),
         ),
         read=read,
     )
 
 
-def load_documents() -> list[Any]:
-    """Every shipped L1 definition document (``config/providers/*.toml``), by file name."""
+def load_documents(directory: str = "") -> list[Any]:
+    """Every L1 definition document, by file name: the shipped ones
+    (``config/providers/*.toml``), or those in ``directory`` (``catalog.definitions_dir``)."""
     documents: list[Any] = []
-    folder = resources.files("config").joinpath("providers")
+    folder: Traversable = (Path(directory) if directory
+                           else resources.files("config").joinpath("providers"))
+    if directory and not Path(directory).is_dir():
+        raise CatalogError("catalog.definitions_dir", f"no such directory: {directory}")
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".toml"):
             continue
@@ -151,9 +158,9 @@ def operations_from_documents(documents: list[Any]) -> dict[str, OperationDefini
     return operations
 
 
-def load_definitions() -> tuple[dict[str, OperationDefinition], list[Any]]:
-    """Every shipped L1 definition (and the raw documents, for the digest)."""
-    documents = load_documents()
+def load_definitions(directory: str = "") -> tuple[dict[str, OperationDefinition], list[Any]]:
+    """Every L1 definition (and the raw documents, for the digest)."""
+    documents = load_documents(directory)
     return operations_from_documents(documents), documents
 
 
@@ -186,7 +193,8 @@ def build_catalog(revision: int, documents: list[Any],
 
 
 def load_catalog(settings: Settings) -> Catalog:
-    """The Catalog this configuration describes (shipped L1 files + its L2 bindings),
-    numbered ``catalog.revision``. Whether that revision is *published* with this
-    digest is for the caller to check (``daemon/services/catalog_view.py``)."""
-    return build_catalog(settings.catalog.revision, load_documents(), settings.bindings)
+    """The Catalog this configuration describes (its L1 definition files + its L2
+    bindings), numbered ``catalog.revision``. Whether that revision is *published* with
+    this digest is for the caller to check (``daemon/services/catalog_view.py``)."""
+    return build_catalog(settings.catalog.revision,
+                         load_documents(settings.catalog.definitions_dir), settings.bindings)

@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 
+from config.catalog import CatalogError, load_definitions
 from config.settings import (
     FAMILY_DEFAULTS,
     ROLES,
@@ -346,6 +347,8 @@ def parse_settings(
     catalog = _build("catalog", CatalogSettings, raw.get("catalog", {}))
     _positive("catalog.revision", catalog.revision)
     keys = _build("keys", KeysSettings, raw.get("keys", {}))
+    bindings = _bindings(raw.get("bindings", []), environ)
+    _l2_only_lengthens_l1(bindings, catalog.definitions_dir)
     return Settings(
         storage=storage,
         replica=replica,
@@ -355,7 +358,7 @@ def parse_settings(
         operators=tuple(operators),
         api=api,
         runtimes=_runtimes(raw.get("runtimes", []), environ),
-        bindings=_bindings(raw.get("bindings", []), environ),
+        bindings=bindings,
         catalog=catalog,
         keys=keys,
         base_dir=base_dir,
@@ -433,6 +436,36 @@ def _bindings(value: Any, environ: Mapping[str, str]) -> tuple[BindingSettings, 
         )
         out.append(b)
     return tuple(out)
+
+
+# L2 binding setting -> the L1 contract value it may only lengthen.
+_L1_FLOORS = (("max_in_flight", "max_in_flight_s"), ("max_clock_skew", "max_clock_skew_s"))
+
+
+def _l2_only_lengthens_l1(bindings: tuple[BindingSettings, ...], definitions_dir: str) -> None:
+    """A binding's in-flight window and clock skew may lengthen what L1 declares for
+    its provider's operations, never shorten it: a shorter window would prove an
+    unresolved dispatch absent while it may still be applied (a second PATCH)."""
+    if not bindings:
+        return
+    try:
+        operations, _ = load_definitions(definitions_dir)
+    except CatalogError as exc:
+        raise ConfigError(exc.key, str(exc).partition(": ")[2]) from None
+    for i, b in enumerate(bindings):
+        for setting, contract_field in _L1_FLOORS:
+            value = getattr(b, setting)
+            if value < 0:
+                raise ConfigError(f"bindings[{i}].{setting}", f"must not be negative, got {value}")
+            if value == 0:
+                continue  # L1's own value
+            for op in sorted(operations.values(), key=lambda o: o.name):
+                floor = getattr(op.contract, contract_field)
+                if op.provider == b.provider and value < floor:
+                    raise ConfigError(
+                        f"bindings[{i}].{setting}",
+                        f"{value:g} s is shorter than the {floor:g} s L1 declares for"
+                        f" {op.name}; L2 may only lengthen it")
 
 
 def _parse_listen(key: str, value: str) -> tuple[str, int]:

@@ -143,11 +143,13 @@ class BindingSettings:
     base_url: str
     generation: int = 1
     timeout: float = 10.0
-    # L2 policy may shorten the provider's in-flight window (e.g. for a sandbox).
+    # L2 policy may only *lengthen* the in-flight window L1 declares for the
+    # provider's operations (0: L1's); a shorter one is a configuration error.
     max_in_flight: float = 0.0
     # The largest clock difference assumed between us and the provider when a
-    # read-back's last-modified time is compared with our dispatch time.
-    max_clock_skew: float = 2.0
+    # read-back's last-modified time is compared with our dispatch time; again
+    # at least what L1 declares (0: L1's).
+    max_clock_skew: float = 0.0
     token: Secret | None = None
 
 
@@ -170,6 +172,9 @@ class KeysSettings:
 class CatalogSettings:
     # The Catalog revision this deployment serves; commands must name the same one.
     revision: int = 1
+    # A directory of L1 definitions served instead of the shipped ones (a
+    # sandbox whose simulators declare their own, shorter, windows); empty: shipped.
+    definitions_dir: str = ""
 
 
 @attrs.frozen(kw_only=True)

@@ -93,11 +93,13 @@ class CommandRepair:
 
     async def command_repair(self, command_id: str, who: RepairActor, *,
                              binding_generation: int, catalog_revision: int,
-                             catalog_digest: str, max_attempts: int, now_us: int) -> str:
+                             catalog_digest: str, max_attempts: int, now_us: int,
+                             link_key: str = "") -> str:
         """A new command with repair lineage, pinned to the *current* binding
-        generation and the Catalog revision the caller resolved as current
-        (it must be published with that digest); the old one is retired if it
-        was still open. The audit entry records both revisions."""
+        generation, the Catalog revision the caller resolved as current (it must be
+        published with that digest), and the remote link at ``link_key`` (default:
+        the old command's) as it is now; the old one is retired if it was still open.
+        The audit entry records both revisions."""
 
         async def body(tx: SqlTx) -> str:
             old = await _repairable(tx, command_id)
@@ -122,6 +124,7 @@ class CommandRepair:
                 catalog_revision=catalog_revision, catalog_digest=catalog_digest,
                 frozen_request=old.frozen_request, max_attempts=max_attempts,
                 lane=f"{old.scope.org_id}:{old.local_object}:{old.local_id}",
+                link_key=link_key or old.link_key or "",
             )
             await _insert_command(tx, draft, new_id, now_us, repair_of=command_id)
             await _audit(tx, who, "command.repair", command_id,

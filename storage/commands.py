@@ -19,8 +19,9 @@ WorkItem: dispatch, retries, reconciliation and replay run against exactly
 that revision's stored definitions.
 
 A request whose payload digest or Runtime outbox identity differs from the
-stored fact is *quarantined*: recorded in ``handoff_quarantine`` as evidence,
-answered with no admission detail, and it changes nothing else. Scope checks
+stored fact (also when its body fails validation) is *quarantined*: recorded
+in ``handoff_quarantine`` as evidence, answered with no admission detail, and
+it changes nothing else. Scope checks
 happen before storage is touched (the key encodes the complete scope and is
 compared with the authenticated caller's).
 """
@@ -66,7 +67,7 @@ COMMAND_COLUMNS = (
     " runtime_work_binding_digest, runtime_name, intent_id, intent_kind, operation,"
     " local_object, local_id, binding_id, binding_generation, catalog_revision,"
     " frozen_request, payload_digest, runtime_outbox_id, settlement, repair_of, created_at_us,"
-    " catalog_digest"
+    " catalog_digest, link_key, link_generation, remote_id"
 )
 
 
@@ -91,6 +92,9 @@ def command_from_row(row: Row) -> Command:
         repair_of=row[19],
         created_at_us=int(row[20]),
         catalog_digest=str(row[21]),
+        link_key=None if row[22] is None else str(row[22]),
+        link_generation=None if row[23] is None else int(row[23]),
+        remote_id=None if row[24] is None else str(row[24]),
     )
 
 
@@ -265,6 +269,39 @@ class CommandInbox:
 
         return await self._idempotent(body, "command.reject_if_unaccepted")
 
+    async def command_quarantine_invalid(
+        self,
+        *,
+        handoff_key: str,
+        runtime_name: str,
+        payload_digest: str,
+        runtime_outbox_id: str,
+        body_matches_digest: bool,
+        reason: str,
+        now_us: int,
+    ) -> bool:
+        """A request for an *admitted* key whose body failed validation: record it in
+        ``handoff_quarantine`` when it conflicts with the stored fact (another
+        digest or outbox identity, or a body that is not the one its digest names).
+        True when recorded. A fresh key, or the admitted body itself, records nothing."""
+
+        async def body(tx: SqlTx) -> bool:
+            row = await self._admission_row(tx, handoff_key)
+            if row is None:
+                return False
+            if row[4] == payload_digest and row[5] == runtime_outbox_id and body_matches_digest:
+                return False
+            await tx.execute(
+                "INSERT INTO handoff_quarantine (quarantine_id, handoff_key, runtime_name,"
+                " reason, presented_payload_digest, presented_outbox_id, at_us)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (new_ulid(now_us), handoff_key, runtime_name, reason[:64], payload_digest[:80],
+                 runtime_outbox_id[:255], now_us),
+            )
+            return True
+
+        return await self.db.transact(body, name="command.quarantine_invalid")
+
     async def _idempotent(self, body: Callable[[SqlTx], Awaitable[T]], name: str) -> T:
         # TiDB (optimistic) may report the racing INSERT's duplicate key only at
         # COMMIT; the whole body then runs again and answers from the winner.
@@ -316,17 +353,36 @@ async def _insert_command(tx: SqlTx, draft: CommandDraft, command_id: str, now_u
     return work_id
 
 
+async def _link_pins(tx: SqlTx, keys: Sequence[str]) -> dict[str, tuple[int, str | None]]:
+    """The (generation, remote id) of each existing link, read in the admission's
+    own transaction: what the commands pin."""
+    wanted = sorted({k for k in keys if k})
+    if not wanted:
+        return {}
+    rows = await tx.fetchall(
+        f"SELECT link_key, generation, remote_id FROM remote_links"
+        f" WHERE link_key IN ({placeholders(len(wanted))})", wanted)
+    return {str(r[0]): (int(r[1]), None if r[2] is None else str(r[2])) for r in rows}
+
+
 async def _insert_commands(tx: SqlTx, commands: Sequence[tuple[CommandDraft, str]],
                            now_us: int, repair_of: str | None = None) -> list[str]:
-    """Insert the commands and their one WorkItem each; return the work ids in order."""
+    """Insert the commands and their one WorkItem each; return the work ids in order.
+
+    Each command pins the RemoteLink it targets as it is now (key, generation,
+    remote id; no generation when there is no link yet), so a later rebind or
+    reconnect cannot retarget it (seed 8.1)."""
+    pins = await _link_pins(tx, [draft.link_key for draft, _ in commands])
     await tx.executemany(
         f"INSERT INTO external_commands ({COMMAND_COLUMNS}, updated_at_us)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?, ?, ?, ?)",
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?, ?,"
+        " ?, ?, ?, ?, ?)",
         [(command_id, draft.handoff_key or None, *_scope_values(draft.scope), draft.runtime_name,
           draft.intent_id, draft.intent_kind, draft.operation, draft.local_object,
           draft.local_id, draft.binding_id, draft.binding_generation, draft.catalog_revision,
           draft.frozen_request, draft.payload_digest, draft.runtime_outbox_id, repair_of,
-          now_us, draft.catalog_digest, now_us)
+          now_us, draft.catalog_digest, draft.link_key or None,
+          *pins.get(draft.link_key, (None, None)), now_us)
          for draft, command_id in commands],
     )
     # The dedupe key is the new command's own id, so it cannot collide: the

@@ -86,6 +86,12 @@ class Command:
     created_at_us: int
     # The digest of the pinned Catalog revision ("" for commands older than pinning).
     catalog_digest: str = ""
+    # The RemoteLink pinned at admission: its key, and its generation and remote
+    # id as they were then (generation None: no link existed). All None for
+    # commands admitted before pinning existed (refused before dispatch).
+    link_key: str | None = None
+    link_generation: int | None = None
+    remote_id: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -97,6 +103,8 @@ class AttemptDraft:
     body_sha256: str
     idempotency_key: str
     pre_dispatch_evidence: str  # canonical JSON (binding generation, link, checks)
+    # The client's deadline for the exchange (its timeout), in microseconds.
+    give_up_after_us: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -121,6 +129,11 @@ class EffectAttempt:
     disposition_note: str | None
     disposition_by: str | None
     disposition_at_us: int | None
+    # not_sent / not_applied / maybe_applied / applied (None: recorded before evidence was).
+    evidence: str | None = None
+    # When the client gave up on (or finished) the exchange; until the outcome is
+    # recorded, the client's deadline.
+    gave_up_at_us: int | None = None
 
     @property
     def unresolved(self) -> bool:

@@ -26,7 +26,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from daemon.core.handoff import commit_result_request
+from daemon.core.handoff import (
+    NO_EFFECT_INTENT_KINDS,
+    RESULT_FORMAT_NO_EFFECT,
+    commit_result_request,
+)
 from daemon.core.work import Fence, WorkSpec
 from storage.commands import COMMAND_COLUMNS, command_from_row, read_command
 from storage.effect_values import (
@@ -52,7 +56,8 @@ _ATTEMPT_COLUMNS = (
     "attempt_id, command_id, work_id, ownership_epoch, method, target_path, safe_headers,"
     " body_sha256, idempotency_key, pre_dispatch_evidence, dispatch_started_at_us,"
     " response_status, provider_evidence, outcome, failure_class, finished_at_us,"
-    " disposition, disposition_note, disposition_by, disposition_at_us"
+    " disposition, disposition_note, disposition_by, disposition_at_us, evidence,"
+    " gave_up_at_us"
 )
 # Each command's settlement and how many of its attempts are unresolved, in one read.
 _DISPATCHABLE_SQL = (
@@ -64,7 +69,7 @@ _DISPATCHABLE_SQL = (
 _INSERT_ATTEMPT_SQL = (
     f"INSERT INTO effect_attempts ({_ATTEMPT_COLUMNS}, lease_token, row_version)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL, NULL, NULL, NULL,"
-    " NULL, NULL, NULL, ?, 0)"
+    " NULL, NULL, NULL, NULL, ?, ?, 0)"
 )
 _RECEIPT_COLUMNS = (
     "command_id, intent_id, result_format_version, remote_id, canonical_result,"
@@ -89,7 +94,7 @@ def attempt_from_row(row: Row) -> EffectAttempt:
         response_status=_int(row[11]), provider_evidence=_str(row[12]), outcome=_str(row[13]),
         failure_class=_str(row[14]), finished_at_us=_int(row[15]), disposition=_str(row[16]),
         disposition_note=_str(row[17]), disposition_by=_str(row[18]),
-        disposition_at_us=_int(row[19]),
+        disposition_at_us=_int(row[19]), evidence=_str(row[20]), gave_up_at_us=_int(row[21]),
     )
 
 
@@ -109,7 +114,10 @@ def _attempt_params(attempt_id: str, fence: Fence, draft: AttemptDraft,
                     now_us: int) -> tuple[Any, ...]:
     return (attempt_id, draft.command_id, fence.work_id, fence.ownership_epoch, draft.method,
             draft.target_path, draft.safe_headers, draft.body_sha256, draft.idempotency_key,
-            draft.pre_dispatch_evidence, now_us, fence.lease_token)
+            draft.pre_dispatch_evidence, now_us,
+            # Until the outcome is recorded, the client's own deadline bounds when
+            # it gives up on the exchange (a crash or a kill records nothing).
+            now_us + draft.give_up_after_us, fence.lease_token)
 
 
 def receipt_from_row(row: Row) -> ResultReceipt:
@@ -261,6 +269,20 @@ class EffectJournal:
 
         return await self.db.transact(body, name="effect.checkpoint_many")
 
+    async def work_fences_live(self, fences: Sequence[Fence], now_us: int
+                               ) -> list[StorageError | None]:
+        """Prove many claims live in one transaction (a fenced step with nothing else
+        to write, such as a receipt delivery): ``None`` for a live fence,
+        ``LostLease`` for the others."""
+        if not fences:
+            return []
+
+        async def body(tx: SqlTx) -> list[StorageError | None]:
+            live = await fence_lock_many(tx, list(fences), now_us)
+            return [None if f.work_id in live else LostLease(f) for f in fences]
+
+        return await self.db.transact(body, name="work.fences_live")
+
     async def effect_dispose(
         self,
         fence: Fence,
@@ -366,16 +388,17 @@ class EffectJournal:
 
         return await self.db.transact(body, name="receipt.get", write=False)
 
-async def record_outcome(tx: SqlTx, attempt_id: str, *, outcome: str,
+async def record_outcome(tx: SqlTx, attempt_id: str, *, outcome: str, evidence: str,
                          response_status: int | None, provider_evidence: dict[str, Any],
-                         failure_class: str, now_us: int) -> None:
-    """Inside the caller's (fenced) transaction: the attempt's one outcome class."""
+                         failure_class: str, gave_up_at_us: int, now_us: int) -> None:
+    """Inside the caller's (fenced) transaction: the attempt's one outcome class,
+    its evidence, and when the client ended the exchange (answer or give-up)."""
     if not await tx.execute(
-        "UPDATE effect_attempts SET outcome = ?, response_status = ?,"
-        " provider_evidence = ?, failure_class = ?, finished_at_us = ?,"
+        "UPDATE effect_attempts SET outcome = ?, evidence = ?, response_status = ?,"
+        " provider_evidence = ?, failure_class = ?, finished_at_us = ?, gave_up_at_us = ?,"
         " row_version = row_version + 1 WHERE attempt_id = ? AND outcome IS NULL",
-        (outcome, response_status, json.dumps(provider_evidence, sort_keys=True),
-         failure_class or None, now_us, attempt_id),
+        (outcome, evidence, response_status, json.dumps(provider_evidence, sort_keys=True),
+         failure_class or None, now_us, gave_up_at_us, attempt_id),
     ):
         raise WorkConflict(f"attempt {attempt_id} already has an outcome")
 
@@ -431,6 +454,11 @@ async def settle(
         command = await read_command(tx, command_id)
     if command is None:
         raise WorkConflict(f"no command {command_id}")
+    if (result_format_version == RESULT_FORMAT_NO_EFFECT
+            and command.intent_kind not in NO_EFFECT_INTENT_KINDS):
+        # Seed 003: only UPSERT and DELETE intents admit a no-effect result.
+        raise WorkConflict(f"command {command_id} is a {command.intent_kind} intent: only"
+                           " UPSERT and DELETE admit a no-effect result")
     if not await tx.execute(
         "UPDATE external_commands SET settlement = ?, updated_at_us = ?"
         " WHERE command_id = ? AND settlement = 'open'",

@@ -19,7 +19,8 @@ Callers authenticate with a bearer token bound, in the configuration, to one
 ``TrustedRuntimeWorkScope``. Bodies are validated in
 :mod:`daemon.api.validation`; errors are JSON ``{"error", "message"}`` with a
 stable code. Nothing is written for a malformed, unauthenticated or
-cross-scope request.
+cross-scope request, except that a malformed body under an already admitted
+key (with another digest or outbox identity) is also quarantined.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from daemon.api.validation import (
     only_fields,
     requested_revision,
 )
+from daemon.core.canonical import NotCanonical, canonical_digest
 from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
 from daemon.core.identity import integration_link_key_v2, integration_scope_digest
 from daemon.core.json_input import BadJson, parse_json
@@ -152,6 +154,33 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
                 op.local_object, valid.local_id),
         )
 
+    async def quarantine_invalid(rc: RuntimeClient, doc: Any, error: ApiError) -> None:
+        """A body that failed validation, under a key that is already admitted with
+        another body, is quarantined as well as refused (seed 6.1)."""
+        try:
+            handoff = handoff_fields(doc, _scope(rc), also=("command",))
+        except ApiError:
+            return  # no usable key in scope: nothing it could conflict with
+        try:
+            matches = canonical_digest(doc.get("command")) == handoff.payload_digest
+        except (NotCanonical, TypeError, ValueError):
+            matches = False
+        if await ctx.store.command_quarantine_invalid(
+            handoff_key=handoff.key_text, runtime_name=rc.name,
+            payload_digest=handoff.payload_digest, runtime_outbox_id=handoff.runtime_outbox_id,
+            body_matches_digest=matches, reason=f"invalid_body:{error.code}",
+            now_us=ctx.clock.now_us(),
+        ):
+            logs.warn("handoff_quarantined", runtime=rc.name, reason=f"invalid_body:{error.code}")
+
+    async def checked_draft(rc: RuntimeClient, doc: Any,
+                            revisions: dict[int, Catalog | None]) -> CommandDraft:
+        try:
+            return draft_for(rc, doc, revisions)
+        except ApiError as exc:
+            await quarantine_invalid(rc, doc, exc)
+            raise
+
     def answered(rc: RuntimeClient, draft: CommandDraft,
                  result: AdmissionResult) -> tuple[dict[str, Any], int]:
         if result.created:
@@ -165,7 +194,7 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
     async def accept_command() -> Response:
         rc = caller()
         doc = await json_body()
-        draft = draft_for(rc, doc, await resolve([doc]))
+        draft = await checked_draft(rc, doc, await resolve([doc]))
         result = await ctx.store.command_accept(draft, ctx.clock.now_us())
         if result.created:
             ctx.wake(EFFECT_FAMILY)
@@ -194,7 +223,7 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         revisions = await resolve(entries)
         for entry in entries:
             try:
-                drafts.append(draft_for(rc, entry, revisions))
+                drafts.append(await checked_draft(rc, entry, revisions))
                 answers.append(None)
             except ApiError as exc:
                 answers.append({"status": exc.status, "error": exc.code, "message": exc.message})

@@ -19,6 +19,14 @@ statuses mean "not applied" and whether the effect is replay-safe.
                             outcome: reconcile or ask an operator
 ==========================  ============================================
 
+Each classification also carries its *evidence* about the effect itself,
+kept apart from the class because one class can hold both: a
+``REPLAY_SAFE_RETRY`` after a 429 is proven **not applied**, one after a
+timeout or a 5xx of a replay-safe operation is only **maybe applied** (the
+contract says a replay is safe, not that nothing happened). Only evidence
+``NOT_SENT`` or ``NOT_APPLIED`` can ever count towards a ``NO_EFFECT`` result
+(:mod:`daemon.core.no_effect`).
+
 There is no hidden retry anywhere: the durable scheduler decides what
 happens next from the class, and an ``OUTCOME_UNKNOWN`` is never turned into
 a new call until :func:`reconcile` proves the effect absent (or present).
@@ -38,6 +46,15 @@ class OutcomeClass(enum.StrEnum):
     RETRYABLE_PRE_DISPATCH = "RETRYABLE_PRE_DISPATCH"
     REPLAY_SAFE_RETRY = "REPLAY_SAFE_RETRY"
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+
+
+class Evidence(enum.StrEnum):
+    """What one exchange proves about the effect, whatever its class."""
+
+    NOT_SENT = "not_sent"  # no byte left: the provider never saw the request
+    NOT_APPLIED = "not_applied"  # the provider answered that it did not apply it
+    MAYBE_APPLIED = "maybe_applied"  # bytes left and nothing proves either way
+    APPLIED = "applied"  # the provider answered that it applied it
 
 
 class Phase(enum.StrEnum):
@@ -67,39 +84,50 @@ class OperationContract:
     default_retry_after_s: float = 5.0
     # The provider processes or drops a request within this window.
     max_in_flight_s: float = 30.0
+    # The largest clock difference the provider's last-modified times may have
+    # against ours (a read-back's proof of absence subtracts it).
+    max_clock_skew_s: float = 2.0
 
 
 @attrs.frozen
 class Classification:
     outcome: OutcomeClass
+    evidence: Evidence
     retry_after_s: float | None = None
     failure_class: str = ""
 
 
 def classify(contract: OperationContract, seen: DispatchObservation) -> Classification:
-    """Exactly one outcome class for one observed exchange."""
+    """Exactly one outcome class, and the evidence, for one observed exchange."""
     if seen.phase is Phase.NOT_CONNECTED:
-        return Classification(OutcomeClass.RETRYABLE_PRE_DISPATCH, None, "connect")
+        return Classification(OutcomeClass.RETRYABLE_PRE_DISPATCH, Evidence.NOT_SENT, None,
+                              "connect")
     if seen.phase is Phase.SENT:
         if contract.replay_safe:
-            return Classification(OutcomeClass.REPLAY_SAFE_RETRY, None, "transport")
-        return Classification(OutcomeClass.OUTCOME_UNKNOWN, None, "transport")
+            return Classification(OutcomeClass.REPLAY_SAFE_RETRY, Evidence.MAYBE_APPLIED, None,
+                                  "transport")
+        return Classification(OutcomeClass.OUTCOME_UNKNOWN, Evidence.MAYBE_APPLIED, None,
+                              "transport")
     status = seen.status
     if status is None:
         raise ValueError("a response observation needs a status")
     if 200 <= status < 300:
-        return Classification(OutcomeClass.ACCEPTED)
+        return Classification(OutcomeClass.ACCEPTED, Evidence.APPLIED)
     if status in contract.not_applied_statuses:
         delay = seen.retry_after_s
         if delay is None:
             delay = contract.default_retry_after_s
-        return Classification(OutcomeClass.REPLAY_SAFE_RETRY, delay, f"http_{status}")
+        return Classification(OutcomeClass.REPLAY_SAFE_RETRY, Evidence.NOT_APPLIED, delay,
+                              f"http_{status}")
     if 400 <= status < 500:
-        return Classification(OutcomeClass.REJECTED, None, f"http_{status}")
+        return Classification(OutcomeClass.REJECTED, Evidence.NOT_APPLIED, None,
+                              f"http_{status}")
     # 5xx (and anything else) after sending: the provider may have applied it.
     if contract.replay_safe:
-        return Classification(OutcomeClass.REPLAY_SAFE_RETRY, None, f"http_{status}")
-    return Classification(OutcomeClass.OUTCOME_UNKNOWN, None, f"http_{status}")
+        return Classification(OutcomeClass.REPLAY_SAFE_RETRY, Evidence.MAYBE_APPLIED, None,
+                              f"http_{status}")
+    return Classification(OutcomeClass.OUTCOME_UNKNOWN, Evidence.MAYBE_APPLIED, None,
+                          f"http_{status}")
 
 
 class Reconciled(enum.StrEnum):

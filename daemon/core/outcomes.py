@@ -17,7 +17,13 @@ from daemon.core.work import Fence, sanitize_summary
 
 @attrs.frozen
 class Succeeded:
+    """The work is complete; nothing is left for an operator. ``terminal_outcome``
+    records what completing meant (an effect command settled with a no-effect
+    result completes as ``no_effect``, with the refusal's code)."""
+
     summary: str = ""
+    terminal_outcome: str = "succeeded"
+    failure_class: str | None = None
 
 
 @attrs.frozen
@@ -86,13 +92,14 @@ def decide(
 ) -> Finalization:
     """Turn a handler outcome into the finalization to commit."""
     match outcome:
-        case Succeeded(summary=summary):
+        case Succeeded(summary=summary, terminal_outcome=terminal, failure_class=failure):
             return Finalization(
                 fence=fence,
                 attempt=attempt,
                 family=family,
                 event=WorkEvent.COMPLETE,
-                terminal_outcome="succeeded",
+                terminal_outcome=terminal,
+                failure_class=failure,
                 summary=sanitize_summary(summary) or None,
             )
         case Skipped(reason=reason):

@@ -6,13 +6,15 @@ the catalog, so the services never import the console.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 from quart_trio import QuartTrio
 
 from config.catalog import Catalog, load_catalog
 from config.settings import Settings
 from daemon.api.app import ApiContext, create_api_app
-from daemon.core.work import WorkItem
+from daemon.core.work import Fence, WorkItem
 from daemon.providers.executor import BoundedHttp, HttpExecutor
 from daemon.services.batcher import Batcher
 from daemon.services.catalog_view import CatalogView
@@ -24,6 +26,7 @@ from daemon.services.metrics import Metrics
 from daemon.services.receipt_sender import ReceiptSender, receipt_handler
 from storage.commands import EFFECT_FAMILY
 from storage.effects import RECEIPT_FAMILY, EffectContextRow
+from storage.port import StorageError
 from storage.work_store import WorkStore
 
 
@@ -62,7 +65,13 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         on_attempt=counted, checkpoints=checkpoints, contexts=contexts,
     )
     runtime_client = BoundedHttp.open(16)
-    sender = ReceiptSender(settings=settings, client=runtime_client)
+
+    async def prove_fences(fences: Sequence[Fence]) -> list[StorageError | None]:
+        return await store.work_fences_live(fences, clock.now_us())
+
+    # Receipt deliveries prove their claims live in shared transactions.
+    fences: Batcher[Fence, None] = Batcher(prove_fences)
+    sender = ReceiptSender(settings=settings, client=runtime_client, fences=fences)
     async def effect_replay_guard(store: WorkStore, item: WorkItem) -> str | None:
         return await replay_refusal(catalogs, store, item)
 
@@ -75,7 +84,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         },
         {EFFECT_FAMILY: effect_replay_guard},
     )
-    registry.services.extend([checkpoints.batcher.run, contexts.run])
+    registry.services.extend([checkpoints.batcher.run, contexts.run, fences.run])
     context = None
     app = None
     if settings.runtimes:

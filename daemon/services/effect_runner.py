@@ -2,29 +2,26 @@
 
 Theory of operation (DoOnce)
 ----------------------------
-Each claim of a command's WorkItem reads its context once (command, attempts,
-remote link) and then does at most one of these, in order:
+This module is the shell around :mod:`daemon.core.effect_step`, where every
+rule of one claim lives (read it first). Each claim reads its context once
+(command with its pins, attempts, the pinned remote link), builds a
+:class:`~daemon.core.effect_step.ClaimView` with the operation definition the
+command pinned and the request the executor prepared, and performs the one
+step :func:`~daemon.core.effect_step.decide` returns:
 
-1. The command is already settled: nothing to do (replays are harmless).
-2. An earlier attempt is unresolved (dispatched, outcome unknown, or a crash
-   after the checkpoint): *reconcile*. Read the remote record back; applied
-   -> settle with a success result; proven absent -> record that and go on
-   to dispatch; unproven -> retry later, and after the attempts are spent the
-   item is dead, awaiting an operator's disposition. Never a blind resend.
-3. An attempt was accepted (or proven applied) but the result was not yet
-   persisted: settle with a success result.
-4. Pre-dispatch checks (catalog operation, pinned binding generation still
-   current, an active remote link, the request fits the definition): a
-   failure settles with ``NO_EFFECT`` when the evidence allows it, never by
-   converting an ambiguous history.
-5. Dispatch: write the fenced dispatch-start checkpoint and commit it, send
-   exactly one request, classify the observation. The classification (and,
-   when it is terminal, the settlement and the queued receipt) commit in the
-   same transaction that finalizes the WorkItem, only if its fence still
-   holds (``WorkContext.on_finalize``): one batched commit after the call.
-
-Settling persists the result and forbids further dispatch in the same
-transaction that queues the receipt for the Runtime.
+* ``Reconcile``: read the pinned record back, then decide again with it;
+* ``RecordAbsent``: commit the proven-absent dispositions, re-read, decide again;
+* ``Dispatch``: write the fenced dispatch-start checkpoint and commit it, send
+  exactly one request, classify the observation, and perform the step
+  :func:`~daemon.core.effect_step.after_attempt` returns. The classification
+  (and, when it is terminal, the settlement and the queued receipt) commit in
+  the same transaction that finalizes the WorkItem, only if its fence still
+  holds (``WorkContext.on_finalize``): one batched commit after the call;
+* ``SettleSuccess`` / ``SettleNoEffect``: persist the result, forbid further
+  dispatch and queue the receipt for the Runtime, with the finalization; the
+  item *completes* (a settled command leaves nothing for an operator);
+* ``Blocked``: the item is dead with the step's reason, for an operator;
+* ``Wait``: retry later; ``Nothing``: skipped.
 """
 
 from __future__ import annotations
@@ -35,36 +32,51 @@ from typing import Any
 
 import attrs
 import httpx
+import trio
 
 from config.catalog import Catalog, OperationDefinition
 from config.settings import BindingSettings
 from daemon.core.canonical import canonical_bytes
-from daemon.core.effects import (
-    Classification,
-    DispatchObservation,
-    OutcomeClass,
-    Reconciled,
-    RemoteSnapshot,
-    classify,
-    reconcile,
+from daemon.core.effect_step import (
+    AttemptView,
+    BindingView,
+    Blocked,
+    ClaimView,
+    CommandView,
+    Dispatch,
+    LinkView,
+    Nothing,
+    OperationView,
+    Readback,
+    Reconcile,
+    RecordAbsent,
+    SettleNoEffect,
+    SettleSuccess,
+    Step,
+    Wait,
+    after_attempt,
+    decide,
 )
+from daemon.core.effects import Classification, DispatchObservation, Phase, classify
 from daemon.core.handoff import (
     RESULT_FORMAT_NO_EFFECT,
     RESULT_FORMAT_SUCCESS,
-    NoEffectReason,
     NoEffectResult,
 )
-from daemon.core.identity import integration_link_key_v2, integration_scope_digest
 from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Skipped, Succeeded
 from daemon.core.work import WorkItem
-from daemon.providers.executor import BadRequestForOperation, HttpExecutor, prepare
+from daemon.providers.executor import (
+    BadRequestForOperation,
+    HttpExecutor,
+    PreparedRequest,
+    prepare,
+)
 from daemon.services import logs
 from daemon.services.batcher import Batcher
 from daemon.services.catalog_view import CatalogView
 from daemon.services.checkpoints import CheckpointBatcher
 from daemon.services.families import Handler, WorkContext
 from storage.effect_values import (
-    APPLIED_DISPOSITIONS,
     AttemptDraft,
     Command,
     Disposition,
@@ -84,29 +96,9 @@ from storage.links import read_link
 from storage.port import SqlTx
 from storage.work_store import WorkStore
 
-# Outcome classes that prove an attempt had no external effect.
-_NO_EFFECT_OUTCOMES = frozenset({
-    OutcomeClass.REJECTED, OutcomeClass.RETRYABLE_PRE_DISPATCH, OutcomeClass.REPLAY_SAFE_RETRY,
-})
-
-
-def no_effect_reason(history: list[tuple[str | None, str | None]]) -> NoEffectReason | None:
-    """The reason a no-effect result may be claimed, from every attempt's
-    (outcome, disposition); None when the history does not prove it."""
-    if all(outcome == OutcomeClass.RETRYABLE_PRE_DISPATCH for outcome, _ in history):
-        return NoEffectReason.REJECTED_BEFORE_DISPATCH  # also: no attempt at all
-    for outcome, disposition in history:
-        if disposition is not None:
-            if disposition in APPLIED_DISPOSITIONS:
-                return None
-            continue
-        if outcome is None or outcome not in _NO_EFFECT_OUTCOMES:
-            return None
-    return NoEffectReason.DEFINITIVE_NO_EFFECT
-
-
-def _history(attempts: list[EffectAttempt]) -> list[tuple[str | None, str | None]]:
-    return [(a.outcome, a.disposition) for a in attempts]
+# How many decide/perform rounds one claim may take (reconcile, record absence,
+# dispatch): a bound, so a bug can never loop.
+_MAX_ROUNDS = 4
 
 
 @attrs.frozen
@@ -121,16 +113,48 @@ class EffectContext:
     # The Catalog revision the command pinned, as stored (None: not stored any more).
     pinned: Catalog | None = None
 
-    @property
-    def remote_id(self) -> str | None:
-        if self.link is None or self.link.state.value != "active":
-            return None
-        return self.link.remote_id
+
+def _client_deadline_s(binding: BindingSettings) -> float:
+    """When the client gives up on an exchange at the latest: waiting for a free
+    connection and the request each take at most the binding's timeout."""
+    return 2 * binding.timeout
 
 
-def _scope_digest(binding: BindingSettings) -> str:
-    return integration_scope_digest(binding.org_id, binding.app_installation_id,
-                                    binding.provider, binding.remote_account_id)
+def _desired(command: Command) -> dict[str, str | None]:
+    """The values the command asks for (what a read-back must show)."""
+    props = json.loads(command.frozen_request).get("properties", {})
+    return dict(props) if isinstance(props, dict) else {}
+
+
+def command_view(command: Command) -> CommandView:
+    return CommandView(
+        command_id=command.command_id, settlement=command.settlement.value,
+        intent_kind=command.intent_kind, binding_generation=command.binding_generation,
+        link_key=command.link_key, link_generation=command.link_generation,
+        remote_id=command.remote_id)
+
+
+def attempt_view(a: EffectAttempt) -> AttemptView:
+    return AttemptView(attempt_id=a.attempt_id, outcome=a.outcome, evidence=a.evidence,
+                       disposition=a.disposition, dispatched_at_us=a.dispatch_started_at_us,
+                       gave_up_at_us=a.gave_up_at_us)
+
+
+def operation_view(op: OperationDefinition) -> OperationView:
+    return OperationView(name=op.name, intent_kinds=op.intent_kinds,
+                         max_in_flight_s=op.contract.max_in_flight_s,
+                         max_clock_skew_s=op.contract.max_clock_skew_s)
+
+
+def binding_view(b: BindingSettings, current_generation: int) -> BindingView:
+    return BindingView(generation=current_generation, has_token=b.token is not None,
+                       client_deadline_s=_client_deadline_s(b), max_in_flight_s=b.max_in_flight,
+                       max_clock_skew_s=b.max_clock_skew)
+
+
+def link_view(link: RemoteLink) -> LinkView:
+    return LinkView(state=link.state.value, generation=link.generation,
+                    remote_id=link.remote_id)
 
 
 @attrs.define(eq=False)
@@ -148,12 +172,21 @@ class EffectRunner:
     # Shared context reads; None reads each one on its own.
     contexts: Batcher[tuple[str, str], EffectContextRow | None] | None = None
 
+    async def _definitions(self, command: Command) -> tuple[
+            Catalog | None, OperationDefinition | None, BindingSettings | None]:
+        """The command's operation and binding from exactly its pinned revision
+        (cached after the first read: a revision never changes)."""
+        pinned = await self.catalogs.pinned(command.catalog_revision, command.catalog_digest)
+        if pinned is None:
+            return None, None, None
+        return pinned, pinned.operation(command.operation), pinned.binding(command.binding_id)
+
     async def _context(self, ctx: WorkContext, command_id: str,
                        link_hint: str = "") -> EffectContext | None:
         """Read once. With the link key admission put in the payload (``link_hint``),
         the command, its attempt count and the link come in one read, shared with
         other handlers' reads (``contexts``); the attempts are read only when there
-        are any. The key computed from the current binding still decides."""
+        are any. The link read is always the one the command pinned."""
         if not link_hint:
             return await self._context_unhinted(ctx, command_id)
         request = (command_id, link_hint)
@@ -165,8 +198,7 @@ class EffectRunner:
             return None
         command, attempt_count, hinted = found
         pinned, op, binding = await self._definitions(command)
-        key = (integration_link_key_v2(_scope_digest(binding), op.local_object, command.local_id)
-               if op is not None and binding is not None else None)
+        key = command.link_key
         if not attempt_count and key == link_hint:
             return EffectContext(command, [], op, binding, hinted, pinned)
 
@@ -177,15 +209,6 @@ class EffectRunner:
         link, attempts = await ctx.store.db.transact(rest, name="effect.context", write=False)
         return EffectContext(command, attempts, op, binding, link, pinned)
 
-    async def _definitions(self, command: Command) -> tuple[
-            Catalog | None, OperationDefinition | None, BindingSettings | None]:
-        """The command's operation and binding from exactly its pinned revision
-        (cached after the first read: a revision never changes)."""
-        pinned = await self.catalogs.pinned(command.catalog_revision, command.catalog_digest)
-        if pinned is None:
-            return None, None, None
-        return pinned, pinned.operation(command.operation), pinned.binding(command.binding_id)
-
     async def _context_unhinted(self, ctx: WorkContext, command_id: str) -> EffectContext | None:
         command = await ctx.store.command_get(command_id)
         if command is None:
@@ -193,66 +216,131 @@ class EffectRunner:
         pinned, op, binding = await self._definitions(command)
 
         async def body(tx: SqlTx) -> tuple[RemoteLink | None, list[EffectAttempt]]:
-            link = None
-            if op is not None and binding is not None:
-                link = await read_link(tx, integration_link_key_v2(
-                    _scope_digest(binding), op.local_object, command.local_id))
+            link = await read_link(tx, command.link_key) if command.link_key else None
             return link, await attempts_of(tx, command_id)
 
         link, attempts = await ctx.store.db.transact(body, name="effect.context", write=False)
         return EffectContext(command, attempts, op, binding, link, pinned)
 
+    def _view(self, ctx: WorkContext, ec: EffectContext | None
+              ) -> ClaimView[PreparedRequest]:
+        if ec is None:
+            return ClaimView(command=None, operation=None, binding=None, link=None)
+        command, op, binding = ec.command, ec.operation, ec.binding
+        request: PreparedRequest | None = None
+        error = ""
+        if op is not None and binding is not None and command.remote_id is not None:
+            try:
+                request = prepare(op, binding, command.remote_id,
+                                  json.loads(command.frozen_request),
+                                  idempotency_key=command.command_id)
+            except BadRequestForOperation as exc:
+                error = str(exc)
+        # The pinned revision defines the binding; only its generation is the current
+        # configuration's (what the generation check compares with the pin).
+        current = self.catalog.binding(command.binding_id)
+        return ClaimView(
+            command=command_view(command),
+            operation=operation_view(op) if op is not None else None,
+            binding=(binding_view(binding, current.generation)
+                     if binding is not None and current is not None else None),
+            catalog_refusal=None if ec.pinned is not None else (
+                "catalog_revision_unavailable",
+                f"the pinned Catalog revision {command.catalog_revision}"
+                f" ({command.catalog_digest or 'no digest'}) is not stored"),
+            link=link_view(ec.link) if ec.link is not None else None,
+            attempts=tuple(attempt_view(a) for a in ec.attempts),
+            request=request, request_error=error, desired=_desired(command),
+            now_us=ctx.clock.now_us(),
+        )
+
     async def handle(self, ctx: WorkContext) -> Outcome:
         payload = json.loads(ctx.item.payload)
         command_id = str(payload["command_id"])
-        ec = await self._context(ctx, command_id, str(payload.get("link_key") or ""))
-        if ec is None:
-            return DeadLetter("missing_command", f"no command {command_id}")
-        if ec.command.settlement is not Settlement.OPEN:
-            return Skipped(f"command already {ec.command.settlement.value}")
-        if any(a.unresolved for a in ec.attempts):
-            outcome = await self._reconcile(ctx, ec)
-            if outcome is not None:
-                return outcome
-            ec = await self._context(ctx, command_id, str(payload.get("link_key") or "")) or ec
-        if any(a.outcome == OutcomeClass.ACCEPTED or a.disposition in APPLIED_DISPOSITIONS
-               for a in ec.attempts):
-            return self._settle_success(ctx, ec)
-        return await self._dispatch(ctx, ec)
+        hint = str(payload.get("link_key") or "")
+        ec = await self._context(ctx, command_id, hint)
+        view = self._view(ctx, ec)
+        for _ in range(_MAX_ROUNDS):
+            step = decide(view)
+            match step:
+                case Reconcile():
+                    assert ec is not None
+                    readback = await self._read(ec, step)
+                    view = attrs.evolve(view, readback=readback, now_us=ctx.clock.now_us())
+                case RecordAbsent(attempt_ids=ids):
+                    # Committed now: the dispatch that follows needs it in place.
+                    await ctx.store.effect_dispose(
+                        ctx.fence, list(ids), Disposition.PROVEN_ABSENT,
+                        "unmodified since before dispatch, window passed",
+                        ctx.clock.now_us())
+                    ec = await self._context(ctx, command_id, hint)
+                    view = self._view(ctx, ec)
+                case Dispatch(request=request):
+                    assert ec is not None
+                    return await self._dispatch(ctx, ec, view, request)
+                case _:
+                    assert ec is not None or isinstance(step, Blocked)
+                    return self._perform(ctx, ec, step)
+        return RetryLater("effect_step_rounds", "no terminal step within one claim")
+
+    # ----------------------------------------------------------- perform
+
+    def _perform(self, ctx: WorkContext, ec: EffectContext | None,
+                 step: Step[PreparedRequest]) -> Outcome:
+        match step:
+            case Nothing(reason=reason):
+                return Skipped(reason)
+            case Blocked(code=code, sentence=sentence):
+                return DeadLetter(code, sentence)
+            case Wait(code=code, sentence=sentence, delay_s=delay):
+                return RetryLater(code, sentence, delay)
+            case SettleSuccess(remote_id=remote_id, proven_applied=ids):
+                assert ec is not None
+                if ids:
+                    now = ctx.clock.now_us()
+
+                    async def proven(tx: SqlTx) -> None:
+                        await dispose(tx, list(ids), Disposition.PROVEN_APPLIED,
+                                      "read-back shows the desired values", "reconciler", now)
+
+                    ctx.on_finalize(proven)
+                self._settle_on_finalize(ctx, ec.command, Settlement.SUCCEEDED,
+                                         RESULT_FORMAT_SUCCESS, remote_id, "", "")
+                return Succeeded("applied; success result sent")
+            case SettleNoEffect(code=code, sentence=sentence, reason=reason):
+                assert ec is not None
+                result = NoEffectResult(reason)
+                self._settle_on_finalize(ctx, ec.command, Settlement.NO_EFFECT,
+                                         RESULT_FORMAT_NO_EFFECT, "",
+                                         result.canonical.decode(), result.digest)
+                return Succeeded(f"{sentence}; no-effect result ({reason.value}) sent",
+                                 terminal_outcome="no_effect", failure_class=code)
+        raise AssertionError(f"step {step!r} is not performed here")
+
+    async def _read(self, ec: EffectContext, step: Reconcile) -> Readback:
+        op, binding, remote_id = ec.operation, ec.binding, ec.command.remote_id
+        assert op is not None and binding is not None and binding.token is not None
+        assert remote_id is not None
+        try:
+            snapshot = await self.executor.read(op, binding, remote_id, list(step.fields),
+                                                binding.token.reveal(), binding.timeout)
+        except (httpx.HTTPError, LookupError, ValueError) as exc:
+            return Readback(None, type(exc).__name__)
+        return Readback(snapshot)
 
     # ----------------------------------------------------------- dispatch
 
-    async def _dispatch(self, ctx: WorkContext, ec: EffectContext) -> Outcome:
-        command, op, binding = ec.command, ec.operation, ec.binding
-        if ec.pinned is None:
-            return self._refuse(ctx, ec, _history(ec.attempts), "catalog_revision_unavailable",
-                                f"the pinned Catalog revision {command.catalog_revision}"
-                                f" ({command.catalog_digest or 'no digest'}) is not stored")
-        if op is None:
-            return self._refuse(ctx, ec, _history(ec.attempts), "unknown_operation",
-                                f"operation {command.operation} is not in catalog revision"
-                                f" {command.catalog_revision}")
-        current = self.catalog.binding(command.binding_id)
-        if (binding is None or current is None
-                or current.generation != command.binding_generation):
-            return self._refuse(ctx, ec, _history(ec.attempts), "binding_generation",
-                                "the pinned binding generation is no longer current")
-        remote_id = ec.remote_id
-        if remote_id is None or ec.link is None:
-            return self._refuse(ctx, ec, _history(ec.attempts), "no_remote_link",
-                                f"no active remote link for {op.local_object}")
-        if binding.token is None:
-            return RetryLater("no_credentials", "the binding has no token configured", 60.0)
-        try:
-            prepared = prepare(op, binding, remote_id, json.loads(command.frozen_request),
-                               idempotency_key=command.command_id)
-        except BadRequestForOperation as exc:
-            return self._refuse(ctx, ec, _history(ec.attempts), "bad_request", str(exc))
+    async def _dispatch(self, ctx: WorkContext, ec: EffectContext,
+                        view: ClaimView[PreparedRequest], prepared: PreparedRequest) -> Outcome:
+        command, op, binding, link = ec.command, ec.operation, ec.binding, ec.link
+        assert op is not None and binding is not None and binding.token is not None
+        assert link is not None
         evidence = canonical_bytes({
             "binding_generation": binding.generation,
             "catalog_revision": command.catalog_revision,
-            "link_generation": ec.link.generation,
-            "link_key": ec.link.link_key,
+            "link_generation": link.generation,
+            "link_key": link.link_key,
+            "remote_id": command.remote_id,
         }).decode()
         draft = AttemptDraft(
             command_id=command.command_id, method=prepared.method,
@@ -260,74 +348,43 @@ class EffectRunner:
             safe_headers=canonical_bytes(prepared.safe_headers).decode(),
             body_sha256=prepared.body_sha256, idempotency_key=prepared.idempotency_key,
             pre_dispatch_evidence=evidence,
+            give_up_after_us=int(_client_deadline_s(binding) * 1_000_000),
         )
         if self.checkpoints is not None:
             attempt_id = await self.checkpoints.checkpoint(ctx.fence, draft)
         else:
             attempt_id = await ctx.store.effect_checkpoint(ctx.fence, draft, ctx.clock.now_us())
         # The checkpoint is committed: only now may bytes leave.
-        seen, provider_evidence = await self.executor.dispatch(
-            prepared, binding.token.reveal(), binding.timeout)
+        # One deadline for the whole exchange (a free connection, then the request):
+        # the give-up bound the checkpoint recorded is then true.
+        with trio.move_on_after(_client_deadline_s(binding)) as deadline:
+            seen, provider_evidence = await self.executor.dispatch(
+                prepared, binding.token.reveal(), binding.timeout)
+        if deadline.cancelled_caught:
+            seen, provider_evidence = DispatchObservation(Phase.SENT,
+                                                          detail="ClientDeadline"), {}
         verdict = classify(op.contract, seen)
         self.on_attempt(op.name, verdict.outcome.value)
         logs.event("effect_attempt", command_id=command.command_id, attempt_id=attempt_id,
                    work_id=ctx.item.work_id, epoch=ctx.fence.ownership_epoch,
                    outcome=verdict.outcome.value, status=seen.status, detail=seen.detail)
         self._record(ctx, attempt_id, verdict, seen, provider_evidence)
-        return self._next(ctx, ec, attempt_id, verdict, seen)
+        return self._perform(ctx, ec, after_attempt(view, verdict, seen.detail or str(seen.status)))
 
     def _record(self, ctx: WorkContext, attempt_id: str, verdict: Classification,
                 seen: DispatchObservation, provider_evidence: dict[str, Any]) -> None:
+        # The exchange is over (answered, or the client gave up on it) now.
         now = ctx.clock.now_us()
 
         async def write(tx: SqlTx) -> None:
             await record_outcome(tx, attempt_id, outcome=verdict.outcome.value,
+                                 evidence=verdict.evidence.value,
                                  response_status=seen.status,
                                  provider_evidence=provider_evidence,
-                                 failure_class=verdict.failure_class, now_us=now)
+                                 failure_class=verdict.failure_class, gave_up_at_us=now,
+                                 now_us=now)
 
         ctx.on_finalize(write)
-
-    def _next(self, ctx: WorkContext, ec: EffectContext, attempt_id: str,
-              verdict: Classification, seen: DispatchObservation) -> Outcome:
-        what = seen.detail or str(seen.status)
-        match verdict.outcome:
-            case OutcomeClass.ACCEPTED:
-                return self._settle_success(ctx, ec)
-            case OutcomeClass.REJECTED:
-                history = [*_history(ec.attempts), (verdict.outcome.value, None)]
-                return self._refuse(ctx, ec, history, verdict.failure_class,
-                                    f"provider rejected the request ({seen.status})")
-            case OutcomeClass.RETRYABLE_PRE_DISPATCH | OutcomeClass.REPLAY_SAFE_RETRY:
-                return RetryLater(verdict.failure_class, f"not applied ({what})",
-                                  verdict.retry_after_s)
-            case _:
-                assert ec.operation is not None and ec.binding is not None
-                window = ec.binding.max_in_flight or ec.operation.contract.max_in_flight_s
-                return RetryLater("outcome_unknown",
-                                  f"dispatch outcome unknown ({what}); reconciling", window)
-
-    def _refuse(self, ctx: WorkContext, ec: EffectContext,
-                history: list[tuple[str | None, str | None]], failure_class: str,
-                summary: str) -> Outcome:
-        """Settle with NO_EFFECT when the history proves it; otherwise wait for an operator."""
-        reason = no_effect_reason(history)
-        if reason is None:
-            return DeadLetter(failure_class, f"{summary}; earlier attempts are not proven"
-                              " effect-free: operator repair needed")
-        result = NoEffectResult(reason)
-        self._settle_on_finalize(ctx, ec.command, Settlement.NO_EFFECT, RESULT_FORMAT_NO_EFFECT,
-                                 "", result.canonical.decode(), result.digest)
-        return DeadLetter(failure_class, f"{summary}; no-effect result ({reason.value}) sent")
-
-    def _settle_success(self, ctx: WorkContext, ec: EffectContext) -> Outcome:
-        remote_id = ec.remote_id
-        if not remote_id:
-            return DeadLetter("no_remote_link", "applied, but the remote link is gone:"
-                              " operator repair needed")
-        self._settle_on_finalize(ctx, ec.command, Settlement.SUCCEEDED, RESULT_FORMAT_SUCCESS,
-                                 remote_id, "", "")
-        return Succeeded("applied; success result sent")
 
     def _settle_on_finalize(self, ctx: WorkContext, command: Command, settlement: Settlement,
                             result_format: int, remote_id: str, canonical: str,
@@ -344,55 +401,6 @@ class EffectRunner:
         ctx.on_finalize(write)
         if command.handoff_key is not None:
             ctx.wake_after_finalize(RECEIPT_FAMILY)  # the receipt goes out at once
-
-    # --------------------------------------------------------- reconcile
-
-    async def _reconcile(self, ctx: WorkContext, ec: EffectContext) -> Outcome | None:
-        """Resolve unresolved attempts; ``None`` means proceed (they were proven absent)."""
-        op, binding, remote_id = ec.operation, ec.binding, ec.remote_id
-        if op is None or binding is None:
-            return RetryLater("reconcile_unavailable", "the pinned Catalog revision has no such"
-                              " operation or binding; cannot read back", 60.0)
-        if remote_id is None or binding.token is None:
-            return DeadLetter("outcome_unknown", "cannot read back (no link or credentials):"
-                              " operator disposition needed")
-        unresolved = [a for a in ec.attempts if a.unresolved]
-        desired = json.loads(ec.command.frozen_request).get("properties", {})
-        try:
-            snapshot: RemoteSnapshot = await self.executor.read(
-                op, binding, remote_id, sorted(desired), binding.token.reveal(),
-                binding.timeout)
-        except (httpx.HTTPError, LookupError, ValueError) as exc:
-            return RetryLater("reconcile_read_failed", type(exc).__name__)
-        window_s = binding.max_in_flight or op.contract.max_in_flight_s
-        verdict = reconcile(
-            desired, snapshot,
-            earliest_dispatch_us=min(a.dispatch_started_at_us for a in unresolved),
-            latest_dispatch_us=max(a.dispatch_started_at_us for a in unresolved),
-            now_us=ctx.clock.now_us(), clock_skew_us=int(binding.max_clock_skew * 1_000_000),
-            max_in_flight_us=int(window_s * 1_000_000),
-        )
-        ids = [a.attempt_id for a in unresolved]
-        if verdict.verdict is Reconciled.APPLIED:
-            now = ctx.clock.now_us()
-
-            async def proven(tx: SqlTx) -> None:
-                await dispose(tx, ids, Disposition.PROVEN_APPLIED,
-                              "read-back shows the desired values", "reconciler", now)
-
-            ctx.on_finalize(proven)
-            return self._settle_success(ctx, ec)
-        if verdict.verdict is Reconciled.ABSENT:
-            # Committed now: the dispatch that follows needs it in place.
-            await ctx.store.effect_dispose(ctx.fence, ids, Disposition.PROVEN_ABSENT,
-                                           "unmodified since before dispatch, window passed",
-                                           ctx.clock.now_us())
-            return None
-        if verdict.retry_after_s is not None:
-            return RetryLater("outcome_unknown", "waiting out the provider's in-flight window",
-                              verdict.retry_after_s + 0.5)
-        return RetryLater("outcome_unknown", "read-back proves neither effect nor absence:"
-                          " operator disposition needed")
 
 
 async def replay_refusal(catalogs: CatalogView, store: WorkStore,

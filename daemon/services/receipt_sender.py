@@ -6,7 +6,9 @@ payload (so sending needs no read); this handler sends exactly that request
 until the Runtime confirms it, with the kernel's backoff between tries. The
 Runtime treats an identical commit as a duplicate, so a resend after a lost
 response (or a replayed receipt item) is safe (replay-safe by the Runtime's
-contract). Nothing here ever changes the result: an old Runtime that
+contract). Delivery is fenced: the live claim is proven in the database just
+before the request leaves, so a stale claimant delivers nothing. Nothing here
+ever changes the result: an old Runtime that
 rejects result format 2 gets the same receipt again later, never a fallback;
 a conflicting-result answer fails closed (dead, for an operator).
 """
@@ -21,8 +23,10 @@ import httpx
 from config.settings import RuntimeClient, Settings
 from daemon.core.handoff import commit_result_request
 from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
+from daemon.core.work import Fence
 from daemon.providers.executor import BoundedHttp
 from daemon.services import logs
+from daemon.services.batcher import Batcher
 from daemon.services.families import Handler, WorkContext
 from storage.commands import read_command
 from storage.effect_values import Command, ReceiptState, ResultReceipt
@@ -43,6 +47,8 @@ class ReceiptSender:
     settings: Settings
     client: BoundedHttp
     timeout_s: float = 10.0
+    # Group commit for the fence proofs; None proves each one on its own.
+    fences: Batcher[Fence, None] | None = None
 
     def _runtime(self, name: str) -> RuntimeClient | None:
         for rc in self.settings.runtimes:
@@ -71,6 +77,13 @@ class ReceiptSender:
         if runtime is None or not runtime.results_url or runtime.results_token is None:
             return RetryLater("runtime_not_configured",
                               f"no results_url/token for runtime {runtime_name}")
+        # A fenced step like any other: a claimant whose lease was reclaimed (or
+        # whose trust horizon passed while it was paused) delivers nothing; this
+        # raises LostLease and the row belongs to whoever holds it now.
+        if self.fences is not None:
+            await self.fences.submit(ctx.fence)
+        else:
+            await ctx.check_fence()
         try:
             response = await self.client.request(
                 "POST", runtime.results_url,

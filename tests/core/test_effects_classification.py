@@ -7,6 +7,7 @@ import pytest
 from daemon.core.effects import (
     Classification,
     DispatchObservation,
+    Evidence,
     OperationContract,
     OutcomeClass,
     Phase,
@@ -21,35 +22,37 @@ PATCH = OperationContract(not_applied_statuses=frozenset({429}), replay_safe=Fal
                           default_retry_after_s=5.0)
 SAFE = OperationContract(not_applied_statuses=frozenset({429, 503}), replay_safe=True)
 OC = OutcomeClass
+NS, NA, MA, AP = (Evidence.NOT_SENT, Evidence.NOT_APPLIED, Evidence.MAYBE_APPLIED,
+                  Evidence.APPLIED)
 
 
 @pytest.mark.parametrize(
     ("contract", "seen", "expected"),
     [
         (PATCH, DispatchObservation(Phase.NOT_CONNECTED), Classification(
-            OC.RETRYABLE_PRE_DISPATCH, None, "connect")),
+            OC.RETRYABLE_PRE_DISPATCH, NS, None, "connect")),
         (PATCH, DispatchObservation(Phase.SENT), Classification(
-            OC.OUTCOME_UNKNOWN, None, "transport")),
+            OC.OUTCOME_UNKNOWN, MA, None, "transport")),
         (SAFE, DispatchObservation(Phase.SENT), Classification(
-            OC.REPLAY_SAFE_RETRY, None, "transport")),
-        (PATCH, DispatchObservation(Phase.RESPONDED, 200), Classification(OC.ACCEPTED)),
-        (PATCH, DispatchObservation(Phase.RESPONDED, 204), Classification(OC.ACCEPTED)),
+            OC.REPLAY_SAFE_RETRY, MA, None, "transport")),
+        (PATCH, DispatchObservation(Phase.RESPONDED, 200), Classification(OC.ACCEPTED, AP)),
+        (PATCH, DispatchObservation(Phase.RESPONDED, 204), Classification(OC.ACCEPTED, AP)),
         (PATCH, DispatchObservation(Phase.RESPONDED, 429, 7.0), Classification(
-            OC.REPLAY_SAFE_RETRY, 7.0, "http_429")),
+            OC.REPLAY_SAFE_RETRY, NA, 7.0, "http_429")),
         (PATCH, DispatchObservation(Phase.RESPONDED, 429), Classification(
-            OC.REPLAY_SAFE_RETRY, 5.0, "http_429")),
+            OC.REPLAY_SAFE_RETRY, NA, 5.0, "http_429")),
         (PATCH, DispatchObservation(Phase.RESPONDED, 400), Classification(
-            OC.REJECTED, None, "http_400")),
+            OC.REJECTED, NA, None, "http_400")),
         (PATCH, DispatchObservation(Phase.RESPONDED, 404), Classification(
-            OC.REJECTED, None, "http_404")),
+            OC.REJECTED, NA, None, "http_404")),
         (PATCH, DispatchObservation(Phase.RESPONDED, 500), Classification(
-            OC.OUTCOME_UNKNOWN, None, "http_500")),
+            OC.OUTCOME_UNKNOWN, MA, None, "http_500")),
         (PATCH, DispatchObservation(Phase.RESPONDED, 503), Classification(
-            OC.OUTCOME_UNKNOWN, None, "http_503")),
+            OC.OUTCOME_UNKNOWN, MA, None, "http_503")),
         (SAFE, DispatchObservation(Phase.RESPONDED, 503), Classification(
-            OC.REPLAY_SAFE_RETRY, 5.0, "http_503")),
+            OC.REPLAY_SAFE_RETRY, NA, 5.0, "http_503")),
         (SAFE, DispatchObservation(Phase.RESPONDED, 502), Classification(
-            OC.REPLAY_SAFE_RETRY, None, "http_502")),
+            OC.REPLAY_SAFE_RETRY, MA, None, "http_502")),
     ],
 )
 def test_classify(contract: OperationContract, seen: DispatchObservation,

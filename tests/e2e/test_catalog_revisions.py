@@ -129,11 +129,13 @@ async def test_a_command_whose_pinned_content_is_not_stored_is_refused_before_di
         assert result.work_id is not None and result.command_id is not None
         sl.replica.wake("external_effect")  # type: ignore[union-attr]
 
-        async def dead() -> bool:
+        async def settled() -> bool:
             item = await store.work_get(str(result.work_id))
-            return item is not None and item.state.value == "dead"
+            return item is not None and item.state.value == "succeeded"
 
-        await wait_for(dead, within_s=30)
+        # Nothing ever reached the provider: a proven no-effect settlement, which
+        # completes the item with the refusal recorded (the DLQ is for operators).
+        await wait_for(settled, within_s=30)
         item = await store.work_get(result.work_id)
         assert item is not None and item.failure_class == "catalog_revision_unavailable"
         assert item.operator_summary is not None

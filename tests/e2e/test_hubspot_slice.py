@@ -14,6 +14,7 @@ import attrs
 import trio
 
 from daemon.core.handoff import NoEffectReason, NoEffectResult
+from daemon.core.states import WorkState
 from sandbox.hubspot_sim import Fault
 from storage.effect_values import ReceiptState, Settlement
 from storage.port import WorkQuery
@@ -131,7 +132,7 @@ async def test_rate_limit_waits_for_retry_after(database: FreshDatabase,
         assert [a.outcome for a in attempts] == ["REPLAY_SAFE_RETRY", "ACCEPTED"]
 
 
-async def test_provider_rejection_settles_with_a_no_effect_receipt(
+async def test_provider_rejection_settles_no_effect_and_completes_outside_the_dlq(
     database: FreshDatabase, store: WorkStore
 ) -> None:
     async with running_slice(store, database.url) as sl:
@@ -148,8 +149,13 @@ async def test_provider_rejection_settles_with_a_no_effect_receipt(
         transfer = await sl.http.post(f"{sl.runtime_url}/leads/lead-1/transfer",
                                       json={"to_lead_id": "lead-2"})
         assert transfer.status_code in (404, 409)
+        # Settled with a delivered result: nothing is left for an operator, so the
+        # item completes with its outcome recorded (it used to be left dead in the DLQ).
         (item,) = await store.work_list(WorkQuery(family="external_effect"))
-        assert (item.state.value, item.failure_class) == ("dead", "http_404")
+        assert (item.state.value, item.terminal_outcome, item.failure_class) == (
+            "succeeded", "no_effect", "http_404")
+        dead = WorkQuery(family="external_effect", state=WorkState.DEAD)
+        assert await store.work_list(dead) == []
 
 
 async def test_missing_link_is_rejected_before_dispatch(database: FreshDatabase,
@@ -210,6 +216,8 @@ async def test_runtime_down_while_a_receipt_is_pending(database: FreshDatabase,
         await wait_for(failed_delivery, within_s=30)
         object.__setattr__(settings, "runtimes", (down,))  # the Runtime is back
         await sl.wait_intent("lead-1", intent_id, "COMMITTED", within_s=60)
+        # The Runtime commits first; the confirmation is recorded just after.
+        await wait_for(lambda: _receipt_confirmed(store, command_id), within_s=30)
         receipt = await store.receipt_get(command_id)
         assert receipt is not None and receipt.state is ReceiptState.CONFIRMED
         assert RESULTS_TOKEN not in (receipt.last_error or "")

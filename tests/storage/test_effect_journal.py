@@ -22,11 +22,13 @@ def attempt(command_id: str) -> AttemptDraft:
 
 async def record(store: WorkStore, fence: Fence, attempt_id: str, now: int, *, outcome: str,
                  status: int | None, failure_class: str = "",
-                 evidence: dict[str, str] | None = None) -> None:
+                 evidence: dict[str, str] | None = None,
+                 effect_evidence: str = "maybe_applied") -> None:
     """The attempt's outcome, written under the fence (as the finalize side write does)."""
     await store.work_fenced(fence, now, lambda tx: record_outcome(
-        tx, attempt_id, outcome=outcome, response_status=status,
-        provider_evidence=evidence or {}, failure_class=failure_class, now_us=now),
+        tx, attempt_id, outcome=outcome, evidence=effect_evidence, response_status=status,
+        provider_evidence=evidence or {}, failure_class=failure_class, gave_up_at_us=now,
+        now_us=now),
         name="test.record")
 
 

@@ -44,6 +44,7 @@ from sandbox.runtime import ReferenceRuntime
 from sandbox.runtime.server import serve as serve_runtime
 from storage.work_store import WorkStore
 from tests.support.harness import wait_for
+from tests.support.l1 import sandbox_definitions_dir
 
 SCOPE = TrustedRuntimeWorkScope("org-acme", "install-1", "cap.leads", "sha256:binding-1")
 RUNTIME_TOKEN = "runtime-token-5f2a"
@@ -54,7 +55,8 @@ REVISION = 7
 
 def slice_settings(*, api_port: int, runtime_url: str, hubspot_url: str, url: str,
                    lease_ttl: float = 6.0, max_attempts: int = 8,
-                   operators: tuple[Operator, ...] = ()) -> Settings:
+                   operators: tuple[Operator, ...] = (),
+                   binding_generation: int = 1, definitions_dir: str = "") -> Settings:
     return Settings(
         admin=AdminSettings(listen="127.0.0.1:0",
                             session_secret=Secret("slice-test-session-secret-0123456789")),
@@ -78,10 +80,13 @@ def slice_settings(*, api_port: int, runtime_url: str, hubspot_url: str, url: st
         bindings=(BindingSettings(
             binding_id="hubspot-main", provider="hubspot", org_id=SCOPE.org_id,
             app_installation_id=SCOPE.app_installation_id, remote_account_id="portal-1",
-            base_url=hubspot_url, timeout=5.0, max_in_flight=1.0, max_clock_skew=0.1,
+            base_url=hubspot_url, timeout=5.0, generation=binding_generation,
             token=Secret(HUBSPOT_TOKEN),
         ),),
-        catalog=CatalogSettings(revision=REVISION),
+        # The simulator answers at once: its L1 declares a 1 s window (L2 may
+        # only lengthen L1's).
+        catalog=CatalogSettings(revision=REVISION,
+                                definitions_dir=definitions_dir or sandbox_definitions_dir()),
     )
 
 
@@ -176,7 +181,9 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                         max_attempts: int = 8,
                         operators: tuple[Operator, ...] = (),
                         served_documents: list[Any] | None = None,
-                        hubspot_port: int | None = None) -> AsyncIterator[Slice]:
+                        hubspot_port: int | None = None,
+                        binding_generation: int = 1,
+                        definitions_dir: str = "") -> AsyncIterator[Slice]:
     """The slice, its Catalog revision REVISION published. With ``served_documents``
     (L1 definition documents), the replica serves them as current revision
     REVISION + 1 (published too), while the Runtime still builds commands
@@ -205,14 +212,16 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                                   runtime_url=f"http://127.0.0.1:{runtime_port}",
                                   hubspot_url=f"http://127.0.0.1:{sim_port}", url=url,
                                   lease_ttl=lease_ttl, max_attempts=max_attempts,
-                                  operators=operators)
+                                  operators=operators, binding_generation=binding_generation,
+                                  definitions_dir=definitions_dir)
         clock = WallClock()
         metrics = Metrics()
         await publish_current(store, load_catalog(settings), actor="test", role="admin",
                               reason="slice setup", now_us=clock.now_us())
         served = None
         if served_documents is not None:
-            settings = attrs.evolve(settings, catalog=CatalogSettings(revision=REVISION + 1))
+            settings = attrs.evolve(settings, catalog=attrs.evolve(settings.catalog,
+                                                                   revision=REVISION + 1))
             served = build_catalog(REVISION + 1, served_documents, settings.bindings)
             await publish_current(store, served, actor="test", role="admin",
                                   reason="slice: a newer revision", now_us=clock.now_us())

@@ -1,0 +1,93 @@
+"""Queued work cannot be retargeted (seed 8.1, 13; issue 8, item 3).
+
+A command pins, at admission, the binding generation and the RemoteLink it
+targets (generation and remote id). A link rebind or a binding generation bump
+between acceptance and dispatch must not redirect it: the simulator receives
+nothing for that command, and the operator sees why on the work item's page.
+"""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from daemon.core.states import WorkState
+from daemon.services.clock import WallClock
+from storage.effect_values import Settlement
+from storage.port import WorkQuery
+from storage.work_store import WorkStore
+from tests.support.backends import FreshDatabase
+from tests.support.harness import wait_for
+from tests.support.slice import LINK_SCOPE, Slice, running_slice
+from tests.ui.support import _OPERATORS, PASSWORDS
+
+pytestmark = pytest.mark.slow
+
+
+async def _signed_in(sl: Slice, name: str) -> httpx.AsyncClient:
+    client = httpx.AsyncClient(base_url=sl.base_url, timeout=10)
+    form = await client.get("/admin/sign-in")
+    found = re.search(r'name="csrf_token" value="([^"]+)"', form.text)
+    assert found is not None
+    r = await client.post("/admin/sign-in", data={
+        "name": name, "password": PASSWORDS[name], "csrf_token": found.group(1),
+        "next": "/admin/"})
+    assert r.status_code == 302, r.text
+    return client
+
+
+@pytest.mark.parametrize(("rebind", "bump", "code", "sentence"), [
+    (True, False, "link_generation",
+     "the pinned remote link generation 1 is no longer current (2)"),
+    (False, True, "binding_generation",
+     "the pinned binding generation 1 is no longer current (2)"),
+    (True, True, "binding_generation",
+     "the pinned binding generation 1 is no longer current (2)"),
+])
+async def test_rebind_between_accept_and_dispatch_sends_nothing(
+    database: FreshDatabase, store: WorkStore, rebind: bool, bump: bool, code: str,
+    sentence: str,
+) -> None:
+    async with running_slice(store, database.url, with_replica=False) as sl:
+        await sl.lead("lead-1", "101")
+        intent_id = await sl.set_title("lead-1", "CTO")
+        await sl.wait_intent("lead-1", intent_id, "ACCEPTED")
+        if rebind:
+            link = await store.link_get(LINK_SCOPE, "lead", "lead-1")
+            assert link is not None
+            await store.link_rebind(link.link_key, "contact", "202",
+                                    expected_generation=link.generation, actor="ada",
+                                    role="admin", reason="the lead moved to another contact",
+                                    now_us=WallClock().now_us())
+    # The next replica serves the new binding generation (a reconnect) or the same one.
+    async with running_slice(store, database.url, binding_generation=2 if bump else 1,
+                             operators=_OPERATORS) as sl2:
+        sl2.sim.add_contact("101", jobtitle="Engineer")
+        sl2.sim.add_contact("202", jobtitle="Engineer")
+        (item,) = await store.work_list(WorkQuery(family="external_effect"))
+
+        async def finished() -> bool:
+            got = await store.work_get(item.work_id)
+            return got is not None and got.state.value not in ("pending", "retry", "processing")
+
+        await wait_for(finished, within_s=30)
+        assert sl2.sim.requests == []  # neither the old nor the new identity was called
+        got = await store.work_get(item.work_id)
+        assert got is not None
+        # Refused before dispatch, proven effect-free: settled, nothing left in the DLQ.
+        assert (got.state, got.terminal_outcome, got.failure_class) == (
+            WorkState.SUCCEEDED, "no_effect", code)
+        assert sentence in (got.operator_summary or "")
+        command = await store.command_get(item.subject_id)
+        assert command is not None and command.settlement is Settlement.NO_EFFECT
+        assert await store.effect_attempts(item.subject_id) == []
+        # The operator sees why on the work item's page.
+        client = await _signed_in(sl2, "viv")
+        try:
+            page = await client.get(f"/admin/work/{item.work_id}")
+        finally:
+            await client.aclose()
+        assert page.status_code == 200
+        assert code in page.text and sentence in page.text
