@@ -1,7 +1,9 @@
 """The Catalog as integrationd serves it: L1 provider definitions + L2 bindings.
 
-L1 definitions are data files (``config/providers/*.toml``); L2 bindings come
-from the settings (``[[bindings]]``). :func:`load_catalog` validates both and
+L1 definitions are data files (``config/providers/*.toml``, or the folder named
+by ``[catalog] providers_dir``), each parsed by the pure
+:func:`config.definitions.parse_provider`; L2 bindings come from the settings
+(``[[bindings]]``). :func:`load_catalog` validates both and
 computes the ``BindingView`` digest: canonical JSON of every definition and
 every binding's non-secret fields, so a command pinned to a revision can be
 checked against exactly what is being served.
@@ -11,43 +13,17 @@ from __future__ import annotations
 
 import tomllib
 from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
 from typing import Any
 
 import attrs
 
+from config.definitions import CatalogError, OperationDefinition, parse_provider
 from config.settings import BindingSettings, Settings
 from daemon.core.canonical import canonical_digest
-from daemon.core.effects import OperationContract
 
-_METHODS = ("GET", "POST", "PATCH", "PUT", "DELETE")
-
-
-class CatalogError(Exception):
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
-        self.key = key
-
-
-@attrs.frozen(kw_only=True)
-class ReadDefinition:
-    method: str
-    path: str
-    updated_at_field: str = ""
-
-
-@attrs.frozen(kw_only=True)
-class OperationDefinition:
-    name: str
-    provider: str
-    intent_kinds: frozenset[str]
-    local_object: str
-    remote_object: str
-    method: str
-    path: str
-    allowed_properties: frozenset[str]
-    contract: OperationContract
-    read: ReadDefinition | None = None
-
+__all__ = ["Catalog", "CatalogError", "OperationDefinition", "load_catalog", "load_definitions"]
 
 @attrs.frozen(kw_only=True)
 class Catalog:
@@ -74,71 +50,38 @@ class Catalog:
         return None
 
 
-def _req(key: str, table: dict[str, Any], name: str, kind: type[Any]) -> Any:
-    value = table.get(name)
-    if not isinstance(value, kind):
-        raise CatalogError(f"{key}.{name}", f"expected {kind.__name__}")
-    return value
-
-
-def _operation(provider: str, name: str, table: dict[str, Any]) -> OperationDefinition:
-    key = f"providers.{provider}.operations.{name}"
-    method = _req(key, table, "method", str)
-    if method not in _METHODS:
-        raise CatalogError(f"{key}.method", f"expected one of {_METHODS}")
-    path = _req(key, table, "path", str)
-    if not path.startswith("/") or "{remote_id}" not in path:
-        raise CatalogError(f"{key}.path", "expected a path starting with / naming {remote_id}")
-    read = None
-    if "read" in table:
-        rt = table["read"]
-        read = ReadDefinition(method=_req(f"{key}.read", rt, "method", str),
-                              path=_req(f"{key}.read", rt, "path", str),
-                              updated_at_field=str(rt.get("updated_at_field", "")))
-    statuses = table.get("not_applied_statuses", [429])
-    if not isinstance(statuses, list) or not all(isinstance(s, int) for s in statuses):
-        raise CatalogError(f"{key}.not_applied_statuses", "expected a list of status codes")
-    return OperationDefinition(
-        name=name,
-        provider=provider,
-        intent_kinds=frozenset(_req(key, table, "intent_kinds", list)),
-        local_object=_req(key, table, "local_object", str),
-        remote_object=_req(key, table, "remote_object", str),
-        method=method,
-        path=path,
-        allowed_properties=frozenset(_req(key, table, "allowed_properties", list)),
-        contract=OperationContract(
-            not_applied_statuses=frozenset(statuses),
-            replay_safe=bool(table.get("replay_safe", False)),
-            default_retry_after_s=float(table.get("default_retry_after", 5.0)),
-            max_in_flight_s=float(table.get("max_in_flight", 30.0)),
-        ),
-        read=read,
-    )
-
-
-def load_definitions() -> tuple[dict[str, OperationDefinition], list[Any]]:
-    """Every shipped L1 definition (and the raw documents, for the digest)."""
+def load_definitions(folder: Traversable | Path | None = None
+                     ) -> tuple[dict[str, OperationDefinition], list[Any]]:
+    """Every L1 definition in ``folder`` (default: the shipped ones), and the raw
+    documents, for the digest."""
     operations: dict[str, OperationDefinition] = {}
     documents: list[Any] = []
-    folder = resources.files("config").joinpath("providers")
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+    if folder is None:
+        folder = resources.files("config").joinpath("providers")
+    try:
+        entries = sorted(folder.iterdir(), key=lambda e: e.name)
+    except OSError as exc:
+        raise CatalogError("catalog.providers_dir", f"cannot read {folder}: {exc.strerror}"
+                           ) from None
+    for entry in entries:
         if not entry.name.endswith(".toml"):
             continue
-        doc = tomllib.loads(entry.read_text())
-        provider = doc.get("provider")
-        if not isinstance(provider, str) or f"{provider}.toml" != entry.name:
-            raise CatalogError(f"providers/{entry.name}", "provider must match the file name")
+        try:
+            doc = tomllib.loads(entry.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise CatalogError(f"providers/{entry.name}", f"not valid TOML: {exc}") from None
         documents.append(doc)
-        for name, table in doc.get("operations", {}).items():
+        for name, operation in parse_provider(doc, entry.name).items():
             if name in operations:
-                raise CatalogError(f"providers.{provider}.operations.{name}", "duplicate")
-            operations[name] = _operation(provider, name, table)
+                raise CatalogError(f"providers.{operation.provider}.operations.{name}",
+                                   "duplicate operation name")
+            operations[name] = operation
     return operations, documents
 
 
 def load_catalog(settings: Settings) -> Catalog:
-    operations, documents = load_definitions()
+    folder = Path(settings.catalog.providers_dir) if settings.catalog.providers_dir else None
+    operations, documents = load_definitions(folder)
     providers = {op.provider for op in operations.values()}
     for i, b in enumerate(settings.bindings):
         if b.provider not in providers:

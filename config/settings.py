@@ -155,6 +155,9 @@ class BindingSettings:
 class CatalogSettings:
     # The Catalog revision this deployment serves; commands must name the same one.
     revision: int = 1
+    # A folder of L1 provider definitions (*.toml) served instead of the shipped
+    # config/providers/; empty: the shipped ones.
+    providers_dir: str = ""
 
 
 @attrs.frozen(kw_only=True)

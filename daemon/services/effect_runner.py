@@ -57,7 +57,12 @@ from daemon.core.handoff import (
 from daemon.core.identity import integration_link_key_v2, integration_scope_digest
 from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Skipped, Succeeded
 from daemon.core.work import WorkItem
-from daemon.providers.executor import BadRequestForOperation, HttpExecutor, prepare
+from daemon.providers.executor import (
+    BadRequestForOperation,
+    HttpExecutor,
+    desired_fields,
+    prepare,
+)
 from daemon.services import logs
 from daemon.services.batcher import Batcher
 from daemon.services.checkpoints import CheckpointBatcher
@@ -336,8 +341,8 @@ class EffectRunner:
             return DeadLetter("outcome_unknown", "cannot read back (no link or credentials):"
                               " operator disposition needed")
         unresolved = [a for a in ec.attempts if a.unresolved]
-        desired = json.loads(ec.command.frozen_request).get("properties", {})
         try:
+            desired = desired_fields(op, json.loads(ec.command.frozen_request))
             snapshot: RemoteSnapshot = await self.executor.read(
                 op, binding, remote_id, sorted(desired), binding.token.reveal(),
                 binding.timeout)
