@@ -29,7 +29,7 @@ def test_two_providers_are_declared() -> None:
 
 def test_no_provider_name_in_daemon_storage_or_admin_ui() -> None:
     providers = declared_providers()
-    found = []
+    found: list[str] = []
     scanned = 0
     for tree in TREES:
         for path in sorted((REPO / tree).rglob("*")):
