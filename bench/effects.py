@@ -267,15 +267,16 @@ class PeerPlan:
     def start(self, replicas: int, intake_ports: list[int],
               runtime_ports: list[int]) -> list[int]:
         env = dict(os.environ, PYTHONPATH=str(REPO))
+        runtimes = [{"token": f"bench-runtime-{r}",
+                     "results_url": f"http://127.0.0.1:{runtime_ports[r]}/runtime/v1/results",
+                     "results_token": f"bench-results-{r}", "contact_base": r * 100000}
+                    for r in range(replicas)]
         for r in range(replicas):
             cfg = self.workdir / f"peer-{r}.json"
             cfg.write_text(json.dumps({
                 "dsn": self.dsn, "port": intake_ports[r], "concurrency": self.concurrency,
-                "runtime_token": f"bench-runtime-{r}",
-                "results_url": f"http://127.0.0.1:{runtime_ports[r]}/runtime/v1/results",
-                "results_token": f"bench-results-{r}",
                 "provider_url": f"http://127.0.0.1:{self.sim_port}",
-                "provider_token": HUBSPOT_TOKEN, "contact_base": r * 100000,
+                "provider_token": HUBSPOT_TOKEN, "runtimes": runtimes,
             }))
             log = (self.workdir / f"peer-{r}.log").open("wb")
             self.procs.append(subprocess.Popen(

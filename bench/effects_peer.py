@@ -16,19 +16,24 @@ journal, no dispatch checkpoint, no lease fence, no outcome classification or
 reconciliation (a lost PATCH answer fails the job; a retried job would PATCH
 again), no durable receipt. The remote id comes from memory (``contact_base``
 plus the Lead's number, the same mapping integrationd's seeded links hold),
-where integrationd reads its RemoteLink: an advantage to the peer. The
+where integrationd reads its RemoteLink: an advantage to the peer. Every
+worker takes any process's jobs from the one queue (as every integrationd
+replica takes any item), and a job names the Runtime its receipt goes to. The
 receipt is retried in the job while the Runtime answers 503
 ``handoff_answer_pending`` (its batch answer may still be on its way), as
 integrationd's receipt item is.
 
-CONFIG.json: ``{"dsn", "port", "concurrency", "runtime_token", "results_url",
-"results_token", "provider_url", "provider_token", "contact_base"}``.
+CONFIG.json: ``{"dsn", "port", "concurrency", "provider_url", "provider_token",
+"runtimes": [{"token", "results_url", "results_token", "contact_base"}, ...]}``.
+The process ends on SIGTERM at once (nothing of its own needs a graceful end),
+and when its parent is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import uuid
 from typing import Any
@@ -59,10 +64,11 @@ class Peer:
 
     # ---- the job: one PATCH, one receipt POST
 
-    async def effect(self, command_id: str, handoff_key: str, intent_id: str,
+    async def effect(self, runtime: int, command_id: str, handoff_key: str, intent_id: str,
                      payload_digest: str, catalog_revision: int, remote_id: str,
                      properties: dict[str, str | None]) -> None:
         cfg = self.cfg
+        target = cfg["runtimes"][runtime]
         response = await self.http.patch(
             cfg["provider_url"] + PATCH_PATH.format(remote_id=remote_id),
             json={"properties": properties},
@@ -75,8 +81,8 @@ class Peer:
             remote_id=remote_id, canonical_result="", result_digest="")
         for _ in range(RECEIPT_TRIES):
             answer = await self.http.post(
-                cfg["results_url"], json=receipt,
-                headers={"Authorization": f"Bearer {cfg['results_token']}"})
+                target["results_url"], json=receipt,
+                headers={"Authorization": f"Bearer {target['results_token']}"})
             if answer.status_code != 503:
                 answer.raise_for_status()
                 return
@@ -85,22 +91,24 @@ class Peer:
 
     # ---- the intake: accept and defer
 
-    def _job(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _job(self, runtime: int, body: dict[str, Any]) -> dict[str, Any]:
         command = body["command"]
         lead_id = command["logical_target"]["lead_id"]
+        base = self.cfg["runtimes"][runtime]["contact_base"]
         return {
+            "runtime": runtime,
             "command_id": uuid.uuid4().hex,
             "handoff_key": body["effect_handoff_key"],
             "intent_id": command["intent_id"],
             "payload_digest": body["payload_digest"],
             "catalog_revision": command["catalog_revision"],
-            "remote_id": str(self.cfg["contact_base"] + int(lead_id.rsplit("-", 1)[1])),
+            "remote_id": str(base + int(lead_id.rsplit("-", 1)[1])),
             "properties": command["request"]["properties"],
         }
 
-    async def intake(self, path: str, doc: Any) -> tuple[int, Any]:
+    async def intake(self, runtime: int, path: str, doc: Any) -> tuple[int, Any]:
         bodies = doc["commands"] if path == "/v1/commands/batch" else [doc]
-        jobs = [self._job(b) for b in bodies]
+        jobs = [self._job(runtime, b) for b in bodies]
         await self.task.batch_defer_async(*jobs)
         results = [{"status": 200, "admission": "COMMAND_ACCEPTED",
                     "command_id": j["command_id"]} for j in jobs]
@@ -121,28 +129,46 @@ class Peer:
                 chunks.append(message.get("body", b""))
                 if not message.get("more_body"):
                     break
-            headers = dict(scope["headers"])
-            if headers.get(b"authorization") != f"Bearer {self.cfg['runtime_token']}".encode():
+            runtime = self._caller(dict(scope["headers"]).get(b"authorization", b""))
+            if runtime is None:
                 status, doc = 401, {"error": "unauthenticated"}
             else:
-                status, doc = await self.intake(path, json.loads(b"".join(chunks)))
+                status, doc = await self.intake(runtime, path, json.loads(b"".join(chunks)))
         body = json.dumps(doc).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": body})
+
+    def _caller(self, header: bytes) -> int | None:
+        for index, rt in enumerate(self.cfg["runtimes"]):
+            if header == f"Bearer {rt['token']}".encode():
+                return index
+        return None
 
     async def run(self) -> None:
         config = Config()
         config.bind = [f"127.0.0.1:{self.cfg['port']}"]
         config.accesslog = None
         config.errorlog = None
+        never = asyncio.Event()
         async with self.app.open_async():
             await asyncio.gather(
-                serve(self.asgi, config),  # type: ignore[arg-type]
+                # A shutdown trigger of our own: hypercorn then installs no signal
+                # handlers, so SIGTERM ends the process.
+                serve(self.asgi, config, shutdown_trigger=never.wait),  # type: ignore[arg-type]
+                _exit_with_parent(),
                 self.app.run_worker_async(concurrency=self.cfg["concurrency"], wait=True,
                                           fetch_job_polling_interval=0.1,
                                           install_signal_handlers=False),
             )
+
+
+async def _exit_with_parent() -> None:
+    parent = os.getppid()
+    while True:
+        await asyncio.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(0)
 
 
 async def apply_schema(dsn: str) -> None:

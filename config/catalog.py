@@ -25,6 +25,7 @@ from daemon.core.canonical import canonical_digest
 
 __all__ = ["Catalog", "CatalogError", "OperationDefinition", "load_catalog", "load_definitions"]
 
+
 @attrs.frozen(kw_only=True)
 class Catalog:
     revision: int
@@ -80,7 +81,8 @@ def load_definitions(folder: Traversable | Path | None = None
 
 
 def load_catalog(settings: Settings) -> Catalog:
-    folder = Path(settings.catalog.providers_dir) if settings.catalog.providers_dir else None
+    folder = (Path(settings.base_dir) / settings.catalog.providers_dir
+              if settings.catalog.providers_dir else None)
     operations, documents = load_definitions(folder)
     providers = {op.provider for op in operations.values()}
     for i, b in enumerate(settings.bindings):

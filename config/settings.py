@@ -156,7 +156,7 @@ class CatalogSettings:
     # The Catalog revision this deployment serves; commands must name the same one.
     revision: int = 1
     # A folder of L1 provider definitions (*.toml) served instead of the shipped
-    # config/providers/; empty: the shipped ones.
+    # config/providers/ (relative to base_dir); empty: the shipped ones.
     providers_dir: str = ""
 
 

@@ -85,3 +85,11 @@ def test_a_good_providers_dir_is_served(tmp_path: Path) -> None:
     result = run_cli(config(tmp_path, folder), "check-config")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)
+
+
+def test_a_relative_providers_dir_resolves_against_the_working_directory(
+        tmp_path: Path) -> None:
+    providers_dir(tmp_path, ('"$fields"', '"$nope"'))
+    result = run_cli(config(tmp_path, "providers"), "check-config", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "unknown placeholder '$nope'" in result.stderr
