@@ -47,7 +47,9 @@ OPENAPI: dict[str, Any] = {
                     "logical_target": {"type": "object"},
                     "catalog_revision": {"type": "integer"},
                     "request": {"type": "object",
-                                "properties": {"properties": {"type": "object"}}},
+                                "description": "holds the field map (names to strings or"
+                                               " null) where the operation's L1 definition"
+                                               " says (command_fields, a JSON pointer)"},
                 },
             },
             "CommandRequest": {
