@@ -14,7 +14,8 @@ A document declares (see ``config/providers/*.toml`` for two real ones)::
 
     provider = "<name>"                       # must match the file name
     [auth.<scheme>]                           # how a token is presented
-    header = "Authorization"  prefix = "Bearer "
+    header = "Authorization"
+    prefix = "Bearer "
     [operations."<op>"]
     intent_kinds, local_object, remote_object, allowed_fields,
     command_fields = "/properties"            # where the command's request holds them
