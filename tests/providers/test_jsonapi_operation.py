@@ -164,6 +164,10 @@ async def test_a_replica_runs_the_json_api_operation_end_to_end(
                 "ACCEPTED", "PATCH", "/api/v2/prospects/42")
             assert json.loads(attempt.safe_headers) == {"Content-Type": MEDIA}
             assert api.prospects[42]["title"] == "CTO" and api.patches_applied == 1
+            # Drain first, as the slice harness does (the receipt item keeps retrying:
+            # no Runtime listens at its results_url).
+            replica.request_drain()
+            await wait_for(lambda: replica.state == "stopped", within_s=30)
             nursery.cancel_scope.cancel()
     finally:
         await parts.aclose()
