@@ -210,6 +210,7 @@ async def test_runtime_down_while_a_receipt_is_pending(database: FreshDatabase,
         await wait_for(failed_delivery, within_s=30)
         object.__setattr__(settings, "runtimes", (down,))  # the Runtime is back
         await sl.wait_intent("lead-1", intent_id, "COMMITTED", within_s=60)
+        await wait_for(lambda: _receipt_confirmed(store, command_id), within_s=30)
         receipt = await store.receipt_get(command_id)
         assert receipt is not None and receipt.state is ReceiptState.CONFIRMED
         assert RESULTS_TOKEN not in (receipt.last_error or "")
