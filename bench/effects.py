@@ -11,23 +11,40 @@ once; the run ends when every intent is COMMITTED (command accepted -> PATCH
 statements per effect on the integrationd side (from each replica's
 /metrics), duplicate PATCHes (applied PATCHes minus effects), then the kernel
 benchmark's noop figure in the same run and the ratio.
+
+In the same run, after integrationd's replicas have stopped, the same workload
+goes through the naive peer (``bench/effects_peer.py``: procrastinate jobs on
+the local PostgreSQL, each sending the same PATCH with httpx and the same
+receipt POST, no journal, no fence), against the same simulator and the same
+reference Runtime code (fresh Runtimes pointed at the peer's intake). The one
+JSON line then also holds ``peer`` (its effects/s, duplicate PATCHes, CPU per
+effect by process group) and ``peer_ratio`` (integrationd's effects/s over the
+peer's). ``--no-peer`` skips it.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
+import secrets
 import signal
 import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
+from bench.effects_peer import apply_schema
 from bench.kernel import (
+    PG_DSN,
+    REPO,
     bench_integrationd,
     fresh_url,
     mysql_admin,
@@ -137,44 +154,75 @@ async def publish_catalog(url: str, config: Path) -> None:
     await store.db.aclose()
 
 
-async def drive(replicas: int, effects: int, leads: int, api_ports: list[int],
-                runtime_ports: list[int], sim: HubSpotSimulator, sim_port: int,
-                start_replicas: Any, results: dict[str, Any]) -> None:
-    runtimes = [
+def runtimes_for(replicas: int, intake_ports: list[int]) -> list[ReferenceRuntime]:
+    return [
         ReferenceRuntime(
-            scope=scope_of(r), integration_url=f"http://127.0.0.1:{api_ports[r]}",
+            scope=scope_of(r), integration_url=f"http://127.0.0.1:{intake_ports[r]}",
             integration_token=f"bench-runtime-{r}", results_token=f"bench-results-{r}",
             catalog_revision=REVISION, poll_interval_s=0.05, dispatch_concurrency=32,
         )
         for r in range(replicas)
     ]
+
+
+async def serve_runtimes(nursery: trio.Nursery, runtimes: list[ReferenceRuntime],
+                         ports: list[int], leads: int) -> None:
+    for r, rt in enumerate(runtimes):
+        await nursery.start(serve_runtime, rt, "127.0.0.1", ports[r])
+        for i in range(leads):
+            rt.store.create_lead({"lead_id": f"lead-{i}", "title": "Engineer"})
+
+
+async def run_workload(runtimes: list[ReferenceRuntime], effects: int, leads: int) -> float:
+    """Every Runtime changes effects/R titles at once; seconds until all are COMMITTED."""
+    per_runtime = effects // len(runtimes)
+    total = per_runtime * len(runtimes)
+    t0 = time.monotonic()
+    for rt in runtimes:
+        for n in range(per_runtime):
+            rt.store.update_lead(f"lead-{n % leads}", {"title": f"Title {n}"})
+        rt.wakeup.set()
+    with trio.fail_after(900):
+        while True:
+            done = sum(rt.store.stats()["intents_by_status"].get("COMMITTED", 0)
+                       for rt in runtimes)
+            if done >= total:
+                break
+            await trio.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def postgres_cpu() -> dict[int, float]:
+    """CPU seconds so far of every PostgreSQL process (backends come and go)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip().startswith("postgres"):
+                    out[int(entry.name)] = cpu_seconds(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+async def drive(replicas: int, effects: int, leads: int, api_ports: list[int],
+                runtime_ports: list[int], sim: HubSpotSimulator, sim_port: int,
+                start_replicas: Any, stop_replicas: Any, peer: PeerPlan | None,
+                results: dict[str, Any]) -> None:
+    runtimes = runtimes_for(replicas, api_ports)
     async with trio.open_nursery() as nursery:
         await nursery.start(sim.run, "127.0.0.1", sim_port)
-        for r, rt in enumerate(runtimes):
-            await nursery.start(serve_runtime, rt, "127.0.0.1", runtime_ports[r])
+        await serve_runtimes(nursery, runtimes, runtime_ports, leads)
+        for r in range(replicas):
             for i in range(leads):
                 sim.add_contact(f"{r * 100000 + i}", jobtitle="Engineer")
-                rt.store.create_lead({"lead_id": f"lead-{i}", "title": "Engineer"})
         admins, pids = await trio.to_thread.run_sync(start_replicas)
         before = [await trio.to_thread.run_sync(scrape, a) for a in admins]
         db_pid = mariadb_pid()
         cpu_before = ([cpu_seconds(p) for p in pids], cpu_seconds(os.getpid()),
                       cpu_seconds(db_pid) if db_pid else 0.0)
-        per_runtime = effects // replicas
-        t0 = time.monotonic()
-        for rt in runtimes:
-            for n in range(per_runtime):
-                rt.store.update_lead(f"lead-{n % leads}", {"title": f"Title {n}"})
-            rt.wakeup.set()
-        total = per_runtime * replicas
-        with trio.fail_after(900):
-            while True:
-                done = sum(rt.store.stats()["intents_by_status"].get("COMMITTED", 0)
-                           for rt in runtimes)
-                if done >= total:
-                    break
-                await trio.sleep(0.05)
-        elapsed = time.monotonic() - t0
+        elapsed = await run_workload(runtimes, effects, leads)
+        total = (effects // replicas) * replicas
         cpu_after = ([cpu_seconds(p) for p in pids], cpu_seconds(os.getpid()),
                      cpu_seconds(db_pid) if db_pid else 0.0)
         after = [await trio.to_thread.run_sync(scrape, a) for a in admins]
@@ -203,7 +251,127 @@ async def drive(replicas: int, effects: int, leads: int, api_ports: list[int],
                 for k, v in runtimes[0].store.stats().items() if isinstance(v, int)
             },
         })
+        # The replicas stop before the peer runs: they would compete for the cores.
+        await trio.to_thread.run_sync(stop_replicas)
+        if peer is not None:
+            await drive_peer(nursery, replicas, effects, leads, sim, peer, results)
         nursery.cancel_scope.cancel()
+
+
+@attrs.define(eq=False)
+class PeerPlan:
+    """The naive peer (bench/effects_peer.py): R processes on one PostgreSQL database."""
+
+    workdir: Path
+    concurrency: int
+    sim_port: int
+    dsn: str = ""
+    procs: list[subprocess.Popen[bytes]] = attrs.field(factory=list)
+
+    def create_database(self) -> None:
+        import psycopg
+
+        name = f"bench_effects_{secrets.token_hex(4)}"
+        with psycopg.connect(PG_DSN + "postgres", autocommit=True) as admin:
+            admin.execute(f"CREATE DATABASE {name}")
+        self.dsn = PG_DSN + name
+        asyncio.run(apply_schema(self.dsn))
+
+    def start(self, replicas: int, intake_ports: list[int],
+              runtime_ports: list[int]) -> list[int]:
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        runtimes = [{"token": f"bench-runtime-{r}",
+                     "results_url": f"http://127.0.0.1:{runtime_ports[r]}/runtime/v1/results",
+                     "results_token": f"bench-results-{r}", "contact_base": r * 100000}
+                    for r in range(replicas)]
+        for r in range(replicas):
+            cfg = self.workdir / f"peer-{r}.json"
+            cfg.write_text(json.dumps({
+                "dsn": self.dsn, "port": intake_ports[r], "concurrency": self.concurrency,
+                "provider_url": f"http://127.0.0.1:{self.sim_port}",
+                "provider_token": HUBSPOT_TOKEN, "runtimes": runtimes,
+            }))
+            log = (self.workdir / f"peer-{r}.log").open("wb")
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "bench.effects_peer", str(cfg)],
+                stdout=subprocess.DEVNULL, stderr=log, env=env))
+        deadline = time.monotonic() + 60
+        for r, proc in enumerate(self.procs):
+            while True:
+                if proc.poll() is not None:
+                    log_text = (self.workdir / f"peer-{r}.log").read_text()[-2000:]
+                    raise SystemExit(f"peer exited early:\n{log_text}")
+                try:
+                    with urllib.request.urlopen(
+                            f"http://127.0.0.1:{intake_ports[r]}/healthz", timeout=1):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise SystemExit("peer did not start in time") from None
+                    time.sleep(0.1)
+        return [p.pid for p in self.procs]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs.clear()
+
+    def drop_database(self) -> None:
+        if not self.dsn:
+            return
+        import psycopg
+
+        with psycopg.connect(PG_DSN + "postgres", autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE {self.dsn.rsplit('/', 1)[1]} WITH (FORCE)")
+        self.dsn = ""
+
+
+async def drive_peer(nursery: trio.Nursery, replicas: int, effects: int, leads: int,
+                     sim: HubSpotSimulator, peer: PeerPlan, results: dict[str, Any]) -> None:
+    """The same workload, the same simulator and the same kind of Runtime (fresh ones,
+    pointed at the peer's intake), through the naive peer."""
+    intake_ports = [free_port() for _ in range(replicas)]
+    runtime_ports = [free_port() for _ in range(replicas)]
+    runtimes = runtimes_for(replicas, intake_ports)
+    await serve_runtimes(nursery, runtimes, runtime_ports, leads)
+    await trio.to_thread.run_sync(peer.create_database)
+    try:
+        pids = await trio.to_thread.run_sync(peer.start, replicas, intake_ports, runtime_ports)
+        seen = len(sim.requests)
+        cpu_before = ([cpu_seconds(p) for p in pids], cpu_seconds(os.getpid()), postgres_cpu())
+        elapsed = await run_workload(runtimes, effects, leads)
+        cpu_after = ([cpu_seconds(p) for p in pids], cpu_seconds(os.getpid()), postgres_cpu())
+        total = (effects // replicas) * replicas
+        patches = [r for r in sim.requests[seen:] if r.method == "PATCH"]
+        pg = sum(cpu - cpu_before[2].get(pid, 0.0) for pid, cpu in cpu_after[2].items())
+        results["peer"] = {
+            "system": "procrastinate-httpx (no journal, no fence)",
+            "backend": "postgresql",
+            "workers": replicas,
+            "worker_concurrency": peer.concurrency,
+            "effects": total,
+            "seconds": round(elapsed, 3),
+            "effects_per_s": round(total / elapsed, 1),
+            "patch_requests": len(patches),
+            "duplicate_patches": sum(1 for p in patches if p.applied) - total,
+            "cpu_ms_per_effect": {
+                "workers": round(1000 * (sum(cpu_after[0]) - sum(cpu_before[0])) / total, 2),
+                "sandbox_runtime_and_simulator": round(
+                    1000 * (cpu_after[1] - cpu_before[1]) / total, 2),
+                "postgresql": round(1000 * pg / total, 2),
+            },
+        }
+        results["peer_ratio"] = round(
+            results["effects_per_s"] / max(results["peer"]["effects_per_s"], 1e-9), 3)
+    finally:
+        await trio.to_thread.run_sync(peer.stop)
+        await trio.to_thread.run_sync(peer.drop_database)
 
 
 def main() -> None:
@@ -214,6 +382,10 @@ def main() -> None:
     parser.add_argument("--noop-items", type=int, default=20000,
                         help="kernel benchmark size for the ratio (0: skip)")
     parser.add_argument("--keep", metavar="DIR", help="keep configs and replica logs in DIR")
+    parser.add_argument("--peer-concurrency", type=int, default=64,
+                        help="procrastinate worker concurrency per peer process")
+    parser.add_argument("--no-peer", action="store_true",
+                        help="skip the naive procrastinate peer")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-effects-") as tmp:
         workdir = Path(args.keep or tmp)
@@ -236,12 +408,23 @@ def main() -> None:
                 deadline = time.monotonic() + 60
                 return [wait_admin(p, log, deadline) for p, log in procs], [p.pid for p, _ in procs]
 
+            rss: list[float] = []
+
+            def stop_all() -> None:
+                rss.extend(round(peak_rss_mb(p.pid), 1) for p, _ in procs)
+                for p, _ in procs:
+                    p.send_signal(signal.SIGTERM)
+                for p, _ in procs:
+                    p.wait(timeout=60)
+                procs.clear()
+
             sim = HubSpotSimulator(tokens={HUBSPOT_TOKEN})
             results: dict[str, Any] = {"system": "integrationd-effects", "backend": "mysql",
                                        "replicas": args.replicas}
+            peer = None if args.no_peer else PeerPlan(workdir, args.peer_concurrency, sim_port)
             trio.run(drive, args.replicas, args.effects, args.leads, api_ports, runtime_ports,
-                     sim, sim_port, start_all, results)
-            results["peak_rss_mb_per_replica"] = [round(peak_rss_mb(p.pid), 1) for p, _ in procs]
+                     sim, sim_port, start_all, stop_all, peer, results)
+            results["peak_rss_mb_per_replica"] = rss
         finally:
             for p, _ in procs:
                 p.send_signal(signal.SIGTERM)

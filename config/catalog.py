@@ -1,12 +1,14 @@
 """The Catalog as integrationd serves it: L1 provider definitions + L2 bindings.
 
-L1 definitions are data files (``config/providers/*.toml``); L2 bindings come
-from the settings (``[[bindings]]``). :func:`load_catalog` validates both and
-computes the ``BindingView`` digest: canonical JSON of every definition and
-every binding's non-secret fields. A published revision stores that content
-(``storage/catalog_revisions.py``) and is parsed back through the same
-functions (:func:`build_catalog`), so work pinned to a revision runs against
-exactly the definitions it was admitted under.
+L1 definitions are data files (``config/providers/*.toml``, or the directory named
+by ``[catalog] definitions_dir``), each parsed by the pure
+:func:`config.definitions.parse_provider`; L2 bindings come from the settings
+(``[[bindings]]``). :func:`load_catalog` validates both and computes the
+``BindingView`` digest: canonical JSON of every definition and every binding's
+non-secret fields. A published revision stores that content
+(``storage/catalog_revisions.py``) and is parsed back through the same functions
+(:func:`build_catalog`), so work pinned to a revision runs against exactly the
+definitions it was admitted under.
 """
 
 from __future__ import annotations
@@ -19,39 +21,13 @@ from typing import Any
 
 import attrs
 
+from config.definitions import CatalogError, OperationDefinition, parse_provider
 from config.settings import BindingSettings, Settings
 from daemon.core.canonical import NotCanonical
 from daemon.core.catalog_content import content_bytes, content_digest
-from daemon.core.effects import OperationContract
 
-_METHODS = ("GET", "POST", "PATCH", "PUT", "DELETE")
-
-
-class CatalogError(Exception):
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
-        self.key = key
-
-
-@attrs.frozen(kw_only=True)
-class ReadDefinition:
-    method: str
-    path: str
-    updated_at_field: str = ""
-
-
-@attrs.frozen(kw_only=True)
-class OperationDefinition:
-    name: str
-    provider: str
-    intent_kinds: frozenset[str]
-    local_object: str
-    remote_object: str
-    method: str
-    path: str
-    allowed_properties: frozenset[str]
-    contract: OperationContract
-    read: ReadDefinition | None = None
+__all__ = ["Catalog", "CatalogError", "OperationDefinition", "build_catalog", "load_catalog",
+           "load_definitions", "load_documents"]
 
 
 @attrs.frozen(kw_only=True)
@@ -81,65 +57,32 @@ class Catalog:
         return None
 
 
-def _req(key: str, table: dict[str, Any], name: str, kind: type[Any]) -> Any:
-    value = table.get(name)
-    if not isinstance(value, kind):
-        raise CatalogError(f"{key}.{name}", f"expected {kind.__name__}")
-    return value
-
-
-def _operation(provider: str, name: str, table: dict[str, Any]) -> OperationDefinition:
-    key = f"providers.{provider}.operations.{name}"
-    method = _req(key, table, "method", str)
-    if method not in _METHODS:
-        raise CatalogError(f"{key}.method", f"expected one of {_METHODS}")
-    path = _req(key, table, "path", str)
-    if not path.startswith("/") or "{remote_id}" not in path:
-        raise CatalogError(f"{key}.path", "expected a path starting with / naming {remote_id}")
-    read = None
-    if "read" in table:
-        rt = table["read"]
-        read = ReadDefinition(method=_req(f"{key}.read", rt, "method", str),
-                              path=_req(f"{key}.read", rt, "path", str),
-                              updated_at_field=str(rt.get("updated_at_field", "")))
-    statuses = table.get("not_applied_statuses", [429])
-    if not isinstance(statuses, list) or not all(isinstance(s, int) for s in statuses):
-        raise CatalogError(f"{key}.not_applied_statuses", "expected a list of status codes")
-    return OperationDefinition(
-        name=name,
-        provider=provider,
-        intent_kinds=frozenset(_req(key, table, "intent_kinds", list)),
-        local_object=_req(key, table, "local_object", str),
-        remote_object=_req(key, table, "remote_object", str),
-        method=method,
-        path=path,
-        allowed_properties=frozenset(_req(key, table, "allowed_properties", list)),
-        contract=OperationContract(
-            not_applied_statuses=frozenset(statuses),
-            replay_safe=bool(table.get("replay_safe", False)),
-            default_retry_after_s=float(table.get("default_retry_after", 5.0)),
-            max_in_flight_s=float(table.get("max_in_flight", 30.0)),
-            max_clock_skew_s=float(table.get("max_clock_skew", 2.0)),
-        ),
-        read=read,
-    )
-
-
-def load_documents(directory: str = "") -> list[Any]:
+def load_documents(directory: str | Path | Traversable = "") -> list[Any]:
     """Every L1 definition document, by file name: the shipped ones
-    (``config/providers/*.toml``), or those in ``directory`` (``catalog.definitions_dir``)."""
+    (``config/providers/*.toml``), or those in ``directory`` (``catalog.definitions_dir``).
+    Each is validated as it is read (a bad file is one error naming its key)."""
+    folder: Traversable | Path
+    if isinstance(directory, str):
+        if directory and not Path(directory).is_dir():
+            raise CatalogError("catalog.definitions_dir", f"no such directory: {directory}")
+        folder = (Path(directory) if directory
+                  else resources.files("config").joinpath("providers"))
+    else:
+        folder = directory
+    try:
+        entries = sorted(folder.iterdir(), key=lambda e: e.name)
+    except OSError as exc:
+        raise CatalogError("catalog.definitions_dir", f"cannot read {folder}: {exc.strerror}"
+                           ) from None
     documents: list[Any] = []
-    folder: Traversable = (Path(directory) if directory
-                           else resources.files("config").joinpath("providers"))
-    if directory and not Path(directory).is_dir():
-        raise CatalogError("catalog.definitions_dir", f"no such directory: {directory}")
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+    for entry in entries:
         if not entry.name.endswith(".toml"):
             continue
-        doc = tomllib.loads(entry.read_text())
-        provider = doc.get("provider")
-        if not isinstance(provider, str) or f"{provider}.toml" != entry.name:
-            raise CatalogError(f"providers/{entry.name}", "provider must match the file name")
+        try:
+            doc = tomllib.loads(entry.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise CatalogError(f"providers/{entry.name}", f"not valid TOML: {exc}") from None
+        parse_provider(doc, entry.name)  # the file name must match; errors name the key
         documents.append(doc)
     return documents
 
@@ -148,17 +91,18 @@ def operations_from_documents(documents: list[Any]) -> dict[str, OperationDefini
     """Parse L1 definition documents: the shipped files, or a stored revision's content."""
     operations: dict[str, OperationDefinition] = {}
     for i, doc in enumerate(documents):
-        provider = doc.get("provider") if isinstance(doc, dict) else None
-        if not isinstance(provider, str) or not provider:
-            raise CatalogError(f"definitions[{i}].provider", "expected a provider name")
-        for name, table in doc.get("operations", {}).items():
+        if not isinstance(doc, dict):
+            raise CatalogError(f"definitions[{i}]", "expected a provider document")
+        for name, operation in parse_provider(doc).items():
             if name in operations:
-                raise CatalogError(f"providers.{provider}.operations.{name}", "duplicate")
-            operations[name] = _operation(provider, name, table)
+                raise CatalogError(f"providers.{operation.provider}.operations.{name}",
+                                   "duplicate operation name")
+            operations[name] = operation
     return operations
 
 
-def load_definitions(directory: str = "") -> tuple[dict[str, OperationDefinition], list[Any]]:
+def load_definitions(directory: str | Path | Traversable = ""
+                     ) -> tuple[dict[str, OperationDefinition], list[Any]]:
     """Every L1 definition (and the raw documents, for the digest)."""
     documents = load_documents(directory)
     return operations_from_documents(documents), documents

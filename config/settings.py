@@ -172,8 +172,9 @@ class KeysSettings:
 class CatalogSettings:
     # The Catalog revision this deployment serves; commands must name the same one.
     revision: int = 1
-    # A directory of L1 definitions served instead of the shipped ones (a
-    # sandbox whose simulators declare their own, shorter, windows); empty: shipped.
+    # A directory of L1 definitions (*.toml) served instead of the shipped
+    # config/providers/ (relative to the working directory; a sandbox whose simulators
+    # declare their own, shorter, windows); empty: the shipped ones.
     definitions_dir: str = ""
 
 

@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
 
     box = sub.add_parser(
         "sandbox",
-        help="run the HubSpot simulator and the reference Runtime (demo, tests, benchmarks)",
+        help="run the provider simulator and the reference Runtime (demo, tests, benchmarks)",
     )
     box.add_argument("--leads", type=int, default=5, help="Leads (and contacts) to seed")
     box.add_argument("--interval", type=float, default=1.0,

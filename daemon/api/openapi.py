@@ -64,15 +64,10 @@ OPENAPI: dict[str, Any] = {
                                        " is the operation's local object",
                     },
                     "catalog_revision": {"type": "integer"},
-                    "request": {
-                        "type": "object", "required": ["properties"],
-                        "additionalProperties": False,
-                        "properties": {"properties": {
-                            "type": "object", "minProperties": 1,
-                            "additionalProperties": {"type": ["string", "null"]},
-                            "description": "only the properties the operation allows",
-                        }},
-                    },
+                    "request": {"type": "object",
+                                "description": "holds the field map (names to strings or"
+                                               " null) where the operation's L1 definition"
+                                               " says (command_fields, a JSON pointer)"},
                 },
             },
             "CommandRequest": {

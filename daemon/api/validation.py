@@ -14,6 +14,7 @@ import attrs
 from config.catalog import Catalog, OperationDefinition
 from daemon.core.canonical import NotCanonical, canonical_bytes, canonical_digest, is_digest
 from daemon.core.handoff import BadHandoffKey, EffectHandoffKey, TrustedRuntimeWorkScope
+from daemon.providers.executor import BadRequestForOperation, desired_fields
 
 MAX_ID_CHARS = 255
 
@@ -140,18 +141,21 @@ def command_body(doc: Any, caller: TrustedRuntimeWorkScope,
     local_id = _string(target, f"{operation.local_object}_id")
     only_fields(target, ("object", f"{operation.local_object}_id"), "logical_target")
     request = command.get("request")
-    if isinstance(request, Mapping):
-        only_fields(request, ("properties",), "request")
-    properties = request.get("properties") if isinstance(request, Mapping) else None
-    if not isinstance(properties, Mapping) or not properties:
-        raise ApiError(422, "invalid_request", "request.properties must be a non-empty object")
-    extra = set(properties) - operation.allowed_properties
-    if extra:
-        raise ApiError(422, "invalid_request",
-                       f"properties not allowed by {name}: {', '.join(sorted(extra))}")
-    if not all(v is None or isinstance(v, str) for v in properties.values()):
-        raise ApiError(422, "invalid_request", "property values must be strings or null")
-    assert isinstance(request, Mapping)
+    if not isinstance(request, Mapping):
+        raise ApiError(422, "invalid_request", "request must be a JSON object")
+    try:
+        desired_fields(operation, request)
+    except BadRequestForOperation as exc:
+        raise ApiError(422, "invalid_request", str(exc)) from None
+    # Nothing but the path to the field map: an extra field would be frozen into the
+    # command without ever being sent (the OpenAPI document forbids it).
+    level: Any = request
+    where = "request"
+    for part in operation.command_fields.parts:
+        if not isinstance(level, Mapping):
+            break
+        only_fields(level, (part,), where)
+        level, where = level.get(part), f"{where}.{part}"
     return ValidCommand(
         handoff=handoff, operation=operation, intent_kind=kind, local_id=local_id,
         catalog_revision=revision, frozen_request=canonical_bytes(dict(request)).decode(),

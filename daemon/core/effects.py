@@ -10,13 +10,15 @@ statuses mean "not applied" and whether the effect is replay-safe.
 :func:`classify` maps the two to exactly one outcome class:
 
 ==========================  ============================================
-``ACCEPTED``                2xx: the provider accepted the effect
+``ACCEPTED``                2xx naming the pinned record (where the
+                            definition says responses name one)
 ``REJECTED``                a terminal, known rejection (most 4xx)
 ``RETRYABLE_PRE_DISPATCH``  proven to fail before any byte left
 ``REPLAY_SAFE_RETRY``       the contract proves a retry cannot double the
                             effect (e.g. 429, or 503 declared not-applied)
 ``OUTCOME_UNKNOWN``         bytes may have left and nothing proves the
-                            outcome: reconcile or ask an operator
+                            outcome (including a 2xx that names another
+                            record, or none): reconcile or ask an operator
 ==========================  ============================================
 
 Each classification also carries its *evidence* about the effect itself,
@@ -64,12 +66,31 @@ class Phase(enum.StrEnum):
 
 
 @attrs.frozen
+class IdentityEvidence:
+    """Which record a response says it changed, beside the one the command pinned."""
+
+    expected: str
+    # None when the response does not name a record where the definition says it does.
+    named: str | None
+
+    @property
+    def problem(self) -> str:
+        """Empty when the response names the pinned record; else a stable failure class."""
+        if self.named is None:
+            return "identity_missing"
+        return "" if self.named == self.expected else "identity_mismatch"
+
+
+@attrs.frozen
 class DispatchObservation:
     phase: Phase
     status: int | None = None
     retry_after_s: float | None = None
     # A short, safe description for operators (exception type, never a body).
     detail: str = ""
+    # Where the L1 definition says a response names its record: what this one named.
+    # None when the definition does not say (nothing to check).
+    identity: IdentityEvidence | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -112,6 +133,13 @@ def classify(contract: OperationContract, seen: DispatchObservation) -> Classifi
     if status is None:
         raise ValueError("a response observation needs a status")
     if 200 <= status < 300:
+        problem = seen.identity.problem if seen.identity is not None else ""
+        if problem:
+            # A 2xx about another record (or about none) does not prove *our* effect,
+            # and does not prove its absence either: reconcile by reading back,
+            # whatever the contract says about replays.
+            return Classification(OutcomeClass.OUTCOME_UNKNOWN, Evidence.MAYBE_APPLIED, None,
+                                  problem)
         return Classification(OutcomeClass.ACCEPTED, Evidence.APPLIED)
     if status in contract.not_applied_statuses:
         delay = seen.retry_after_s

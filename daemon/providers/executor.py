@@ -3,8 +3,11 @@
 Theory of operation
 -------------------
 :func:`prepare` turns (operation definition, binding, remote id, frozen
-request) into the exact bytes to send; it validates the sparse body against
-the definition's allowed properties. :meth:`HttpExecutor.dispatch` performs
+request) into the exact bytes to send, by the definition's request template
+(``daemon/providers/template.py``): the field map is taken from the command
+where the definition says (``command_fields``) and checked against its
+allowed fields, then the body template, path template, content type and
+idempotency header are filled in. :meth:`HttpExecutor.dispatch` performs
 *one* exchange and reports a :class:`DispatchObservation` of how far it got;
 it never retries (httpx does not retry requests, and its transport is built
 with ``retries=0``). :meth:`HttpExecutor.read` performs the definition's
@@ -15,8 +18,13 @@ connect timeout) and waiting for a pooled connection. Anything after that
 (write/read errors and timeouts, a peer that closes without answering) may
 have delivered the request, so it is ``SENT``.
 
-Credentials are added at dispatch only; the prepared request keeps the
-headers that are safe to store (everything except ``Authorization``).
+Credentials are added at dispatch only, as the definition's auth scheme says
+(header and prefix); the prepared request keeps the headers that are safe to
+store (everything except the credential). The response's evidence headers and
+fields, and where it names the record it changed (checked against the pinned
+remote id by :func:`daemon.core.effects.classify`), come from the definition
+too; so do the read-back's pointers and its "absent" statuses. No provider
+name appears here.
 """
 
 from __future__ import annotations
@@ -32,10 +40,16 @@ import attrs
 import httpx
 import trio
 
-from config.catalog import OperationDefinition
+from config.definitions import (
+    AuthScheme,
+    OperationDefinition,
+    ReadDefinition,
+    ResponseDefinition,
+)
 from config.settings import BindingSettings
 from daemon.core.canonical import canonical_bytes
-from daemon.core.effects import DispatchObservation, Phase, RemoteSnapshot
+from daemon.core.effects import DispatchObservation, IdentityEvidence, Phase, RemoteSnapshot
+from daemon.providers.template import RenderError, field_map, identity_text
 
 
 class BadRequestForOperation(ValueError):
@@ -52,6 +66,20 @@ class PreparedRequest:
     body_sha256: str
     idempotency_key: str
     desired: dict[str, str | None]
+    # The pinned remote id the request targets, and how its response is read.
+    remote_id: str
+    auth: AuthScheme
+    response: ResponseDefinition
+
+
+def desired_fields(operation: OperationDefinition, request: Any) -> dict[str, str | None]:
+    """The field map a frozen command request asks for, where the definition says it is."""
+    where = "request" + operation.command_fields.label
+    try:
+        return field_map(operation.command_fields.find(request), where,
+                         operation.allowed_fields)
+    except RenderError as exc:
+        raise BadRequestForOperation(f"{operation.name}: {exc}") from None
 
 
 def prepare(
@@ -61,28 +89,40 @@ def prepare(
     request: Mapping[str, Any],
     idempotency_key: str,
 ) -> PreparedRequest:
-    properties = request.get("properties")
-    if not isinstance(properties, Mapping) or not properties:
-        raise BadRequestForOperation("request.properties must be a non-empty object")
-    extra = set(properties) - operation.allowed_properties
-    if extra:
-        raise BadRequestForOperation(
-            f"properties not allowed by {operation.name}: {', '.join(sorted(extra))}"
-        )
-    if not all(v is None or isinstance(v, str) for v in properties.values()):
-        raise BadRequestForOperation("property values must be strings or null")
-    path = operation.path.format(remote_id=urllib.parse.quote(remote_id, safe=""))
-    body = canonical_bytes({"properties": dict(properties)})
+    """The exact request the definition's template makes for this command."""
+    fields = desired_fields(operation, request)
+    template = operation.request
+    try:
+        doc = template.body.render(fields=fields, remote_id=remote_id)
+    except RenderError as exc:
+        raise BadRequestForOperation(f"{operation.name}: {exc}") from None
+    path = template.path.render(remote_id=remote_id)
+    body = canonical_bytes(doc)
+    headers = {"Content-Type": template.content_type}
+    if template.idempotency_header:
+        headers[template.idempotency_header] = idempotency_key
     return PreparedRequest(
-        method=operation.method,
+        method=template.method,
         url=binding.base_url.rstrip("/") + path,
         path=path,
         body=body,
-        safe_headers={"Content-Type": "application/json", "Idempotency-Key": idempotency_key},
+        safe_headers=headers,
         body_sha256="sha256:" + hashlib.sha256(body).hexdigest(),
         idempotency_key=idempotency_key,
-        desired=dict(properties),
+        desired=fields,
+        remote_id=remote_id,
+        auth=template.auth,
+        response=operation.response,
     )
+
+
+def _credential(auth: AuthScheme, token: str) -> dict[str, str]:
+    return {auth.header: auth.prefix + token}
+
+
+def _evidence_value(value: Any) -> str | None:
+    text = identity_text(value)
+    return None if text is None else text[:128]
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -106,7 +146,6 @@ def _parse_time_us(text: object) -> int | None:
     return int(moment.timestamp() * 1_000_000)
 
 
-_EVIDENCE_HEADERS = ("x-hubspot-correlation-id", "x-request-id", "request-id")
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
 
@@ -208,7 +247,7 @@ class HttpExecutor:
         self, prepared: PreparedRequest, token: str, timeout_s: float
     ) -> tuple[DispatchObservation, dict[str, Any]]:
         """Exactly one exchange. Returns the observation and safe provider evidence."""
-        headers = {**prepared.safe_headers, "Authorization": f"Bearer {token}"}
+        headers = {**prepared.safe_headers, **_credential(prepared.auth, token)}
         try:
             response = await self.client.request(
                 prepared.method, prepared.url, content=prepared.body, headers=headers,
@@ -218,23 +257,29 @@ class HttpExecutor:
             return DispatchObservation(Phase.NOT_CONNECTED, detail=type(exc).__name__), {}
         except httpx.HTTPError as exc:
             return DispatchObservation(Phase.SENT, detail=type(exc).__name__), {}
+        spec = prepared.response
         evidence: dict[str, Any] = {"status": response.status_code}
-        for name in _EVIDENCE_HEADERS:
+        for name in spec.evidence_headers:
             if name in response.headers:
                 evidence[name] = response.headers[name][:128]
         try:
             doc = response.json()
         except ValueError:
             doc = None
-        if isinstance(doc, dict):
-            for field in ("id", "updatedAt", "category"):
-                if isinstance(doc.get(field), str):
-                    evidence[field] = doc[field][:128]
+        for name, pointer in spec.evidence_fields:
+            value = _evidence_value(pointer.find(doc))
+            if value is not None:
+                evidence[name] = value
+        identity = None
+        if spec.identity is not None:
+            identity = IdentityEvidence(expected=prepared.remote_id,
+                                        named=identity_text(spec.identity.find(doc)))
         return (
             DispatchObservation(
                 Phase.RESPONDED,
                 status=response.status_code,
                 retry_after_s=_retry_after(response.headers.get("retry-after")),
+                identity=identity,
             ),
             evidence,
         )
@@ -252,25 +297,32 @@ class HttpExecutor:
         read = operation.read
         if read is None:
             raise LookupError(f"{operation.name} defines no read-back")
-        path = read.path.format(
-            remote_id=urllib.parse.quote(remote_id, safe=""),
-            properties=urllib.parse.quote(",".join(properties), safe=","),
-        )
+        path = read.path.render(remote_id=remote_id, field_names=properties)
         response = await self.client.request(
             read.method, binding.base_url.rstrip("/") + path,
-            headers={"Authorization": f"Bearer {token}"}, timeout_s=timeout_s,
+            headers=_credential(read.auth, token), timeout_s=timeout_s,
         )
-        if response.status_code == 404:
+        if response.status_code in read.absent_statuses:
             return RemoteSnapshot(exists=False)
-        if response.status_code != 200:
+        if not 200 <= response.status_code < 300:
             raise LookupError(f"read-back answered {response.status_code}")
-        doc = response.json()
-        props = doc.get("properties") if isinstance(doc, dict) else None
-        if not isinstance(props, dict):
-            raise LookupError("read-back has no properties object")
-        return RemoteSnapshot(
-            exists=True,
-            properties={k: v for k, v in props.items() if v is None or isinstance(v, str)},
-            updated_at_us=_parse_time_us(doc.get(read.updated_at_field))
-            if read.updated_at_field else None,
-        )
+        return snapshot_of(read, remote_id, response.json())
+
+
+def snapshot_of(read: ReadDefinition, remote_id: str, doc: Any) -> RemoteSnapshot:
+    """What a read-back document shows, by the definition's pointers (pure).
+
+    Raises ``LookupError`` when the document has no field map where the
+    definition says, or names another record than the pinned one.
+    """
+    props = read.fields.find(doc)
+    if not isinstance(props, dict):
+        raise LookupError(f"read-back has no fields object at {read.fields.text}")
+    if read.id is not None and identity_text(read.id.find(doc)) != remote_id:
+        raise LookupError("read-back names another record than the pinned one")
+    return RemoteSnapshot(
+        exists=True,
+        properties={k: v for k, v in props.items() if v is None or isinstance(v, str)},
+        updated_at_us=_parse_time_us(read.updated_at.find(doc))
+        if read.updated_at is not None else None,
+    )

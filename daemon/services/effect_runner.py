@@ -69,6 +69,7 @@ from daemon.providers.executor import (
     BadRequestForOperation,
     HttpExecutor,
     PreparedRequest,
+    desired_fields,
     prepare,
 )
 from daemon.services import logs
@@ -120,10 +121,15 @@ def _client_deadline_s(binding: BindingSettings) -> float:
     return 2 * binding.timeout
 
 
-def _desired(command: Command) -> dict[str, str | None]:
-    """The values the command asks for (what a read-back must show)."""
-    props = json.loads(command.frozen_request).get("properties", {})
-    return dict(props) if isinstance(props, dict) else {}
+def _desired(op: OperationDefinition | None, command: Command) -> dict[str, str | None]:
+    """The values the command asks for (what a read-back must show), where the pinned
+    operation's definition says the frozen request holds them (none if it cannot say)."""
+    if op is None:
+        return {}
+    try:
+        return desired_fields(op, json.loads(command.frozen_request))
+    except BadRequestForOperation:
+        return {}
 
 
 def command_view(command: Command) -> CommandView:
@@ -250,7 +256,7 @@ class EffectRunner:
                 f" ({command.catalog_digest or 'no digest'}) is not stored"),
             link=link_view(ec.link) if ec.link is not None else None,
             attempts=tuple(attempt_view(a) for a in ec.attempts),
-            request=request, request_error=error, desired=_desired(command),
+            request=request, request_error=error, desired=_desired(op, command),
             now_us=ctx.clock.now_us(),
         )
 

@@ -13,9 +13,10 @@ from typing import Any, Final, Literal, cast
 
 import attrs
 
-FaultMode = Literal["latency", "status", "rate_limit", "reset_before", "reset_after"]
+FaultMode = Literal["latency", "status", "rate_limit", "reset_before", "reset_after",
+                    "other_record"]
 FAULT_MODES: Final[frozenset[str]] = frozenset(
-    ("latency", "status", "rate_limit", "reset_before", "reset_after")
+    ("latency", "status", "rate_limit", "reset_before", "reset_after", "other_record")
 )
 
 Properties = dict[str, str | None]
@@ -69,6 +70,8 @@ class Fault:
     latency_ms: int = attrs.field(default=0, validator=_not_negative)
     status: int = attrs.field(default=503, validator=_error_status)
     retry_after_s: int = attrs.field(default=1, validator=_not_negative)
+    # other_record: the id the 200 names instead of the requested contact's.
+    record_id: str = "999999999"
 
     @classmethod
     def from_json(cls, doc: object) -> Fault:
@@ -87,6 +90,9 @@ class Fault:
         prefix = doc.get("path_prefix", "/crm/")
         if not isinstance(prefix, str):
             raise ValueError("path_prefix must be a string")
+        record_id = doc.get("record_id", "999999999")
+        if not isinstance(record_id, str) or not record_id:
+            raise ValueError("record_id must be a non-empty string")
         ints: dict[str, int] = {}
         for name in _FAULT_INT_FIELDS:
             if name in doc:
@@ -99,6 +105,7 @@ class Fault:
             mode=cast(FaultMode, mode),
             method=method,
             path_prefix=prefix,
+            record_id=record_id,
             **ints,
         )
 

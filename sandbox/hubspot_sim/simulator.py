@@ -157,6 +157,8 @@ class HubSpotSimulator:
                 policyName="SECONDLY",
             )
             outcome = _Outcome(response, _contact_id(request.path), applied=False)
+        elif fault.mode == "other_record":
+            outcome = self._other_record(request, fault)
         elif fault.mode == "reset_before":
             self._record(request, received_at, _contact_id(request.path), False, status=None)
             return ABORT
@@ -242,6 +244,15 @@ class HubSpotSimulator:
         contact.apply(changes)
         self._patches[contact_id] += 1
         return _Outcome(json_response(200, contact.to_json()), contact_id, applied=True)
+
+    def _other_record(self, request: Request, fault: Fault) -> _Outcome:
+        """A 200 that names another record: the requested contact's body (unchanged,
+        nothing applied) under ``fault.record_id``, as a misrouting gateway would."""
+        contact_id = _contact_id(request.path)
+        contact = self._contacts.get(contact_id) if contact_id is not None else None
+        doc = contact.to_json() if contact is not None else {"properties": {}}
+        return _Outcome(json_response(200, {**doc, "id": fault.record_id}), contact_id,
+                        applied=False)
 
     def _create(self, request: Request) -> _Outcome:
         properties = _json_properties(request)

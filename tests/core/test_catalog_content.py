@@ -119,10 +119,12 @@ def test_a_revision_with_a_binding_field_it_cannot_hold_is_refused() -> None:
 
 def test_other_l1_documents_make_other_operations() -> None:
     documents = load_documents()
-    changed = [dict(documents[0], operations={
-        name: dict(table, path="/crm/v3/objects/contacts/{remote_id}/v2")
-        for name, table in documents[0]["operations"].items()})]
+    hubspot = next(d for d in documents if d["provider"] == "hubspot")
+    changed = [dict(hubspot, operations={
+        name: dict(table, request=dict(table["request"],
+                                       path="/crm/v3/objects/contacts/{remote_id}/v2"))
+        for name, table in hubspot["operations"].items()})]
     catalog = build_catalog(2, changed, ())
     (op,) = catalog.operations.values()
-    assert op.path.endswith("/v2")
+    assert op.request.path.text.endswith("/v2")
     assert catalog.digest != build_catalog(2, documents, ()).digest

@@ -38,8 +38,8 @@ def _revision_8(suffix: str = V8_SUFFIX) -> list[Any]:
     documents = copy.deepcopy(load_documents())
     for doc in documents:
         for table in doc.get("operations", {}).values():
-            table["path"] = table["path"] + suffix
-            table["allowed_properties"] = [*table["allowed_properties"], "email"]
+            table["request"]["path"] = table["request"]["path"] + suffix
+            table["allowed_fields"] = [*table["allowed_fields"], "email"]
     return documents
 
 
@@ -95,7 +95,7 @@ async def test_admission_validates_against_the_named_published_revision(
         status, doc = await _post(sl, _body("int-a", "lead-2", REVISION,
                                             {"jobtitle": "CFO", "email": "x@example.com"}))
         assert (status, doc["error"]) == (422, "invalid_request")
-        assert "not allowed by hubspot.contact.update_jobtitle: email" in doc["message"]
+        assert "fields not allowed by the operation: email" in doc["message"]
         # An unpublished revision: a stable code, nothing written.
         status, doc = await _post(sl, _body("int-b", "lead-2", 9, {"jobtitle": "CFO"}))
         assert (status, doc["error"]) == (409, "catalog_revision_not_published")

@@ -395,6 +395,31 @@ async def test_reset_after_applies_but_never_answers(
     assert state["properties"]["jobtitle"] == "CTO"
 
 
+async def test_other_record_fault_answers_200_naming_another_id_unapplied(
+    served: Served, client: httpx.AsyncClient
+) -> None:
+    served.sim.inject(Fault(mode="other_record", record_id="777", method="PATCH"))
+    response = await patch_jobtitle(client, "1", "CTO")
+    assert response.status_code == 200
+    assert response.json()["id"] == "777"
+    assert served.sim.patches_applied("1") == 0
+    assert (await client.get(contact_url("1"))).json()["properties"]["jobtitle"] is None
+    record = served.sim.requests[0]
+    assert (record.applied, record.status, record.contact_id) == (False, 200, "1")
+
+
+async def test_other_record_fault_over_the_control_api(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as control:
+        armed = await control.post("/_sim/faults", json={"mode": "other_record",
+                                                        "record_id": "42"})
+        assert armed.status_code == 201, armed.text
+        assert armed.json()["armed"]["record_id"] == "42"
+        bad = await control.post("/_sim/faults", json={"mode": "other_record",
+                                                      "record_id": 42})
+        assert bad.status_code == 400
+        assert "record_id" in bad.json()["message"]
+
+
 @pytest.mark.parametrize("mode", ["reset_before", "reset_after"])
 async def test_reset_is_a_tcp_rst_with_no_response_bytes(served: Served, mode: str) -> None:
     served.sim.inject(Fault(mode=mode))  # type: ignore[arg-type]

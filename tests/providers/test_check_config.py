@@ -1,0 +1,95 @@
+"""A bad L1 definition stops ``integrationd check-config``: one line naming the key, exit 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import run_cli
+
+OP = "outreach.prospect.update_title"
+KEY = f"providers.outreach.operations.{OP}"
+
+
+def providers_dir(tmp_path: Path, replace: tuple[str, str] | None = None) -> Path:
+    """A copy of the shipped definitions, with one text replacement in outreach.toml."""
+    folder = tmp_path / "providers"
+    folder.mkdir()
+    shipped = resources.files("config").joinpath("providers")
+    for name in ("hubspot.toml", "outreach.toml"):
+        text = shipped.joinpath(name).read_text()
+        if replace is not None and name == "outreach.toml":
+            assert replace[0] in text
+            text = text.replace(replace[0], replace[1], 1)
+        (folder / name).write_text(text)
+    return folder
+
+
+def config(tmp_path: Path, folder: Path | str) -> Path:
+    cfg = tmp_path / "integrationd.toml"
+    cfg.write_text(f'[catalog]\nrevision = 3\ndefinitions_dir = "{folder}"\n')
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key", "says"),
+    [
+        ('attributes = "$fields"', 'attributes = "$attributes"', f"{KEY}.request.body.data"
+         ".attributes", "unknown placeholder '$attributes'"),
+        ('fields = "/data/attributes"', 'fields = "data/attributes"', f"{KEY}.read.fields",
+         "malformed JSON pointer"),
+        ('identity = "/data/id"', 'identity = "/data/~3id"', f"{KEY}.response.identity",
+         "malformed JSON pointer"),
+        ('content_type = "application/vnd.api+json"\n', "", f"{KEY}.request.content_type",
+         "missing"),
+        ('command_fields = "/attributes"\n', "", f"{KEY}.command_fields", "missing"),
+        ('auth = "s2s"', 'auth = "oauth"', f"{KEY}.request.auth", "no auth scheme 'oauth'"),
+        ('path = "/api/v2/prospects/{remote_id}"\ncontent',
+         'path = "/api/v2/prospects/{prospect_id}"\ncontent', f"{KEY}.request.path",
+         "unknown path field {prospect_id}"),
+    ],
+)
+def test_a_bad_definition_is_one_line_naming_the_key_and_exit_2(
+        tmp_path: Path, old: str, new: str, key: str, says: str) -> None:
+    result = run_cli(config(tmp_path, providers_dir(tmp_path, (old, new))), "check-config")
+    assert result.returncode == 2, result.stdout
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"integrationd: config error: {key}: "), line
+    assert says in line
+    assert "Traceback" not in result.stderr
+
+
+def test_toml_that_does_not_parse_names_the_file(tmp_path: Path) -> None:
+    folder = providers_dir(tmp_path)
+    (folder / "broken.toml").write_text("provider = [\n")
+    result = run_cli(config(tmp_path, folder), "check-config")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("integrationd: config error: providers/broken.toml: not valid TOML")
+
+
+def test_a_missing_providers_dir_names_the_key(tmp_path: Path) -> None:
+    result = run_cli(config(tmp_path, tmp_path / "absent"), "check-config")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("integrationd: config error: catalog.definitions_dir: no such directory")
+
+
+def test_a_good_providers_dir_is_served(tmp_path: Path) -> None:
+    folder = providers_dir(tmp_path)
+    shutil.copy(folder / "outreach.toml", folder / "outreach.toml.bak")  # not *.toml: ignored
+    result = run_cli(config(tmp_path, folder), "check-config")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)
+
+
+def test_a_relative_providers_dir_resolves_against_the_working_directory(
+        tmp_path: Path) -> None:
+    providers_dir(tmp_path, ('"$fields"', '"$nope"'))
+    result = run_cli(config(tmp_path, "providers"), "check-config", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "unknown placeholder '$nope'" in result.stderr
