@@ -37,16 +37,16 @@ from admin_ui.render import page
 from admin_ui.view import ReplicaView
 from config.catalog import Catalog
 from config.settings import BindingSettings
-from daemon.core.handoff import NoEffectResult
+from daemon.core.effects import OperationContract
 from daemon.core.identity import BadCoordinate, integration_scope_digest
 from daemon.core.ids import is_ulid
 from daemon.core.work import WorkItem
-from daemon.services.effect_runner import no_effect_reason
 from daemon.services.operator_api import NotAuthorized
 from storage.command_repair import RepairActor
 from storage.commands import EFFECT_FAMILY
 from storage.effect_values import Command, Disposition, EffectAttempt
 from storage.effects import RECEIPT_FAMILY
+from storage.repair_lineage import blocking_reason
 
 OPERATE = frozenset({"operator", "admin"})
 ADMIN = frozenset({"admin"})
@@ -106,6 +106,16 @@ class EffectConsole:
         if command.repair_of:
             rows.append(LineageRow("Repair of", command.repair_of,
                                    f"/admin/effects/commands/{command.repair_of}"))
+        repaired_by = await view.store.command_repaired_by(command.command_id)
+        if repaired_by:
+            rows.append(LineageRow("Repaired by", repaired_by,
+                                   f"/admin/effects/commands/{repaired_by}"))
+        lineage = await view.store.command_lineage(command.command_id)
+        root = lineage[0] if lineage else command
+        if root.command_id != command.command_id:
+            rows.append(LineageRow("Runtime intent answered by", root.command_id,
+                                   f"/admin/effects/commands/{root.command_id}"))
+            receipt = await view.store.receipt_get(root.command_id)
         if receipt is not None:
             rows.append(LineageRow(
                 "Runtime receipt",
@@ -113,6 +123,10 @@ class EffectConsole:
                 + (f", remote {receipt.remote_id}" if receipt.remote_id else "")
                 + (f", last error {receipt.last_error}" if receipt.last_error else ""),
             ))
+        blocking = blocking_reason(command, has_receipt=receipt is not None,
+                                   repaired_by=repaired_by)
+        if blocking:
+            rows.append(LineageRow("Runtime intent blocking", blocking))
         return LineageSection("commands", "External command", tuple(rows))
 
     async def attempts_section(self, view: ReplicaView,
@@ -178,22 +192,37 @@ class EffectConsole:
         if not note.strip():
             raise BadInput("record the provider evidence in the note")
         view = console().view
+        attempt = await view.store.effect_attempt_get(attempt_id)
+        if attempt is None:
+            raise NotFound(f"no effect attempt {attempt_id}")
+        command = await view.store.command_get(attempt.command_id)
         return await view.store.effect_operator_disposition(
             attempt_id=attempt_id, disposition=DISPOSITIONS[disposition], note=note,
-            actor=operator[0], role=operator[1], now_us=view.clock.now_us(),
+            actor=operator[0], role=operator[1],
+            in_flight_window_us=self.in_flight_window_us(command), now_us=view.clock.now_us(),
         )
 
+    def in_flight_window_us(self, command: Command | None) -> int:
+        """How long a dispatched request of ``command`` may still be applied: the
+        longer of the operation's declared window and the binding's (a missing
+        definition gets the longest default, never a shorter one)."""
+        default = OperationContract().max_in_flight_s
+        op = self.catalog.operation(command.operation) if command is not None else None
+        binding = self.catalog.binding(command.binding_id) if command is not None else None
+        window = op.contract.max_in_flight_s if op is not None else default
+        if binding is not None:
+            window = max(window, binding.max_in_flight)
+        if op is None or binding is None:
+            window = max(window, default)
+        return int(window * 1_000_000)
+
     async def retire(self, command_id: str, reason: str, actor: str) -> str:
+        """Retire a blocked command; the store proves (or not) no effect in its
+        own transaction, over the whole repair lineage."""
         name, role = authorize_console(actor, "command.repair")
         view = console().view
-        attempts = await view.store.effect_attempts(command_id)
-        reason_code = no_effect_reason([(a.outcome, a.disposition) for a in attempts])
-        no_effect = None
-        if reason_code is not None:
-            result = NoEffectResult(reason_code)
-            no_effect = (result.canonical.decode(), result.digest)
         settlement = await view.store.command_retire(
-            command_id, RepairActor(actor=name, role=role, reason=reason), no_effect=no_effect,
+            command_id, RepairActor(actor=name, role=role, reason=reason),
             receipt_max_attempts=view.settings.family(RECEIPT_FAMILY).max_attempts,
             now_us=view.clock.now_us(),
         )

@@ -277,7 +277,7 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
                 sys.stdout.write(f"replayed {args.work_id} as {new.work_id}\n")
         elif verb == "cancel":
             result = await cancel(store, settings, clock, work_id=args.work_id, actor=args.actor,
-                                  reason=args.reason)
+                                  reason=args.reason, rules=registry.cancel_rules())
             _print_json({"work_id": result.work_id, "disposition": result.disposition,
                          "state": result.state.value})
         elif verb == "depths":

@@ -52,7 +52,7 @@ from storage.port import (
     WorkConflict,
 )
 from storage.repair_lineage import receipt_target
-from storage.work_admin import append_audit, insert_work
+from storage.work_admin import CancelRequested, append_audit, insert_work
 from storage.work_claims import fence_lock, fence_lock_many
 from storage.work_rows import placeholders
 
@@ -64,11 +64,16 @@ _ATTEMPT_COLUMNS = (
     " response_status, provider_evidence, outcome, failure_class, finished_at_us,"
     " disposition, disposition_note, disposition_by, disposition_at_us"
 )
-# Each command's settlement and how many of its attempts are unresolved, in one read.
+# Each command's settlement, how many of its attempts are unresolved, and whether
+# an operator asked its running WorkItem to stop, in one read. (Read after the
+# fence's UPDATE locked the item's row: a cancel request committed before it is
+# seen, and one made after it finds the checkpoint and is refused.)
 _DISPATCHABLE_SQL = (
     "SELECT c.command_id, c.settlement, (SELECT COUNT(*) FROM effect_attempts a"
     " WHERE a.command_id = c.command_id AND a.disposition IS NULL"
-    " AND (a.outcome IS NULL OR a.outcome = 'OUTCOME_UNKNOWN'))"
+    " AND (a.outcome IS NULL OR a.outcome = 'OUTCOME_UNKNOWN')),"
+    " (SELECT COUNT(*) FROM work_items w WHERE w.subject_kind = 'command'"
+    " AND w.subject_id = c.command_id AND w.state = 'processing' AND w.cancel_requested = 1)"
     " FROM external_commands c WHERE c.command_id IN ({marks})"
 )
 # An attempt left with no outcome after its checkpoint: undisposed, and the claim
@@ -111,15 +116,19 @@ def attempt_from_row(row: Row) -> EffectAttempt:
     )
 
 
-def _dispatch_refusal(command_id: str, state: tuple[str, int] | None) -> WorkConflict | None:
-    """Why no attempt may start, from the command's (settlement, unresolved attempts)."""
+def _dispatch_refusal(command_id: str,
+                      state: tuple[str, int, int] | None) -> WorkConflict | None:
+    """Why no attempt may start, from the command's (settlement, unresolved
+    attempts, cancel requested)."""
     if state is None:
         return WorkConflict(f"no command {command_id}")
-    settlement, unresolved = state
+    settlement, unresolved, cancel = state
     if settlement != Settlement.OPEN:
         return WorkConflict(f"command {command_id} is {settlement}; no further dispatch")
     if unresolved:
         return WorkConflict(f"command {command_id} has an unresolved attempt")
+    if cancel:
+        return CancelRequested(f"command {command_id}: an operator cancelled its work")
     return None
 
 
@@ -257,12 +266,12 @@ class EffectJournal:
             answers: list[str | StorageError] = list(ids)
             live = await fence_lock_many(tx, [fence for fence, _ in requests], now_us)
             wanted = [d.command_id for fence, d in requests if fence.work_id in live]
-            state: dict[str, tuple[str, int]] = {}
+            state: dict[str, tuple[str, int, int]] = {}
             if wanted:
                 unique = sorted(set(wanted))
                 rows = await tx.fetchall(
                     _DISPATCHABLE_SQL.format(marks=placeholders(len(unique))), unique)
-                state = {str(r[0]): (str(r[1]), int(r[2])) for r in rows}
+                state = {str(r[0]): (str(r[1]), int(r[2]), int(r[3])) for r in rows}
             inserts = []
             for i, (fence, draft) in enumerate(requests):
                 refusal = (LostLease(fence) if fence.work_id not in live
@@ -272,7 +281,7 @@ class EffectJournal:
                     answers[i] = refusal
                     continue
                 # A second request for one command in one batch finds the first unresolved.
-                state[draft.command_id] = (Settlement.OPEN.value, 1)
+                state[draft.command_id] = (Settlement.OPEN.value, 1, 0)
                 inserts.append(_attempt_params(ids[i], fence, draft, now_us))
             await tx.executemany(_INSERT_ATTEMPT_SQL, inserts)
             return answers

@@ -16,11 +16,13 @@ import attrs
 import trio
 
 from config.settings import FamilySettings, Settings
-from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
+from daemon.core.cancel import CancelRule
+from daemon.core.outcomes import CancelAcknowledged, DeadLetter, Outcome, RetryLater, Succeeded
 from daemon.core.retry import BackoffPolicy
 from daemon.core.work import Fence, WorkItem
 from daemon.services.clock import Clock
 from storage.port import SqlTx
+from storage.work_admin import CancelRequested
 from storage.work_store import WorkStore
 
 T = TypeVar("T")
@@ -81,6 +83,8 @@ class WorkFamily:
     handler: Handler
     settings: FamilySettings
     replay_guard: ReplayGuard | None = None
+    # What an operator's cancel means for this family (daemon/core/cancel.py).
+    cancel_rule: CancelRule = CancelRule.ANYTIME
 
     @property
     def backoff(self) -> BackoffPolicy:
@@ -113,6 +117,10 @@ class FamilyRegistry:
     def names(self) -> list[str]:
         return sorted(self.families)
 
+    def cancel_rules(self) -> dict[str, CancelRule]:
+        """Each family's cancel rule, for the storage cancel to apply in its transaction."""
+        return {name: family.cancel_rule for name, family in self.families.items()}
+
 
 async def noop_handler(ctx: WorkContext) -> Outcome:
     """The built-in ``noop`` family, for demos and benchmarks.
@@ -142,6 +150,18 @@ async def noop_handler(ctx: WorkContext) -> Outcome:
 
 
 BUILTIN_HANDLERS: dict[str, Handler] = {"noop": noop_handler}
+# What cancel means per family. ``noop``: anything not yet finished stops.
+# ``external_effect``: only before its dispatch checkpoint (a request at the
+# provider cannot be called back; once dispatched the cancel is refused until
+# the attempt is classified); the command then stays open, its Runtime intent
+# blocking until an operator retires it (a no-effect receipt when proven) or
+# repairs it. ``runtime_receipt``: never (it delivers a persisted result the
+# Runtime must receive; cancelling it would end that duty).
+CANCEL_RULES: dict[str, CancelRule] = {
+    "noop": CancelRule.ANYTIME,
+    "external_effect": CancelRule.BEFORE_DISPATCH,
+    "runtime_receipt": CancelRule.NEVER,
+}
 # Every family this build can run; the effect and receipt handlers need the
 # catalog and an HTTP client, so daemon/services/assembly.py builds them.
 FAMILY_NAMES = ("external_effect", "noop", "runtime_receipt")
@@ -158,6 +178,22 @@ def build_registry(
 ) -> FamilyRegistry:
     registry = FamilyRegistry()
     for name, handler in (handlers or BUILTIN_HANDLERS).items():
-        registry.add(WorkFamily(name, handler, settings.family(name),
-                                (guards or {}).get(name)))
+        registry.add(WorkFamily(name, acknowledging_cancel(handler), settings.family(name),
+                                (guards or {}).get(name),
+                                CANCEL_RULES.get(name, CancelRule.ANYTIME)))
     return registry
+
+
+def acknowledging_cancel(handler: Handler) -> Handler:
+    """A step refused because an operator cancelled the item (the dispatch
+    checkpoint, say) ends the handler with the fenced cancel acknowledgement."""
+
+    async def handle(ctx: WorkContext) -> Outcome:
+        try:
+            return await handler(ctx)
+        except CancelRequested:
+            ctx.side_writes.clear()
+            ctx.wakes.clear()
+            return CancelAcknowledged()
+
+    return handle
