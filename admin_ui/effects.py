@@ -44,7 +44,7 @@ from daemon.core.work import WorkItem
 from daemon.services.operator_api import NotAuthorized
 from storage.command_repair import RepairActor
 from storage.commands import EFFECT_FAMILY
-from storage.effect_values import Command, Disposition, EffectAttempt
+from storage.effect_values import Command, Disposition, EffectAttempt, ResultReceipt
 from storage.effects import RECEIPT_FAMILY
 from storage.repair_lineage import blocking_reason
 
@@ -78,6 +78,28 @@ def _command_json(c: Command) -> dict[str, Any]:
     return doc
 
 
+@attrs.frozen
+class RuntimeStatus:
+    """Where a command's Runtime intent stands: the lineage root the Runtime
+    knows, its receipt, the repair issued for this command, and why the intent
+    still blocks ("" once a receipt exists)."""
+
+    root: Command
+    receipt: ResultReceipt | None
+    repaired_by: str | None
+    blocking: str
+
+
+async def runtime_status(view: ReplicaView, command: Command) -> RuntimeStatus:
+    lineage = await view.store.command_lineage(command.command_id)
+    root = lineage[0] if lineage else command
+    receipt = await view.store.receipt_get(root.command_id)
+    repaired_by = await view.store.command_repaired_by(command.command_id)
+    return RuntimeStatus(root, receipt, repaired_by,
+                         blocking_reason(command, has_receipt=receipt is not None,
+                                         repaired_by=repaired_by))
+
+
 @attrs.define(eq=False)
 class EffectConsole:
     catalog: Catalog
@@ -93,7 +115,6 @@ class EffectConsole:
         command = await self._command_of(view, item)
         if command is None:
             return None
-        receipt = await view.store.receipt_get(command.command_id)
         rows = [
             LineageRow("Command", command.command_id,
                        f"/admin/effects/commands/{command.command_id}"),
@@ -106,16 +127,14 @@ class EffectConsole:
         if command.repair_of:
             rows.append(LineageRow("Repair of", command.repair_of,
                                    f"/admin/effects/commands/{command.repair_of}"))
-        repaired_by = await view.store.command_repaired_by(command.command_id)
-        if repaired_by:
-            rows.append(LineageRow("Repaired by", repaired_by,
-                                   f"/admin/effects/commands/{repaired_by}"))
-        lineage = await view.store.command_lineage(command.command_id)
-        root = lineage[0] if lineage else command
-        if root.command_id != command.command_id:
-            rows.append(LineageRow("Runtime intent answered by", root.command_id,
-                                   f"/admin/effects/commands/{root.command_id}"))
-            receipt = await view.store.receipt_get(root.command_id)
+        status = await runtime_status(view, command)
+        receipt = status.receipt
+        if status.repaired_by:
+            rows.append(LineageRow("Repaired by", status.repaired_by,
+                                   f"/admin/effects/commands/{status.repaired_by}"))
+        if status.root.command_id != command.command_id:
+            rows.append(LineageRow("Runtime intent of", status.root.command_id,
+                                   f"/admin/effects/commands/{status.root.command_id}"))
         if receipt is not None:
             rows.append(LineageRow(
                 "Runtime receipt",
@@ -123,10 +142,8 @@ class EffectConsole:
                 + (f", remote {receipt.remote_id}" if receipt.remote_id else "")
                 + (f", last error {receipt.last_error}" if receipt.last_error else ""),
             ))
-        blocking = blocking_reason(command, has_receipt=receipt is not None,
-                                   repaired_by=repaired_by)
-        if blocking:
-            rows.append(LineageRow("Runtime intent blocking", blocking))
+        if status.blocking:
+            rows.append(LineageRow("Runtime intent blocking", status.blocking))
         return LineageSection("commands", "External command", tuple(rows))
 
     async def attempts_section(self, view: ReplicaView,
@@ -346,10 +363,11 @@ def build_blueprint(ec: EffectConsole) -> Blueprint:
         command = await view.store.command_get(_ulid(command_id))
         if command is None:
             raise NotFound(f"no command {command_id}")
+        runtime = await runtime_status(view, command)
         return await page(
             "effect_command.html", status=status, error=error, notice=notice,
             command=command, attempts=await view.store.effect_attempts(command_id),
-            receipt=await view.store.receipt_get(command_id),
+            receipt=runtime.receipt, runtime=runtime,
             audit=await view.store.audit_list(target_id=command_id),
         )
 
@@ -400,11 +418,15 @@ def build_blueprint(ec: EffectConsole) -> Blueprint:
         command = await view.store.command_get(_ulid(command_id))
         if command is None:
             raise NotFound(f"no command {command_id}")
-        receipt = await view.store.receipt_get(command_id)
+        runtime = await runtime_status(view, command)
+        receipt = runtime.receipt
         return {
             "command": _command_json(command),
             "attempts": [_attempt_json(a) for a in await view.store.effect_attempts(command_id)],
             "receipt": attrs.asdict(receipt) if receipt else None,
+            "runtime_intent": {"answered_by_lineage_of": runtime.root.command_id,
+                               "repaired_by": runtime.repaired_by,
+                               "blocking": runtime.blocking or None},
         }
 
     @bp.post("/admin/api/effects/attempts/<attempt_id>/disposition")

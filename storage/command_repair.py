@@ -83,6 +83,22 @@ async def _audit(tx: SqlTx, who: RepairActor, action: str, command_id: str, befo
     ))
 
 
+async def _link_key_of(tx: SqlTx, command_id: str) -> str:
+    """The remote-link key admission put in the command's work payload ("" if none):
+    the repair's WorkItem carries it too, so it takes the same target lane."""
+    rows = await tx.fetchall(
+        "SELECT payload FROM work_items WHERE subject_kind = 'command' AND subject_id = ?"
+        " ORDER BY work_id", (command_id,))
+    for (payload,) in rows:
+        try:
+            key = json.loads(str(payload)).get("link_key")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(key, str) and key:
+            return key
+    return ""
+
+
 async def _retire(tx: SqlTx, command_id: str, now_us: int) -> None:
     await tx.execute(
         "UPDATE external_commands SET settlement = 'retired', updated_at_us = ?"
@@ -156,6 +172,7 @@ class CommandRepair:
                 catalog_revision=old.catalog_revision, catalog_digest=catalog_digest,
                 frozen_request=old.frozen_request, max_attempts=max_attempts,
                 lane=f"{old.scope.org_id}:{old.local_object}:{old.local_id}",
+                link_key=await _link_key_of(tx, command_id),
             )
             try:
                 await _insert_command(tx, draft, new_id, now_us, repair_of=command_id)

@@ -58,7 +58,11 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     runtime_client = BoundedHttp.open(16)
     sender = ReceiptSender(settings=settings, client=runtime_client)
     async def effect_replay_guard(store: WorkStore, item: WorkItem) -> str | None:
-        return await replay_refusal(catalog, store, item)
+        refusal = await replay_refusal(catalog, store, item)
+        if refusal is None and item.subject_kind == "command":
+            # An older intent replayed after a newer one landed would overwrite it.
+            refusal = await store.command_superseded(item.subject_id)
+        return refusal
 
     registry = build_registry(
         settings,
