@@ -21,12 +21,17 @@ from tests.support.commands import draft
 from tests.support.work import SEC, T0, claim, finalize
 
 WHO = RepairActor(actor="otto", role="operator", reason="repair it")
-GEN = {"binding_generation": 1, "catalog_digest": "sha256:catalog", "max_attempts": 8}
 LATER = T0 + 120 * SEC  # past every in-flight window used here
 
 
-async def _accepted(store: WorkStore, intent: str = "int-1", **kw: str) -> str:
-    result = await store.command_accept(draft(intent, **kw), T0)
+async def _repair(store: WorkStore, command_id: str, now: int) -> str:
+    return await store.command_repair(command_id, WHO, binding_generation=1,
+                                      catalog_digest="sha256:catalog", max_attempts=8,
+                                      now_us=now)
+
+
+async def _accepted(store: WorkStore, intent: str = "int-1") -> str:
+    result = await store.command_accept(draft(intent), T0)
     assert result.command_id is not None
     return result.command_id
 
@@ -75,9 +80,9 @@ async def _settle_repair(store: WorkStore, repair_id: str, settlement: Settlemen
 async def test_repair_of_an_already_repaired_command_is_refused(store: WorkStore) -> None:
     command_id = await _accepted(store)
     await _absent(store, await _dead_unknown(store, command_id))
-    first = await store.command_repair(command_id, WHO, now_us=LATER, **GEN)
+    first = await _repair(store, command_id, LATER)
     with pytest.raises(WorkConflict, match=f"already repaired by {first}"):
-        await store.command_repair(command_id, WHO, now_us=LATER + 1, **GEN)
+        await _repair(store, command_id, LATER + 1)
     repairs = [e for e in await store.audit_list(target_id=command_id)
                if e.action == "command.repair"]
     assert len(repairs) == 1
@@ -101,7 +106,7 @@ async def test_repair_after_a_no_effect_settlement_is_refused(store: WorkStore) 
                         result_format=2, canonical="{}", digest="sha256:" + "0" * 64)
     await finalize(store, item, DeadLetter("rejected", "no effect sent"))
     with pytest.raises(WorkConflict, match="is settled"):
-        await store.command_repair(command_id, WHO, now_us=LATER, **GEN)
+        await _repair(store, command_id, LATER)
     assert await store.command_repaired_by(command_id) is None
 
 
@@ -114,20 +119,20 @@ async def test_repair_of_a_command_whose_effect_is_proven_applied_is_refused(
         attempt_id=attempt_id, disposition=Disposition.OPERATOR_APPLIED, note="seen",
         actor="otto", role="operator", in_flight_window_us=30 * SEC, now_us=LATER)
     with pytest.raises(WorkConflict, match="proven applied"):
-        await store.command_repair(command_id, WHO, now_us=LATER, **GEN)
+        await _repair(store, command_id, LATER)
 
 
 async def test_repair_with_an_unresolved_attempt_is_refused(store: WorkStore) -> None:
     command_id = await _accepted(store)
     await _dead_unknown(store, command_id)
     with pytest.raises(WorkConflict, match="record a disposition first"):
-        await store.command_repair(command_id, WHO, now_us=LATER, **GEN)
+        await _repair(store, command_id, LATER)
 
 
 async def test_a_repairs_success_is_the_original_intents_receipt(store: WorkStore) -> None:
     command_id = await _accepted(store)
     await _absent(store, await _dead_unknown(store, command_id))
-    repair_id = await store.command_repair(command_id, WHO, now_us=LATER, **GEN)
+    repair_id = await _repair(store, command_id, LATER)
     assert await store.receipt_get(command_id) is None  # blocking until the repair lands
     await _settle_repair(store, repair_id, Settlement.SUCCEEDED)
     receipt = await store.receipt_get(command_id)
@@ -151,7 +156,7 @@ async def test_a_repairs_no_effect_is_sent_only_when_the_whole_lineage_proves_it
     # rejected by the provider: every attempt of the lineage is effect-free.
     command_id = await _accepted(store)
     await _absent(store, await _dead_unknown(store, command_id))
-    repair_id = await store.command_repair(command_id, WHO, now_us=LATER, **GEN)
+    repair_id = await _repair(store, command_id, LATER)
     await _settle_repair(store, repair_id, Settlement.NO_EFFECT, attempt_outcome="REJECTED")
     receipt = await store.receipt_get(command_id)
     assert receipt is not None and receipt.result_format_version == 2
@@ -162,10 +167,10 @@ async def test_a_repairs_no_effect_is_sent_only_when_the_whole_lineage_proves_it
 async def test_a_repair_of_a_repair_answers_the_root_intent(store: WorkStore) -> None:
     command_id = await _accepted(store)
     await _absent(store, await _dead_unknown(store, command_id))
-    repair_id = await store.command_repair(command_id, WHO, now_us=LATER, **GEN)
+    repair_id = await _repair(store, command_id, LATER)
     again = T0 + 300 * SEC
     await _absent(store, await _dead_unknown(store, repair_id, now=LATER), now=again)
-    second = await store.command_repair(repair_id, WHO, now_us=again, **GEN)
+    second = await _repair(store, repair_id, again)
     assert [c.command_id for c in await store.command_lineage(second)] == [
         command_id, repair_id, second]
     await _settle_repair(store, second, Settlement.SUCCEEDED, now=again)
@@ -176,7 +181,7 @@ async def test_a_repair_of_a_repair_answers_the_root_intent(store: WorkStore) ->
 async def test_retiring_a_repair_with_proof_answers_the_root_intent(store: WorkStore) -> None:
     command_id = await _accepted(store)
     await _absent(store, await _dead_unknown(store, command_id))
-    repair_id = await store.command_repair(command_id, WHO, now_us=LATER, **GEN)
+    repair_id = await _repair(store, command_id, LATER)
     (repair_work,) = [i for i in await store.work_list(WorkQuery(family="external_effect"))
                       if i.subject_id == repair_id]
     await store.work_cancel(repair_work.work_id, LATER)  # never claimed: no attempt
