@@ -221,16 +221,16 @@ class EffectConsole:
 
     def in_flight_window_us(self, command: Command | None) -> int:
         """How long a dispatched request of ``command`` may still be applied: the
-        longer of the operation's declared window and the binding's (a missing
-        definition gets the longest default, never a shorter one)."""
+        window reconciliation uses (the binding's, else the operation's); with
+        the definition gone, the longest default, never a shorter one."""
         default = OperationContract().max_in_flight_s
         op = self.catalog.operation(command.operation) if command is not None else None
         binding = self.catalog.binding(command.binding_id) if command is not None else None
-        window = op.contract.max_in_flight_s if op is not None else default
-        if binding is not None:
-            window = max(window, binding.max_in_flight)
         if op is None or binding is None:
-            window = max(window, default)
+            window = max(default, op.contract.max_in_flight_s if op is not None else 0.0,
+                         binding.max_in_flight if binding is not None else 0.0)
+        else:
+            window = binding.max_in_flight or op.contract.max_in_flight_s
         return int(window * 1_000_000)
 
     async def retire(self, command_id: str, reason: str, actor: str) -> str:
