@@ -67,6 +67,9 @@ def _scope(binding: BindingSettings) -> str:
 def _attempt_json(a: EffectAttempt) -> dict[str, Any]:
     doc = attrs.asdict(a)
     doc["unresolved"] = a.unresolved
+    # Why it awaits a disposition: classified unknown, or left with no outcome.
+    doc["awaiting"] = ("outcome_unknown" if a.outcome == "OUTCOME_UNKNOWN" else
+                       "no_outcome" if a.outcome is None and a.unresolved else None)
     return doc
 
 
@@ -408,8 +411,11 @@ def build_blueprint(ec: EffectConsole) -> Blueprint:
     @bp.get("/admin/api/effects/unknown")
     @require("effect.read")
     async def api_unknown() -> dict[str, Any]:
-        attempts = await console().view.store.effect_unknown_list(200)
-        return {"attempts": [_attempt_json(a) for a in attempts]}
+        store = console().view.store
+        attempts = await store.effect_unknown_list(200)
+        unknown, left = await store.effect_unresolved_counts()
+        return {"attempts": [_attempt_json(a) for a in attempts],
+                "counts": {"outcome_unknown": unknown, "no_outcome": left}}
 
     @bp.get("/admin/api/effects/commands/<command_id>")
     @require("effect.read")
@@ -480,7 +486,9 @@ def _op(summary: str, method: str, *, body: bool = False, param: str | None = No
 
 
 OPENAPI_PATHS: dict[str, dict[str, Any]] = {
-    "/admin/api/effects/unknown": _op("Effect attempts awaiting a disposition", "get"),
+    "/admin/api/effects/unknown": _op(
+        "Effect attempts awaiting a disposition (OUTCOME_UNKNOWN, or left with no outcome"
+        " after their dispatch checkpoint), with both counts", "get"),
     "/admin/api/effects/commands/{command_id}": _op(
         "A command with its attempts and receipt", "get", param="command_id"),
     "/admin/api/effects/attempts/{attempt_id}/disposition": _op(

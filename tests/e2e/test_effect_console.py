@@ -77,6 +77,7 @@ async def test_dispositions_need_a_role_and_csrf_and_happen_once(
         assert again.status_code == 409
         listed = (await otto.get("/admin/api/effects/unknown")).json()
         assert listed["attempts"] == []
+        assert listed["counts"] == {"outcome_unknown": 0, "no_outcome": 0}
         # Nothing secret anywhere on the pages an operator can read.
         pages = [await otto.get(p) for p in (
             "/admin/effects", f"/admin/effects/attempts/{attempt_id}", "/admin/bindings")]

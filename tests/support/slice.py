@@ -50,13 +50,13 @@ REVISION = 7
 
 def slice_settings(*, api_port: int, runtime_url: str, hubspot_url: str, url: str,
                    lease_ttl: float = 6.0, max_attempts: int = 8,
-                   operators: tuple[Operator, ...] = ()) -> Settings:
+                   operators: tuple[Operator, ...] = (), drain_timeout: float = 5.0) -> Settings:
     return Settings(
         admin=AdminSettings(listen="127.0.0.1:0",
                             session_secret=Secret("slice-test-session-secret-0123456789")),
         operators=operators,
         api=ApiSettings(listen=f"127.0.0.1:{api_port}"),
-        replica=ReplicaSettings(drain_timeout=5.0),
+        replica=ReplicaSettings(drain_timeout=drain_timeout),
         work=WorkSettings(poll_interval=0.05, lease_margin=1.0, reclaim_interval=0.5),
         families={
             "external_effect": FamilySettings(max_attempts=max_attempts, backoff_base=0.2,
@@ -167,8 +167,8 @@ class Slice:
 @asynccontextmanager
 async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False,
                         with_replica: bool = True, lease_ttl: float = 6.0,
-                        max_attempts: int = 8,
-                        operators: tuple[Operator, ...] = ()) -> AsyncIterator[Slice]:
+                        max_attempts: int = 8, operators: tuple[Operator, ...] = (),
+                        drain_timeout: float = 5.0) -> AsyncIterator[Slice]:
     sim = HubSpotSimulator(tokens={HUBSPOT_TOKEN})
     api_port = free_port()
     async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=10) as http:
@@ -191,7 +191,7 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                                   runtime_url=f"http://127.0.0.1:{runtime_port}",
                                   hubspot_url=f"http://127.0.0.1:{sim_port}", url=url,
                                   lease_ttl=lease_ttl, max_attempts=max_attempts,
-                                  operators=operators)
+                                  operators=operators, drain_timeout=drain_timeout)
         clock = WallClock()
         metrics = Metrics()
         parts = assemble(settings, store, clock, metrics)
