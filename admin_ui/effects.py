@@ -4,18 +4,24 @@ Theory of operation
 -------------------
 Plugged in through :class:`admin_ui.extensions.ConsoleExtensions`:
 
-* lineage sections on a work item's page (its command, every effect attempt
-  with its outcome class and disposition, the Runtime receipt, the remote
-  link and the binding summary), never a payload or a token;
-* ``/admin/effects``: attempts whose outcome is unknown, awaiting a
-  disposition, and the remote-link adoption form;
+* lineage sections on a work item's page (its command, its repair lineage,
+  every effect attempt with its outcome class and disposition, the Runtime
+  receipt or why the Runtime intent still blocks, the remote link and the
+  binding summary), never a payload or a token;
+* ``/admin/effects``: attempts awaiting a disposition (outcome unknown, or
+  left with no outcome after their dispatch checkpoint), and the
+  remote-link adoption form;
 * repairs, each authorized at request time, CSRF-checked and audited in the
   transaction that makes it: record a disposition on an unresolved attempt
   (attach provider evidence, mark applied or absent), adopt an existing
   remote record after uniqueness checks, retire a blocked command, or issue a
   new command with repair lineage. None edits an attempt's request or
   reopens terminal work; after a disposition, replaying the dead item lets
-  the effect runner settle (applied) or dispatch anew (absent).
+  the effect runner settle (applied) or dispatch anew (absent). A
+  disposition is fenced by the store (not while the command's work is
+  processing, not within the provider's in-flight window, computed here from
+  the catalog); retire and repair decide their evidence in their own
+  transaction (``storage/command_repair.py``).
 """
 
 from __future__ import annotations
