@@ -118,8 +118,13 @@ class FamilyRegistry:
         return sorted(self.families)
 
     def cancel_rules(self) -> dict[str, CancelRule]:
-        """Each family's cancel rule, for the storage cancel to apply in its transaction."""
-        return {name: family.cancel_rule for name, family in self.families.items()}
+        """Each family's cancel rule, for the storage cancel to apply in its transaction.
+
+        Every built-in family's declared rule is included even when this registry
+        runs no handler for it (a CLI registry, say): a receipt stays uncancellable
+        whoever asks."""
+        return {**CANCEL_RULES,
+                **{name: family.cancel_rule for name, family in self.families.items()}}
 
 
 async def noop_handler(ctx: WorkContext) -> Outcome:

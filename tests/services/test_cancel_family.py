@@ -34,6 +34,10 @@ async def test_each_built_in_family_declares_its_cancel_rule() -> None:
     assert registry.cancel_rules() == {
         "noop": CancelRule.ANYTIME, "external_effect": CancelRule.BEFORE_DISPATCH,
         "runtime_receipt": CancelRule.NEVER, "other": CancelRule.ANYTIME}
+    # A registry that runs only noop (the CLI's) still knows the others' rules.
+    assert build_registry(Settings()).cancel_rules() == {
+        "noop": CancelRule.ANYTIME, "external_effect": CancelRule.BEFORE_DISPATCH,
+        "runtime_receipt": CancelRule.NEVER}
 
 
 async def test_a_cancel_requested_before_the_checkpoint_is_acknowledged(
