@@ -90,19 +90,16 @@ class Operations:
                             work_id=work_id, actor=actor, reason=reason)
 
     async def cancel_item(self, *, work_id: str, actor: str, reason: str) -> CancelResult:
-        """Cancel pending/retry work, or ask a running claimant to stop; audited."""
+        """Cancel pending/retry work, or ask a running claimant to stop, as the item's
+        family declares (``FamilyRegistry.cancel_rules``); audited. Refusals (a
+        terminal item, a receipt, an effect already dispatched) raise
+        :class:`storage.work_admin.CancelRefused`, a ``WorkConflict``."""
         operator = authorize(self.settings, actor, "work.cancel")
-        result = await self.store.work_cancel_audited(
+        return await self.store.work_cancel_audited(
             CancelParams(work_id=work_id, actor=operator.name, role=operator.role,
                          reason=reason),
-            self.clock.now_us(),
+            self.clock.now_us(), self.registry.cancel_rules(),
         )
-        if result.disposition == "noop":
-            raise WorkConflict(
-                f"work {work_id} is {result.state.value}; only pending, retry or processing"
-                " work can be cancelled"
-            )
-        return result
 
     async def bulk_replay(self, request: BulkReplayRequest, *, actor: str) -> BulkReplayReport:
         """Replay up to ``request.limit`` not-yet-replayed dead items of one family/class."""

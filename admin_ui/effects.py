@@ -4,22 +4,29 @@ Theory of operation
 -------------------
 Plugged in through :class:`admin_ui.extensions.ConsoleExtensions`:
 
-* lineage sections on a work item's page (its command, every effect attempt
-  with its outcome class and disposition, the Runtime receipt, the remote
-  link and the binding summary), never a payload or a token;
-* ``/admin/effects``: attempts whose outcome is unknown, awaiting a
-  disposition, and the remote-link adoption form;
+* lineage sections on a work item's page (its command, its repair lineage,
+  every effect attempt with its outcome class and disposition, the Runtime
+  receipt or why the Runtime intent still blocks, the remote link and the
+  binding summary), never a payload or a token;
+* ``/admin/effects``: attempts awaiting a disposition (outcome unknown, or
+  left with no outcome after their dispatch checkpoint), and the
+  remote-link adoption form;
 * repairs, each authorized at request time, CSRF-checked and audited in the
   transaction that makes it: record a disposition on an unresolved attempt
   (attach provider evidence, mark applied or absent), adopt an existing
   remote record after uniqueness checks, retire a blocked command, or issue a
   new command with repair lineage. None edits an attempt's request or
   reopens terminal work; after a disposition, replaying the dead item lets
-  the effect runner settle (applied) or dispatch anew (absent).
+  the effect runner settle (applied) or dispatch anew (absent). A
+  disposition is fenced by the store (not while the command's work is
+  processing, not within the provider's in-flight window, computed here from
+  the catalog); retire and repair decide their evidence in their own
+  transaction (``storage/command_repair.py``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -37,20 +44,20 @@ from admin_ui.render import page
 from admin_ui.view import ReplicaView
 from config.catalog import Catalog
 from config.settings import BindingSettings
-from daemon.core.handoff import NoEffectResult
+from daemon.core.effects import OperationContract
 from daemon.core.identity import (
     BadCoordinate,
     integration_link_key_v2,
     integration_scope_digest,
 )
 from daemon.core.ids import is_ulid
-from daemon.core.no_effect import AttemptFacts, no_effect_proof
 from daemon.core.work import WorkItem
 from daemon.services.operator_api import NotAuthorized
 from storage.command_repair import RepairActor
 from storage.commands import EFFECT_FAMILY
-from storage.effect_values import Command, Disposition, EffectAttempt
+from storage.effect_values import Command, Disposition, EffectAttempt, ResultReceipt
 from storage.effects import RECEIPT_FAMILY
+from storage.repair_lineage import blocking_reason
 
 OPERATE = frozenset({"operator", "admin"})
 ADMIN = frozenset({"admin"})
@@ -71,6 +78,9 @@ def _scope(binding: BindingSettings) -> str:
 def _attempt_json(a: EffectAttempt) -> dict[str, Any]:
     doc = attrs.asdict(a)
     doc["unresolved"] = a.unresolved
+    # Why it awaits a disposition: classified unknown, or left with no outcome.
+    doc["awaiting"] = ("outcome_unknown" if a.outcome == "OUTCOME_UNKNOWN" else
+                       "no_outcome" if a.outcome is None and a.unresolved else None)
     return doc
 
 
@@ -82,9 +92,41 @@ def _command_json(c: Command) -> dict[str, Any]:
     return doc
 
 
+@attrs.frozen
+class RuntimeStatus:
+    """Where a command's Runtime intent stands: the lineage root the Runtime
+    knows, its receipt, the repair issued for this command, and why the intent
+    still blocks ("" once a receipt exists)."""
+
+    root: Command
+    receipt: ResultReceipt | None
+    repaired_by: str | None
+    blocking: str
+
+
+async def runtime_status(view: ReplicaView, command: Command) -> RuntimeStatus:
+    lineage = await view.store.command_lineage(command.command_id)
+    root = lineage[0] if lineage else command
+    receipt = await view.store.receipt_get(root.command_id)
+    repaired_by = await view.store.command_repaired_by(command.command_id)
+    return RuntimeStatus(root, receipt, repaired_by,
+                         blocking_reason(command, has_receipt=receipt is not None,
+                                         repaired_by=repaired_by))
+
+
+# The Catalog revision a command pinned, as stored (None: not stored any more).
+PinnedCatalog = Callable[[int, str], Awaitable[Catalog | None]]
+
+
+async def _no_pinned(revision: int, digest: str) -> Catalog | None:
+    return None
+
+
 @attrs.define(eq=False)
 class EffectConsole:
     catalog: Catalog
+    # The definitions a command runs under are its pinned revision's.
+    pinned: PinnedCatalog = _no_pinned
 
     # ------------------------------------------------------------ lineage
 
@@ -97,7 +139,6 @@ class EffectConsole:
         command = await self._command_of(view, item)
         if command is None:
             return None
-        receipt = await view.store.receipt_get(command.command_id)
         rows = [
             LineageRow("Command", command.command_id,
                        f"/admin/effects/commands/{command.command_id}"),
@@ -110,6 +151,14 @@ class EffectConsole:
         if command.repair_of:
             rows.append(LineageRow("Repair of", command.repair_of,
                                    f"/admin/effects/commands/{command.repair_of}"))
+        status = await runtime_status(view, command)
+        receipt = status.receipt
+        if status.repaired_by:
+            rows.append(LineageRow("Repaired by", status.repaired_by,
+                                   f"/admin/effects/commands/{status.repaired_by}"))
+        if status.root.command_id != command.command_id:
+            rows.append(LineageRow("Runtime intent of", status.root.command_id,
+                                   f"/admin/effects/commands/{status.root.command_id}"))
         if receipt is not None:
             rows.append(LineageRow(
                 "Runtime receipt",
@@ -117,6 +166,8 @@ class EffectConsole:
                 + (f", remote {receipt.remote_id}" if receipt.remote_id else "")
                 + (f", last error {receipt.last_error}" if receipt.last_error else ""),
             ))
+        if status.blocking:
+            rows.append(LineageRow("Runtime intent blocking", status.blocking))
         return LineageSection("commands", "External command", tuple(rows))
 
     async def attempts_section(self, view: ReplicaView,
@@ -183,26 +234,40 @@ class EffectConsole:
         if not note.strip():
             raise BadInput("record the provider evidence in the note")
         view = console().view
+        attempt = await view.store.effect_attempt_get(attempt_id)
+        if attempt is None:
+            raise NotFound(f"no effect attempt {attempt_id}")
+        command = await view.store.command_get(attempt.command_id)
         return await view.store.effect_operator_disposition(
             attempt_id=attempt_id, disposition=DISPOSITIONS[disposition], note=note,
-            actor=operator[0], role=operator[1], now_us=view.clock.now_us(),
+            actor=operator[0], role=operator[1],
+            in_flight_window_us=await self.in_flight_window_us(command),
+            now_us=view.clock.now_us(),
         )
 
+    async def in_flight_window_us(self, command: Command | None) -> int:
+        """How long a dispatched request of ``command`` may still be applied: the
+        window reconciliation uses, from the command's pinned revision (the longer of
+        L1's and the binding's, as L2 may only lengthen it); with the definition gone,
+        the longest default, never a shorter one."""
+        default = OperationContract().max_in_flight_s
+        if command is None:
+            return int(default * 1_000_000)
+        source = await self.pinned(command.catalog_revision, command.catalog_digest) \
+            or self.catalog
+        op = source.operation(command.operation)
+        binding = source.binding(command.binding_id)
+        window = max(op.contract.max_in_flight_s if op is not None else default,
+                     binding.max_in_flight if binding is not None else 0.0)
+        return int(window * 1_000_000)
+
     async def retire(self, command_id: str, reason: str, actor: str) -> str:
+        """Retire a blocked command; the store proves (or not) no effect in its
+        own transaction, over the whole repair lineage."""
         name, role = authorize_console(actor, "command.repair")
         view = console().view
-        command = await view.store.command_get(command_id)
-        attempts = await view.store.effect_attempts(command_id)
-        # The same proof as the effect runner's (daemon/core/no_effect.py).
-        proof = no_effect_proof(command.intent_kind if command is not None else "",
-                                [AttemptFacts(a.outcome, a.evidence, a.disposition)
-                                 for a in attempts])
-        no_effect = None
-        if proof.reason is not None:
-            result = NoEffectResult(proof.reason)
-            no_effect = (result.canonical.decode(), result.digest)
         settlement = await view.store.command_retire(
-            command_id, RepairActor(actor=name, role=role, reason=reason), no_effect=no_effect,
+            command_id, RepairActor(actor=name, role=role, reason=reason),
             receipt_max_attempts=view.settings.family(RECEIPT_FAMILY).max_attempts,
             now_us=view.clock.now_us(),
         )
@@ -332,10 +397,11 @@ def build_blueprint(ec: EffectConsole) -> Blueprint:
         command = await view.store.command_get(_ulid(command_id))
         if command is None:
             raise NotFound(f"no command {command_id}")
+        runtime = await runtime_status(view, command)
         return await page(
             "effect_command.html", status=status, error=error, notice=notice,
             command=command, attempts=await view.store.effect_attempts(command_id),
-            receipt=await view.store.receipt_get(command_id),
+            receipt=runtime.receipt, runtime=runtime,
             audit=await view.store.audit_list(target_id=command_id),
         )
 
@@ -376,8 +442,11 @@ def build_blueprint(ec: EffectConsole) -> Blueprint:
     @bp.get("/admin/api/effects/unknown")
     @require("effect.read")
     async def api_unknown() -> dict[str, Any]:
-        attempts = await console().view.store.effect_unknown_list(200)
-        return {"attempts": [_attempt_json(a) for a in attempts]}
+        store = console().view.store
+        attempts = await store.effect_unknown_list(200)
+        unknown, left = await store.effect_unresolved_counts()
+        return {"attempts": [_attempt_json(a) for a in attempts],
+                "counts": {"outcome_unknown": unknown, "no_outcome": left}}
 
     @bp.get("/admin/api/effects/commands/<command_id>")
     @require("effect.read")
@@ -386,11 +455,15 @@ def build_blueprint(ec: EffectConsole) -> Blueprint:
         command = await view.store.command_get(_ulid(command_id))
         if command is None:
             raise NotFound(f"no command {command_id}")
-        receipt = await view.store.receipt_get(command_id)
+        runtime = await runtime_status(view, command)
+        receipt = runtime.receipt
         return {
             "command": _command_json(command),
             "attempts": [_attempt_json(a) for a in await view.store.effect_attempts(command_id)],
             "receipt": attrs.asdict(receipt) if receipt else None,
+            "runtime_intent": {"answered_by_lineage_of": runtime.root.command_id,
+                               "repaired_by": runtime.repaired_by,
+                               "blocking": runtime.blocking or None},
         }
 
     @bp.post("/admin/api/effects/attempts/<attempt_id>/disposition")
@@ -447,7 +520,9 @@ def _op(summary: str, method: str, *, body: bool = False, param: str | None = No
 
 
 OPENAPI_PATHS: dict[str, dict[str, Any]] = {
-    "/admin/api/effects/unknown": _op("Effect attempts awaiting a disposition", "get"),
+    "/admin/api/effects/unknown": _op(
+        "Effect attempts awaiting a disposition (OUTCOME_UNKNOWN, or left with no outcome"
+        " after their dispatch checkpoint), with both counts", "get"),
     "/admin/api/effects/commands/{command_id}": _op(
         "A command with its attempts and receipt", "get", param="command_id"),
     "/admin/api/effects/attempts/{attempt_id}/disposition": _op(
@@ -463,8 +538,9 @@ OPENAPI_PATHS: dict[str, dict[str, Any]] = {
 }
 
 
-def effect_extensions(catalog: Catalog) -> ConsoleExtensions:
-    ec = EffectConsole(catalog)
+def effect_extensions(catalog: Catalog,
+                      pinned: PinnedCatalog = _no_pinned) -> ConsoleExtensions:
+    ec = EffectConsole(catalog, pinned)
     return ConsoleExtensions(
         lineage=[ec.command_section, ec.attempts_section, ec.link_section, ec.binding_section],
         blueprints=[build_blueprint(ec)],

@@ -187,7 +187,7 @@ async def _cmd_run(settings: Settings) -> int:
         parts = assemble(settings, store, clock, metrics)
         # The composition root: the console is built here and handed to the replica, so
         # the services never import the console, nor the console the replica.
-        admin_app = console_factory(effect_extensions(parts.catalog))
+        admin_app = console_factory(effect_extensions(parts.catalog, parts.catalogs.pinned))
         replica = Replica(settings, store, parts.registry, clock, metrics=metrics,
                           api_app=parts.api_app, admin_app=admin_app)
         if parts.api_context is not None:
@@ -324,7 +324,7 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
                 sys.stdout.write(f"replayed {args.work_id} as {new.work_id}\n")
         elif verb == "cancel":
             result = await cancel(store, settings, clock, work_id=args.work_id, actor=args.actor,
-                                  reason=args.reason)
+                                  reason=args.reason, rules=registry.cancel_rules())
             _print_json({"work_id": result.work_id, "disposition": result.disposition,
                          "state": result.state.value})
         elif verb == "depths":

@@ -385,6 +385,7 @@ async def _insert_commands(tx: SqlTx, commands: Sequence[tuple[CommandDraft, str
           *pins.get(draft.link_key, (None, None)), now_us)
          for draft, command_id in commands],
     )
+    targets = await target_lanes(tx, [draft.link_key for draft, _ in commands])
     # The dedupe key is the new command's own id, so it cannot collide: the
     # WorkItems go in as one multi-row INSERT.
     works = await insert_work(
@@ -401,6 +402,7 @@ async def _insert_commands(tx: SqlTx, commands: Sequence[tuple[CommandDraft, str
             payload=json.dumps({"command_id": command_id, "link_key": draft.link_key}
                                if draft.link_key else {"command_id": command_id}),
             source_lane=draft.lane,
+            target_lane=targets.get(draft.link_key),
             max_attempts=draft.max_attempts,
             dedupe_key=f"command:{command_id}",
         ) for draft, command_id in commands],
@@ -408,3 +410,21 @@ async def _insert_commands(tx: SqlTx, commands: Sequence[tuple[CommandDraft, str
         fresh_dedupe_keys=True,
     )
     return [w.work_id for w in works]
+
+
+async def target_lanes(tx: SqlTx, link_keys: Sequence[str]) -> dict[str, str]:
+    """Each link key's target lane: the remote record it names (seed 5.2).
+
+    An active link's lane is its remote locator (provider scope, remote account,
+    remote object and remote id, hashed), so two commands that write one remote
+    record never run at once, whichever local record they come from; a link
+    not yet active (a create slot) serializes on its own key. One read.
+    """
+    keys = sorted({k for k in link_keys if k})
+    if not keys:
+        return {}
+    rows = await tx.fetchall(
+        "SELECT link_key, state, locator_hash FROM remote_links"
+        f" WHERE link_key IN ({placeholders(len(keys))})", keys)
+    active = {str(r[0]): str(r[2]) for r in rows if r[1] == "active" and r[2]}
+    return {k: f"remote:{active[k]}" if k in active else f"link:{k}" for k in keys}

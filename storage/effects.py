@@ -45,8 +45,18 @@ from storage.effect_values import (
 )
 from storage.idgen import new_ulid
 from storage.links import LINK_COLUMNS, link_from_row
-from storage.port import AuditEntry, Database, LostLease, Row, SqlTx, StorageError, WorkConflict
-from storage.work_admin import append_audit, insert_work
+from storage.port import (
+    AuditEntry,
+    Database,
+    DuplicateKey,
+    LostLease,
+    Row,
+    SqlTx,
+    StorageError,
+    WorkConflict,
+)
+from storage.repair_lineage import receipt_target
+from storage.work_admin import CancelRequested, append_audit, insert_work
 from storage.work_claims import fence_lock, fence_lock_many
 from storage.work_rows import placeholders
 
@@ -59,12 +69,25 @@ _ATTEMPT_COLUMNS = (
     " disposition, disposition_note, disposition_by, disposition_at_us, evidence,"
     " gave_up_at_us"
 )
-# Each command's settlement and how many of its attempts are unresolved, in one read.
+# Each command's settlement, how many of its attempts are unresolved, and whether
+# an operator asked its running WorkItem to stop, in one read. (Read after the
+# fence's UPDATE locked the item's row: a cancel request committed before it is
+# seen, and one made after it finds the checkpoint and is refused.)
 _DISPATCHABLE_SQL = (
     "SELECT c.command_id, c.settlement, (SELECT COUNT(*) FROM effect_attempts a"
     " WHERE a.command_id = c.command_id AND a.disposition IS NULL"
-    " AND (a.outcome IS NULL OR a.outcome = 'OUTCOME_UNKNOWN'))"
+    " AND (a.outcome IS NULL OR a.outcome = 'OUTCOME_UNKNOWN')),"
+    " (SELECT COUNT(*) FROM work_items w WHERE w.subject_kind = 'command'"
+    " AND w.subject_id = c.command_id AND w.state = 'processing' AND w.cancel_requested = 1)"
     " FROM external_commands c WHERE c.command_id IN ({marks})"
+)
+# An attempt left with no outcome after its checkpoint: undisposed, and the claim
+# that made it no longer holds its WorkItem (killed, drained, lease lost, or
+# cancelled mid-dispatch). While that claim is live the attempt is in flight.
+_LEFT_WITHOUT_OUTCOME = (
+    "outcome IS NULL AND disposition IS NULL AND NOT EXISTS (SELECT 1 FROM work_items w"
+    " WHERE w.work_id = effect_attempts.work_id AND w.state = 'processing'"
+    " AND w.ownership_epoch = effect_attempts.ownership_epoch)"
 )
 _INSERT_ATTEMPT_SQL = (
     f"INSERT INTO effect_attempts ({_ATTEMPT_COLUMNS}, lease_token, row_version)"
@@ -98,15 +121,19 @@ def attempt_from_row(row: Row) -> EffectAttempt:
     )
 
 
-def _dispatch_refusal(command_id: str, state: tuple[str, int] | None) -> WorkConflict | None:
-    """Why no attempt may start, from the command's (settlement, unresolved attempts)."""
+def _dispatch_refusal(command_id: str,
+                      state: tuple[str, int, int] | None) -> WorkConflict | None:
+    """Why no attempt may start, from the command's (settlement, unresolved
+    attempts, cancel requested)."""
     if state is None:
         return WorkConflict(f"no command {command_id}")
-    settlement, unresolved = state
+    settlement, unresolved, cancel = state
     if settlement != Settlement.OPEN:
         return WorkConflict(f"command {command_id} is {settlement}; no further dispatch")
     if unresolved:
         return WorkConflict(f"command {command_id} has an unresolved attempt")
+    if cancel:
+        return CancelRequested(f"command {command_id}: an operator cancelled its work")
     return None
 
 
@@ -247,12 +274,12 @@ class EffectJournal:
             answers: list[str | StorageError] = list(ids)
             live = await fence_lock_many(tx, [fence for fence, _ in requests], now_us)
             wanted = [d.command_id for fence, d in requests if fence.work_id in live]
-            state: dict[str, tuple[str, int]] = {}
+            state: dict[str, tuple[str, int, int]] = {}
             if wanted:
                 unique = sorted(set(wanted))
                 rows = await tx.fetchall(
                     _DISPATCHABLE_SQL.format(marks=placeholders(len(unique))), unique)
-                state = {str(r[0]): (str(r[1]), int(r[2])) for r in rows}
+                state = {str(r[0]): (str(r[1]), int(r[2]), int(r[3])) for r in rows}
             inserts = []
             for i, (fence, draft) in enumerate(requests):
                 refusal = (LostLease(fence) if fence.work_id not in live
@@ -262,7 +289,7 @@ class EffectJournal:
                     answers[i] = refusal
                     continue
                 # A second request for one command in one batch finds the first unresolved.
-                state[draft.command_id] = (Settlement.OPEN.value, 1)
+                state[draft.command_id] = (Settlement.OPEN.value, 1, 0)
                 inserts.append(_attempt_params(ids[i], fence, draft, now_us))
             await tx.executemany(_INSERT_ATTEMPT_SQL, inserts)
             return answers
@@ -307,13 +334,18 @@ class EffectJournal:
         note: str,
         actor: str,
         role: str,
+        in_flight_window_us: int,
         now_us: int,
     ) -> EffectAttempt:
         """An operator's repair: attach evidence and mark an unresolved attempt's outcome.
 
         Only an unresolved attempt can be disposed, once; the attempt's request
         and original classification are never edited. Audited in the same
-        transaction.
+        transaction. Fenced: refused while a WorkItem of the command is
+        ``processing`` (its claimant may be recording the real outcome) and
+        until the provider's in-flight window (``in_flight_window_us``, from
+        the operation's definition and binding) has passed since the latest
+        dispatch or give-up (a request may still be applied until then).
         """
         if disposition not in (Disposition.OPERATOR_APPLIED, Disposition.OPERATOR_ABSENT):
             raise WorkConflict("operators record operator_applied or operator_absent")
@@ -328,7 +360,9 @@ class EffectJournal:
             before = attempt_from_row(rows[0])
             if not before.unresolved:
                 raise WorkConflict(f"attempt {attempt_id} is not awaiting a disposition")
-            await dispose(tx, [attempt_id], disposition, note, actor, now_us)
+            await _disposition_fence(tx, before.command_id, in_flight_window_us, now_us)
+            await dispose(tx, [attempt_id], disposition, note, actor, now_us,
+                          unless_processing=True)
             await append_audit(tx, AuditEntry(
                 audit_id=new_ulid(now_us), at_us=now_us, actor=actor, role=role,
                 action="effect.disposition", target_kind="effect_attempt", target_id=attempt_id,
@@ -345,16 +379,23 @@ class EffectJournal:
         return await self.db.transact(body, name="effect.operator_disposition")
 
     async def effect_unknown_list(self, limit: int = 100) -> list[EffectAttempt]:
-        """Attempts awaiting a disposition (unknown outcome, or a crash after the
-        checkpoint), oldest first: the operator's repair queue."""
+        """Attempts awaiting a disposition, oldest first: the operator's repair queue.
+
+        Both kinds: ``OUTCOME_UNKNOWN``, and attempts left with no outcome after
+        their checkpoint (their claim ended by a kill, drain, lost lease or
+        cancel mid-dispatch: :data:`_LEFT_WITHOUT_OUTCOME`)."""
 
         async def body(tx: SqlTx) -> list[EffectAttempt]:
-            rows = await tx.fetchall(
+            n = max(1, min(limit, 1000))
+            unknown = await tx.fetchall(
                 f"SELECT {_ATTEMPT_COLUMNS} FROM effect_attempts WHERE disposition IS NULL"
-                " AND outcome = 'OUTCOME_UNKNOWN' ORDER BY attempt_id LIMIT ?",
-                (max(1, min(limit, 1000)),),
-            )
-            return [attempt_from_row(r) for r in rows]
+                " AND outcome = 'OUTCOME_UNKNOWN' ORDER BY attempt_id LIMIT ?", (n,))
+            left = await tx.fetchall(
+                f"SELECT {_ATTEMPT_COLUMNS} FROM effect_attempts WHERE {_LEFT_WITHOUT_OUTCOME}"
+                " ORDER BY attempt_id LIMIT ?", (n,))
+            found = sorted((attempt_from_row(r) for r in (*unknown, *left)),
+                           key=lambda a: a.attempt_id)
+            return found[:n]
 
         return await self.db.transact(body, name="effect.unknown_list", write=False)
 
@@ -369,14 +410,21 @@ class EffectJournal:
         return await self.db.transact(body, name="effect.attempt_get", write=False)
 
     async def effect_unknown_backlog(self) -> int:
-        """Attempts whose outcome is unknown and not yet disposed (the repair queue)."""
+        """Attempts awaiting a disposition (both kinds of :meth:`effect_unknown_list`)."""
+        unknown, left = await self.effect_unresolved_counts()
+        return unknown + left
 
-        async def body(tx: SqlTx) -> int:
-            rows = await tx.fetchall(
+    async def effect_unresolved_counts(self) -> tuple[int, int]:
+        """(``OUTCOME_UNKNOWN`` attempts, attempts left without an outcome), undisposed."""
+
+        async def body(tx: SqlTx) -> tuple[int, int]:
+            unknown = await tx.fetchall(
                 "SELECT COUNT(*) FROM effect_attempts WHERE outcome = 'OUTCOME_UNKNOWN'"
                 " AND disposition IS NULL"
             )
-            return int(rows[0][0])
+            left = await tx.fetchall(
+                f"SELECT COUNT(*) FROM effect_attempts WHERE {_LEFT_WITHOUT_OUTCOME}")
+            return int(unknown[0][0]), int(left[0][0])
 
         return await self.db.transact(body, name="effect.unknown_backlog", write=False)
 
@@ -396,11 +444,14 @@ async def record_outcome(tx: SqlTx, attempt_id: str, *, outcome: str, evidence: 
     if not await tx.execute(
         "UPDATE effect_attempts SET outcome = ?, evidence = ?, response_status = ?,"
         " provider_evidence = ?, failure_class = ?, finished_at_us = ?, gave_up_at_us = ?,"
-        " row_version = row_version + 1 WHERE attempt_id = ? AND outcome IS NULL",
+        " row_version = row_version + 1 WHERE attempt_id = ? AND outcome IS NULL"
+        # Never beside an operator's disposition (the journal cannot say ACCEPTED
+        # and operator_absent at once): if one got there first, the finalization fails.
+        " AND disposition IS NULL",
         (outcome, evidence, response_status, json.dumps(provider_evidence, sort_keys=True),
          failure_class or None, now_us, gave_up_at_us, attempt_id),
     ):
-        raise WorkConflict(f"attempt {attempt_id} already has an outcome")
+        raise WorkConflict(f"attempt {attempt_id} already has an outcome or a disposition")
 
 
 async def mark_receipt(tx: SqlTx, command_id: str, *, confirmed: bool, error: str | None,
@@ -419,14 +470,45 @@ async def mark_receipt(tx: SqlTx, command_id: str, *, confirmed: bool, error: st
         )
 
 
+# An operator's disposition also re-checks, in its UPDATE, that no WorkItem of the
+# command is processing (the reconciler disposes under its own live fence).
+_NOT_PROCESSING = (
+    " AND NOT EXISTS (SELECT 1 FROM work_items w WHERE w.subject_kind = 'command'"
+    " AND w.subject_id = effect_attempts.command_id AND w.state = 'processing')"
+)
+
+
+async def _disposition_fence(tx: SqlTx, command_id: str, window_us: int, now_us: int) -> None:
+    """Refuse an operator disposition while the command's work runs or a request
+    of it may still be in flight at the provider."""
+    busy = await tx.fetchall(
+        "SELECT work_id FROM work_items WHERE subject_kind = 'command' AND subject_id = ?"
+        " AND state = 'processing'", (command_id,))
+    if busy:
+        raise WorkConflict(
+            f"work {busy[0][0]} of command {command_id} is processing: its claimant may still"
+            " record the attempt's real outcome; wait until it finishes (or its lease ends)")
+    rows = await tx.fetchall(
+        "SELECT MAX(dispatch_started_at_us), MAX(finished_at_us) FROM effect_attempts"
+        " WHERE command_id = ?", (command_id,))
+    stamps = [int(str(v)) for v in (rows[0] if rows else ()) if v is not None]
+    open_until = (max(stamps) if stamps else 0) + max(0, window_us)
+    if now_us < open_until:
+        raise WorkConflict(
+            f"command {command_id}: the provider's in-flight window has not passed since the"
+            f" latest dispatch (another {(open_until - now_us + 999_999) // 1_000_000} s): a"
+            " request may still be applied; record the disposition after that")
+
+
 async def dispose(tx: SqlTx, attempt_ids: list[str], disposition: Disposition, note: str,
-                   actor: str, now_us: int) -> None:
+                  actor: str, now_us: int, *, unless_processing: bool = False) -> None:
+    guard = _NOT_PROCESSING if unless_processing else ""
     for attempt_id in attempt_ids:
         if not await tx.execute(
             "UPDATE effect_attempts SET disposition = ?, disposition_note = ?,"
             " disposition_by = ?, disposition_at_us = ?, row_version = row_version + 1"
             " WHERE attempt_id = ? AND disposition IS NULL"
-            " AND (outcome IS NULL OR outcome = 'OUTCOME_UNKNOWN')",
+            " AND (outcome IS NULL OR outcome = 'OUTCOME_UNKNOWN')" + guard,
             (disposition.value, note[:500], actor, now_us, attempt_id),
         ):
             raise WorkConflict(f"attempt {attempt_id} is not awaiting a disposition")
@@ -465,16 +547,25 @@ async def settle(
         (settlement.value, now_us, command_id),
     ):
         raise WorkConflict(f"command {command_id} is already settled")
-    if command.handoff_key is None:
-        # A repair command was never handed off by the Runtime: its result is
-        # integrationd's record only; there is no intent to receipt.
-        return ""
-    await tx.execute(
-        f"INSERT INTO result_receipts ({_RECEIPT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?,"
-        " 'pending', NULL, ?, NULL)",
-        (command_id, command.intent_id, result_format_version, remote_id, canonical_result,
-         result_digest, now_us),
-    )
+    # The receipt answers the lineage's root (the handed-off command): a repair
+    # command's exact result, bound to the original intent and command id.
+    target = await receipt_target(tx, command, settlement)
+    if target is None:
+        return ""  # nothing proven for the Runtime intent: it stays blocking, visibly
+    command, lineage_result = target
+    command_id = command.command_id
+    if lineage_result is not None:
+        canonical_result = lineage_result.canonical.decode()
+        result_digest = lineage_result.digest
+    try:
+        await tx.execute(
+            f"INSERT INTO result_receipts ({_RECEIPT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?,"
+            " 'pending', NULL, ?, NULL)",
+            (command_id, command.intent_id, result_format_version, remote_id,
+             canonical_result, result_digest, now_us),
+        )
+    except DuplicateKey:
+        raise WorkConflict(f"command {command_id} already has a Runtime receipt") from None
     (work,) = await insert_work(
         tx,
         [WorkSpec(

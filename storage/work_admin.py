@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
+from daemon.core.cancel import CancelAction, CancelRule, decide_cancel
 from daemon.core.states import TERMINAL, WorkState
 from daemon.core.work import WorkItem, WorkSpec
 from storage.idgen import new_ulid
@@ -238,12 +239,13 @@ class WorkAdmin:
 
         return await self.db.transact(body, name="work.list", write=False)
 
-    async def work_cancel(self, work_id: str, now_us: int) -> CancelResult:
+    async def work_cancel(self, work_id: str, now_us: int,
+                          rules: Mapping[str, CancelRule] | None = None) -> CancelResult:
         """Cancel without an audit entry (the storage primitive; operators use
-        :meth:`work_cancel_audited`)."""
+        :meth:`work_cancel_audited`). ``rules``: each family's cancel rule."""
 
         async def body(tx: SqlTx) -> CancelResult:
-            return await cancel_in_tx(tx, work_id, now_us)
+            return await cancel_in_tx(tx, work_id, now_us, rules)
 
         return await self.db.transact(body, name="work.cancel")
 
@@ -424,9 +426,12 @@ class WorkAdmin:
 
     # ------------------------------------------- operator console (admin UI)
 
-    async def work_cancel_audited(self, params: CancelParams, now_us: int) -> CancelResult:
-        """Cancel like :meth:`work_cancel` and, when something changed, append an audit
-        entry in the same transaction (a terminal item is a ``noop``: nothing is written)."""
+    async def work_cancel_audited(self, params: CancelParams, now_us: int,
+                                  rules: Mapping[str, CancelRule] | None = None
+                                  ) -> CancelResult:
+        """Cancel like :meth:`work_cancel` and append an audit entry in the same
+        transaction. A refusal (a terminal item, or the family's rule) raises
+        :class:`CancelRefused` and writes nothing."""
 
         async def body(tx: SqlTx) -> CancelResult:
             rows = await tx.fetchall(
@@ -434,9 +439,8 @@ class WorkAdmin:
             )
             if not rows:
                 raise WorkNotFound(params.work_id)
-            result = await cancel_in_tx(tx, params.work_id, now_us)
-            if result.disposition == "noop":
-                return result
+            result = await cancel_in_tx(tx, params.work_id, now_us, rules,
+                                        refuse_terminal=True)
             # What the matched UPDATE proves about the state before it.
             before = WorkState.PROCESSING if result.disposition == "requested" else WorkState(
                 rows[0][0])
@@ -541,9 +545,73 @@ class WorkAdmin:
         await self.db.transact(body, name="audit.append")
 
 
-async def cancel_in_tx(tx: SqlTx, work_id: str, now_us: int) -> CancelResult:
-    """Unclaimed work is cancelled at once; a running item gets a cancel request that
-    its claimant acknowledges (fenced); terminal work is left alone (``noop``)."""
+class CancelRequested(WorkConflict):
+    """A step refused because an operator asked the item to stop (acknowledge it)."""
+
+
+class CancelRefused(WorkConflict):
+    """An operator's cancel refused by the family's rule; ``code`` is stable."""
+
+    def __init__(self, work_id: str, code: str, reason: str) -> None:
+        super().__init__(f"work {work_id} cannot be cancelled: {reason}")
+        self.code = code
+
+
+# Attempts of the item's command with no proven outcome and no disposition.
+_UNRESOLVED_OF_COMMAND = (
+    "SELECT COUNT(*) FROM effect_attempts WHERE command_id = ? AND disposition IS NULL"
+    " AND (outcome IS NULL OR outcome = 'OUTCOME_UNKNOWN')"
+)
+
+
+async def cancel_in_tx(tx: SqlTx, work_id: str, now_us: int,
+                       rules: Mapping[str, CancelRule] | None = None, *,
+                       refuse_terminal: bool = False) -> CancelResult:
+    """Cancel per the item's family rule (:func:`daemon.core.cancel.decide_cancel`).
+
+    Unclaimed work is cancelled at once; a running item gets a cancel request
+    that its claimant acknowledges (fenced); terminal work is left alone
+    (``noop``, or :class:`CancelRefused` with ``refuse_terminal``). A family
+    missing from ``rules`` may be cancelled any time, except that an item whose
+    command has an unresolved effect attempt is never cancelled (the journal's
+    rule, whatever the caller passes).
+
+    The state change is made *first* and judged by matched rows, then the
+    journal is read: the UPDATE waits for a concurrent dispatch checkpoint
+    (which locks the same row), so the read sees its attempt and the cancel
+    is rolled back; a checkpoint that comes later sees ``cancel_requested``.
+    """
+    rows = await tx.fetchall(
+        "SELECT family, state, subject_kind, subject_id FROM work_items WHERE work_id = ?",
+        (work_id,))
+    if not rows:
+        raise WorkNotFound(work_id)
+    family, state = str(rows[0][0]), WorkState(rows[0][1])
+    is_effect = str(rows[0][2]) == "command"
+    rule = (rules or {}).get(family, CancelRule.ANYTIME)
+    if is_effect and rule is CancelRule.ANYTIME:
+        rule = CancelRule.BEFORE_DISPATCH
+    verdict = decide_cancel(rule, state, unresolved_attempt=False, family=family)
+    if verdict.action is CancelAction.REFUSE:
+        if verdict.code == "terminal" and not refuse_terminal:
+            return CancelResult(work_id, "noop", state)
+        raise CancelRefused(work_id, verdict.code, verdict.reason)
+    result = await _cancel_update(tx, work_id, now_us)
+    if result.disposition == "noop":  # the state moved on since our read
+        if refuse_terminal:
+            raise CancelRefused(work_id, "terminal", f"the item is {result.state.value}")
+        return result
+    if is_effect:
+        unresolved = await tx.fetchall(_UNRESOLVED_OF_COMMAND, (str(rows[0][3]),))
+        late = decide_cancel(rule, result.state if result.disposition == "requested"
+                             else state, unresolved_attempt=bool(int(unresolved[0][0])),
+                             family=family)
+        if late.action is CancelAction.REFUSE:
+            raise CancelRefused(work_id, late.code, late.reason)  # rolls the UPDATE back
+    return result
+
+
+async def _cancel_update(tx: SqlTx, work_id: str, now_us: int) -> CancelResult:
     if await tx.execute(
         "UPDATE work_items SET state = 'cancelled', terminal_outcome = 'cancelled',"
         " operator_summary = 'cancelled before it ran', row_version = row_version + 1,"

@@ -72,7 +72,14 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     # Receipt deliveries prove their claims live in shared transactions.
     fences: Batcher[Fence, None] = Batcher(prove_fences)
     sender = ReceiptSender(settings=settings, client=runtime_client, fences=fences)
+
     async def effect_replay_guard(store: WorkStore, item: WorkItem) -> str | None:
+        if item.subject_kind == "command":
+            # An older intent replayed after a newer one landed would overwrite it:
+            # said first, as no other change (a repair, a new revision) can cure it.
+            superseded = await store.command_superseded(item.subject_id)
+            if superseded is not None:
+                return superseded
         return await replay_refusal(catalogs, store, item)
 
     registry = build_registry(

@@ -58,7 +58,7 @@ class CatalogView:
     async def pinned(self, revision: int, digest: str) -> Catalog | None:
         """Exactly the revision a command pinned; None if no such content is stored.
 
-        A command admitted before revisions were stored (migration 0003) has no
+        A command admitted before revisions were stored (migration 0007) has no
         digest: it was admitted because its revision number was the one served,
         so it runs under the revision published under that number."""
         found = self._parsed.get((revision, digest))

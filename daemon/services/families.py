@@ -16,13 +16,15 @@ import attrs
 import trio
 
 from config.settings import FamilySettings, Settings
+from daemon.core.cancel import CancelRule
 from daemon.core.capability import DEFAULT_PAYLOAD_SCHEMA_VERSION, hold_reason
-from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
+from daemon.core.outcomes import CancelAcknowledged, DeadLetter, Outcome, RetryLater, Succeeded
 from daemon.core.retry import BackoffPolicy
 from daemon.core.states import TERMINAL
 from daemon.core.work import Fence, WorkItem
 from daemon.services.clock import Clock
 from storage.port import SqlTx
+from storage.work_admin import CancelRequested
 from storage.work_store import WorkStore
 
 T = TypeVar("T")
@@ -86,6 +88,8 @@ class WorkFamily:
     # The newest payload schema the handler reads: newer work is left for a
     # replica whose build can read it (see daemon/core/capability.py).
     payload_schema_version: int = DEFAULT_PAYLOAD_SCHEMA_VERSION
+    # What an operator's cancel means for this family (daemon/core/cancel.py).
+    cancel_rule: CancelRule = CancelRule.ANYTIME
 
     def hold_reason(self, item: WorkItem) -> str | None:
         """Why this build would leave ``item`` for another replica (or ``None``)."""
@@ -135,6 +139,15 @@ class FamilyRegistry:
         return hold_reason(item_engine=item.engine_capability_version,
                            item_schema=item.payload_schema_version)
 
+    def cancel_rules(self) -> dict[str, CancelRule]:
+        """Each family's cancel rule, for the storage cancel to apply in its transaction.
+
+        Every built-in family's declared rule is included even when this registry
+        runs no handler for it (a CLI registry, say): a receipt stays uncancellable
+        whoever asks."""
+        return {**CANCEL_RULES,
+                **{name: family.cancel_rule for name, family in self.families.items()}}
+
 
 async def noop_handler(ctx: WorkContext) -> Outcome:
     """The built-in ``noop`` family, for demos and benchmarks.
@@ -164,6 +177,18 @@ async def noop_handler(ctx: WorkContext) -> Outcome:
 
 
 BUILTIN_HANDLERS: dict[str, Handler] = {"noop": noop_handler}
+# What cancel means per family. ``noop``: anything not yet finished stops.
+# ``external_effect``: only before its dispatch checkpoint (a request at the
+# provider cannot be called back; once dispatched the cancel is refused until
+# the attempt is classified); the command then stays open, its Runtime intent
+# blocking until an operator retires it (a no-effect receipt when proven) or
+# repairs it. ``runtime_receipt``: never (it delivers a persisted result the
+# Runtime must receive; cancelling it would end that duty).
+CANCEL_RULES: dict[str, CancelRule] = {
+    "noop": CancelRule.ANYTIME,
+    "external_effect": CancelRule.BEFORE_DISPATCH,
+    "runtime_receipt": CancelRule.NEVER,
+}
 # Every family this build can run; the effect and receipt handlers need the
 # catalog and an HTTP client, so daemon/services/assembly.py builds them.
 FAMILY_NAMES = ("external_effect", "noop", "runtime_receipt")
@@ -180,6 +205,22 @@ def build_registry(
 ) -> FamilyRegistry:
     registry = FamilyRegistry()
     for name, handler in (handlers or BUILTIN_HANDLERS).items():
-        registry.add(WorkFamily(name, handler, settings.family(name),
-                                (guards or {}).get(name)))
+        registry.add(WorkFamily(name, acknowledging_cancel(handler), settings.family(name),
+                                (guards or {}).get(name),
+                                cancel_rule=CANCEL_RULES.get(name, CancelRule.ANYTIME)))
     return registry
+
+
+def acknowledging_cancel(handler: Handler) -> Handler:
+    """A step refused because an operator cancelled the item (the dispatch
+    checkpoint, say) ends the handler with the fenced cancel acknowledgement."""
+
+    async def handle(ctx: WorkContext) -> Outcome:
+        try:
+            return await handler(ctx)
+        except CancelRequested:
+            ctx.side_writes.clear()
+            ctx.wakes.clear()
+            return CancelAcknowledged()
+
+    return handle

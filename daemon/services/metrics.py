@@ -140,8 +140,8 @@ class Metrics:
         )
         self.effect_unknown_backlog = Gauge(
             "integrationd_effect_outcome_unknown_backlog",
-            "Effect attempts whose outcome is unknown and not yet disposed (sampled,"
-            " cluster-wide)",
+            "Effect attempts awaiting a disposition: OUTCOME_UNKNOWN, or left with no"
+            " outcome after their dispatch checkpoint (sampled, cluster-wide)",
             registry=r,
         )
         self.draining = Gauge(

@@ -9,12 +9,14 @@ transaction as the change.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
 from config.catalog import load_catalog
 from config.settings import Operator, Settings
+from daemon.core.cancel import CancelRule
 from daemon.core.states import WorkState
 from daemon.core.work import WorkItem, WorkSpec
 from daemon.services.clock import Clock
@@ -162,14 +164,17 @@ async def replay(
 
 
 async def cancel(store: WorkStore, settings: Settings, clock: Clock, *, work_id: str,
-                 actor: str, reason: str) -> CancelResult:
-    """Cancel unclaimed work, or ask its claimant to stop; audited with the change."""
+                 actor: str, reason: str,
+                 rules: Mapping[str, CancelRule] | None = None) -> CancelResult:
+    """Cancel unclaimed work, or ask its claimant to stop, as the item's family rule
+    allows (``rules``); audited with the change. A terminal item, or one the rule
+    protects, is refused (:class:`storage.work_admin.CancelRefused`)."""
     operator = authorize(settings, actor, "work.cancel")
     if not reason.strip():
         raise BadRequest("a cancel needs a reason")
     return await store.work_cancel_audited(
         CancelParams(work_id=work_id, actor=operator.name, role=operator.role, reason=reason),
-        clock.now_us(),
+        clock.now_us(), rules,
     )
 
 

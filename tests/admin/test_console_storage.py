@@ -21,6 +21,7 @@ from storage.port import (
     SqlTx,
     WorkNotFound,
 )
+from storage.work_admin import CancelRefused
 from storage.work_store import WorkStore
 from tests.storage.test_dialect_guard import BANNED
 from tests.support.backends import FreshDatabase
@@ -125,9 +126,10 @@ async def test_console_methods(recorded: tuple[WorkStore, set[str]]) -> None:
         CancelParams(work_id=claimed.work_id, actor="o", role="operator", reason="stop"),
         T0 + 3)
     assert (second.disposition, second.state) == ("requested", WorkState.PROCESSING)
-    noop = await store.work_cancel_audited(
-        CancelParams(work_id=unclaimed, actor="o", role="operator", reason="again"), T0 + 4)
-    assert noop.disposition == "noop"
+    # A terminal item is refused (issue 13 item 7), with nothing written.
+    with pytest.raises(CancelRefused, match="is cancelled"):
+        await store.work_cancel_audited(
+            CancelParams(work_id=unclaimed, actor="o", role="operator", reason="again"), T0 + 4)
     with pytest.raises(WorkNotFound):
         await store.work_cancel_audited(
             CancelParams(work_id="01ARZ3NDEKTSV4RRFFQ69G5FAV", actor="o", role="operator",

@@ -143,6 +143,12 @@ async def test_operator_verbs(database: FreshDatabase, store: WorkStore, tmp_pat
                 "superseded").stdout)
     assert cancelled == {"work_id": new["work_id"], "disposition": "cancelled",
                          "state": "cancelled"}
+    # Cancelling a terminal item is refused: one line, exit 1, nothing audited.
+    twice = run_cli(cfg, "work", "cancel", new["work_id"], "--actor", "alice", "--reason",
+                    "again")
+    assert twice.returncode == 1, twice.stdout
+    assert twice.stdout == "" and twice.stderr.count("\n") == 1
+    assert "cannot be cancelled: the item is cancelled" in twice.stderr
 
     # The test's own claim took the three acme items too; one dead item remains.
     depths = json.loads(run_cli(cfg, "work", "depths", "--json").stdout)

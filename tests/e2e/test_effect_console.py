@@ -77,6 +77,7 @@ async def test_dispositions_need_a_role_and_csrf_and_happen_once(
         assert again.status_code == 409
         listed = (await otto.get("/admin/api/effects/unknown")).json()
         assert listed["attempts"] == []
+        assert listed["counts"] == {"outcome_unknown": 0, "no_outcome": 0}
         # Nothing secret anywhere on the pages an operator can read.
         pages = [await otto.get(p) for p in (
             "/admin/effects", f"/admin/effects/attempts/{attempt_id}", "/admin/bindings")]
@@ -147,13 +148,25 @@ async def test_retire_and_repair_commands(unknown: tuple[Slice, str], store: Wor
         await wait_for(repaired, within_s=30)
         fresh = await store.command_get(new_command)
         assert fresh is not None and fresh.repair_of == command_id
-        # A repair command was never handed off: no receipt for it.
+        # The repair's success is the original intent's receipt, bound to the
+        # command the Runtime accepted: the Runtime intent is released.
         assert await store.receipt_get(new_command) is None
+        receipt = await store.receipt_get(command_id)
+        assert receipt is not None and receipt.remote_id == "101"
+        original = await store.command_get(command_id)
+        assert original is not None
+        await sl.wait_intent("lead-1", original.intent_id, "COMMITTED", within_s=30)
+        doc = (await otto.get(f"/admin/api/effects/commands/{command_id}")).json()
+        assert doc["runtime_intent"] == {"answered_by_lineage_of": command_id,
+                                         "repaired_by": new_command, "blocking": None}
+        # At most one repair per command.
         r = await otto.post(f"/admin/api/effects/commands/{command_id}/repair",
                             json={"reason": "twice"}, headers=headers)
-        assert r.status_code == 200  # repairing a retired command again is allowed...
+        assert r.status_code == 409 and "already repaired" in r.json()["message"]
     actions = [e.action for e in await store.audit_list(target_id=command_id)]
-    assert actions.count("command.repair") == 2
+    assert actions.count("command.repair") == 1
+    # One PATCH was lost; the repair's one PATCH applied the Title.
+    assert [p.applied for p in sl.patches("101")] == [False, True]
 
 
 async def test_link_adoption_is_for_admins(unknown: tuple[Slice, str], store: WorkStore) -> None:

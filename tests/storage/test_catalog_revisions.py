@@ -78,7 +78,7 @@ async def test_a_revision_with_unsettled_pinned_work_cannot_be_deleted(
     assert await store.catalog_digest(7) == digest  # nothing was deleted
     # Settle it: cancel the work, retire the command; then the revision may go.
     await store.work_cancel(accepted.work_id, T0)
-    await store.command_retire(accepted.command_id, RepairActor(**WHO), no_effect=None,
+    await store.command_retire(accepted.command_id, RepairActor(**WHO),
                                receipt_max_attempts=3, now_us=T0)
     pins = await store.catalog_pins(7)
     assert (pins.open_commands, pins.live_work) == (0, 0)

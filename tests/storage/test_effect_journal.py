@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from daemon.core.outcomes import RetryLater
 from daemon.core.work import Fence, WorkItem
 from storage.effect_values import AttemptDraft, Disposition, ReceiptState, Settlement
 from storage.effects import mark_receipt, read_effect_context, record_outcome, settle
 from storage.port import LostLease, SqlTx, WorkConflict, WorkQuery
 from storage.work_store import WorkStore
 from tests.support.commands import draft
-from tests.support.work import SEC, T0, claim
+from tests.support.work import SEC, T0, claim, finalize
 
 
 def attempt(command_id: str) -> AttemptDraft:
@@ -109,20 +110,25 @@ async def test_unknown_outcomes_wait_for_a_disposition(store: WorkStore) -> None
     attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), T0)
     await record(store, item.fence, attempt_id, T0, outcome="OUTCOME_UNKNOWN", status=None,
                  failure_class="transport")
+    # The claimant finishes (an operator never disposes under a live claim) and
+    # the provider's in-flight window passes.
+    await finalize(store, item, RetryLater("outcome_unknown", "reconciling"))
+    later = T0 + 60 * SEC
     assert await store.effect_unknown_backlog() == 1
     with pytest.raises(WorkConflict, match="operator_applied or operator_absent"):
         await store.effect_operator_disposition(
             attempt_id=attempt_id, disposition=Disposition.PROVEN_APPLIED, note="n",
-            actor="alice", role="operator", now_us=T0)
+            actor="alice", role="operator", in_flight_window_us=30 * SEC, now_us=later)
     done = await store.effect_operator_disposition(
         attempt_id=attempt_id, disposition=Disposition.OPERATOR_APPLIED,
-        note="HubSpot audit log shows the change", actor="alice", role="operator", now_us=T0)
+        note="HubSpot audit log shows the change", actor="alice", role="operator",
+        in_flight_window_us=30 * SEC, now_us=later)
     assert (done.disposition, done.disposition_by, done.outcome, done.unresolved) == (
         "operator_applied", "alice", "OUTCOME_UNKNOWN", False)
     with pytest.raises(WorkConflict, match="not awaiting"):
         await store.effect_operator_disposition(
             attempt_id=attempt_id, disposition=Disposition.OPERATOR_ABSENT, note="n",
-            actor="bob", role="admin", now_us=T0)
+            actor="bob", role="admin", in_flight_window_us=30 * SEC, now_us=later)
     assert await store.effect_unknown_backlog() == 0
     (entry,) = await store.audit_list(target_id=attempt_id)
     assert (entry.action, entry.actor, entry.reason) == (

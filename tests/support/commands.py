@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from daemon.core.canonical import canonical_bytes, canonical_digest
 from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
 from storage.effect_values import CommandDraft
+from storage.port import PublishParams
+
+if TYPE_CHECKING:
+    from storage.work_store import WorkStore
 
 SCOPE = TrustedRuntimeWorkScope("org-1", "install-1", "cap.leads", "sha256:binding")
 OTHER_ORG = TrustedRuntimeWorkScope("org-2", "install-1", "cap.leads", "sha256:binding")
@@ -36,3 +40,11 @@ def draft(intent_id: str = "int-1", *, scope: TrustedRuntimeWorkScope = SCOPE,
         frozen_request=canonical_bytes(doc["request"]).decode(), max_attempts=8,
         lane=f"{scope.org_id}:lead:{lead}",
     )
+
+
+async def publish_test_revision(store: WorkStore) -> None:
+    """Publish revision 7 under the digest :func:`draft` pins ("sha256:catalog"), so a
+    repair can resolve it as the current revision (idempotent)."""
+    await store.catalog_publish(PublishParams(revision=7, digest="sha256:catalog",
+                                              content="{}", actor="test", role="admin",
+                                              reason="test setup"), 0)

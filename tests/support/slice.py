@@ -56,13 +56,14 @@ REVISION = 7
 def slice_settings(*, api_port: int, runtime_url: str, hubspot_url: str, url: str,
                    lease_ttl: float = 6.0, max_attempts: int = 8,
                    operators: tuple[Operator, ...] = (),
-                   binding_generation: int = 1, definitions_dir: str = "") -> Settings:
+                   binding_generation: int = 1, definitions_dir: str = "",
+                   drain_timeout: float = 5.0) -> Settings:
     return Settings(
         admin=AdminSettings(listen="127.0.0.1:0",
                             session_secret=Secret("slice-test-session-secret-0123456789")),
         operators=operators,
         api=ApiSettings(listen=f"127.0.0.1:{api_port}"),
-        replica=ReplicaSettings(drain_timeout=5.0),
+        replica=ReplicaSettings(drain_timeout=drain_timeout),
         work=WorkSettings(poll_interval=0.05, lease_margin=1.0, reclaim_interval=0.5),
         families={
             "external_effect": FamilySettings(max_attempts=max_attempts, backoff_base=0.2,
@@ -183,7 +184,8 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                         served_documents: list[Any] | None = None,
                         hubspot_port: int | None = None,
                         binding_generation: int = 1,
-                        definitions_dir: str = "") -> AsyncIterator[Slice]:
+                        definitions_dir: str = "",
+                        drain_timeout: float = 5.0) -> AsyncIterator[Slice]:
     """The slice, its Catalog revision REVISION published. With ``served_documents``
     (L1 definition documents), the replica serves them as current revision
     REVISION + 1 (published too), while the Runtime still builds commands
@@ -213,7 +215,7 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                                   hubspot_url=f"http://127.0.0.1:{sim_port}", url=url,
                                   lease_ttl=lease_ttl, max_attempts=max_attempts,
                                   operators=operators, binding_generation=binding_generation,
-                                  definitions_dir=definitions_dir)
+                                  definitions_dir=definitions_dir, drain_timeout=drain_timeout)
         clock = WallClock()
         metrics = Metrics()
         await publish_current(store, load_catalog(settings), actor="test", role="admin",
@@ -235,7 +237,8 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                 assert parts.api_app is not None
                 await nursery.start(serve_app, parts.api_app, settings.api.listen)
             else:
-                console = console_factory(effect_extensions(parts.catalog))
+                console = console_factory(effect_extensions(parts.catalog,
+                                                            parts.catalogs.pinned))
                 replica = Replica(settings, store, parts.registry, clock, metrics=metrics,
                                   api_app=parts.api_app, replica_id="slice-replica",
                                   admin_app=console if operators else None)
