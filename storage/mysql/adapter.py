@@ -44,6 +44,7 @@ import functools
 import math
 import random
 import re
+import socket
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
@@ -161,14 +162,12 @@ class _Pooled:
         self.conn._closed = True
 
 
-def _close_half_open(conn: Any) -> None:
+def _close_half_open(conn: Any, stream: trio.SocketStream | None) -> None:
     """Close the socket of a connect that failed midway (the driver tries ``close()``,
     which trio streams lack, and would leak it)."""
-    stream = getattr(conn, "_sock", None)
     if stream is not None:
-        with contextlib.suppress(Exception):
-            stream.socket.close()
-        conn._sock = None
+        stream.socket.close()
+    conn._sock = None
     conn._closed = True
 
 
@@ -312,17 +311,22 @@ class MysqlDatabase:
             init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
         )
         where = self.target.describe()
+        stream: trio.SocketStream | None = None
         try:
             with trio.fail_after(self.connect_timeout_s):
-                await conn.connect()
+                # Our own stream, so that a failed connect never leaks its socket.
+                stream = await trio.open_tcp_stream(self.target.host, self.target.port)
+                stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                stream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                await conn.connect(sock=stream)
         except trio.TooSlowError:
-            _close_half_open(conn)
+            _close_half_open(conn, stream)
             raise DatabaseUnavailable(
                 f"cannot connect to {where}: no answer within {self.connect_timeout_s:g}s"
                 " (storage.connect_timeout)"
             ) from None
         except trio_mysql.MySQLError as exc:
-            _close_half_open(conn)
+            _close_half_open(conn, stream)
             code = _code(exc)
             if code in REJECTED_CODES:
                 raise DatabaseRejected(
@@ -332,12 +336,12 @@ class MysqlDatabase:
                 f"cannot connect to {where}: {exc.args[-1] if exc.args else exc}"
             ) from None
         except OSError as exc:
-            _close_half_open(conn)
+            _close_half_open(conn, stream)
             raise DatabaseUnavailable(f"cannot connect to {where}: {exc}") from None
         except BaseException:
-            _close_half_open(conn)
+            _close_half_open(conn, stream)
             raise
-        return _Pooled(conn, conn._sock)
+        return _Pooled(conn, stream)
 
     async def _acquire(self) -> _Pooled:
         if trio.current_time() >= self._abandon_at:

@@ -189,7 +189,8 @@ class SqliteDatabase:
                     self.stats.retries += 1
                     if trio.current_time() + pause > deadline:
                         raise RetriesExhausted(
-                            f"{name}: sqlite stayed busy for {self.retry_budget_s:.0f}s"
+                            f"{name}: sqlite stayed busy for {self.retry_budget_s:g}s"
+                            " (storage.statement_timeout)"
                         ) from None
                     await trio.sleep(pause * (0.5 + random.random()))
                     pause = min(pause * 2, 0.05)

@@ -5,6 +5,11 @@
 * ``cut_after_next_commit()``: forward the next ``COMMIT`` to the server, let
   the server run it, then cut the connection before the reply reaches the
   client: a COMMIT whose outcome the client cannot know.
+* ``freeze()``: a *hung* database, as when the server process is stopped
+  (SIGSTOP): connections stay open and new ones are accepted (the kernel would
+  complete the TCP handshake), but nothing is forwarded either way, so no
+  greeting, reply or COMMIT answer ever arrives; ``thaw()`` forwards again
+  (what was held is delivered then). ``frozen_bytes`` counts what was held.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ class ChaosProxy:
     refusing: bool = False
     cut_armed: bool = False
     cuts: int = 0
+    frozen_bytes: int = 0
     _streams: set[trio.SocketStream] = attrs.field(factory=set)
+    _thawed: trio.Event | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -40,6 +47,25 @@ class ChaosProxy:
     def restore(self) -> None:
         self.refusing = False
 
+    def freeze(self) -> None:
+        if self._thawed is None:
+            self._thawed = trio.Event()
+
+    def thaw(self) -> None:
+        if self._thawed is not None:
+            self._thawed.set()
+            self._thawed = None
+
+    @property
+    def frozen(self) -> bool:
+        return self._thawed is not None
+
+    async def _hold_while_frozen(self, data: bytes = b"") -> None:
+        while self._thawed is not None:
+            self.frozen_bytes += len(data)
+            data = b""
+            await self._thawed.wait()
+
     def cut_after_next_commit(self) -> None:
         self.cut_armed = True
 
@@ -47,6 +73,7 @@ class ChaosProxy:
         if self.refusing:
             await client.aclose()
             return
+        await self._hold_while_frozen()  # accepted, but the "server" never greets
         try:
             server = await trio.open_tcp_stream(self.upstream_host, self.upstream_port)
         except OSError:
@@ -70,6 +97,7 @@ class ChaosProxy:
                 data = await client.receive_some(65536)
                 if not data:
                     break
+                await self._hold_while_frozen(data)
                 if self.cut_armed and _COM_QUERY_COMMIT in data:
                     self.cut_armed = False
                     self.cuts += 1
@@ -90,6 +118,7 @@ class ChaosProxy:
                     data = await server.receive_some(65536)
                     if not data:
                         break
+                    await self._hold_while_frozen(data)
                     await client.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass
