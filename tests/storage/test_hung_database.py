@@ -31,13 +31,15 @@ async def mysql_db(tmp_path: Path) -> AsyncIterator[FreshDatabase]:
         yield tdb
 
 
-async def _proxied(tdb: FreshDatabase, nursery: trio.Nursery, **timeouts: float
-                   ) -> tuple[MysqlDatabase, ChaosProxy]:
+async def _proxied(tdb: FreshDatabase, nursery: trio.Nursery, *, connect_timeout_s: float = 0.5,
+                   statement_timeout_s: float = 0.5) -> tuple[MysqlDatabase, ChaosProxy]:
     target = MysqlTarget.from_url(tdb.url)
     proxy = ChaosProxy(target.host, target.port)
     port = await nursery.start(proxy.run)
     via = MysqlTarget.from_url(f"mysql://{target.user}@127.0.0.1:{port}/{target.database}")
-    return MysqlDatabase(via, pool_size=2, **timeouts), proxy
+    db = MysqlDatabase(via, pool_size=2, connect_timeout_s=connect_timeout_s,
+                       statement_timeout_s=statement_timeout_s)
+    return db, proxy
 
 
 async def _select_one(tx: SqlTx) -> list[tuple[object, ...]]:
