@@ -161,11 +161,19 @@ async def _open(settings: Settings, *, connect: bool = True) -> WorkStore:
 
 
 def _unreachable_line(settings: Settings, exc: BaseException) -> str:
-    return f"database unreachable ({describe_url(settings.storage.url)}): {exc}"
+    return _database_line("database unreachable", settings, exc)
 
 
 def _rejected_line(settings: Settings, exc: BaseException) -> str:
-    return f"database refused the connection ({describe_url(settings.storage.url)}): {exc}"
+    return _database_line("database refused us", settings, exc)
+
+
+def _database_line(what: str, settings: Settings, exc: BaseException) -> str:
+    where = describe_url(settings.storage.url)
+    detail = str(exc)
+    for prefix in (f"cannot connect to {where}: ", f"{where}: "):
+        detail = detail.removeprefix(prefix)
+    return f"{what} ({where}): {detail}"
 
 
 async def _wait_for_database(settings: Settings, store: WorkStore) -> None:

@@ -14,8 +14,15 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
 import attrs
 import trio
+
+from storage.mysql.adapter import MysqlTarget
+from tests.support.backends import FreshDatabase, fresh_database
 
 _COM_QUERY_COMMIT = b"\x03COMMIT"
 
@@ -28,6 +35,7 @@ class ChaosProxy:
     refusing: bool = False
     cut_armed: bool = False
     cuts: int = 0
+    refused: int = 0
     frozen_bytes: int = 0
     _streams: set[trio.SocketStream] = attrs.field(factory=set)
     _thawed: trio.Event | None = None
@@ -71,6 +79,7 @@ class ChaosProxy:
 
     async def _handle(self, client: trio.SocketStream) -> None:
         if self.refusing:
+            self.refused += 1
             await client.aclose()
             return
         await self._hold_while_frozen()  # accepted, but the "server" never greets
@@ -123,3 +132,25 @@ class ChaosProxy:
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass
             scope.cancel()
+
+
+@attrs.frozen
+class Proxied:
+    """A fresh MariaDB database, a proxy in front of it, and the URL through the proxy."""
+
+    database: FreshDatabase
+    proxy: ChaosProxy
+    url: str
+
+
+@asynccontextmanager
+async def proxied_mysql(tmp_path: Path, *, migrated: bool = True) -> AsyncIterator[Proxied]:
+    async with fresh_database("mysql", tmp_path, migrated=migrated) as tdb, \
+            trio.open_nursery() as nursery:
+        target = MysqlTarget.from_url(tdb.url)
+        proxy = ChaosProxy(target.host, target.port)
+        port = await nursery.start(proxy.run)
+        yield Proxied(tdb, proxy,
+                      f"mysql://{target.user}@127.0.0.1:{port}/{target.database}")
+        proxy.thaw()
+        nursery.cancel_scope.cancel()
