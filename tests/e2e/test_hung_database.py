@@ -9,6 +9,7 @@ printed (``pytest -s``) and recorded in docs/operations.md.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -48,7 +49,7 @@ async def test_cli_verbs_fail_in_one_line_within_the_bound_on_a_hung_database(
         px.proxy.freeze()
         for verb in (["work", "list"], ["work", "depths"]):
             started = time.monotonic()
-            result = await trio.to_thread.run_sync(lambda v=verb: run_cli(cfg, *v))
+            result = await trio.to_thread.run_sync(functools.partial(run_cli, cfg, *verb))
             elapsed = time.monotonic() - started
             assert result.returncode == EXIT_FAILURE, result.stderr
             assert plain_lines(result.stderr) == [
