@@ -79,8 +79,10 @@ _INSERT_VALUES = re.compile(r"\s*(INSERT\b.+?\bVALUES\s*)(\(.*\))\s*\Z", re.DOTA
 MULTI_ROW_CHUNK = 500
 RETRYABLE_CODES = frozenset({1213, 1205, 1020, 9007, 8002, 8022, 8028})
 DUPLICATE_KEY_CODE = 1062
-# Access denied for user (1045), to database (1044); unknown database (1049).
-REJECTED_CODES = {1044: "access denied", 1045: "access denied", 1049: "unknown database"}
+# Access denied for user (1045; 1698 when no password was given), to database
+# (1044); unknown database (1049).
+REJECTED_CODES = {1044: "access denied", 1045: "access denied", 1698: "access denied",
+                  1049: "unknown database"}
 
 
 @attrs.frozen
