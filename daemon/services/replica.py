@@ -132,6 +132,10 @@ class Replica:
     _state: str = "starting"
     _services: trio.CancelScope | None = None
     _startup: trio.CancelScope | None = None
+    # False while a claim may still be waiting for its COMMIT during a drain.
+    _claims_settled: bool = True
+    # COMMITs of unknown outcome before the drain began (more after it: leases may be held).
+    _unknown_before_drain: int = 0
     _last_db_ok: float = 0.0
     _started_at_us: int = 0
 
@@ -219,6 +223,8 @@ class Replica:
                 families=",".join(self.registry.names()),
             )
             await self._run_work(task_status, services)
+            if self._unknown_during_drain():
+                self._report_abandoned("unknown_commit", [])
             self._state = "stopped"
             self.metrics.draining.set(0)
             await self._heartbeat_once()
@@ -292,16 +298,25 @@ class Replica:
         await trio.sleep_until(deadline)
         pool = self.pool
         unfinished = sorted(pool.flights) if pool is not None else []
-        if unfinished:
-            self.forced_stop = "drain_deadline"
-            logs.warn("replica_drain_abandoned", replica=self.replica_id,
-                      leases=len(unfinished), work_ids=",".join(unfinished[:20]),
-                      left_to="lease expiry")
+        if unfinished or not self._claims_settled or self._unknown_during_drain():
+            self._report_abandoned("drain_deadline", unfinished)
         else:
             logs.warn("replica_stop_unrecorded", replica=self.replica_id,
                       reason="database did not answer before the drain deadline")
         if self._services is not None:
             self._services.cancel()
+
+    def _unknown_during_drain(self) -> int:
+        return self.store.db.stats.unknown_commits - self._unknown_before_drain
+
+    def _report_abandoned(self, reason: str, unfinished: list[str]) -> None:
+        """Leases we hold, or may hold (a claim or release whose COMMIT went unanswered),
+        are left to expire: a forced stop."""
+        self.forced_stop = reason
+        logs.warn("replica_drain_abandoned", replica=self.replica_id,
+                  leases=len(unfinished), work_ids=",".join(unfinished[:20]),
+                  claim_unsettled=not self._claims_settled,
+                  unknown_commits=self._unknown_during_drain(), left_to="lease expiry")
 
     async def _run_work(self, task_status: trio.TaskStatus[str], services: trio.Nursery) -> None:
         s = self.settings
@@ -350,6 +365,8 @@ class Replica:
                 sdnotify.notify("READY=1\nSTATUS=running")
                 task_status.started(self.admin_address or "")
                 await self._drain.wait()
+                self._claims_settled = False
+                self._unknown_before_drain = self.store.db.stats.unknown_commits
                 soft = trio.current_time() + s.replica.drain_timeout
                 hard = soft + DRAIN_MARGIN_S
                 self._abandon_database(hard)
@@ -361,6 +378,7 @@ class Replica:
                            in_flight=len(pool.flights), drain_timeout=s.replica.drain_timeout,
                            margin_s=DRAIN_MARGIN_S)
                 claiming.cancel_scope.cancel()  # (this block's own awaits end here too)
+            self._claims_settled = True
             with trio.move_on_at(soft):
                 await self._heartbeat_once()
             with trio.move_on_at(soft):

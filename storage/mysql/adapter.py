@@ -47,7 +47,7 @@ import re
 import socket
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -280,12 +280,25 @@ class MysqlDatabase:
         self._idle: list[_Pooled] = []
         self._slots = trio.Semaphore(pool_size)
         self._abandon_at = math.inf
+        self._shields: set[trio.CancelScope] = set()
 
     def abandon_at(self, deadline: float) -> None:
         """From ``deadline`` (trio time) on, stop waiting for a server that does not answer:
         shielded COMMITs and ROLLBACKs are given up (outcome unknown) and new connections
         are not attempted. A shutting-down process sets it so that it always exits."""
         self._abandon_at = min(self._abandon_at, deadline)
+        for shield in self._shields:  # COMMITs and ROLLBACKs already waiting, too
+            shield.deadline = min(shield.deadline, deadline)
+
+    @contextlib.contextmanager
+    def _shielded(self) -> Iterator[trio.CancelScope]:
+        """Shielded from cancellation, but not past the abandon deadline."""
+        with trio.CancelScope(shield=True, deadline=self._abandon_at) as shield:
+            self._shields.add(shield)
+            try:
+                yield shield
+            finally:
+                self._shields.discard(shield)
 
     async def open(self) -> MysqlDatabase:
         """Prove the server is reachable (one connection, kept in the pool)."""
@@ -435,7 +448,7 @@ class MysqlDatabase:
             self._release(pooled, reusable)
 
     async def _commit(self, conn: Any, name: str) -> bool:
-        with trio.CancelScope(shield=True, deadline=self._abandon_at) as shield:
+        with self._shielded() as shield:
             try:
                 with trio.fail_after(self.statement_timeout_s):
                     await conn.commit()
@@ -462,7 +475,7 @@ class MysqlDatabase:
 
     async def _rollback(self, conn: Any) -> bool:
         self.stats.rollbacks += 1
-        with trio.CancelScope(shield=True, deadline=self._abandon_at), trio.move_on_after(
+        with self._shielded(), trio.move_on_after(
             min(5.0, self.statement_timeout_s)
         ):
             try:

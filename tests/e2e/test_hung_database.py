@@ -103,6 +103,12 @@ async def test_drain_on_a_hung_database_ends_within_drain_timeout_plus_margin(
                 return item is not None and item.state is WorkState.PROCESSING
 
             await wait_for(running, within_s=60)
+
+            async def handler_started() -> bool:  # the claim's COMMIT answer arrived too
+                text = (await a.get("/metrics"))[1].decode()
+                return 'integrationd_work_in_flight{family="noop"} 1.0' in text
+
+            await wait_for(handler_started, within_s=60)
             px.proxy.freeze()
             started = time.monotonic()
             a.terminate()

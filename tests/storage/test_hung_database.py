@@ -108,18 +108,29 @@ async def test_commit_on_a_hung_database_is_an_unknown_outcome_within_the_bound(
 
 
 @pytest.mark.mysql
+@pytest.mark.parametrize("when", ["before", "while_waiting"])
 async def test_abandon_deadline_gives_up_a_shielded_commit_at_shutdown(
-    mysql_db: FreshDatabase,
+    mysql_db: FreshDatabase, when: str
 ) -> None:
     async with trio.open_nursery() as nursery:
         # A statement bound far beyond the test: only the abandon deadline can end it.
         db, proxy = await _proxied(mysql_db, nursery, statement_timeout_s=600.0)
+        committing = trio.Event()
 
         async def body(tx: SqlTx) -> None:
             await tx.fetchall("SELECT 1")
             proxy.freeze()
+            committing.set()
 
-        db.abandon_at(trio.current_time() + 0.5)
+        async def abandon_soon() -> None:
+            await committing.wait()
+            await trio.sleep(0.2)  # the COMMIT is waiting for its answer by now
+            db.abandon_at(trio.current_time() + 0.3)
+
+        if when == "before":
+            db.abandon_at(trio.current_time() + 0.5)
+        else:
+            nursery.start_soon(abandon_soon)
         with trio.fail_after(NO_HANG_S), pytest.raises(CommitOutcomeUnknown, match="abandoned"):
             await db.transact(body, name="t")
         with pytest.raises(DatabaseUnavailable, match="shutting down"):
