@@ -68,6 +68,23 @@ async def test_run_waits_for_a_database_still_coming_up_and_is_not_ready_meanwhi
         assert reachable["attempts"] == len(tries) + 1
 
 
+async def test_sigterm_while_waiting_for_the_database_stops_at_once_and_cleanly(
+    tmp_path: Path,
+) -> None:
+    async with proxied_mysql(tmp_path) as px:
+        cfg = write_config(tmp_path / "a.toml", px.url, storage_extra=WAIT)
+        px.proxy.refuse()
+        a = await start_replica(cfg, "a", wait_ready=False)
+        try:
+            await a.wait_event("database_waiting", within_s=60)
+            a.terminate()  # nothing claimed yet: nothing to drain
+            assert await a.wait(within_s=SLACK_S) == EXIT_OK
+        finally:
+            await stop_all([a])
+        names = [e["event"] for e in a.events()]
+        assert "replica_stopped_before_start" in names and "replica_started" not in names
+
+
 async def test_migrate_waits_for_a_database_still_coming_up(tmp_path: Path) -> None:
     async with proxied_mysql(tmp_path, migrated=False) as px:
         cfg = write_config(tmp_path / "a.toml", px.url, storage_extra=WAIT)
