@@ -380,28 +380,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"integrationd: config error: {exc}\n")
         return EXIT_USAGE
     try:
-        return _dispatch(settings, args)
+        if args.command in ADMIN_COMMANDS:
+            return trio.run(run_admin_command, settings, args)
+        if args.command == "check-config":
+            _print_json(_summarize(settings))
+            return EXIT_OK
+        if args.command == "migrate":
+            return trio.run(_cmd_migrate, settings)
+        if args.command == "run":
+            return trio.run(_cmd_run, settings)
+        if args.command == "work":
+            return trio.run(_cmd_work, settings, args)
+        if args.command == "sandbox":
+            return trio.run(_cmd_sandbox, settings, args)
     except BaseException as exc:  # mapped to one line and an exit code, or re-raised
         code = _report(_leaf(exc), settings)
         if code is None:
             raise
         return code
-
-
-def _dispatch(settings: Settings, args: argparse.Namespace) -> int:
-    if args.command in ADMIN_COMMANDS:
-        return int(trio.run(run_admin_command, settings, args))
-    if args.command == "check-config":
-        _print_json(_summarize(settings))
-        return EXIT_OK
-    if args.command == "migrate":
-        return trio.run(_cmd_migrate, settings)
-    if args.command == "run":
-        return trio.run(_cmd_run, settings)
-    if args.command == "work":
-        return trio.run(_cmd_work, settings, args)
-    if args.command == "sandbox":
-        return trio.run(_cmd_sandbox, settings, args)
     raise AssertionError(f"unhandled command {args.command}")
 
 
