@@ -137,7 +137,9 @@ async def test_restart_takes_over_once_the_old_heartbeat_lapsed(
     # A holder on another host that crashed a moment ago: nothing can prove it gone but
     # the silence of its heartbeat.
     await store.replica_heartbeat(_foreign(wall_us()))
-    cfg = write_config(tmp_path / "a.toml", database.url, replica_extra=NAMED)
+    # Heartbeats 4 s apart: a 12 s lapse, longer than b takes to start on a loaded machine.
+    cfg = write_config(tmp_path / "a.toml", database.url, replica_extra=NAMED,
+                       heartbeat_interval=4.0)
     b = await start_replica(cfg, "b")
     try:
         names = [e["event"] for e in b.events()]
