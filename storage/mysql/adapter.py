@@ -319,9 +319,9 @@ class MysqlDatabase:
             # COMMITTED a multi-statement read transaction buys no consistency);
             # writes open an explicit BEGIN ... COMMIT.
             autocommit=True,
+            # Unused: the driver would bound only the TCP connect. We open the
+            # stream ourselves and bound the whole connect (greeting, login) below.
             connect_timeout=self.connect_timeout_s,
-            # The driver bounds only the TCP connect; the greeting and
-            # authentication are bounded below.
             sql_mode="STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION",
             init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
         )
