@@ -23,46 +23,55 @@ from quart_trio import QuartTrio
 
 
 class ListenerError(Exception):
-    """A listener could not be opened (address in use, not permitted...): one line."""
+    """A listener could not be opened (address in use, not permitted...): one line.
+
+    ``listen`` is the configured address; the caller that knows which setting it
+    came from names the listener (:meth:`line`)."""
+
+    def __init__(self, listen: str, problem: str, listener: str | None = None) -> None:
+        self.listen = listen
+        self.problem = problem
+        self.listener = listener
+        super().__init__(self.line())
+
+    def line(self, listener: str | None = None) -> str:
+        return f"{listener or self.listener or 'http'} listener {self.listen}: {self.problem}"
 
 
 class _HypercornEvents(logging.Filter):
     """Rewrite hypercorn's free-text records as structured ``integrationd`` events."""
 
-    def __init__(self, listener: str) -> None:
-        super().__init__()
-        self.listener = listener
-
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
+        fields: dict[str, object]
         if text.startswith("Running on "):
             name = "http_listening"
-            fields = {"listener": self.listener, "address": text.split()[2]}
+            fields = {"address": text.split()[2]}
         else:
             name = "http_server_error" if record.levelno >= logging.ERROR else "http_server_note"
-            fields = {"listener": self.listener, "detail": text[:500]}
+            fields = {"detail": text[:500]}
         record.msg = name
         record.args = ()
         record.fields = fields
         return True
 
 
-def _http_logger(listener: str) -> logging.Logger:
-    logger = logging.getLogger(f"integrationd.http.{listener}")
+def _http_logger() -> logging.Logger:
+    logger = logging.getLogger("integrationd.http")
     if not any(isinstance(f, _HypercornEvents) for f in logger.filters):
-        logger.addFilter(_HypercornEvents(listener))
+        logger.addFilter(_HypercornEvents())
     return logger
 
 
-def bind_listener(listener: str, listen: str) -> socket.socket:
-    """Bind ``listen`` (``host:port``) for ``listener`` or raise :class:`ListenerError`."""
+def bind_listener(listen: str, listener: str | None = None) -> socket.socket:
+    """Bind ``listen`` (``host:port``) or raise :class:`ListenerError`."""
     host, _, port_text = listen.rpartition(":")
     host = host.strip("[]")
     try:
         port = int(port_text)
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (ValueError, OSError) as exc:
-        raise ListenerError(f"{listener} listener {listen}: cannot resolve: {exc}") from None
+        raise ListenerError(listen, f"cannot resolve: {exc}", listener) from None
     family, kind, proto, _, address = infos[0]
     sock = socket.socket(family, kind, proto)
     try:
@@ -72,10 +81,8 @@ def bind_listener(listener: str, listen: str) -> socket.socket:
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
-            raise ListenerError(
-                f"{listener} listener {listen}: port {port} is already in use"
-            ) from None
-        raise ListenerError(f"{listener} listener {listen}: {exc.strerror}") from None
+            raise ListenerError(listen, f"port {port} is already in use", listener) from None
+        raise ListenerError(listen, str(exc.strerror), listener) from None
     return sock
 
 
@@ -83,17 +90,17 @@ async def serve_app(
     app: QuartTrio,
     listen: str,
     *,
-    name: str = "http",
+    name: str | None = None,
     graceful_timeout_s: float = 5.0,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``listen`` (``host:port``; port 0 picks one) until cancelled."""
-    sock = bind_listener(name, listen)
+    sock = bind_listener(listen, name)
     config = Config()
     # Hypercorn adopts the bound socket (and closes it when done).
     config.bind = [f"fd://{sock.detach()}"]
     config.accesslog = None
-    config.errorlog = _http_logger(name)
+    config.errorlog = _http_logger()
     config.graceful_timeout = graceful_timeout_s
     config.include_server_header = False
 

@@ -39,11 +39,11 @@ reports with its own exit code.
 from __future__ import annotations
 
 import collections
-import functools
 import json
 import os
 import socket
 import time
+from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
@@ -126,6 +126,9 @@ class Replica:
     history: collections.deque[HistoryPoint] = attrs.field(
         factory=lambda: collections.deque(maxlen=HISTORY_POINTS)
     )
+    # Run once the database answers and the schema is checked, before the replica id is
+    # claimed (e.g. the CLI's check that the configured Catalog revision is published).
+    startup_checks: tuple[Callable[[], Awaitable[None]], ...] = ()
     # Why the process stopped without a clean drain (None: it did not).
     forced_stop: str | None = None
     _drain: trio.Event = attrs.field(factory=trio.Event)
@@ -192,20 +195,24 @@ class Replica:
         self._started_at_us = self.clock.now_us()
         self.metrics.attach_db(self.store.db.backend, self.store.db.stats)
         async with trio.open_nursery() as services:
-            self._services = services.cancel_scope
             if self.serve_admin:
                 self.admin_address = await services.start(
-                    functools.partial(serve_app, name="admin"),
-                    create_app(self, self.console_extensions), self.settings.admin.listen,
+                    serve_app, create_app(self, self.console_extensions),
+                    self.settings.admin.listen
                 )
             if self.api_app is not None:
                 self.api_address = await services.start(
-                    functools.partial(serve_app, name="api"),
-                    self.api_app, self.settings.api.listen,
+                    serve_app, self.api_app, self.settings.api.listen
                 )
+
+            # Start-up: listeners are bound (a port in use has failed by now) and
+            # /readyz answers "not ready" while we wait for the database.
+            self._services = services.cancel_scope
             with trio.CancelScope() as self._startup:
                 await self._wait_for_database()
                 await check_schema(self.store.db, self.store.dialect)
+                for check in self.startup_checks:
+                    await check()
                 await self._claim_identity()
             if self._startup.cancelled_caught:
                 logs.event("replica_stopped_before_start", replica=self.replica_id)
