@@ -38,12 +38,11 @@ reports with its own exit code.
 
 from __future__ import annotations
 
-import collections
+import collections.abc
 import json
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
@@ -128,7 +127,7 @@ class Replica:
     )
     # Run once the database answers and the schema is checked, before the replica id is
     # claimed (e.g. the CLI's check that the configured Catalog revision is published).
-    startup_checks: tuple[Callable[[], Awaitable[None]], ...] = ()
+    startup_checks: tuple[collections.abc.Callable[[], collections.abc.Awaitable[None]], ...] = ()
     # Why the process stopped without a clean drain (None: it did not).
     forced_stop: str | None = None
     _drain: trio.Event = attrs.field(factory=trio.Event)
