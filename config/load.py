@@ -252,6 +252,10 @@ def parse_settings(
     if storage.sqlite_synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
         raise ConfigError("storage.sqlite_synchronous", "expected NORMAL, FULL or EXTRA")
     _positive("storage.pool_size", storage.pool_size)
+    _positive("storage.connect_timeout", storage.connect_timeout)
+    _positive("storage.statement_timeout", storage.statement_timeout)
+    if storage.startup_timeout < 0:
+        raise ConfigError("storage.startup_timeout", "must not be negative")
     storage = attrs.evolve(storage, password=_storage_password(storage_raw, environ))
 
     replica = _build("replica", ReplicaSettings, raw.get("replica", {}))

@@ -31,6 +31,12 @@ class StorageSettings:
     password: Secret | None = None
     pool_size: int = 8
     sqlite_synchronous: str = "FULL"
+    # Seconds: a connect (greeting and authentication included); one statement,
+    # COMMIT or ROLLBACK (SQLite: waiting for the write lock); and how long
+    # `run` and `migrate` wait for a database that is still coming up.
+    connect_timeout: float = 5.0
+    statement_timeout: float = 15.0
+    startup_timeout: float = 120.0
 
 
 @attrs.frozen(kw_only=True)

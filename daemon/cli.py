@@ -1,7 +1,16 @@
 """``integrationd``: run a replica, migrate, check configuration, operate on work.
 
-Exit codes: 0 success; 1 a runtime failure (database unreachable, conflict,
-not found); 2 bad configuration or usage (one line naming the key).
+Exit codes (docs/operations.md; the systemd unit's ``SuccessExitStatus``,
+``RestartPreventExitStatus`` and ``RestartForceExitStatus`` follow them):
+
+* 0 success; for ``run``, a clean drain (every lease finished or released);
+* 1 a runtime failure: database unreachable (past ``storage.startup_timeout``
+  for ``run`` and ``migrate``), conflict, not found;
+* 2 bad configuration or usage, one line naming the key; also a database that
+  refuses us (wrong password, unknown database), a listener whose port is in
+  use, a replica id held by a live process: restarting cannot fix these;
+* 3 forced stop of ``run``: a second signal, or the drain deadline passed with
+  leases that could not be released (left to lease expiry, logged).
 """
 
 from __future__ import annotations
@@ -38,17 +47,28 @@ from daemon.services.operator_api import (
     replay,
 )
 from storage.migrate import check_schema, migrate
-from storage.open import describe_url, open_store
-from storage.port import StorageError, WorkNotFound, WorkQuery
+from storage.open import describe_url, open_store, wait_until_reachable
+from storage.port import (
+    DatabaseRejected,
+    DatabaseUnavailable,
+    StorageError,
+    WorkNotFound,
+    WorkQuery,
+)
 from storage.work_store import WorkStore
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_FORCED = 3
 
 
 class CliFailure(Exception):
     """A runtime failure to report as one line, exit 1."""
+
+
+class CliRefused(Exception):
+    """A problem restarting cannot fix (configuration, a port, an id): one line, exit 2."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -131,7 +151,7 @@ def _print_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
-async def _open(settings: Settings) -> WorkStore:
+async def _open(settings: Settings, *, connect: bool = True) -> WorkStore:
     password = settings.storage.password.reveal() if settings.storage.password else None
     try:
         return await open_store(
@@ -140,11 +160,45 @@ async def _open(settings: Settings) -> WorkStore:
             pool_size=settings.storage.pool_size,
             sqlite_synchronous=settings.storage.sqlite_synchronous,
             base_dir=settings.base_dir,
+            connect_timeout_s=settings.storage.connect_timeout,
+            statement_timeout_s=settings.storage.statement_timeout,
+            connect=connect,
         )
+    except DatabaseRejected as exc:
+        raise CliRefused(_rejected_line(settings, exc)) from None
     except StorageError as exc:
-        raise CliFailure(
-            f"database unreachable ({describe_url(settings.storage.url)}): {exc}"
-        ) from None
+        raise CliFailure(_unreachable_line(settings, exc)) from None
+
+
+def _unreachable_line(settings: Settings, exc: BaseException) -> str:
+    return _database_line("database unreachable", settings, exc)
+
+
+def _rejected_line(settings: Settings, exc: BaseException) -> str:
+    return _database_line("database refused us", settings, exc)
+
+
+def _database_line(what: str, settings: Settings, exc: BaseException) -> str:
+    where = describe_url(settings.storage.url)
+    detail = str(exc)
+    for prefix in (f"cannot connect to {where}: ", f"{where}: "):
+        detail = detail.removeprefix(prefix)
+    return f"{what} ({where}): {detail}"
+
+
+async def _wait_for_database(settings: Settings, store: WorkStore) -> None:
+    """``migrate`` (systemd's ExecStartPre) waits for a database still coming up, as ``run``."""
+    def retry(tries: int, delay_s: float, error: str) -> None:
+        logs.warn("database_waiting", attempt=tries, retry_in_s=round(delay_s, 2),
+                  within_s=settings.storage.startup_timeout, error=error)
+
+    try:
+        await wait_until_reachable(store, timeout_s=settings.storage.startup_timeout,
+                                   on_retry=retry)
+    except DatabaseRejected as exc:
+        raise CliRefused(_rejected_line(settings, exc)) from None
+    except StorageError as exc:
+        raise CliFailure(_unreachable_line(settings, exc)) from None
 
 
 async def _with_store(settings: Settings, action: Callable[[WorkStore], Any]) -> Any:
@@ -156,10 +210,12 @@ async def _with_store(settings: Settings, action: Callable[[WorkStore], Any]) ->
 
 
 async def _cmd_migrate(settings: Settings) -> int:
-    async def act(store: WorkStore) -> list[int]:
-        return await migrate(store.db, store.dialect, WallClock().now_us())
-
-    applied = await _with_store(settings, act)
+    store = await _open(settings, connect=False)
+    try:
+        await _wait_for_database(settings, store)
+        applied = await migrate(store.db, store.dialect, WallClock().now_us())
+    finally:
+        await store.db.aclose()
     logs.event("migrate_done", applied=",".join(map(str, applied)) or "none")
     sys.stdout.write(f"migrations applied: {applied or 'none (up to date)'}\n")
     return EXIT_OK
@@ -172,16 +228,21 @@ async def _cmd_run(settings: Settings) -> int:
     from daemon.services.metrics import Metrics
     from daemon.services.replica import Replica
 
-    store = await _open(settings)
+    # The replica waits for the database itself (serving /readyz meanwhile).
+    store = await _open(settings, connect=False)
     try:
-        await check_schema(store.db, store.dialect)
-        if settings.bindings or settings.runtimes:
-            # Effect work is configured: the current revision must be published
-            # with exactly this configuration's content (nothing is published here).
+
+        async def catalog_published() -> None:
+            """Effect work is configured: the current revision must be published with
+            exactly this configuration's content (nothing is published here). Run by
+            the replica once the database answers and its schema is current."""
+            if not (settings.bindings or settings.runtimes):
+                return
             catalog = load_catalog(settings)
             refusal = serving_refusal(catalog, await store.catalog_digest(catalog.revision))
             if refusal is not None:
                 raise ConfigError("catalog.revision", refusal)
+
         clock = WallClock()
         metrics = Metrics()
         parts = assemble(settings, store, clock, metrics)
@@ -189,21 +250,23 @@ async def _cmd_run(settings: Settings) -> int:
         # the services never import the console, nor the console the replica.
         admin_app = console_factory(effect_extensions(parts.catalog, parts.catalogs.pinned))
         replica = Replica(settings, store, parts.registry, clock, metrics=metrics,
-                          api_app=parts.api_app, admin_app=admin_app)
+                          api_app=parts.api_app, admin_app=admin_app,
+                          startup_checks=(catalog_published,))
         if parts.api_context is not None:
             parts.api_context.wake = replica.wake
         if settings.replica.id:
             replica.replica_id = settings.replica.id
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_watch_signals, replica, nursery.cancel_scope)
-                await replica.run()  # returns once a drain has finished
+                nursery.start_soon(_watch_signals, replica)
+                await replica.run()  # returns once a drain has finished (or was forced)
                 nursery.cancel_scope.cancel()
         finally:
-            await parts.aclose()
+            with trio.move_on_after(1):
+                await parts.aclose()
     finally:
         await store.db.aclose()
-    return EXIT_OK
+    return EXIT_FORCED if replica.forced_stop else EXIT_OK
 
 
 async def _cmd_check_connect(settings: Settings) -> int:
@@ -237,14 +300,15 @@ async def _cmd_sandbox(settings: Settings, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _watch_signals(replica: Any, scope: trio.CancelScope) -> None:
-    """First SIGTERM/SIGINT drains; a second one stops at once."""
+async def _watch_signals(replica: Any) -> None:
+    """First SIGTERM/SIGINT drains; a second one stops at once (exit 3)."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        drain_requested = False
         async for signum in signals:
-            if replica.state in ("draining", "stopped"):
-                logs.warn("replica_forced_stop", signal=int(signum))
-                scope.cancel()
+            if drain_requested:
+                replica.force_stop(f"second signal {int(signum)}")
                 return
+            drain_requested = True
             logs.event("replica_signal", signal=int(signum))
             replica.request_drain()
 
@@ -378,18 +442,50 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(_cmd_work, settings, args)
         if args.command == "sandbox":
             return trio.run(_cmd_sandbox, settings, args)
-    except (BadRequest, UnknownFamily) as exc:
-        sys.stderr.write(f"integrationd: {exc}\n")
-        return EXIT_USAGE
-    except ConfigError as exc:  # raised late, e.g. by the sandbox
-        sys.stderr.write(f"integrationd: config error: {exc}\n")
-        return EXIT_USAGE
-    except (CliFailure, NotAuthorized, StorageError) as exc:
-        sys.stderr.write(f"integrationd: {exc}\n")
-        return EXIT_FAILURE
-    except KeyboardInterrupt:
-        return EXIT_FAILURE
+    except BaseException as exc:  # mapped to one line and an exit code, or re-raised
+        code = _report(_leaf(exc), settings)
+        if code is None:
+            raise
+        return code
     raise AssertionError(f"unhandled command {args.command}")
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The one error a nursery tree carried (trio wraps it in an ExceptionGroup per level)."""
+    while isinstance(exc, BaseExceptionGroup):
+        leaves = [e for e in exc.exceptions if not isinstance(e, trio.Cancelled)]
+        if len(leaves) != 1:
+            return exc
+        exc = leaves[0]
+    return exc
+
+
+def _report(exc: BaseException, settings: Settings) -> int | None:
+    """Print ``exc`` as one line and return the exit code (``None``: a bug, re-raise)."""
+    from daemon.services.http_server import ListenerError
+    from daemon.services.replica import ReplicaIdInUse
+
+    line: str
+    code: int
+    if isinstance(exc, ConfigError):  # raised late, e.g. by the sandbox
+        line, code = f"config error: {exc}", EXIT_USAGE
+    elif isinstance(exc, ListenerError):
+        named = {settings.api.listen: "api", settings.admin.listen: "admin"}
+        line, code = exc.line(named.get(exc.listen)), EXIT_USAGE
+    elif isinstance(exc, BadRequest | UnknownFamily | CliRefused | ReplicaIdInUse):
+        line, code = str(exc), EXIT_USAGE
+    elif isinstance(exc, DatabaseRejected):
+        line, code = _rejected_line(settings, exc), EXIT_USAGE
+    elif isinstance(exc, DatabaseUnavailable):
+        line, code = _unreachable_line(settings, exc), EXIT_FAILURE
+    elif isinstance(exc, CliFailure | NotAuthorized | StorageError):
+        line, code = str(exc), EXIT_FAILURE
+    elif isinstance(exc, KeyboardInterrupt):
+        return EXIT_FAILURE
+    else:
+        return None
+    sys.stderr.write(f"integrationd: {line}\n")
+    return code
 
 
 if __name__ == "__main__":

@@ -42,6 +42,11 @@ class DatabaseUnavailable(StorageError):
     """The database could not be reached (refused, timed out, lost before COMMIT)."""
 
 
+class DatabaseRejected(StorageError):
+    """The server answered but refused us for good (wrong password, unknown database):
+    a configuration problem that waiting will not fix."""
+
+
 class RetryableConflict(StorageError):
     """Deadlock, lock-wait timeout, write conflict or SQLite BUSY: retry the whole transaction."""
 

@@ -1,8 +1,20 @@
-"""Serve an ASGI app with hypercorn on trio; report the bound address when ready."""
+"""Serve an ASGI app with hypercorn on trio; report the bound address when ready.
+
+The listening socket is bound here, not by hypercorn, so that a port already
+in use is one clear :class:`ListenerError` naming the listener and address
+(hypercorn would raise a bare ``OSError`` from deep inside its nurseries). The
+bound socket is handed to hypercorn as ``fd://``.
+
+Hypercorn's own log lines (its "Running on ..." banner, connection errors) go
+through a filter that gives them a stable event name and keeps the text as a
+field, so no log line ever uses a server banner as its ``event``.
+"""
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 
 import trio
 from hypercorn.config import Config
@@ -10,18 +22,85 @@ from hypercorn.trio import serve
 from quart_trio import QuartTrio
 
 
+class ListenerError(Exception):
+    """A listener could not be opened (address in use, not permitted...): one line.
+
+    ``listen`` is the configured address; the caller that knows which setting it
+    came from names the listener (:meth:`line`)."""
+
+    def __init__(self, listen: str, problem: str, listener: str | None = None) -> None:
+        self.listen = listen
+        self.problem = problem
+        self.listener = listener
+        super().__init__(self.line())
+
+    def line(self, listener: str | None = None) -> str:
+        return f"{listener or self.listener or 'http'} listener {self.listen}: {self.problem}"
+
+
+class _HypercornEvents(logging.Filter):
+    """Rewrite hypercorn's free-text records as structured ``integrationd`` events."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        fields: dict[str, object]
+        if text.startswith("Running on "):
+            name = "http_listening"
+            fields = {"address": text.split()[2]}
+        else:
+            name = "http_server_error" if record.levelno >= logging.ERROR else "http_server_note"
+            fields = {"detail": text[:500]}
+        record.msg = name
+        record.args = ()
+        record.fields = fields
+        return True
+
+
+def _http_logger() -> logging.Logger:
+    logger = logging.getLogger("integrationd.http")
+    if not any(isinstance(f, _HypercornEvents) for f in logger.filters):
+        logger.addFilter(_HypercornEvents())
+    return logger
+
+
+def bind_listener(listen: str, listener: str | None = None) -> socket.socket:
+    """Bind ``listen`` (``host:port``) or raise :class:`ListenerError`."""
+    host, _, port_text = listen.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (ValueError, OSError) as exc:
+        raise ListenerError(listen, f"cannot resolve: {exc}", listener) from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ListenerError(listen, f"port {port} is already in use", listener) from None
+        raise ListenerError(listen, str(exc.strerror), listener) from None
+    return sock
+
+
 async def serve_app(
     app: QuartTrio,
     listen: str,
     *,
+    name: str | None = None,
     graceful_timeout_s: float = 5.0,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` on ``listen`` (``host:port``; port 0 picks one) until cancelled."""
+    sock = bind_listener(listen, name)
     config = Config()
-    config.bind = [listen]
+    # Hypercorn adopts the bound socket (and closes it when done).
+    config.bind = [f"fd://{sock.detach()}"]
     config.accesslog = None
-    config.errorlog = logging.getLogger("integrationd.http")
+    config.errorlog = _http_logger()
     config.graceful_timeout = graceful_timeout_s
     config.include_server_header = False
 

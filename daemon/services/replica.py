@@ -8,6 +8,9 @@ ready::
     Replica.run
     |- admin HTTP server (the console, /metrics, /healthz, /readyz)
     |- service API (/v1/, when [[runtimes]] are configured)
+    |  (both bound first: a port in use fails at once; /readyz says "not ready"
+    |  while the start-up waits for the database, checks the schema and claims
+    |  the replica id, see daemon/core/replica_identity.py)
     |- heartbeat (replicas table: seen, running/draining)
     |- depth sampler (one bounded query per interval feeds the depth gauges)
     '- work
@@ -22,11 +25,20 @@ schedulers' scope so that nothing new is claimed; let in-flight handlers
 finish until ``replica.drain_timeout``; then stop the rest, which release
 their items (fenced) back to ``retry``; flush the completer; report
 ``stopped``; return. Shutdown is cancel scopes and deadlines, not flags.
+
+The drain is bounded whatever the database does: from the signal on, the
+database adapter gives up on shielded COMMITs at ``drain_timeout +
+DRAIN_MARGIN_S`` and a watchdog cancels everything at that moment. Items whose
+release or finalization had not been committed by then are logged
+(``replica_drain_abandoned``) and left to lease expiry, which is safe: the
+fence refuses any late write and another replica reclaims them. That, or a
+second signal (:meth:`Replica.force_stop`), is a *forced stop*, which the CLI
+reports with its own exit code.
 """
 
 from __future__ import annotations
 
-import collections
+import collections.abc
 import json
 import os
 import socket
@@ -38,6 +50,7 @@ import trio
 from quart_trio import QuartTrio
 
 from config.settings import Settings
+from daemon.core.replica_identity import Holder, Judgement, Verdict, judge, rejudge
 from daemon.services import logs, sdnotify
 from daemon.services.clock import Clock
 from daemon.services.completer import Completer
@@ -47,10 +60,21 @@ from daemon.services.lease_keeper import LeaseKeeper
 from daemon.services.metrics import Metrics
 from daemon.services.scheduler import Scheduler
 from daemon.services.worker_pool import WorkerPool
+from storage.migrate import check_schema
+from storage.open import wait_until_reachable
 from storage.port import OutcomeCount, QueueDepth, ReplicaInfo, StorageError
 from storage.work_store import WorkStore
 
 VERSION = "0.1.0"
+# After drain_timeout, this long to commit releases and finalizations; then stop
+# regardless (what is left goes to lease expiry). Documented in docs/operations.md.
+DRAIN_MARGIN_S = 2.0
+# A previous holder of our replica id is gone once it missed this many heartbeats.
+IDENTITY_LAPSE_HEARTBEATS = 3
+
+
+class ReplicaIdInUse(Exception):
+    """Another live process holds this replica id (one line; exit 2)."""
 
 
 def default_replica_id() -> str:
@@ -99,16 +123,43 @@ class Replica:
     history: collections.deque[HistoryPoint] = attrs.field(
         factory=lambda: collections.deque(maxlen=HISTORY_POINTS)
     )
+    # Run once the database answers and the schema is checked, before the replica id is
+    # claimed (e.g. the CLI's check that the configured Catalog revision is published).
+    startup_checks: tuple[collections.abc.Callable[[], collections.abc.Awaitable[None]], ...] = ()
+    # Why the process stopped without a clean drain (None: it did not).
+    forced_stop: str | None = None
     _drain: trio.Event = attrs.field(factory=trio.Event)
     _state: str = "starting"
+    _services: trio.CancelScope | None = None
+    _startup: trio.CancelScope | None = None
+    # False while a claim may still be waiting for its COMMIT during a drain.
+    _claims_settled: bool = True
+    # COMMITs of unknown outcome before the drain began (more after it: leases may be held).
+    _unknown_before_drain: int = 0
     _last_db_ok: float = 0.0
     _started_at_us: int = 0
 
     # --------------------------------------------------------------- public
 
     def request_drain(self) -> None:
-        """Stop claiming and drain; ``run`` returns when done."""
+        """Stop claiming and drain; ``run`` returns when done.
+
+        While still starting (waiting for the database) there is nothing to
+        drain: the start-up is abandoned and ``run`` returns."""
         self._drain.set()
+        if self._state == "starting" and self._startup is not None:
+            self._startup.cancel()
+
+    def force_stop(self, reason: str) -> None:
+        """Stop at once (second signal): nothing more is waited for, not even the
+        database; unfinished leases are left to expire."""
+        self.forced_stop = reason
+        self._abandon_database(trio.current_time())
+        pool = self.pool
+        logs.warn("replica_forced_stop", replica=self.replica_id, reason=reason,
+                  abandoned=len(pool.flights) if pool is not None else 0)
+        if self._services is not None:
+            self._services.cancel()
 
     @property
     def state(self) -> str:
@@ -140,8 +191,6 @@ class Replica:
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         self._started_at_us = self.clock.now_us()
         self.metrics.attach_db(self.store.db.backend, self.store.db.stats)
-        await self.store.db.ping()
-        self._last_db_ok = time.monotonic()
         async with trio.open_nursery() as services:
             if self.admin_app is not None:
                 self.admin_address = await services.start(
@@ -151,6 +200,21 @@ class Replica:
                 self.api_address = await services.start(
                     serve_app, self.api_app, self.settings.api.listen
                 )
+
+            # Start-up: listeners are bound (a port in use has failed by now) and
+            # /readyz answers "not ready" while we wait for the database.
+            self._services = services.cancel_scope
+            with trio.CancelScope() as self._startup:
+                await self._wait_for_database()
+                await check_schema(self.store.db, self.store.dialect)
+                for check in self.startup_checks:
+                    await check()
+                await self._claim_identity()
+            if self._startup.cancelled_caught:
+                logs.event("replica_stopped_before_start", replica=self.replica_id)
+                self._state = "stopped"
+                services.cancel_scope.cancel()
+                return
             await services.start(self._heartbeat_loop)
             await services.start(self._depth_loop)
             logs.event(
@@ -161,14 +225,103 @@ class Replica:
                 backend=self.store.db.backend,
                 families=",".join(self.registry.names()),
             )
-            await self._run_work(task_status)
+            await self._run_work(task_status, services)
+            if self._unknown_during_drain():
+                self._report_abandoned("unknown_commit", [])
             self._state = "stopped"
             self.metrics.draining.set(0)
             await self._heartbeat_once()
             services.cancel_scope.cancel()
-        logs.event("replica_stopped", replica=self.replica_id)
+        self._state = "stopped"
+        logs.event("replica_stopped", replica=self.replica_id, forced=self.forced_stop or "no")
 
-    async def _run_work(self, task_status: trio.TaskStatus[str]) -> None:
+    # ------------------------------------------------------------ start-up
+
+    async def _wait_for_database(self) -> None:
+        timeout = self.settings.storage.startup_timeout
+
+        def retry(tries: int, delay_s: float, error: str) -> None:
+            logs.warn("database_waiting", replica=self.replica_id, attempt=tries,
+                      retry_in_s=round(delay_s, 2), within_s=timeout, error=error)
+
+        tries = await wait_until_reachable(self.store, timeout_s=timeout, on_retry=retry)
+        self._last_db_ok = time.monotonic()
+        if tries > 1:
+            logs.event("database_reachable", replica=self.replica_id, attempts=tries)
+
+    async def _read_holder(self) -> Holder | None:
+        for info in await self.store.replica_list(0):
+            if info.replica_id == self.replica_id:
+                return Holder(info.hostname, info.pid, info.state, info.started_at_us,
+                              info.heartbeat_at_us)
+        return None
+
+    async def _claim_identity(self) -> None:
+        """Refuse to run beside a live process with our replica id; take over from a
+        crashed one (at once when provably gone, else once its heartbeat lapsed)."""
+        interval = self.settings.replica.heartbeat_interval
+        hostname = socket.gethostname()
+        holder = await self._read_holder()
+        alive = _pid_alive(holder.pid) if holder is not None and holder.hostname == hostname \
+            else None
+        now_us = self.clock.now_us()
+        verdict = judge(holder, hostname=hostname, pid=os.getpid(), now_us=now_us,
+                        lapse_us=int(IDENTITY_LAPSE_HEARTBEATS * interval * 1e6),
+                        pid_alive=alive)
+        if verdict.verdict is Verdict.WATCH and holder is not None:
+            # Watch for at least two of its heartbeats whatever the clocks say.
+            lapse_at = max(verdict.lapse_at_us, now_us + int(2 * interval * 1e6))
+            logs.warn("replica_id_watch", replica=self.replica_id, holder_host=holder.hostname,
+                      holder_pid=holder.pid, until_s=round((lapse_at - now_us) / 1e6, 1))
+            verdict = Judgement(Verdict.WATCH, verdict.reason, lapse_at)
+            while verdict.verdict is Verdict.WATCH:
+                await trio.sleep(min(0.5, interval / 2))
+                verdict = rejudge(holder, await self._read_holder(), now_us=self.clock.now_us(),
+                                  lapse_at_us=verdict.lapse_at_us)
+        if verdict.verdict is Verdict.REFUSE:
+            assert holder is not None
+            raise ReplicaIdInUse(
+                f"replica id {self.replica_id!r} is in use by a live process"
+                f" ({holder.hostname} pid {holder.pid}): give each replica its own replica.id"
+            )
+        if holder is not None:
+            logs.event("replica_id_taken_over", replica=self.replica_id, reason=verdict.reason,
+                       previous_host=holder.hostname, previous_pid=holder.pid)
+        await self._heartbeat_once()  # mark the id ours before starting work
+
+    # --------------------------------------------------------------- drain
+
+    def _abandon_database(self, deadline: float) -> None:
+        abandon = getattr(self.store.db, "abandon_at", None)
+        if abandon is not None:
+            abandon(deadline)
+
+    async def _drain_watchdog(self, deadline: float) -> None:
+        """At the drain's hard deadline: log what is left to lease expiry and stop."""
+        await trio.sleep_until(deadline)
+        pool = self.pool
+        unfinished = sorted(pool.flights) if pool is not None else []
+        if unfinished or not self._claims_settled or self._unknown_during_drain():
+            self._report_abandoned("drain_deadline", unfinished)
+        else:
+            logs.warn("replica_stop_unrecorded", replica=self.replica_id,
+                      reason="database did not answer before the drain deadline")
+        if self._services is not None:
+            self._services.cancel()
+
+    def _unknown_during_drain(self) -> int:
+        return self.store.db.stats.unknown_commits - self._unknown_before_drain
+
+    def _report_abandoned(self, reason: str, unfinished: list[str]) -> None:
+        """Leases we hold, or may hold (a claim or release whose COMMIT went unanswered),
+        are left to expire: a forced stop."""
+        self.forced_stop = reason
+        logs.warn("replica_drain_abandoned", replica=self.replica_id,
+                  leases=len(unfinished), work_ids=",".join(unfinished[:20]),
+                  claim_unsettled=not self._claims_settled,
+                  unknown_commits=self._unknown_during_drain(), left_to="lease expiry")
+
+    async def _run_work(self, task_status: trio.TaskStatus[str], services: trio.Nursery) -> None:
         s = self.settings
         completer = Completer(self.store, self.clock, self.metrics, self.replica_id,
                               backoff_cap_s=s.work.db_backoff_cap)
@@ -215,14 +368,23 @@ class Replica:
                 sdnotify.notify("READY=1\nSTATUS=running")
                 task_status.started(self.admin_address or "")
                 await self._drain.wait()
+                self._claims_settled = False
+                self._unknown_before_drain = self.store.db.stats.unknown_commits
+                soft = trio.current_time() + s.replica.drain_timeout
+                hard = soft + DRAIN_MARGIN_S
+                self._abandon_database(hard)
+                services.start_soon(self._drain_watchdog, hard)
                 self._state = "draining"
                 self.metrics.draining.set(1)
                 sdnotify.notify("STOPPING=1\nSTATUS=draining")
                 logs.event("replica_draining", replica=self.replica_id,
-                           in_flight=len(pool.flights))
+                           in_flight=len(pool.flights), drain_timeout=s.replica.drain_timeout,
+                           margin_s=DRAIN_MARGIN_S)
+                claiming.cancel_scope.cancel()  # (this block's own awaits end here too)
+            self._claims_settled = True
+            with trio.move_on_at(soft):
                 await self._heartbeat_once()
-                claiming.cancel_scope.cancel()
-            with trio.move_on_after(s.replica.drain_timeout):
+            with trio.move_on_at(soft):
                 await pool.wait_idle()
             if pool.flights:
                 logs.warn("replica_drain_deadline", replica=self.replica_id,
@@ -300,3 +462,18 @@ class Replica:
                 if sample.name.startswith(prefix) and not sample.name.endswith("_created"):
                     out.append(MetricSample(sample.name, dict(sample.labels), sample.value))
         return out
+
+
+def _pid_alive(pid: int) -> bool | None:
+    """Whether ``pid`` runs on this host (``None``: cannot tell)."""
+    if pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, under another user
+    except OSError:
+        return None
+    return True

@@ -19,7 +19,18 @@ safe.
 Unknown outcomes: if the connection is lost or times out *during* COMMIT we
 cannot know whether it committed. That raises :class:`CommitOutcomeUnknown`;
 callers reconcile by reading. COMMIT itself is shielded from cancellation so
-that shutting down never manufactures an unknown outcome.
+that shutting down never manufactures an unknown outcome, up to the
+*abandon deadline* a shutting-down process sets (:meth:`abandon_at`): past it
+a COMMIT still waiting for the server is given up as unknown.
+
+Hung servers: a server that accepts TCP but never answers (frozen, SIGSTOP,
+a black-holed network) must never hang the caller. The connect, including the
+server's greeting and authentication, is bounded by ``connect_timeout_s``;
+every statement, COMMIT and ROLLBACK by ``statement_timeout_s``; a whole
+transaction body by ``transaction_timeout_s``. A timeout raises
+:class:`DatabaseUnavailable` (:class:`CommitOutcomeUnknown` at COMMIT) and the
+connection, no longer in step, is closed. Refusals that waiting cannot fix
+(access denied, unknown database) raise :class:`DatabaseRejected`.
 
 Sessions run at READ COMMITTED (fewer gap locks for the claim path's point
 updates), strict SQL mode, utf8mb4, and ``CLIENT.FOUND_ROWS`` so that the
@@ -30,12 +41,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import random
 import re
 import socket
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -46,6 +58,7 @@ from trio_mysql.constants import CLIENT
 from storage.dialect import MYSQL, Dialect
 from storage.port import (
     CommitOutcomeUnknown,
+    DatabaseRejected,
     DatabaseUnavailable,
     DbStats,
     DuplicateKey,
@@ -66,6 +79,10 @@ _INSERT_VALUES = re.compile(r"\s*(INSERT\b.+?\bVALUES\s*)(\(.*\))\s*\Z", re.DOTA
 MULTI_ROW_CHUNK = 500
 RETRYABLE_CODES = frozenset({1213, 1205, 1020, 9007, 8002, 8022, 8028})
 DUPLICATE_KEY_CODE = 1062
+# Access denied for user (1045; 1698 when no password was given), to database
+# (1044); unknown database (1049).
+REJECTED_CODES = {1044: "access denied", 1045: "access denied", 1698: "access denied",
+                  1049: "unknown database"}
 
 
 @attrs.frozen
@@ -147,20 +164,59 @@ class _Pooled:
         self.conn._closed = True
 
 
+def _close_half_open(conn: Any, stream: trio.SocketStream | None) -> None:
+    """Close the socket of a connect that failed midway (the driver tries ``close()``,
+    which trio streams lack, and would leak it)."""
+    if stream is not None:
+        stream.socket.close()
+    conn._sock = None
+    conn._closed = True
+
+
 class _Retry(Exception):
     pass
 
 
+class _StatementTimeout(DatabaseUnavailable):
+    """No answer to one statement in time: the connection is out of step."""
+
+
 class _MysqlTx:
-    def __init__(self, conn: Any, stats: DbStats) -> None:
+    def __init__(self, conn: Any, stats: DbStats, timeout_s: float, name: str) -> None:
         self._conn = conn
         self._stats = stats
+        self._timeout_s = timeout_s
+        self._name = name
+        # Set by a timeout: the connection is out of step; nothing more may use it.
+        self.broken = False
+
+    async def _run(self, cur: Any, sql: str, params: Sequence[Any]) -> None:
+        if self.broken:
+            raise _StatementTimeout(f"{self._name}: the connection timed out earlier")
+        try:
+            with trio.fail_after(self._timeout_s):
+                await cur.execute(to_pyformat(sql), tuple(params))
+        except trio.TooSlowError:
+            self.broken = True
+            raise _StatementTimeout(
+                f"{self._name}: no answer to a statement within {self._timeout_s:g}s"
+            ) from None
+
+    async def begin(self) -> None:
+        try:
+            with trio.fail_after(self._timeout_s):
+                await self._conn.begin()
+        except trio.TooSlowError:
+            self.broken = True
+            raise _StatementTimeout(
+                f"{self._name}: no answer to BEGIN within {self._timeout_s:g}s"
+            ) from None
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         self._stats.statements += 1
         cur = self._conn.cursor()
         try:
-            await cur.execute(to_pyformat(sql), tuple(params))
+            await self._run(cur, sql, params)
         except trio_mysql.IntegrityError as exc:
             if _code(exc) == DUPLICATE_KEY_CODE:
                 # InnoDB rolled back this statement only; the transaction goes on.
@@ -195,7 +251,7 @@ class _MysqlTx:
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         self._stats.statements += 1
         cur = self._conn.cursor()
-        await cur.execute(to_pyformat(sql), tuple(params))
+        await self._run(cur, sql, params)  # the driver buffers the whole result here
         return list(await cur.fetchall())
 
 
@@ -212,22 +268,44 @@ class MysqlDatabase:
         pool_size: int = 8,
         max_retries: int = 12,
         connect_timeout_s: float = 5.0,
+        statement_timeout_s: float = 15.0,
         transaction_timeout_s: float = 30.0,
     ) -> None:
         self.target = target
         self.stats = DbStats()
         self.max_retries = max_retries
         self.connect_timeout_s = connect_timeout_s
-        self.transaction_timeout_s = transaction_timeout_s
+        self.statement_timeout_s = statement_timeout_s
+        self.transaction_timeout_s = max(transaction_timeout_s, statement_timeout_s)
         self._idle: list[_Pooled] = []
         self._slots = trio.Semaphore(pool_size)
+        self._abandon_at = math.inf
+        self._shields: set[trio.CancelScope] = set()
+
+    def abandon_at(self, deadline: float) -> None:
+        """From ``deadline`` (trio time) on, stop waiting for a server that does not answer:
+        shielded COMMITs and ROLLBACKs are given up (outcome unknown) and new connections
+        are not attempted. A shutting-down process sets it so that it always exits."""
+        self._abandon_at = min(self._abandon_at, deadline)
+        for shield in self._shields:  # COMMITs and ROLLBACKs already waiting, too
+            shield.deadline = min(shield.deadline, deadline)
+
+    @contextlib.contextmanager
+    def _shielded(self) -> Iterator[trio.CancelScope]:
+        """Shielded from cancellation, but not past the abandon deadline."""
+        with trio.CancelScope(shield=True, deadline=self._abandon_at) as shield:
+            self._shields.add(shield)
+            try:
+                yield shield
+            finally:
+                self._shields.discard(shield)
 
     async def open(self) -> MysqlDatabase:
         """Prove the server is reachable (one connection, kept in the pool)."""
         await self.ping()
         return self
 
-    async def _open_connection(self) -> _Pooled:
+    async def _connect(self) -> _Pooled:
         conn = trio_mysql.connect(
             host=self.target.host,
             port=self.target.port,
@@ -241,41 +319,48 @@ class MysqlDatabase:
             # COMMITTED a multi-statement read transaction buys no consistency);
             # writes open an explicit BEGIN ... COMMIT.
             autocommit=True,
+            # Unused: the driver would bound only the TCP connect. We open the
+            # stream ourselves and bound the whole connect (greeting, login) below.
             connect_timeout=self.connect_timeout_s,
             sql_mode="STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION",
             init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
         )
-        # We open the stream ourselves: when the handshake fails, trio-mysql
-        # "closes" it with a close() that trio streams lack and forgets it, which
-        # would leak the socket; we close it.
-        with trio.fail_after(self.connect_timeout_s):
-            stream = await trio.open_tcp_stream(self.target.host, self.target.port)
+        where = self.target.describe()
+        stream: trio.SocketStream | None = None
         try:
-            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await conn.connect(stream)
+            with trio.fail_after(self.connect_timeout_s):
+                # Our own stream, so that a failed connect never leaks its socket.
+                stream = await trio.open_tcp_stream(self.target.host, self.target.port)
+                stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                stream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                await conn.connect(sock=stream)
+        except trio.TooSlowError:
+            _close_half_open(conn, stream)
+            raise DatabaseUnavailable(
+                f"cannot connect to {where}: no answer within {self.connect_timeout_s:g}s"
+                " (storage.connect_timeout)"
+            ) from None
+        except trio_mysql.MySQLError as exc:
+            _close_half_open(conn, stream)
+            code = _code(exc)
+            if code in REJECTED_CODES:
+                raise DatabaseRejected(
+                    f"{where}: {REJECTED_CODES[code]} ({code}): {exc.args[-1]}"
+                ) from None
+            raise DatabaseUnavailable(
+                f"cannot connect to {where}: {exc.args[-1] if exc.args else exc}"
+            ) from None
+        except OSError as exc:
+            _close_half_open(conn, stream)
+            raise DatabaseUnavailable(f"cannot connect to {where}: {exc}") from None
         except BaseException:
-            stream.socket.close()
+            _close_half_open(conn, stream)
             raise
         return _Pooled(conn, stream)
 
-    async def _connect(self) -> _Pooled:
-        try:
-            return await self._open_connection()
-        except trio_mysql.MySQLError as exc:
-            raise DatabaseUnavailable(
-                f"cannot connect to {self.target.describe()}: {exc.args[-1] if exc.args else exc}"
-            ) from None
-        except OSError as exc:
-            raise DatabaseUnavailable(
-                f"cannot connect to {self.target.describe()}: {exc}"
-            ) from None
-        except trio.TooSlowError:
-            raise DatabaseUnavailable(
-                f"cannot connect to {self.target.describe()}: no answer within"
-                f" {self.connect_timeout_s:g}s"
-            ) from None
-
     async def _acquire(self) -> _Pooled:
+        if trio.current_time() >= self._abandon_at:
+            raise DatabaseUnavailable("shutting down: the database is no longer waited for")
         waited = time.monotonic()
         await self._slots.acquire()
         self.stats.wait_seconds += time.monotonic() - waited
@@ -326,17 +411,20 @@ class MysqlDatabase:
         pooled = await self._acquire()
         conn = pooled.conn
         reusable = False
+        tx = _MysqlTx(conn, self.stats, self.statement_timeout_s, name)
         try:
             try:
                 with trio.fail_after(self.transaction_timeout_s):
                     if write:
-                        await conn.begin()
-                    result = await body(_MysqlTx(conn, self.stats))
+                        await tx.begin()
+                    result = await body(tx)
             except trio.TooSlowError:
                 raise DatabaseUnavailable(
                     f"{name}: no answer from {self.target.describe()} within"
-                    f" {self.transaction_timeout_s:.0f}s"
+                    f" {self.transaction_timeout_s:g}s"
                 ) from None
+            except _StatementTimeout as exc:
+                raise DatabaseUnavailable(f"{exc} from {self.target.describe()}") from None
             except trio_mysql.MySQLError as exc:
                 if write:
                     reusable = _server_reported(exc) and await self._rollback(conn)
@@ -347,18 +435,22 @@ class MysqlDatabase:
                 raise DatabaseUnavailable(f"{name}: connection lost: {exc!r}") from None
             except Exception:
                 # The body's own error (DuplicateKey, LostLease, a bug): every
-                # statement completed, so the protocol is in step.
-                reusable = await self._rollback(conn) if write else True
+                # statement completed, so the protocol is in step (unless the body
+                # swallowed a statement timeout).
+                if not tx.broken:
+                    reusable = await self._rollback(conn) if write else True
                 raise
+            if tx.broken:  # the body swallowed a statement timeout
+                raise DatabaseUnavailable(f"{name}: a statement timed out")
             reusable = await self._commit(conn, name) if write else True
             return result
         finally:
             self._release(pooled, reusable)
 
     async def _commit(self, conn: Any, name: str) -> bool:
-        with trio.CancelScope(shield=True):
+        with self._shielded() as shield:
             try:
-                with trio.fail_after(self.transaction_timeout_s):
+                with trio.fail_after(self.statement_timeout_s):
                     await conn.commit()
             except trio_mysql.MySQLError as exc:
                 if _server_reported(exc):
@@ -367,15 +459,25 @@ class MysqlDatabase:
                     raise self._translate(exc, name) from None
                 self.stats.unknown_commits += 1
                 raise CommitOutcomeUnknown(f"{name}: connection lost during COMMIT") from None
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
                 self.stats.unknown_commits += 1
                 raise CommitOutcomeUnknown(f"{name}: connection lost during COMMIT") from None
+            except trio.TooSlowError:
+                self.stats.unknown_commits += 1
+                raise CommitOutcomeUnknown(
+                    f"{name}: no answer to COMMIT within {self.statement_timeout_s:g}s"
+                ) from None
+        if shield.cancelled_caught:
+            self.stats.unknown_commits += 1
+            raise CommitOutcomeUnknown(f"{name}: COMMIT abandoned at shutdown, no answer yet")
         self.stats.commits += 1
         return True
 
     async def _rollback(self, conn: Any) -> bool:
         self.stats.rollbacks += 1
-        with trio.CancelScope(shield=True), trio.move_on_after(5):
+        with self._shielded(), trio.move_on_after(
+            min(5.0, self.statement_timeout_s)
+        ):
             try:
                 await conn.rollback()
             except BaseException:
@@ -397,11 +499,16 @@ class MysqlDatabase:
         return StorageError(f"{name}: mysql error {code}: {message}")
 
     async def aclose(self) -> None:
+        """Close the pool: a polite COM_QUIT per idle connection (at most 1 s in all,
+        none once the abandon deadline has passed), then close every socket."""
+        polite = trio.current_time() < self._abandon_at
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            while polite and self._idle:
+                pooled = self._idle.pop()
+                try:
+                    with contextlib.suppress(Exception):
+                        await pooled.conn.aclose()
+                finally:
+                    pooled.discard()
         while self._idle:
-            pooled = self._idle.pop()
-            # A polite COM_QUIT; the socket is closed below either way.
-            with trio.CancelScope(shield=True), trio.move_on_after(1), contextlib.suppress(
-                Exception
-            ):
-                await pooled.conn.aclose()
-            pooled.discard()
+            self._idle.pop().discard()

@@ -15,6 +15,10 @@ things that can take long are kept off the event loop:
 * *fsync at COMMIT* (``synchronous=FULL``, the default: a durable receipt must
   survive power loss), which runs in a worker thread.
 
+The wait for the write lock is bounded by ``retry_budget_s``
+(``storage.statement_timeout``); past it the transaction fails with
+:class:`RetriesExhausted`, so a process holding the lock never hangs others.
+
 WAL mode lets several processes on one host share the file; readers never
 block the writer. Local disks only: WAL needs shared memory that network file
 systems do not provide.
@@ -185,7 +189,8 @@ class SqliteDatabase:
                     self.stats.retries += 1
                     if trio.current_time() + pause > deadline:
                         raise RetriesExhausted(
-                            f"{name}: sqlite stayed busy for {self.retry_budget_s:.0f}s"
+                            f"{name}: sqlite stayed busy for {self.retry_budget_s:g}s"
+                            " (storage.statement_timeout)"
                         ) from None
                     await trio.sleep(pause * (0.5 + random.random()))
                     pause = min(pause * 2, 0.05)

@@ -62,11 +62,18 @@ def test_missing_config_file(tmp_path: Path) -> None:
 
 
 def test_unreachable_database_at_start_is_a_clear_error(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path / "a.toml", "mysql://root@127.0.0.1:9/nothing")
+    # run and migrate wait storage.startup_timeout (with a log line per try), then fail.
+    cfg = write_config(tmp_path / "a.toml", "mysql://root@127.0.0.1:9/nothing",
+                       storage_extra="startup_timeout = 1.0")
     for command in (["run"], ["migrate"]):
         result = run_cli(cfg, *command)
         assert result.returncode == 1
-        assert "database unreachable (mysql://root@127.0.0.1:9/nothing)" in result.stderr
+        errors = [line for line in result.stderr.splitlines() if not line.startswith("{")]
+        assert len(errors) == 1, result.stderr
+        assert errors[0].startswith("integrationd: database unreachable"
+                                    " (mysql://root@127.0.0.1:9/nothing): ")
+        assert "storage.startup_timeout" in errors[0]
+        assert '"event":"database_waiting"' in result.stderr
         assert "Traceback" not in result.stderr
 
 

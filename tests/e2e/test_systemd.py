@@ -48,6 +48,22 @@ def test_unit_keeps_its_hardening_and_lifecycle(directive: str) -> None:
     assert any(line.startswith(directive) for line in UNIT.read_text().splitlines())
 
 
+def test_unit_exit_statuses_match_the_documented_exit_codes() -> None:
+    from daemon.cli import EXIT_FAILURE, EXIT_FORCED, EXIT_OK, EXIT_USAGE
+
+    directives = dict(
+        line.split("=", 1) for line in UNIT.read_text().splitlines()
+        if line and not line.startswith("#") and "=" in line
+    )
+    assert directives["SuccessExitStatus"] == str(EXIT_FORCED)
+    assert directives["RestartForceExitStatus"] == str(EXIT_FORCED)
+    assert directives["RestartPreventExitStatus"] == str(EXIT_USAGE)
+    assert directives["Restart"] == "on-failure"  # restarts EXIT_FAILURE
+    table = (REPO / "docs" / "operations.md").read_text()
+    for code in (EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_FORCED):
+        assert f"\n| {code} |" in table, f"exit code {code} is not documented"
+
+
 @pytest.mark.slow
 async def test_replica_notifies_ready_and_stopping(database: FreshDatabase,
                                                    tmp_path: Path) -> None:

@@ -8,12 +8,24 @@
   ``refuse_for=S`` the proxy then also refuses connections for S seconds (the
   server is still going away, as in a restart), so the client's read-back
   fails a few times before it succeeds.
+* ``freeze()``: a *hung* database, as when the server process is stopped
+  (SIGSTOP): connections stay open and new ones are accepted (the kernel would
+  complete the TCP handshake), but nothing is forwarded either way, so no
+  greeting, reply or COMMIT answer ever arrives; ``thaw()`` forwards again
+  (what was held is delivered then). ``frozen_bytes`` counts what was held.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
 import attrs
 import trio
+
+from storage.mysql.adapter import MysqlTarget
+from tests.support.backends import FreshDatabase, fresh_database
 
 _COM_QUERY_COMMIT = b"\x03COMMIT"
 
@@ -28,7 +40,9 @@ class ChaosProxy:
     cuts: int = 0
     refuse_after_cut_s: float = 0.0
     refused: int = 0
+    frozen_bytes: int = 0
     _streams: set[trio.SocketStream] = attrs.field(factory=set)
+    _thawed: trio.Event | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -45,6 +59,25 @@ class ChaosProxy:
     def restore(self) -> None:
         self.refusing = False
 
+    def freeze(self) -> None:
+        if self._thawed is None:
+            self._thawed = trio.Event()
+
+    def thaw(self) -> None:
+        if self._thawed is not None:
+            self._thawed.set()
+            self._thawed = None
+
+    @property
+    def frozen(self) -> bool:
+        return self._thawed is not None
+
+    async def _hold_while_frozen(self, data: bytes = b"") -> None:
+        while self._thawed is not None:
+            self.frozen_bytes += len(data)
+            data = b""
+            await self._thawed.wait()
+
     def cut_after_next_commit(self, refuse_for: float = 0.0) -> None:
         self.cut_armed = True
         self.refuse_after_cut_s = refuse_for
@@ -59,6 +92,7 @@ class ChaosProxy:
             self.refused += 1
             await client.aclose()
             return
+        await self._hold_while_frozen()  # accepted, but the "server" never greets
         try:
             server = await trio.open_tcp_stream(self.upstream_host, self.upstream_port)
         except OSError:
@@ -82,6 +116,7 @@ class ChaosProxy:
                 data = await client.receive_some(65536)
                 if not data:
                     break
+                await self._hold_while_frozen(data)
                 if self.cut_armed and _COM_QUERY_COMMIT in data:
                     self.cut_armed = False
                     self.cuts += 1
@@ -107,7 +142,30 @@ class ChaosProxy:
                     data = await server.receive_some(65536)
                     if not data:
                         break
+                    await self._hold_while_frozen(data)
                     await client.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass
             scope.cancel()
+
+
+@attrs.frozen
+class Proxied:
+    """A fresh MariaDB database, a proxy in front of it, and the URL through the proxy."""
+
+    database: FreshDatabase
+    proxy: ChaosProxy
+    url: str
+
+
+@asynccontextmanager
+async def proxied_mysql(tmp_path: Path, *, migrated: bool = True) -> AsyncIterator[Proxied]:
+    async with fresh_database("mysql", tmp_path, migrated=migrated) as tdb, \
+            trio.open_nursery() as nursery:
+        target = MysqlTarget.from_url(tdb.url)
+        proxy = ChaosProxy(target.host, target.port)
+        port = await nursery.start(proxy.run)
+        yield Proxied(tdb, proxy,
+                      f"mysql://{target.user}@127.0.0.1:{port}/{target.database}")
+        proxy.thaw()
+        nursery.cancel_scope.cancel()

@@ -19,19 +19,23 @@ REPO = Path(__file__).resolve().parents[2]
 
 def write_config(path: Path, url: str, *, extra: str = "", lease_ttl: float = 30.0,
                  lease_margin: float = 2.0, drain_timeout: float = 30.0,
-                 batch_size: int = 64, concurrency: int = 128) -> Path:
+                 batch_size: int = 64, concurrency: int = 128, storage_extra: str = "",
+                 replica_extra: str = "", admin_listen: str = "127.0.0.1:0",
+                 heartbeat_interval: float = 1.0) -> Path:
     path.write_text(
         f"""
 [storage]
 url = "{url}"
 sqlite_synchronous = "NORMAL"
+{storage_extra}
 
 [replica]
 drain_timeout = {drain_timeout}
-heartbeat_interval = 1.0
+heartbeat_interval = {heartbeat_interval}
+{replica_extra}
 
 [admin]
-listen = "127.0.0.1:0"
+listen = "{admin_listen}"
 
 [work]
 poll_interval = 0.1
