@@ -6,6 +6,7 @@ from storage.command_repair import CommandRepair
 from storage.commands import CommandInbox
 from storage.dialect import Dialect
 from storage.effects import EffectJournal
+from storage.flow import FlowReads
 from storage.links import RemoteLinks
 from storage.port import Database
 from storage.work_admin import WorkAdmin
@@ -14,7 +15,8 @@ from storage.work_rollback import WorkRollback
 
 
 class WorkStore(
-    WorkClaims, WorkAdmin, WorkRollback, CommandInbox, EffectJournal, RemoteLinks, CommandRepair
+    WorkClaims, WorkAdmin, WorkRollback, CommandInbox, EffectJournal, RemoteLinks, CommandRepair,
+    FlowReads,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 

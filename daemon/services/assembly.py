@@ -57,6 +57,8 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     )
     runtime_client = BoundedHttp.open(16)
     sender = ReceiptSender(settings=settings, client=runtime_client)
+    if metrics is not None:
+        sender.on_result = metrics.count_receipt
     async def effect_replay_guard(store: WorkStore, item: WorkItem) -> str | None:
         return await replay_refusal(catalog, store, item)
 
@@ -74,6 +76,8 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     app = None
     if settings.runtimes:
         context = ApiContext(settings=settings, store=store, catalog=catalog, clock=clock)
+        if metrics is not None:
+            context.on_admission = metrics.count_admission
         app = create_api_app(context)
     return Assembly(catalog, executor, runtime_client, registry, context, app,
                     effect_extensions(catalog))

@@ -48,6 +48,7 @@ from daemon.services.lease_keeper import LeaseKeeper
 from daemon.services.metrics import Metrics
 from daemon.services.scheduler import Scheduler
 from daemon.services.worker_pool import WorkerPool
+from storage.flow import FlowSample
 from storage.port import OutcomeCount, QueueDepth, ReplicaInfo, StorageError
 from storage.work_store import WorkStore
 
@@ -66,6 +67,7 @@ class HistoryPoint:
     interval_s: float
     depths: tuple[QueueDepth, ...]
     finished: tuple[OutcomeCount, ...]
+    flow: FlowSample = FlowSample()  # the effect path in the same interval
 
 
 HISTORY_POINTS = 720  # one hour at the default 5 s sample interval
@@ -279,11 +281,12 @@ class Replica:
                 now_us = self.clock.now_us()
                 depths = await self.store.work_depths()
                 finished = await self.store.work_outcome_counts(previous_us, now_us)
+                flow = await self.store.flow_sample(previous_us, now_us)
                 self.metrics.set_depths(depths, now_us)
                 self.metrics.effect_unknown_backlog.set(await self.store.effect_unknown_backlog())
                 self.history.append(
                     HistoryPoint(now_us, (now_us - previous_us) / 1_000_000, tuple(depths),
-                                 tuple(finished))
+                                 tuple(finished), flow)
                 )
                 previous_us = now_us
                 self._last_db_ok = time.monotonic()
