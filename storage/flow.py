@@ -31,8 +31,8 @@ class FlowSample:
     accepted: int = 0
     effects: tuple[tuple[str, int], ...] = ()  # (outcome class, attempts answered)
     receipts_confirmed: int = 0
-    to_response: LatencyHistogram = LatencyHistogram()
-    to_receipt: LatencyHistogram = LatencyHistogram()
+    to_response: LatencyHistogram = attrs.field(factory=LatencyHistogram)
+    to_receipt: LatencyHistogram = attrs.field(factory=LatencyHistogram)
 
 
 class FlowReads:

@@ -67,7 +67,7 @@ class HistoryPoint:
     interval_s: float
     depths: tuple[QueueDepth, ...]
     finished: tuple[OutcomeCount, ...]
-    flow: FlowSample = FlowSample()  # the effect path in the same interval
+    flow: FlowSample = attrs.field(factory=FlowSample)  # the effect path, same interval
 
 
 HISTORY_POINTS = 720  # one hour at the default 5 s sample interval
