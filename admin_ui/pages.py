@@ -2,18 +2,20 @@
 
 Pages are rendered on the server from the same read models as the JSON API;
 ``static/console.js`` then keeps the overview live by polling
-``/admin/api/overview``.
+``/admin/api/overview`` (figures and tables) and ``/admin/overview/charts``
+(the charts, drawn as SVG on the server by :mod:`admin_ui.charts`).
 """
 
 from __future__ import annotations
 
-from quart import Blueprint, redirect, request
+from quart import Blueprint, redirect, render_template, request
 from quart.wrappers import Response
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from admin_ui import queries, readmodels
 from admin_ui.api import NOT_CONFIGURED, bindings_json
 from admin_ui.auth import require
+from admin_ui.charts import overview_charts
 from admin_ui.context import console
 from admin_ui.errors import BadFilter
 from admin_ui.filters import parse_audit_query
@@ -34,7 +36,16 @@ async def overview() -> Response:
     doc = await readmodels.overview(view)
     poll_ms = int(max(0.5, min(view.settings.work.depth_sample_interval, 10.0)) * 1000)
     return await page("overview.html", doc=doc, poll_ms=poll_ms,
-                      db_down=doc["database"] != "ok")
+                      charts=overview_charts(doc), db_down=doc["database"] != "ok")
+
+
+@bp.get("/admin/overview/charts")
+@require("console.read")
+async def overview_charts_fragment() -> Response:
+    """The overview's charts alone (an HTML fragment), which the page polls and swaps in."""
+    doc = await readmodels.overview(console().view)
+    html = await render_template("overview_charts.html", charts=overview_charts(doc))
+    return Response(html, content_type="text/html; charset=utf-8")
 
 
 @bp.get("/admin/audit")
