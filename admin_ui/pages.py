@@ -19,9 +19,11 @@ from admin_ui.charts import overview_charts
 from admin_ui.context import console
 from admin_ui.errors import BadFilter
 from admin_ui.filters import parse_audit_query
+from admin_ui.jsonview import json_tokens
 from admin_ui.render import page
 
 bp = Blueprint("pages", __name__)
+bp.add_app_template_filter(json_tokens, "json_tokens")
 
 
 @bp.get("/admin")
