@@ -11,7 +11,7 @@ computes the geometry (pure: no I/O, no templates); the ``chart`` macro in
 ``templates/macros.html`` renders it, so Jinja escapes every text. Colours are
 SVG presentation attributes, which the console's Content-Security-Policy
 allows (it forbids inline ``style``). The pages and the live poll
-(``/admin/overview/charts``) render the same SVG.
+(``/admin/overview/live``) render the same SVG.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any
 
 import attrs
 
-WIDTH, HEIGHT = 640, 190
-LEFT, RIGHT, TOP, BOTTOM = 56, 14, 12, 30
+WIDTH, HEIGHT = 640, 200
+LEFT, RIGHT, TOP, BOTTOM = 56, 14, 24, 30
 TIME_STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800)
 MAX_TIME_TICKS = 6
 

@@ -2,8 +2,9 @@
 
 Pages are rendered on the server from the same read models as the JSON API;
 ``static/console.js`` then keeps the overview live by polling
-``/admin/api/overview`` (figures and tables) and ``/admin/overview/charts``
-(the charts, drawn as SVG on the server by :mod:`admin_ui.charts`).
+``/admin/overview/live``: its figures, charts (SVG drawn on the server by
+:mod:`admin_ui.charts`) and tables, rendered from one read model and swapped
+in whole. ``/admin/api/overview`` is the same read model as JSON.
 """
 
 from __future__ import annotations
@@ -41,12 +42,13 @@ async def overview() -> Response:
                       charts=overview_charts(doc), db_down=doc["database"] != "ok")
 
 
-@bp.get("/admin/overview/charts")
+@bp.get("/admin/overview/live")
 @require("console.read")
-async def overview_charts_fragment() -> Response:
-    """The overview's charts alone (an HTML fragment), which the page polls and swaps in."""
+async def overview_live() -> Response:
+    """The overview's live part (figures, charts, tables) as an HTML fragment, rendered
+    from one read model: the page polls it and swaps it in whole."""
     doc = await readmodels.overview(console().view)
-    html = await render_template("overview_charts.html", charts=overview_charts(doc))
+    html = await render_template("overview_live.html", doc=doc, charts=overview_charts(doc))
     return Response(html, content_type="text/html; charset=utf-8")
 
 

@@ -62,7 +62,7 @@ FAMILIES = ("noop", "hubspot.push", "outreach.sync", "subscription.reconcile")
 ORGS = 50
 # Fate of item i by i % 20: 0-5 dead (3 classes), 6-13 succeeded, 14 retry, else pending.
 DEAD_CLASSES = ("provider_rejected", "bad_payload", "auth_revoked")
-TARGETS_MS = {"overview": 300.0, "overview_charts": 300.0, "api_overview": 300.0,
+TARGETS_MS = {"overview": 300.0, "overview_live": 300.0, "api_overview": 300.0,
               "dlq": 300.0, "metrics": 100.0}
 ROWS_PER_INSERT = 1000
 LOADERS = 2
@@ -326,7 +326,7 @@ async def run(items: int, effects: int, requests: int) -> dict[str, Any]:
                     await _sign_in(client)
                     paths = {
                         "overview": "/admin/",
-                        "overview_charts": "/admin/overview/charts",
+                        "overview_live": "/admin/overview/live",
                         "dlq": "/admin/dlq",
                         "work_filtered": "/admin/work?family=hubspot.push&state=dead",
                         "metrics": "/metrics",

@@ -119,7 +119,7 @@ async def test_each_family_gets_depth_and_outcome_charts_with_a_time_axis(
     assert _legend(page, "noop", "depth") == {"pending": "0", "processing": "4",
                                               "retry": "0", "dead": "0"}
     # The same fragment is what the live poll swaps in.
-    fragment = await client.get("/admin/overview/charts")
+    fragment = await client.get("/admin/overview/live")
     assert fragment.status_code == 200
     body = await fragment.get_data(as_text=True)
     assert 'id="chart-depth-noop"' in body and "<html" not in body
@@ -151,11 +151,11 @@ async def test_effect_path_chart_and_latency_figures(console: ConsoleHarness) ->
 
 
 async def test_charts_fragment_needs_a_signed_in_operator(console: ConsoleHarness) -> None:
-    anonymous = await console.client().get("/admin/overview/charts")
+    anonymous = await console.client().get("/admin/overview/live")
     assert anonymous.status_code in (302, 401)
     client, _ = await console.sign_in("viv")
-    assert (await client.get("/admin/overview/charts")).status_code == 200
-    assert (await client.get("/admin/overview/charts?x=1")).status_code == 200
+    assert (await client.get("/admin/overview/live")).status_code == 200
+    assert (await client.get("/admin/overview/live?x=1")).status_code == 200
 
 
 async def test_audit_before_and_after_are_json_with_linked_ids(console: ConsoleHarness) -> None:

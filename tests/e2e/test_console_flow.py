@@ -66,7 +66,7 @@ async def test_overview_shows_effect_rates_and_end_to_end_latency(
             assert {"external_effect", "runtime_receipt"} <= set(families)
             assert families["external_effect"]["per_s_window"]["succeeded"] > 0
 
-            charts = await client.get("/admin/overview/charts")
+            charts = await client.get("/admin/overview/live")
             assert charts.status_code == 200
             html = charts.text
             assert 'id="chart-flow"' in html and 'id="chart-latency"' in html
