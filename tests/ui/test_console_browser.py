@@ -186,6 +186,10 @@ async def test_bulk_replay_from_the_dlq(live: LiveConsole) -> None:
         page.goto("/admin/audit")
         expect(page.locator("#audit-table tr[data-action='dlq.bulk_replay']")).to_have_count(1)
         expect(page.locator("#audit-table tr[data-action='work.replay']")).to_have_count(3)
+        summary = page.locator("#audit-table tr[data-action='dlq.bulk_replay'] pre.json.after")
+        expect(summary).to_contain_text('"bulk_id"')
+        expect(summary.locator("a.id")).not_to_have_count(0)
+        shot(page, "17-audit-json")
 
     await in_browser(live, scenario)
 
