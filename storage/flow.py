@@ -2,7 +2,7 @@
 
 Read by the replica's depth sampler (one call per ``work.depth_sample_interval``)
 for the console's flow charts. Every query is a range on an indexed time column
-(``0003_console_flow.sql``) over one interval, so its cost follows the traffic
+(``0003_console.sql``) over one interval, so its cost follows the traffic
 of that interval, not the size of the tables; the latency read is capped at
 :data:`LATENCY_SAMPLE` rows per interval (the counts stay exact).
 
