@@ -18,7 +18,9 @@ What it does:
    the flow sample over one 5 s interval): they run once per sample interval in
    every replica, whether or not anyone looks, and feed the overview;
 4. starts a real replica (hypercorn on loopback, depth sampler every second, no
-   work families so nothing is claimed) and signs in as an admin;
+   work families so nothing is claimed), fills its history to a full hour (copies of
+   its latest real sample: the overview charts what the history holds, so this is the
+   worst case for rendering) and signs in as an admin;
 5. times ``requests`` sequential GETs (after 3 warm-ups) per page: the overview,
    its charts fragment and JSON, the DLQ (with filters), work lists (each filter),
    an item's page, the audit log, ``/metrics``. Server time is the app's own
@@ -41,6 +43,7 @@ from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import httpx
 import trio
 import trio_mysql
@@ -49,7 +52,7 @@ from argon2 import PasswordHasher
 from config.settings import AdminSettings, Operator, ReplicaSettings, Settings, WorkSettings
 from daemon.services.clock import WallClock
 from daemon.services.families import build_registry
-from daemon.services.replica import Replica
+from daemon.services.replica import HISTORY_POINTS, Replica
 from storage.idgen import new_ulid
 from storage.migrate import migrate
 from storage.mysql.adapter import MysqlTarget
@@ -263,6 +266,18 @@ async def sampler_times(store: WorkStore, requests: int) -> dict[str, Any]:
     return {name: _summary(values) for name, values in out.items()}
 
 
+def fill_history(replica: Replica) -> None:
+    """A full hour of history (every point a copy of the latest real sample, 5 s apart),
+    as a replica that has run for an hour holds: the overview's rendering cost grows
+    with the points it charts, so the figures are for the worst case."""
+    latest = replica.history[-1]
+    points = replica.history.maxlen or HISTORY_POINTS
+    copies = [attrs.evolve(latest, at_us=latest.at_us - (points - k) * 5_000_000,
+                           interval_s=5.0) for k in range(points - 1)]
+    replica.history.clear()
+    replica.history.extend([*copies, latest])
+
+
 async def _sign_in(client: httpx.AsyncClient) -> None:
     page = await client.get("/admin/sign-in")
     found = re.search(r'<meta name="csrf-token" content="([^"]*)">', page.text)
@@ -330,6 +345,7 @@ async def run(items: int, effects: int, requests: int) -> dict[str, Any]:
                         if len(replica.history) >= 2:
                             break
                         await trio.sleep(0.2)
+                fill_history(replica)
                 async with httpx.AsyncClient(base_url=base, timeout=60) as client:
                     await _sign_in(client)
                     paths = {
