@@ -99,8 +99,8 @@ async def test_each_family_gets_depth_and_outcome_charts_with_a_time_axis(
     client, _ = await console.sign_in("viv")
     page = await (await client.get("/admin/")).get_data(as_text=True)
     depth = page.split('id="chart-depth-noop"', 1)[1].split("</svg>", 1)[0]
-    # The time axis runs from the first sample to now (2-3 min): UTC labels on whole
-    # 30 s steps, the first on the first sample's minute.
+    # The time axis runs from the first sample to the newest (2 min): UTC labels on
+    # whole 30 s steps, the first on the first sample's minute.
     labels = re.findall(r'class="tick time"[^>]*>([^<]+)<', depth)
     first = dt.datetime.fromtimestamp(base / SEC, tz=dt.UTC)
     assert labels == [(first + dt.timedelta(seconds=30 * k)).strftime("%H:%M:%S")
@@ -123,6 +123,25 @@ async def test_each_family_gets_depth_and_outcome_charts_with_a_time_axis(
     assert fragment.status_code == 200
     body = await fragment.get_data(as_text=True)
     assert 'id="chart-depth-noop"' in body and "<html" not in body
+
+
+async def test_a_new_sample_redraws_the_charts(console: ConsoleHarness) -> None:
+    """The charts are computed once per sample: a page view after a new sample never
+    shows the previous one's."""
+    history = console.replica.history
+    history.append(_point(0, 5.0, {("noop", WorkState.PENDING): 7}, {}))
+    client, _ = await console.sign_in("viv")
+    first = await (await client.get("/admin/overview/live")).get_data(as_text=True)
+    again = await (await client.get("/admin/overview/live")).get_data(as_text=True)
+    assert _legend(first, "noop", "depth")["pending"] == "7"
+    def svg(page: str) -> str:
+        return page.split('id="chart-depth-noop"', 1)[1].split("</svg>", 1)[0]
+
+    assert svg(first) == svg(again)
+    history.append(_point(5, 5.0, {("noop", WorkState.PENDING): 9}, {("noop", "dead"): 5}))
+    after = await (await client.get("/admin/overview/live")).get_data(as_text=True)
+    assert _legend(after, "noop", "depth")["pending"] == "9"
+    assert _legend(after, "noop", "finished")["dead"] == "0.5/s"
 
 
 async def test_effect_path_chart_and_latency_figures(console: ConsoleHarness) -> None:
