@@ -251,20 +251,20 @@ async def replicas(view: ReplicaView) -> list[dict[str, Any]]:
     return [replica_json(i, now, interval) for i in infos]
 
 
-# The charted read models of the last history seen: (key, (families, flow)). They depend
+# The charted read models of the last history seen: (key, (families, flow, series)). They depend
 # on the history alone, which changes once per sample interval, while every console tab
 # polls once per interval too: computing them once per sample keeps a page view cheap.
-_charted_cache: list[tuple[tuple[int, int, int], tuple[Any, Any]]] = []
+_charted_cache: list[tuple[tuple[int, int, int], tuple[Any, Any, Any]]] = []
 
 
 def _charted(view: ReplicaView, history: list[HistoryPoint]
-             ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+             ) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
     key = (id(view.history), len(history), history[-1].at_us if history else 0)
     if _charted_cache and _charted_cache[0][0] == key:
-        families, effect_flow = _charted_cache[0][1]
-        return families, effect_flow
+        families, effect_flow, totals = _charted_cache[0][1]
+        return families, effect_flow, totals
     value = (family_charts(history, view.registry.names(), THROUGHPUT_WINDOW_S),
-             flow(history, THROUGHPUT_WINDOW_S))
+             flow(history, THROUGHPUT_WINDOW_S), series(history))
     _charted_cache[:] = [(key, value)]
     return value
 
@@ -281,7 +281,7 @@ async def overview(view: ReplicaView) -> dict[str, Any]:
         logs.warn("admin_overview_storage_error", error=str(exc))
         seen, database = None, "unreachable"
     ready, _ = view.readiness()
-    families, effect_flow = _charted(view, history)
+    families, effect_flow, totals = _charted(view, history)
     return {
         "replica": {"id": view.replica_id, "state": view.state, "ready": ready},
         "database": database,
@@ -293,7 +293,7 @@ async def overview(view: ReplicaView) -> dict[str, Any]:
         },
         "pressure": pressure(latest),
         "throughput": throughput(history, THROUGHPUT_WINDOW_S),
-        "series": series(history),
+        "series": totals,
         "families": families,
         "flow": effect_flow,
         "local": local_counters(view.counter_samples()),
