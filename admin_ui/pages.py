@@ -16,7 +16,7 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 from admin_ui import queries, readmodels
 from admin_ui.api import NOT_CONFIGURED, bindings_json
 from admin_ui.auth import require
-from admin_ui.charts import overview_charts
+from admin_ui.charts import fmt_value, overview_charts
 from admin_ui.context import console
 from admin_ui.errors import BadFilter
 from admin_ui.filters import parse_audit_query
@@ -25,6 +25,8 @@ from admin_ui.render import page
 
 bp = Blueprint("pages", __name__)
 bp.add_app_template_filter(json_tokens, "json_tokens")
+# One number format for every figure on the overview (cards, legends, tables).
+bp.add_app_template_filter(fmt_value, "num")
 
 
 @bp.get("/admin")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from admin_ui.charts import Series, line_chart, nice_max, time_step_s, time_ticks
+from admin_ui.charts import Series, fmt_value, line_chart, nice_max, time_step_s, time_ticks
 from daemon.core.latency import LatencyHistogram
 from daemon.core.states import WorkState
 from daemon.services.replica import HistoryPoint
@@ -70,7 +70,7 @@ async def test_finished_per_s_is_one_figure_over_one_window(console: ConsoleHarn
     assert window["per_s"] == round((succeeded + 8 * 14) / 56, 3)
 
     page = await (await client.get("/admin/")).get_data(as_text=True)
-    assert _figure(page, "throughput-rate") == str(window["per_s"])
+    assert _figure(page, "throughput-rate") == fmt_value(window["per_s"])
     assert _figure(page, "throughput-window") == "56 s"
     # The per-family legends read the same window: their finished outcomes sum to the card.
     noop = _legend(page, "noop", "finished")
@@ -160,8 +160,8 @@ async def test_effect_path_chart_and_latency_figures(console: ConsoleHarness) ->
     assert 40 <= lat["response_p50_ms"] < 44 and 900 <= lat["response_p99_ms"] < 982
     assert 120 <= lat["receipt_p50_ms"] < 131 and 2000 <= lat["receipt_p99_ms"] < 2182
     page = await (await client.get("/admin/")).get_data(as_text=True)
-    assert _figure(page, "receipt-rate") == "3.0"
-    assert _figure(page, "receipt-p99") == f"{lat['receipt_p99_ms']} ms"
+    assert _figure(page, "receipt-rate") == "3"
+    assert _figure(page, "receipt-p99") == f"{lat['receipt_p99_ms']:,.0f} ms"
     latency = page.split('id="chart-latency"', 1)[1].split("</ul>", 1)[0]
     legend = dict(re.findall(r'<li data-series="([^"]+)">.*?<b class="figure">([^<]*)</b>',
                              latency, re.DOTALL))
@@ -204,6 +204,15 @@ async def test_audit_before_and_after_are_json_with_linked_ids(console: ConsoleH
 )
 def test_nice_max(value: float, expected: float) -> None:
     assert nice_max(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(0, "0"), (0.0004, "0"), (0.399, "0.4"), (3.0, "3"), (5.983, "5.98"), (12.25, "12.2"),
+     (99.96, "100"), (1234.5, "1,234"), (-2.5, "-2.5")],
+)
+def test_one_number_format(value: float, text: str) -> None:
+    assert fmt_value(value) == text
 
 
 @pytest.mark.parametrize(

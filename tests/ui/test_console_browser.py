@@ -236,9 +236,10 @@ async def test_charts_read_at_a_glance_and_follow_the_work(live: LiveConsole) ->
                ).to_have_count(1)
         expect(page.locator("#finished-count")).to_have_text("32", timeout=WAIT_MS)
         # One finished/s figure: the card is the window's figure, the legends sum to it.
-        rate = float(page.locator("#throughput-rate").inner_text())
+        rate = float(page.locator("#throughput-rate").inner_text().replace(",", ""))
         figures = page.locator('article.family .legend li:not([data-series="retry"]) .figure')
-        legend_total = sum(float(t.removesuffix("/s")) for t in figures.all_inner_texts()
+        legend_total = sum(float(t.removesuffix("/s").replace(",", ""))
+                           for t in figures.all_inner_texts()
                            if t.endswith("/s"))
         assert abs(legend_total - rate) < 0.05, (legend_total, rate)
         assert page.evaluate("window.__sameDocument") == "yes"  # no reload happened
