@@ -6,7 +6,7 @@ CONFIG  ?= config/example.toml
 BIN     := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test lint typecheck pytest bench clean chromium
+.PHONY: run secrets test lint typecheck pytest bench clean chromium
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,20 +20,27 @@ var/secrets/%.token:
 	@mkdir -p var/secrets && chmod 700 var/secrets
 	@$(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(32))' > $@ && chmod 600 $@
 
-var/secrets/admin.password-hash: $(BIN)/.installed
+# One random password per example operator (admin, viewer), and its argon2 hash,
+# which config/example.toml reads with password_hash_file.
+OPERATOR_HASHES := var/secrets/admin.password-hash var/secrets/viewer.password-hash
+
+var/secrets/%.password-hash: $(BIN)/.installed
 	@mkdir -p var/secrets && chmod 700 var/secrets
-	@$(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(12))' > var/secrets/admin.password
-	@chmod 600 var/secrets/admin.password
-	@$(BIN)/integrationd hash-password --stdin < var/secrets/admin.password > $@
+	@$(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(12))' > var/secrets/$*.password
+	@chmod 600 var/secrets/$*.password
+	@$(BIN)/integrationd hash-password --stdin < var/secrets/$*.password > $@
+
+# Every file config/example.toml reads; each is made once and kept.
+secrets: $(SECRETS) $(OPERATOR_HASHES)
 
 # One replica, plus the HubSpot simulator and the reference CRM Runtime with a
 # little live traffic (Lead title changes flowing to HubSpot and back).
-run: $(BIN)/.installed $(SECRETS) var/secrets/admin.password-hash
+run: $(BIN)/.installed secrets
 	$(BIN)/integrationd --config $(CONFIG) migrate
 	$(BIN)/integrationd --config $(CONFIG) catalog publish --actor admin --reason "make run"
 	$(BIN)/integrationd --config $(CONFIG) work enqueue noop --count 200
 	@echo ""
-	@echo "  console: http://127.0.0.1:8780/admin/  (sign in as admin; password in var/secrets/admin.password)"
+	@echo "  console: http://127.0.0.1:8780/admin/  (sign in as admin or viewer; passwords in var/secrets/admin.password, var/secrets/viewer.password)"
 	@echo "  metrics: http://127.0.0.1:8780/metrics   service API: http://127.0.0.1:8781/v1/openapi.json"
 	@echo ""
 	@$(BIN)/integrationd --config $(CONFIG) sandbox & SANDBOX=$$!; \

@@ -77,7 +77,8 @@ PATHS: Json = {
     "/admin/api/session": {"get": _get("The signed-in operator, role, CSRF token",
                                        _ref("Session"))},
     "/admin/api/overview": {"get": _get(
-        "Queue pressure, throughput, series, this replica's counters, replicas seen",
+        "Queue pressure, throughput, series per family, the effect path, this replica's"
+        " counters, replicas seen",
         _ref("Overview"), errors=(401, 403))},
     "/admin/api/replicas": {"get": _get("Replicas seen in the last hour",
                                         {"type": "object", "properties": {"replicas": {
@@ -246,6 +247,26 @@ SCHEMAS: Json = {
             "depth": {"type": "integer"}, "oldest_age_s": {"type": ["number", "null"]}}}},
         "throughput": {"type": "object"},
         "series": {"type": "array", "items": {"type": "object"}},
+        "families": {"type": "array", "description": "per family: states and outcomes"
+                     " drawn, depth now, rates over the throughput window, and per sample"
+                     " depth by state and executions per second by outcome",
+                     "items": {"type": "object", "properties": {
+                         "family": {"type": "string"},
+                         "states": {"type": "array", "items": {"type": "string"}},
+                         "outcomes": {"type": "array", "items": {"type": "string"}},
+                         "depth_now": {"type": "object"}, "per_s_window": {"type": "object"},
+                         "series": {"type": "array", "items": {"type": "object"}}}}},
+        "flow": {"type": "object", "description": "the effect path (cluster-wide): commands"
+                 " accepted, provider answers by outcome class and receipts confirmed per"
+                 " second, end-to-end latency p50/p99 in ms (accept -> provider response,"
+                 " accept -> receipt confirmed), over the window and per sample",
+                 "properties": {
+                     "window_s": {"type": "number"}, "accepted_per_s": {"type": "number"},
+                     "effects_per_s": {"type": "object"},
+                     "receipts_per_s": {"type": "number"},
+                     "latency": {"type": "object"},
+                     "outcomes": {"type": "array", "items": {"type": "string"}},
+                     "series": {"type": "array", "items": {"type": "object"}}}},
         "local": {"type": "object", "description": "this replica's counters since start"},
         "replicas": {"type": ["array", "null"], "items": _ref("Replica")}}},
     "Operators": {"type": "object", "properties": {

@@ -2,24 +2,31 @@
 
 Pages are rendered on the server from the same read models as the JSON API;
 ``static/console.js`` then keeps the overview live by polling
-``/admin/api/overview``.
+``/admin/overview/live``: its figures, charts (SVG drawn on the server by
+:mod:`admin_ui.charts`) and tables, rendered from one read model and swapped
+in whole. ``/admin/api/overview`` is the same read model as JSON.
 """
 
 from __future__ import annotations
 
-from quart import Blueprint, redirect, request
+from quart import Blueprint, redirect, render_template, request
 from quart.wrappers import Response
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from admin_ui import queries, readmodels
 from admin_ui.api import NOT_CONFIGURED, bindings_json
 from admin_ui.auth import require
+from admin_ui.charts import fmt_value, overview_charts
 from admin_ui.context import console
 from admin_ui.errors import BadFilter
 from admin_ui.filters import parse_audit_query
+from admin_ui.jsonview import json_tokens
 from admin_ui.render import page
 
 bp = Blueprint("pages", __name__)
+bp.add_app_template_filter(json_tokens, "json_tokens")
+# One number format for every figure on the overview (cards, legends, tables).
+bp.add_app_template_filter(fmt_value, "num")
 
 
 @bp.get("/admin")
@@ -34,7 +41,17 @@ async def overview() -> Response:
     doc = await readmodels.overview(view)
     poll_ms = int(max(0.5, min(view.settings.work.depth_sample_interval, 10.0)) * 1000)
     return await page("overview.html", doc=doc, poll_ms=poll_ms,
-                      db_down=doc["database"] != "ok")
+                      charts=overview_charts(doc), db_down=doc["database"] != "ok")
+
+
+@bp.get("/admin/overview/live")
+@require("console.read")
+async def overview_live() -> Response:
+    """The overview's live part (figures, charts, tables) as an HTML fragment, rendered
+    from one read model: the page polls it and swaps it in whole."""
+    doc = await readmodels.overview(console().view)
+    html = await render_template("overview_live.html", doc=doc, charts=overview_charts(doc))
+    return Response(html, content_type="text/html; charset=utf-8")
 
 
 @bp.get("/admin/audit")

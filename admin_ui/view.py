@@ -16,6 +16,7 @@ from typing import Protocol
 from config.settings import Settings
 from daemon.services.clock import Clock
 from daemon.services.families import FamilyRegistry
+from storage.flow import FlowSample
 from storage.port import OutcomeCount, QueueDepth
 from storage.work_store import WorkStore
 
@@ -34,6 +35,9 @@ class HistoryPoint(Protocol):
 
     @property
     def finished(self) -> Sequence[OutcomeCount]: ...
+
+    @property
+    def flow(self) -> FlowSample: ...  # the effect path over the same interval
 
 
 class MetricSample(Protocol):

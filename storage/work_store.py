@@ -7,6 +7,7 @@ from storage.command_repair import CommandRepair
 from storage.commands import CommandInbox
 from storage.dialect import Dialect
 from storage.effects import EffectJournal
+from storage.flow import FlowReads
 from storage.grants import AuthorizationGrants
 from storage.links import RemoteLinks
 from storage.port import Database
@@ -22,7 +23,7 @@ from storage.work_rollback import WorkRollback
 class WorkStore(
     WorkClaims, WorkAdmin, WorkExecutions, WorkRollback, CommandInbox, EffectJournal,
     RemoteLinks, CommandRepair, QuotaLedger, AuthorizationGrants, PrincipalBindings,
-    RefreshLeases, CatalogRevisions,
+    RefreshLeases, CatalogRevisions, FlowReads,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 

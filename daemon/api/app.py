@@ -70,6 +70,8 @@ class ApiContext:
     catalogs: CatalogView
     # Called after a command is accepted, so the local scheduler claims it at once.
     wake: Callable[[str], None] = lambda family: None
+    # Called for every answered admission: (request "command" or "reject", admission, created).
+    on_admission: Callable[[str, str, bool], None] = lambda request, admission, created: None
 
 
 def _scope(rc: RuntimeClient) -> TrustedRuntimeWorkScope:
@@ -183,6 +185,7 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
 
     def answered(rc: RuntimeClient, draft: CommandDraft,
                  result: AdmissionResult) -> tuple[dict[str, Any], int]:
+        ctx.on_admission("command", result.admission.value, result.created)
         if result.created:
             logs.event("command_accepted", command_id=result.command_id, work_id=result.work_id,
                        runtime=rc.name, operation=draft.operation)
@@ -249,6 +252,7 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
             payload_digest=handoff.payload_digest, runtime_outbox_id=handoff.runtime_outbox_id,
             now_us=ctx.clock.now_us(),
         )
+        ctx.on_admission("reject", result.admission.value, result.created)
         if result.admission is Admission.QUARANTINED:
             logs.warn("handoff_quarantined", runtime=rc.name, reason=result.reason)
         body, status = _admission_json(result, handoff.key_text)

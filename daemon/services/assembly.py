@@ -72,6 +72,8 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     # Receipt deliveries prove their claims live in shared transactions.
     fences: Batcher[Fence, None] = Batcher(prove_fences)
     sender = ReceiptSender(settings=settings, client=runtime_client, fences=fences)
+    if metrics is not None:
+        sender.on_result = metrics.count_receipt
 
     async def effect_replay_guard(store: WorkStore, item: WorkItem) -> str | None:
         if item.subject_kind == "command":
@@ -97,5 +99,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     if settings.runtimes:
         context = ApiContext(settings=settings, store=store, catalog=catalog, clock=clock,
                              catalogs=catalogs)
+        if metrics is not None:
+            context.on_admission = metrics.count_admission
         app = create_api_app(context)
     return Assembly(catalog, catalogs, executor, runtime_client, registry, context, app)

@@ -4,19 +4,71 @@ Names are in base units with ``_total`` counters; labels are low-cardinality
 (family, state, outcome, backend): never an org, item or lease id. Queue depth
 gauges come from the depth sampler (one bounded query per interval), never
 from a query per scrape.
+
+The client's ``*_created`` series (one per labelled counter and histogram,
+holding the Unix time it was first touched) are switched off for the whole
+process: they double the series count and no dashboard or alert reads them.
 """
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterator
+from importlib import metadata
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from storage.port import DbStats, QueueDepth
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+# Result labels of integrationd_command_admissions_total, by (stored admission, whether
+# this request created the fact).
+_ADMISSION_RESULTS = {
+    ("COMMAND_ACCEPTED", True): "accepted",
+    ("COMMAND_ACCEPTED", False): "already_accepted",
+    ("HANDOFF_REJECTED", True): "rejected",
+    ("HANDOFF_REJECTED", False): "already_rejected",
+    ("QUARANTINED", True): "quarantined",
+    ("QUARANTINED", False): "quarantined",
+}
+ADMISSION_REQUESTS = ("command", "reject")
+# Result labels of integrationd_receipt_deliveries_total (a fixed set).
+RECEIPT_RESULTS = ("confirmed", "already_confirmed", "missing", "not_configured",
+                   "unreachable", "unauthorized", "not_found", "conflict", "format_refused",
+                   "http_error")
+
+
+def admission_result(admission: str, created: bool) -> str:
+    """The ``result`` label for one answered admission request."""
+    return _ADMISSION_RESULTS[(admission, created)]
+
+
+def receipt_result(status: int) -> str:
+    """The ``result`` label for a receipt delivery the Runtime answered with ``status``."""
+    if status == 200:
+        return "confirmed"
+    if status in (401, 403):
+        return "unauthorized"
+    return {404: "not_found", 409: "conflict", 422: "format_refused"}.get(status, "http_error")
+
+
+def build_version() -> str:
+    try:
+        return metadata.version("integrationd")
+    except metadata.PackageNotFoundError:  # pragma: no cover - run from a source tree
+        return "unknown"
 
 
 class _DbStatsCollector(Collector):
@@ -144,10 +196,44 @@ class Metrics:
             " outcome after their dispatch checkpoint (sampled, cluster-wide)",
             registry=r,
         )
+        self.build_info = Gauge(
+            "integrationd_build_info",
+            "Always 1; the labels say which build runs",
+            ["version", "python"],
+            registry=r,
+        )
+        self.build_info.labels(build_version(), platform.python_version()).set(1)
+        self.command_admissions = Counter(
+            "integrationd_command_admissions",
+            "Runtime handoff requests answered by this replica, by request and result",
+            ["request", "result"],
+            registry=r,
+        )
+        for request in ADMISSION_REQUESTS:
+            for result in sorted(set(_ADMISSION_RESULTS.values())):
+                self.command_admissions.labels(request, result)
+        self.receipt_deliveries = Counter(
+            "integrationd_receipt_deliveries",
+            "Result receipts this replica tried to deliver to the Runtime, by result",
+            ["result"],
+            registry=r,
+        )
+        for result in RECEIPT_RESULTS:
+            self.receipt_deliveries.labels(result)
         self.draining = Gauge(
             "integrationd_replica_draining", "1 while this replica drains", registry=r
         )
         self._depth_keys: set[tuple[str, str]] = set()
+
+    def count_admission(self, request: str, admission: str, created: bool) -> None:
+        """One answered ``/v1/`` admission request (``request``: command or reject)."""
+        self.command_admissions.labels(request, admission_result(admission, created)).inc()
+
+    def count_receipt(self, result: str) -> None:
+        """One receipt delivery, by a :data:`RECEIPT_RESULTS` label."""
+        if result not in RECEIPT_RESULTS:
+            raise ValueError(f"unknown receipt result {result!r}")
+        self.receipt_deliveries.labels(result).inc()
 
     def attach_db(self, backend: str, stats: DbStats) -> None:
         self.registry.register(_DbStatsCollector(backend, stats))

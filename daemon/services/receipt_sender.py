@@ -16,6 +16,7 @@ a conflicting-result answer fails closed (dead, for an operator).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import attrs
 import httpx
@@ -28,6 +29,7 @@ from daemon.providers.executor import BoundedHttp
 from daemon.services import logs
 from daemon.services.batcher import Batcher
 from daemon.services.families import Handler, WorkContext
+from daemon.services.metrics import receipt_result
 from storage.commands import read_command
 from storage.effect_values import Command, ReceiptState, ResultReceipt
 from storage.effects import mark_receipt, read_receipt
@@ -49,6 +51,8 @@ class ReceiptSender:
     timeout_s: float = 10.0
     # Group commit for the fence proofs; None proves each one on its own.
     fences: Batcher[Fence, None] | None = None
+    # Called once per delivery with its result label (metrics.RECEIPT_RESULTS).
+    on_result: Callable[[str], None] = lambda result: None
 
     def _runtime(self, name: str) -> RuntimeClient | None:
         for rc in self.settings.runtimes:
@@ -69,12 +73,15 @@ class ReceiptSender:
             receipt, command = await ctx.store.db.transact(read, name="receipt.context",
                                                            write=False)
             if receipt is None or command is None:
+                self.on_result("missing")
                 return DeadLetter("missing_receipt", f"no receipt for command {command_id}")
             if receipt.state is ReceiptState.CONFIRMED:
+                self.on_result("already_confirmed")
                 return Succeeded("already confirmed")
             request, runtime_name = receipt_request(command, receipt), command.runtime_name
         runtime = self._runtime(runtime_name)
         if runtime is None or not runtime.results_url or runtime.results_token is None:
+            self.on_result("not_configured")
             return RetryLater("runtime_not_configured",
                               f"no results_url/token for runtime {runtime_name}")
         # A fenced step like any other: a claimant whose lease was reclaimed (or
@@ -92,10 +99,12 @@ class ReceiptSender:
                 timeout_s=self.timeout_s,
             )
         except httpx.HTTPError as exc:
+            self.on_result("unreachable")
             await self._note(ctx, command_id, f"transport:{type(exc).__name__}")
             return RetryLater("runtime_unreachable", type(exc).__name__)
         status = response.status_code
         error = _error_code(response)
+        self.on_result(receipt_result(status))
         if status == 200:
             self._mark(ctx, command_id, confirmed=True, error=None)
             logs.event("receipt_confirmed", command_id=command_id, work_id=ctx.item.work_id,

@@ -60,6 +60,7 @@ from daemon.services.lease_keeper import LeaseKeeper
 from daemon.services.metrics import Metrics
 from daemon.services.scheduler import Scheduler
 from daemon.services.worker_pool import WorkerPool
+from storage.flow import FlowSample
 from storage.migrate import check_schema
 from storage.open import wait_until_reachable
 from storage.port import OutcomeCount, QueueDepth, ReplicaInfo, StorageError
@@ -89,6 +90,7 @@ class HistoryPoint:
     interval_s: float
     depths: tuple[QueueDepth, ...]
     finished: tuple[OutcomeCount, ...]
+    flow: FlowSample = attrs.field(factory=FlowSample)  # the effect path, same interval
 
 
 HISTORY_POINTS = 720  # one hour at the default 5 s sample interval
@@ -438,11 +440,12 @@ class Replica:
                 now_us = self.clock.now_us()
                 depths = await self.store.work_depths()
                 finished = await self.store.work_outcome_counts(previous_us, now_us)
+                flow = await self.store.flow_sample(previous_us, now_us)
                 self.metrics.set_depths(depths, now_us)
                 self.metrics.effect_unknown_backlog.set(await self.store.effect_unknown_backlog())
                 self.history.append(
                     HistoryPoint(now_us, (now_us - previous_us) / 1_000_000, tuple(depths),
-                                 tuple(finished))
+                                 tuple(finished), flow)
                 )
                 previous_us = now_us
                 self._last_db_ok = time.monotonic()

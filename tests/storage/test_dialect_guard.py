@@ -130,6 +130,7 @@ async def _workload(store: WorkStore) -> None:
     for item in await store.work_list(WorkQuery(limit=5, state=None, org_id="org-1")):
         await store.work_cancel(item.work_id, T0)
     await store.work_depths()
+    await store.flow_sample(T0, T0 + 5 * SEC)
     await store.work_executions(again[0].work_id)
     await store.work_execution_totals("noop")
     await store.work_execution_summary("noop")

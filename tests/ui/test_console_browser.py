@@ -44,7 +44,8 @@ async def test_pressure_moves_as_work_flows_without_reload(live: LiveConsole) ->
         expect(page.locator("#open-depth")).to_have_text("12", timeout=WAIT_MS)
         row = page.locator('#pressure tr[data-family="gated"][data-state="processing"] .depth')
         expect(row).to_have_text("12", timeout=WAIT_MS)
-        expect(page.locator('#chart-depth polyline[data-series="processing"]')).to_have_count(1)
+        expect(page.locator('#chart-depth-gated polyline[data-series="processing"]')
+               ).to_have_count(1, timeout=WAIT_MS)
         expect(page.locator('#local tr[data-family="gated"] td').nth(1)).to_have_text("12")
         shot(page, "03-overview-pressure")
         live.call(live.board.open_gate)
@@ -185,5 +186,91 @@ async def test_bulk_replay_from_the_dlq(live: LiveConsole) -> None:
         page.goto("/admin/audit")
         expect(page.locator("#audit-table tr[data-action='dlq.bulk_replay']")).to_have_count(1)
         expect(page.locator("#audit-table tr[data-action='work.replay']")).to_have_count(3)
+        summary = page.locator("#audit-table tr[data-action='dlq.bulk_replay'] pre.json.after")
+        expect(summary).to_contain_text('"bulk_id"')
+        expect(summary.locator("a.id")).not_to_have_count(0)
+        shot(page, "17-audit-json")
+
+    await in_browser(live, scenario)
+
+
+# Identifiers (work ids, families, replica ids) are one unit each: an inline element that
+# wraps has more than one client rect.
+_WRAPPED_IDS = """() => [...document.querySelectorAll('a.id, code, .id')]
+    .filter((el) => el.getClientRects().length > 1).map((el) => el.textContent)"""
+
+
+async def test_charts_read_at_a_glance_and_follow_the_work(live: LiveConsole) -> None:
+    dead = await live.enqueue("flaky", 2)
+    for work_id in dead:
+        await live.wait_state(work_id, "dead")
+
+    def scenario(page: Page, live: LiveConsole) -> None:
+        sign_in(page, "viv")
+        page.evaluate("window.__sameDocument = 'yes'")
+        live.call(live.enqueue, "gated", 30)
+        # Each family has its own card: depth by state and executions per second, with a
+        # UTC time axis, and the retry and dead lines drawn even at zero.
+        gated = page.locator('article.family[data-family="gated"]')
+        expect(gated.locator('#chart-depth-gated polyline[data-series="processing"]')
+               ).to_have_count(1, timeout=WAIT_MS)
+        for chart in ("depth", "finished"):
+            for series in ("retry", "dead"):
+                line = gated.locator(f'#chart-{chart}-gated [data-series="{series}"]')
+                expect(line).not_to_have_count(0)
+        expect(gated.locator("#chart-depth-gated text.time").first).to_have_text(
+            re.compile(r"^\d\d:\d\d(:\d\d)?$"))
+        expect(gated.locator('.legend li[data-series="processing"] .figure')).to_have_text(
+            "30", timeout=WAIT_MS)
+        flaky = page.locator('article.family[data-family="flaky"]')
+        expect(flaky.locator('.legend li[data-series="dead"] .figure').first).to_have_text("2")
+        expect(page.locator("#chart-flow")).to_be_visible()
+        expect(page.locator("#chart-latency")).to_be_visible()
+        shot(page, "14-overview-charts-busy")
+        live.call(live.board.open_gate)
+        # The live poll swaps in fresh charts: the gate opened, 30 succeeded (plus the two
+        # dead flaky items, inside the same 60 s window).
+        expect(gated.locator('.legend li[data-series="processing"] .figure')).to_have_text(
+            "0", timeout=WAIT_MS)
+        expect(gated.locator('#chart-finished-gated polyline[data-series="succeeded"]')
+               ).to_have_count(1)
+        expect(page.locator("#finished-count")).to_have_text("32", timeout=WAIT_MS)
+        # One finished/s figure: the card is the window's figure, the legends sum to it.
+        rate = float(page.locator("#throughput-rate").inner_text().replace(",", ""))
+        figures = page.locator('article.family .legend li:not([data-series="retry"]) .figure')
+        legend_total = sum(float(t.removesuffix("/s").replace(",", ""))
+                           for t in figures.all_inner_texts()
+                           if t.endswith("/s"))
+        assert abs(legend_total - rate) < 0.05, (legend_total, rate)
+        assert page.evaluate("window.__sameDocument") == "yes"  # no reload happened
+        assert page.evaluate(_WRAPPED_IDS) == []
+        shot(page, "15-overview-charts-drained")
+
+    await in_browser(live, scenario)
+
+
+async def test_identifiers_never_wrap_mid_word_on_a_narrow_screen(live: LiveConsole) -> None:
+    (dead,) = await live.enqueue("flaky")
+    await live.wait_state(dead, "dead")
+    live.board.broken = False
+
+    def scenario(page: Page, live: LiveConsole) -> None:
+        page.set_viewport_size({"width": 760, "height": 900})
+        sign_in(page, "otto")
+        page.goto(f"/admin/work/{dead}")
+        page.fill("#replay-reason", "provider is back")
+        page.click("#replay")
+        expect(page.locator("#notice-banner")).to_contain_text("Replayed")
+        for path in ("/admin/work", "/admin/dlq", f"/admin/work/{dead}", "/admin/audit", "/admin/"):
+            page.goto(path)
+            expect(page.locator("h1")).to_be_visible()
+            assert page.evaluate(_WRAPPED_IDS) == [], path
+        # The audit log shows before and after as JSON, with the work ids as links.
+        page.goto("/admin/audit")
+        entry = page.locator("#audit-table tr[data-action='work.replay']")
+        expect(entry.locator("pre.json.before")).to_contain_text('"state": "dead"')
+        expect(entry.locator("pre.json.after")).to_contain_text('"state": "pending"')
+        expect(entry.locator("pre.json.before a.id")).to_have_text(dead)
+        shot(page, "16-audit-json-narrow")
 
     await in_browser(live, scenario)
