@@ -59,7 +59,13 @@ chromium:
 	  echo "installing Debian's chromium for the browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
-pytest: $(BIN)/.installed chromium
+# The Galera tests start a 3-node cluster on loopback: Debian's galera-4 and rsync.
+galera:
+	@test -e /usr/lib/galera/libgalera_smm.so && command -v rsync >/dev/null 2>&1 || { \
+	  echo "installing Debian's galera-4 and rsync for the distributed-engine tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq galera-4 rsync; }
+
+pytest: $(BIN)/.installed chromium galera
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest
