@@ -108,9 +108,14 @@ def load_definitions(directory: str | Path | Traversable = ""
     return operations_from_documents(documents), documents
 
 
+# Not Catalog facts: the token is a secret, and the generation belongs to the principal
+# binding (seed 8.1: a reconnect moves it; it must not need a new Catalog revision).
+PRINCIPAL_FIELDS = frozenset({"token", "generation"})
+
+
 def binding_fields(binding: BindingSettings) -> dict[str, Any]:
-    """An L2 binding's non-secret fields: what a Catalog revision holds of it."""
-    return {k: v for k, v in attrs.asdict(binding).items() if k != "token"}
+    """An L2 binding's Catalog fields: what a Catalog revision holds of it."""
+    return {k: v for k, v in attrs.asdict(binding).items() if k not in PRINCIPAL_FIELDS}
 
 
 def build_catalog(revision: int, documents: list[Any],

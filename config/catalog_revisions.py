@@ -12,11 +12,11 @@ from typing import Any
 
 import attrs
 
-from config.catalog import Catalog, CatalogError, build_catalog
+from config.catalog import PRINCIPAL_FIELDS, Catalog, CatalogError, build_catalog
 from config.settings import BindingSettings
 from daemon.core.catalog_content import BadContent, content_digest, parse_content
 
-_BINDING_FIELDS = frozenset(f.name for f in attrs.fields(BindingSettings)) - {"token"}
+_BINDING_FIELDS = frozenset(f.name for f in attrs.fields(BindingSettings)) - PRINCIPAL_FIELDS
 
 
 def _binding(i: int, fields: Any, secrets: dict[str, BindingSettings]) -> BindingSettings:
@@ -27,7 +27,10 @@ def _binding(i: int, fields: Any, secrets: dict[str, BindingSettings]) -> Bindin
     except TypeError as exc:
         raise CatalogError(f"bindings[{i}]", str(exc)) from None
     current = secrets.get(binding.binding_id)
-    return attrs.evolve(binding, token=current.token if current is not None else None)
+    if current is None:
+        return binding  # no longer configured: no token (and dispatch refuses it)
+    # The principal's facts are the current ones: its token and its generation.
+    return attrs.evolve(binding, token=current.token, generation=current.generation)
 
 
 def catalog_from_content(revision: int, digest: str, content: str,

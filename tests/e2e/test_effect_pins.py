@@ -15,6 +15,7 @@ import pytest
 
 from daemon.core.states import WorkState
 from daemon.services.clock import WallClock
+from sandbox.ports import free_port
 from storage.effect_values import Settlement
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
@@ -50,7 +51,8 @@ async def test_rebind_between_accept_and_dispatch_sends_nothing(
     database: FreshDatabase, store: WorkStore, rebind: bool, bump: bool, code: str,
     sentence: str,
 ) -> None:
-    async with running_slice(store, database.url, with_replica=False) as sl:
+    port = free_port()  # one simulator address: the Catalog revision stays the same
+    async with running_slice(store, database.url, with_replica=False, hubspot_port=port) as sl:
         await sl.lead("lead-1", "101")
         intent_id = await sl.set_title("lead-1", "CTO")
         await sl.wait_intent("lead-1", intent_id, "ACCEPTED")
@@ -63,7 +65,7 @@ async def test_rebind_between_accept_and_dispatch_sends_nothing(
                                     now_us=WallClock().now_us())
     # The next replica serves the new binding generation (a reconnect) or the same one.
     async with running_slice(store, database.url, binding_generation=2 if bump else 1,
-                             operators=_OPERATORS) as sl2:
+                             operators=_OPERATORS, hubspot_port=port) as sl2:
         sl2.sim.add_contact("101", jobtitle="Engineer")
         sl2.sim.add_contact("202", jobtitle="Engineer")
         (item,) = await store.work_list(WorkQuery(family="external_effect"))

@@ -9,12 +9,13 @@ import pytest
 
 from config.catalog import load_catalog
 from config.settings import BindingSettings, CatalogSettings, Settings
+from daemon.core.outcomes import Succeeded
 from daemon.services.catalog_view import CatalogView, publish_current
 from storage.command_repair import RepairActor
 from storage.port import PublishParams, RevisionConflict, RevisionNotPublished, SqlTx, WorkConflict
 from storage.work_store import WorkStore
 from tests.support.commands import draft
-from tests.support.work import SEC, T0
+from tests.support.work import SEC, T0, claim, finalize
 
 WHO = {"actor": "alice", "role": "admin", "reason": "test"}
 
@@ -76,10 +77,18 @@ async def test_a_revision_with_unsettled_pinned_work_cannot_be_deleted(
     with pytest.raises(RevisionConflict, match=r"\(1 open commands, 1 live work items\)"):
         await store.catalog_delete(7, now_us=T0, **WHO)
     assert await store.catalog_digest(7) == digest  # nothing was deleted
-    # Settle it: cancel the work, retire the command; then the revision may go.
+    # Settle it: cancel the work, retire the command (nothing was ever dispatched: a
+    # no-effect result, whose receipt the Runtime is owed and which is pinned too)...
     await store.work_cancel(accepted.work_id, T0)
     await store.command_retire(accepted.command_id, RepairActor(**WHO),
                                receipt_max_attempts=3, now_us=T0)
+    pins = await store.catalog_pins(7)
+    assert (pins.open_commands, pins.live_work) == (0, 1)
+    with pytest.raises(RevisionConflict, match=r"\(0 open commands, 1 live work items\)"):
+        await store.catalog_delete(7, now_us=T0, **WHO)
+    # ... delivered; then the revision may go.
+    (receipt,) = (await claim(store, family="runtime_receipt", now=T0)).claimed
+    await finalize(store, receipt, Succeeded("confirmed"), now=T0)
     pins = await store.catalog_pins(7)
     assert (pins.open_commands, pins.live_work) == (0, 0)
     gone = await store.catalog_delete(7, now_us=T0 + 5 * SEC, **WHO)
