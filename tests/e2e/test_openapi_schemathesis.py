@@ -100,6 +100,8 @@ async def running(tmp_path: Path) -> AsyncIterator[Running]:
     config = _config(tmp_path)
     migrated = run_cli(config, "migrate")
     assert migrated.returncode == 0, migrated.stderr
+    published = run_cli(config, "catalog", "publish", "--actor", "ada", "--reason", "test")
+    assert published.returncode == 0, published.stderr
     replica = await start_replica(config, "replica")
     try:
         started = await replica.wait_event("replica_started")
