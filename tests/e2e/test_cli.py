@@ -173,8 +173,9 @@ def test_check_config_prints_every_section_with_secrets_as_set_or_unset(
     for name in ("runtime-crm.token", "runtime-crm-results.token", "hubspot.token"):
         (secrets / name).write_text(f"value-of-{name}\n")
     # A real argon2 hash, so the operator's hash file loads.
-    (secrets / "admin.password-hash").write_text(
-        "$argon2id$v=19$m=65536,t=3,p=4$c2FsdHNhbHQ$5h1bQ0Wm4zG8GZ0S1b3tWJZq5bq7d7O4X3Qe2s0hY0c\n")
+    for who in ("admin", "viewer"):
+        (secrets / f"{who}.password-hash").write_text(
+            "$argon2id$v=19$m=65536,t=3,p=4$c2FsdHNhbHQ$5h1bQ0Wm4zG8GZ0S1b3tWJZq5bq7d7O4X3Qe2s0hY0c\n")
     cfg = tmp_path / "example.toml"
     cfg.write_text(text)
     result = run_cli(cfg, "check-config")
@@ -193,7 +194,7 @@ def test_check_config_prints_every_section_with_secrets_as_set_or_unset(
     (binding,) = doc["bindings"]
     assert binding["token"] == "set" and binding["base_url"] == "http://127.0.0.1:8791"
     assert {o["name"]: o["password_hash"] for o in doc["operators"]} == {
-        "admin": "set", "viewer": "unset"}
+        "admin": "set", "viewer": "set"}
     assert set(doc["families"]) >= {"noop", "external_effect", "runtime_receipt"}
     assert doc["families"]["runtime_receipt"]["max_attempts"] == 1_000_000
     printed = result.stdout + result.stderr
