@@ -206,6 +206,9 @@ async def _open(settings: Settings) -> WorkStore:
         store = await open_store(
             settings.storage.url, password=password, pool_size=2,
             sqlite_synchronous=settings.storage.sqlite_synchronous, base_dir=settings.base_dir,
+            # The configured bounds, as for every other verb: a hung database is one line.
+            connect_timeout_s=settings.storage.connect_timeout,
+            statement_timeout_s=settings.storage.statement_timeout,
         )
     except StorageError as exc:
         raise StorageError(

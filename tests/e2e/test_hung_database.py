@@ -130,3 +130,22 @@ async def test_drain_on_a_hung_database_ends_within_drain_timeout_plus_margin(
         item = await store.work_get(slow)
         assert item is not None and item.state is WorkState.PROCESSING
         assert item.ownership_epoch == 1
+
+
+async def test_console_mirror_verbs_fail_in_one_line_within_the_bound_on_a_hung_database(
+    tmp_path: Path,
+) -> None:
+    """``audit list`` and ``dlq list`` open their store with the configured bounds too (they
+    used the built-in 5 s / 15 s whatever ``[storage]`` said)."""
+    async with proxied_mysql(tmp_path) as px:
+        cfg = write_config(tmp_path / "a.toml", px.url, storage_extra=BOUNDS)
+        px.proxy.freeze()
+        for verb in (["audit", "list"], ["dlq", "list"]):
+            started = time.monotonic()
+            result = await trio.to_thread.run_sync(functools.partial(run_cli, cfg, *verb))
+            elapsed = time.monotonic() - started
+            assert result.returncode == EXIT_FAILURE, result.stderr
+            (line,) = plain_lines(result.stderr)
+            assert line.startswith(f"integrationd: database unreachable ({px.url}):"), line
+            assert "no answer within 1s" in line, line
+            assert elapsed < 1.0 + SLACK_S, elapsed
