@@ -19,6 +19,8 @@ import hashlib
 import json
 import secrets
 import urllib.parse
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import attrs
 import trio
@@ -28,7 +30,8 @@ from sandbox.h11_server import H11Server, Request, Response
 _JSON = (("content-type", "application/json"),)
 
 
-def _digest(token: str) -> str:
+def token_digest(token: str) -> str:
+    """How the journal names a refresh token (a prefix of its SHA-256, never the token)."""
     return hashlib.sha256(token.encode()).hexdigest()[:16]
 
 
@@ -72,7 +75,7 @@ class OAuthSimulator:
     async def _token(self, request: Request) -> Response:
         form = dict(urllib.parse.parse_qsl(request.body.decode("utf-8", "replace")))
         presented = form.get("refresh_token", "")
-        entry: dict[str, object] = {"refresh_token": _digest(presented)}
+        entry: dict[str, object] = {"refresh_token": token_digest(presented)}
         self.journal.append(entry)
         self.called.set()
         if self.hang:
@@ -103,6 +106,16 @@ class OAuthSimulator:
     async def run(self, host: str = "127.0.0.1", port: int = 0, *,
                   task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         await H11Server(self.handle).run(host, port, task_status=task_status)
+
+
+@asynccontextmanager
+async def running_oauth(client_secret: str) -> AsyncIterator[tuple[OAuthSimulator, str]]:
+    """A simulator on a loopback port, and its token endpoint's URL, until the block ends."""
+    sim = OAuthSimulator(client_secret=client_secret)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(sim.run)
+        yield sim, f"http://127.0.0.1:{port}/oauth/v1/token"
+        nursery.cancel_scope.cancel()
 
 
 def refreshes_per_token(journal: list[dict[str, object]]) -> dict[str, int]:

@@ -18,7 +18,7 @@ import trio
 
 from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, TokenKey, seal
 from daemon.services.clock import WallClock
-from sandbox.oauth_sim import OAuthSimulator
+from sandbox.oauth_sim import OAuthSimulator, running_oauth
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.work import enqueue
@@ -30,11 +30,8 @@ REPLICAS = 4
 
 @pytest.fixture
 async def oauth() -> AsyncIterator[tuple[OAuthSimulator, str]]:
-    sim = OAuthSimulator(client_secret=CLIENT_SECRET)
-    async with trio.open_nursery() as nursery:
-        port = await nursery.start(sim.run)
-        yield sim, f"http://127.0.0.1:{port}/oauth/v1/token"
-        nursery.cancel_scope.cancel()
+    async with running_oauth(CLIENT_SECRET) as running:
+        yield running
 
 
 async def _seed(store: WorkStore, sim: OAuthSimulator, items: int) -> None:

@@ -21,7 +21,7 @@ from daemon.core.token_bundle import (
 from daemon.core.work import Fence
 from daemon.services.clock import WallClock
 from daemon.services.token_refresh import RefreshEndpoint, TokenOwner, TokenUnavailable
-from sandbox.oauth_sim import OAuthSimulator, refreshes_per_token
+from sandbox.oauth_sim import OAuthSimulator, refreshes_per_token, running_oauth, token_digest
 from storage.grants import GrantState
 from storage.port import LostLease
 from storage.work_store import WorkStore
@@ -34,11 +34,8 @@ CLOCK = WallClock()
 
 @pytest.fixture
 async def oauth() -> AsyncIterator[tuple[OAuthSimulator, str]]:
-    sim = OAuthSimulator(client_secret=CLIENT_SECRET)
-    async with trio.open_nursery() as nursery:
-        port = await nursery.start(sim.run)
-        yield sim, f"http://127.0.0.1:{port}/oauth/v1/token"
-        nursery.cancel_scope.cancel()
+    async with running_oauth(CLIENT_SECRET) as running:
+        yield running
 
 
 async def _setup(store: WorkStore, sim: OAuthSimulator, *, expired: bool,
@@ -91,7 +88,7 @@ async def test_many_claimants_see_an_expired_token_one_refresh_reaches_the_provi
                 nursery.start_soon(one, fence)
     assert len(got) == 8 and {v for _, v in got} == {2}
     assert len({t for t, _ in got}) == 1 and got[0][0] in sim.access_tokens
-    assert refreshes_per_token(sim.journal) == {_digest("refresh-SECRET-0"): 1}
+    assert refreshes_per_token(sim.journal) == {token_digest("refresh-SECRET-0"): 1}
     grant = await store.grant_get("b1", 1)
     assert grant is not None and grant.token_version == 2
     stored = open_bundle(grant.sealed, {"k1": KEY}, BundleContext("b1", 1, 2))
@@ -196,7 +193,3 @@ async def test_no_grant_and_a_wrong_client_are_clear(
     assert wrong.value.reason == "refresh_malformed"
     assert "wrong" not in str(wrong.value)
 
-
-def _digest(token: str) -> str:
-    import hashlib
-    return hashlib.sha256(token.encode()).hexdigest()[:16]
