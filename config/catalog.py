@@ -21,13 +21,21 @@ from typing import Any
 
 import attrs
 
-from config.definitions import CatalogError, OperationDefinition, parse_provider
+from config.definitions import (
+    CatalogError,
+    ObjectBinding,
+    OperationDefinition,
+    ResourceDefinition,
+    parse_object_binding,
+    parse_provider,
+    parse_resources,
+)
 from config.settings import BindingSettings, Settings
 from daemon.core.canonical import NotCanonical
 from daemon.core.catalog_content import content_bytes, content_digest
 
 __all__ = ["Catalog", "CatalogError", "OperationDefinition", "build_catalog", "load_catalog",
-           "load_definitions", "load_documents"]
+           "load_definitions", "load_documents", "load_object_binding_documents"]
 
 
 @attrs.frozen(kw_only=True)
@@ -38,6 +46,18 @@ class Catalog:
     bindings: tuple[BindingSettings, ...]
     # The canonical content (``daemon/core/catalog_content.py``) the digest is of.
     content: str = attrs.field(default="", repr=False)
+    # L1 resources by "<provider>.<resource>", and the L2 object bindings on them.
+    resources: dict[str, ResourceDefinition] = attrs.field(factory=dict)
+    object_bindings: tuple[ObjectBinding, ...] = ()
+
+    def resource(self, provider: str, name: str) -> ResourceDefinition | None:
+        return self.resources.get(f"{provider}.{name}")
+
+    def object_binding(self, name: str) -> ObjectBinding | None:
+        for o in self.object_bindings:
+            if o.name == name:
+                return o
+        return None
 
     def operation(self, name: str) -> OperationDefinition | None:
         return self.operations.get(name)
@@ -101,6 +121,46 @@ def operations_from_documents(documents: list[Any]) -> dict[str, OperationDefini
     return operations
 
 
+def resources_from_documents(documents: list[Any]) -> dict[str, ResourceDefinition]:
+    """Every L1 resource of these (valid) documents, keyed ``<provider>.<resource>``."""
+    out: dict[str, ResourceDefinition] = {}
+    for doc in documents:
+        for name, resource in parse_resources(doc).items():
+            out[f"{resource.provider}.{name}"] = resource
+    return out
+
+
+def load_object_binding_documents(directory: str | Path | Traversable = "") -> list[Any]:
+    """Every L2 object-binding document: the shipped ones (``config/bindings/*.toml``) or
+    those in ``directory`` (``catalog.object_bindings_dir``). Each is parsed as it is read
+    (name and file agree); its fields are checked against L1 in :func:`build_catalog`."""
+    folder: Traversable | Path
+    if isinstance(directory, str):
+        if directory and not Path(directory).is_dir():
+            raise CatalogError("catalog.object_bindings_dir",
+                               f"no such directory: {directory}")
+        folder = (Path(directory) if directory
+                  else resources.files("config").joinpath("bindings"))
+    else:
+        folder = directory
+    try:
+        entries = sorted(folder.iterdir(), key=lambda e: e.name)
+    except OSError as exc:
+        raise CatalogError("catalog.object_bindings_dir",
+                           f"cannot read {folder}: {exc.strerror}") from None
+    documents: list[Any] = []
+    for entry in entries:
+        if not entry.name.endswith(".toml"):
+            continue
+        try:
+            doc = tomllib.loads(entry.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise CatalogError(f"bindings/{entry.name}", f"not valid TOML: {exc}") from None
+        parse_object_binding(doc, entry.name)
+        documents.append(doc)
+    return documents
+
+
 def load_definitions(directory: str | Path | Traversable = ""
                      ) -> tuple[dict[str, OperationDefinition], list[Any]]:
     """Every L1 definition (and the raw documents, for the digest)."""
@@ -119,17 +179,28 @@ def binding_fields(binding: BindingSettings) -> dict[str, Any]:
 
 
 def build_catalog(revision: int, documents: list[Any],
-                  bindings: tuple[BindingSettings, ...]) -> Catalog:
-    """Validate L1 documents and L2 bindings into a :class:`Catalog` whose digest is
-    that of their revision content (``daemon/core/catalog_content.py``)."""
+                  bindings: tuple[BindingSettings, ...],
+                  object_binding_documents: list[Any] | None = None) -> Catalog:
+    """Validate L1 documents, L2 bindings and L2 object bindings into a :class:`Catalog`
+    whose digest is that of their revision content (``daemon/core/catalog_content.py``)."""
     operations = operations_from_documents(documents)
+    resources_ = resources_from_documents(documents)
+    object_bindings: list[ObjectBinding] = []
+    for i, doc in enumerate(object_binding_documents or []):
+        if not isinstance(doc, dict):
+            raise CatalogError(f"object_bindings[{i}]", "expected an object binding document")
+        parsed = parse_object_binding(doc, resources=resources_, operations=operations)
+        if any(o.name == parsed.name for o in object_bindings):
+            raise CatalogError(f"object_bindings.{parsed.name}", "duplicate object binding")
+        object_bindings.append(parsed)
     providers = {op.provider for op in operations.values()}
     for i, b in enumerate(bindings):
         if b.provider not in providers:
             raise CatalogError(f"bindings[{i}].provider",
                                f"no L1 definition for {b.provider!r}")
     try:
-        content = content_bytes(documents, [binding_fields(b) for b in bindings])
+        content = content_bytes(documents, [binding_fields(b) for b in bindings],
+                                list(object_binding_documents or []))
     except NotCanonical as exc:
         raise CatalogError("catalog", f"cannot be stored canonically: {exc}") from None
     return Catalog(
@@ -138,6 +209,8 @@ def build_catalog(revision: int, documents: list[Any],
         operations=operations,
         bindings=bindings,
         content=content.decode(),
+        resources=resources_,
+        object_bindings=tuple(object_bindings),
     )
 
 
@@ -146,4 +219,5 @@ def load_catalog(settings: Settings) -> Catalog:
     bindings), numbered ``catalog.revision``. Whether that revision is *published* with
     this digest is for the caller to check (``daemon/services/catalog_view.py``)."""
     return build_catalog(settings.catalog.revision,
-                         load_documents(settings.catalog.definitions_dir), settings.bindings)
+                         load_documents(settings.catalog.definitions_dir), settings.bindings,
+                         load_object_binding_documents(settings.catalog.object_bindings_dir))

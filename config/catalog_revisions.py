@@ -14,7 +14,7 @@ import attrs
 
 from config.catalog import PRINCIPAL_FIELDS, Catalog, CatalogError, build_catalog
 from config.settings import BindingSettings
-from daemon.core.catalog_content import BadContent, content_digest, parse_content
+from daemon.core.catalog_content import BadContent, content_digest, parse_content_with_objects
 
 _BINDING_FIELDS = frozenset(f.name for f in attrs.fields(BindingSettings)) - PRINCIPAL_FIELDS
 
@@ -41,12 +41,12 @@ def catalog_from_content(revision: int, digest: str, content: str,
         raise CatalogError(f"catalog revision {revision}",
                            f"stored content has digest {actual}, not {digest}")
     try:
-        definitions, raw_bindings = parse_content(content)
+        definitions, raw_bindings, object_bindings = parse_content_with_objects(content)
     except BadContent as exc:
         raise CatalogError(f"catalog revision {revision}", str(exc)) from None
     by_id = {b.binding_id: b for b in secrets}
     bindings = tuple(_binding(i, f, by_id) for i, f in enumerate(raw_bindings))
     # The digest is that of the stored bytes: a field added to the settings
     # later (with its default) does not change what an old revision was.
-    return attrs.evolve(build_catalog(revision, definitions, bindings), digest=digest,
-                        content=content)
+    return attrs.evolve(build_catalog(revision, definitions, bindings, object_bindings),
+                        digest=digest, content=content)

@@ -325,10 +325,300 @@ def parse_provider(doc: Mapping[str, Any], source: str = "") -> dict[str, Operat
                            "expected a lower-case provider name")
     if source and source != f"{provider}.toml":
         raise CatalogError(f"providers/{source}", "provider must match the file name")
-    unknown = sorted(set(doc) - {"provider", "auth", "operations"})
+    unknown = sorted(set(doc) - {"provider", "auth", "operations", "resources"})
     if unknown:
         raise CatalogError(f"providers.{provider}.{unknown[0]}", "unknown key")
     schemes = _auth_schemes(provider, doc.get("auth", {}))
     operations = _table(f"providers.{provider}.operations", doc.get("operations", {}))
+    parse_resources(doc)  # a bad resource is an error of this document too
     return {name: _operation(provider, name, table, schemes)
             for name, table in operations.items()}
+
+
+# ---- L1 resources: what a provider's record is, how to read one and how to list them ----
+
+EVENT_KINDS = frozenset({"created", "updated", "destroyed"})
+ID_KINDS = frozenset({"integer", "string"})
+_RESOURCE_KEYS = frozenset({"type", "id_kind", "fields", "events", "get", "list"})
+_GET_KEYS = frozenset({"method", "path", "auth", "accept", "attributes", "id", "updated_at",
+                       "absent_statuses"})
+_LIST_KEYS = frozenset({"method", "path", "auth", "accept", "items", "item_id",
+                        "item_attributes", "item_updated_at", "next", "since_param",
+                        "since_format", "query", "page_size_param", "page_size",
+                        "max_page_size"})
+
+
+@attrs.frozen(kw_only=True)
+class ResourceGet:
+    """Read one record: its attributes, id and last-modified time (JSON pointers)."""
+
+    method: str
+    path: PathTemplate
+    auth: AuthScheme
+    accept: str
+    attributes: Pointer
+    id: Pointer
+    updated_at: Pointer
+    absent_statuses: frozenset[int]
+
+
+@attrs.frozen(kw_only=True)
+class ResourceList:
+    """List records changed since a time, oldest first, one page after another.
+
+    The request is ``path?<since_param>=<since_format with {since}>&<query>&
+    <page_size_param>=<n>``; each page holds its records at ``items`` and the next page's
+    absolute URL at ``next`` (absent or null on the last page).
+    """
+
+    method: str
+    path: str
+    auth: AuthScheme
+    accept: str
+    items: Pointer
+    item_id: Pointer
+    item_attributes: Pointer
+    item_updated_at: Pointer
+    next: Pointer
+    since_param: str
+    since_format: str
+    query: tuple[tuple[str, str], ...]
+    page_size_param: str
+    page_size: int
+    max_page_size: int
+
+
+@attrs.frozen(kw_only=True)
+class ResourceDefinition:
+    """One remote record type (``[resources.<name>]`` of an L1 document)."""
+
+    name: str
+    provider: str
+    type: str  # the provider's type name on the wire (a JSON:API ``type``)
+    id_kind: str  # "integer" or "string": how the wire spells an id
+    fields: frozenset[str]  # every attribute an L2 binding may map
+    events: tuple[tuple[str, str], ...]  # (provider event name, one of EVENT_KINDS)
+    get: ResourceGet
+    list: ResourceList | None = None
+
+    def event_kind(self, event_name: str) -> str | None:
+        return dict(self.events).get(event_name)
+
+
+def _media(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not _MEDIA_TYPE.match(value):
+        raise CatalogError(key, "expected a media type such as application/json")
+    return value
+
+
+def _required_pointer(key: str, table: Mapping[str, Any], name: str) -> Pointer:
+    pointer = _pointer(key, table, name, required=True)
+    assert pointer is not None
+    return pointer
+
+
+def _resource_get(key: str, raw: Any, schemes: Mapping[str, AuthScheme]) -> ResourceGet:
+    table = _table(key, raw, _GET_KEYS)
+    return ResourceGet(
+        method=_method(key, table),
+        path=_compiled(f"{key}.path", PathTemplate.compile, _req(key, table, "path", str)),
+        auth=_auth_ref(key, table, schemes),
+        accept=_media(f"{key}.accept", table.get("accept", "application/json")),
+        attributes=_required_pointer(key, table, "attributes"),
+        id=_required_pointer(key, table, "id"),
+        updated_at=_required_pointer(key, table, "updated_at"),
+        absent_statuses=_statuses(f"{key}.absent_statuses",
+                                  table.get("absent_statuses", [404])),
+    )
+
+
+def _positive_int(key: str, table: Mapping[str, Any], name: str, default: int) -> int:
+    value = table.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise CatalogError(f"{key}.{name}", "expected a positive integer")
+    return value
+
+
+def _resource_list(key: str, raw: Any, schemes: Mapping[str, AuthScheme]) -> ResourceList:
+    table = _table(key, raw, _LIST_KEYS)
+    path = _req(key, table, "path", str)
+    if not path.startswith("/") or "{" in path or "?" in path:
+        raise CatalogError(f"{key}.path", "expected a plain path starting with / (the query"
+                           " comes from since_param, query and page_size_param)")
+    since_format = table.get("since_format", "{since}")
+    if not isinstance(since_format, str) or since_format.count("{since}") != 1 or (
+            since_format.replace("{since}", "").count("{")):
+        raise CatalogError(f"{key}.since_format", "expected text holding {since} once")
+    query_raw = _table(f"{key}.query", table.get("query", {}))
+    for name, value in query_raw.items():
+        if not isinstance(value, str):
+            raise CatalogError(f"{key}.query.{name}", "expected a string")
+    page_size = _positive_int(key, table, "page_size", 50)
+    max_page_size = _positive_int(key, table, "max_page_size", page_size)
+    if page_size > max_page_size:
+        raise CatalogError(f"{key}.page_size", f"{page_size} is above max_page_size"
+                           f" {max_page_size}")
+    return ResourceList(
+        method=_method(key, table),
+        path=path,
+        auth=_auth_ref(key, table, schemes),
+        accept=_media(f"{key}.accept", table.get("accept", "application/json")),
+        items=_required_pointer(key, table, "items"),
+        item_id=_required_pointer(key, table, "item_id"),
+        item_attributes=_required_pointer(key, table, "item_attributes"),
+        item_updated_at=_required_pointer(key, table, "item_updated_at"),
+        next=_required_pointer(key, table, "next"),
+        since_param=_req(key, table, "since_param", str),
+        since_format=since_format,
+        query=tuple(sorted(query_raw.items())),
+        page_size_param=_req(key, table, "page_size_param", str),
+        page_size=page_size,
+        max_page_size=max_page_size,
+    )
+
+
+def _resource(provider: str, name: str, raw: Any,
+              schemes: Mapping[str, AuthScheme]) -> ResourceDefinition:
+    key = f"providers.{provider}.resources.{name}"
+    table = _table(key, raw, _RESOURCE_KEYS)
+    id_kind = table.get("id_kind", "string")
+    if id_kind not in ID_KINDS:
+        raise CatalogError(f"{key}.id_kind", f"expected one of {', '.join(sorted(ID_KINDS))}")
+    events_raw = _table(f"{key}.events", table.get("events", {}))
+    for event, kind in events_raw.items():
+        if kind not in EVENT_KINDS:
+            raise CatalogError(f"{key}.events.{event}",
+                               f"expected one of {', '.join(sorted(EVENT_KINDS))}")
+    if "get" not in table:
+        raise CatalogError(f"{key}.get", "missing")
+    return ResourceDefinition(
+        name=name,
+        provider=provider,
+        type=_req(key, table, "type", str),
+        id_kind=str(id_kind),
+        fields=frozenset(_strings(f"{key}.fields", _req(key, table, "fields", list))),
+        events=tuple(sorted(events_raw.items())),
+        get=_resource_get(f"{key}.get", table["get"], schemes),
+        list=_resource_list(f"{key}.list", table["list"], schemes) if "list" in table
+        else None,
+    )
+
+
+def parse_resources(doc: Mapping[str, Any]) -> dict[str, ResourceDefinition]:
+    """Every ``[resources.<name>]`` of one (already checked) provider document (pure)."""
+    provider = str(doc.get("provider"))
+    schemes = _auth_schemes(provider, doc.get("auth", {}))
+    resources = _table(f"providers.{provider}.resources", doc.get("resources", {}))
+    return {name: _resource(provider, name, table, schemes)
+            for name, table in resources.items()}
+
+
+# ---- L2 object bindings: a local object bound to one remote resource, field by field ----
+
+DIRECTIONS = ("inbound", "outbound")
+_OBJECT_BINDING_KEYS = frozenset({"name", "provider", "resource", "local_object",
+                                  "inbound", "outbound", "match"})
+
+
+@attrs.frozen(kw_only=True)
+class FieldMapping:
+    """One mapped field and the one direction that owns it (no last-writer-wins field)."""
+
+    remote: str
+    local: str
+    direction: str  # "inbound": the provider owns it; "outbound": the local side owns it
+
+
+@attrs.frozen(kw_only=True)
+class ObjectBinding:
+    """An L2 object binding: which local object mirrors which remote resource, and which
+    side owns each mapped field. ``match`` names the one (remote, local) field pair used to
+    find the local record of a remote record created with no link (see
+    docs/inbound-flow.md); empty: such a record is a reconciliation item."""
+
+    name: str
+    provider: str
+    resource: str
+    local_object: str
+    fields: tuple[FieldMapping, ...]
+    match: tuple[str, str] | None = None
+
+    def owned(self, direction: str) -> tuple[FieldMapping, ...]:
+        return tuple(f for f in self.fields if f.direction == direction)
+
+    def inbound_remote(self) -> dict[str, str]:
+        """remote attribute -> local field, for the inbound-owned fields only."""
+        return {f.remote: f.local for f in self.fields if f.direction == "inbound"}
+
+
+def _field_names(key: str, raw: Any) -> dict[str, str]:
+    table = _table(key, raw)
+    for name, value in table.items():
+        if not isinstance(value, str) or not value:
+            raise CatalogError(f"{key}.{name}", "expected the local field name")
+    return dict(table)
+
+
+def parse_object_binding(doc: Mapping[str, Any], source: str = "",
+                         resources: Mapping[str, ResourceDefinition] | None = None,
+                         operations: Mapping[str, OperationDefinition] | None = None,
+                         ) -> ObjectBinding:
+    """One L2 object-binding document (pure). With ``resources`` (keyed
+    ``<provider>.<resource>``) and ``operations``, every remote field must be one the L1
+    resource declares and every outbound one must be writable by an operation of that
+    provider on that resource; a field owned by both directions is an error either way."""
+    name = doc.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise CatalogError(f"bindings/{source or '?'}.name",
+                           "expected a lower-case object binding name")
+    if source and source != f"{name}.toml":
+        raise CatalogError(f"bindings/{source}", "name must match the file name")
+    key = f"object_bindings.{name}"
+    table = _table(key, doc, _OBJECT_BINDING_KEYS)
+    provider = _req(key, table, "provider", str)
+    resource_name = _req(key, table, "resource", str)
+    local_object = _req(key, table, "local_object", str)
+    resource = None
+    if resources is not None:
+        resource = resources.get(f"{provider}.{resource_name}")
+        if resource is None:
+            raise CatalogError(f"{key}.resource",
+                               f"no L1 resource {resource_name!r} for provider {provider!r}")
+    inbound = _field_names(f"{key}.inbound", table.get("inbound", {}))
+    outbound = _field_names(f"{key}.outbound", table.get("outbound", {}))
+    fields: list[FieldMapping] = []
+    for direction, mapping in (("inbound", inbound), ("outbound", outbound)):
+        other = outbound if direction == "inbound" else inbound
+        for remote, local in sorted(mapping.items()):
+            where = f"{key}.{direction}.{remote}"
+            if remote in other:
+                raise CatalogError(where, "mapped in both directions: one field has one"
+                                   " owner (inbound or outbound)")
+            if local in other.values():
+                raise CatalogError(where, f"local field {local!r} is mapped in both"
+                                   " directions")
+            if resource is not None and remote not in resource.fields:
+                raise CatalogError(where, f"unknown field of {provider}.{resource_name}"
+                                   f" (declared: {', '.join(sorted(resource.fields))})")
+            fields.append(FieldMapping(remote=remote, local=local, direction=direction))
+    locals_ = [f.local for f in fields]
+    duplicate = sorted({x for x in locals_ if locals_.count(x) > 1})
+    if duplicate:
+        raise CatalogError(f"{key}", f"local field {duplicate[0]!r} is mapped twice")
+    if operations is not None:
+        for mapping_ in (f for f in fields if f.direction == "outbound"):
+            if not any(op.provider == provider and op.remote_object == resource_name
+                       and mapping_.remote in op.allowed_fields for op in operations.values()):
+                raise CatalogError(f"{key}.outbound.{mapping_.remote}",
+                                   f"no {provider} operation on {resource_name} may write it")
+    match = None
+    if "match" in table:
+        match_table = _table(f"{key}.match", table["match"], frozenset({"remote", "local"}))
+        pair = (_req(f"{key}.match", match_table, "remote", str),
+                _req(f"{key}.match", match_table, "local", str))
+        if resource is not None and pair[0] not in resource.fields:
+            raise CatalogError(f"{key}.match.remote", f"unknown field of {provider}."
+                               f"{resource_name}")
+        match = pair
+    return ObjectBinding(name=name, provider=provider, resource=resource_name,
+                         local_object=local_object, fields=tuple(fields), match=match)

@@ -182,6 +182,9 @@ class CatalogSettings:
     # config/providers/ (relative to the working directory; a sandbox whose simulators
     # declare their own, shorter, windows); empty: the shipped ones.
     definitions_dir: str = ""
+    # A directory of L2 object bindings (*.toml: which local object mirrors which remote
+    # resource, and which side owns each field) instead of the shipped config/bindings/.
+    object_bindings_dir: str = ""
 
 
 @attrs.frozen(kw_only=True)

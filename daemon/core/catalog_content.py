@@ -60,9 +60,15 @@ def decode(value: Any) -> Any:
     return value
 
 
-def content_bytes(definitions: list[Any], bindings: list[Any]) -> bytes:
-    """The canonical bytes of a revision holding these definitions and bindings."""
-    return canonical_bytes(encode({"bindings": bindings, "definitions": definitions}))
+def content_bytes(definitions: list[Any], bindings: list[Any],
+                  object_bindings: list[Any] | None = None) -> bytes:
+    """The canonical bytes of a revision holding these definitions and bindings (and L2
+    object bindings: the key is absent when there are none, so a revision made before
+    they existed keeps its bytes and digest)."""
+    doc: dict[str, Any] = {"bindings": bindings, "definitions": definitions}
+    if object_bindings:
+        doc["object_bindings"] = object_bindings
+    return canonical_bytes(encode(doc))
 
 
 def content_digest(data: bytes) -> str:
@@ -71,14 +77,24 @@ def content_digest(data: bytes) -> str:
 
 def parse_content(text: str) -> tuple[list[Any], list[Any]]:
     """(definitions, bindings) from stored canonical content."""
+    definitions, bindings, _ = parse_content_with_objects(text)
+    return definitions, bindings
+
+
+def parse_content_with_objects(text: str) -> tuple[list[Any], list[Any], list[Any]]:
+    """(definitions, bindings, object bindings) from stored canonical content."""
     try:
         raw = json.loads(text)
     except ValueError as exc:
         raise BadContent(f"stored content is not JSON: {exc}") from None
     doc = decode(raw)
-    if not isinstance(doc, dict) or set(doc) != {"bindings", "definitions"}:
-        raise BadContent("stored content must hold exactly bindings and definitions")
+    if not isinstance(doc, dict) or not (
+            {"bindings", "definitions"} <= set(doc)
+            <= {"bindings", "definitions", "object_bindings"}):
+        raise BadContent("stored content must hold exactly bindings and definitions"
+                         " (and object_bindings)")
     definitions, bindings = doc["definitions"], doc["bindings"]
-    if not isinstance(definitions, list) or not isinstance(bindings, list):
-        raise BadContent("bindings and definitions must be arrays")
-    return definitions, bindings
+    objects = doc.get("object_bindings", [])
+    if not all(isinstance(v, list) for v in (definitions, bindings, objects)):
+        raise BadContent("bindings, definitions and object_bindings must be arrays")
+    return definitions, bindings, objects
