@@ -106,6 +106,36 @@ def create_app(runtime: ReferenceRuntime, client: IntegrationPort) -> QuartTrio:
         decision = store.commit_result(await _json_body())
         return {"status": "COMMITTED" if isinstance(decision, CommitResult) else "DUPLICATE"}, 200
 
+    def _unauthorized() -> tuple[dict[str, Any], int, dict[str, str]] | None:
+        if bearer_matches(request.headers.get("authorization"), runtime.results_token):
+            return None
+        return ({"error": "unauthorized", "message": "a valid bearer token is required"},
+                401, {"WWW-Authenticate": "Bearer"})
+
+    @app.post("/runtime/v1/inbound-mutations")
+    async def inbound_mutation() -> JsonAnswer | tuple[dict[str, Any], int, dict[str, str]]:
+        # integrationd's inbound Flow: change only the named fields of one Lead, once per
+        # mutation_key (a resend after a lost answer is a DUPLICATE, never a second change).
+        refused = _unauthorized()
+        if refused is not None:
+            return refused
+        status, lead = store.inbound_mutation(await _json_body())
+        return {"status": status, "lead_id": lead.lead_id, "fields": dict(lead.fields)}, 200
+
+    @app.get("/runtime/v1/leads")
+    async def match_leads() -> JsonAnswer | tuple[dict[str, Any], int, dict[str, str]]:
+        refused = _unauthorized()
+        if refused is not None:
+            return refused
+        field, value = request.args.get("field", ""), request.args.get("value")
+        if value is None:
+            raise BadInput("value is required")
+        return {"lead_ids": store.leads_matching(field, value)}, 200
+
+    @app.get("/_runtime/leads/<lead_id>/fields")
+    async def lead_fields(lead_id: str) -> JsonAnswer:
+        return {"lead_id": lead_id, "fields": dict(store.lead(lead_id).fields)}, 200
+
     @app.get("/_runtime/intents")
     async def list_intents() -> JsonAnswer:
         return {"intents": store.list_intents(request.args.get("status"))}, 200

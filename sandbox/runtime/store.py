@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import hashlib
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -78,6 +79,25 @@ class Lead:
     lead_id: str
     title: str
     remote_identity: RemoteIdentity | None = None
+    # Fields an inbound source (integrationd) may change, and the Email a remote record
+    # created elsewhere is matched by. Title is not one: the CRM owns it.
+    fields: Mapping[str, str | None] = attrs.field(factory=dict)
+
+
+# The Lead fields an inbound mutation may set (integrationd's L2 binding decides which of
+# them a provider owns; the Runtime refuses any other name).
+INBOUND_FIELDS = ("FirstName", "LastName", "Company", "Email")
+MAX_MUTATIONS_KEPT = 100_000
+
+
+@attrs.frozen
+class InboundMutation:
+    """One applied inbound mutation: its key's body digest and what it changed."""
+
+    mutation_key: str
+    digest: str
+    lead_id: str
+    applied_at_us: int
 
 
 @attrs.frozen
@@ -115,6 +135,24 @@ def _string(doc: Mapping[str, Any], name: str, *, pattern: re.Pattern[str] | Non
     return value
 
 
+MUTATION_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]{0,127}")
+
+
+def _inbound_fields(value: object) -> dict[str, str | None]:
+    if not isinstance(value, dict):
+        raise BadInput("fields must be an object")
+    unsupported = sorted(set(value) - set(INBOUND_FIELDS))
+    if unsupported:
+        raise Refused(400, "unsupported_field",
+                      f"only {', '.join(INBOUND_FIELDS)} can change inbound; "
+                      f"not {', '.join(unsupported)}")
+    for name, item in value.items():
+        if item is not None and (not isinstance(item, str) or len(item) > MAX_TITLE_CHARS):
+            raise BadInput(f"fields.{name} must be a string of at most {MAX_TITLE_CHARS}"
+                           " characters, or null")
+    return dict(value)
+
+
 def _object(doc: object) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise BadInput("the body must be a JSON object")
@@ -137,6 +175,7 @@ class RuntimeStore:
     outbox: dict[str, OutboxEntry] = attrs.field(factory=dict)  # insertion = creation order
     schedule: dict[str, _Schedule] = attrs.field(factory=dict)
     counters: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    mutations: dict[str, InboundMutation] = attrs.field(factory=dict)
 
     # -- leads and intents --------------------------------------------------------------------
 
@@ -144,13 +183,65 @@ class RuntimeStore:
         body = _object(doc)
         lead_id = _string(body, "lead_id", pattern=LEAD_ID_RE)
         title = _string(body, "title")
-        unknown = sorted(set(body) - {"lead_id", "title"})
+        unknown = sorted(set(body) - {"lead_id", "title", "fields"})
         if unknown:
             raise BadInput(f"unknown fields {', '.join(unknown)}")
+        fields = _inbound_fields(body.get("fields", {}))
         if lead_id in self.leads or lead_id in self.deleted_leads:
             raise Refused(409, "lead_exists", f"lead {lead_id} exists or was deleted")
-        lead = self.leads[lead_id] = Lead(lead_id, title)
+        lead = self.leads[lead_id] = Lead(lead_id, title, fields=fields)
         return lead
+
+    # -- inbound mutations (integrationd -> Runtime) -----------------------------------------
+
+    def inbound_mutation(self, doc: object) -> tuple[str, Lead]:
+        """Apply ``{"mutation_key", "lead_id", "fields"}`` once per key: the same key with
+        the same body again is a ``DUPLICATE`` (nothing changes), with another body a 409.
+        Returns ("APPLIED" | "DUPLICATE", the Lead)."""
+        body = _object(doc)
+        unknown = sorted(set(body) - {"mutation_key", "lead_id", "fields", "source"})
+        if unknown:
+            raise BadInput(f"unknown fields {', '.join(unknown)}")
+        key = _string(body, "mutation_key", pattern=MUTATION_KEY_RE)
+        lead_id = _string(body, "lead_id", pattern=LEAD_ID_RE)
+        fields = _inbound_fields(body.get("fields"))
+        if not fields:
+            raise BadInput("fields must name at least one field")
+        source = body.get("source", {})
+        if not isinstance(source, dict):
+            raise BadInput("source must be an object")
+        digest = hashlib.sha256(json.dumps(
+            {"lead_id": lead_id, "fields": fields}, sort_keys=True).encode()).hexdigest()
+        seen = self.mutations.get(key)
+        if seen is not None:
+            if seen.digest != digest:
+                self.counters["mutation_conflicts"] += 1
+                raise Refused(409, "mutation_conflict",
+                              "this mutation_key was applied with another body")
+            self.counters["mutation_duplicates"] += 1
+            return "DUPLICATE", self.lead(seen.lead_id)
+        if lead_id in self.deleted_leads:
+            raise Refused(410, "lead_deleted", "the lead was deleted here")
+        lead = self.lead(lead_id)
+        lead = self.leads[lead_id] = attrs.evolve(lead, fields={**lead.fields, **fields})
+        if len(self.mutations) >= MAX_MUTATIONS_KEPT:
+            self.mutations.pop(next(iter(self.mutations)))
+        self.mutations[key] = InboundMutation(key, digest, lead_id, self.now_us())
+        self.counters["mutations_applied"] += 1
+        return "APPLIED", lead
+
+    def leads_matching(self, field: str, value: str) -> list[str]:
+        """The ids of live Leads whose ``field`` equals ``value`` (case-insensitive for
+        Email), for matching a remote record created elsewhere."""
+        if field not in INBOUND_FIELDS:
+            raise BadInput(f"field must be one of {', '.join(INBOUND_FIELDS)}")
+        wanted = value.casefold() if field == "Email" else value
+        found = []
+        for lead in self.leads.values():
+            have = lead.fields.get(field)
+            if have is not None and (have.casefold() if field == "Email" else have) == wanted:
+                found.append(lead.lead_id)
+        return sorted(found)
 
     def lead(self, lead_id: str) -> Lead:
         try:
@@ -432,6 +523,9 @@ _OTHER_COUNTERS = (
     "leads_deleted",
     "transfers",
     "contract_violations",
+    "mutations_applied",
+    "mutation_duplicates",
+    "mutation_conflicts",
 )
 
 
