@@ -105,38 +105,10 @@ class RemoteLinks:
         remote_id: str, *, actor: str, role: str, reason: str, now_us: int,
     ) -> RemoteLink:
         """Bind a local record to an existing remote record, after uniqueness checks."""
-        key = integration_link_key_v2(scope_digest, local_object, local_id)
-        locator = integration_remote_locator_hash(scope_digest, remote_object, remote_id)
-        normalized = normalize_remote_id(remote_id)
-
         async def body(tx: SqlTx) -> RemoteLink:
-            existing = await read_link(tx, key)
-            if existing is not None and existing.state is not LinkState.RETIRED:
-                if existing.state is LinkState.ACTIVE and existing.locator_hash == locator:
-                    return existing  # adopting the same pair again
-                raise WorkConflict(
-                    f"{local_object} {local_id} is already linked ({existing.state.value});"
-                    " rebind or retire it first"
-                )
-            try:
-                if existing is None:
-                    await tx.execute(
-                        f"INSERT INTO remote_links ({LINK_COLUMNS}, active_locator,"
-                        " created_at_us) VALUES (?, ?, ?, ?, ?, ?, ?, 'active', 1, ?, ?, ?)",
-                        (key, scope_digest, local_object, local_id, remote_object, normalized,
-                         locator, now_us, locator, now_us),
-                    )
-                else:
-                    await _activate(tx, key, "retired", existing.generation, remote_object,
-                                    normalized, locator, existing.generation + 1, now_us)
-            except DuplicateKey:
-                raise WorkConflict(
-                    f"remote {remote_object} is already linked to another local record"
-                ) from None
-            link = await read_link(tx, key)
-            assert link is not None
-            await _audit(tx, "link.adopt", link, actor, role, reason, None, now_us)
-            return link
+            return await adopt_link(tx, scope_digest, local_object, local_id, remote_object,
+                                    remote_id, actor=actor, role=role, reason=reason,
+                                    now_us=now_us)
 
         return await self.db.transact(body, name="link.adopt")
 
@@ -168,20 +140,72 @@ class RemoteLinks:
     async def link_retire(self, link_key: str, *, expected_generation: int, actor: str,
                           role: str, reason: str, now_us: int) -> RemoteLink:
         async def body(tx: SqlTx) -> RemoteLink:
-            before = await read_link(tx, link_key)
-            if not await tx.execute(
-                "UPDATE remote_links SET state = 'retired', active_locator = NULL,"
-                " updated_at_us = ? WHERE link_key = ? AND generation = ?"
-                " AND state IN ('active', 'pending_create')",
-                (now_us, link_key, expected_generation),
-            ):
-                raise WorkConflict(f"link {link_key} changed or is not retirable")
-            after = await read_link(tx, link_key)
-            assert after is not None
-            await _audit(tx, "link.retire", after, actor, role, reason, before, now_us)
-            return after
+            return await retire_link(tx, link_key, expected_generation=expected_generation,
+                                     actor=actor, role=role, reason=reason, now_us=now_us)
 
         return await self.db.transact(body, name="link.retire")
+
+
+async def read_link_by_locator(tx: SqlTx, locator_hash: str) -> RemoteLink | None:
+    """The active link of one remote record (unique among active links), or None."""
+    rows = await tx.fetchall(
+        f"SELECT {LINK_COLUMNS} FROM remote_links WHERE active_locator = ?", (locator_hash,))
+    return link_from_row(rows[0]) if rows else None
+
+
+async def adopt_link(
+    tx: SqlTx, scope_digest: str, local_object: str, local_id: str, remote_object: str,
+    remote_id: str, *, actor: str, role: str, reason: str, now_us: int,
+) -> RemoteLink:
+    """Bind a local record to an existing remote record inside ``tx`` (a fenced handler's
+    transaction, or :meth:`RemoteLinks.link_adopt`'s own), after uniqueness checks; audited."""
+    key = integration_link_key_v2(scope_digest, local_object, local_id)
+    locator = integration_remote_locator_hash(scope_digest, remote_object, remote_id)
+    normalized = normalize_remote_id(remote_id)
+    existing = await read_link(tx, key)
+    if existing is not None and existing.state is not LinkState.RETIRED:
+        if existing.state is LinkState.ACTIVE and existing.locator_hash == locator:
+            return existing  # adopting the same pair again
+        raise WorkConflict(
+            f"{local_object} {local_id} is already linked ({existing.state.value});"
+            " rebind or retire it first"
+        )
+    try:
+        if existing is None:
+            await tx.execute(
+                f"INSERT INTO remote_links ({LINK_COLUMNS}, active_locator,"
+                " created_at_us) VALUES (?, ?, ?, ?, ?, ?, ?, 'active', 1, ?, ?, ?)",
+                (key, scope_digest, local_object, local_id, remote_object, normalized,
+                 locator, now_us, locator, now_us),
+            )
+        else:
+            await _activate(tx, key, "retired", existing.generation, remote_object,
+                            normalized, locator, existing.generation + 1, now_us)
+    except DuplicateKey:
+        raise WorkConflict(
+            f"remote {remote_object} is already linked to another local record"
+        ) from None
+    link = await read_link(tx, key)
+    assert link is not None
+    await _audit(tx, "link.adopt", link, actor, role, reason, None, now_us)
+    return link
+
+
+async def retire_link(tx: SqlTx, link_key: str, *, expected_generation: int, actor: str,
+                      role: str, reason: str, now_us: int) -> RemoteLink:
+    """active/pending -> retired inside ``tx`` (compare-and-swap on the generation); audited."""
+    before = await read_link(tx, link_key)
+    if not await tx.execute(
+        "UPDATE remote_links SET state = 'retired', active_locator = NULL,"
+        " updated_at_us = ? WHERE link_key = ? AND generation = ?"
+        " AND state IN ('active', 'pending_create')",
+        (now_us, link_key, expected_generation),
+    ):
+        raise WorkConflict(f"link {link_key} changed or is not retirable")
+    after = await read_link(tx, link_key)
+    assert after is not None
+    await _audit(tx, "link.retire", after, actor, role, reason, before, now_us)
+    return after
 
 
 async def _activate(tx: SqlTx, link_key: str, from_state: str, generation: int,

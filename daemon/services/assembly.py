@@ -14,6 +14,7 @@ from quart_trio import QuartTrio
 from config.catalog import Catalog, load_catalog
 from config.settings import Settings
 from daemon.api.app import ApiContext, create_api_app
+from daemon.core.inbound_change import INBOUND_APPLY_FAMILY
 from daemon.core.work import Fence, WorkItem
 from daemon.providers.executor import BoundedHttp, HttpExecutor
 from daemon.services.batcher import Batcher
@@ -22,6 +23,7 @@ from daemon.services.checkpoints import CheckpointBatcher
 from daemon.services.clock import Clock
 from daemon.services.effect_runner import EffectRunner, effect_handler, replay_refusal
 from daemon.services.families import FamilyRegistry, build_registry, noop_handler
+from daemon.services.inbound_flow import InboundFlow, inbound_handler
 from daemon.services.metrics import Metrics
 from daemon.services.receipt_sender import ReceiptSender, receipt_handler
 from storage.commands import EFFECT_FAMILY
@@ -84,12 +86,18 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
                 return superseded
         return await replay_refusal(catalogs, store, item)
 
+    inbound = InboundFlow(settings=settings, catalog=catalog, catalogs=catalogs,
+                          provider_http=executor.client, runtime_http=runtime_client)
+    if metrics is not None:
+        inbound.on_result = metrics.count_inbound
+        inbound.on_lost_webhook = metrics.count_lost_webhook
     registry = build_registry(
         settings,
         {
             "noop": noop_handler,
             EFFECT_FAMILY: effect_handler(runner),
             RECEIPT_FAMILY: receipt_handler(sender),
+            INBOUND_APPLY_FAMILY: inbound_handler(inbound),
         },
         {EFFECT_FAMILY: effect_replay_guard},
     )

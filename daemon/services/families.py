@@ -188,10 +188,13 @@ CANCEL_RULES: dict[str, CancelRule] = {
     "noop": CancelRule.ANYTIME,
     "external_effect": CancelRule.BEFORE_DISPATCH,
     "runtime_receipt": CancelRule.NEVER,
+    # ``inbound_apply``: anything not yet finished stops (its Runtime mutation is
+    # replay-safe by its key, and a later change or reconciliation brings the record back).
+    "inbound_apply": CancelRule.ANYTIME,
 }
 # Every family this build can run; the effect and receipt handlers need the
 # catalog and an HTTP client, so daemon/services/assembly.py builds them.
-FAMILY_NAMES = ("external_effect", "noop", "runtime_receipt")
+FAMILY_NAMES = ("external_effect", "inbound_apply", "noop", "runtime_receipt")
 
 
 def known_family_names() -> list[str]:

@@ -220,6 +220,19 @@ class Metrics:
         )
         for result in RECEIPT_RESULTS:
             self.receipt_deliveries.labels(result)
+        self.inbound_changes = Counter(
+            "integrationd_inbound_changes",
+            "inbound_apply claims finished by this replica, by origin (webhook, reconcile,"
+            " repair) and result (done, retry, or the fail-closed code)",
+            ["origin", "result"],
+            registry=r,
+        )
+        self.inbound_lost_webhooks = Counter(
+            "integrationd_inbound_lost_webhooks",
+            "Record versions reconciliation found that no webhook delivered",
+            ["provider", "resource"],
+            registry=r,
+        )
         self.draining = Gauge(
             "integrationd_replica_draining", "1 while this replica drains", registry=r
         )
@@ -234,6 +247,12 @@ class Metrics:
         if result not in RECEIPT_RESULTS:
             raise ValueError(f"unknown receipt result {result!r}")
         self.receipt_deliveries.labels(result).inc()
+
+    def count_inbound(self, origin: str, result: str) -> None:
+        self.inbound_changes.labels(origin, result).inc()
+
+    def count_lost_webhook(self, provider: str, resource: str) -> None:
+        self.inbound_lost_webhooks.labels(provider, resource).inc()
 
     def attach_db(self, backend: str, stats: DbStats) -> None:
         self.registry.register(_DbStatsCollector(backend, stats))
