@@ -517,7 +517,18 @@ def parse_resources(doc: Mapping[str, Any]) -> dict[str, ResourceDefinition]:
 
 DIRECTIONS = ("inbound", "outbound")
 _OBJECT_BINDING_KEYS = frozenset({"name", "provider", "resource", "local_object",
-                                  "inbound", "outbound", "match"})
+                                  "inbound", "outbound", "match", "reconcile"})
+_RECONCILE_KEYS = frozenset({"interval", "overlap", "safety_lag", "page_size"})
+
+
+@attrs.frozen(kw_only=True)
+class ReconcilePolicy:
+    """L2 operational policy of cursor reconciliation for one object binding (seconds)."""
+
+    interval_s: float = 300.0  # between incremental runs
+    overlap_s: float = 120.0  # each run re-lists this far behind the cursor
+    safety_lag_s: float = 30.0  # records newer than now - lag wait for the next run
+    page_size: int = 0  # 0: the L1 list definition's page_size
 
 
 @attrs.frozen(kw_only=True)
@@ -542,6 +553,7 @@ class ObjectBinding:
     local_object: str
     fields: tuple[FieldMapping, ...]
     match: tuple[str, str] | None = None
+    reconcile: ReconcilePolicy = ReconcilePolicy()
 
     def owned(self, direction: str) -> tuple[FieldMapping, ...]:
         return tuple(f for f in self.fields if f.direction == direction)
@@ -620,5 +632,24 @@ def parse_object_binding(doc: Mapping[str, Any], source: str = "",
             raise CatalogError(f"{key}.match.remote", f"unknown field of {provider}."
                                f"{resource_name}")
         match = pair
+    policy = ReconcilePolicy()
+    if "reconcile" in table:
+        rkey = f"{key}.reconcile"
+        rtable = _table(rkey, table["reconcile"], _RECONCILE_KEYS)
+        page_size = rtable.get("page_size", 0)
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 0:
+            raise CatalogError(f"{rkey}.page_size", "expected a non-negative integer")
+        if resource is not None and resource.list is not None and (
+                page_size > resource.list.max_page_size):
+            raise CatalogError(f"{rkey}.page_size", f"{page_size} is above the L1"
+                               f" max_page_size {resource.list.max_page_size}")
+        policy = ReconcilePolicy(
+            interval_s=_number(rkey, rtable, "interval", 300.0),
+            overlap_s=_number(rkey, rtable, "overlap", 120.0),
+            safety_lag_s=_number(rkey, rtable, "safety_lag", 30.0),
+            page_size=page_size)
+        if policy.interval_s <= 0:
+            raise CatalogError(f"{rkey}.interval", "expected a positive number")
     return ObjectBinding(name=name, provider=provider, resource=resource_name,
-                         local_object=local_object, fields=tuple(fields), match=match)
+                         local_object=local_object, fields=tuple(fields), match=match,
+                         reconcile=policy)

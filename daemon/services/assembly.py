@@ -26,6 +26,7 @@ from daemon.services.families import FamilyRegistry, build_registry, noop_handle
 from daemon.services.inbound_flow import InboundFlow, inbound_handler
 from daemon.services.metrics import Metrics
 from daemon.services.receipt_sender import ReceiptSender, receipt_handler
+from daemon.services.reconcile import RECONCILE_FAMILY, CursorReconciler, reconcile_handler
 from storage.commands import EFFECT_FAMILY
 from storage.effects import RECEIPT_FAMILY, EffectContextRow
 from storage.port import StorageError
@@ -91,6 +92,12 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     if metrics is not None:
         inbound.on_result = metrics.count_inbound
         inbound.on_lost_webhook = metrics.count_lost_webhook
+    reconciler = CursorReconciler(
+        catalog=catalog, catalogs=catalogs, http=executor.client,
+        inbound_max_attempts=settings.family(INBOUND_APPLY_FAMILY).max_attempts)
+    if metrics is not None:
+        reconciler.on_lag = metrics.set_sync_lag
+        reconciler.on_offered = metrics.count_reconcile_offered
     registry = build_registry(
         settings,
         {
@@ -98,6 +105,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
             EFFECT_FAMILY: effect_handler(runner),
             RECEIPT_FAMILY: receipt_handler(sender),
             INBOUND_APPLY_FAMILY: inbound_handler(inbound),
+            RECONCILE_FAMILY: reconcile_handler(reconciler),
         },
         {EFFECT_FAMILY: effect_replay_guard},
     )

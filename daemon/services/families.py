@@ -191,10 +191,14 @@ CANCEL_RULES: dict[str, CancelRule] = {
     # ``inbound_apply``: anything not yet finished stops (its Runtime mutation is
     # replay-safe by its key, and a later change or reconciliation brings the record back).
     "inbound_apply": CancelRule.ANYTIME,
+    # ``cursor_reconcile``: anything not yet finished stops (a run only reads and queues
+    # inbound_apply items; a cancelled stream stops until an operator starts it again).
+    "cursor_reconcile": CancelRule.ANYTIME,
 }
 # Every family this build can run; the effect and receipt handlers need the
 # catalog and an HTTP client, so daemon/services/assembly.py builds them.
-FAMILY_NAMES = ("external_effect", "inbound_apply", "noop", "runtime_receipt")
+FAMILY_NAMES = ("cursor_reconcile", "external_effect", "inbound_apply", "noop",
+                "runtime_receipt")
 
 
 def known_family_names() -> list[str]:

@@ -233,6 +233,19 @@ class Metrics:
             ["provider", "resource"],
             registry=r,
         )
+        self.sync_lag = Gauge(
+            "integrationd_sync_lag_seconds",
+            "How far a reconciliation stream's cursor trails now, after its last run here",
+            ["stream"],
+            registry=r,
+        )
+        self.reconcile_offered = Counter(
+            "integrationd_reconcile_offered",
+            "Listed records cursor reconciliation offered to the inbound Flow (re-listed"
+            " ones included: their dedupe key makes them no-ops)",
+            ["stream"],
+            registry=r,
+        )
         self.draining = Gauge(
             "integrationd_replica_draining", "1 while this replica drains", registry=r
         )
@@ -253,6 +266,12 @@ class Metrics:
 
     def count_lost_webhook(self, provider: str, resource: str) -> None:
         self.inbound_lost_webhooks.labels(provider, resource).inc()
+
+    def set_sync_lag(self, stream: str, lag_s: float) -> None:
+        self.sync_lag.labels(stream).set(lag_s)
+
+    def count_reconcile_offered(self, stream: str, count: int) -> None:
+        self.reconcile_offered.labels(stream).inc(count)
 
     def attach_db(self, backend: str, stats: DbStats) -> None:
         self.registry.register(_DbStatsCollector(backend, stats))

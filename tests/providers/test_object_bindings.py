@@ -58,6 +58,9 @@ def test_the_shipped_catalog_holds_the_prospect_resource_and_the_lead_binding() 
                                         "company": "Company"}
     assert [(f.remote, f.local) for f in binding.owned("outbound")] == [("title", "Title")]
     assert binding.match == ("emails", "Email")
+    assert (binding.reconcile.interval_s, binding.reconcile.overlap_s,
+            binding.reconcile.safety_lag_s, binding.reconcile.page_size) == (
+        300.0, 120.0, 30.0, 100)
 
 
 def test_the_stored_revision_carries_the_object_bindings_and_parses_back() -> None:
@@ -105,6 +108,11 @@ KEY = "object_bindings.outreach_lead"
     (("resource",), "account", f"{KEY}.resource", "no L1 resource 'account'"),
     (("match", "remote"), "email", f"{KEY}.match.remote", "unknown field"),
     (("colour",), "red", f"{KEY}.colour", "unknown key"),
+    (("reconcile", "page_size"), 5000, f"{KEY}.reconcile.page_size",
+     "above the L1 max_page_size 1000"),
+    (("reconcile", "interval"), 0, f"{KEY}.reconcile.interval", "positive"),
+    (("reconcile", "overlap"), -1, f"{KEY}.reconcile.overlap", "non-negative"),
+    (("reconcile", "every"), 5, f"{KEY}.reconcile.every", "unknown key"),
     (("local_object",), None, f"{KEY}.local_object", "missing"),
 ])
 def test_a_bad_object_binding_names_the_key(path: tuple[str, ...], value: Any, key: str,

@@ -1,0 +1,289 @@
+"""The ``cursor_reconcile`` work family: list a stream's changed records and hand each one
+to the inbound Flow as an ``inbound_apply`` WorkItem (read daemon/core/cursor.py first).
+
+One claim is one run of one stream (a binding and an L1 resource with a ``list``):
+
+1. resolve the pinned Catalog, the binding, the resource and its L2 object binding (the
+   reconciliation policy: interval, overlap, safety lag, page size);
+2. list from ``cursor - overlap`` (incremental) or from the repair's start, oldest first,
+   page after page through the provider's ``next`` link (which must stay on the binding's
+   origin: the token never goes elsewhere);
+3. for each page, in one fenced transaction: insert the page's ``inbound_apply`` items
+   (their dedupe keys make a re-listed record a no-op) and move the cursor;
+4. at the end, with the finalization: count the run and queue the next incremental run
+   ``interval`` seconds later (a WorkItem like any other: no second queue, no timer).
+
+A page that cannot be read is a retry (what was checkpointed stays); a page that is not
+what L1 says is a dead item with the reason. Bounded and full repairs are the same run
+with origin ``repair``, queued by ``integrationd reconcile repair`` (audited); they never
+move the incremental cursor.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import attrs
+import httpx
+
+from config.catalog import Catalog
+from config.definitions import ObjectBinding, ResourceDefinition
+from config.settings import BindingSettings
+from daemon.core.cursor import (
+    BadPage,
+    Cursor,
+    Stream,
+    iso_from_ns,
+    lag_seconds,
+    parse_rows,
+    plan_page,
+    since_ns,
+)
+from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
+from daemon.core.work import WorkSpec
+from daemon.providers.executor import BoundedHttp
+from daemon.services import logs
+from daemon.services.catalog_view import CatalogView
+from daemon.services.families import Handler, WorkContext
+from storage.port import SqlTx
+from storage.reconcile import StreamState, read_stream, write_stream
+from storage.work_admin import insert_work
+
+RECONCILE_FAMILY: Final = "cursor_reconcile"
+PAYLOAD_VERSION: Final = 1
+MODES: Final = frozenset({"incremental", "repair"})
+_MAX_PAGES: Final = 10_000
+
+
+class BadRun(ValueError):
+    pass
+
+
+@attrs.frozen(kw_only=True)
+class RunPayload:
+    binding: str
+    resource: str
+    mode: str = "incremental"
+    run_id: str = ""
+    from_ns: int | None = None
+    until_ns: int | None = None
+
+    def to_payload(self) -> str:
+        return json.dumps({"version": PAYLOAD_VERSION, **attrs.asdict(self)}, sort_keys=True,
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_payload(cls, text: str) -> RunPayload:
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            raise BadRun("payload: not JSON") from None
+        if not isinstance(doc, dict) or doc.get("version") != PAYLOAD_VERSION:
+            raise BadRun(f"payload: not a version-{PAYLOAD_VERSION} reconciliation run")
+        for name in ("binding", "resource", "mode", "run_id"):
+            if not isinstance(doc.get(name, ""), str):
+                raise BadRun(f"{name}: not a string")
+        for name in ("from_ns", "until_ns"):
+            value = doc.get(name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise BadRun(f"{name}: not an integer")
+        if doc.get("mode") not in MODES:
+            raise BadRun(f"mode: {doc.get('mode')!r} is not one of {sorted(MODES)}")
+        if doc["mode"] == "repair" and not doc.get("run_id"):
+            raise BadRun("run_id: a repair needs one")
+        return cls(binding=doc.get("binding", ""), resource=doc.get("resource", ""),
+                   mode=doc["mode"], run_id=doc.get("run_id", ""), from_ns=doc.get("from_ns"),
+                   until_ns=doc.get("until_ns"))
+
+
+def stream_key(binding: str, resource: str) -> str:
+    return f"{binding}:{resource}"
+
+
+def run_spec(catalog: Catalog, binding: BindingSettings, run: RunPayload, *, number: int,
+             run_after_us: int | None = None) -> WorkSpec:
+    """The WorkItem of one run: incremental run ``number`` of a stream (one per number, by
+    its dedupe key), or one repair (by its run id)."""
+    key = (f"reconcile:{stream_key(run.binding, run.resource)}:run:{number}"
+           if run.mode == "incremental" else f"reconcile:repair:{run.run_id}")
+    return WorkSpec(
+        family=RECONCILE_FAMILY, org_id=binding.org_id,
+        app_installation_id=binding.app_installation_id, subject_kind="stream",
+        subject_id=stream_key(run.binding, run.resource),
+        definition_ref=f"{binding.provider}/{run.binding}",
+        catalog_revision=catalog.revision, catalog_digest=catalog.digest,
+        payload=run.to_payload(),
+        source_lane=f"reconcile:{stream_key(run.binding, run.resource)}",
+        run_after_us=run_after_us, dedupe_key=key)
+
+
+@attrs.frozen
+class _Resolved:
+    catalog: Catalog
+    binding: BindingSettings
+    resource: ResourceDefinition
+    object_binding: ObjectBinding
+    stream: Stream
+
+
+@attrs.define(eq=False)
+class CursorReconciler:
+    catalog: Catalog  # the current one
+    catalogs: CatalogView
+    http: BoundedHttp
+    inbound_max_attempts: int = 5
+    # Called with (stream key, lag seconds) after each incremental run.
+    on_lag: Callable[[str, float], None] = lambda stream, lag: None
+    # Called with (stream key, records offered) after each page.
+    on_offered: Callable[[str, int], None] = lambda stream, count: None
+
+    async def _resolve(self, ctx: WorkContext, run: RunPayload) -> _Resolved | str:
+        pinned = await self.catalogs.pinned(ctx.item.catalog_revision, ctx.item.catalog_digest)
+        if pinned is None:
+            return f"the pinned Catalog revision {ctx.item.catalog_revision} is not stored"
+        binding = pinned.binding(run.binding)
+        current = self.catalog.binding(run.binding)
+        if binding is None or current is None or current.provider != binding.provider:
+            return f"binding {run.binding} is not in the pinned and the current Catalog"
+        resource = pinned.resource(binding.provider, run.resource)
+        if resource is None or resource.list is None:
+            return f"{binding.provider} has no listable resource {run.resource}"
+        object_binding = next((o for o in pinned.object_bindings
+                               if o.provider == binding.provider
+                               and o.resource == resource.name), None)
+        if object_binding is None:
+            return f"no object binding for {binding.provider}.{resource.name}"
+        stream = Stream(provider=binding.provider, binding=run.binding, resource=resource.name,
+                        resource_type=resource.type)
+        return _Resolved(pinned, current, resource, object_binding, stream)
+
+    def _first_url(self, r: _Resolved, since: int) -> str:
+        listing = r.resource.list
+        assert listing is not None
+        size = r.object_binding.reconcile.page_size or listing.page_size
+        query = [(listing.since_param, listing.since_format.replace("{since}",
+                                                                    iso_from_ns(since))),
+                 *listing.query, (listing.page_size_param, str(size))]
+        return (r.binding.base_url.rstrip("/") + listing.path + "?"
+                + urllib.parse.urlencode(query))
+
+    async def handle(self, ctx: WorkContext) -> Outcome:
+        try:
+            run = RunPayload.from_payload(ctx.item.payload)
+        except BadRun as exc:
+            return DeadLetter("bad_payload", str(exc))
+        resolved = await self._resolve(ctx, run)
+        if isinstance(resolved, str):
+            return DeadLetter("binding_drift", resolved)
+        r = resolved
+        listing = r.resource.list
+        assert listing is not None
+        token = r.binding.token
+        if token is None:
+            return RetryLater("no_token", f"binding {r.binding.binding_id} has no token")
+        policy = r.object_binding.reconcile
+        key = r.stream.key
+
+        async def read(tx: SqlTx) -> StreamState:
+            return await read_stream(tx, key, run.binding, run.resource)
+
+        state = await ctx.store.db.transact(read, name="reconcile.read", write=False)
+        now_ns = ctx.clock.now_us() * 1000
+        horizon = now_ns - int(policy.safety_lag_s * 1e9)
+        incremental = run.mode == "incremental"
+        start = (since_ns(state.cursor, int(policy.overlap_s * 1e9)) if incremental
+                 else (run.from_ns or 0))
+        url = self._first_url(r, start)
+        origin = urllib.parse.urlsplit(r.binding.base_url)
+        headers = {listing.auth.header: f"{listing.auth.prefix}{token.reveal()}",
+                   "Accept": listing.accept}
+        offered = 0
+        cursor: Cursor | None = state.cursor
+        for _ in range(_MAX_PAGES):
+            try:
+                response = await self.http.request(listing.method, url, headers=headers,
+                                                   timeout_s=r.binding.timeout)
+            except httpx.HTTPError as exc:
+                return RetryLater("list_unreachable", type(exc).__name__)
+            if response.status_code != 200:
+                return RetryLater(f"list_{response.status_code}",
+                                  f"the list answered {response.status_code}")
+            try:
+                doc: Any = response.json()
+                rows = parse_rows(listing.items.find(doc), id_of=listing.item_id.find,
+                                  attributes_of=listing.item_attributes.find,
+                                  updated_of=listing.item_updated_at.find)
+            except (ValueError, BadPage) as exc:
+                return DeadLetter("bad_page", f"a listed page is not what L1 declares: {exc}")
+            plan = plan_page(r.stream, rows, cursor=cursor if incremental else None,
+                             horizon_ns=horizon, until_ns=run.until_ns,
+                             origin="reconcile" if incremental else "repair",
+                             run_id=run.run_id)
+            specs = [c.work_spec(org_id=r.binding.org_id,
+                                 catalog_revision=ctx.item.catalog_revision,
+                                 catalog_digest=ctx.item.catalog_digest,
+                                 max_attempts=self.inbound_max_attempts)
+                     for c in plan.changes]
+            moved = plan.cursor if incremental else None
+            state = await ctx.fenced(_checkpoint(specs, state, moved, ctx.clock.now_us()),
+                                     name="reconcile.page")
+            cursor = state.cursor if incremental else cursor
+            offered += len(specs)
+            self.on_offered(key, len(specs))
+            nxt = listing.next.find(doc)
+            if plan.done or not isinstance(nxt, str) or not nxt:
+                break
+            parts = urllib.parse.urlsplit(nxt)
+            if (parts.scheme, parts.netloc) != (origin.scheme, origin.netloc):
+                return DeadLetter("foreign_next_link", "the next-page link leaves the"
+                                  " binding's origin; the token is not sent there")
+            url = nxt
+        if incremental:
+            self._schedule_next(ctx, r, run, state, policy.interval_s)
+            lag = lag_seconds(state.cursor, now_ns)
+            if lag is not None:
+                self.on_lag(key, lag)
+        logs.event("reconcile_run", work_id=ctx.item.work_id, stream=key, mode=run.mode,
+                   offered=offered)
+        return Succeeded(f"{offered} records offered to the inbound Flow")
+
+    def _schedule_next(self, ctx: WorkContext, r: _Resolved, run: RunPayload,
+                       state: StreamState, interval_s: float) -> None:
+        now = ctx.clock.now_us()
+        spec = run_spec(r.catalog, r.binding, run, number=state.runs + 1,
+                        run_after_us=now + int(interval_s * 1_000_000))
+        spec = attrs.evolve(spec, catalog_revision=ctx.item.catalog_revision,
+                            catalog_digest=ctx.item.catalog_digest)
+
+        async def write(tx: SqlTx) -> None:
+            latest = await read_stream(tx, state.stream_key, state.binding_id, state.resource)
+            await write_stream(tx, latest, cursor=latest.cursor, runs=latest.runs + 1,
+                               last_run_at_us=now, now_us=now)
+            await insert_work(tx, [spec], now)
+
+        ctx.on_finalize(write)
+
+
+def _checkpoint(specs: list[WorkSpec], before: StreamState, moved: Cursor | None,
+                now_us: int) -> Callable[[SqlTx], Awaitable[StreamState]]:
+    """One page's items and the cursor they moved: one commit, or neither."""
+
+    async def body(tx: SqlTx) -> StreamState:
+        if specs:
+            await insert_work(tx, specs, now_us)
+        if moved is None:
+            return before
+        return await write_stream(tx, before, cursor=moved, runs=before.runs,
+                                  last_run_at_us=before.last_run_at_us, now_us=now_us)
+
+    return body
+
+
+def reconcile_handler(reconciler: CursorReconciler) -> Handler:
+    async def handle(ctx: WorkContext) -> Outcome:
+        return await reconciler.handle(ctx)
+
+    return handle
