@@ -44,6 +44,7 @@ from admin_ui.serialize import audit_json, dead_class_json, work_json
 from config.settings import Settings
 from daemon.catalog_cli import CatalogUsage, add_catalog_command, run_catalog_command
 from daemon.core.ids import is_ulid
+from daemon.reconcile_cli import ReconcileUsage, add_reconcile_command, run_reconcile_command
 from daemon.services.clock import WallClock
 from daemon.services.families import FamilyRegistry, UnknownFamily
 from daemon.services.operator_api import BadRequest, NotAuthorized
@@ -53,7 +54,7 @@ from storage.port import DeadQuery, StorageError
 from storage.work_admin import AUDIT_ORIGIN
 from storage.work_store import WorkStore
 
-ADMIN_COMMANDS = frozenset({"hash-password", "audit", "dlq", "catalog"})
+ADMIN_COMMANDS = frozenset({"hash-password", "audit", "dlq", "catalog", "reconcile"})
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
@@ -102,6 +103,7 @@ def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     dr.add_argument("--json", action="store_true",
                     help="print the report as JSON (as POST /admin/api/dlq/replay)")
     add_catalog_command(sub)
+    add_reconcile_command(sub)
 
 
 def _print_json(doc: Any) -> None:
@@ -326,9 +328,13 @@ async def run_admin_command(settings: Settings, args: argparse.Namespace) -> int
             if args.command == "catalog":
                 await run_catalog_command(store, settings, args)
                 return EXIT_OK
+            if args.command == "reconcile":
+                await run_reconcile_command(store, settings, args)
+                return EXIT_OK
         finally:
             await store.db.aclose()
-    except (_Usage, BadRequest, ConsoleError, UnknownFamily, CatalogUsage) as exc:
+    except (_Usage, BadRequest, ConsoleError, UnknownFamily, CatalogUsage,
+            ReconcileUsage) as exc:
         sys.stderr.write(f"integrationd: {exc}\n")
         return EXIT_USAGE
     except (NotAuthorized, StorageError) as exc:
