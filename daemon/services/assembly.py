@@ -96,7 +96,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         catalog=catalog, catalogs=catalogs, http=executor.client,
         inbound_max_attempts=settings.family(INBOUND_APPLY_FAMILY).max_attempts)
     if metrics is not None:
-        reconciler.on_lag = metrics.set_sync_lag
+        reconciler.on_complete = metrics.set_sync_complete
         reconciler.on_offered = metrics.count_reconcile_offered
     registry = build_registry(
         settings,

@@ -13,6 +13,7 @@ process: they double the series count and no dashboard or alert reads them.
 from __future__ import annotations
 
 import platform
+import time
 from collections.abc import Iterator
 from importlib import metadata
 
@@ -235,7 +236,8 @@ class Metrics:
         )
         self.sync_lag = Gauge(
             "integrationd_sync_lag_seconds",
-            "How far a reconciliation stream's cursor trails now, after its last run here",
+            "Seconds since the time a reconciliation stream is known complete through"
+            " (its last incremental run here offered every change up to then)",
             ["stream"],
             registry=r,
         )
@@ -267,8 +269,10 @@ class Metrics:
     def count_lost_webhook(self, provider: str, resource: str) -> None:
         self.inbound_lost_webhooks.labels(provider, resource).inc()
 
-    def set_sync_lag(self, stream: str, lag_s: float) -> None:
-        self.sync_lag.labels(stream).set(lag_s)
+    def set_sync_complete(self, stream: str, through_s: float) -> None:
+        """The stream is complete through ``through_s`` (epoch seconds): the lag grows at
+        scrape time until the next run moves it, so a stream whose runs stop shows it."""
+        self.sync_lag.labels(stream).set_function(lambda: max(time.time() - through_s, 0.0))
 
     def count_reconcile_offered(self, stream: str, count: int) -> None:
         self.reconcile_offered.labels(stream).inc(count)

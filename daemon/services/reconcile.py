@@ -37,7 +37,6 @@ from daemon.core.cursor import (
     Cursor,
     Stream,
     iso_from_ns,
-    lag_seconds,
     parse_rows,
     plan_page,
     since_ns,
@@ -135,8 +134,9 @@ class CursorReconciler:
     catalogs: CatalogView
     http: BoundedHttp
     inbound_max_attempts: int = 5
-    # Called with (stream key, lag seconds) after each incremental run.
-    on_lag: Callable[[str, float], None] = lambda stream, lag: None
+    # Called with (stream key, epoch seconds the stream is complete through) after each
+    # incremental run: every change up to the run's horizon has been offered.
+    on_complete: Callable[[str, float], None] = lambda stream, through_s: None
     # Called with (stream key, records offered) after each page.
     on_offered: Callable[[str, int], None] = lambda stream, count: None
 
@@ -243,9 +243,7 @@ class CursorReconciler:
             url = nxt
         if incremental:
             self._schedule_next(ctx, r, run, state, policy.interval_s)
-            lag = lag_seconds(state.cursor, now_ns)
-            if lag is not None:
-                self.on_lag(key, lag)
+            self.on_complete(key, horizon / 1e9)
         logs.event("reconcile_run", work_id=ctx.item.work_id, stream=key, mode=run.mode,
                    offered=offered)
         return Succeeded(f"{offered} records offered to the inbound Flow")

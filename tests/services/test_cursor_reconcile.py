@@ -6,6 +6,7 @@ lag, bounded repair, and the next run queued as a WorkItem."""
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,6 +24,7 @@ from daemon.core.work import WorkItem
 from daemon.providers.executor import BoundedHttp
 from daemon.services.catalog_view import CatalogView, publish_current
 from daemon.services.families import WorkContext
+from daemon.services.metrics import Metrics
 from daemon.services.reconcile import (
     RECONCILE_FAMILY,
     CursorReconciler,
@@ -58,7 +60,7 @@ class Rig:
     catalog: Catalog
     binding: BindingSettings
     clock: Clock
-    lags: list[float] = attrs.field(factory=list)
+    completed: list[float] = attrs.field(factory=list)
 
     async def enqueue(self, run: RunPayload, number: int = 0) -> None:
         await self.store.work_enqueue([run_spec(self.catalog, self.binding, run,
@@ -120,7 +122,7 @@ async def rig(store: WorkStore, nursery: trio.Nursery) -> AsyncIterator[Rig]:
     http = BoundedHttp.open(4)
     r = Rig(store, sim, CursorReconciler(catalog=catalog, catalogs=CatalogView(store, catalog),
                                          http=http), catalog, binding, Clock())
-    r.reconciler.on_lag = lambda stream, lag: r.lags.append(lag)
+    r.reconciler.on_complete = lambda stream, through: r.completed.append(through)
     try:
         yield r
     finally:
@@ -154,7 +156,8 @@ async def test_pages_through_one_shared_updated_at_once_each_and_queue_the_next_
     assert state.cursor is not None
     assert (state.cursor.record_id, state.cursor.updated_at) == ("30",
                                                                  "2026-06-01T00:00:05.000Z")
-    assert state.runs == 1 and rig.lags and rig.lags[-1] > 0
+    # Complete through the horizon: the run's now less the 30 s safety lag.
+    assert state.runs == 1 and rig.completed == [(rig.clock.now - 30 * SEC) / 1e6]
     # The next run is a WorkItem due one interval later, keyed by its run number.
     (nxt,) = [i for i in await rig.store.work_list(WorkQuery(family=RECONCILE_FAMILY))
               if i.state.value == "pending"]
@@ -235,3 +238,11 @@ async def test_a_bounded_repair_offers_only_its_period_and_leaves_the_cursor(
     assert (await rig.stream()).cursor is None
     assert [i for i in await rig.store.work_list(WorkQuery(family=RECONCILE_FAMILY))
             if i.state.value == "pending"] == []  # a repair queues no next run
+
+
+def test_the_sync_lag_grows_at_scrape_time_until_the_next_run() -> None:
+    metrics = Metrics()
+    metrics.set_sync_complete("outreach-main:prospect", time.time() - 100)
+    lag = metrics.registry.get_sample_value("integrationd_sync_lag_seconds",
+                                            {"stream": "outreach-main:prospect"})
+    assert lag is not None and 100 <= lag < 160
