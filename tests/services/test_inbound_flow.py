@@ -19,13 +19,15 @@ from config.catalog import load_catalog
 from config.settings import BindingSettings, RuntimeClient, Secret, Settings
 from daemon.core.identity import integration_remote_locator_hash, integration_scope_digest
 from daemon.core.inbound_change import INBOUND_APPLY_FAMILY, InboundChange
-from daemon.core.outcomes import DeadLetter, Outcome, Succeeded
+from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
 from daemon.core.work import WorkItem
 from daemon.providers.executor import BoundedHttp
 from daemon.services.catalog_view import CatalogView, publish_current
 from daemon.services.families import WorkContext
 from daemon.services.inbound_flow import InboundFlow
+from daemon.services.reconcile import RECONCILE_FAMILY, CursorReconciler, RunPayload, run_spec
 from sandbox.outreach_sim import OutreachSimulator
+from sandbox.ports import free_port
 from storage.effect_values import LinkState
 from storage.inbound import read_watermark
 from storage.links import read_link_by_locator
@@ -308,4 +310,62 @@ async def test_reconciliation_of_a_version_no_webhook_delivered_is_a_lost_webhoo
     outcome = await world.run(world.change(kind="observed", origin="reconcile",
                                            attributes={"firstName": "Seen"}, origin_id="r1"))
     assert outcome == Succeeded("applied FirstName")
+    assert world.lost == [("outreach", "prospect")]
+
+
+async def test_an_unreachable_runtime_is_retried_with_the_same_mutation_key(
+        world: World) -> None:
+    await world.lead()
+    await world.link()
+    real = world.flow.settings
+    (runtime,) = real.runtimes
+    dead = attrs.evolve(runtime, results_url=f"http://127.0.0.1:{free_port()}/runtime/v1/r")
+    world.flow.settings = attrs.evolve(real, runtimes=(dead,))
+    first = await world.run(world.change())
+    assert isinstance(first, RetryLater) and first.failure_class == "runtime_unavailable"
+    world.flow.settings = real
+    (item,) = await world.store.work_list(WorkQuery(family=INBOUND_APPLY_FAMILY))
+    world.clock.now += 120 * SEC  # past the retry's backoff
+    result = await claim(world.store, now=world.clock.now, family=INBOUND_APPLY_FAMILY)
+    (again,) = result.claimed
+    ctx = world.context(again)
+    outcome = await world.flow.handle(ctx)
+    await world.finish(ctx, outcome)
+    assert outcome == Succeeded("applied FirstName")
+    attempts = await world.attempts(item.work_id)
+    assert [a.outcome for a in attempts] == ["REPLAY_SAFE_RETRY", "ACCEPTED"]
+    assert attempts[0].idempotency_key == attempts[1].idempotency_key
+    assert world.stats()["mutations_applied"] == 1
+
+
+async def test_a_lost_webhook_is_found_by_reconciliation_and_applied(world: World) -> None:
+    await world.lead(FirstName="Old")
+    await world.link()
+    world.sim.put_prospect({"firstName": "Old"}, prospect_id=7)
+    # Changed inside Outreach; the webhook never arrives (no subscription delivered it).
+    world.sim.update_prospect(7, {"firstName": "Zed"}, updated_at="2026-06-01T00:00:00.000Z",
+                              notify=False)
+    binding = world.flow.catalog.binding(BINDING)
+    assert binding is not None
+    http = BoundedHttp.open(2)
+    try:
+        reconciler = CursorReconciler(catalog=world.flow.catalog,
+                                      catalogs=world.flow.catalogs, http=http)
+        await world.store.work_enqueue([run_spec(
+            world.flow.catalog, binding, RunPayload(binding=BINDING, resource="prospect"),
+            number=0)], world.clock.now)
+        result = await claim(world.store, now=world.clock.now, family=RECONCILE_FAMILY)
+        (run,) = result.claimed
+        ctx = world.context(run)
+        assert await reconciler.handle(ctx) == Succeeded("1 records offered to the inbound Flow")
+        await world.finish(ctx, Succeeded())
+    finally:
+        await http.aclose()
+    result = await claim(world.store, now=world.clock.now, family=INBOUND_APPLY_FAMILY)
+    (item,) = result.claimed
+    ctx = world.context(item)
+    outcome = await world.flow.handle(ctx)
+    await world.finish(ctx, outcome)
+    assert outcome == Succeeded("applied FirstName")
+    assert await world.fields() == {"FirstName": "Zed"}
     assert world.lost == [("outreach", "prospect")]
