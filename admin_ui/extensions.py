@@ -102,3 +102,15 @@ def section_json(section: LineageSection) -> dict[str, Any]:
         "rows": [attrs.asdict(r) for r in section.rows],
         "empty_text": section.empty_text,
     }
+
+
+def combine(*parts: ConsoleExtensions) -> ConsoleExtensions:
+    """Several services' extensions as one (in order)."""
+    out = ConsoleExtensions()
+    for part in parts:
+        out.lineage.extend(part.lineage)
+        out.blueprints.extend(part.blueprints)
+        out.nav.extend(part.nav)
+        out.actions.update(part.actions)
+        out.openapi_paths.update(part.openapi_paths)
+    return out

@@ -241,6 +241,10 @@ class CursorReconciler:
                 return DeadLetter("foreign_next_link", "the next-page link leaves the"
                                   " binding's origin; the token is not sent there")
             url = nxt
+        else:
+            # Not finished within one claim: what was checkpointed stays; the next claim
+            # lists on from the cursor (a repair starts its period again: its keys dedupe).
+            return RetryLater("reconcile_pages", f"{_MAX_PAGES} pages in one claim; continuing")
         if incremental:
             self._schedule_next(ctx, r, run, state, policy.interval_s)
             self.on_complete(key, horizon / 1e9)
