@@ -1,0 +1,148 @@
+"""RemoteSubscription reconciliation's decisions (pure; seed 9, issue 10 item 8).
+
+Not wired yet: no handler, table or L1 section uses this module (docs/inbound-flow.md, "Not
+built yet"). It fixes the rules the reconciler's shell will perform, one WorkItem per
+binding, each provider call an effect attempt:
+
+- The Catalog declares the *desired* subscriptions (name, resource, action, payload
+  version, the route URL, the secret generation). Integration's *observed* rows hold, per
+  name, the provider subscription id, the subscription generation, the secret generation,
+  and the subscriptions being retired (a rotation's or a replacement's old one).
+- The provider's list is the truth about what exists. A desired subscription with no row,
+  or whose provider id the list no longer holds (deleted behind our back), is created under
+  the next generation. One whose shape drifted (resource, action, URL, payload version) is
+  replaced: the new one is created first, the old one retired, deleted once the new one is
+  seen active.
+- A secret rotation creates a new subscription with the new secret while the old one stays
+  active (the verifier accepts both secrets); the old one is deleted only once a delivery
+  verified with the new secret was seen. Nothing is ever without a live subscription.
+- An orphan (a provider subscription to one of our routes that no row names) is deleted,
+  and every delete carries the generation it was decided under: the shell's fenced write
+  refuses it if the row moved on since (a reinstall, a concurrent reconcile), so a stale
+  reconciler never deletes a live subscription.
+- A provider-disabled subscription is reported (health), not recreated blindly: the provider
+  re-enables it; a deleted one is recreated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+import attrs
+
+
+@attrs.frozen(kw_only=True)
+class Desired:
+    name: str
+    resource: str
+    action: str
+    payload_version: int
+    url: str
+    secret_generation: int
+
+
+@attrs.frozen(kw_only=True)
+class Observed:
+    name: str
+    provider_id: str
+    generation: int
+    secret_generation: int
+    resource: str
+    action: str
+    url: str
+    payload_version: int
+    retiring: tuple[str, ...] = ()  # provider ids kept until their successor is proven
+    # The retiring ones are a secret rotation's: proven only by a delivery verified with
+    # the new secret (a replacement's are proven once the new one is active).
+    rotating: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class Remote:
+    provider_id: str
+    resource: str
+    action: str
+    url: str
+    payload_version: int
+    active: bool = True
+
+
+@attrs.frozen
+class Create:
+    name: str
+    generation: int
+    reason: str  # missing | deleted_behind_our_back | drifted | secret_rotation
+
+
+@attrs.frozen
+class Delete:
+    provider_id: str
+    name: str | None  # the row it belonged to (None: an orphan no row names)
+    expected_generation: int | None  # the row's generation when decided (the fence)
+    reason: str  # orphan | replaced | rotated | undesired
+
+
+@attrs.frozen
+class Health:
+    name: str
+    active: bool
+
+
+Step = Create | Delete | Health
+
+
+def _shape(x: Desired | Observed | Remote) -> tuple[str, str, str, int]:
+    return (x.resource, x.action, x.url, x.payload_version)
+
+
+def decide(desired: Sequence[Desired], observed: Sequence[Observed], remote: Sequence[Remote],
+           *, our_urls: Collection[str], new_secret_seen: Collection[str] = ()
+           ) -> tuple[Step, ...]:
+    """Every step that brings the provider to the desired state, in the order to perform."""
+    steps: list[Step] = []
+    by_id = {r.provider_id: r for r in remote}
+    rows = {o.name: o for o in observed}
+    wanted = {d.name for d in desired}
+    referenced: set[str] = set()
+    for d in sorted(desired, key=lambda d: d.name):
+        row = rows.get(d.name)
+        if row is None:
+            steps.append(Create(d.name, 1, "missing"))
+            continue
+        referenced.update({row.provider_id, *row.retiring})
+        live = by_id.get(row.provider_id)
+        if live is None:
+            steps.append(Create(d.name, row.generation + 1, "deleted_behind_our_back"))
+            continue
+        if not live.active:
+            steps.append(Health(d.name, False))
+        if _shape(live) != _shape(d):
+            steps.append(Create(d.name, row.generation + 1, "drifted"))
+            continue
+        if d.secret_generation > row.secret_generation:
+            steps.append(Create(d.name, row.generation + 1, "secret_rotation"))
+            continue
+        # The current subscription is right: its predecessors go once it is proven.
+        proven = live.active and (not row.rotating or d.name in new_secret_seen)
+        if row.retiring and proven:
+            for old in row.retiring:
+                if old in by_id:
+                    steps.append(Delete(old, d.name, row.generation,
+                                        "rotated" if row.rotating else "replaced"))
+    for row in sorted(observed, key=lambda o: o.name):
+        if row.name in wanted:
+            continue
+        referenced.update({row.provider_id, *row.retiring})
+        for provider_id in (row.provider_id, *row.retiring):
+            if provider_id in by_id:
+                steps.append(Delete(provider_id, row.name, row.generation, "undesired"))
+    for r in sorted(remote, key=lambda r: r.provider_id):
+        if r.url in our_urls and r.provider_id not in referenced:
+            steps.append(Delete(r.provider_id, None, None, "orphan"))
+    return tuple(steps)
+
+
+def delete_allowed(step: Delete, current_generation: int | None) -> bool:
+    """The fence a delete is performed under: the row it was decided for is still at that
+    generation (an orphan's delete needs the row to still not exist)."""
+    return step.expected_generation == current_generation
