@@ -7,7 +7,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -26,6 +32,7 @@ from sandbox.outreach_sim import (
     WEBHOOKS_PATH,
     OutreachSimulator,
 )
+from sandbox.outreach_sim.__main__ import TOKEN_ENV
 
 TOKEN = "s2s-test-token-9c2d"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": JSONAPI}
@@ -367,3 +374,51 @@ async def test_control_api_bulk_update_and_bad_input(served: Served) -> None:
         fault = await control.post("/_sim/faults", json={"mode": "status", "status": 503})
         assert fault.json()["armed"]["path_prefix"] == "/api/v2/"
     assert "t2" in served.sim.tokens
+
+
+# ---- python -m sandbox.outreach_sim ----
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def test_cli_serves_seeded_prospects_and_stops_on_sigterm(tmp_path: Path) -> None:
+    token_file = tmp_path / "tokens"
+    token_file.write_text(f"# sandbox token\n{TOKEN}\n")
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    command = [sys.executable, "-m", "sandbox.outreach_sim", "--port", "0",
+               "--token-file", str(token_file), "--seed-prospects", "3"]
+    async with trio.open_nursery() as nursery:
+        process: trio.Process = await nursery.start(
+            partial(trio.run_process, command, cwd=REPO, env=env, check=False,
+                    stderr=subprocess.PIPE))
+        assert process.stderr is not None
+        line = b""
+        with trio.fail_after(30):  # a guard against a hung child, not a timing assertion
+            while not line.endswith(b"\n"):
+                chunk = await process.stderr.receive_some(1)
+                assert chunk, "the simulator exited before listening"
+                line += chunk
+        ready = json.loads(line)
+        assert ready["event"] == "outreach_sim_listening"
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{ready['port']}",
+                                     headers=AUTH) as c:
+            assert (await c.get(f"{PROSPECTS_PATH}/3")).json()["data"]["attributes"][
+                "firstName"] == "P3"
+            assert (await c.get(f"{PROSPECTS_PATH}/4")).status_code == 404
+        process.send_signal(signal.SIGTERM)
+        assert await process.wait() == 0
+
+
+async def test_cli_without_tokens_or_with_a_used_port_exits_2(served: Served) -> None:
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    no_tokens = await trio.run_process(
+        [sys.executable, "-m", "sandbox.outreach_sim", "--port", "0"], cwd=REPO, env=env,
+        check=False, capture_stderr=True)
+    assert no_tokens.returncode == 2
+    assert json.loads(no_tokens.stderr)["event"] == "outreach_sim_usage_error"
+    port = int(served.url.rsplit(":", 1)[1])
+    in_use = await trio.run_process(
+        [sys.executable, "-m", "sandbox.outreach_sim", "--port", str(port)], cwd=REPO,
+        env={**env, TOKEN_ENV: TOKEN}, check=False, capture_stderr=True)
+    assert in_use.returncode == 2
+    assert json.loads(in_use.stderr)["event"] == "outreach_sim_bind_failed"
