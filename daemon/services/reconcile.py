@@ -275,7 +275,19 @@ def _checkpoint(specs: list[WorkSpec], before: StreamState, moved: Cursor | None
 
     async def body(tx: SqlTx) -> StreamState:
         if specs:
-            await insert_work(tx, specs, now_us)
+            # Re-listed records (the overlap) already have their item: find them with one
+            # read and insert the rest in one multi-row INSERT. Only this stream's runs make
+            # these keys and its lane runs one at a time, so no other writer races the read
+            # (if one ever did, the INSERT's unique key fails this transaction: retried).
+            keys = [s.dedupe_key for s in specs if s.dedupe_key is not None]
+            rows = await tx.fetchall(
+                "SELECT dedupe_key FROM work_items WHERE dedupe_key IN"
+                f" ({', '.join('?' for _ in keys)})", keys) if keys else []
+            seen = {str(r[0]) for r in rows}
+            fresh = list({s.dedupe_key: s for s in reversed(specs)
+                          if s.dedupe_key not in seen}.values())[::-1]  # once per key
+            if fresh:
+                await insert_work(tx, fresh, now_us, fresh_dedupe_keys=True)
         if moved is None:
             return before
         return await write_stream(tx, before, cursor=moved, runs=before.runs,
