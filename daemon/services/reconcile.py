@@ -194,6 +194,10 @@ class CursorReconciler:
         now_ns = ctx.clock.now_us() * 1000
         horizon = now_ns - int(policy.safety_lag_s * 1e9)
         incremental = run.mode == "incremental"
+        # The first run of a stream (no cursor yet) is its initial sync: it lists from the
+        # beginning and offers what it finds as a repair (no webhook was owed for records
+        # older than the stream, so none is counted lost); it still sets the cursor.
+        initial = incremental and state.cursor is None
         start = (since_ns(state.cursor, int(policy.overlap_s * 1e9)) if incremental
                  else (run.from_ns or 0))
         url = self._first_url(r, start)
@@ -220,8 +224,8 @@ class CursorReconciler:
                 return DeadLetter("bad_page", f"a listed page is not what L1 declares: {exc}")
             plan = plan_page(r.stream, rows, cursor=cursor if incremental else None,
                              horizon_ns=horizon, until_ns=run.until_ns,
-                             origin="reconcile" if incremental else "repair",
-                             run_id=run.run_id)
+                             origin="reconcile" if incremental and not initial else "repair",
+                             run_id=run.run_id if not initial else "initial")
             specs = [c.work_spec(org_id=r.binding.org_id,
                                  catalog_revision=ctx.item.catalog_revision,
                                  catalog_digest=ctx.item.catalog_digest,

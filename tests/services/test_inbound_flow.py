@@ -342,30 +342,40 @@ async def test_a_lost_webhook_is_found_by_reconciliation_and_applied(world: Worl
     await world.lead(FirstName="Old")
     await world.link()
     world.sim.put_prospect({"firstName": "Old"}, prospect_id=7)
-    # Changed inside Outreach; the webhook never arrives (no subscription delivered it).
-    world.sim.update_prospect(7, {"firstName": "Zed"}, updated_at="2026-06-01T00:00:00.000Z",
-                              notify=False)
+    world.sim.update_prospect(7, {}, updated_at="2026-06-01T00:00:00.000Z", notify=False)
     binding = world.flow.catalog.binding(BINDING)
     assert binding is not None
     http = BoundedHttp.open(2)
-    try:
-        reconciler = CursorReconciler(catalog=world.flow.catalog,
-                                      catalogs=world.flow.catalogs, http=http)
-        await world.store.work_enqueue([run_spec(
-            world.flow.catalog, binding, RunPayload(binding=BINDING, resource="prospect"),
-            number=0)], world.clock.now)
+    reconciler = CursorReconciler(catalog=world.flow.catalog, catalogs=world.flow.catalogs,
+                                  http=http)
+
+    async def reconcile_then_apply() -> list[Outcome]:
         result = await claim(world.store, now=world.clock.now, family=RECONCILE_FAMILY)
         (run,) = result.claimed
         ctx = world.context(run)
-        assert await reconciler.handle(ctx) == Succeeded("1 records offered to the inbound Flow")
+        assert isinstance(await reconciler.handle(ctx), Succeeded)
         await world.finish(ctx, Succeeded())
+        outcomes = []
+        for item in (await claim(world.store, now=world.clock.now,
+                                 family=INBOUND_APPLY_FAMILY)).claimed:
+            item_ctx = world.context(item)
+            outcomes.append(await world.flow.handle(item_ctx))
+            await world.finish(item_ctx, outcomes[-1])
+        return outcomes
+
+    try:
+        await world.store.work_enqueue([run_spec(
+            world.flow.catalog, binding, RunPayload(binding=BINDING, resource="prospect"),
+            number=0)], world.clock.now)
+        # The initial sync: offered as a repair, nothing counted lost.
+        assert await reconcile_then_apply() == [Succeeded("applied FirstName")]
+        assert world.lost == []
+        # Changed inside Outreach; the webhook never arrives (no subscription delivered it).
+        world.sim.update_prospect(7, {"firstName": "Zed"},
+                                  updated_at="2026-06-01T00:00:09.000Z", notify=False)
+        world.clock.now += 301 * SEC
+        assert Succeeded("applied FirstName") in await reconcile_then_apply()
     finally:
         await http.aclose()
-    result = await claim(world.store, now=world.clock.now, family=INBOUND_APPLY_FAMILY)
-    (item,) = result.claimed
-    ctx = world.context(item)
-    outcome = await world.flow.handle(ctx)
-    await world.finish(ctx, outcome)
-    assert outcome == Succeeded("applied FirstName")
     assert await world.fields() == {"FirstName": "Zed"}
     assert world.lost == [("outreach", "prospect")]
