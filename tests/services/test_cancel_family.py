@@ -31,13 +31,16 @@ async def test_each_built_in_family_declares_its_cancel_rule() -> None:
 
     registry = build_registry(Settings(), {"noop": nothing, "external_effect": nothing,
                                            "runtime_receipt": nothing, "other": nothing})
+    # inbound_apply and cursor_reconcile stop anytime: a Runtime mutation is replay-safe by
+    # its key, and a run only reads and queues items.
+    inbound = {"inbound_apply": CancelRule.ANYTIME, "cursor_reconcile": CancelRule.ANYTIME}
     assert registry.cancel_rules() == {
         "noop": CancelRule.ANYTIME, "external_effect": CancelRule.BEFORE_DISPATCH,
-        "runtime_receipt": CancelRule.NEVER, "other": CancelRule.ANYTIME}
+        "runtime_receipt": CancelRule.NEVER, "other": CancelRule.ANYTIME, **inbound}
     # A registry that runs only noop (the CLI's) still knows the others' rules.
     assert build_registry(Settings()).cancel_rules() == {
         "noop": CancelRule.ANYTIME, "external_effect": CancelRule.BEFORE_DISPATCH,
-        "runtime_receipt": CancelRule.NEVER}
+        "runtime_receipt": CancelRule.NEVER, **inbound}
 
 
 async def test_a_cancel_requested_before_the_checkpoint_is_acknowledged(
