@@ -6,6 +6,8 @@ from typing import Any
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from daemon.core.inbound_change import InboundChange
 from daemon.core.inbound_flow import (
@@ -188,3 +190,35 @@ def test_nanoseconds_apart_are_ordered() -> None:
 ])
 def test_lost_webhook(origin: str, updated: int | None, seen: int, lost: bool) -> None:
     assert lost_webhook(origin, updated, seen) is lost
+
+
+# ---- any input: a step, never an exception; never a field outside the inbound map ----
+
+_json_value = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                 max_size=3),
+    max_leaves=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(["created", "updated", "destroyed", "observed"]),
+       attributes=st.dictionaries(st.sampled_from(["firstName", "lastName", "company",
+                                                   "title", "emails", "updatedAt", "x"]),
+                                  _json_value, max_size=6),
+       updated_at=st.none() | st.text(max_size=30) | st.sampled_from([T1, T2]),
+       linked=st.booleans(),
+       stamps=st.dictionaries(st.sampled_from(["firstName", "lastName", "company"]),
+                              st.integers(min_value=0, max_value=2**62), max_size=3),
+       candidates=st.none() | st.lists(st.text(min_size=1, max_size=4), max_size=3))
+def test_any_change_gets_a_step_and_only_inbound_fields(
+        kind: str, attributes: dict[str, Any], updated_at: str | None, linked: bool,
+        stamps: dict[str, int], candidates: list[str] | None) -> None:
+    flow = view(change=change(kind=kind, attributes=attributes, updated_at=updated_at),
+                link=LINK if linked else None, stamps=stamps,
+                candidates=None if candidates is None else tuple(candidates))
+    step = decide(flow)
+    if isinstance(step, Apply):
+        assert set(step.fields) <= set(INBOUND.values())
+        assert all(stamps.get(remote, -1) < step.updated_ns for remote in step.stamps)
+        assert linked
