@@ -17,6 +17,7 @@ from __future__ import annotations
 import attrs
 
 from daemon.core.states import WorkState
+from storage.cutover.steps import fence_unstarted
 from storage.port import Database, SqlTx, WorkConflict, WorkNotFound
 
 
@@ -44,12 +45,7 @@ class WorkRollback:
         """
 
         async def body(tx: SqlTx) -> int:
-            moved = await tx.execute(
-                "UPDATE work_items SET state = 'awaiting_legacy_outcome',"
-                " rollback_execution_fence_id = ?, row_version = row_version + 1,"
-                " updated_at_us = ? WHERE family = ? AND state IN ('pending', 'retry')",
-                (fence_id, now_us, family),
-            )
+            moved = await fence_unstarted(tx, family, fence_id, now_us)
             rows = await tx.fetchall(
                 "SELECT COUNT(*) FROM work_items WHERE state = 'processing' AND family = ?",
                 (family,),
