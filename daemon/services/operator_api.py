@@ -42,6 +42,8 @@ ACTION_ROLES: dict[str, frozenset[str]] = {
     "catalog.read": frozenset({"viewer", "operator", "admin"}),
     "catalog.publish": frozenset({"admin"}),
     "catalog.delete": frozenset({"admin"}),
+    "cutover.read": frozenset({"viewer", "operator", "admin"}),
+    "cutover.step": frozenset({"admin"}),
 }
 
 

@@ -118,7 +118,7 @@ def _audit(params: StepParams, action: str, before: OwnerGeneration | None,
                            "claimant": g.claimant.value}, sort_keys=True)
 
     return AuditEntry(audit_id=new_ulid(now_us), at_us=now_us, actor=params.actor,
-                      role="operator", action=action, target_kind="cutover",
+                      role=params.role, action=action, target_kind="cutover",
                       target_id=params.family, reason=params.reason, before=doc(before),
                       after=doc(after))
 
@@ -301,7 +301,7 @@ class CutoverSteps:
             if n:
                 await append_audit(tx, AuditEntry(
                     audit_id=new_ulid(now_us), at_us=now_us, actor=params.actor,
-                    role="operator", action="cutover.process_gone", target_kind="process",
+                    role=params.role, action="cutover.process_gone", target_kind="process",
                     target_id=process_id, reason=params.reason, before="{}",
                     after='{"state": "gone"}'))
             return n > 0

@@ -89,6 +89,7 @@ class StepParams:
     family: str
     actor: str
     reason: str
+    role: str = "admin"
     # Claim statements that started before admission closed may still be running
     # for at most this long (the storage transaction bound): the next owner is not
     # admitted until admission has been closed at least this long.
