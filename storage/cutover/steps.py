@@ -253,6 +253,16 @@ class CutoverSteps:
 
         return await self.db.transact(body, name="cutover.snapshot", write=False)
 
+    async def cutover_families(self) -> list[OwnerGeneration]:
+        """Every family under the cutover protocol."""
+
+        async def body(tx: SqlTx) -> list[OwnerGeneration]:
+            rows = await tx.fetchall(
+                f"SELECT {OWNER_GENERATION_COLUMNS} FROM owner_generations ORDER BY family")
+            return [OwnerGeneration.from_row(r) for r in rows]
+
+        return await self.db.transact(body, name="cutover.families", write=False)
+
     async def cutover_receipts(self, family: str, limit: int = 50) -> list[CutoverReceipt]:
         async def body(tx: SqlTx) -> list[CutoverReceipt]:
             rows = await tx.fetchall(
