@@ -68,11 +68,15 @@ async def legacy_receipt_write(tx: SqlTx, receipt: LegacyOutcomeReceipt, now_us:
 
 
 async def _project_one(tx: SqlTx, receipt_id: str, now_us: int) -> str | None:
+    # Take the receipt first (row-locked until COMMIT): a projector in every
+    # replica may run; only one projects each receipt, the others skip it.
+    if not await tx.execute(
+        "UPDATE legacy_outcome_receipts SET projected_at_us = ?"
+        " WHERE receipt_id = ? AND projected_at_us IS NULL", (now_us, receipt_id)):
+        return None
     rows = await tx.fetchall(
         "SELECT work_id, fence_id, version, digest FROM legacy_outcome_receipts"
-        " WHERE receipt_id = ? AND projected_at_us IS NULL", (receipt_id,))
-    if not rows:
-        return None  # another projector took it
+        " WHERE receipt_id = ?", (receipt_id,))
     work_id, fence_id, version, digest = (str(rows[0][0]), str(rows[0][1]), int(rows[0][2]),
                                           str(rows[0][3]))
     distinct = await tx.fetchall(
@@ -100,19 +104,19 @@ async def _project_one(tx: SqlTx, receipt_id: str, now_us: int) -> str | None:
             # Two outcomes for one item, or a receipt for a fence the row is not
             # under: the legacy outcome is ambiguous. A fenced row still waiting
             # is quarantined; a terminal row is never reopened (the conflicting
-            # receipt itself blocks re-cutover).
+            # receipts themselves block re-cutover).
             await tx.execute(
                 "UPDATE work_items SET state = 'legacy_outcome_unknown',"
                 " row_version = row_version + 1, updated_at_us = ?"
                 " WHERE work_id = ? AND state = 'awaiting_legacy_outcome'",
                 (now_us, work_id))
             await tx.execute(
-                "UPDATE legacy_outcome_receipts SET projection = 'conflict',"
-                " projected_at_us = ? WHERE work_id = ? AND fence_id = ?"
-                " AND projected_at_us IS NOT NULL", (now_us, work_id, fence_id))
+                "UPDATE legacy_outcome_receipts SET projection = 'conflict'"
+                " WHERE work_id = ? AND fence_id = ? AND projected_at_us IS NOT NULL",
+                (work_id, fence_id))
     await tx.execute(
-        "UPDATE legacy_outcome_receipts SET projection = ?, projected_at_us = ?"
-        " WHERE receipt_id = ? AND projected_at_us IS NULL", (projection, now_us, receipt_id))
+        "UPDATE legacy_outcome_receipts SET projection = ? WHERE receipt_id = ?",
+        (projection, receipt_id))
     return projection
 
 
