@@ -43,6 +43,7 @@ CREATE TABLE legacy_events (
     lease_until_us BIGINT NULL,
     attempts INTEGER NOT NULL,
     outcome {KEY}(32) NULL,
+    evidence {TEXT} NULL,
     probe_version BIGINT NOT NULL,
     created_at_us BIGINT NOT NULL,
     finished_at_us BIGINT NULL
@@ -73,6 +74,7 @@ class LegacyEvent:
     state: str
     attempts: int
     outcome: str | None
+    evidence: str | None = None
 
 
 async def install(store: WorkStore) -> None:
@@ -96,9 +98,9 @@ async def add_events(store: WorkStore, family: str, payloads: list[str], now_us:
         for event_id, payload in zip(ids, payloads, strict=True):
             await tx.execute(
                 "INSERT INTO legacy_events (event_id, family, work_key, payload, state,"
-                " claimed_by, lease_until_us, attempts, outcome, probe_version,"
+                " claimed_by, lease_until_us, attempts, outcome, evidence, probe_version,"
                 " created_at_us, finished_at_us)"
-                " VALUES (?, ?, ?, ?, 'pending', NULL, NULL, 0, NULL, 0, ?, NULL)",
+                " VALUES (?, ?, ?, ?, 'pending', NULL, NULL, 0, NULL, NULL, 0, ?, NULL)",
                 (event_id, family, work_key(event_id), payload, now_us))
 
     await store.db.transact(body, name="legacy.add")
@@ -135,16 +137,16 @@ def receipt_digest(event_id: str, outcome: str) -> str:
 
 
 async def finish(store: WorkStore, event: LegacyEvent, worker: str, outcome: str,
-                 now_us: int) -> bool:
+                 now_us: int, evidence: str | None = None) -> bool:
     """Terminal transition, with the legacy outcome receipt in the same transaction
     when the event's WorkItem is fenced for this owner. False: not ours any more."""
 
     async def body(tx: SqlTx) -> bool:
         if not await tx.execute(
-            "UPDATE legacy_events SET state = ?, outcome = ?, finished_at_us = ?,"
+            "UPDATE legacy_events SET state = ?, outcome = ?, evidence = ?, finished_at_us = ?,"
             " lease_until_us = NULL WHERE event_id = ? AND state = 'processing'"
             " AND claimed_by = ?",
-            ("succeeded" if outcome == "succeeded" else "dead", outcome, now_us,
+            ("succeeded" if outcome == "succeeded" else "dead", outcome, evidence, now_us,
              event.event_id, worker)):
             return False
         fenced = await tx.fetchall(
@@ -162,10 +164,11 @@ async def finish(store: WorkStore, event: LegacyEvent, worker: str, outcome: str
 async def events(store: WorkStore, family: str) -> list[LegacyEvent]:
     async def body(tx: SqlTx) -> list[LegacyEvent]:
         rows = await tx.fetchall(
-            "SELECT event_id, family, work_key, payload, state, attempts, outcome"
+            "SELECT event_id, family, work_key, payload, state, attempts, outcome, evidence"
             " FROM legacy_events WHERE family = ? ORDER BY event_id", (family,))
         return [LegacyEvent(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), int(r[5]),
-                            str(r[6]) if r[6] is not None else None) for r in rows]
+                            str(r[6]) if r[6] is not None else None,
+                            str(r[7]) if r[7] is not None else None) for r in rows]
 
     return await store.db.transact(body, name="legacy.events", write=False)
 
