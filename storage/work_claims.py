@@ -33,6 +33,13 @@ writes the superseded epoch as ``lease_lost`` in the reclaim's transaction. A
 claim whose COMMIT outcome is unknown is reconciled by reading the rows that
 carry our token (retried while the database is still away), then run.
 
+Admission: a family under the ownership-cutover protocol (seed 11,
+``storage/cutover/``) is claimable only while its owner-generation row names
+integrationd. The claim and reclaim UPDATEs read that row by primary key in
+the statement itself (``CLAIM_ADMITTED``), never from a cache, so a replica
+that missed a step cannot claim after it. A family with no row never had
+another claimant.
+
 Every later write names the fence: ``(work_id, lease_token, ownership_epoch)``
 with ``state = 'processing'`` and an unexpired lease. A claimant whose lease
 expired, even if nobody reclaimed the row yet, can change nothing.
