@@ -28,7 +28,7 @@ from storage.cutover.values import CutoverBlocked
 from storage.port import SqlTx
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
-from tests.support.cutover import legacy_states, params, states
+from tests.support.cutover import legacy_states, params, spec, states
 from tests.support.cutover_driver import STEPS
 from tests.support.harness import wait_for
 from tests.support.processes import cli_env, start_replica, stop_all, write_config
@@ -237,3 +237,55 @@ async def test_rollback_and_re_cutover_converge_after_sigkill_between_steps(
     (fence,) = await store.legacy_fence_progress("noop")
     assert fence.confirmed and fence.reconciled == 4
     await _executed_once(store, 6)
+
+
+async def test_rollback_never_admits_legacy_while_a_frozen_lease_could_run(
+    database: FreshDatabase, store: WorkStore, tmp_path: Path,
+) -> None:
+    await legacy.install(store)
+    await store.cutover_begin(params(), wall_us())
+    await store.cutover_commit(params(), wall_us(), PROBE)
+    cfg = write_config(tmp_path / "r.toml", database.url, lease_ttl=3.0, lease_margin=1.0)
+    a = await start_replica(cfg, "a")
+    a_id = str((await a.wait_event("replica_started"))["replica"])
+    b = None
+    try:
+        (slow,) = await store.work_enqueue([spec(payload='{"sleep_ms": 4000}')], wall_us())
+
+        async def held() -> bool:
+            item = await store.work_get(slow.work_id)
+            return item is not None and item.state.value == "processing"
+
+        await wait_for(held, within_s=60)
+        a.proc.send_signal(signal.SIGSTOP)  # frozen while it holds the lease
+        await store.cutover_rollback_begin(params(bound_us=BOUND_US), wall_us())
+        await trio.sleep(BOUND_US / 1e6)
+        with pytest.raises(CutoverBlocked) as exc:
+            await store.cutover_rollback_commit(params(bound_us=BOUND_US), wall_us())
+        assert [x.code for x in exc.value.blockers] == ["processing", "replicas_live"]
+        await store.process_mark_gone(a_id, params(), wall_us())
+        await trio.sleep(3.5)  # the lease expires; reclaim is stopped
+        with pytest.raises(CutoverBlocked) as exc:
+            await store.cutover_rollback_commit(params(bound_us=BOUND_US), wall_us())
+        assert [x.code for x in exc.value.blockers] == ["expired_leases"]
+        a.proc.send_signal(signal.SIGCONT)  # it wakes: its lease is gone, it can change nothing
+        await trio.sleep(2.0)
+        with pytest.raises(CutoverBlocked):
+            await store.cutover_rollback_commit(params(bound_us=BOUND_US), wall_us())
+        gen = await store.owner_generation_get("noop")
+        assert gen is not None and gen.phase is Phase.ROLLBACK_DRAINING  # legacy never admitted
+        assert [r.kind for r in await store.cutover_receipts("noop")] == ["cutover"]
+        # Abandoning the rollback reopens admission: the item is reclaimed and runs.
+        await store.cutover_commit(params(bound_us=BOUND_US), wall_us(), PROBE)
+        b = await start_replica(cfg, "b")
+
+        async def finished() -> bool:
+            item = await store.work_get(slow.work_id)
+            return item is not None and item.state.value == "succeeded"
+
+        await wait_for(finished, within_s=90)
+        outcomes = [e.outcome for e in await store.work_executions(slow.work_id)]
+        assert outcomes.count("succeeded") == 1
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+        await stop_all([a] + ([b] if b is not None else []))
