@@ -139,7 +139,7 @@ async def run_cutover_command(store: WorkStore, settings: Settings,
                 sys.stderr.write(f"integrationd: cutover {verb} {family} blocked: {b.sentence}"
                                  f" [{b.code}]\n")
         return EXIT_FAILURE
-    except (IllegalStep, NotUnderCutover) as exc:
+    except (IllegalStep, NotUnderCutover, service.UnknownProcess) as exc:
         raise CutoverUsage(str(exc)) from None
     last = done[-1]
     if args.json:

@@ -46,6 +46,15 @@ NEXT_STEP = {
 VERBS = ("status", "begin", "commit", "rollback", "re-cutover")
 
 
+class UnknownProcess(Exception):
+    """``--gone`` named a process no replica or legacy heartbeat row knows."""
+
+    def __init__(self, process_id: str) -> None:
+        super().__init__(f"no replica or legacy process {process_id!r} has ever reported"
+                         " (see `integrationd cutover status`)")
+        self.code = "unknown_process"
+
+
 async def legacy_probe_for(store: WorkStore) -> LegacyProbe | None:
     """The reference legacy claimant's probe when its table exists, else None."""
 
@@ -101,7 +110,8 @@ async def step(store: WorkStore, settings: Settings, verb: str, params: StepPara
     operator = authorize(settings, params.actor, "cutover.step")
     params = attrs.evolve(params, role=operator.role)
     for process in gone:
-        await store.process_mark_gone(process, params, now_us)
+        if not await store.process_mark_gone(process, params, now_us):
+            raise UnknownProcess(process)
     done: list[StepResult] = []
     if verb == "begin":
         done.append(await store.cutover_begin(params, now_us))

@@ -106,6 +106,8 @@ async def test_bad_cutover_input_is_one_line_and_exit_2(
     assert "has no owner generation" in capsys.readouterr().err
     assert await run_admin_command(settings, _step("begin")) == 0
     capsys.readouterr()
+    assert await run_admin_command(settings, _step("commit", "--gone", "nobody")) == 2
+    assert "no replica or legacy process 'nobody'" in capsys.readouterr().err
     assert await run_admin_command(settings, _parse(
         "cutover", "begin", "noop", "--actor", "ada", "--reason", "   ")) == 2
     assert "reason is required" in capsys.readouterr().err
