@@ -17,6 +17,7 @@ NAV: tuple[NavItem, ...] = (
     NavItem("/admin/work", "Work items", "work.read"),
     NavItem("/admin/dlq", "DLQ", "dlq.read"),
     NavItem("/admin/audit", "Audit log", "audit.read"),
+    NavItem("/admin/cutover", "Cutover", "cutover.read"),
     NavItem("/admin/subscriptions", "Subscriptions", "console.read"),
     NavItem("/admin/bindings", "Bindings", "console.read"),
     NavItem("/admin/quota", "Quota", "console.read"),
@@ -29,6 +30,8 @@ NOTICES = {
     "cancelled": "Cancelled.",
     "cancel_requested": "Cancel requested: the claimant stops and acknowledges it.",
     "signed_out": "Signed out.",
+    **{f"cutover_{verb}": f"Cutover {verb}: done (see the receipts and the audit log)."
+       for verb in ("begin", "commit", "rollback", "re-cutover")},
 }
 
 

@@ -10,7 +10,8 @@ is audited in its own transaction, conflicts are reported per item, and one
 summary audit entry records the run.
 
 ``integrationd catalog publish|list|show|delete`` manages Catalog revisions
-(:mod:`daemon.catalog_cli`).
+(:mod:`daemon.catalog_cli`); ``integrationd cutover status|begin|commit|rollback|
+re-cutover|project`` moves a family between owners (:mod:`daemon.cutover_cli`).
 
 Replays resolve families as ``integrationd run`` does (:func:`operator_registry`:
 every family, with its replay guard). Every audit entry a CLI process writes
@@ -44,6 +45,7 @@ from admin_ui.serialize import audit_json, dead_class_json, work_json
 from config.settings import Settings
 from daemon.catalog_cli import CatalogUsage, add_catalog_command, run_catalog_command
 from daemon.core.ids import is_ulid
+from daemon.cutover_cli import CutoverUsage, add_cutover_command, run_cutover_command
 from daemon.reconcile_cli import ReconcileUsage, add_reconcile_command, run_reconcile_command
 from daemon.services.clock import WallClock
 from daemon.services.families import FamilyRegistry, UnknownFamily
@@ -54,7 +56,7 @@ from storage.port import DeadQuery, StorageError
 from storage.work_admin import AUDIT_ORIGIN
 from storage.work_store import WorkStore
 
-ADMIN_COMMANDS = frozenset({"hash-password", "audit", "dlq", "catalog", "reconcile"})
+ADMIN_COMMANDS = frozenset({"hash-password", "audit", "dlq", "catalog", "reconcile", "cutover"})
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
@@ -104,6 +106,7 @@ def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                     help="print the report as JSON (as POST /admin/api/dlq/replay)")
     add_catalog_command(sub)
     add_reconcile_command(sub)
+    add_cutover_command(sub)
 
 
 def _print_json(doc: Any) -> None:
@@ -331,10 +334,12 @@ async def run_admin_command(settings: Settings, args: argparse.Namespace) -> int
             if args.command == "reconcile":
                 await run_reconcile_command(store, settings, args)
                 return EXIT_OK
+            if args.command == "cutover":
+                return await run_cutover_command(store, settings, args)
         finally:
             await store.db.aclose()
     except (_Usage, BadRequest, ConsoleError, UnknownFamily, CatalogUsage,
-            ReconcileUsage) as exc:
+            ReconcileUsage, CutoverUsage) as exc:
         sys.stderr.write(f"integrationd: {exc}\n")
         return EXIT_USAGE
     except (NotAuthorized, StorageError) as exc:

@@ -33,6 +33,13 @@ writes the superseded epoch as ``lease_lost`` in the reclaim's transaction. A
 claim whose COMMIT outcome is unknown is reconciled by reading the rows that
 carry our token (retried while the database is still away), then run.
 
+Admission: a family under the ownership-cutover protocol (seed 11,
+``storage/cutover/``) is claimable only while its owner-generation row names
+integrationd. The claim and reclaim UPDATEs read that row by primary key in
+the statement itself (``CLAIM_ADMITTED``), never from a cache, so a replica
+that missed a step cannot claim after it. A family with no row never had
+another claimant.
+
 Every later write names the fence: ``(work_id, lease_token, ownership_epoch)``
 with ``state = 'processing'`` and an unexpired lease. A claimant whose lease
 expired, even if nobody reclaimed the row yet, can change nothing.
@@ -104,7 +111,15 @@ _CLAIM_SET = (
     " lease_until_us = ?, ownership_epoch = ownership_epoch + 1, attempt = attempt + 1,"
     " target_lane_hold = target_lane, row_version = row_version + 1, updated_at_us = ?"
 )
-_CLAIM_WHERE = f" AND state IN {in_states(EXECUTABLE)} AND run_after_us <= ?"
+# Admission, in the claim statement itself (never from a cache): a family under
+# the cutover protocol (daemon/core/cutover.py) is claimable only while its
+# owner-generation row, read by primary key, names integrationd. No row: the
+# family never had another claimant. One argument: the family.
+CLAIM_ADMITTED = (
+    " AND NOT EXISTS (SELECT 1 FROM owner_generations g"
+    " WHERE g.family = ? AND g.claimant <> 'integrationd')"
+)
+_CLAIM_WHERE = f" AND state IN {in_states(EXECUTABLE)} AND run_after_us <= ?{CLAIM_ADMITTED}"
 
 _EXPIRED_SQL = (
     "SELECT work_id, lease_token, ownership_epoch, attempt, max_attempts, lease_owner"
@@ -198,7 +213,7 @@ class WorkClaims:
             ids = [c.work_id for c in picked]
             if ids:
                 touched.extend(ids)
-                won = await self._claim_ids(tx, ids, params.owner, token, lease_until, now_us)
+                won = await self._claim_ids(tx, ids, params, token, lease_until, now_us)
                 contended += len(ids) - won
             claimed: list[WorkItem] = []
             if touched:
@@ -267,13 +282,14 @@ class WorkClaims:
         return await self.db.transact(body, name="work.ready_orgs", write=False)
 
     async def _claim_ids(
-        self, tx: SqlTx, ids: list[str], owner: str, token: str, lease_until: int, now_us: int
+        self, tx: SqlTx, ids: list[str], params: ClaimParams, token: str, lease_until: int,
+        now_us: int,
     ) -> int:
-        head = (owner, token, lease_until, now_us)
+        head = (params.owner, token, lease_until, now_us)
         try:
             return await tx.execute(
                 f"{_CLAIM_SET} WHERE work_id IN ({placeholders(len(ids))}){_CLAIM_WHERE}",
-                (*head, *ids, now_us),
+                (*head, *ids, now_us, params.family),
             )
         except DuplicateKey:
             pass  # a target lane is held by now: claim row by row, skip the conflict
@@ -281,7 +297,8 @@ class WorkClaims:
         for work_id in ids:
             try:
                 won += await tx.execute(
-                    f"{_CLAIM_SET} WHERE work_id = ?{_CLAIM_WHERE}", (*head, work_id, now_us)
+                    f"{_CLAIM_SET} WHERE work_id = ?{_CLAIM_WHERE}",
+                    (*head, work_id, now_us, params.family),
                 )
             except DuplicateKey:
                 continue
@@ -317,8 +334,9 @@ class WorkClaims:
             fences = [_expired_fence(r) for r in again]
             where, args = fence_predicate(fences)
             matched = await tx.execute(
-                f"{_CLAIM_SET} WHERE {where} AND state = 'processing' AND lease_until_us < ?",
-                (params.owner, token, lease_until, now_us, *args, now_us),
+                f"{_CLAIM_SET} WHERE {where} AND state = 'processing' AND lease_until_us < ?"
+                f"{CLAIM_ADMITTED}",
+                (params.owner, token, lease_until, now_us, *args, now_us, params.family),
             )
             won = {str(r[0]) for r in again}
             if matched != len(again):  # another sweeper took some first

@@ -17,6 +17,7 @@ from __future__ import annotations
 import attrs
 
 from daemon.core.states import WorkState
+from storage.cutover.steps import fence_unstarted
 from storage.port import Database, SqlTx, WorkConflict, WorkNotFound
 
 
@@ -32,9 +33,19 @@ class WorkRollback:
     db: Database
 
     async def work_rollback_fence(self, family: str, fence_id: str, now_us: int) -> int:
-        """Fence every unstarted row of ``family``; refuse while any row is processing."""
+        """Fence every unstarted row of ``family``; refuse while any row is processing.
+
+        Move first, then prove: the conditional UPDATE row-locks every row it
+        fences (a claim's UPDATE of such a row now waits for us and then finds
+        it fenced), and it waits for any row a claim has already locked and
+        re-reads it (such a row is ``processing`` by then and is skipped). So
+        the proof that follows, in the same transaction, sees every claim that
+        could overlap the fence; any finding rolls the whole move back. Counting
+        first and moving after (two decisions) let a claim commit in between.
+        """
 
         async def body(tx: SqlTx) -> int:
+            moved = await fence_unstarted(tx, family, fence_id, now_us)
             rows = await tx.fetchall(
                 "SELECT COUNT(*) FROM work_items WHERE state = 'processing' AND family = ?",
                 (family,),
@@ -51,8 +62,9 @@ class WorkRollback:
                          "w.subject_kind = 'command' AND e.command_id = w.subject_id"):
                 found = await tx.fetchall(
                     "SELECT COUNT(*) FROM work_items w JOIN effect_attempts e ON " + join
-                    + " WHERE w.family = ? AND w.state IN ('pending', 'retry')",
-                    (family,),
+                    + " WHERE w.rollback_execution_fence_id = ?"
+                    " AND w.state = 'awaiting_legacy_outcome'",
+                    (fence_id,),
                 )
                 dispatched += int(found[0][0])
             if dispatched:
@@ -60,12 +72,7 @@ class WorkRollback:
                     f"rollback blocked: unstarted {family} items have dispatch history"
                     " (prior or ambiguous effects); settle or repair them first"
                 )
-            return await tx.execute(
-                "UPDATE work_items SET state = 'awaiting_legacy_outcome',"
-                " rollback_execution_fence_id = ?, row_version = row_version + 1,"
-                " updated_at_us = ? WHERE family = ? AND state IN ('pending', 'retry')",
-                (fence_id, now_us, family),
-            )
+            return moved
 
         return await self.db.transact(body, name="work.rollback_fence")
 

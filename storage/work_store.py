@@ -5,6 +5,8 @@ from __future__ import annotations
 from storage.catalog_revisions import CatalogRevisions
 from storage.command_repair import CommandRepair
 from storage.commands import CommandInbox
+from storage.cutover.legacy import LegacyOutcomes
+from storage.cutover.steps import CutoverSteps
 from storage.dialect import Dialect
 from storage.effects import EffectJournal
 from storage.flow import FlowReads
@@ -23,7 +25,7 @@ from storage.work_rollback import WorkRollback
 class WorkStore(
     WorkClaims, WorkAdmin, WorkExecutions, WorkRollback, CommandInbox, EffectJournal,
     RemoteLinks, CommandRepair, QuotaLedger, AuthorizationGrants, PrincipalBindings,
-    RefreshLeases, CatalogRevisions, FlowReads,
+    RefreshLeases, CatalogRevisions, FlowReads, CutoverSteps, LegacyOutcomes,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 

@@ -51,7 +51,7 @@ from quart_trio import QuartTrio
 
 from config.settings import Settings
 from daemon.core.replica_identity import Holder, Judgement, Verdict, judge, rejudge
-from daemon.services import logs, sdnotify
+from daemon.services import legacy_projector, logs, sdnotify
 from daemon.services.clock import Clock
 from daemon.services.completer import Completer
 from daemon.services.families import FamilyRegistry
@@ -219,6 +219,7 @@ class Replica:
                 return
             await services.start(self._heartbeat_loop)
             await services.start(self._depth_loop)
+            await services.start(legacy_projector.run, self.store, self.clock)
             logs.event(
                 "replica_started",
                 replica=self.replica_id,

@@ -169,6 +169,40 @@ async def _workload(store: WorkStore) -> None:
     await store.db.transact(reserve, name="quota.reserve")
     await store.quota_reservations("W")
     await _credentials_workload(store)
+    await _cutover_workload(store)
+
+
+async def _cutover_workload(store: WorkStore) -> None:
+    """Owner generations, the rollback fence, legacy receipts and the projector."""
+    from sandbox.legacy import store as legacy
+    from storage.cutover.legacy import LegacyOutcomeReceipt
+    from tests.support.cutover import params
+
+    probe = legacy.ReferenceLegacyProbe()
+    await legacy.install(store)
+    (event,) = await legacy.add_events(store, "moved", ["{}"], T0)
+    await store.claimant_heartbeat("l1", "legacy", "moved", 0, "stopped", T0)
+    await store.cutover_begin(params("moved"), T0)
+    await legacy.materialize(store, "moved", "org-1", T0)
+    await store.cutover_commit(params("moved"), T0, probe)
+    await store.cutover_snapshot("moved", T0, probe)
+    await store.cutover_rollback_begin(params("moved"), T0)
+    done = await store.cutover_rollback_commit(params("moved"), T0)
+    assert done.receipt is not None and done.receipt.fence_id is not None
+    claimed = await legacy.claim_one(store, "moved", "l1", SEC, T0)
+    assert claimed is not None
+    await legacy.finish(store, claimed, "l1", "succeeded", T0)
+    (item,) = await store.work_list(WorkQuery(family="moved"))
+    await store.legacy_receipt_record(LegacyOutcomeReceipt(
+        item.work_id, done.receipt.fence_id, 2, "sha256:other", "dead"), T0)
+    await store.legacy_project(T0)
+    await store.legacy_fence_close(done.receipt.fence_id, T0)
+    await store.legacy_fence_progress("moved")
+    await store.cutover_receipts("moved")
+    await store.cutover_fence_blockers("moved")
+    await store.process_mark_gone("l1", params("moved"), T0)
+    await legacy.events(store, "moved")
+    assert event
 
 
 async def _credentials_workload(store: WorkStore) -> None:

@@ -1,0 +1,133 @@
+"""The operator side of ownership cutover: status documents and the audited steps.
+
+Both ``integrationd cutover ...`` and the console's cutover pages call these, so
+the two say the same thing. Each step is authorized (``cutover.step``: admin),
+runs as one storage transaction that proves what it needs and audits itself,
+and is refused with the exact blockers when the proof fails.
+
+``rollback`` is two transactions: the first closes integrationd's claim and
+reclaim admission (it stays closed when the second is blocked, so the drain
+can proceed); the second is the atomic fence. ``re-cutover`` is ``begin`` (when
+the legacy owner is active) followed by ``commit``.
+
+The legacy owner is proven through a :class:`storage.cutover.values.LegacyProbe`.
+The one implemented is the reference legacy claimant's
+(:class:`sandbox.legacy.store.ReferenceLegacyProbe`), used when its table is
+present; without a probe, ``commit`` is blocked (``legacy_unreported``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+
+from config.settings import Settings
+from daemon.core.cutover import Phase, Step, blockers
+from daemon.services.operator_api import authorize
+from storage.cutover.values import (
+    CutoverReceipt,
+    LegacyProbe,
+    OwnerGeneration,
+    StepParams,
+    StepResult,
+)
+from storage.port import SqlTx
+from storage.work_store import WorkStore
+
+NEXT_STEP = {
+    None: Step.BEGIN,
+    Phase.LEGACY_ACTIVE: Step.BEGIN,
+    Phase.CUTOVER_DRAINING: Step.COMMIT,
+    Phase.INTEGRATIOND_ACTIVE: Step.ROLLBACK_BEGIN,
+    Phase.ROLLBACK_DRAINING: Step.ROLLBACK_COMMIT,
+}
+VERBS = ("status", "begin", "commit", "rollback", "re-cutover")
+
+
+class UnknownProcess(Exception):
+    """``--gone`` named a process no replica or legacy heartbeat row knows."""
+
+    def __init__(self, process_id: str) -> None:
+        super().__init__(f"no replica or legacy process {process_id!r} has ever reported"
+                         " (see `integrationd cutover status`)")
+        self.code = "unknown_process"
+
+
+async def legacy_probe_for(store: WorkStore) -> LegacyProbe | None:
+    """The reference legacy claimant's probe when its table exists, else None."""
+
+    async def body(tx: SqlTx) -> bool:
+        return bool(await tx.fetchall(store.dialect.table_exists_sql, ("legacy_events",)))
+
+    if not await store.db.transact(body, name="cutover.legacy_table", write=False):
+        return None
+    from sandbox.legacy.store import ReferenceLegacyProbe
+
+    return ReferenceLegacyProbe()
+
+
+def generation_json(gen: OwnerGeneration | None) -> dict[str, Any] | None:
+    if gen is None:
+        return None
+    return {"family": gen.family, "generation": gen.generation, "phase": gen.phase.value,
+            "claimant": gen.claimant.value, "receipt_id": gen.receipt_id,
+            "admission_closed_at_us": gen.admission_closed_at_us}
+
+
+def receipt_json(r: CutoverReceipt) -> dict[str, Any]:
+    doc = attrs.asdict(r)
+    doc.pop("proof_json")
+    return doc | {"proof": json.loads(r.proof_json)}
+
+
+async def status(store: WorkStore, family: str, now_us: int,
+                 claim_tx_bound_us: int = 60_000_000) -> dict[str, Any]:
+    """Owner generation, receipts, fences with projector progress, and what exactly
+    blocks the next step (counted now; the step counts again itself)."""
+    probe = await legacy_probe_for(store)
+    gen, snap = await store.cutover_snapshot(family, now_us, probe)
+    step = NEXT_STEP[gen.phase if gen is not None else None]
+    found = blockers(step, attrs.evolve(snap, claim_tx_bound_us=claim_tx_bound_us))
+    fences = await store.legacy_fence_progress(family)
+    return {
+        "family": family,
+        "generation": generation_json(gen),
+        "under_cutover": gen is not None,
+        "next_step": step.value,
+        "blockers": [{"code": b.code, "sentence": b.sentence} for b in found],
+        "counts": attrs.asdict(snap),
+        "receipts": [receipt_json(r) for r in await store.cutover_receipts(family)],
+        "fences": [attrs.asdict(f) | {"confirmed": f.confirmed} for f in fences],
+    }
+
+
+async def step(store: WorkStore, settings: Settings, verb: str, params: StepParams,
+               now_us: int, gone: tuple[str, ...] = ()) -> list[StepResult]:
+    """Run one operator verb (not ``status``); raises ``CutoverBlocked`` with the
+    blockers when a proof fails (earlier steps of the verb stay committed)."""
+    operator = authorize(settings, params.actor, "cutover.step")
+    params = attrs.evolve(params, role=operator.role)
+    for process in gone:
+        if not await store.process_mark_gone(process, params, now_us):
+            raise UnknownProcess(process)
+    done: list[StepResult] = []
+    if verb == "begin":
+        done.append(await store.cutover_begin(params, now_us))
+    elif verb == "commit":
+        done.append(await store.cutover_commit(params, now_us, await legacy_probe_for(store)))
+    elif verb == "rollback":
+        gen = await store.owner_generation_get(params.family)
+        if gen is None or gen.phase is not Phase.ROLLBACK_DRAINING:
+            done.append(await store.cutover_rollback_begin(params, now_us))
+        done.append(await store.cutover_rollback_commit(params, now_us))
+    elif verb == "re-cutover":
+        gen = await store.owner_generation_get(params.family)
+        if gen is not None and gen.phase is Phase.LEGACY_ACTIVE:
+            done.append(await store.cutover_begin(params, now_us))
+        done.append(await store.cutover_commit(params, now_us, await legacy_probe_for(store)))
+    else:
+        raise ValueError(f"not a cutover step: {verb}")
+    return done
+
