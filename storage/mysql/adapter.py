@@ -193,14 +193,14 @@ class _MysqlTx:
     async def _run(self, cur: Any, sql: str, params: Sequence[Any]) -> None:
         if self.broken:
             raise _StatementTimeout(f"{self._name}: the connection timed out earlier")
-        try:
-            with trio.fail_after(self._timeout_s):
-                await cur.execute(to_pyformat(sql), tuple(params))
-        except trio.TooSlowError:
+        # trio.fail_after without its context-manager generator: this runs per statement.
+        with trio.CancelScope(deadline=trio.current_time() + self._timeout_s) as bound:
+            await cur.execute(to_pyformat(sql), tuple(params))
+        if bound.cancelled_caught:
             self.broken = True
             raise _StatementTimeout(
                 f"{self._name}: no answer to a statement within {self._timeout_s:g}s"
-            ) from None
+            )
 
     async def begin(self) -> None:
         try:
