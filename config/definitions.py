@@ -19,7 +19,8 @@ A document declares (see ``config/providers/*.toml`` for two real ones)::
     [operations."<op>"]
     intent_kinds, local_object, remote_object, allowed_fields,
     command_fields = "/properties"            # where the command's request holds them
-    not_applied_statuses, replay_safe, default_retry_after, max_in_flight, max_clock_skew
+    accepted_statuses, not_applied_statuses, rejected_statuses,   # status semantics
+    replay_safe, default_retry_after, max_in_flight, max_clock_skew
     [operations."<op>".request]               # what is sent
     method, path, content_type, auth, body, idempotency_header (optional)
     [operations."<op>".response]              # what a response proves
@@ -115,8 +116,8 @@ class OperationDefinition:
 
 _OPERATION_KEYS = frozenset({
     "intent_kinds", "local_object", "remote_object", "allowed_fields", "command_fields",
-    "not_applied_statuses", "replay_safe", "default_retry_after", "max_in_flight",
-    "max_clock_skew", "request", "response", "read",
+    "accepted_statuses", "not_applied_statuses", "rejected_statuses", "replay_safe",
+    "default_retry_after", "max_in_flight", "max_clock_skew", "request", "response", "read",
 })
 _REQUEST_KEYS = frozenset({"method", "path", "content_type", "auth", "body",
                            "idempotency_header"})
@@ -157,6 +158,60 @@ def _statuses(key: str, value: Any) -> frozenset[int]:
             isinstance(s, int) and not isinstance(s, bool) and 100 <= s <= 599 for s in value):
         raise CatalogError(key, "expected a list of HTTP status codes")
     return frozenset(value)
+
+
+# An operation's declared status semantics: three disjoint sets, each a list of
+# status codes (429) and status classes ("4xx"). An exact code wins over a class
+# ("4xx" in rejected_statuses with 429 in not_applied_statuses rejects every 4xx
+# but 429); the same code, or the same class, in two sets is an error. The
+# defaults are the semantics every operation had before they were declared.
+_STATUS_SETS: tuple[tuple[str, list[int | str]], ...] = (
+    ("accepted_statuses", ["2xx"]),
+    ("not_applied_statuses", [429]),
+    ("rejected_statuses", ["4xx"]),
+)
+_STATUS_CLASS = re.compile(r"^[1-5]xx$")
+
+
+def _status_entries(key: str, value: Any) -> tuple[set[int], set[int]]:
+    """(exact codes, class digits) of one declared status set."""
+    if not isinstance(value, list):
+        raise CatalogError(key, 'expected a list of HTTP status codes (100-599) or classes'
+                           ' such as "4xx"')
+    codes: set[int] = set()
+    classes: set[int] = set()
+    for entry in value:
+        if isinstance(entry, int) and not isinstance(entry, bool) and 100 <= entry <= 599:
+            codes.add(entry)
+        elif isinstance(entry, str) and _STATUS_CLASS.match(entry):
+            classes.add(int(entry[0]))
+        else:
+            raise CatalogError(key, f"{entry!r} is not an HTTP status code (100-599) or a"
+                               ' class such as "4xx"')
+    return codes, classes
+
+
+def _status_semantics(key: str, table: Mapping[str, Any]) -> dict[str, frozenset[int]]:
+    declared = {name: _status_entries(f"{key}.{name}", table.get(name, default))
+                for name, default in _STATUS_SETS}
+    exact: dict[int, str] = {}
+    by_class: dict[int, str] = {}
+    for name, (codes, classes) in declared.items():
+        for code in sorted(codes):
+            if code in exact:
+                raise CatalogError(f"{key}.{name}", f"status {code} is also in"
+                                   f" {exact[code]}: a status has one meaning")
+            exact[code] = name
+        for digit in sorted(classes):
+            if digit in by_class:
+                raise CatalogError(f"{key}.{name}", f"status class {digit}xx is also in"
+                                   f" {by_class[digit]}: a status has one meaning")
+            by_class[digit] = name
+    out: dict[str, frozenset[int]] = {}
+    for name, (codes, classes) in declared.items():
+        implied = {s for d in classes for s in range(d * 100, d * 100 + 100) if s not in exact}
+        out[name] = frozenset(codes | implied)
+    return out
 
 
 def _number(key: str, table: Mapping[str, Any], name: str, default: float) -> float:
@@ -284,6 +339,7 @@ def _operation(provider: str, name: str, raw: Any,
     read = None
     if "read" in table:
         read = _read(f"{key}.read", table["read"], request.auth, schemes)
+    statuses = _status_semantics(key, table)
     return OperationDefinition(
         name=name,
         provider=provider,
@@ -296,8 +352,9 @@ def _operation(provider: str, name: str, raw: Any,
         request=request,
         response=_response(f"{key}.response", table.get("response", {})),
         contract=OperationContract(
-            not_applied_statuses=_statuses(f"{key}.not_applied_statuses",
-                                           table.get("not_applied_statuses", [429])),
+            accepted_statuses=statuses["accepted_statuses"],
+            not_applied_statuses=statuses["not_applied_statuses"],
+            rejected_statuses=statuses["rejected_statuses"],
             replay_safe=_bool(f"{key}.replay_safe", table.get("replay_safe", False)),
             default_retry_after_s=_number(key, table, "default_retry_after", 5.0),
             max_in_flight_s=_number(key, table, "max_in_flight", 30.0),

@@ -5,14 +5,16 @@ Theory of operation
 Every external call is one :class:`DispatchObservation`: how far the
 exchange got (never connected, request bytes may have left, a response
 arrived) and, if a response arrived, its status and ``Retry-After``. The
-frozen :class:`OperationContract` (from the L1 definition) says which
-statuses mean "not applied" and whether the effect is replay-safe.
+frozen :class:`OperationContract` (from the L1 definition) declares the
+operation's status semantics: which statuses mean "accepted", "not applied"
+and "rejected" (three disjoint sets; by default every 2xx, 429, and every
+other 4xx), and whether the effect is replay-safe.
 :func:`classify` maps the two to exactly one outcome class:
 
 ==========================  ============================================
-``ACCEPTED``                2xx naming the pinned record (where the
-                            definition says responses name one)
-``REJECTED``                a terminal, known rejection (most 4xx)
+``ACCEPTED``                an accepted status naming the pinned record
+                            (where the definition says responses name one)
+``REJECTED``                a declared rejected status (by default a 4xx)
 ``RETRYABLE_PRE_DISPATCH``  proven to fail before any byte left
 ``REPLAY_SAFE_RETRY``       the contract proves a retry cannot double the
                             effect (e.g. 429, or 503 declared not-applied)
@@ -93,12 +95,25 @@ class DispatchObservation:
     identity: IdentityEvidence | None = None
 
 
+# Today's semantics, the defaults an L1 operation gets when it declares no sets:
+# every 2xx accepted, every other 4xx (not declared not-applied) rejected.
+ACCEPTED_DEFAULT: frozenset[int] = frozenset(range(200, 300))
+REJECTED_DEFAULT: frozenset[int] = frozenset(range(400, 500)) - {429}
+
+
 @attrs.frozen(kw_only=True)
 class OperationContract:
     """What the frozen L1 operation definition promises about one call."""
 
+    # The operation's declared status semantics (three disjoint sets; the L1 loader
+    # refuses a status in two of them). A response status in none of them is
+    # treated as "maybe applied" (a 5xx, say): reconciled, or retried when replay-safe.
+    # Statuses that mean the call was applied (subject to the identity check).
+    accepted_statuses: frozenset[int] = ACCEPTED_DEFAULT
     # Statuses the provider documents as "not applied" (safe to try again).
     not_applied_statuses: frozenset[int] = frozenset({429})
+    # Statuses that mean the provider refused the call for good, and applied nothing.
+    rejected_statuses: frozenset[int] = REJECTED_DEFAULT
     # True only if the provider proves a repeated call cannot repeat the effect
     # (an idempotency key it honours, or a conditional request).
     replay_safe: bool = False
@@ -132,7 +147,7 @@ def classify(contract: OperationContract, seen: DispatchObservation) -> Classifi
     status = seen.status
     if status is None:
         raise ValueError("a response observation needs a status")
-    if 200 <= status < 300:
+    if status in contract.accepted_statuses:
         problem = seen.identity.problem if seen.identity is not None else ""
         if problem:
             # A 2xx about another record (or about none) does not prove *our* effect,
@@ -147,10 +162,11 @@ def classify(contract: OperationContract, seen: DispatchObservation) -> Classifi
             delay = contract.default_retry_after_s
         return Classification(OutcomeClass.REPLAY_SAFE_RETRY, Evidence.NOT_APPLIED, delay,
                               f"http_{status}")
-    if 400 <= status < 500:
+    if status in contract.rejected_statuses:
         return Classification(OutcomeClass.REJECTED, Evidence.NOT_APPLIED, None,
                               f"http_{status}")
-    # 5xx (and anything else) after sending: the provider may have applied it.
+    # A status the operation does not declare (5xx, say) after sending: the provider
+    # may have applied it.
     if contract.replay_safe:
         return Classification(OutcomeClass.REPLAY_SAFE_RETRY, Evidence.MAYBE_APPLIED, None,
                               f"http_{status}")

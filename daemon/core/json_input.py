@@ -31,19 +31,17 @@ class BadJson(ValueError):
 
 def depth(value: Any) -> int:
     """How deeply ``value`` nests arrays and objects (a scalar is 0), without recursion."""
+    if not isinstance(value, dict | list):
+        return 0
     deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
+    # Only containers are stacked (a body is mostly scalars): each with its own level.
+    stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, level = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        level += 1
         deepest = max(deepest, level)
-        stack.extend((child, level) for child in children)
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, level + 1) for child in children
+                     if isinstance(child, dict | list))
     return deepest
 
 

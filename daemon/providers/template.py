@@ -29,6 +29,7 @@ so the Catalog loader can name the full key in its one-line error.
 
 from __future__ import annotations
 
+import re
 import string
 import urllib.parse
 from collections.abc import Mapping
@@ -152,32 +153,52 @@ class Pointer:
 
     text: str
     _pointer: jsonpointer.JsonPointer = attrs.field(eq=False, repr=False)
+    # The unescaped reference tokens, parsed once (``find`` runs per response).
+    _tokens: tuple[str, ...] = attrs.field(eq=False, repr=False, default=())
 
     @classmethod
     def compile(cls, text: Any) -> Pointer:
         if not isinstance(text, str):
             raise TemplateError("", "expected a JSON pointer string such as \"/data/id\"")
         try:
-            return cls(text, jsonpointer.JsonPointer(text))
+            pointer = jsonpointer.JsonPointer(text)
         except jsonpointer.JsonPointerException as exc:
             raise TemplateError("", f"malformed JSON pointer {text!r}: {exc}") from None
+        return cls(text, pointer, tuple(str(part) for part in pointer.parts))
 
     def find(self, doc: Any) -> Any:
-        """The value at the pointer, or None when the document has nothing there."""
-        try:
-            return self._pointer.resolve(doc, None)
-        except (jsonpointer.JsonPointerException, TypeError):
-            return None
+        """The value at the pointer, or None when the document has nothing there.
+
+        RFC 6901 evaluation over the tokens parsed at load, as ``jsonpointer``
+        resolves them: an object member by name; an array element by an index
+        without leading zeros; anything else (``-``, a missing member or index, a
+        string or another scalar) is nothing there."""
+        for token in self._tokens:
+            if isinstance(doc, Mapping):
+                if token not in doc:
+                    return None
+                doc = doc[token]
+            elif isinstance(doc, list):
+                if not _INDEX.match(token) or int(token) >= len(doc):
+                    return None
+                doc = doc[int(token)]
+            else:
+                return None
+        return doc
 
     @property
     def parts(self) -> tuple[str, ...]:
         """The reference tokens, unescaped: ``/a/b`` is ("a", "b")."""
-        return tuple(str(part) for part in self._pointer.parts)
+        return self._tokens
 
     @property
     def label(self) -> str:
         """``/a/b`` as ``.a.b``, for messages that name where a value was expected."""
-        return "".join(f".{part}" for part in self._pointer.parts)
+        return "".join(f".{part}" for part in self._tokens)
+
+
+# An array index in a JSON pointer (RFC 6901 section 4): no sign, no leading zero.
+_INDEX = re.compile(r"\A(0|[1-9][0-9]*)\Z")
 
 
 def identity_text(value: Any) -> str | None:

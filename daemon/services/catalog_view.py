@@ -20,6 +20,7 @@ current settings hold for the same binding id.
 from __future__ import annotations
 
 import attrs
+import trio
 
 from config.catalog import Catalog, CatalogError
 from config.catalog_revisions import catalog_from_content
@@ -32,6 +33,8 @@ class CatalogView:
     store: CatalogRevisionPort
     current: Catalog
     _parsed: dict[tuple[int, str], Catalog] = attrs.field(factory=dict, init=False)
+    # One read and parse per revision: the handlers that want it at once wait for it.
+    _loading: dict[tuple[int, str], trio.Lock] = attrs.field(factory=dict, init=False)
 
     def _parse(self, row: CatalogRevision) -> Catalog | None:
         key = (row.revision, row.digest)
@@ -61,13 +64,18 @@ class CatalogView:
         A command admitted before revisions were stored (migration 0007) has no
         digest: it was admitted because its revision number was the one served,
         so it runs under the revision published under that number."""
-        found = self._parsed.get((revision, digest))
+        key = (revision, digest)
+        found = self._parsed.get(key)
         if found is not None:
             return found
-        row = await self.store.catalog_get(revision)
-        if row is None or (digest and row.digest != digest):
-            return None
-        return self._parse(row)
+        async with self._loading.setdefault(key, trio.Lock()):
+            found = self._parsed.get(key)  # parsed while this task waited
+            if found is not None:
+                return found
+            row = await self.store.catalog_get(revision)
+            if row is None or (digest and row.digest != digest):
+                return None
+            return self._parse(row)
 
 
 async def publish_current(store: CatalogRevisionPort, catalog: Catalog, *, actor: str,

@@ -182,35 +182,60 @@ class _StatementTimeout(DatabaseUnavailable):
 
 
 class _MysqlTx:
-    def __init__(self, conn: Any, stats: DbStats, timeout_s: float, name: str) -> None:
+    """One transaction's statements, all under one cancel scope (``bound``).
+
+    The scope's deadline is the transaction's (``transaction_timeout_s`` from its
+    start), moved before each statement to that statement's own bound when that
+    comes first: one scope per transaction instead of one per statement (a trio
+    deadline is cheap to move, a scope is not cheap to enter and leave), and put
+    back after it. When it fires, :meth:`timed_out` says which bound it was."""
+
+    def __init__(self, conn: Any, stats: DbStats, timeout_s: float, name: str,
+                 bound: trio.CancelScope) -> None:
         self._conn = conn
         self._stats = stats
         self._timeout_s = timeout_s
         self._name = name
+        self._bound = bound
+        self._tx_deadline = bound.deadline
+        # What waited for the server last (BEGIN or a statement).
+        self._waiting = ""
         # Set by a timeout: the connection is out of step; nothing more may use it.
         self.broken = False
 
-    async def _run(self, cur: Any, sql: str, params: Sequence[Any]) -> None:
+    def _arm(self, what: str) -> None:
         if self.broken:
             raise _StatementTimeout(f"{self._name}: the connection timed out earlier")
+        self._bound.deadline = min(self._tx_deadline, trio.current_time() + self._timeout_s)
+        self._waiting = what
+
+    def timed_out(self) -> _StatementTimeout | None:
+        """After ``bound`` fired: the statement that timed out, or None when it was
+        the transaction's own bound."""
+        self.broken = True
+        # The scope fires at its deadline: before the transaction's, it was a statement's.
+        if self._waiting and trio.current_time() < self._tx_deadline:
+            return _StatementTimeout(
+                f"{self._name}: no answer to {self._waiting} within {self._timeout_s:g}s")
+        return None
+
+    def _disarm(self) -> None:
+        """Between statements only the transaction's bound applies."""
+        self._bound.deadline = self._tx_deadline
+
+    async def _run(self, cur: Any, sql: str, params: Sequence[Any]) -> None:
+        self._arm("a statement")
         try:
-            with trio.fail_after(self._timeout_s):
-                await cur.execute(to_pyformat(sql), tuple(params))
-        except trio.TooSlowError:
-            self.broken = True
-            raise _StatementTimeout(
-                f"{self._name}: no answer to a statement within {self._timeout_s:g}s"
-            ) from None
+            await cur.execute(to_pyformat(sql), tuple(params))
+        finally:
+            self._disarm()
 
     async def begin(self) -> None:
+        self._arm("BEGIN")
         try:
-            with trio.fail_after(self._timeout_s):
-                await self._conn.begin()
-        except trio.TooSlowError:
-            self.broken = True
-            raise _StatementTimeout(
-                f"{self._name}: no answer to BEGIN within {self._timeout_s:g}s"
-            ) from None
+            await self._conn.begin()
+        finally:
+            self._disarm()
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         self._stats.statements += 1
@@ -411,18 +436,22 @@ class MysqlDatabase:
         pooled = await self._acquire()
         conn = pooled.conn
         reusable = False
-        tx = _MysqlTx(conn, self.stats, self.statement_timeout_s, name)
+        bound = trio.CancelScope(deadline=trio.current_time() + self.transaction_timeout_s)
+        tx = _MysqlTx(conn, self.stats, self.statement_timeout_s, name, bound)
         try:
             try:
-                with trio.fail_after(self.transaction_timeout_s):
+                with bound:
                     if write:
                         await tx.begin()
                     result = await body(tx)
-            except trio.TooSlowError:
-                raise DatabaseUnavailable(
-                    f"{name}: no answer from {self.target.describe()} within"
-                    f" {self.transaction_timeout_s:g}s"
-                ) from None
+                if bound.cancelled_caught:
+                    statement = tx.timed_out()
+                    if statement is not None:
+                        raise statement
+                    raise DatabaseUnavailable(
+                        f"{name}: no answer from {self.target.describe()} within"
+                        f" {self.transaction_timeout_s:g}s"
+                    )
             except _StatementTimeout as exc:
                 raise DatabaseUnavailable(f"{exc} from {self.target.describe()}") from None
             except trio_mysql.MySQLError as exc:

@@ -60,6 +60,45 @@ def test_classify(contract: OperationContract, seen: DispatchObservation,
     assert classify(contract, seen) == expected
 
 
+# Declared status semantics (L1 accepted_statuses / not_applied_statuses /
+# rejected_statuses): classify reads the sets, not the 2xx/4xx ranges.
+STRICT = OperationContract(accepted_statuses=frozenset({200}),
+                           not_applied_statuses=frozenset({429, 409}),
+                           rejected_statuses=frozenset({400, 422}), replay_safe=False)
+LENIENT = OperationContract(accepted_statuses=frozenset({200, 202, 302}),
+                            not_applied_statuses=frozenset({503}),
+                            rejected_statuses=frozenset({404, 410}), replay_safe=True)
+
+
+@pytest.mark.parametrize(
+    ("contract", "status", "expected"),
+    [
+        (STRICT, 200, Classification(OC.ACCEPTED, AP)),
+        (STRICT, 400, Classification(OC.REJECTED, NA, None, "http_400")),
+        (STRICT, 422, Classification(OC.REJECTED, NA, None, "http_422")),
+        (STRICT, 409, Classification(OC.REPLAY_SAFE_RETRY, NA, 5.0, "http_409")),
+        # Negative rows: a 2xx or a 4xx the operation does not declare is neither
+        # accepted nor rejected: bytes left and nothing proves the outcome.
+        (STRICT, 201, Classification(OC.OUTCOME_UNKNOWN, MA, None, "http_201")),
+        (STRICT, 204, Classification(OC.OUTCOME_UNKNOWN, MA, None, "http_204")),
+        (STRICT, 404, Classification(OC.OUTCOME_UNKNOWN, MA, None, "http_404")),
+        (STRICT, 429, Classification(OC.REPLAY_SAFE_RETRY, NA, 5.0, "http_429")),
+        (STRICT, 302, Classification(OC.OUTCOME_UNKNOWN, MA, None, "http_302")),
+        (LENIENT, 302, Classification(OC.ACCEPTED, AP)),
+        (LENIENT, 202, Classification(OC.ACCEPTED, AP)),
+        (LENIENT, 410, Classification(OC.REJECTED, NA, None, "http_410")),
+        (LENIENT, 503, Classification(OC.REPLAY_SAFE_RETRY, NA, 5.0, "http_503")),
+        # Undeclared, on a replay-safe operation: a safe replay, but only *maybe* applied.
+        (LENIENT, 204, Classification(OC.REPLAY_SAFE_RETRY, MA, None, "http_204")),
+        (LENIENT, 400, Classification(OC.REPLAY_SAFE_RETRY, MA, None, "http_400")),
+        (LENIENT, 500, Classification(OC.REPLAY_SAFE_RETRY, MA, None, "http_500")),
+    ],
+)
+def test_classify_reads_the_declared_status_semantics(
+        contract: OperationContract, status: int, expected: Classification) -> None:
+    assert classify(contract, DispatchObservation(Phase.RESPONDED, status)) == expected
+
+
 def test_a_response_needs_a_status() -> None:
     with pytest.raises(ValueError, match="status"):
         classify(PATCH, DispatchObservation(Phase.RESPONDED))

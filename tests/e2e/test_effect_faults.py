@@ -142,14 +142,18 @@ async def world(database: FreshDatabase, tmp_path: Path) -> AsyncIterator[World]
             os.environ.pop(name, None)
 
 
-async def _setup_lead(w: World, store: WorkStore) -> str:
+async def _setup_lead(w: World, store: WorkStore, latency_ms: int = 1500,
+                      unchanged_for_s: float = 0.0) -> str:
     w.sim.add_contact("101", jobtitle="Engineer")
+    # A read-back proves absence only of a record last changed more than the clock
+    # skew (2 s) before the dispatch.
+    await trio.sleep(unchanged_for_s)
     assert (await w.http.post(f"{w.runtime_url}/leads",
                               json={"lead_id": "lead-1", "title": "Engineer"})).status_code == 201
     await store.link_adopt(LINK_SCOPE, "lead", "lead-1", "contact", "101", actor="test",
                            role="admin", reason="setup", now_us=time.time_ns() // 1000)
-    # A slow provider: the PATCH is applied and answered 1.5 s after it arrives.
-    w.sim.inject(Fault(mode="latency", method="PATCH", latency_ms=1500))
+    # A slow provider: the PATCH is applied and answered latency_ms after it arrives.
+    w.sim.inject(Fault(mode="latency", method="PATCH", latency_ms=latency_ms))
     r = await w.http.patch(f"{w.runtime_url}/leads/lead-1", json={"title": "CTO"})
     assert r.status_code == 200
     return str(r.json()["intent_id"])
@@ -225,6 +229,50 @@ async def test_sigkill_after_the_checkpoint_is_reconciled_not_resent(
 
             await wait_for(committed, within_s=60)
             assert len([r for r in w.sim.requests if r.method == "PATCH"]) == 1
+            (item,) = await store.work_list(WorkQuery(family="external_effect"))
+            (attempt,) = await store.effect_attempts(item.subject_id)
+            assert (attempt.outcome, attempt.disposition) == (None, "proven_applied")
+        finally:
+            await stop_all(started)
+
+
+async def test_absence_counts_the_window_from_when_the_client_gave_up_not_from_dispatch(
+    database: FreshDatabase, store: WorkStore, tmp_path: Path
+) -> None:
+    """Issue 8, item 11: absence is proven from the later of the dispatch and the moment
+    the client gave up on the exchange, plus the in-flight window.
+
+    The binding's client gives up on an exchange 10 s after the dispatch at the latest
+    (two 5 s timeouts: a free connection, then the request); the window is 2.5 s.
+    Replica A dispatches and is killed with the PATCH still at the provider, which
+    applies it 6 s after it arrived: later than dispatch + window, within give-up +
+    window. Counting the window from the dispatch (as before), B's read-back 3-5 s
+    after the dispatch saw the record unmodified, "proved" the PATCH absent and sent it
+    again: two applied PATCHes. Counted from the (unrecorded, so latest possible)
+    give-up, B waits until 12.5 s, reads the applied value back and settles: one."""
+    latency_s = 6.0
+    async with world(database, tmp_path) as w:
+        a = await start_replica(w.config, "a")
+        started = [a]
+        try:
+            intent_id = await _setup_lead(w, store, latency_ms=int(latency_s * 1000),
+                                          unchanged_for_s=2.5)
+            await wait_for(lambda: not w.sim.pending_faults())  # the PATCH has arrived
+            arrived = trio.current_time()
+            a.kill()
+            await a.wait()
+            b = await _second_replica(w, tmp_path)
+            started.append(b)
+
+            async def committed() -> bool:
+                return await _intent_status(w, intent_id) == "COMMITTED"
+
+            await wait_for(committed, within_s=60)
+            # The slow PATCH has landed (and been journaled) by now.
+            await trio.sleep(max(0.0, arrived + latency_s + 1.0 - trio.current_time()))
+            patches = [r for r in w.sim.requests if r.method == "PATCH"]
+            assert [r.applied for r in patches] == [True], "the PATCH was sent again"
+            assert w.sim.patches_applied("101") == 1
             (item,) = await store.work_list(WorkQuery(family="external_effect"))
             (attempt,) = await store.effect_attempts(item.subject_id)
             assert (attempt.outcome, attempt.disposition) == (None, "proven_applied")

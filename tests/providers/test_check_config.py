@@ -51,6 +51,12 @@ def config(tmp_path: Path, folder: Path | str) -> Path:
         ('path = "/api/v2/prospects/{remote_id}"\ncontent',
          'path = "/api/v2/prospects/{prospect_id}"\ncontent', f"{KEY}.request.path",
          "unknown path field {prospect_id}"),
+        ('rejected_statuses = ["4xx"]', 'rejected_statuses = ["4xx", 429]',
+         f"{KEY}.rejected_statuses", "status 429 is also in not_applied_statuses"),
+        ('accepted_statuses = ["2xx"]', 'accepted_statuses = ["2xx", 600]',
+         f"{KEY}.accepted_statuses", "600 is not an HTTP status code (100-599)"),
+        ('rejected_statuses = ["4xx"]', 'rejected_statuses = [99]',
+         f"{KEY}.rejected_statuses", "99 is not an HTTP status code"),
     ],
 )
 def test_a_bad_definition_is_one_line_naming_the_key_and_exit_2(

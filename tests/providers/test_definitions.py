@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import tomllib
+from collections.abc import Set
 from importlib import resources
 from typing import Any
 
@@ -106,7 +107,21 @@ K = f"providers.acme.operations.{OP}"
         ("operations.OP.intent_kinds", "UPSERT", f"{K}.intent_kinds", "expected list"),
         ("operations.OP.local_object", _DELETE, f"{K}.local_object", "missing"),
         ("operations.OP.not_applied_statuses", [429, True], f"{K}.not_applied_statuses",
-         "status codes"),
+         "True is not an HTTP status code"),
+        ("operations.OP.accepted_statuses", [200, 600], f"{K}.accepted_statuses",
+         "600 is not an HTTP status code (100-599)"),
+        ("operations.OP.accepted_statuses", [99], f"{K}.accepted_statuses",
+         "99 is not an HTTP status code"),
+        ("operations.OP.rejected_statuses", ["4XX"], f"{K}.rejected_statuses",
+         "'4XX' is not an HTTP status code"),
+        ("operations.OP.rejected_statuses", ["6xx"], f"{K}.rejected_statuses",
+         "'6xx' is not"),
+        ("operations.OP.rejected_statuses", [True], f"{K}.rejected_statuses", "True is not"),
+        ("operations.OP.rejected_statuses", "4xx", f"{K}.rejected_statuses", "expected a list"),
+        ("operations.OP.rejected_statuses", [429], f"{K}.rejected_statuses",
+         "status 429 is also in not_applied_statuses"),
+        ("operations.OP.rejected_statuses", ["2xx"], f"{K}.rejected_statuses",
+         "status class 2xx is also in accepted_statuses"),
         ("operations.OP.replay_safe", "no", f"{K}.replay_safe", "true or false"),
         ("operations.OP.max_in_flight", -1, f"{K}.max_in_flight", "non-negative"),
         ("operations.OP.allowed_properties", ["name"], f"{K}.allowed_properties",
@@ -127,6 +142,51 @@ def test_a_bad_definition_names_the_key(path: str, value: Any, key: str, says: s
     assert caught.value.key == key
     assert says in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+R2XX, R4XX, R5XX = (frozenset(range(c, c + 100)) for c in (200, 400, 500))
+
+
+@pytest.mark.parametrize(
+    ("declared", "accepted", "not_applied", "rejected"),
+    [
+        # Nothing declared: the semantics every operation had before they were declared.
+        ({}, R2XX, {429}, R4XX - {429}),
+        # An exact code wins over a class, in either direction.
+        ({"not_applied_statuses": [429, 503]}, R2XX, {429, 503}, R4XX - {429}),
+        ({"accepted_statuses": [200, 204], "rejected_statuses": [400, 404, 409, 422]},
+         {200, 204}, {429}, {400, 404, 409, 422}),
+        ({"rejected_statuses": ["4xx", "3xx"]}, R2XX, {429},
+         (R4XX - {429}) | frozenset(range(300, 400))),
+        ({"accepted_statuses": ["2xx"], "not_applied_statuses": [202]},
+         R2XX - {202}, {202}, R4XX),
+        ({"accepted_statuses": ["2xx", 200, 200]}, R2XX, {429}, R4XX - {429}),
+        # Nothing rejected: every 4xx but 429 is "maybe applied" (reconciled), never NO_EFFECT.
+        ({"rejected_statuses": []}, R2XX, {429}, set()),
+        ({"not_applied_statuses": [], "rejected_statuses": ["4xx", "5xx"]}, R2XX, set(),
+         R4XX | R5XX),
+    ],
+)
+def test_declared_status_semantics(declared: dict[str, Any], accepted: Set[int],
+                                   not_applied: Set[int], rejected: Set[int]) -> None:
+    doc = copy.deepcopy(base())
+    doc["operations"][OP].update(declared)
+    (op,) = parse_provider(doc, "acme.toml").values()
+    got = op.contract
+    assert got.accepted_statuses == accepted
+    assert got.not_applied_statuses == not_applied
+    assert got.rejected_statuses == rejected
+    assert not got.accepted_statuses & got.rejected_statuses
+    assert not (got.accepted_statuses | got.rejected_statuses) & got.not_applied_statuses
+
+
+def test_the_shipped_definitions_declare_todays_status_semantics() -> None:
+    operations, _ = load_definitions()
+    for op in operations.values():
+        contract = op.contract
+        assert contract.accepted_statuses == R2XX
+        assert contract.not_applied_statuses == {429}
+        assert contract.rejected_statuses == R4XX - {429}
 
 
 @pytest.mark.parametrize(

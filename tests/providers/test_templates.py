@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jsonpointer
 import pytest
 
 from daemon.providers.template import (
@@ -102,6 +103,33 @@ def test_path_template_refuses(text: Any) -> None:
 )
 def test_pointer_finds(text: str, doc: Any, found: Any) -> None:
     assert Pointer.compile(text).find(doc) == found
+
+
+_ORACLE_DOCS: list[Any] = [
+    None, 7, "text", [], ["x", "y", "z"], {}, {"": 1, "a": {"b": [10, {"c": None}]}},
+    {"data": {"id": "42", "attributes": {"title": "CTO", "updatedAt": "2026-01-01"}}},
+    {"a/b": {"c~d": [True]}, "0": "zero", "01": "one", "list": [[1, 2], "ab"]},
+]
+_ORACLE_POINTERS = [
+    "", "/", "/a", "/a/b", "/a/b/0", "/a/b/1/c", "/a/b/01", "/a/b/-", "/a/b/2", "/a/b/-1",
+    "/0", "/01", "/1", "/-", "/data/id", "/data/attributes/title", "/data/id/0",
+    "/a~1b/c~0d/0", "/list/0/1", "/list/1/0", "/list/1/5", "/list/x", "/text/0",
+]
+
+
+@pytest.mark.parametrize("text", _ORACLE_POINTERS)
+def test_pointer_find_agrees_with_jsonpointer(text: str) -> None:
+    """find walks the tokens parsed at load; it must say what ``jsonpointer`` resolves
+    (whose end-of-array marker ``-`` is nothing there), for every document."""
+    pointer = Pointer.compile(text)
+    for doc in _ORACLE_DOCS:
+        try:
+            expected = jsonpointer.resolve_pointer(doc, text, None)
+        except (jsonpointer.JsonPointerException, TypeError):
+            expected = None
+        if isinstance(expected, jsonpointer.EndOfList):
+            expected = None
+        assert pointer.find(doc) == expected, (text, doc)
 
 
 @pytest.mark.parametrize("text", ["properties", "data/id", "/a~2b", "/a~", 5, None])
