@@ -147,6 +147,8 @@ class BindingSettings:
     app_installation_id: str
     remote_account_id: str
     base_url: str
+    # Only the bootstrap of the durable PrincipalBinding's generation (used when the
+    # binding has no row yet); after that the durable row decides.
     generation: int = 1
     timeout: float = 10.0
     # L2 policy may only *lengthen* the in-flight window L1 declares for the

@@ -13,7 +13,9 @@ performs the step and nothing else. The rules, in the order they apply:
 1. No command: blocked (``missing_command``). A settled command: nothing to do.
 2. The command's targets are checked against what is current (seed 8.1, 13):
    it must carry pins (``unpinned_command``: admitted before pinning
-   existed), the pinned binding generation must be current
+   existed), the binding must still exist (``binding_missing``) and pin a
+   durable generation (``unpinned_binding``), be connected
+   (``binding_disconnected``) and at the pinned generation
    (``binding_generation``), a link must have existed at admission
    (``no_remote_link``) and must still be active (``link_inactive``) with the
    pinned generation (``link_generation``) and remote id
@@ -70,7 +72,8 @@ class CommandView:
     command_id: str
     settlement: str  # "open" or a terminal settlement
     intent_kind: str
-    binding_generation: int
+    # The durable PrincipalBinding generation pinned at admission (None: never pinned).
+    binding_generation: int | None
     # Pinned at admission (None: admitted before pins, or no link existed then).
     link_key: str | None
     link_generation: int | None
@@ -89,9 +92,11 @@ class OperationView:
 
 @attrs.frozen(kw_only=True)
 class BindingView:
-    """The L2 binding as it is now."""
+    """The L2 binding as it is now: its definition from the pinned revision, its
+    generation and state from the durable PrincipalBinding."""
 
     generation: int
+    connected: bool
     has_token: bool
     # When the client gives up on an exchange at the latest (the shell enforces it).
     client_deadline_s: float
@@ -253,6 +258,11 @@ def target_refusal(command: CommandView, binding: BindingView | None,
                 " issue a repair command to pin the current ones")
     if binding is None:
         return ("binding_missing", "the command's binding is no longer configured")
+    if command.binding_generation is None:
+        return ("unpinned_binding", "the command pins no durable binding generation;"
+                " issue a repair command to pin the current one")
+    if not binding.connected:
+        return ("binding_disconnected", "the pinned binding is disconnected")
     if binding.generation != command.binding_generation:
         return ("binding_generation", f"the pinned binding generation"
                 f" {command.binding_generation} is no longer current ({binding.generation})")

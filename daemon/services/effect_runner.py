@@ -64,6 +64,7 @@ from daemon.core.handoff import (
     NoEffectResult,
 )
 from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Skipped, Succeeded
+from daemon.core.principals import BindingState
 from daemon.core.work import WorkItem
 from daemon.providers.executor import (
     BadRequestForOperation,
@@ -79,6 +80,7 @@ from daemon.services.checkpoints import CheckpointBatcher
 from daemon.services.families import Handler, WorkContext
 from storage.effect_values import (
     AttemptDraft,
+    BindingNow,
     Command,
     Disposition,
     EffectAttempt,
@@ -90,6 +92,7 @@ from storage.effects import (
     EffectContextRow,
     attempts_of,
     dispose,
+    read_binding_now,
     record_outcome,
     settle,
 )
@@ -113,6 +116,8 @@ class EffectContext:
     link: RemoteLink | None
     # The Catalog revision the command pinned, as stored (None: not stored any more).
     pinned: Catalog | None = None
+    # The binding's durable PrincipalBinding now (None: it has no row).
+    principal: BindingNow | None = None
 
 
 def _client_deadline_s(binding: BindingSettings) -> float:
@@ -152,8 +157,9 @@ def operation_view(op: OperationDefinition) -> OperationView:
                          max_clock_skew_s=op.contract.max_clock_skew_s)
 
 
-def binding_view(b: BindingSettings, current_generation: int) -> BindingView:
-    return BindingView(generation=current_generation, has_token=b.token is not None,
+def binding_view(b: BindingSettings, now: BindingNow) -> BindingView:
+    return BindingView(generation=now.generation, connected=now.connected,
+                       has_token=b.token is not None,
                        client_deadline_s=_client_deadline_s(b), max_in_flight_s=b.max_in_flight,
                        max_clock_skew_s=b.max_clock_skew)
 
@@ -165,8 +171,8 @@ def link_view(link: RemoteLink) -> LinkView:
 
 @attrs.define(eq=False)
 class EffectRunner:
-    # The current Catalog (what the configuration serves): only the binding
-    # generation check reads it. Every definition comes from the pinned revision.
+    # The current Catalog (what the configuration serves). Every definition comes from
+    # the pinned revision; the binding's generation from its durable PrincipalBinding.
     catalog: Catalog
     catalogs: CatalogView
     executor: HttpExecutor
@@ -202,18 +208,18 @@ class EffectRunner:
             (found,) = await ctx.store.effect_contexts([request])
         if found is None:
             return None
-        command, attempt_count, hinted = found
+        command, attempt_count, hinted, principal = found
         pinned, op, binding = await self._definitions(command)
         key = command.link_key
         if not attempt_count and key == link_hint:
-            return EffectContext(command, [], op, binding, hinted, pinned)
+            return EffectContext(command, [], op, binding, hinted, pinned, principal)
 
         async def rest(tx: SqlTx) -> tuple[RemoteLink | None, list[EffectAttempt]]:
             link = hinted if key == link_hint else (await read_link(tx, key) if key else None)
             return link, (await attempts_of(tx, command_id) if attempt_count else [])
 
         link, attempts = await ctx.store.db.transact(rest, name="effect.context", write=False)
-        return EffectContext(command, attempts, op, binding, link, pinned)
+        return EffectContext(command, attempts, op, binding, link, pinned, principal)
 
     async def _context_unhinted(self, ctx: WorkContext, command_id: str) -> EffectContext | None:
         command = await ctx.store.command_get(command_id)
@@ -221,12 +227,15 @@ class EffectRunner:
             return None
         pinned, op, binding = await self._definitions(command)
 
-        async def body(tx: SqlTx) -> tuple[RemoteLink | None, list[EffectAttempt]]:
+        async def body(tx: SqlTx) -> tuple[RemoteLink | None, list[EffectAttempt],
+                                           BindingNow | None]:
             link = await read_link(tx, command.link_key) if command.link_key else None
-            return link, await attempts_of(tx, command_id)
+            return (link, await attempts_of(tx, command_id),
+                    await read_binding_now(tx, command.binding_id))
 
-        link, attempts = await ctx.store.db.transact(body, name="effect.context", write=False)
-        return EffectContext(command, attempts, op, binding, link, pinned)
+        link, attempts, principal = await ctx.store.db.transact(body, name="effect.context",
+                                                                write=False)
+        return EffectContext(command, attempts, op, binding, link, pinned, principal)
 
     def _view(self, ctx: WorkContext, ec: EffectContext | None
               ) -> ClaimView[PreparedRequest]:
@@ -242,14 +251,16 @@ class EffectRunner:
                                   idempotency_key=command.command_id)
             except BadRequestForOperation as exc:
                 error = str(exc)
-        # The pinned revision defines the binding; only its generation is the current
-        # configuration's (what the generation check compares with the pin).
-        current = self.catalog.binding(command.binding_id)
+        # The pinned revision defines the binding; its generation and state are the
+        # durable PrincipalBinding's now (what the generation check compares with the pin).
+        # A binding this configuration no longer serves is missing, whatever its row says.
+        served = self.catalog.binding(command.binding_id) is not None
         return ClaimView(
             command=command_view(command),
             operation=operation_view(op) if op is not None else None,
-            binding=(binding_view(binding, current.generation)
-                     if binding is not None and current is not None else None),
+            binding=(binding_view(binding, ec.principal)
+                     if binding is not None and served and ec.principal is not None
+                     else None),
             catalog_refusal=None if ec.pinned is not None else (
                 "catalog_revision_unavailable",
                 f"the pinned Catalog revision {command.catalog_revision}"
@@ -340,9 +351,9 @@ class EffectRunner:
                         view: ClaimView[PreparedRequest], prepared: PreparedRequest) -> Outcome:
         command, op, binding, link = ec.command, ec.operation, ec.binding, ec.link
         assert op is not None and binding is not None and binding.token is not None
-        assert link is not None
+        assert link is not None and ec.principal is not None
         evidence = canonical_bytes({
-            "binding_generation": binding.generation,
+            "binding_generation": ec.principal.generation,
             "catalog_revision": command.catalog_revision,
             "link_generation": link.generation,
             "link_key": link.link_key,
@@ -428,8 +439,10 @@ async def replay_refusal(catalogs: CatalogView, store: WorkStore,
         return ("an effect attempt's outcome is unknown; reconcile it or record an operator"
                 " disposition first")
     current = catalogs.current
-    binding = current.binding(command.binding_id)
-    if binding is None or binding.generation != command.binding_generation:
+    principal = await store.binding_get(command.binding_id)
+    if (current.binding(command.binding_id) is None or principal is None
+            or principal.state is not BindingState.CONNECTED
+            or principal.generation != command.binding_generation):
         return ("the command's binding generation is no longer current; issue a repair"
                 " command instead")
     if (command.catalog_revision, command.catalog_digest) != (current.revision, current.digest):

@@ -46,7 +46,7 @@ COMMAND = CommandView(command_id="c1", settlement="open", intent_kind="UPSERT",
                       binding_generation=1, link_key="lk", link_generation=3, remote_id="101")
 OP = OperationView(name="op", intent_kinds=frozenset({"UPSERT"}), max_in_flight_s=30.0,
                    max_clock_skew_s=2.0)
-BINDING = BindingView(generation=1, has_token=True, client_deadline_s=10.0)
+BINDING = BindingView(generation=1, connected=True, has_token=True, client_deadline_s=10.0)
 LINK = LinkView(state="active", generation=3, remote_id="101")
 VIEW: ClaimView[str] = ClaimView(command=COMMAND, operation=OP, binding=BINDING, link=LINK,
                                  request=REQUEST, desired={"jobtitle": "CTO"}, now_us=NOW)
@@ -106,6 +106,16 @@ ROWS: list[tuple[str, ClaimView[str], Step[str]]] = [
                     " current (2)", BEFORE)),
     ("binding gone", attrs.evolve(VIEW, binding=None),
      SettleNoEffect("binding_missing", "the command's binding is no longer configured", BEFORE)),
+    ("no durable generation pinned (admitted before the pin, never backfilled)",
+     attrs.evolve(VIEW, command=cmd(binding_generation=None)),
+     SettleNoEffect("unpinned_binding", "the command pins no durable binding generation;"
+                    " issue a repair command to pin the current one", BEFORE)),
+    ("binding disconnected (generation kept)",
+     attrs.evolve(VIEW, binding=attrs.evolve(BINDING, connected=False)),
+     SettleNoEffect("binding_disconnected", "the pinned binding is disconnected", BEFORE)),
+    ("binding disconnected and the generation moved",
+     attrs.evolve(VIEW, binding=attrs.evolve(BINDING, connected=False, generation=2)),
+     SettleNoEffect("binding_disconnected", "the pinned binding is disconnected", BEFORE)),
     ("no link at admission", attrs.evolve(VIEW, command=cmd(link_generation=None,
                                                             remote_id=None)),
      SettleNoEffect("no_remote_link", "no remote link existed for the record when the command"
@@ -176,6 +186,11 @@ ROWS: list[tuple[str, ClaimView[str], Step[str]]] = [
      Blocked("binding_generation", "the pinned binding generation 1 is no longer current (2);"
              " an unresolved attempt cannot be read back with another identity: operator"
              " disposition needed")),
+    ("unresolved and binding disconnected: no read-back",
+     attrs.evolve(VIEW, attempts=(UNKNOWN,), binding=attrs.evolve(BINDING, connected=False)),
+     Blocked("binding_disconnected", "the pinned binding is disconnected; an unresolved"
+             " attempt cannot be read back with another identity: operator disposition"
+             " needed")),
     ("unresolved, operation gone", attrs.evolve(VIEW, attempts=(UNKNOWN,), operation=None),
      Wait("reconcile_unavailable", "the pinned operation is not served; cannot read back",
           60.0)),
