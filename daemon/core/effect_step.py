@@ -98,6 +98,8 @@ class BindingView:
     generation: int
     connected: bool
     has_token: bool
+    # The token comes from a grant that can be refreshed (a 401 earns one refresh).
+    refreshable: bool = False
     # When the client gives up on an exchange at the latest (the shell enforces it).
     client_deadline_s: float
     max_in_flight_s: float = 0.0  # L2; 0 means L1's
@@ -121,6 +123,7 @@ class AttemptView:
     disposition: str | None
     dispatched_at_us: int
     gave_up_at_us: int | None
+    failure_class: str | None = None
 
     @property
     def unresolved(self) -> bool:
@@ -334,6 +337,19 @@ def _reconcile(view: ClaimView[R], unresolved: list[AttemptView]) -> Step[R]:
                 " operator disposition needed")
 
 
+def credential_refusal(view: ClaimView[R], code: str, sentence: str,
+                       verdict: Classification | None = None) -> Step[R]:
+    """No token can be had for a definitive reason (``code``: needs re-authorization, no
+    grant, a refused bundle): settled with that reason when the history (with the
+    exchange just classified, if any) proves no effect, otherwise blocked."""
+    command = view.command
+    assert command is not None
+    history = [a.facts for a in view.attempts]
+    if verdict is not None:
+        history.append(AttemptFacts(verdict.outcome.value, verdict.evidence.value))
+    return _refuse(command, history, code, sentence)
+
+
 def decide(view: ClaimView[R]) -> Step[R]:
     """The one step this claim performs (see the module's rules)."""
     command = view.command
@@ -372,10 +388,23 @@ def decide(view: ClaimView[R]) -> Step[R]:
     return Dispatch(view.request)
 
 
+# The class of a provider's 401 (our access token was not accepted).
+UNAUTHENTICATED = "http_401"
+
+
 def after_attempt(view: ClaimView[R], verdict: Classification, what: str) -> Step[R]:
-    """The step after the exchange just made (``view`` is the claim's view before it)."""
+    """The step after the exchange just made (``view`` is the claim's view before it).
+
+    A 401 with a refreshable grant is not a rejection of the effect but of the token:
+    the first one earns one refresh and a retry (``token_rejected``); a 401 after an
+    earlier one is a definitive authorization failure and settles like any rejection."""
     command = view.command
     assert command is not None and view.operation is not None
+    if (verdict.outcome is OutcomeClass.REJECTED and verdict.failure_class == UNAUTHENTICATED
+            and view.binding is not None and view.binding.refreshable
+            and not any(a.failure_class == UNAUTHENTICATED for a in view.attempts)):
+        return Wait("token_rejected", "the provider refused the access token (http_401):"
+                    " refreshed once, the effect is retried", 0.0)
     match verdict.outcome:
         case OutcomeClass.ACCEPTED:
             assert command.remote_id is not None

@@ -55,6 +55,7 @@ from daemon.core.effect_step import (
     Step,
     Wait,
     after_attempt,
+    credential_refusal,
     decide,
 )
 from daemon.core.effects import Classification, DispatchObservation, Phase, classify
@@ -73,11 +74,14 @@ from daemon.providers.executor import (
     desired_fields,
     prepare,
 )
+from daemon.services import effect_quota as quota
 from daemon.services import logs
 from daemon.services.batcher import Batcher
 from daemon.services.catalog_view import CatalogView
 from daemon.services.checkpoints import CheckpointBatcher
+from daemon.services.credentials import Credentials, definitive
 from daemon.services.families import Handler, WorkContext
+from daemon.services.token_refresh import AccessToken, TokenUnavailable
 from storage.effect_values import (
     AttemptDraft,
     BindingNow,
@@ -148,7 +152,7 @@ def command_view(command: Command) -> CommandView:
 def attempt_view(a: EffectAttempt) -> AttemptView:
     return AttemptView(attempt_id=a.attempt_id, outcome=a.outcome, evidence=a.evidence,
                        disposition=a.disposition, dispatched_at_us=a.dispatch_started_at_us,
-                       gave_up_at_us=a.gave_up_at_us)
+                       gave_up_at_us=a.gave_up_at_us, failure_class=a.failure_class)
 
 
 def operation_view(op: OperationDefinition) -> OperationView:
@@ -157,9 +161,13 @@ def operation_view(op: OperationDefinition) -> OperationView:
                          max_clock_skew_s=op.contract.max_clock_skew_s)
 
 
-def binding_view(b: BindingSettings, now: BindingNow) -> BindingView:
+def binding_view(b: BindingSettings, now: BindingNow, *, grants: bool = False) -> BindingView:
+    """``grants``: token keys are loaded, so a grant can be opened."""
+    grant = b.auth == "grant"
     return BindingView(generation=now.generation, connected=now.connected,
-                       has_token=b.token is not None,
+                       # A grant's token is checked when it is needed (its state, expiry).
+                       has_token=grants if grant else b.token is not None,
+                       refreshable=grant and grants,
                        client_deadline_s=_client_deadline_s(b), max_in_flight_s=b.max_in_flight,
                        max_clock_skew_s=b.max_clock_skew)
 
@@ -183,6 +191,8 @@ class EffectRunner:
     checkpoints: CheckpointBatcher | None = None
     # Shared context reads; None reads each one on its own.
     contexts: Batcher[tuple[str, str], EffectContextRow | None] | None = None
+    # Where access tokens come from (a static token, or a grant through the token owner).
+    credentials: Credentials = attrs.Factory(Credentials)
 
     async def _definitions(self, command: Command) -> tuple[
             Catalog | None, OperationDefinition | None, BindingSettings | None]:
@@ -258,7 +268,8 @@ class EffectRunner:
         return ClaimView(
             command=command_view(command),
             operation=operation_view(op) if op is not None else None,
-            binding=(binding_view(binding, ec.principal)
+            binding=(binding_view(binding, ec.principal,
+                                  grants=self.credentials.owner is not None)
                      if binding is not None and served and ec.principal is not None
                      else None),
             catalog_refusal=None if ec.pinned is not None else (
@@ -282,7 +293,7 @@ class EffectRunner:
             match step:
                 case Reconcile():
                     assert ec is not None
-                    readback = await self._read(ec, step)
+                    readback = await self._read(ctx, ec, step)
                     view = attrs.evolve(view, readback=readback, now_us=ctx.clock.now_us())
                 case RecordAbsent(attempt_ids=ids):
                     # Committed now: the dispatch that follows needs it in place.
@@ -334,13 +345,25 @@ class EffectRunner:
                                  terminal_outcome="no_effect", failure_class=code)
         raise AssertionError(f"step {step!r} is not performed here")
 
-    async def _read(self, ec: EffectContext, step: Reconcile) -> Readback:
+    async def _token(self, ctx: WorkContext, ec: EffectContext,
+                     rejected_version: int | None = None) -> AccessToken:
+        """The access token of the pinned binding generation (read-back and dispatch)."""
+        assert ec.binding is not None and ec.command.binding_generation is not None
+        return await self.credentials.token(ctx.fence, ec.binding,
+                                            ec.command.binding_generation,
+                                            rejected_version=rejected_version)
+
+    async def _read(self, ctx: WorkContext, ec: EffectContext, step: Reconcile) -> Readback:
         op, binding, remote_id = ec.operation, ec.binding, ec.command.remote_id
-        assert op is not None and binding is not None and binding.token is not None
+        assert op is not None and binding is not None
         assert remote_id is not None
         try:
+            access = await self._token(ctx, ec)
+        except TokenUnavailable as exc:
+            return Readback(None, exc.reason)
+        try:
             snapshot = await self.executor.read(op, binding, remote_id, list(step.fields),
-                                                binding.token.reveal(), binding.timeout)
+                                                access.token.reveal(), binding.timeout)
         except (httpx.HTTPError, LookupError, ValueError) as exc:
             return Readback(None, type(exc).__name__)
         return Readback(snapshot)
@@ -350,15 +373,30 @@ class EffectRunner:
     async def _dispatch(self, ctx: WorkContext, ec: EffectContext,
                         view: ClaimView[PreparedRequest], prepared: PreparedRequest) -> Outcome:
         command, op, binding, link = ec.command, ec.operation, ec.binding, ec.link
-        assert op is not None and binding is not None and binding.token is not None
+        assert op is not None and binding is not None
         assert link is not None and ec.principal is not None
-        evidence = canonical_bytes({
+        # The token first: nothing is written, nor sent, without one.
+        try:
+            access = await self._token(ctx, ec)
+        except TokenUnavailable as exc:
+            return self._no_token(ctx, ec, view, exc)
+        # Then one slot of every quota key the provider declares, bound to this claim.
+        reserved = await quota.reserve(ctx.store, ctx.clock, ctx.fence,
+                                       quota.quota_keys(op, binding))
+        if isinstance(reserved, quota.QuotaWait):
+            delay = max(0.0, (reserved.until_us - ctx.clock.now_us()) / 1_000_000)
+            return RetryLater("quota_wait", f"quota key {reserved.key} has no send slot"
+                              f" for {delay:.3f} s; rescheduled for then", delay)
+        pins: dict[str, Any] = {
             "binding_generation": ec.principal.generation,
             "catalog_revision": command.catalog_revision,
             "link_generation": link.generation,
             "link_key": link.link_key,
             "remote_id": command.remote_id,
-        }).decode()
+        }
+        if reserved:  # the quota slots this attempt is sent on (pre-dispatch evidence)
+            pins["quota_reservations"] = [r.reservation_id for r in reserved]
+        evidence = canonical_bytes(pins).decode()
         draft = AttemptDraft(
             command_id=command.command_id, method=prepared.method,
             target_path=prepared.path,
@@ -376,7 +414,7 @@ class EffectRunner:
         # the give-up bound the checkpoint recorded is then true.
         with trio.move_on_after(_client_deadline_s(binding)) as deadline:
             seen, provider_evidence = await self.executor.dispatch(
-                prepared, binding.token.reveal(), binding.timeout)
+                prepared, access.token.reveal(), binding.timeout)
         if deadline.cancelled_caught:
             seen, provider_evidence = DispatchObservation(Phase.SENT,
                                                           detail="ClientDeadline"), {}
@@ -386,7 +424,32 @@ class EffectRunner:
                    work_id=ctx.item.work_id, epoch=ctx.fence.ownership_epoch,
                    outcome=verdict.outcome.value, status=seen.status, detail=seen.detail)
         self._record(ctx, attempt_id, verdict, seen, provider_evidence)
-        return self._perform(ctx, ec, after_attempt(view, verdict, seen.detail or str(seen.status)))
+        if reserved:
+            now = ctx.clock.now_us()
+            ctx.on_finalize(quota.settle_reservations(reserved, seen, attempt_id, now))
+            await quota.give_back_unsent(ctx.store, reserved, seen, now)
+            if seen.status == 429:
+                await quota.throttle(ctx.store, reserved, verdict.retry_after_s
+                                     or op.contract.default_retry_after_s, now)
+        step = after_attempt(view, verdict, seen.detail or str(seen.status))
+        if isinstance(step, Wait) and step.code == "token_rejected":
+            # One refresh now, under this claim's fence; the retry uses the new version.
+            try:
+                await self._token(ctx, ec, rejected_version=access.token_version)
+            except TokenUnavailable as exc:
+                return self._no_token(ctx, ec, view, exc, verdict)
+        return self._perform(ctx, ec, step)
+
+    def _no_token(self, ctx: WorkContext, ec: EffectContext, view: ClaimView[PreparedRequest],
+                  exc: TokenUnavailable, verdict: Classification | None = None) -> Outcome:
+        """No token: a definitive reason settles the work with it (fail closed, alerted);
+        anything else (a refresh still running, a timeout) waits."""
+        logs.warn("effect_token_unavailable", command_id=ec.command.command_id,
+                  binding_id=ec.command.binding_id, reason=exc.reason)
+        if definitive(exc.reason):
+            return self._perform(ctx, ec, credential_refusal(view, exc.reason, str(exc),
+                                                             verdict))
+        return RetryLater(exc.reason, str(exc), 5.0)
 
     def _record(self, ctx: WorkContext, attempt_id: str, verdict: Classification,
                 seen: DispatchObservation, provider_evidence: dict[str, Any]) -> None:

@@ -97,6 +97,7 @@ remote_account_id = "portal-1"
 base_url = "{hubspot_url}"
 timeout = 5.0
 max_in_flight = 2.5
+auth = "static_token"
 """)
     return path
 
