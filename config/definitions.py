@@ -13,6 +13,8 @@ which the CLI prints as one line and exits 2.
 A document declares (see ``config/providers/*.toml`` for two real ones)::
 
     provider = "<name>"                       # must match the file name
+    [quota.<name>]                            # a provider limit (optional, many)
+    limit = 100, window = 10.0, scope = "app_installation" | "binding"
     [auth.<scheme>]                           # how a token is presented
     header = "Authorization"
     prefix = "Bearer "
