@@ -72,6 +72,9 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         on_attempt=counted, checkpoints=checkpoints, contexts=contexts,
         credentials=credentials,
     )
+    if metrics is not None:
+        runner.on_credential_failure = metrics.count_credential_failure
+        runner.on_quota = metrics.count_quota
     runtime_client = BoundedHttp.open(16)
 
     async def prove_fences(fences: Sequence[Fence]) -> list[StorageError | None]:

@@ -143,10 +143,12 @@ def settle_reservations(reserved: list[Reserved], seen: DispatchObservation,
 
 
 async def give_back_unsent(store: WorkStore, reserved: list[Reserved],
-                           seen: DispatchObservation, now_us: int) -> None:
-    """Capacity comes back only when the attempt provably never left."""
-    if outcome_state(seen) is ReservationState.RELEASED:
-        await _give_back(store, [(r.key, r.slot_us) for r in reserved], now_us)
+                           seen: DispatchObservation, now_us: int) -> bool:
+    """Capacity comes back only when the attempt provably never left (True: it did)."""
+    if outcome_state(seen) is not ReservationState.RELEASED:
+        return False
+    await _give_back(store, [(r.key, r.slot_us) for r in reserved], now_us)
+    return True
 
 
 async def throttle(store: WorkStore, reserved: list[Reserved], retry_after_s: float,

@@ -193,6 +193,10 @@ class EffectRunner:
     contexts: Batcher[tuple[str, str], EffectContextRow | None] | None = None
     # Where access tokens come from (a static token, or a grant through the token owner).
     credentials: Credentials = attrs.Factory(Credentials)
+    # Called with a stable reason when an effect finds no usable token.
+    on_credential_failure: Callable[[str], None] = lambda reason: None
+    # Called with a quota event (reserved, waited, throttled, given_back).
+    on_quota: Callable[[str], None] = lambda event: None
 
     async def _definitions(self, command: Command) -> tuple[
             Catalog | None, OperationDefinition | None, BindingSettings | None]:
@@ -384,6 +388,7 @@ class EffectRunner:
         reserved = await quota.reserve(ctx.store, ctx.clock, ctx.fence,
                                        quota.quota_keys(op, binding))
         if isinstance(reserved, quota.QuotaWait):
+            self.on_quota("waited")
             delay = max(0.0, (reserved.until_us - ctx.clock.now_us()) / 1_000_000)
             return RetryLater("quota_wait", f"quota key {reserved.key} has no send slot"
                               f" for {delay:.3f} s; rescheduled for then", delay)
@@ -397,6 +402,8 @@ class EffectRunner:
         if reserved:  # the quota slots this attempt is sent on (pre-dispatch evidence)
             pins["quota_reservations"] = [r.reservation_id for r in reserved]
         evidence = canonical_bytes(pins).decode()
+        if reserved:
+            self.on_quota("reserved")
         draft = AttemptDraft(
             command_id=command.command_id, method=prepared.method,
             target_path=prepared.path,
@@ -427,8 +434,10 @@ class EffectRunner:
         if reserved:
             now = ctx.clock.now_us()
             ctx.on_finalize(quota.settle_reservations(reserved, seen, attempt_id, now))
-            await quota.give_back_unsent(ctx.store, reserved, seen, now)
+            if await quota.give_back_unsent(ctx.store, reserved, seen, now):
+                self.on_quota("given_back")
             if seen.status == 429:
+                self.on_quota("throttled")
                 await quota.throttle(ctx.store, reserved, verdict.retry_after_s
                                      or op.contract.default_retry_after_s, now)
         step = after_attempt(view, verdict, seen.detail or str(seen.status))
@@ -446,6 +455,7 @@ class EffectRunner:
         anything else (a refresh still running, a timeout) waits."""
         logs.warn("effect_token_unavailable", command_id=ec.command.command_id,
                   binding_id=ec.command.binding_id, reason=exc.reason)
+        self.on_credential_failure(exc.reason)
         if definitive(exc.reason):
             return self._perform(ctx, ec, credential_refusal(view, exc.reason, str(exc),
                                                              verdict))
