@@ -93,6 +93,10 @@ async def test_invalid_grant_fails_the_work_closed_with_needs_reauthorization(
         assert [r.status for r in sl.patches("101")] == [401]
         grant = await store.grant_get("hubspot-main", 1)
         assert grant is not None and grant.state is GrantState.NEEDS_REAUTHORIZATION
+        assert sl.replica is not None
+        metrics = sl.replica.metrics_text().decode()
+        assert ('integrationd_effect_credential_failures_total{reason="needs_reauthorization"}'
+                ' 1.0') in metrics
 
 
 async def test_a_second_401_after_the_refresh_is_a_definitive_rejection(

@@ -84,6 +84,10 @@ async def test_a_429_moves_the_shared_budget_forward(
         (item,) = await store.work_list(WorkQuery(family="external_effect"))
         states = sorted(r.state.value for r in await store.quota_reservations(item.work_id))
         assert states == ["sent", "sent"]
+        assert sl.replica is not None
+        metrics = sl.replica.metrics_text().decode()
+        assert 'integrationd_quota_events_total{event="throttled"} 1.0' in metrics
+        assert 'integrationd_quota_events_total{event="reserved"} 2.0' in metrics
 
 
 @pytest.mark.parametrize(("quota", "message"), [
