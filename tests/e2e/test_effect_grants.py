@@ -10,6 +10,7 @@ and the work fails closed; a second 401 after the refresh settles as a rejection
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,8 +22,10 @@ from sandbox.oauth_sim import OAuthSimulator, running_oauth
 from storage.grants import GrantState
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
+from tests.e2e.test_effect_pins import _signed_in
 from tests.support.backends import FreshDatabase
 from tests.support.slice import Slice, SliceGrant, running_slice
+from tests.ui.support import _OPERATORS
 
 pytestmark = pytest.mark.slow
 
@@ -66,10 +69,27 @@ async def test_a_401_refreshes_once_and_the_effect_is_retried_with_the_new_versi
         oauth: tuple[OAuthSimulator, str]) -> None:
     sim, url = oauth
     await _grant(store, STALE, seed=sim)
-    async with running_slice(store, database.url, grant=_setup(tmp_path, sim, url)) as sl:
+    async with running_slice(store, database.url, grant=_setup(tmp_path, sim, url),
+                             operators=_OPERATORS) as sl:
         await sl.lead("lead-1", "101")
         intent_id = await sl.set_title("lead-1", "CTO")
         assert await _settled(sl, store, intent_id) == ("succeeded", "succeeded", "")
+        # The console shows the binding's generation, grant state and token version; no
+        # token, refresh token or client secret appears in what it serves.
+        client = await _signed_in(sl, "viv")
+        try:
+            doc = (await client.get("/admin/api/bindings")).json()
+            page = (await client.get("/admin/bindings")).text
+        finally:
+            await client.aclose()
+        (b,) = doc["items"]
+        assert b["durable"] == {"generation": 1, "state": "connected", "kind": "shared"}
+        assert (b["auth"], b["grant"]["state"], b["grant"]["token_version"]) == (
+            "grant", "valid", 2)
+        served = json.dumps(doc) + page
+        for secret in (STALE, REFRESH, CLIENT_SECRET, *sim.access_tokens,
+                       *sim.valid_refresh):
+            assert secret not in served
         assert sl.sim.patches_applied("101") == 1
         # One refresh reached the token endpoint; two PATCHes: the 401, then the retry.
         assert [e["answer"] for e in sim.journal] == ["ok"]

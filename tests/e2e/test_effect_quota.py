@@ -18,10 +18,12 @@ from config.definitions import parse_provider
 from sandbox.hubspot_sim.model import Fault
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
+from tests.e2e.test_effect_pins import _signed_in
 from tests.support.backends import FreshDatabase
 from tests.support.harness import wait_for
 from tests.support.l1 import write_sandbox_definitions
 from tests.support.slice import running_slice
+from tests.ui.support import _OPERATORS
 
 pytestmark = pytest.mark.slow
 
@@ -69,8 +71,8 @@ async def test_no_window_sees_more_than_the_limit_and_each_attempt_has_its_reser
 
 async def test_a_429_moves_the_shared_budget_forward(
         database: FreshDatabase, store: WorkStore, tmp_path: Path) -> None:
-    async with running_slice(store, database.url,
-                             definitions_dir=_definitions(tmp_path)) as sl:
+    async with running_slice(store, database.url, definitions_dir=_definitions(tmp_path),
+                             operators=_OPERATORS) as sl:
         await sl.lead("lead-1", "101")
         sl.sim.inject(Fault(mode="status", status=429, method="PATCH", retry_after_s=2))
         intent_id = await sl.set_title("lead-1", "CTO")
@@ -88,6 +90,15 @@ async def test_a_429_moves_the_shared_budget_forward(
         metrics = sl.replica.metrics_text().decode()
         assert 'integrationd_quota_events_total{event="throttled"} 1.0' in metrics
         assert 'integrationd_quota_events_total{event="reserved"} 2.0' in metrics
+        client = await _signed_in(sl, "viv")
+        try:
+            doc = (await client.get("/admin/api/quota")).json()
+            page = (await client.get("/admin/quota")).text
+        finally:
+            await client.aclose()
+        (row,) = doc["items"]
+        assert (row["limit"], row["throttles_total"], row["reserved_in_flight"]) == (2, 1, 0)
+        assert row["last_throttled_at_us"] is not None and row["quota_key"] in page
 
 
 @pytest.mark.parametrize(("quota", "message"), [
