@@ -133,3 +133,27 @@ async def test_a_second_401_after_the_refresh_is_a_definitive_rejection(
         assert await _settled(sl, store, intent_id) == ("succeeded", "no_effect", "http_401")
         assert [e["answer"] for e in sim.journal] == ["ok"]
         assert [r.status for r in sl.patches("101")] == [401, 401]
+
+
+async def test_a_bundle_that_fails_authentication_is_refused_alerted_and_never_used(
+        database: FreshDatabase, store: WorkStore, tmp_path: Path,
+        oauth: tuple[OAuthSimulator, str]) -> None:
+    sim, url = oauth
+    # Sealed under another key with the same id (a restored backup, a swapped key file).
+    now = WallClock().now_us()
+    other = TokenKey("k1", bytes(range(100, 132)))
+    bundle = TokenBundle(access_token=SecretText(STALE), refresh_token=SecretText(REFRESH),
+                         expires_at_us=now + 3_600_000_000)
+    await store.grant_install(binding_id="hubspot-main", generation=1,
+                              sealed=seal(bundle, other, BundleContext("hubspot-main", 1, 1)),
+                              expires_at_us=bundle.expires_at_us, now_us=now)
+    sim.access_tokens.add(STALE)  # were it used, the provider would accept it
+    async with running_slice(store, database.url, grant=_setup(tmp_path, sim, url)) as sl:
+        await sl.lead("lead-1", "101")
+        intent_id = await sl.set_title("lead-1", "CTO")
+        assert await _settled(sl, store, intent_id) == (
+            "succeeded", "no_effect", "token_bundle_unauthentic")
+        assert sl.patches("101") == [] and sim.journal == []  # never used, never refreshed
+        assert sl.replica is not None
+        assert ('integrationd_effect_credential_failures_total{reason="token_bundle_unauthentic"}'
+                ' 1.0') in sl.replica.metrics_text().decode()
