@@ -23,6 +23,8 @@ from admin_ui.filters import (
     parse_work_query,
     reason_from,
 )
+from admin_ui.principals import principal_facts
+from admin_ui.quota import quota_json
 from admin_ui.serialize import cancel_json, work_json
 from daemon.core.ids import is_ulid
 from daemon.core.json_input import BadJson, parse_json
@@ -35,8 +37,6 @@ Json = dict[str, Any]
 NOT_CONFIGURED = {
     "subscriptions": "Remote subscriptions are not configured yet: the subscription"
                      " reconciler has not been built into this release.",
-    "quota": "Distributed provider quota is not configured yet: no quota dimensions are"
-             " declared by this release.",
 }
 
 
@@ -188,19 +188,31 @@ def bindings_json(settings: Any) -> Json:
             {"binding_id": b.binding_id, "provider": b.provider, "org_id": b.org_id,
              "app_installation_id": b.app_installation_id,
              "remote_account_id": b.remote_account_id, "base_url": b.base_url,
-             "generation": b.generation, "token": "set" if b.token else "missing"}
+             # The TOML's generation only bootstraps the durable one ("durable" below).
+             "generation": b.generation, "auth": b.auth,
+             "token": "set" if b.token else "missing"}
             for b in settings.bindings
         ],
     }
 
 
+async def bindings_with_principals(view: Any) -> Json:
+    """The configured bindings, each with its durable generation and state and its grant's
+    state, token version and last refresh (never a secret)."""
+    doc = bindings_json(view.settings)
+    facts = await principal_facts(view.store, [b["binding_id"] for b in doc["items"]])
+    for item in doc["items"]:
+        item.update(facts[item["binding_id"]])
+    return doc
+
+
 @bp.get("/bindings")
 @require("console.read")
 async def bindings() -> Json:
-    return bindings_json(console().view.settings)
+    return await bindings_with_principals(console().view)
 
 
 @bp.get("/quota")
 @require("console.read")
 async def quota() -> Json:
-    return _not_configured("quota")
+    return await quota_json(console().view.store)

@@ -51,6 +51,7 @@ from daemon.core.identity import (
     integration_scope_digest,
 )
 from daemon.core.ids import is_ulid
+from daemon.core.principals import BindingState
 from daemon.core.work import WorkItem
 from daemon.services.operator_api import NotAuthorized
 from storage.command_repair import RepairActor
@@ -213,12 +214,14 @@ class EffectConsole:
         command = await self._command_of(view, item)
         if command is None:
             return None
-        binding = self.catalog.binding(command.binding_id)
-        current = binding.generation if binding is not None else None
+        principal = await view.store.binding_get(command.binding_id)
+        current = ("no durable binding" if principal is None
+                   else f"{principal.generation} ({principal.state.value})")
+        pinned = command.binding_generation
         return LineageSection("bindings", "Binding summary", (
             LineageRow("Binding", command.binding_id),
-            LineageRow("Pinned generation", str(command.binding_generation)),
-            LineageRow("Current generation", str(current) if current else "not configured"),
+            LineageRow("Pinned generation", "none" if pinned is None else str(pinned)),
+            LineageRow("Current generation", current),
             LineageRow("Catalog revision", f"{command.catalog_revision}"
                        f" {command.catalog_digest or '(no digest)'} (current:"
                        f" {self.catalog.revision})"),
@@ -282,9 +285,14 @@ class EffectConsole:
         binding = self.catalog.binding(command.binding_id)
         if binding is None:
             raise BadInput(f"binding {command.binding_id} is no longer configured")
+        # The repair pins the durable binding's generation as it is now.
+        principal = await view.store.binding_get(command.binding_id)
+        if principal is None or principal.state is not BindingState.CONNECTED:
+            raise BadInput(f"binding {command.binding_id} is not connected: reconnect it"
+                           " first (integrationd binding reconnect)")
         return await view.store.command_repair(
             command_id, RepairActor(actor=name, role=role, reason=reason),
-            binding_generation=binding.generation, catalog_revision=self.catalog.revision,
+            binding_generation=principal.generation, catalog_revision=self.catalog.revision,
             catalog_digest=self.catalog.digest,
             max_attempts=view.settings.family(EFFECT_FAMILY).max_attempts,
             now_us=view.clock.now_us(),

@@ -124,8 +124,10 @@ PATHS: Json = {
     "/admin/api/operators": {"get": _get("Configured operators and roles (admin only)",
                                          _ref("Operators"))},
     "/admin/api/subscriptions": {"get": _get("Remote subscriptions", _ref("NotConfigured"))},
-    "/admin/api/bindings": {"get": _get("Integration bindings", _ref("NotConfigured"))},
-    "/admin/api/quota": {"get": _get("Distributed quota", _ref("NotConfigured"))},
+    "/admin/api/bindings": {"get": _get("Integration bindings with their durable generation"
+                                        " and grant (never a secret)", _ref("NotConfigured"))},
+    "/admin/api/quota": {"get": _get("Provider quota keys: budget, reservations in flight,"
+                                     " last 429", _ref("NotConfigured"))},
 }
 
 _NULL_STR = {"type": ["string", "null"]}

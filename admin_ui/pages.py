@@ -14,13 +14,14 @@ from quart.wrappers import Response
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from admin_ui import queries, readmodels
-from admin_ui.api import NOT_CONFIGURED, bindings_json
+from admin_ui.api import NOT_CONFIGURED, bindings_with_principals
 from admin_ui.auth import require
 from admin_ui.charts import fmt_value, overview_charts
 from admin_ui.context import console
 from admin_ui.errors import BadFilter
 from admin_ui.filters import parse_audit_query
 from admin_ui.jsonview import json_tokens
+from admin_ui.quota import quota_json
 from admin_ui.render import page
 
 bp = Blueprint("pages", __name__)
@@ -89,10 +90,10 @@ async def subscriptions() -> Response:
 @bp.get("/admin/bindings")
 @require("console.read")
 async def bindings() -> Response:
-    return await page("bindings.html", doc=bindings_json(console().view.settings))
+    return await page("bindings.html", doc=await bindings_with_principals(console().view))
 
 
 @bp.get("/admin/quota")
 @require("console.read")
 async def quota() -> Response:
-    return await _not_configured("quota", "Quota")
+    return await page("quota.html", doc=await quota_json(console().view.store))

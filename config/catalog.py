@@ -168,9 +168,12 @@ def load_definitions(directory: str | Path | Traversable = ""
     return operations_from_documents(documents), documents
 
 
-# Not Catalog facts: the token is a secret, and the generation belongs to the principal
-# binding (seed 8.1: a reconnect moves it; it must not need a new Catalog revision).
-PRINCIPAL_FIELDS = frozenset({"token", "generation"})
+# Not Catalog facts: the token is a secret, the generation belongs to the principal
+# binding (seed 8.1: a reconnect moves it; it must not need a new Catalog revision), and
+# so does how it authenticates (a move from a static token to a grant, or a new OAuth
+# client, changes no definition).
+PRINCIPAL_FIELDS = frozenset({"token", "generation", "auth", "token_url", "client_id",
+                              "client_secret"})
 
 
 def binding_fields(binding: BindingSettings) -> dict[str, Any]:

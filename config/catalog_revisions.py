@@ -29,8 +29,8 @@ def _binding(i: int, fields: Any, secrets: dict[str, BindingSettings]) -> Bindin
     current = secrets.get(binding.binding_id)
     if current is None:
         return binding  # no longer configured: no token (and dispatch refuses it)
-    # The principal's facts are the current ones: its token and its generation.
-    return attrs.evolve(binding, token=current.token, generation=current.generation)
+    # The principal's facts are the current ones: its token, generation and credentials.
+    return attrs.evolve(binding, **{f: getattr(current, f) for f in PRINCIPAL_FIELDS})
 
 
 def catalog_from_content(revision: int, digest: str, content: str,

@@ -13,6 +13,8 @@ which the CLI prints as one line and exits 2.
 A document declares (see ``config/providers/*.toml`` for two real ones)::
 
     provider = "<name>"                       # must match the file name
+    [quota.<name>]                            # a provider limit (optional, many)
+    limit = 100, window = 10.0, scope = "app_installation" | "binding"
     [auth.<scheme>]                           # how a token is presented
     header = "Authorization"
     prefix = "Bearer "
@@ -63,6 +65,21 @@ class AuthScheme:
     prefix: str = ""
 
 
+# What a quota dimension is counted per: the binding's app installation, or the binding
+# (one principal: per user for a per-user binding).
+QUOTA_SCOPES = ("app_installation", "binding")
+
+
+@attrs.frozen(kw_only=True)
+class QuotaDimension:
+    """One provider limit (L1): ``limit`` requests per ``window_s``, counted per ``scope``."""
+
+    name: str
+    limit: int
+    window_s: float
+    scope: str = "app_installation"
+
+
 @attrs.frozen(kw_only=True)
 class RequestDefinition:
     method: str
@@ -108,6 +125,8 @@ class OperationDefinition:
     response: ResponseDefinition
     contract: OperationContract
     read: ReadDefinition | None = None
+    # The provider's quota dimensions: every call of every operation counts against each.
+    quotas: tuple[QuotaDimension, ...] = ()
 
     @property
     def method(self) -> str:
@@ -382,13 +401,14 @@ def parse_provider(doc: Mapping[str, Any], source: str = "") -> dict[str, Operat
                            "expected a lower-case provider name")
     if source and source != f"{provider}.toml":
         raise CatalogError(f"providers/{source}", "provider must match the file name")
-    unknown = sorted(set(doc) - {"provider", "auth", "operations", "resources"})
+    unknown = sorted(set(doc) - {"provider", "auth", "operations", "resources", "quota"})
     if unknown:
         raise CatalogError(f"providers.{provider}.{unknown[0]}", "unknown key")
     schemes = _auth_schemes(provider, doc.get("auth", {}))
+    quotas = _quotas(provider, doc.get("quota", {}))
     operations = _table(f"providers.{provider}.operations", doc.get("operations", {}))
     parse_resources(doc)  # a bad resource is an error of this document too
-    return {name: _operation(provider, name, table, schemes)
+    return {name: attrs.evolve(_operation(provider, name, table, schemes), quotas=quotas)
             for name, table in operations.items()}
 
 
@@ -710,3 +730,23 @@ def parse_object_binding(doc: Mapping[str, Any], source: str = "",
     return ObjectBinding(name=name, provider=provider, resource=resource_name,
                          local_object=local_object, fields=tuple(fields), match=match,
                          reconcile=policy)
+
+
+def _quotas(provider: str, raw: Any) -> tuple[QuotaDimension, ...]:
+    """``[quota.<name>]`` tables: ``limit`` (a positive integer), ``window`` (seconds,
+    positive), ``scope``. A zero or negative limit could never be enforced: refused."""
+    out = []
+    for name, fields in _table(f"providers.{provider}.quota", raw).items():
+        key = f"providers.{provider}.quota.{name}"
+        table = _table(key, fields, frozenset({"limit", "window", "scope"}))
+        limit = _req(key, table, "limit", int)
+        if limit <= 0:
+            raise CatalogError(f"{key}.limit", f"must be a positive integer, got {limit}")
+        window = table.get("window")
+        if not isinstance(window, int | float) or isinstance(window, bool) or window <= 0:
+            raise CatalogError(f"{key}.window", "expected a positive number of seconds")
+        scope = table.get("scope", "app_installation")
+        if scope not in QUOTA_SCOPES:
+            raise CatalogError(f"{key}.scope", f"expected one of {', '.join(QUOTA_SCOPES)}")
+        out.append(QuotaDimension(name=name, limit=limit, window_s=float(window), scope=scope))
+    return tuple(out)

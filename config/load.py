@@ -27,6 +27,7 @@ import attrs
 
 from config.catalog import CatalogError, load_definitions
 from config.settings import (
+    AUTH_KINDS,
     FAMILY_DEFAULTS,
     ROLES,
     AdminSettings,
@@ -419,8 +420,8 @@ def _bindings(value: Any, environ: Mapping[str, str]) -> tuple[BindingSettings, 
     out: list[BindingSettings] = []
     for i, table in enumerate(_array("bindings", value)):
         key = f"bindings[{i}]"
-        _no_inline_secret(key, table, ("token",))
-        b = _build(key, BindingSettings, table, skip=("token_file",))
+        _no_inline_secret(key, table, ("token", "client_secret"))
+        b = _build(key, BindingSettings, table, skip=("token_file", "client_secret_file"))
         for field in ("binding_id", "provider", "org_id", "app_installation_id",
                       "remote_account_id", "base_url"):
             if not getattr(b, field):
@@ -437,9 +438,43 @@ def _bindings(value: Any, environ: Mapping[str, str]) -> tuple[BindingSettings, 
                               file_path=table.get("token_file"),
                               env_var=f"INTEGRATIOND_BINDING_{_env_name(b.binding_id)}_TOKEN",
                               environ=environ),
+            client_secret=load_secret(
+                key=f"{key}.client_secret", credential=f"binding-{b.binding_id}-client-secret",
+                file_path=table.get("client_secret_file"),
+                env_var=f"INTEGRATIOND_BINDING_{_env_name(b.binding_id)}_CLIENT_SECRET",
+                environ=environ),
         )
+        _binding_auth(key, b, declared="auth" in table)
         out.append(b)
     return tuple(out)
+
+
+def _binding_auth(key: str, b: BindingSettings, *, declared: bool) -> None:
+    """A static token is an explicitly declared auth kind; a grant names how it refreshes."""
+    if b.auth not in AUTH_KINDS:
+        raise ConfigError(f"{key}.auth", f"expected one of {', '.join(AUTH_KINDS)},"
+                          f" got {b.auth!r}")
+    if b.token is not None and not declared:
+        raise ConfigError(f"{key}.auth", "this binding has a static token (token_file,"
+                          " credential or environment): declare auth = \"static_token\""
+                          " (sandbox only), or connect a grant and declare auth = \"grant\"")
+    if b.auth == "static_token":
+        if b.token is None:
+            raise ConfigError(f"{key}.token_file", "auth = \"static_token\" needs a token")
+        return
+    if b.token is not None:
+        raise ConfigError(f"{key}.token_file", "auth = \"grant\" takes its token from the"
+                          " binding's AuthorizationGrant, never from a file")
+    if not (declared or b.token_url or b.client_id or b.client_secret):
+        return  # a grant that cannot be refreshed: its token is used until it expires
+    if not b.token_url.startswith(("http://", "https://")):
+        raise ConfigError(f"{key}.token_url", "auth = \"grant\" needs the OAuth token"
+                          " endpoint (an http:// or https:// URL)")
+    if not b.client_id:
+        raise ConfigError(f"{key}.client_id", "auth = \"grant\" needs the OAuth client id")
+    if b.client_secret is None:
+        raise ConfigError(f"{key}.client_secret_file", "auth = \"grant\" needs the OAuth"
+                          " client secret")
 
 
 # L2 binding setting -> the L1 contract value it may only lengthen.

@@ -147,6 +147,8 @@ class BindingSettings:
     app_installation_id: str
     remote_account_id: str
     base_url: str
+    # Only the bootstrap of the durable PrincipalBinding's generation (used when the
+    # binding has no row yet); after that the durable row decides.
     generation: int = 1
     timeout: float = 10.0
     # L2 policy may only *lengthen* the in-flight window L1 declares for the
@@ -156,7 +158,18 @@ class BindingSettings:
     # read-back's last-modified time is compared with our dispatch time; again
     # at least what L1 declares (0: L1's).
     max_clock_skew: float = 0.0
+    # How calls authenticate: "grant" (the binding generation's AuthorizationGrant: a
+    # sealed token, refreshed by one winner through token_url) or "static_token" (the
+    # token below, never refreshed: for the sandbox; declared explicitly).
+    auth: str = "grant"
     token: Secret | None = None
+    # auth = "grant": the OAuth token endpoint and the client that refreshes the grant.
+    token_url: str = ""
+    client_id: str = ""
+    client_secret: Secret | None = None
+
+
+AUTH_KINDS = ("grant", "static_token")
 
 
 @attrs.frozen(kw_only=True)

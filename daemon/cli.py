@@ -245,6 +245,13 @@ async def _cmd_run(settings: Settings) -> int:
             if refusal is not None:
                 raise ConfigError("catalog.revision", refusal)
 
+        async def bindings_bootstrapped() -> None:
+            """Every [[bindings]] entry has its durable PrincipalBinding row (created
+            from the TOML only when missing; a differing TOML generation is logged)."""
+            from daemon.services.principal_bootstrap import ensure_config_bindings
+
+            await ensure_config_bindings(store, settings.bindings, WallClock().now_us())
+
         clock = WallClock()
         metrics = Metrics()
         parts = assemble(settings, store, clock, metrics)
@@ -255,7 +262,7 @@ async def _cmd_run(settings: Settings) -> int:
             sync_extensions(parts.catalog)))
         replica = Replica(settings, store, parts.registry, clock, metrics=metrics,
                           api_app=parts.api_app, admin_app=admin_app,
-                          startup_checks=(catalog_published,))
+                          startup_checks=(catalog_published, bindings_bootstrapped))
         if parts.api_context is not None:
             parts.api_context.wake = replica.wake
         if settings.replica.id:

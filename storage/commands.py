@@ -65,7 +65,7 @@ _INSERT_ACCEPTED = (
 COMMAND_COLUMNS = (
     "command_id, handoff_key, org_id, app_installation_id, runtime_capability_id,"
     " runtime_work_binding_digest, runtime_name, intent_id, intent_kind, operation,"
-    " local_object, local_id, binding_id, binding_generation, catalog_revision,"
+    " local_object, local_id, binding_id, principal_generation, catalog_revision,"
     " frozen_request, payload_digest, runtime_outbox_id, settlement, repair_of, created_at_us,"
     " catalog_digest, link_key, link_generation, remote_id"
 )
@@ -83,7 +83,7 @@ def command_from_row(row: Row) -> Command:
         local_object=str(row[10]),
         local_id=str(row[11]),
         binding_id=str(row[12]),
-        binding_generation=int(row[13]),
+        binding_generation=None if row[13] is None else int(row[13]),
         catalog_revision=int(row[14]),
         frozen_request=str(row[15]),
         payload_digest=str(row[16]),
@@ -374,15 +374,17 @@ async def _insert_commands(tx: SqlTx, commands: Sequence[tuple[CommandDraft, str
     reconnect cannot retarget it (seed 8.1)."""
     pins = await _link_pins(tx, [draft.link_key for draft, _ in commands])
     await tx.executemany(
-        f"INSERT INTO external_commands ({COMMAND_COLUMNS}, updated_at_us)"
+        f"INSERT INTO external_commands ({COMMAND_COLUMNS}, binding_generation, updated_at_us)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?, ?,"
-        " ?, ?, ?, ?, ?)",
+        " ?, ?, ?, ?, ?, ?)",
         [(command_id, draft.handoff_key or None, *_scope_values(draft.scope), draft.runtime_name,
           draft.intent_id, draft.intent_kind, draft.operation, draft.local_object,
           draft.local_id, draft.binding_id, draft.binding_generation, draft.catalog_revision,
           draft.frozen_request, draft.payload_digest, draft.runtime_outbox_id, repair_of,
           now_us, draft.catalog_digest, draft.link_key or None,
-          *pins.get(draft.link_key, (None, None)), now_us)
+          *pins.get(draft.link_key, (None, None)),
+          # The legacy column (the TOML generation it once held) gets the same value.
+          draft.binding_generation, now_us)
          for draft, command_id in commands],
     )
     targets = await target_lanes(tx, [draft.link_key for draft, _ in commands])

@@ -11,6 +11,7 @@ import re
 import attrs
 
 _KEY = re.compile(r"\{KEY\}\((\d+)\)")
+_ONLY = re.compile(r"\{(MYSQL|SQLITE)\}")
 
 
 @attrs.frozen
@@ -28,7 +29,18 @@ class Dialect:
         )
         body = _KEY.sub(lambda m: self.key_type.format(n=m.group(1)), body)
         body = body.replace("{TEXT}", self.text_type).replace("{OPTS}", self.table_options)
-        return [stmt.strip() for stmt in body.split(";") if stmt.strip()]
+        out = []
+        for stmt in (s.strip() for s in body.split(";")):
+            # A statement may be one backend's only ({MYSQL} or {SQLITE} first): what
+            # SQLite cannot do in place (ALTER COLUMN), it does not do.
+            only = _ONLY.match(stmt)
+            if only is not None:
+                if only.group(1).lower() != self.name:
+                    continue
+                stmt = stmt[only.end():].strip()
+            if stmt:
+                out.append(stmt)
+        return out
 
 
 SQLITE = Dialect(

@@ -41,6 +41,7 @@ class CommandDraft:
     local_object: str
     local_id: str
     binding_id: str
+    # The durable PrincipalBinding's generation as admission read it.
     binding_generation: int
     catalog_revision: int
     catalog_digest: str
@@ -76,7 +77,9 @@ class Command:
     local_object: str
     local_id: str
     binding_id: str
-    binding_generation: int
+    # The durable PrincipalBinding generation pinned at admission (None: admitted before
+    # the pin existed and never backfilled: refused before any call).
+    binding_generation: int | None
     catalog_revision: int
     frozen_request: str
     payload_digest: str
@@ -92,6 +95,14 @@ class Command:
     link_key: str | None = None
     link_generation: int | None = None
     remote_id: str | None = None
+
+
+@attrs.frozen
+class BindingNow:
+    """The durable PrincipalBinding of a command's binding as it is now."""
+
+    generation: int
+    connected: bool
 
 
 @attrs.frozen(kw_only=True)

@@ -35,6 +35,7 @@ from daemon.core.work import Fence, WorkSpec
 from storage.commands import COMMAND_COLUMNS, command_from_row, read_command
 from storage.effect_values import (
     AttemptDraft,
+    BindingNow,
     Command,
     Disposition,
     EffectAttempt,
@@ -174,16 +175,25 @@ async def attempts_of(tx: SqlTx, command_id: str) -> list[EffectAttempt]:
 
 _CONTEXT_SQL = (
     "SELECT {command}, (SELECT COUNT(*) FROM effect_attempts a"
-    " WHERE a.command_id = c.command_id), {link}"
+    " WHERE a.command_id = c.command_id), p.generation, p.state, {link}"
     " FROM external_commands c LEFT JOIN remote_links l ON l.link_key = ?"
+    " LEFT JOIN principal_bindings p ON p.binding_id = c.binding_id"
     " WHERE c.command_id = ?"
 )
 
 
-async def read_effect_context(
-    tx: SqlTx, command_id: str, link_key: str
-) -> tuple[Command, int, RemoteLink | None] | None:
-    """The command, how many attempts it has, and the link at ``link_key``: one read."""
+def _binding_now(generation: Any, state: Any) -> BindingNow | None:
+    return None if generation is None else BindingNow(int(generation), state == "connected")
+
+
+# The command, how many attempts it has, the pinned link and the binding, as they are now.
+EffectContextRow = tuple[Command, int, RemoteLink | None, BindingNow | None]
+
+
+async def read_effect_context(tx: SqlTx, command_id: str,
+                              link_key: str) -> EffectContextRow | None:
+    """The command, how many attempts it has, the link at ``link_key`` and its
+    binding's durable generation and state: one read."""
     rows = await tx.fetchall(_CONTEXT_SQL.format(
         command=_qualified("c", COMMAND_COLUMNS), link=_qualified("l", LINK_COLUMNS)),
         (link_key, command_id))
@@ -191,12 +201,16 @@ async def read_effect_context(
         return None
     row = rows[0]
     width = len(COMMAND_COLUMNS.split(","))
-    link_row = row[width + 1:]
+    link_row = row[width + 3:]
     return (command_from_row(row[:width]), int(row[width]),
-            link_from_row(link_row) if link_row[0] is not None else None)
+            link_from_row(link_row) if link_row[0] is not None else None,
+            _binding_now(row[width + 1], row[width + 2]))
 
 
-EffectContextRow = tuple[Command, int, RemoteLink | None]
+async def read_binding_now(tx: SqlTx, binding_id: str) -> BindingNow | None:
+    rows = await tx.fetchall(
+        "SELECT generation, state FROM principal_bindings WHERE binding_id = ?", (binding_id,))
+    return _binding_now(rows[0][0], rows[0][1]) if rows else None
 
 
 async def read_effect_contexts(
@@ -208,9 +222,11 @@ async def read_effect_contexts(
     commands = sorted({c for c, _ in requests})
     rows = await tx.fetchall(
         f"SELECT {_qualified('c', COMMAND_COLUMNS)}, (SELECT COUNT(*) FROM effect_attempts a"
-        " WHERE a.command_id = c.command_id) FROM external_commands c"
+        " WHERE a.command_id = c.command_id), p.generation, p.state FROM external_commands c"
+        " LEFT JOIN principal_bindings p ON p.binding_id = c.binding_id"
         f" WHERE c.command_id IN ({placeholders(len(commands))})", commands)
-    found = {str(r[0]): (command_from_row(r[:-1]), int(r[-1])) for r in rows}
+    found = {str(r[0]): (command_from_row(r[:-3]), int(r[-3]), _binding_now(r[-2], r[-1]))
+             for r in rows}
     keys = sorted({k for _, k in requests if k})
     links: dict[str, RemoteLink] = {}
     if keys:
@@ -222,7 +238,7 @@ async def read_effect_contexts(
     out: list[EffectContextRow | None] = []
     for command_id, key in requests:
         hit = found.get(command_id)
-        out.append(None if hit is None else (hit[0], hit[1], links.get(key)))
+        out.append(None if hit is None else (hit[0], hit[1], links.get(key), hit[2]))
     return out
 
 

@@ -122,12 +122,16 @@ async def check_schema(db: Database, dialect: Dialect) -> None:
 
 
 async def migrate(
-    db: Database, dialect: Dialect, now_us: int, *, wait_s: float = 60.0
+    db: Database, dialect: Dialect, now_us: int, *, wait_s: float = 60.0,
+    upto: int | None = None,
 ) -> list[int]:
-    """Apply every pending migration; return the versions this call applied."""
+    """Apply every pending migration (up to version ``upto``: a test of an upgrade
+    sequence stops between steps); return the versions this call applied."""
     await _ensure_ledger(db, dialect)
     applied_now: list[int] = []
     for migration in load_migrations():
+        if upto is not None and migration.version > upto:
+            break
         state = (await applied_versions(db, dialect)).get(migration.version)
         if state is not None:
             if state[0] != migration.checksum:

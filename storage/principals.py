@@ -9,6 +9,7 @@ binding have one winner and the loser is told the binding changed.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import attrs
 
@@ -23,6 +24,7 @@ from daemon.core.principals import (
 from storage.idgen import new_ulid
 from storage.port import AuditEntry, Database, DuplicateKey, Row, SqlTx, WorkConflict
 from storage.work_admin import append_audit
+from storage.work_rows import placeholders
 
 _COLUMNS = (
     "binding_id, kind, org_id, app_installation_id, provider, user_id, issuer,"
@@ -71,20 +73,29 @@ def _audit(actor: Actor, action: str, binding_id: str, before: str, after: str,
                       target_id=binding_id, reason=actor.reason, before=before, after=after)
 
 
+# Who bootstraps a binding's durable row from the configuration.
+_CONFIG = Actor(name="config", role="system",
+                reason="bootstrap from [[bindings]]: the first durable generation")
+
+
+async def _insert(tx: SqlTx, facts: BindingFacts, now_us: int) -> None:
+    ident = facts.identity
+    await tx.execute(
+        f"INSERT INTO principal_bindings ({_COLUMNS}, created_at_us, updated_at_us)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (facts.binding_id, facts.kind.value, facts.org_id, facts.app_installation_id,
+         facts.provider, facts.user_id, ident.issuer, ident.remote_account_id,
+         ident.remote_subject, ident.installation_id, json.dumps(list(ident.scopes)),
+         facts.generation, facts.state.value, now_us, now_us))
+
+
 class PrincipalBindings:
     db: Database
 
     async def binding_connect(self, facts: BindingFacts, actor: Actor,
                               now_us: int) -> BindingFacts:
         async def body(tx: SqlTx) -> BindingFacts:
-            ident = facts.identity
-            await tx.execute(
-                f"INSERT INTO principal_bindings ({_COLUMNS}, created_at_us, updated_at_us)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (facts.binding_id, facts.kind.value, facts.org_id, facts.app_installation_id,
-                 facts.provider, facts.user_id, ident.issuer, ident.remote_account_id,
-                 ident.remote_subject, ident.installation_id, json.dumps(list(ident.scopes)),
-                 facts.generation, facts.state.value, now_us, now_us))
+            await _insert(tx, facts, now_us)
             await append_audit(tx, _audit(actor, "binding.connect", facts.binding_id, "",
                                           facts_json(facts), now_us))
             return facts
@@ -94,6 +105,41 @@ class PrincipalBindings:
         except DuplicateKey:
             raise WorkConflict(f"binding {facts.binding_id} already exists: reconnect or"
                                " change it") from None
+
+    async def binding_bootstrap(self, facts: BindingFacts, now_us: int) -> BindingFacts:
+        """The durable row of a ``[[bindings]]`` entry: created from ``facts`` (the TOML's
+        identity and generation) only when none exists, audited as ``binding.bootstrap``;
+        an existing row is returned as it is (the TOML never moves a generation)."""
+
+        async def body(tx: SqlTx) -> BindingFacts:
+            current = await read_binding(tx, facts.binding_id)
+            if current is not None:
+                return current
+            await _insert(tx, facts, now_us)
+            await append_audit(tx, _audit(_CONFIG, "binding.bootstrap", facts.binding_id, "",
+                                          facts_json(facts), now_us))
+            return facts
+
+        try:
+            return await self.db.transact(body, name="binding.bootstrap")
+        except DuplicateKey:  # another replica bootstrapped it first
+            found = await self.binding_get(facts.binding_id)
+            assert found is not None
+            return found
+
+    async def binding_get_many(self, binding_ids: Sequence[str]) -> dict[str, BindingFacts]:
+        """The current facts of each binding that exists (one read)."""
+        wanted = sorted(set(binding_ids))
+        if not wanted:
+            return {}
+
+        async def body(tx: SqlTx) -> dict[str, BindingFacts]:
+            rows = await tx.fetchall(
+                f"SELECT {_COLUMNS} FROM principal_bindings"
+                f" WHERE binding_id IN ({placeholders(len(wanted))})", wanted)
+            return {f.binding_id: f for f in map(_from_row, rows)}
+
+        return await self.db.transact(body, name="binding.get_many", write=False)
 
     async def binding_get(self, binding_id: str) -> BindingFacts | None:
         async def body(tx: SqlTx) -> BindingFacts | None:

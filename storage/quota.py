@@ -224,6 +224,17 @@ class QuotaLedger:
 
         return await self.db.transact(body, name="quota.keys", write=False)
 
+    async def quota_reservations_in_flight(self) -> dict[str, int]:
+        """Quota key -> reservations still ``reserved`` (bound to a claim, not yet sent)."""
+
+        async def body(tx: SqlTx) -> dict[str, int]:
+            rows = await tx.fetchall(
+                "SELECT quota_key, COUNT(*) FROM quota_reservations WHERE state = ?"
+                " GROUP BY quota_key", (ReservationState.RESERVED.value,))
+            return {str(r[0]): int(r[1]) for r in rows}
+
+        return await self.db.transact(body, name="quota.in_flight", write=False)
+
     async def quota_reservations(self, work_id: str) -> list[QuotaReservation]:
         async def body(tx: SqlTx) -> list[QuotaReservation]:
             rows = await tx.fetchall(

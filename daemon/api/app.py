@@ -49,10 +49,12 @@ from daemon.core.canonical import NotCanonical, canonical_digest
 from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
 from daemon.core.identity import integration_link_key_v2, integration_scope_digest
 from daemon.core.json_input import BadJson, parse_json
+from daemon.core.principals import BindingFacts, BindingState
 from daemon.services import logs
 from daemon.services.catalog_view import CatalogView
 from daemon.services.clock import Clock
 from daemon.services.http_guard import guard_app
+from daemon.services.principal_bootstrap import bootstrap_facts
 from storage.commands import EFFECT_FAMILY
 from storage.effect_values import Admission, AdmissionResult, CommandDraft
 from storage.port import StorageError
@@ -129,8 +131,27 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         wanted = {r for r in map(requested_revision, docs) if r is not None}
         return {r: await ctx.catalogs.published(r) for r in sorted(wanted)}
 
-    def draft_for(rc: RuntimeClient, doc: Any, revisions: dict[int, Catalog | None]
-                  ) -> CommandDraft:
+    async def principals(rc: RuntimeClient, revisions: dict[int, Catalog | None]
+                         ) -> dict[str, BindingFacts]:
+        """The durable PrincipalBinding of every binding this scope may use (one read);
+        a configured binding with no row yet is bootstrapped from its TOML entry."""
+        configured = [b for b in ctx.settings.bindings
+                      if (b.org_id, b.app_installation_id)
+                      == (rc.org_id, rc.app_installation_id)]
+        ids = {b.binding_id for b in configured}
+        for catalog in revisions.values():
+            ids.update(b.binding_id for b in (catalog.bindings if catalog else ())
+                       if (b.org_id, b.app_installation_id)
+                       == (rc.org_id, rc.app_installation_id))
+        found = await ctx.store.binding_get_many(sorted(ids))
+        for b in configured:
+            if b.binding_id not in found:
+                found[b.binding_id] = await ctx.store.binding_bootstrap(
+                    bootstrap_facts(b), ctx.clock.now_us())
+        return found
+
+    def draft_for(rc: RuntimeClient, doc: Any, revisions: dict[int, Catalog | None],
+                  principals: dict[str, BindingFacts]) -> CommandDraft:
         revision = requested_revision(doc)
         pinned = revisions.get(revision) if revision is not None else None
         valid = command_body(doc, _scope(rc), pinned)
@@ -139,13 +160,19 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         binding = pinned.binding_for(rc.org_id, rc.app_installation_id, op.provider)
         if binding is None:
             raise ApiError(422, "no_binding", f"no {op.provider} binding for this scope")
+        # The command pins the durable binding's generation (seed 8.1), never the TOML's.
+        principal = principals.get(binding.binding_id)
+        if principal is None or principal.state is not BindingState.CONNECTED:
+            raise ApiError(409, "binding_not_connected",
+                           f"binding {binding.binding_id} is not connected; an operator"
+                           " connects or reconnects it (integrationd binding)")
         handoff = valid.handoff
         return CommandDraft(
             scope=_scope(rc), runtime_name=rc.name, handoff_key=handoff.key_text,
             payload_digest=handoff.payload_digest, runtime_outbox_id=handoff.runtime_outbox_id,
             intent_id=handoff.key.handoff_id, intent_kind=valid.intent_kind,
             operation=op.name, local_object=op.local_object, local_id=valid.local_id,
-            binding_id=binding.binding_id, binding_generation=binding.generation,
+            binding_id=binding.binding_id, binding_generation=principal.generation,
             catalog_revision=pinned.revision, catalog_digest=pinned.digest,
             frozen_request=valid.frozen_request,
             max_attempts=ctx.settings.family(EFFECT_FAMILY).max_attempts,
@@ -175,10 +202,10 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         ):
             logs.warn("handoff_quarantined", runtime=rc.name, reason=f"invalid_body:{error.code}")
 
-    async def checked_draft(rc: RuntimeClient, doc: Any,
-                            revisions: dict[int, Catalog | None]) -> CommandDraft:
+    async def checked_draft(rc: RuntimeClient, doc: Any, revisions: dict[int, Catalog | None],
+                            bound: dict[str, BindingFacts]) -> CommandDraft:
         try:
-            return draft_for(rc, doc, revisions)
+            return draft_for(rc, doc, revisions, bound)
         except ApiError as exc:
             await quarantine_invalid(rc, doc, exc)
             raise
@@ -197,7 +224,8 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
     async def accept_command() -> Response:
         rc = caller()
         doc = await json_body()
-        draft = await checked_draft(rc, doc, await resolve([doc]))
+        revisions = await resolve([doc])
+        draft = await checked_draft(rc, doc, revisions, await principals(rc, revisions))
         result = await ctx.store.command_accept(draft, ctx.clock.now_us())
         if result.created:
             ctx.wake(EFFECT_FAMILY)
@@ -224,9 +252,10 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         answers: list[dict[str, Any] | None] = []
         drafts: list[CommandDraft] = []
         revisions = await resolve(entries)
+        bound = await principals(rc, revisions)
         for entry in entries:
             try:
-                drafts.append(await checked_draft(rc, entry, revisions))
+                drafts.append(await checked_draft(rc, entry, revisions, bound))
                 answers.append(None)
             except ApiError as exc:
                 answers.append({"status": exc.status, "error": exc.code, "message": exc.message})

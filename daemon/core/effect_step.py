@@ -13,7 +13,9 @@ performs the step and nothing else. The rules, in the order they apply:
 1. No command: blocked (``missing_command``). A settled command: nothing to do.
 2. The command's targets are checked against what is current (seed 8.1, 13):
    it must carry pins (``unpinned_command``: admitted before pinning
-   existed), the pinned binding generation must be current
+   existed), the binding must still exist (``binding_missing``) and pin a
+   durable generation (``unpinned_binding``), be connected
+   (``binding_disconnected``) and at the pinned generation
    (``binding_generation``), a link must have existed at admission
    (``no_remote_link``) and must still be active (``link_inactive``) with the
    pinned generation (``link_generation``) and remote id
@@ -70,7 +72,8 @@ class CommandView:
     command_id: str
     settlement: str  # "open" or a terminal settlement
     intent_kind: str
-    binding_generation: int
+    # The durable PrincipalBinding generation pinned at admission (None: never pinned).
+    binding_generation: int | None
     # Pinned at admission (None: admitted before pins, or no link existed then).
     link_key: str | None
     link_generation: int | None
@@ -89,10 +92,14 @@ class OperationView:
 
 @attrs.frozen(kw_only=True)
 class BindingView:
-    """The L2 binding as it is now."""
+    """The L2 binding as it is now: its definition from the pinned revision, its
+    generation and state from the durable PrincipalBinding."""
 
     generation: int
+    connected: bool
     has_token: bool
+    # The token comes from a grant that can be refreshed (a 401 earns one refresh).
+    refreshable: bool = False
     # When the client gives up on an exchange at the latest (the shell enforces it).
     client_deadline_s: float
     max_in_flight_s: float = 0.0  # L2; 0 means L1's
@@ -116,6 +123,7 @@ class AttemptView:
     disposition: str | None
     dispatched_at_us: int
     gave_up_at_us: int | None
+    failure_class: str | None = None
 
     @property
     def unresolved(self) -> bool:
@@ -253,6 +261,11 @@ def target_refusal(command: CommandView, binding: BindingView | None,
                 " issue a repair command to pin the current ones")
     if binding is None:
         return ("binding_missing", "the command's binding is no longer configured")
+    if command.binding_generation is None:
+        return ("unpinned_binding", "the command pins no durable binding generation;"
+                " issue a repair command to pin the current one")
+    if not binding.connected:
+        return ("binding_disconnected", "the pinned binding is disconnected")
     if binding.generation != command.binding_generation:
         return ("binding_generation", f"the pinned binding generation"
                 f" {command.binding_generation} is no longer current ({binding.generation})")
@@ -324,6 +337,19 @@ def _reconcile(view: ClaimView[R], unresolved: list[AttemptView]) -> Step[R]:
                 " operator disposition needed")
 
 
+def credential_refusal(view: ClaimView[R], code: str, sentence: str,
+                       verdict: Classification | None = None) -> Step[R]:
+    """No token can be had for a definitive reason (``code``: needs re-authorization, no
+    grant, a refused bundle): settled with that reason when the history (with the
+    exchange just classified, if any) proves no effect, otherwise blocked."""
+    command = view.command
+    assert command is not None
+    history = [a.facts for a in view.attempts]
+    if verdict is not None:
+        history.append(AttemptFacts(verdict.outcome.value, verdict.evidence.value))
+    return _refuse(command, history, code, sentence)
+
+
 def decide(view: ClaimView[R]) -> Step[R]:
     """The one step this claim performs (see the module's rules)."""
     command = view.command
@@ -362,10 +388,23 @@ def decide(view: ClaimView[R]) -> Step[R]:
     return Dispatch(view.request)
 
 
+# The class of a provider's 401 (our access token was not accepted).
+UNAUTHENTICATED = "http_401"
+
+
 def after_attempt(view: ClaimView[R], verdict: Classification, what: str) -> Step[R]:
-    """The step after the exchange just made (``view`` is the claim's view before it)."""
+    """The step after the exchange just made (``view`` is the claim's view before it).
+
+    A 401 with a refreshable grant is not a rejection of the effect but of the token:
+    the first one earns one refresh and a retry (``token_rejected``); a 401 after an
+    earlier one is a definitive authorization failure and settles like any rejection."""
     command = view.command
     assert command is not None and view.operation is not None
+    if (verdict.outcome is OutcomeClass.REJECTED and verdict.failure_class == UNAUTHENTICATED
+            and view.binding is not None and view.binding.refreshable
+            and not any(a.failure_class == UNAUTHENTICATED for a in view.attempts)):
+        return Wait("token_rejected", "the provider refused the access token (http_401):"
+                    " refreshed once, the effect is retried", 0.0)
     match verdict.outcome:
         case OutcomeClass.ACCEPTED:
             assert command.remote_id is not None

@@ -6,6 +6,7 @@ the catalog, so the services never import the console.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import attrs
@@ -21,6 +22,7 @@ from daemon.services.batcher import Batcher
 from daemon.services.catalog_view import CatalogView
 from daemon.services.checkpoints import CheckpointBatcher
 from daemon.services.clock import Clock
+from daemon.services.credentials import Credentials, build_credentials
 from daemon.services.effect_runner import EffectRunner, effect_handler, replay_refusal
 from daemon.services.families import FamilyRegistry, build_registry, noop_handler
 from daemon.services.inbound_flow import InboundFlow, inbound_handler
@@ -43,9 +45,13 @@ class Assembly:
     api_context: ApiContext | None
     api_app: QuartTrio | None
 
+    # Where effects get their access tokens (static, or grants through the token owner).
+    credentials: Credentials = attrs.Factory(Credentials)
+
     async def aclose(self) -> None:
         await self.executor.aclose()
         await self.runtime_client.aclose()
+        await self.credentials.aclose()
 
 
 def assemble(settings: Settings, store: WorkStore, clock: Clock,
@@ -62,11 +68,16 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     checkpoints = CheckpointBatcher(store, clock)
     contexts: Batcher[tuple[str, str], EffectContextRow | None] = Batcher(store.effect_contexts)
     catalogs = CatalogView(store, catalog)
+    credentials = build_credentials(settings, store, clock, os.environ)
     runner = EffectRunner(
         catalog=catalog, catalogs=catalogs, executor=executor,
         receipt_max_attempts=settings.family(RECEIPT_FAMILY).max_attempts,
         on_attempt=counted, checkpoints=checkpoints, contexts=contexts,
+        credentials=credentials,
     )
+    if metrics is not None:
+        runner.on_credential_failure = metrics.count_credential_failure
+        runner.on_quota = metrics.count_quota
     runtime_client = BoundedHttp.open(16)
 
     async def prove_fences(fences: Sequence[Fence]) -> list[StorageError | None]:
@@ -118,4 +129,5 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         if metrics is not None:
             context.on_admission = metrics.count_admission
         app = create_api_app(context)
-    return Assembly(catalog, catalogs, executor, runtime_client, registry, context, app)
+    return Assembly(catalog, catalogs, executor, runtime_client, registry, context, app,
+                    credentials)

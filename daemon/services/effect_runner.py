@@ -55,6 +55,7 @@ from daemon.core.effect_step import (
     Step,
     Wait,
     after_attempt,
+    credential_refusal,
     decide,
 )
 from daemon.core.effects import Classification, DispatchObservation, Phase, classify
@@ -64,6 +65,7 @@ from daemon.core.handoff import (
     NoEffectResult,
 )
 from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Skipped, Succeeded
+from daemon.core.principals import BindingState
 from daemon.core.work import WorkItem
 from daemon.providers.executor import (
     BadRequestForOperation,
@@ -72,13 +74,17 @@ from daemon.providers.executor import (
     desired_fields,
     prepare,
 )
+from daemon.services import effect_quota as quota
 from daemon.services import logs
 from daemon.services.batcher import Batcher
 from daemon.services.catalog_view import CatalogView
 from daemon.services.checkpoints import CheckpointBatcher
+from daemon.services.credentials import Credentials, definitive
 from daemon.services.families import Handler, WorkContext
+from daemon.services.token_refresh import AccessToken, TokenUnavailable
 from storage.effect_values import (
     AttemptDraft,
+    BindingNow,
     Command,
     Disposition,
     EffectAttempt,
@@ -90,6 +96,7 @@ from storage.effects import (
     EffectContextRow,
     attempts_of,
     dispose,
+    read_binding_now,
     record_outcome,
     settle,
 )
@@ -113,6 +120,8 @@ class EffectContext:
     link: RemoteLink | None
     # The Catalog revision the command pinned, as stored (None: not stored any more).
     pinned: Catalog | None = None
+    # The binding's durable PrincipalBinding now (None: it has no row).
+    principal: BindingNow | None = None
 
 
 def _client_deadline_s(binding: BindingSettings) -> float:
@@ -143,7 +152,7 @@ def command_view(command: Command) -> CommandView:
 def attempt_view(a: EffectAttempt) -> AttemptView:
     return AttemptView(attempt_id=a.attempt_id, outcome=a.outcome, evidence=a.evidence,
                        disposition=a.disposition, dispatched_at_us=a.dispatch_started_at_us,
-                       gave_up_at_us=a.gave_up_at_us)
+                       gave_up_at_us=a.gave_up_at_us, failure_class=a.failure_class)
 
 
 def operation_view(op: OperationDefinition) -> OperationView:
@@ -152,8 +161,13 @@ def operation_view(op: OperationDefinition) -> OperationView:
                          max_clock_skew_s=op.contract.max_clock_skew_s)
 
 
-def binding_view(b: BindingSettings, current_generation: int) -> BindingView:
-    return BindingView(generation=current_generation, has_token=b.token is not None,
+def binding_view(b: BindingSettings, now: BindingNow, *, grants: bool = False) -> BindingView:
+    """``grants``: token keys are loaded, so a grant can be opened."""
+    grant = b.auth == "grant"
+    return BindingView(generation=now.generation, connected=now.connected,
+                       # A grant's token is checked when it is needed (its state, expiry).
+                       has_token=grants if grant else b.token is not None,
+                       refreshable=grant and grants,
                        client_deadline_s=_client_deadline_s(b), max_in_flight_s=b.max_in_flight,
                        max_clock_skew_s=b.max_clock_skew)
 
@@ -165,8 +179,8 @@ def link_view(link: RemoteLink) -> LinkView:
 
 @attrs.define(eq=False)
 class EffectRunner:
-    # The current Catalog (what the configuration serves): only the binding
-    # generation check reads it. Every definition comes from the pinned revision.
+    # The current Catalog (what the configuration serves). Every definition comes from
+    # the pinned revision; the binding's generation from its durable PrincipalBinding.
     catalog: Catalog
     catalogs: CatalogView
     executor: HttpExecutor
@@ -177,6 +191,12 @@ class EffectRunner:
     checkpoints: CheckpointBatcher | None = None
     # Shared context reads; None reads each one on its own.
     contexts: Batcher[tuple[str, str], EffectContextRow | None] | None = None
+    # Where access tokens come from (a static token, or a grant through the token owner).
+    credentials: Credentials = attrs.Factory(Credentials)
+    # Called with a stable reason when an effect finds no usable token.
+    on_credential_failure: Callable[[str], None] = lambda reason: None
+    # Called with a quota event (reserved, waited, throttled, given_back).
+    on_quota: Callable[[str], None] = lambda event: None
 
     async def _definitions(self, command: Command) -> tuple[
             Catalog | None, OperationDefinition | None, BindingSettings | None]:
@@ -202,18 +222,18 @@ class EffectRunner:
             (found,) = await ctx.store.effect_contexts([request])
         if found is None:
             return None
-        command, attempt_count, hinted = found
+        command, attempt_count, hinted, principal = found
         pinned, op, binding = await self._definitions(command)
         key = command.link_key
         if not attempt_count and key == link_hint:
-            return EffectContext(command, [], op, binding, hinted, pinned)
+            return EffectContext(command, [], op, binding, hinted, pinned, principal)
 
         async def rest(tx: SqlTx) -> tuple[RemoteLink | None, list[EffectAttempt]]:
             link = hinted if key == link_hint else (await read_link(tx, key) if key else None)
             return link, (await attempts_of(tx, command_id) if attempt_count else [])
 
         link, attempts = await ctx.store.db.transact(rest, name="effect.context", write=False)
-        return EffectContext(command, attempts, op, binding, link, pinned)
+        return EffectContext(command, attempts, op, binding, link, pinned, principal)
 
     async def _context_unhinted(self, ctx: WorkContext, command_id: str) -> EffectContext | None:
         command = await ctx.store.command_get(command_id)
@@ -221,12 +241,15 @@ class EffectRunner:
             return None
         pinned, op, binding = await self._definitions(command)
 
-        async def body(tx: SqlTx) -> tuple[RemoteLink | None, list[EffectAttempt]]:
+        async def body(tx: SqlTx) -> tuple[RemoteLink | None, list[EffectAttempt],
+                                           BindingNow | None]:
             link = await read_link(tx, command.link_key) if command.link_key else None
-            return link, await attempts_of(tx, command_id)
+            return (link, await attempts_of(tx, command_id),
+                    await read_binding_now(tx, command.binding_id))
 
-        link, attempts = await ctx.store.db.transact(body, name="effect.context", write=False)
-        return EffectContext(command, attempts, op, binding, link, pinned)
+        link, attempts, principal = await ctx.store.db.transact(body, name="effect.context",
+                                                                write=False)
+        return EffectContext(command, attempts, op, binding, link, pinned, principal)
 
     def _view(self, ctx: WorkContext, ec: EffectContext | None
               ) -> ClaimView[PreparedRequest]:
@@ -242,14 +265,17 @@ class EffectRunner:
                                   idempotency_key=command.command_id)
             except BadRequestForOperation as exc:
                 error = str(exc)
-        # The pinned revision defines the binding; only its generation is the current
-        # configuration's (what the generation check compares with the pin).
-        current = self.catalog.binding(command.binding_id)
+        # The pinned revision defines the binding; its generation and state are the
+        # durable PrincipalBinding's now (what the generation check compares with the pin).
+        # A binding this configuration no longer serves is missing, whatever its row says.
+        served = self.catalog.binding(command.binding_id) is not None
         return ClaimView(
             command=command_view(command),
             operation=operation_view(op) if op is not None else None,
-            binding=(binding_view(binding, current.generation)
-                     if binding is not None and current is not None else None),
+            binding=(binding_view(binding, ec.principal,
+                                  grants=self.credentials.owner is not None)
+                     if binding is not None and served and ec.principal is not None
+                     else None),
             catalog_refusal=None if ec.pinned is not None else (
                 "catalog_revision_unavailable",
                 f"the pinned Catalog revision {command.catalog_revision}"
@@ -271,7 +297,7 @@ class EffectRunner:
             match step:
                 case Reconcile():
                     assert ec is not None
-                    readback = await self._read(ec, step)
+                    readback = await self._read(ctx, ec, step)
                     view = attrs.evolve(view, readback=readback, now_us=ctx.clock.now_us())
                 case RecordAbsent(attempt_ids=ids):
                     # Committed now: the dispatch that follows needs it in place.
@@ -323,13 +349,25 @@ class EffectRunner:
                                  terminal_outcome="no_effect", failure_class=code)
         raise AssertionError(f"step {step!r} is not performed here")
 
-    async def _read(self, ec: EffectContext, step: Reconcile) -> Readback:
+    async def _token(self, ctx: WorkContext, ec: EffectContext,
+                     rejected_version: int | None = None) -> AccessToken:
+        """The access token of the pinned binding generation (read-back and dispatch)."""
+        assert ec.binding is not None and ec.command.binding_generation is not None
+        return await self.credentials.token(ctx.fence, ec.binding,
+                                            ec.command.binding_generation,
+                                            rejected_version=rejected_version)
+
+    async def _read(self, ctx: WorkContext, ec: EffectContext, step: Reconcile) -> Readback:
         op, binding, remote_id = ec.operation, ec.binding, ec.command.remote_id
-        assert op is not None and binding is not None and binding.token is not None
+        assert op is not None and binding is not None
         assert remote_id is not None
         try:
+            access = await self._token(ctx, ec)
+        except TokenUnavailable as exc:
+            return Readback(None, exc.reason)
+        try:
             snapshot = await self.executor.read(op, binding, remote_id, list(step.fields),
-                                                binding.token.reveal(), binding.timeout)
+                                                access.token.reveal(), binding.timeout)
         except (httpx.HTTPError, LookupError, ValueError) as exc:
             return Readback(None, type(exc).__name__)
         return Readback(snapshot)
@@ -339,15 +377,33 @@ class EffectRunner:
     async def _dispatch(self, ctx: WorkContext, ec: EffectContext,
                         view: ClaimView[PreparedRequest], prepared: PreparedRequest) -> Outcome:
         command, op, binding, link = ec.command, ec.operation, ec.binding, ec.link
-        assert op is not None and binding is not None and binding.token is not None
-        assert link is not None
-        evidence = canonical_bytes({
-            "binding_generation": binding.generation,
+        assert op is not None and binding is not None
+        assert link is not None and ec.principal is not None
+        # The token first: nothing is written, nor sent, without one.
+        try:
+            access = await self._token(ctx, ec)
+        except TokenUnavailable as exc:
+            return self._no_token(ctx, ec, view, exc)
+        # Then one slot of every quota key the provider declares, bound to this claim.
+        reserved = await quota.reserve(ctx.store, ctx.clock, ctx.fence,
+                                       quota.quota_keys(op, binding))
+        if isinstance(reserved, quota.QuotaWait):
+            self.on_quota("waited")
+            delay = max(0.0, (reserved.until_us - ctx.clock.now_us()) / 1_000_000)
+            return RetryLater("quota_wait", f"quota key {reserved.key} has no send slot"
+                              f" for {delay:.3f} s; rescheduled for then", delay)
+        pins: dict[str, Any] = {
+            "binding_generation": ec.principal.generation,
             "catalog_revision": command.catalog_revision,
             "link_generation": link.generation,
             "link_key": link.link_key,
             "remote_id": command.remote_id,
-        }).decode()
+        }
+        if reserved:  # the quota slots this attempt is sent on (pre-dispatch evidence)
+            pins["quota_reservations"] = [r.reservation_id for r in reserved]
+        evidence = canonical_bytes(pins).decode()
+        if reserved:
+            self.on_quota("reserved")
         draft = AttemptDraft(
             command_id=command.command_id, method=prepared.method,
             target_path=prepared.path,
@@ -365,7 +421,7 @@ class EffectRunner:
         # the give-up bound the checkpoint recorded is then true.
         with trio.move_on_after(_client_deadline_s(binding)) as deadline:
             seen, provider_evidence = await self.executor.dispatch(
-                prepared, binding.token.reveal(), binding.timeout)
+                prepared, access.token.reveal(), binding.timeout)
         if deadline.cancelled_caught:
             seen, provider_evidence = DispatchObservation(Phase.SENT,
                                                           detail="ClientDeadline"), {}
@@ -375,7 +431,35 @@ class EffectRunner:
                    work_id=ctx.item.work_id, epoch=ctx.fence.ownership_epoch,
                    outcome=verdict.outcome.value, status=seen.status, detail=seen.detail)
         self._record(ctx, attempt_id, verdict, seen, provider_evidence)
-        return self._perform(ctx, ec, after_attempt(view, verdict, seen.detail or str(seen.status)))
+        if reserved:
+            now = ctx.clock.now_us()
+            ctx.on_finalize(quota.settle_reservations(reserved, seen, attempt_id, now))
+            if await quota.give_back_unsent(ctx.store, reserved, seen, now):
+                self.on_quota("given_back")
+            if seen.status == 429:
+                self.on_quota("throttled")
+                await quota.throttle(ctx.store, reserved, verdict.retry_after_s
+                                     or op.contract.default_retry_after_s, now)
+        step = after_attempt(view, verdict, seen.detail or str(seen.status))
+        if isinstance(step, Wait) and step.code == "token_rejected":
+            # One refresh now, under this claim's fence; the retry uses the new version.
+            try:
+                await self._token(ctx, ec, rejected_version=access.token_version)
+            except TokenUnavailable as exc:
+                return self._no_token(ctx, ec, view, exc, verdict)
+        return self._perform(ctx, ec, step)
+
+    def _no_token(self, ctx: WorkContext, ec: EffectContext, view: ClaimView[PreparedRequest],
+                  exc: TokenUnavailable, verdict: Classification | None = None) -> Outcome:
+        """No token: a definitive reason settles the work with it (fail closed, alerted);
+        anything else (a refresh still running, a timeout) waits."""
+        logs.warn("effect_token_unavailable", command_id=ec.command.command_id,
+                  binding_id=ec.command.binding_id, reason=exc.reason)
+        self.on_credential_failure(exc.reason)
+        if definitive(exc.reason):
+            return self._perform(ctx, ec, credential_refusal(view, exc.reason, str(exc),
+                                                             verdict))
+        return RetryLater(exc.reason, str(exc), 5.0)
 
     def _record(self, ctx: WorkContext, attempt_id: str, verdict: Classification,
                 seen: DispatchObservation, provider_evidence: dict[str, Any]) -> None:
@@ -428,8 +512,10 @@ async def replay_refusal(catalogs: CatalogView, store: WorkStore,
         return ("an effect attempt's outcome is unknown; reconcile it or record an operator"
                 " disposition first")
     current = catalogs.current
-    binding = current.binding(command.binding_id)
-    if binding is None or binding.generation != command.binding_generation:
+    principal = await store.binding_get(command.binding_id)
+    if (current.binding(command.binding_id) is None or principal is None
+            or principal.state is not BindingState.CONNECTED
+            or principal.generation != command.binding_generation):
         return ("the command's binding generation is no longer current; issue a repair"
                 " command instead")
     if (command.catalog_revision, command.catalog_digest) != (current.revision, current.digest):

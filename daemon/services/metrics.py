@@ -51,6 +51,11 @@ RECEIPT_RESULTS = ("confirmed", "already_confirmed", "missing", "not_configured"
                    "http_error")
 
 
+# Pre-created label values (the alert rules read them before the first event).
+CREDENTIAL_ALERT_REASONS = ("needs_reauthorization", "token_bundle_unauthentic")
+QUOTA_EVENTS = ("reserved", "waited", "throttled", "given_back")
+
+
 def admission_result(admission: str, created: bool) -> str:
     """The ``result`` label for one answered admission request."""
     return _ADMISSION_RESULTS[(admission, created)]
@@ -251,11 +256,38 @@ class Metrics:
         self.draining = Gauge(
             "integrationd_replica_draining", "1 while this replica drains", registry=r
         )
+        self.credential_failures = Counter(
+            "integrationd_effect_credential_failures",
+            "Effects that found no usable access token, by stable reason"
+            " (needs_reauthorization, no_grant, refresh_timeout, ...)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in CREDENTIAL_ALERT_REASONS:
+            self.credential_failures.labels(reason)
+        self.quota_events = Counter(
+            "integrationd_quota_events",
+            "Provider quota before dispatch, by event: reserved (slots bound to a claim),"
+            " waited (work rescheduled until the budget allows), throttled (a provider 429"
+            " moved the shared budget), given_back (slots that provably never left)",
+            ["event"],
+            registry=r,
+        )
+        for event in QUOTA_EVENTS:
+            self.quota_events.labels(event)
         self._depth_keys: set[tuple[str, str]] = set()
 
     def count_admission(self, request: str, admission: str, created: bool) -> None:
         """One answered ``/v1/`` admission request (``request``: command or reject)."""
         self.command_admissions.labels(request, admission_result(admission, created)).inc()
+
+    def count_credential_failure(self, reason: str) -> None:
+        self.credential_failures.labels(reason).inc()
+
+    def count_quota(self, event: str) -> None:
+        if event not in QUOTA_EVENTS:
+            raise ValueError(f"unknown quota event {event!r}")
+        self.quota_events.labels(event).inc()
 
     def count_receipt(self, result: str) -> None:
         """One receipt delivery, by a :data:`RECEIPT_RESULTS` label."""

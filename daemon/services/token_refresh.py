@@ -29,6 +29,7 @@ from typing import Any
 
 import attrs
 import httpx
+import jwt
 import trio
 
 from config.settings import Secret
@@ -73,6 +74,18 @@ class RefreshEndpoint:
 
 
 @attrs.frozen
+class MintEndpoint:
+    """Where and as which app a server-to-server token is minted (seed 8.2: "S2S mint"):
+    an RS256 app JWT (``iss`` = the app's S2S id) exchanged for a new access token. There
+    is no refresh token: every expiry (or 401) mints again, through the same lease."""
+
+    url: str
+    app_id: str
+    private_key_pem: Secret
+    jwt_lifetime_s: int = 60
+
+
+@attrs.frozen
 class AccessToken:
     token: SecretText
     token_version: int
@@ -95,7 +108,7 @@ class TokenOwner:
     poll_s: float = 0.05
 
     async def access_token(self, fence: Fence, binding_id: str, generation: int,
-                           endpoint: RefreshEndpoint, *,
+                           endpoint: RefreshEndpoint | MintEndpoint, *,
                            rejected_version: int | None = None) -> AccessToken:
         """The current access token; with ``rejected_version`` (the provider answered 401
         to that version), one that is newer, refreshing if nobody has yet."""
@@ -144,22 +157,29 @@ class TokenOwner:
         except DuplicateKey:
             return LeaseBusy(now)  # two first owners created the lease row at once
 
-    async def _refresh(self, binding_id: str, generation: int, endpoint: RefreshEndpoint,
+    async def _refresh(self, binding_id: str, generation: int,
+                       endpoint: RefreshEndpoint | MintEndpoint,
                        bundle: TokenBundle, lease: LeaseWon) -> AccessToken:
         log: dict[str, Any] = {"binding_id": binding_id, "generation": generation,
-               "from_version": lease.from_version}
-        if bundle.refresh_token is None:
+               "from_version": lease.from_version,
+               "kind": "mint" if isinstance(endpoint, MintEndpoint) else "refresh"}
+        if isinstance(endpoint, RefreshEndpoint) and bundle.refresh_token is None:
             await self._fail(binding_id, generation, lease, reauthorize=True)
             raise TokenUnavailable("needs_reauthorization", "the grant has no refresh token")
         deadline_s = (lease.until_us - self.call_margin_us - self.clock.now_us()) / 1e6
         answer: httpx.Response | None = None
         with trio.move_on_after(max(0.0, deadline_s)):
             try:
-                answer = await self.http.post(endpoint.url, data={
-                    "grant_type": "refresh_token",
-                    "refresh_token": bundle.refresh_token.reveal(),
-                    "client_id": endpoint.client_id,
-                    "client_secret": endpoint.client_secret.reveal()})
+                if isinstance(endpoint, MintEndpoint):
+                    answer = await self.http.post(endpoint.url, headers={
+                        "Authorization": f"Bearer {self._app_jwt(endpoint)}"})
+                else:
+                    assert bundle.refresh_token is not None
+                    answer = await self.http.post(endpoint.url, data={
+                        "grant_type": "refresh_token",
+                        "refresh_token": bundle.refresh_token.reveal(),
+                        "client_id": endpoint.client_id,
+                        "client_secret": endpoint.client_secret.reveal()})
             except httpx.HTTPError as exc:
                 logs.warn("token_refresh_failed", reason="transport", detail=type(exc).__name__,
                           **log)
@@ -169,7 +189,7 @@ class TokenOwner:
             logs.warn("token_refresh_failed", reason="timeout", **log)
             raise TokenUnavailable("refresh_timeout", "the token endpoint did not answer in"
                                    " time; the refresh token may be spent")
-        if answer.status_code in (400, 401) and _error(answer) == "invalid_grant":
+        if answer.status_code in (400, 401) and _error(answer) in _DEFINITIVE_ERRORS:
             await self._fail(binding_id, generation, lease, reauthorize=True)
             reason = ("needs_reauthorization: refresh token possibly spent by an unfinished"
                       " refresh" if lease.possibly_spent else "needs_reauthorization")
@@ -198,6 +218,13 @@ class TokenOwner:
         logs.event("token_refreshed", token_version=version, **log)
         return AccessToken(access, version)
 
+    def _app_jwt(self, endpoint: MintEndpoint) -> str:
+        """A short-lived RS256 app JWT: ``iss`` the app's S2S id (never logged)."""
+        now = self.clock.now_us() // 1_000_000
+        return jwt.encode({"iss": endpoint.app_id, "iat": now,
+                           "exp": now + endpoint.jwt_lifetime_s},
+                          endpoint.private_key_pem.reveal(), algorithm="RS256")
+
     async def _fail(self, binding_id: str, generation: int, lease: LeaseWon, *,
                     reauthorize: bool) -> None:
         await self.store.refresh_fail(binding_id=binding_id, generation=generation,
@@ -205,6 +232,10 @@ class TokenOwner:
                                       from_version=lease.from_version,
                                       needs_reauthorization=reauthorize,
                                       now_us=self.clock.now_us())
+
+
+# The token endpoint refuses the credential itself: one attempt, then re-authorization.
+_DEFINITIVE_ERRORS = frozenset({"invalid_grant", "invalid_jwt"})
 
 
 def _error(answer: httpx.Response) -> str:
@@ -226,8 +257,9 @@ def _parse(answer: httpx.Response, now_us: int
         return None
     if not isinstance(doc, dict):
         return None
-    access, refresh, lifetime = doc.get("access_token"), doc.get("refresh_token"), \
-        doc.get("expires_in")
+    # An OAuth answer names "access_token"; an S2S mint answers "token".
+    access, refresh, lifetime = doc.get("access_token", doc.get("token")), \
+        doc.get("refresh_token"), doc.get("expires_in")
     if not isinstance(access, str) or not access:
         return None
     if refresh is not None and not isinstance(refresh, str):

@@ -332,11 +332,17 @@ async def test_detail_page_shows_fields_lineage_and_actions_by_role(
 
 async def test_not_configured_features_say_so(console: ConsoleHarness) -> None:
     client, _ = await console.sign_in("viv")
-    for kind in ("subscriptions", "quota"):
-        doc = await (await client.get(f"/admin/api/{kind}")).get_json()
-        assert doc["configured"] is False and doc["items"] == []
-        page = await client.get(f"/admin/{kind}")
-        assert "Not configured yet" in await page.get_data(as_text=True)
+    doc = await (await client.get("/admin/api/subscriptions")).get_json()
+    assert doc["configured"] is False and doc["items"] == []
+    page = await client.get("/admin/subscriptions")
+    assert "Not configured yet" in await page.get_data(as_text=True)
+    # No quota key has been used: the page and the API say why.
+    doc = await (await client.get("/admin/api/quota")).get_json()
+    assert doc["configured"] is False and doc["items"] == []
+    assert "no L1 definition declares a [quota.*] dimension" in doc["message"]
+    page = await client.get("/admin/quota")
+    assert "no L1 definition declares a [quota.*] dimension" in await page.get_data(
+        as_text=True)
     # Bindings are live (from [[bindings]]); this console's settings have none.
     doc = await (await client.get("/admin/api/bindings")).get_json()
     assert doc["configured"] is False and doc["items"] == []

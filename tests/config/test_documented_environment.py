@@ -43,7 +43,7 @@ def _runtime(name: str) -> dict[str, Any]:
 def _binding(binding_id: str) -> dict[str, Any]:
     return {"binding_id": binding_id, "provider": "p", "org_id": "o",
             "app_installation_id": "i", "remote_account_id": "r",
-            "base_url": "http://127.0.0.1:1"}
+            "base_url": "http://127.0.0.1:1", "auth": "static_token"}
 
 
 def _settings(env: dict[str, str], raw: dict[str, Any] | None = None) -> Settings:

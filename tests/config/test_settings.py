@@ -140,3 +140,44 @@ def test_integer_toml_value_is_accepted_for_a_number_key() -> None:
 def test_unknown_family_key_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"^families\.noop\.batchsize: unknown setting"):
         _parse({"families": {"noop": {"batchsize": 3}}})
+
+
+_BINDING = {"binding_id": "b1", "provider": "p", "org_id": "o", "app_installation_id": "i",
+            "remote_account_id": "r", "base_url": "http://127.0.0.1:1"}
+_TOKEN_ENV = {"INTEGRATIOND_BINDING_B1_TOKEN": "static-SECRET"}
+_CLIENT_ENV = {"INTEGRATIOND_BINDING_B1_CLIENT_SECRET": "client-SECRET"}
+
+
+@pytest.mark.parametrize(("fields", "environ", "message"), [
+    ({}, _TOKEN_ENV, 'bindings[0].auth: this binding has a static token (token_file,'
+     ' credential or environment): declare auth = "static_token"'),
+    ({"auth": "oauth"}, {}, "bindings[0].auth: expected one of grant, static_token, got"
+     " 'oauth'"),
+    ({"auth": "static_token"}, {}, 'bindings[0].token_file: auth = "static_token" needs a'
+     ' token'),
+    ({"auth": "grant"}, _TOKEN_ENV, 'bindings[0].token_file: auth = "grant" takes its token'
+     " from the binding's AuthorizationGrant, never from a file"),
+    ({"auth": "grant"}, {}, 'bindings[0].token_url: auth = "grant" needs the OAuth token'
+     " endpoint"),
+    ({"auth": "grant", "token_url": "https://example.test/token"}, _CLIENT_ENV,
+     'bindings[0].client_id: auth = "grant" needs the OAuth client id'),
+    ({"auth": "grant", "token_url": "https://example.test/token", "client_id": "c"}, {},
+     'bindings[0].client_secret_file: auth = "grant" needs the OAuth client secret'),
+    ({"client_secret": "inline"}, {}, "bindings[0].client_secret: "),
+])
+def test_a_bindings_auth_kind_is_declared_and_complete(
+        fields: dict[str, Any], environ: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _parse({"bindings": [{**_BINDING, **fields}]}, environ)
+    assert str(info.value).startswith(message)
+
+
+def test_the_auth_kinds_load() -> None:
+    static = _parse({"bindings": [{**_BINDING, "auth": "static_token"}]}, _TOKEN_ENV)
+    (b,) = static.bindings
+    assert (b.auth, b.token is not None) == ("static_token", True)
+    grant = _parse({"bindings": [{**_BINDING, "auth": "grant", "client_id": "c",
+                                  "token_url": "https://example.test/token"}]}, _CLIENT_ENV)
+    (g,) = grant.bindings
+    assert (g.auth, g.token, g.client_secret is not None) == ("grant", None, True)
+    assert "client-SECRET" not in repr(g)

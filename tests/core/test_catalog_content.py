@@ -80,7 +80,7 @@ def _settings(revision: int = 3, base_url: str = "http://127.0.0.1:1") -> Settin
     return Settings(catalog=CatalogSettings(revision=revision), bindings=(BindingSettings(
         binding_id="b1", provider="hubspot", org_id="o", app_installation_id="i",
         remote_account_id="r", base_url=base_url, max_in_flight=1.5,
-        token=Secret("tok-secret-1")),))
+        auth="static_token", token=Secret("tok-secret-1")),))
 
 
 def test_the_digest_is_of_the_content_not_of_the_revision_number() -> None:

@@ -24,10 +24,12 @@ from daemon.core.effect_step import (
     Wait,
     after_attempt,
     clock_skew_s,
+    credential_refusal,
     decide,
     in_flight_window_s,
 )
 from daemon.core.effects import (
+    Classification,
     DispatchObservation,
     OperationContract,
     Phase,
@@ -46,7 +48,7 @@ COMMAND = CommandView(command_id="c1", settlement="open", intent_kind="UPSERT",
                       binding_generation=1, link_key="lk", link_generation=3, remote_id="101")
 OP = OperationView(name="op", intent_kinds=frozenset({"UPSERT"}), max_in_flight_s=30.0,
                    max_clock_skew_s=2.0)
-BINDING = BindingView(generation=1, has_token=True, client_deadline_s=10.0)
+BINDING = BindingView(generation=1, connected=True, has_token=True, client_deadline_s=10.0)
 LINK = LinkView(state="active", generation=3, remote_id="101")
 VIEW: ClaimView[str] = ClaimView(command=COMMAND, operation=OP, binding=BINDING, link=LINK,
                                  request=REQUEST, desired={"jobtitle": "CTO"}, now_us=NOW)
@@ -106,6 +108,16 @@ ROWS: list[tuple[str, ClaimView[str], Step[str]]] = [
                     " current (2)", BEFORE)),
     ("binding gone", attrs.evolve(VIEW, binding=None),
      SettleNoEffect("binding_missing", "the command's binding is no longer configured", BEFORE)),
+    ("no durable generation pinned (admitted before the pin, never backfilled)",
+     attrs.evolve(VIEW, command=cmd(binding_generation=None)),
+     SettleNoEffect("unpinned_binding", "the command pins no durable binding generation;"
+                    " issue a repair command to pin the current one", BEFORE)),
+    ("binding disconnected (generation kept)",
+     attrs.evolve(VIEW, binding=attrs.evolve(BINDING, connected=False)),
+     SettleNoEffect("binding_disconnected", "the pinned binding is disconnected", BEFORE)),
+    ("binding disconnected and the generation moved",
+     attrs.evolve(VIEW, binding=attrs.evolve(BINDING, connected=False, generation=2)),
+     SettleNoEffect("binding_disconnected", "the pinned binding is disconnected", BEFORE)),
     ("no link at admission", attrs.evolve(VIEW, command=cmd(link_generation=None,
                                                             remote_id=None)),
      SettleNoEffect("no_remote_link", "no remote link existed for the record when the command"
@@ -176,6 +188,11 @@ ROWS: list[tuple[str, ClaimView[str], Step[str]]] = [
      Blocked("binding_generation", "the pinned binding generation 1 is no longer current (2);"
              " an unresolved attempt cannot be read back with another identity: operator"
              " disposition needed")),
+    ("unresolved and binding disconnected: no read-back",
+     attrs.evolve(VIEW, attempts=(UNKNOWN,), binding=attrs.evolve(BINDING, connected=False)),
+     Blocked("binding_disconnected", "the pinned binding is disconnected; an unresolved"
+             " attempt cannot be read back with another identity: operator disposition"
+             " needed")),
     ("unresolved, operation gone", attrs.evolve(VIEW, attempts=(UNKNOWN,), operation=None),
      Wait("reconcile_unavailable", "the pinned operation is not served; cannot read back",
           60.0)),
@@ -226,6 +243,11 @@ def test_decide(name: str, view: ClaimView[str], expected: Step[str]) -> None:
     assert decide(view) == expected
 
 
+GRANT_VIEW = attrs.evolve(VIEW, binding=attrs.evolve(BINDING, refreshable=True))
+REJECTED_401 = AttemptView(attempt_id="a-401", outcome="REJECTED", evidence="not_applied",
+                           disposition=None, dispatched_at_us=0, gave_up_at_us=1,
+                           failure_class="http_401")
+
 CONTRACT = OperationContract(not_applied_statuses=frozenset({429}), replay_safe=False,
                              default_retry_after_s=5.0)
 REPLAY_SAFE = attrs.evolve(CONTRACT, replay_safe=True)
@@ -253,6 +275,21 @@ AFTER: list[tuple[str, OperationContract, DispatchObservation, ClaimView[str], S
     ("5xx waits out the window to reconcile", CONTRACT,
      DispatchObservation(Phase.RESPONDED, 503), VIEW,
      Wait("outcome_unknown", "dispatch outcome unknown (503); reconciling", 30.0)),
+    # --- a 401 rejects the token, not the effect: one refresh, then a retry
+    ("401 with a refreshable grant: refresh once and retry", CONTRACT,
+     DispatchObservation(Phase.RESPONDED, 401), GRANT_VIEW,
+     Wait("token_rejected", "the provider refused the access token (http_401): refreshed"
+          " once, the effect is retried", 0.0)),
+    ("401 again after the refresh: a definitive rejection", CONTRACT,
+     DispatchObservation(Phase.RESPONDED, 401),
+     attrs.evolve(GRANT_VIEW, attempts=(REJECTED_401,)),
+     SettleNoEffect("http_401", "the provider rejected the request (401)", DEFINITIVE)),
+    ("401 with a static token: a rejection (nothing to refresh)", CONTRACT,
+     DispatchObservation(Phase.RESPONDED, 401), VIEW,
+     SettleNoEffect("http_401", "the provider rejected the request (401)", DEFINITIVE)),
+    ("403 with a grant is no token problem", CONTRACT,
+     DispatchObservation(Phase.RESPONDED, 403), GRANT_VIEW,
+     SettleNoEffect("http_403", "the provider rejected the request (403)", DEFINITIVE)),
 ]
 
 
@@ -273,3 +310,21 @@ def test_l2_only_lengthens_l1(l1: float, l2: float, window: float) -> None:
     binding = attrs.evolve(BINDING, max_in_flight_s=l2, max_clock_skew_s=l2)
     assert in_flight_window_s(op, binding) == window
     assert clock_skew_s(op, binding) == window
+
+
+@pytest.mark.parametrize(("name", "view", "verdict", "expected"), [
+    ("needs re-authorization before any call: proven not sent", VIEW, None,
+     SettleNoEffect("needs_reauthorization", "re-authorize", BEFORE)),
+    ("needs re-authorization after the 401 just made: proven not applied", VIEW,
+     classify(CONTRACT, DispatchObservation(Phase.RESPONDED, 401)),
+     SettleNoEffect("needs_reauthorization", "re-authorize", DEFINITIVE)),
+    ("after a replay-safe maybe-applied attempt: no proof, blocked",
+     attrs.evolve(VIEW, attempts=(att("REPLAY_SAFE_RETRY", "maybe_applied"),)), None,
+     Blocked("needs_reauthorization", "re-authorize; no no-effect result: an attempt may"
+             " have been applied (timeout, reset or server error after sending); a"
+             " replay-safe contract is no proof of no effect; operator repair needed")),
+])
+def test_credential_refusal(name: str, view: ClaimView[str], verdict: Classification | None,
+                            expected: Step[str]) -> None:
+    assert credential_refusal(view, "needs_reauthorization", "re-authorize",
+                              verdict) == expected

@@ -26,6 +26,7 @@ org_id = "org-1"
 app_installation_id = "install-1"
 remote_account_id = "portal-1"
 base_url = "{base_url}"
+auth = "static_token"
 """)
 
 

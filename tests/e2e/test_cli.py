@@ -14,9 +14,10 @@ import attrs
 import pytest
 
 from daemon.core.outcomes import DeadLetter
+from daemon.services.principal_bootstrap import bootstrap_facts
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
-from tests.support.commands import draft
+from tests.support.commands import HUBSPOT_MAIN, draft
 from tests.support.processes import cli_env, run_cli, write_config
 from tests.support.work import claim, enqueue, finalize
 
@@ -245,6 +246,8 @@ async def _dead_effects(store: WorkStore, n: int, cfg: Path) -> list[str]:
     assert published.returncode == 0, published.stderr
     digest = json.loads(published.stdout)["digest"]
     now = time.time_ns() // 1000
+    # The binding's durable row, as a replica bootstraps it from [[bindings]].
+    await store.binding_bootstrap(bootstrap_facts(HUBSPOT_MAIN), now)
     for i in range(n):
         accepted = await store.command_accept(attrs.evolve(
             draft(f"int-{i}", outbox=f"outbox-{i}", lead=f"lead-{i}"),

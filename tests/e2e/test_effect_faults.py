@@ -37,7 +37,7 @@ from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.harness import wait_for
 from tests.support.l1 import sandbox_definitions_dir
-from tests.support.processes import ReplicaProcess, start_replica, stop_all
+from tests.support.processes import ReplicaProcess, run_cli, start_replica, stop_all
 from tests.support.slice import (
     HUBSPOT_TOKEN,
     LINK_SCOPE,
@@ -97,6 +97,7 @@ remote_account_id = "portal-1"
 base_url = "{hubspot_url}"
 timeout = 5.0
 max_in_flight = 2.5
+auth = "static_token"
 """)
     return path
 
@@ -306,3 +307,57 @@ async def test_claimed_but_not_checkpointed_dispatches_exactly_once(
         assert len(sl2.patches("101")) == 1
         got = await store.work_get(item.work_id)
         assert got is not None and got.ownership_epoch == 2
+
+
+async def test_reconnect_between_enqueue_and_dispatch_fails_closed(
+    database: FreshDatabase, store: WorkStore, tmp_path: Path
+) -> None:
+    """Seed 13: a reconnect (a generation bump, by an operator's CLI process) between
+    acceptance and dispatch: a real replica process refuses the queued work before any
+    call, and the simulator receives nothing, neither with the old identity nor the new."""
+    async with running_slice(store, database.url, with_replica=False) as sl:
+        await sl.lead("lead-1", "101")
+        intent_id = await sl.set_title("lead-1", "CTO")
+        await sl.wait_intent("lead-1", intent_id, "ACCEPTED")
+        port = sl.hubspot_port
+    cfg = replica_config(tmp_path / "a.toml", database.url, api_port=free_port(),
+                         runtime_url="http://127.0.0.1:9",
+                         hubspot_url=f"http://127.0.0.1:{port}")
+    # The same binding content as the slice published (the pinned revision).
+    cfg.write_text(cfg.read_text().replace("max_in_flight = 2.5\n", "")
+                   + '\n[[operators]]\nname = "ada"\nrole = "operator"\n')
+    replicas: list[ReplicaProcess] = []
+    try:
+        os.environ["INTEGRATIOND_RUNTIME_CRM_TOKEN"] = RUNTIME_TOKEN
+        os.environ["INTEGRATIOND_RUNTIME_CRM_RESULTS_TOKEN"] = RESULTS_TOKEN
+        os.environ["INTEGRATIOND_BINDING_HUBSPOT_MAIN_TOKEN"] = HUBSPOT_TOKEN
+        who = ("--actor", "ada", "--reason", "the portal was reinstalled")
+        off = run_cli(cfg, "binding", "disconnect", "hubspot-main", *who, "--generation", "1")
+        assert off.returncode == 0, off.stderr
+        on = run_cli(cfg, "binding", "reconnect", "hubspot-main", *who, "--generation", "1")
+        assert on.returncode == 0, on.stderr
+        sim = HubSpotSimulator(tokens={HUBSPOT_TOKEN})
+        sim.add_contact("101", jobtitle="Engineer")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sim.run, "127.0.0.1", port)
+            replicas.append(await start_replica(cfg, "a"))
+            (item,) = await store.work_list(WorkQuery(family="external_effect"))
+
+            async def finished() -> bool:
+                got = await store.work_get(item.work_id)
+                return got is not None and got.state.value not in ("pending", "retry",
+                                                                   "processing")
+
+            await wait_for(finished, within_s=60)
+            got = await store.work_get(item.work_id)
+            assert got is not None
+            assert (got.state, got.terminal_outcome, got.failure_class) == (
+                WorkState.SUCCEEDED, "no_effect", "binding_generation")
+            assert sim.requests == []
+            assert await store.effect_attempts(item.subject_id) == []
+            nursery.cancel_scope.cancel()
+    finally:
+        await stop_all(replicas)
+        for name in ("INTEGRATIOND_RUNTIME_CRM_TOKEN", "INTEGRATIOND_RUNTIME_CRM_RESULTS_TOKEN",
+                     "INTEGRATIOND_BINDING_HUBSPOT_MAIN_TOKEN"):
+            os.environ.pop(name, None)

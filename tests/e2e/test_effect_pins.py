@@ -1,9 +1,9 @@
 """Queued work cannot be retargeted (seed 8.1, 13; issue 8, item 3).
 
-A command pins, at admission, the binding generation and the RemoteLink it
-targets (generation and remote id). A link rebind or a binding generation bump
-between acceptance and dispatch must not redirect it: the simulator receives
-nothing for that command, and the operator sees why on the work item's page.
+A command pins, at admission, the durable binding generation and the RemoteLink
+it targets (generation and remote id). A link rebind, or a disconnect or reconnect
+of the binding, between acceptance and dispatch must not redirect it: the simulator
+receives nothing for that command, and the operator sees why on the work item's page.
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import re
 import httpx
 import pytest
 
+from daemon.core.principals import BindingEvent
 from daemon.core.states import WorkState
 from daemon.services.clock import WallClock
 from sandbox.ports import free_port
 from storage.effect_values import Settlement
 from storage.port import WorkQuery
+from storage.principals import Actor
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.harness import wait_for
@@ -39,16 +41,17 @@ async def _signed_in(sl: Slice, name: str) -> httpx.AsyncClient:
     return client
 
 
-@pytest.mark.parametrize(("rebind", "bump", "code", "sentence"), [
-    (True, False, "link_generation",
+@pytest.mark.parametrize(("rebind", "binding", "code", "sentence"), [
+    (True, "", "link_generation",
      "the pinned remote link generation 1 is no longer current (2)"),
-    (False, True, "binding_generation",
+    (False, "reconnect", "binding_generation",
      "the pinned binding generation 1 is no longer current (2)"),
-    (True, True, "binding_generation",
+    (True, "reconnect", "binding_generation",
      "the pinned binding generation 1 is no longer current (2)"),
+    (False, "disconnect", "binding_disconnected", "the pinned binding is disconnected"),
 ])
 async def test_rebind_between_accept_and_dispatch_sends_nothing(
-    database: FreshDatabase, store: WorkStore, rebind: bool, bump: bool, code: str,
+    database: FreshDatabase, store: WorkStore, rebind: bool, binding: str, code: str,
     sentence: str,
 ) -> None:
     port = free_port()  # one simulator address: the Catalog revision stays the same
@@ -63,9 +66,18 @@ async def test_rebind_between_accept_and_dispatch_sends_nothing(
                                     expected_generation=link.generation, actor="ada",
                                     role="admin", reason="the lead moved to another contact",
                                     now_us=WallClock().now_us())
-    # The next replica serves the new binding generation (a reconnect) or the same one.
-    async with running_slice(store, database.url, binding_generation=2 if bump else 1,
-                             operators=_OPERATORS, hubspot_port=port) as sl2:
+    # The operator disconnects the durable binding (and reconnects it: a new
+    # generation) through the audited transition; the TOML is not edited.
+    who = Actor(name="ada", role="admin", reason="the portal was reinstalled")
+    now = WallClock().now_us()
+    if binding:
+        await store.binding_transition("hubspot-main", BindingEvent.DISCONNECT, who,
+                                       expected_generation=1, now_us=now)
+    if binding == "reconnect":
+        await store.binding_transition("hubspot-main", BindingEvent.RECONNECT, who,
+                                       expected_generation=1, now_us=now)
+    async with running_slice(store, database.url, operators=_OPERATORS,
+                             hubspot_port=port) as sl2:
         sl2.sim.add_contact("101", jobtitle="Engineer")
         sl2.sim.add_contact("202", jobtitle="Engineer")
         (item,) = await store.work_list(WorkQuery(family="external_effect"))

@@ -97,3 +97,33 @@ async def test_missing_or_wrong_keys_are_named(database: FreshDatabase, store: W
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("integrationd: config error: keys.k9: token key 'k9' not found")
+
+
+GRANT_BINDING = """
+[[bindings]]
+binding_id = "hubspot-main"
+provider = "hubspot"
+org_id = "org-1"
+app_installation_id = "install-1"
+remote_account_id = "portal-1"
+base_url = "http://127.0.0.1:9"
+auth = "grant"
+token_url = "http://127.0.0.1:9/oauth/v1/token"
+client_id = "client-1"
+client_secret_file = "client.secret"
+"""
+
+
+async def test_run_with_a_grant_binding_and_a_missing_key_is_one_line_exit_2(
+        database: FreshDatabase, tmp_path: Path) -> None:
+    """Effects open grants with the token keys, so ``run`` loads them at once: a
+    configured key that is missing is named in one line, exit 2, before anything starts."""
+    (tmp_path / "client.secret").write_text("client-SECRET-x\n")
+    (tmp_path / "keys").mkdir()
+    cfg = write_config(tmp_path / "g.toml", database.url,
+                       extra=GRANT_BINDING + '\n[keys]\ndir = "keys"\nactive = "k9"\n')
+    result = run_cli(cfg, "run")
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("integrationd: config error: keys.k9: token key 'k9' not found")
+    assert "client-SECRET-x" not in result.stderr + result.stdout

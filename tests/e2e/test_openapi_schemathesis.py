@@ -77,6 +77,7 @@ remote_account_id = "portal-demo"
 base_url = "http://127.0.0.1:9"
 generation = 1
 timeout = 2.0
+auth = "static_token"
 token_file = "{tmp}/provider.token"
 
 [[operators]]

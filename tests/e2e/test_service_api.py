@@ -19,10 +19,12 @@ from config.settings import RuntimeClient, Secret
 from daemon.api.app import ApiContext, create_api_app
 from daemon.core.canonical import canonical_digest
 from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
+from daemon.core.principals import BindingEvent
 from daemon.services.catalog_view import CatalogView, publish_current
 from daemon.services.clock import WallClock
 from daemon.services.http_server import serve_app
 from storage.port import WorkQuery
+from storage.principals import Actor
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.commands import command_doc
@@ -95,6 +97,36 @@ async def test_accept_is_idempotent(api: Api) -> None:
                                 headers={"Authorization": f"Bearer {RUNTIME_TOKEN}"})
     assert read.status_code == 200 and read.json()["command_id"] == first.json()["command_id"]
     assert len(await api.store.work_list(WorkQuery(family="external_effect"))) == 1
+
+
+async def test_commands_pin_the_durable_binding_generation(api: Api) -> None:
+    """Admission pins the PrincipalBinding's generation (bootstrapped from the TOML on
+    first use), refuses a disconnected binding writing nothing, and after a reconnect pins
+    the new generation."""
+    first = await api.post("/v1/commands", body("int-1"))
+    assert first.status_code == 200, first.text
+    command = await api.store.command_get(first.json()["command_id"])
+    assert command is not None and command.binding_generation == 1
+    facts = await api.store.binding_get(command.binding_id)
+    assert facts is not None and facts.generation == 1
+    who = Actor(name="ada", role="admin", reason="reinstall")
+    now = WallClock().now_us()
+    await api.store.binding_transition(command.binding_id, BindingEvent.DISCONNECT, who,
+                                       expected_generation=1, now_us=now)
+    refused = await api.post("/v1/commands", body("int-2"))
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"] == "binding_not_connected"
+    assert command.binding_id in refused.json()["message"]
+    batch = await api.post("/v1/commands/batch", {"commands": [body("int-2")]})
+    assert batch.json()["results"][0]["error"] == "binding_not_connected"
+    assert await api.store.admission_read(body("int-2")["effect_handoff_key"]) is None
+    assert len(await api.store.work_list(WorkQuery(family="external_effect"))) == 1
+    await api.store.binding_transition(command.binding_id, BindingEvent.RECONNECT, who,
+                                       expected_generation=1, now_us=now)
+    second = await api.post("/v1/commands", body("int-2"))
+    assert second.status_code == 200, second.text
+    pinned = await api.store.command_get(second.json()["command_id"])
+    assert pinned is not None and pinned.binding_generation == 2
 
 
 @pytest.mark.parametrize(

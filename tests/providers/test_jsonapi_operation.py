@@ -47,7 +47,7 @@ def binding(url: str) -> BindingSettings:
         binding_id="outreach-main", provider="outreach", org_id=SCOPE.org_id,
         app_installation_id=SCOPE.app_installation_id, remote_account_id="org-77",
         base_url=url, timeout=5.0, max_in_flight=1.0, max_clock_skew=0.1,
-        token=Secret(TOKEN))
+        auth="static_token", token=Secret(TOKEN))
 
 
 @pytest.fixture

@@ -6,11 +6,18 @@ import pytest
 
 from daemon.core.outcomes import RetryLater
 from daemon.core.work import Fence, WorkItem
-from storage.effect_values import AttemptDraft, Disposition, ReceiptState, Settlement
-from storage.effects import mark_receipt, read_effect_context, record_outcome, settle
+from daemon.services.principal_bootstrap import bootstrap_facts
+from storage.effect_values import AttemptDraft, BindingNow, Disposition, ReceiptState, Settlement
+from storage.effects import (
+    EffectContextRow,
+    mark_receipt,
+    read_effect_context,
+    record_outcome,
+    settle,
+)
 from storage.port import LostLease, SqlTx, WorkConflict, WorkQuery
 from storage.work_store import WorkStore
-from tests.support.commands import draft
+from tests.support.commands import HUBSPOT_MAIN, draft
 from tests.support.work import SEC, T0, claim, finalize
 
 
@@ -179,8 +186,8 @@ async def test_the_effect_context_is_one_read(store: WorkStore) -> None:
     link = await store.link_adopt("a" * 64, "lead", "lead-1", "contact", "7", actor="t",
                                   role="admin", reason="seed", now_us=T0)
 
-    async def read(key: str) -> tuple[object, int, object] | None:
-        async def body(tx: SqlTx) -> tuple[object, int, object] | None:
+    async def read(key: str) -> EffectContextRow | None:
+        async def body(tx: SqlTx) -> EffectContextRow | None:
             return await read_effect_context(tx, command_id, key)
 
         return await store.db.transact(body, name="test.context", write=False)
@@ -189,11 +196,12 @@ async def test_the_effect_context_is_one_read(store: WorkStore) -> None:
     found = await read(link.link_key)
     assert store.db.stats.statements == before + 1
     assert found is not None
-    command, attempts, got = found
+    command, attempts, got, binding = found
     assert command == await store.command_get(command_id)
-    assert (attempts, got) == (0, link)
+    assert (attempts, got, binding) == (0, link, None)  # the binding has no durable row
+    await store.binding_bootstrap(bootstrap_facts(HUBSPOT_MAIN), T0)
     await store.effect_checkpoint(item.fence, attempt(command_id), T0)
-    assert await read("no-such-link") == (command, 1, None)
+    assert await read("no-such-link") == (command, 1, None, BindingNow(1, True))
     assert await read_effect_context_missing(store) is None
 
 

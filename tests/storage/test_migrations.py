@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from storage.dialect import MYSQL, SQLITE
 from storage.migrate import EXPECTED_VERSION, check_schema, migrate, schema_version
 from storage.port import SchemaMismatch
 from tests.support.backends import fresh_database
@@ -68,3 +69,11 @@ async def test_unfinished_migration_is_reported(backend: str, tmp_path: Path) ->
         )
         with pytest.raises(SchemaMismatch, match="started but never finished"):
             await migrate(store.db, store.dialect, T0, wait_s=0.3)
+
+
+def test_a_statement_may_be_one_backends_only() -> None:
+    script = ("-- a comment\nCREATE TABLE t (k {KEY}(8));\n"
+              "{MYSQL} ALTER TABLE t MODIFY k {KEY}(8) NOT NULL;\n{SQLITE} SELECT 1;")
+    assert SQLITE.render_ddl(script) == ["CREATE TABLE t (k TEXT)", "SELECT 1"]
+    assert MYSQL.render_ddl(script)[1:] == [
+        "ALTER TABLE t MODIFY k VARCHAR(8) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from config.settings import BindingSettings
 from daemon.core.canonical import canonical_bytes, canonical_digest
 from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
 from storage.effect_values import CommandDraft
@@ -14,6 +15,10 @@ if TYPE_CHECKING:
 
 SCOPE = TrustedRuntimeWorkScope("org-1", "install-1", "cap.leads", "sha256:binding")
 OTHER_ORG = TrustedRuntimeWorkScope("org-2", "install-1", "cap.leads", "sha256:binding")
+# The binding :func:`draft` names, as its [[bindings]] entry would configure it.
+HUBSPOT_MAIN = BindingSettings(binding_id="hubspot-main", provider="hubspot", org_id="org-1",
+                               app_installation_id="install-1", remote_account_id="portal-1",
+                               base_url="http://127.0.0.1:1")
 
 
 def command_doc(intent_id: str, title: str = "CTO", lead: str = "lead-1") -> dict[str, Any]:

@@ -23,6 +23,7 @@ from config.settings import (
     BindingSettings,
     CatalogSettings,
     FamilySettings,
+    KeysSettings,
     Operator,
     ReplicaSettings,
     RuntimeClient,
@@ -82,13 +83,36 @@ def slice_settings(*, api_port: int, runtime_url: str, hubspot_url: str, url: st
             binding_id="hubspot-main", provider="hubspot", org_id=SCOPE.org_id,
             app_installation_id=SCOPE.app_installation_id, remote_account_id="portal-1",
             base_url=hubspot_url, timeout=5.0, generation=binding_generation,
-            token=Secret(HUBSPOT_TOKEN),
+            auth="static_token", token=Secret(HUBSPOT_TOKEN),
         ),),
         # The simulator answers at once: its L1 declares a 1 s window (L2 may
         # only lengthen L1's).
         catalog=CatalogSettings(revision=REVISION,
                                 definitions_dir=definitions_dir or sandbox_definitions_dir()),
     )
+
+
+@attrs.frozen
+class SliceGrant:
+    """The slice's binding authenticates with a grant (auth = "grant"): refreshed at
+    ``token_url`` as client-1 with ``client_secret``, its bundles sealed by key k1 in
+    ``key_dir``; the HubSpot simulator accepts exactly the access tokens in ``tokens``
+    (the OAuth simulator's own set, so a refreshed token works at once)."""
+
+    token_url: str
+    client_secret: str
+    key_dir: str
+    tokens: set[str]
+
+
+def with_grant(settings: Settings, grant: SliceGrant) -> Settings:
+    (b,) = settings.bindings
+    return attrs.evolve(
+        settings,
+        bindings=(attrs.evolve(b, auth="grant", token=None, token_url=grant.token_url,
+                               client_id="client-1",
+                               client_secret=Secret(grant.client_secret)),),
+        keys=KeysSettings(active="k1", dir=grant.key_dir))
 
 
 LINK_SCOPE = integration_scope_digest(SCOPE.org_id, SCOPE.app_installation_id, "hubspot",
@@ -185,12 +209,13 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                         hubspot_port: int | None = None,
                         binding_generation: int = 1,
                         definitions_dir: str = "",
-                        drain_timeout: float = 5.0) -> AsyncIterator[Slice]:
+                        drain_timeout: float = 5.0,
+                        grant: SliceGrant | None = None) -> AsyncIterator[Slice]:
     """The slice, its Catalog revision REVISION published. With ``served_documents``
     (L1 definition documents), the replica serves them as current revision
     REVISION + 1 (published too), while the Runtime still builds commands
     against REVISION."""
-    sim = HubSpotSimulator(tokens={HUBSPOT_TOKEN})
+    sim = HubSpotSimulator(tokens=grant.tokens if grant is not None else {HUBSPOT_TOKEN})
     api_port = free_port()
     async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=10) as http:
         # A second slice on the same database reuses the first one's simulator
@@ -216,6 +241,8 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                                   lease_ttl=lease_ttl, max_attempts=max_attempts,
                                   operators=operators, binding_generation=binding_generation,
                                   definitions_dir=definitions_dir, drain_timeout=drain_timeout)
+        if grant is not None:
+            settings = with_grant(settings, grant)
         clock = WallClock()
         metrics = Metrics()
         await publish_current(store, load_catalog(settings), actor="test", role="admin",

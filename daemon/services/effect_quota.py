@@ -1,0 +1,159 @@
+"""Provider quota, reserved before dispatch (seed 9).
+
+Theory of operation
+-------------------
+Every quota dimension the pinned operation's L1 definition declares (``[quota.<name>]``:
+``limit`` per ``window``, counted per app installation or per binding) is one shared
+quota key, ``<provider>:<dimension>:<org>:<scope value>``. Before the dispatch
+checkpoint, :func:`reserve` takes one send slot of each key from the shared ledger
+(:meth:`storage.quota.QuotaLedger.quota_grant`: one conditional UPDATE per grant) and
+binds it to this claim in a fenced transaction (``quota_reservations``: ``reserved``).
+When a key has no slot within ``max_wait`` the work is told the exact time one will be
+free (:class:`QuotaWait`), and slots already taken for other keys are given back.
+
+The runner waits for the latest slot (never past the earliest one's jitter: a slot that
+cannot be used in time is given back and the work retries at once), checkpoints, sends,
+and :func:`settle_reservations` moves each reservation with the attempt it was used by:
+``sent`` (a response came), ``released`` (provably never left: capacity comes back) or
+``spent_unknown`` (a timeout or reset counts as spent). A provider 429 moves every key's
+budget forward for all replicas (:func:`throttle`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+
+from config.definitions import OperationDefinition
+from config.settings import BindingSettings
+from daemon.core.effects import DispatchObservation, Phase
+from daemon.core.quota import QuotaPolicy, ReservationState, Wait, slot_usable
+from daemon.core.work import Fence
+from daemon.services.clock import Clock
+from storage.port import SqlTx
+from storage.quota import reservation_move, reservation_open
+from storage.work_store import WorkStore
+
+# How long a claim may wait for its slot before it is rescheduled for later instead.
+MAX_WAIT_US = 1_000_000
+
+
+@attrs.frozen
+class QuotaKey:
+    key: str
+    policy: QuotaPolicy
+
+
+@attrs.frozen
+class Reserved:
+    key: QuotaKey
+    slot_us: int
+    reservation_id: str
+
+
+@attrs.frozen
+class QuotaWait:
+    """No slot now: the earliest time every key can grant one."""
+
+    key: str
+    until_us: int
+
+
+def quota_keys(op: OperationDefinition, binding: BindingSettings) -> list[QuotaKey]:
+    out = []
+    for q in op.quotas:
+        scope = binding.app_installation_id if q.scope == "app_installation" \
+            else binding.binding_id
+        out.append(QuotaKey(f"{op.provider}:{q.name}:{binding.org_id}:{scope}",
+                            QuotaPolicy(limit=q.limit, window_us=int(q.window_s * 1_000_000))))
+    return out
+
+
+async def reserve(store: WorkStore, clock: Clock, fence: Fence,
+                  keys: list[QuotaKey]) -> list[Reserved] | QuotaWait:
+    """One slot of every key, bound to this claim, waited for; or when to come back."""
+    if not keys:
+        return []
+    now = clock.now_us()
+    granted: list[tuple[QuotaKey, int]] = []
+    for k in keys:
+        got = await store.quota_grant(k.key, k.policy, now_us=now, max_wait_us=MAX_WAIT_US)
+        if isinstance(got, Wait):
+            await _give_back(store, granted, now)
+            return QuotaWait(k.key, got.until_us)
+        granted.append((k, got.slots[0]))
+
+    async def bind(tx: SqlTx) -> list[str]:
+        return [await reservation_open(tx, quota_key=k.key, slot_at_us=slot,
+                                       expires_at_us=slot + k.policy.jitter_us,
+                                       work_id=fence.work_id,
+                                       ownership_epoch=fence.ownership_epoch, now_us=now)
+                for k, slot in granted]
+
+    ids = await store.work_fenced(fence, now, bind, name="quota.reserve")
+    latest = max(slot for _, slot in granted)
+    delay = latest - clock.now_us()
+    if delay > 0:
+        await trio.sleep(delay / 1_000_000)
+    at = clock.now_us()
+    if not all(slot_usable(k.policy, slot, at) for k, slot in granted):
+        # Too late for one of them: nothing is sent on it, and it may come back.
+        await _give_back(store, granted, at)
+        await _move(store, fence, ids, ReservationState.RELEASED, None, at)
+        return QuotaWait(granted[0][0].key, at)
+    return [Reserved(k, slot, rid) for (k, slot), rid in zip(granted, ids, strict=True)]
+
+
+async def _give_back(store: WorkStore, granted: list[tuple[QuotaKey, int]], now: int) -> None:
+    for k, slot in granted:
+        await store.quota_return(k.key, k.policy, (slot,), now_us=now)
+
+
+async def _move(store: WorkStore, fence: Fence, ids: list[str], target: ReservationState,
+                attempt_id: str | None, now: int) -> None:
+    async def body(tx: SqlTx) -> None:
+        for rid in ids:
+            await reservation_move(tx, rid, target, now_us=now, attempt_id=attempt_id)
+
+    await store.work_fenced(fence, now, body, name="quota.release")
+
+
+def outcome_state(seen: DispatchObservation) -> ReservationState:
+    """What the exchange did with the slot: only a refused connect provably never left."""
+    if seen.phase is Phase.NOT_CONNECTED:
+        return ReservationState.RELEASED
+    if seen.phase is Phase.SENT:
+        return ReservationState.SPENT_UNKNOWN
+    return ReservationState.SENT
+
+
+def settle_reservations(reserved: list[Reserved], seen: DispatchObservation,
+                        attempt_id: str, now_us: int) -> Callable[[SqlTx], Awaitable[None]]:
+    """The finalization write: each reservation with the attempt that used it."""
+    target = outcome_state(seen)
+
+    async def write(tx: SqlTx) -> None:
+        for r in reserved:
+            await reservation_move(tx, r.reservation_id, target, now_us=now_us,
+                                   attempt_id=attempt_id)
+
+    return write
+
+
+async def give_back_unsent(store: WorkStore, reserved: list[Reserved],
+                           seen: DispatchObservation, now_us: int) -> bool:
+    """Capacity comes back only when the attempt provably never left (True: it did)."""
+    if outcome_state(seen) is not ReservationState.RELEASED:
+        return False
+    await _give_back(store, [(r.key, r.slot_us) for r in reserved], now_us)
+    return True
+
+
+async def throttle(store: WorkStore, reserved: list[Reserved], retry_after_s: float,
+                   now_us: int) -> None:
+    """A provider 429: every key this call counted against is blocked for everyone."""
+    for r in reserved:
+        await store.quota_throttle(r.key.key, r.key.policy, now_us=now_us,
+                                   retry_after_us=int(retry_after_s * 1_000_000))

@@ -1,0 +1,117 @@
+"""Provider quota is reserved before dispatch (issue 9 item 3; seed 9).
+
+The L1 definition declares a quota dimension (here: 2 requests per second per app
+installation); the HubSpot simulator records when each request arrived. Whatever the
+backlog, no window of the provider's own length sees more than the limit, each attempt
+is sent on a reservation bound to it (``reserved -> sent``), and a 429 moves the shared
+budget forward for everyone (the key's block and throttle count).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from config.catalog import CatalogError
+from config.definitions import parse_provider
+from sandbox.hubspot_sim.model import Fault
+from storage.port import WorkQuery
+from storage.work_store import WorkStore
+from tests.e2e.test_effect_pins import _signed_in
+from tests.support.backends import FreshDatabase
+from tests.support.harness import wait_for
+from tests.support.l1 import write_sandbox_definitions
+from tests.support.slice import running_slice
+from tests.ui.support import _OPERATORS
+
+pytestmark = pytest.mark.slow
+
+QUOTA = '\n[quota.per_app]\nlimit = 2\nwindow = 1.0\nscope = "app_installation"\n'
+
+
+def _definitions(tmp_path: Path) -> str:
+    directory = write_sandbox_definitions(tmp_path / "l1")
+    hubspot = directory / "hubspot.toml"
+    text = hubspot.read_text()
+    # Top-level keys go before the first table.
+    head, sep, rest = text.partition("[auth.bearer]")
+    hubspot.write_text(head + QUOTA.lstrip("\n") + "\n" + sep + rest)
+    return str(directory)
+
+
+async def test_no_window_sees_more_than_the_limit_and_each_attempt_has_its_reservation(
+        database: FreshDatabase, store: WorkStore, tmp_path: Path) -> None:
+    async with running_slice(store, database.url,
+                             definitions_dir=_definitions(tmp_path)) as sl:
+        leads = [f"lead-{i}" for i in range(6)]
+        for i, lead in enumerate(leads):
+            await sl.lead(lead, str(100 + i))
+        for lead in leads:
+            await sl.set_title(lead, "CTO")
+
+        async def all_done() -> bool:
+            items = await store.work_list(WorkQuery(family="external_effect"))
+            return len(items) == 6 and all(i.state.value == "succeeded" for i in items)
+
+        await wait_for(all_done, within_s=60)
+        times = sorted(r.received_at for r in sl.sim.requests if r.method == "PATCH")
+        assert len(times) == 6
+        # Any window of 1 s holds at most 2 arrivals.
+        assert all(times[i + 2] - times[i] >= 1.0 for i in range(len(times) - 2)), times
+        for item in await store.work_list(WorkQuery(family="external_effect")):
+            (reservation,) = await store.quota_reservations(item.work_id)
+            (attempt,) = await store.effect_attempts(item.subject_id)
+            assert (reservation.state.value, reservation.attempt_id) == ("sent",
+                                                                         attempt.attempt_id)
+            assert reservation.reservation_id in attempt.pre_dispatch_evidence
+        (key,) = await store.quota_keys("hubspot:per_app:")
+        assert key.granted_total >= 6 and key.limit_count == 2
+
+
+async def test_a_429_moves_the_shared_budget_forward(
+        database: FreshDatabase, store: WorkStore, tmp_path: Path) -> None:
+    async with running_slice(store, database.url, definitions_dir=_definitions(tmp_path),
+                             operators=_OPERATORS) as sl:
+        await sl.lead("lead-1", "101")
+        sl.sim.inject(Fault(mode="status", status=429, method="PATCH", retry_after_s=2))
+        intent_id = await sl.set_title("lead-1", "CTO")
+        await sl.wait_intent("lead-1", intent_id, "COMMITTED")
+        (key,) = await store.quota_keys("hubspot:per_app:")
+        assert key.throttles_total == 1
+        first, second = [r for r in sl.sim.requests if r.method == "PATCH"]
+        assert (first.status, second.status) == (429, 200)
+        # Nobody sent on the key before the provider's Retry-After had passed.
+        assert second.received_at - first.received_at >= 2.0 - 0.05
+        (item,) = await store.work_list(WorkQuery(family="external_effect"))
+        states = sorted(r.state.value for r in await store.quota_reservations(item.work_id))
+        assert states == ["sent", "sent"]
+        assert sl.replica is not None
+        metrics = sl.replica.metrics_text().decode()
+        assert 'integrationd_quota_events_total{event="throttled"} 1.0' in metrics
+        assert 'integrationd_quota_events_total{event="reserved"} 2.0' in metrics
+        client = await _signed_in(sl, "viv")
+        try:
+            doc = (await client.get("/admin/api/quota")).json()
+            page = (await client.get("/admin/quota")).text
+        finally:
+            await client.aclose()
+        (row,) = doc["items"]
+        assert (row["limit"], row["throttles_total"], row["reserved_in_flight"]) == (2, 1, 0)
+        assert row["last_throttled_at_us"] is not None and row["quota_key"] in page
+
+
+@pytest.mark.parametrize(("quota", "message"), [
+    ({"q": {"limit": 0, "window": 1.0}}, "providers.p.quota.q.limit: must be a positive"
+     " integer, got 0"),
+    ({"q": {"limit": -5, "window": 1.0}}, "providers.p.quota.q.limit: must be a positive"
+     " integer, got -5"),
+    ({"q": {"limit": 5, "window": 0}}, "providers.p.quota.q.window: expected a positive"),
+    ({"q": {"limit": 5, "window": 1.0, "scope": "galaxy"}}, "providers.p.quota.q.scope:"),
+    ({"q": {"limit": 5, "window": 1.0, "burst": 3}}, "providers.p.quota.q.burst: unknown"),
+])
+def test_an_unenforceable_quota_definition_is_a_config_error(quota: object,
+                                                             message: str) -> None:
+    with pytest.raises(CatalogError) as info:
+        parse_provider({"provider": "p", "quota": quota, "operations": {}})
+    assert str(info.value).startswith(message)
