@@ -30,6 +30,8 @@ org_id = "org-1"
 app_installation_id = "install-1"
 remote_account_id = "org-77"
 base_url = "http://127.0.0.1:9"
+# Its token comes from the environment below: a static token, declared as such.
+auth = "static_token"
 """)
 
 
