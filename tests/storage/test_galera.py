@@ -7,8 +7,8 @@ transaction, never crash and never report a silent success."""
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import trio
@@ -17,40 +17,30 @@ from storage.migrate import migrate
 from storage.mysql.adapter import MysqlDatabase, MysqlTarget
 from storage.port import SqlTx
 from storage.work_store import WorkStore
+from tests.support.backends import FreshDatabase, fresh_database
 from tests.support.galera import GaleraCluster
 from tests.support.work import T0, claim, enqueue
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def galera() -> Iterator[GaleraCluster]:
-    cluster = GaleraCluster.create()
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
+pytestmark = [pytest.mark.slow, pytest.mark.galera]
 
 
 @pytest.fixture
-async def stores(galera: GaleraCluster) -> AsyncIterator[list[WorkStore]]:
+def galera(galera_cluster: GaleraCluster) -> GaleraCluster:
+    """The session's cluster (tests/conftest.py), shared with the conformance suite."""
+    return galera_cluster
+
+
+@pytest.fixture
+async def stores(galera: GaleraCluster, tmp_path: Path) -> AsyncIterator[list[WorkStore]]:
     """One migrated database, and one store per node."""
-    name = f"gtest_{secrets.token_hex(4)}"
-    galera.sql(galera.nodes[0], f"CREATE DATABASE {name} CHARACTER SET utf8mb4"
-                                " COLLATE utf8mb4_bin")
-    opened = []
-    try:
-        for node in galera.nodes:
-            db = await MysqlDatabase(MysqlTarget.from_url(node.url(name)), pool_size=4,
-                                     transaction_timeout_s=20).open()
-            opened.append(WorkStore(db, db.dialect))
+    async with fresh_database("galera", tmp_path, migrated=False) as tdb:
+        opened = [await tdb.open_store(url=node.url(_name(tdb))) for node in galera.nodes]
         await migrate(opened[0].db, opened[0].dialect, T0)
         yield opened
-    finally:
-        for store in opened:
-            await store.db.aclose()
-        galera.sql(galera.nodes[0], f"DROP DATABASE IF EXISTS {name}")
+
+
+def _name(tdb: FreshDatabase) -> str:
+    return MysqlTarget.from_url(tdb.url).database
 
 
 async def test_writes_on_one_node_are_read_on_the_others(stores: list[WorkStore]) -> None:
