@@ -15,7 +15,7 @@ import trio
 
 from storage.migrate import migrate
 from storage.mysql.adapter import MysqlDatabase, MysqlTarget
-from storage.port import SqlTx
+from storage.port import DatabaseUnavailable, SqlTx
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase, fresh_database
 from tests.support.galera import GaleraCluster
@@ -118,3 +118,23 @@ async def test_a_killed_node_rejoins_with_what_it_missed(galera: GaleraCluster,
 def _database_of(store: WorkStore) -> str:
     assert isinstance(store.db, MysqlDatabase)
     return store.db.target.database
+
+
+async def test_a_node_that_refuses_queries_is_unavailable_not_a_bug(
+        galera: GaleraCluster, stores: list[WorkStore]) -> None:
+    """A node that is not ready for clients (joining, non-primary, or told to refuse them)
+    answers 1047 ("WSREP has not yet prepared node for application use"): the store must
+    call that the database being unavailable for now, a condition that waiting fixes, and
+    the other nodes carry on."""
+    node = galera.nodes[1]
+    (wid,) = await enqueue(stores[0], 1)
+    galera.sql(node, "SET GLOBAL wsrep_reject_queries = ALL")
+    try:
+        with pytest.raises(DatabaseUnavailable, match=r"not ready for clients \(1047\)"):
+            await claim(stores[1], owner="n1")
+        got = await claim(stores[2], owner="n2")
+        assert [i.work_id for i in got.claimed] == [wid]
+    finally:
+        galera.sql(node, "SET GLOBAL wsrep_reject_queries = NONE")
+    item = await stores[1].work_get(wid)  # the node serves again, and has seen the claim
+    assert item is not None and item.lease_owner == "n2"
