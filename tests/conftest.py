@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.galera import GaleraCluster
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase, backend_params, fresh_database, use_galera
-from tests.support.galera import GaleraCluster
 
 
 @pytest.fixture(params=backend_params())

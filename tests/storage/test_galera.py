@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import trio
 
+from sandbox.galera import GaleraCluster
 from storage.migrate import migrate
 from storage.mysql.adapter import MysqlDatabase, MysqlTarget
 from storage.port import DatabaseUnavailable, SqlTx
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase, fresh_database
-from tests.support.galera import GaleraCluster
 from tests.support.work import T0, claim, enqueue
 
 pytestmark = [pytest.mark.slow, pytest.mark.galera]

@@ -25,11 +25,11 @@ import attrs
 import pytest
 import trio_mysql
 
+from sandbox.galera import GaleraCluster
 from storage.migrate import migrate
 from storage.mysql.adapter import MysqlDatabase, MysqlTarget
 from storage.sqlite.adapter import SqliteDatabase
 from storage.work_store import WorkStore
-from tests.support.galera import GaleraCluster
 
 MYSQL_URL = os.environ.get("INTEGRATIOND_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 BACKENDS = ("sqlite", "mysql")
