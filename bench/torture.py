@@ -224,28 +224,36 @@ async def traffic(run: Run, runtimes: list[ReferenceRuntime]) -> None:
 
 
 async def chaos(run: Run, sim: HubSpotSimulator, seconds: float) -> None:
+    """Faults armed every 0.3-1.2 s; between 1 and 3 s apart, one of: SIGKILL and restart a
+    replica, SIGSTOP one past its lease then SIGCONT, or nothing (the first two actions are
+    one kill and one freeze, so even a short run has both); on Galera, once, a node killed
+    and restarted a third of the way in."""
     deadline = trio.current_time() + seconds
     node_killed = False
     next_fault = trio.current_time()
-    while trio.current_time() < deadline:
+    planned = ["kill", "stop"]
+    while trio.current_time() < deadline or planned:
         if trio.current_time() >= next_fault:
             sim.inject(random.choice(FAULTS))
             run.counts["faults"] += 1
             next_fault = trio.current_time() + random.uniform(0.3, 1.2)
-        action = random.random()
         live = [r for r in run.replicas if r.proc is not None and not r.stopped]
         if (run.cluster is not None and not node_killed
                 and trio.current_time() > deadline - seconds * 0.66):
             node_killed = True
             await kill_node(run, run.cluster)
-        elif action < 0.45 and len(live) > 1:
+            continue
+        roll = random.random()
+        action = planned.pop(0) if planned else (
+            "kill" if roll < 0.45 else "stop" if roll < 0.75 else "none")
+        if action == "kill" and len(live) > 1:
             victim = random.choice(live)
             await trio.to_thread.run_sync(victim.kill)
             run.counts["kills"] += 1
             await trio.sleep(random.uniform(0.2, 1.5))
             await trio.to_thread.run_sync(victim.start)
             run.counts["restarts"] += 1
-        elif action < 0.75 and len(live) > 1:
+        elif action == "stop" and len(live) > 1:
             victim = random.choice(live)
             assert victim.proc is not None
             victim.proc.send_signal(signal.SIGSTOP)
