@@ -75,6 +75,7 @@ from sandbox.ports import free_port
 from sandbox.runtime import ReferenceRuntime
 from storage.open import open_store
 from storage.port import SqlTx, StorageError, WorkQuery
+from storage.work_store import WorkStore
 
 LEASE_TTL_S = 4.0
 LEASE_MARGIN_S = 1.0
@@ -348,7 +349,8 @@ async def invariants(run: Run, sim: HubSpotSimulator, runtimes: list[ReferenceRu
                 stuck.append({"work_id": item.work_id, "family": item.family,
                               "state": item.state.value, "attempt": item.attempt,
                               "epoch": item.ownership_epoch,
-                              "subject_id": item.subject_id})
+                              "subject_id": item.subject_id,
+                              **await _why(store, item.work_id)})
     finally:
         await store.db.aclose()
     not_final = sum(n for s, n in statuses.items() if s not in FINAL)
@@ -368,6 +370,27 @@ async def invariants(run: Run, sim: HubSpotSimulator, runtimes: list[ReferenceRu
         "noop_reexecuted": summary.repeated,
         "stuck": stuck[:20],
     }
+
+
+async def _why(store: WorkStore, work_id: str) -> dict[str, Any]:
+    """The item's failure class and summary, its executions' outcomes and its effect
+    attempts' outcomes (ids and classes only: no payload)."""
+
+    async def body(tx: SqlTx) -> dict[str, Any]:
+        (row,) = await tx.fetchall(
+            "SELECT failure_class, operator_summary FROM work_items WHERE work_id = ?",
+            (work_id,))
+        runs = await tx.fetchall(
+            "SELECT outcome FROM work_executions WHERE work_id = ? ORDER BY ownership_epoch",
+            (work_id,))
+        attempts = await tx.fetchall(
+            "SELECT ownership_epoch, response_status, outcome, evidence, disposition"
+            " FROM effect_attempts WHERE work_id = ? ORDER BY ownership_epoch", (work_id,))
+        return {"failure_class": row[0], "summary": row[1],
+                "executions": [r[0] for r in runs][-8:],
+                "attempts": [list(a) for a in attempts][-4:]}
+
+    return await store.db.transact(body, name="torture.why", write=False)
 
 
 async def drive(run: Run, runtimes: list[ReferenceRuntime], sim: HubSpotSimulator,
