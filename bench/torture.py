@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import http.client
 import json
 import logging
 import os
@@ -191,7 +192,7 @@ async def scrape_loop(run: Run) -> None:
             if r.admin and not r.stopped:
                 try:
                     got = await trio.to_thread.run_sync(scrape, r.admin)
-                except OSError:
+                except (OSError, http.client.HTTPException):  # killed mid-scrape
                     continue
                 run.retries[(r.index, r.incarnation)] = got[
                     "integrationd_db_transaction_retries_total"]
