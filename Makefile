@@ -6,7 +6,7 @@ CONFIG  ?= config/example.toml
 BIN     := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run secrets test lint typecheck pytest bench clean chromium
+.PHONY: run secrets test lint typecheck pytest bench torture clean chromium galera
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,13 @@ bench: $(BIN)/.installed
 	$(BIN)/python -m bench.kernel --backend sqlite --replicas 4 --items 20000
 	$(BIN)/python -m bench.effects --replicas 4 --effects 5000
 	$(BIN)/python -m bench.http_floor
+
+# Issue 12's torture run: replicas SIGKILLed, frozen past their lease and restarted, a
+# Galera node killed, a misbehaving provider; DURATION seconds of chaos shared by MariaDB,
+# Galera and one shared SQLite file. Prints one JSON line; exit 1 if an invariant broke.
+DURATION ?= 90
+torture: $(BIN)/.installed galera
+	$(BIN)/python -m bench.torture --duration $(DURATION)
 
 clean:
 	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -19,6 +19,13 @@ What it does, on either backend:
 Then the same N no-op jobs go through procrastinate on the local PostgreSQL,
 with R worker processes, released the same way, and the ratio is printed.
 Output: one JSON line per system, then one JSON line with the ratio.
+
+``--backend galera`` (issue 12) instead runs the same drain twice in one run: on the
+MariaDB server, then on a 3-node Galera cluster started for the run
+(:mod:`sandbox.galera`), replica *i* connected to node *i mod 3*, so that claim races
+cross nodes and the losers fail certification at COMMIT; a conflict is retried per
+transaction (``transaction_retries``, per item in ``retries_per_item``). It prints both
+lines and the ratio galera / mariadb.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from typing import Any
 import trio
 
 from daemon.core.work import WorkSpec
+from sandbox.galera import GaleraCluster
 from storage.migrate import migrate
 from storage.open import open_store
 from storage.port import ExecutionSummary, SqlTx
@@ -134,8 +142,19 @@ async def journal(url: str) -> tuple[ExecutionSummary, int]:
 # ------------------------------------------------------------------ replicas
 
 
-def write_config(workdir: Path, url: str, sqlite_synchronous: str) -> Path:
-    cfg = workdir / "bench.toml"
+def galera_database(cluster: GaleraCluster) -> tuple[list[str], str]:
+    """A fresh database on the cluster: one URL per node."""
+    name = f"bench_{secrets.token_hex(4)}"
+    cluster.sql(cluster.nodes[0], f"CREATE DATABASE {name} CHARACTER SET utf8mb4"
+                                  " COLLATE utf8mb4_bin")
+    for node in cluster.nodes[1:]:  # a causal read there waits until the node has it
+        cluster.sql(node, "SELECT 1")
+    return [node.url(name) for node in cluster.nodes], name
+
+
+def write_config(workdir: Path, url: str, sqlite_synchronous: str, name: str = "bench"
+                 ) -> Path:
+    cfg = workdir / f"{name}.toml"
     cfg.write_text(
         f'[storage]\nurl = "{url}"\nsqlite_synchronous = "{sqlite_synchronous}"\n'
         '[admin]\nlisten = "127.0.0.1:0"\n'
@@ -190,14 +209,22 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def bench_integrationd(backend: str, replicas: int, items: int,
-                       sqlite_synchronous: str) -> dict[str, Any]:
+                       sqlite_synchronous: str, cluster: GaleraCluster | None = None
+                       ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-kernel-") as tmp:
         workdir = Path(tmp)
-        url, dbname = fresh_url(backend, workdir)
+        dbname: str | None
+        if cluster is not None:
+            urls, dbname = galera_database(cluster)
+        else:
+            one, dbname = fresh_url(backend, workdir)
+            urls = [one]
+        url = urls[0]
         try:
             trio.run(prepare, url, items, sqlite_synchronous)
-            cfg = write_config(workdir, url, sqlite_synchronous)
-            procs = [start_replica(cfg, i) for i in range(replicas)]
+            cfgs = [write_config(workdir, u, sqlite_synchronous, f"bench-{n}")
+                    for n, u in enumerate(urls)]
+            procs = [start_replica(cfgs[i % len(cfgs)], i) for i in range(replicas)]
             try:
                 deadline = time.monotonic() + 60
                 admins = [wait_admin(p, log, deadline) for p, log in procs]
@@ -215,7 +242,9 @@ def bench_integrationd(backend: str, replicas: int, items: int,
                     p.wait(timeout=60)
             summary, last = trio.run(journal, url)
         finally:
-            if dbname:
+            if dbname and cluster is not None:
+                cluster.sql(cluster.nodes[0], f"DROP DATABASE {dbname}")
+            elif dbname:
                 mysql_admin(f"DROP DATABASE {dbname}")
 
     def delta(name: str) -> float:
@@ -232,6 +261,8 @@ def bench_integrationd(backend: str, replicas: int, items: int,
         "statements_per_item": round(delta("integrationd_db_statements_total") / items, 3),
         "commits_per_item": round(delta("integrationd_db_commits_total") / items, 4),
         "transaction_retries": int(delta("integrationd_db_transaction_retries_total")),
+        "retries_per_item": round(delta("integrationd_db_transaction_retries_total") / items,
+                                  4),
         "claim_contention": int(delta("integrationd_work_claim_contention_total")),
         "executions": summary.executions,
         "duplicates": summary.repeated,
@@ -239,7 +270,25 @@ def bench_integrationd(backend: str, replicas: int, items: int,
         "lost": items - summary.succeeded_items,
         "peak_rss_mb_per_replica": [round(r, 1) for r in rss],
         **({"sqlite_synchronous": sqlite_synchronous} if backend == "sqlite" else {}),
+        **({"nodes": len(urls)} if cluster is not None else {}),
     }
+
+
+def bench_galera(replicas: int, items: int) -> None:
+    """MariaDB, then Galera with replicas spread over its nodes, and their ratio."""
+    mariadb = bench_integrationd("mysql", replicas, items, "NORMAL")
+    print(json.dumps(mariadb), flush=True)
+    cluster = GaleraCluster.create()
+    try:
+        cluster.start()
+        galera = bench_integrationd("galera", replicas, items, "NORMAL", cluster)
+    finally:
+        cluster.stop()
+    print(json.dumps(galera), flush=True)
+    print(json.dumps({
+        "ratio": "galera_items_per_s / mariadb_items_per_s",
+        "value": round(galera["items_per_s"] / max(mariadb["items_per_s"], 1e-9), 2),
+    }), flush=True)
 
 
 # ------------------------------------------------------------------ the peer
@@ -324,7 +373,8 @@ def bench_procrastinate(workers: int, items: int, concurrency: int) -> dict[str,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--backend", choices=["mysql", "sqlite"], default="mysql")
+    parser.add_argument("--backend", choices=["mysql", "sqlite", "galera"], default="mysql",
+                        help="galera: MariaDB and a 3-node Galera cluster in one run")
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--items", type=int, default=20000)
     parser.add_argument("--sqlite-synchronous", default="FULL",
@@ -333,6 +383,9 @@ def main() -> None:
                         help="procrastinate worker concurrency (per process)")
     parser.add_argument("--no-peer", action="store_true", help="skip procrastinate")
     args = parser.parse_args()
+    if args.backend == "galera":
+        bench_galera(args.replicas, args.items)
+        return
     ours = bench_integrationd(args.backend, args.replicas, args.items, args.sqlite_synchronous)
     print(json.dumps(ours), flush=True)
     if args.no_peer:

@@ -2,25 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from sandbox.galera import GaleraCluster
 from storage.work_store import WorkStore
-from tests.support.backends import BACKENDS, FreshDatabase, fresh_database
+from tests.support.backends import FreshDatabase, backend_params, fresh_database, use_galera
 
 
-def _backend_params() -> list[object]:
-    return [
-        pytest.param(b, marks=[pytest.mark.mysql] if b == "mysql" else [], id=b)
-        for b in BACKENDS
-    ]
-
-
-@pytest.fixture(params=_backend_params())
+@pytest.fixture(params=backend_params())
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def galera_cluster() -> Iterator[GaleraCluster]:
+    """One 3-node Galera cluster for the whole session (up in ~20 s), started on first use;
+    each test makes its own database on it."""
+    cluster = GaleraCluster.create()
+    try:
+        cluster.start()
+        use_galera(cluster)
+        yield cluster
+    finally:
+        use_galera(None)
+        cluster.stop()
 
 
 @pytest.fixture

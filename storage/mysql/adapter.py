@@ -23,6 +23,9 @@ that shutting down never manufactures an unknown outcome, up to the
 *abandon deadline* a shutting-down process sets (:meth:`abandon_at`): past it
 a COMMIT still waiting for the server is given up as unknown.
 
+A Galera node not ready for clients (joining, non-primary) answers 1047: that is
+:class:`DatabaseUnavailable`, as for a server that is down, never a bug.
+
 Hung servers: a server that accepts TCP but never answers (frozen, SIGSTOP,
 a black-holed network) must never hang the caller. The connect, including the
 server's greeting and authentication, is bounded by ``connect_timeout_s``;
@@ -79,6 +82,11 @@ _INSERT_VALUES = re.compile(r"\s*(INSERT\b.+?\bVALUES\s*)(\(.*\))\s*\Z", re.DOTA
 MULTI_ROW_CHUNK = 500
 RETRYABLE_CODES = frozenset({1213, 1205, 1020, 9007, 8002, 8022, 8028})
 DUPLICATE_KEY_CODE = 1062
+# Galera: "WSREP has not yet prepared node for application use" (a node joining the
+# cluster, cut off from its primary component, or set to refuse queries). The statement
+# did not run (at COMMIT: the transaction was not replicated, so it rolled back): the
+# database is unavailable for now, which waiting fixes.
+NOT_READY_CODE = 1047
 # Access denied for user (1045; 1698 when no password was given), to database
 # (1044); unknown database (1049).
 REJECTED_CODES = {1044: "access denied", 1045: "access denied", 1698: "access denied",
@@ -525,6 +533,9 @@ class MysqlDatabase:
             return DatabaseUnavailable(f"{name}: connection lost ({code})")
         if code in (1053, 1927):  # server shutdown, connection killed
             return DatabaseUnavailable(f"{name}: server went away ({code})")
+        if code == NOT_READY_CODE:
+            return DatabaseUnavailable(f"{name}: the server is not ready for clients ({code})"
+                                       " (a cluster node joining, non-primary or refusing)")
         return StorageError(f"{name}: mysql error {code}: {message}")
 
     async def aclose(self) -> None:

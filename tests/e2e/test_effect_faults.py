@@ -6,6 +6,9 @@
   resends blindly;
 * a replica that died after claiming but before the checkpoint: the next
   owner dispatches exactly once.
+
+They run on SQLite, MariaDB and Galera (issue 12); on Galera the two replicas are on
+different nodes.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from sandbox.runtime import ReferenceRuntime
 from sandbox.runtime.server import serve as serve_runtime
 from storage.port import ClaimParams, WorkQuery
 from storage.work_store import WorkStore
-from tests.support.backends import FreshDatabase
+from tests.support.backends import STORAGE_BACKENDS, FreshDatabase, backend_params
 from tests.support.harness import wait_for
 from tests.support.l1 import sandbox_definitions_dir
 from tests.support.processes import ReplicaProcess, run_cli, start_replica, stop_all
@@ -48,6 +51,13 @@ from tests.support.slice import (
 )
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=backend_params(STORAGE_BACKENDS))
+def backend(request: pytest.FixtureRequest) -> str:
+    if request.param == "galera":
+        request.getfixturevalue("galera_cluster")
+    return str(request.param)
 
 
 def replica_config(path: Path, db_url: str, *, api_port: int, runtime_url: str,
@@ -109,6 +119,9 @@ class World:
     api_port: int
     config: Path
     http: httpx.AsyncClient
+    # The first replica's database URL and the second's (on Galera, another node).
+    url: str
+    second_url: str
 
 
 @asynccontextmanager
@@ -135,7 +148,8 @@ async def world(database: FreshDatabase, tmp_path: Path) -> AsyncIterator[World]
             catalog = load_catalog(load_settings(str(cfg), known_families=known_family_names()))
             await publish_current(store, catalog, actor="test", role="admin",
                                   reason="fault tests", now_us=WallClock().now_us())
-            yield World(sim, runtime_url, api_port, cfg, http)
+            second = database.node_urls[1] if database.node_urls else database.url
+            yield World(sim, runtime_url, api_port, cfg, http, database.url, second)
             nursery.cancel_scope.cancel()
     finally:
         for name in ("INTEGRATIOND_RUNTIME_CRM_TOKEN", "INTEGRATIOND_RUNTIME_CRM_RESULTS_TOKEN",
@@ -167,8 +181,9 @@ async def _intent_status(w: World, intent_id: str) -> str:
 
 async def _second_replica(w: World, tmp_path: Path) -> ReplicaProcess:
     cfg_b = tmp_path / "b.toml"
-    cfg_b.write_text(w.config.read_text().replace(f"127.0.0.1:{w.api_port}",
-                                                  f"127.0.0.1:{free_port()}"))
+    cfg_b.write_text(w.config.read_text()
+                     .replace(f"127.0.0.1:{w.api_port}", f"127.0.0.1:{free_port()}")
+                     .replace(f'url = "{w.url}"', f'url = "{w.second_url}"'))
     return await start_replica(cfg_b, "b")
 
 

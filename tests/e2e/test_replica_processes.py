@@ -12,7 +12,7 @@ import trio
 
 from daemon.core.states import WorkState
 from storage.mysql.adapter import MysqlTarget
-from storage.port import WorkQuery
+from storage.port import Row, SqlTx, WorkQuery
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.chaos_proxy import ChaosProxy
@@ -240,5 +240,44 @@ async def test_four_replicas_drain_20000_items_exactly_once(
         for r in replicas:
             r.terminate()
         assert [await r.wait() for r in replicas] == [0, 0, 0, 0]
+    finally:
+        await stop_all(replicas)
+
+
+@pytest.mark.galera
+@pytest.mark.parametrize("backend", ["galera"])
+async def test_three_replicas_on_three_galera_nodes_drain_items_exactly_once(
+    backend: str, galera_cluster: object, database: FreshDatabase, store: WorkStore,
+    tmp_path: Path
+) -> None:
+    """Issue 12: each replica on its own node, so their claim CASes race across nodes and
+    the losers fail certification at COMMIT; still every item runs once and only once."""
+    items = 6000
+    replicas = []
+    try:
+        for i, url in enumerate(database.node_urls):
+            cfg = write_config(tmp_path / f"r{i}.toml", url, batch_size=32, concurrency=64)
+            replicas.append(await start_replica(cfg, f"r{i}"))
+        for _ in range(items // 500):  # every replica is polling while the work arrives
+            await enqueue(store, 500, now=wall_us())
+
+        async def drained() -> bool:
+            return await store.work_count_open() == 0
+
+        await wait_until(store, drained, within_s=300)
+        rows, distinct = await store.work_execution_totals("noop")
+        assert (rows, distinct) == (items, items)  # zero lost, none succeeded twice
+        summary = await store.work_execution_summary("noop")
+        assert (summary.executions, summary.repeated) == (items, 0)  # none ran twice
+
+        async def per_replica(tx: SqlTx) -> list[Row]:
+            return await tx.fetchall(
+                "SELECT replica, COUNT(*) FROM work_executions GROUP BY replica")
+
+        ran = await store.db.transact(per_replica, name="test.per_replica", write=False)
+        assert len(ran) == len(database.node_urls) == 3, ran  # every node's replica worked
+        for r in replicas:
+            r.terminate()
+        assert [await r.wait() for r in replicas] == [0, 0, 0]
     finally:
         await stop_all(replicas)

@@ -28,7 +28,8 @@ async def test_claims_across_processes_have_one_winner(
     start_at = time.time() + 1.5  # every process is up and connected by then
     procs = [
         await trio.lowlevel.open_process(
-            [sys.executable, "-m", "tests.support.claim_racer", database.url, f"P{i}",
+            # On Galera each process connects to the next node.
+            [sys.executable, "-m", "tests.support.claim_racer", database.next_url(), f"P{i}",
              str(start_at)],
             stdout=subprocess.PIPE,
         )

@@ -7,50 +7,40 @@ transaction, never crash and never report a silent success."""
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import trio
 
+from sandbox.galera import GaleraCluster
 from storage.migrate import migrate
 from storage.mysql.adapter import MysqlDatabase, MysqlTarget
-from storage.port import SqlTx
+from storage.port import DatabaseUnavailable, SqlTx
 from storage.work_store import WorkStore
-from tests.support.galera import GaleraCluster
+from tests.support.backends import FreshDatabase, fresh_database
 from tests.support.work import T0, claim, enqueue
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def galera() -> Iterator[GaleraCluster]:
-    cluster = GaleraCluster.create()
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
+pytestmark = [pytest.mark.slow, pytest.mark.galera]
 
 
 @pytest.fixture
-async def stores(galera: GaleraCluster) -> AsyncIterator[list[WorkStore]]:
+def galera(galera_cluster: GaleraCluster) -> GaleraCluster:
+    """The session's cluster (tests/conftest.py), shared with the conformance suite."""
+    return galera_cluster
+
+
+@pytest.fixture
+async def stores(galera: GaleraCluster, tmp_path: Path) -> AsyncIterator[list[WorkStore]]:
     """One migrated database, and one store per node."""
-    name = f"gtest_{secrets.token_hex(4)}"
-    galera.sql(galera.nodes[0], f"CREATE DATABASE {name} CHARACTER SET utf8mb4"
-                                " COLLATE utf8mb4_bin")
-    opened = []
-    try:
-        for node in galera.nodes:
-            db = await MysqlDatabase(MysqlTarget.from_url(node.url(name)), pool_size=4,
-                                     transaction_timeout_s=20).open()
-            opened.append(WorkStore(db, db.dialect))
+    async with fresh_database("galera", tmp_path, migrated=False) as tdb:
+        opened = [await tdb.open_store(url=node.url(_name(tdb))) for node in galera.nodes]
         await migrate(opened[0].db, opened[0].dialect, T0)
         yield opened
-    finally:
-        for store in opened:
-            await store.db.aclose()
-        galera.sql(galera.nodes[0], f"DROP DATABASE IF EXISTS {name}")
+
+
+def _name(tdb: FreshDatabase) -> str:
+    return MysqlTarget.from_url(tdb.url).database
 
 
 async def test_writes_on_one_node_are_read_on_the_others(stores: list[WorkStore]) -> None:
@@ -128,3 +118,23 @@ async def test_a_killed_node_rejoins_with_what_it_missed(galera: GaleraCluster,
 def _database_of(store: WorkStore) -> str:
     assert isinstance(store.db, MysqlDatabase)
     return store.db.target.database
+
+
+async def test_a_node_that_refuses_queries_is_unavailable_not_a_bug(
+        galera: GaleraCluster, stores: list[WorkStore]) -> None:
+    """A node that is not ready for clients (joining, non-primary, or told to refuse them)
+    answers 1047 ("WSREP has not yet prepared node for application use"): the store must
+    call that the database being unavailable for now, a condition that waiting fixes, and
+    the other nodes carry on."""
+    node = galera.nodes[1]
+    (wid,) = await enqueue(stores[0], 1)
+    galera.sql(node, "SET GLOBAL wsrep_reject_queries = ALL")
+    try:
+        with pytest.raises(DatabaseUnavailable, match=r"not ready for clients \(1047\)"):
+            await claim(stores[1], owner="n1")
+        got = await claim(stores[2], owner="n2")
+        assert [i.work_id for i in got.claimed] == [wid]
+    finally:
+        galera.sql(node, "SET GLOBAL wsrep_reject_queries = NONE")
+    item = await stores[1].work_get(wid)  # the node serves again, and has seen the claim
+    assert item is not None and item.lease_owner == "n2"

@@ -1,0 +1,543 @@
+"""Torture run (issue 12): replicas killed, frozen and restarted, a database node killed, a
+misbehaving provider, while commands, effects and noop work flow all the while.
+
+    python -m bench.torture --duration 600            # make torture DURATION=600
+    python -m bench.torture --duration 60 --backends sqlite,mysql,galera
+
+For each backend in turn (MariaDB; a 3-node Galera cluster started for the run, replica *i*
+on node *i mod 3*; one SQLite file shared by every replica), for ``duration / backends``
+seconds of chaos:
+
+* R ``integrationd run`` processes, each serving the /v1 API of its own reference Runtime
+  (``bench.effects``' layout), all on one database; Lead title changes flow from every Runtime
+  (command accepted -> WorkItem -> PATCH on the HubSpot simulator -> receipt committed in the
+  Runtime), and noop WorkItems are enqueued beside them;
+* every few seconds one of: SIGKILL a replica and restart it; SIGSTOP a replica past its lease
+  (``lease_ttl`` + margin + 1 s) then SIGCONT (the zombie must lose every write); on Galera,
+  once, SIGKILL a database node and restart it (it rejoins by state transfer);
+* the simulator is armed all the while with latency, 5xx, 429 and connection resets before
+  and after applying a PATCH;
+* then the chaos stops, every replica runs, and the run waits until every intent is settled
+  and no work is open (or ``--settle`` seconds pass).
+
+Invariants are read from the database, the simulator's own journal and each Runtime's own
+store, never from integrationd's word:
+
+* ``lost``: intents the Runtime created that never reached a final status, plus WorkItems
+  still open, plus noop items that never succeeded;
+* ``duplicates``: PATCHes *applied* by the simulator beyond the first per idempotency key;
+* ``receipts_not_once``: Runtimes whose committed receipts differ from their COMMITTED
+  intents (each receipt is committed once; a repeated delivery is only a duplicate answer);
+* ``quota_violations`` and ``double_refreshes``: this effect path draws no provider quota and
+  uses a static token on this branch, so the checks are plug points that report 0 and say so
+  in ``checks`` (see :data:`CHECKS`); webhooks are not part of this branch either.
+
+One JSON line on stdout (per-backend lines on stderr as each finishes); exit status 1 when an
+invariant is broken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import http.client
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from bench.effects import (
+    HUBSPOT_TOKEN,
+    publish_catalog,
+    runtimes_for,
+    secrets_env,
+    seed_links,
+    serve_runtimes,
+)
+from bench.effects import write_config as effects_config
+from bench.kernel import fresh_url, galera_database, mysql_admin, scrape, start_replica, wait_admin
+from daemon.core.states import WorkState
+from daemon.core.work import WorkSpec
+from daemon.services import logs
+from sandbox.galera import GaleraCluster
+from sandbox.hubspot_sim import Fault, HubSpotSimulator
+from sandbox.ports import free_port
+from sandbox.runtime import ReferenceRuntime
+from storage.open import open_store
+from storage.port import SqlTx, StorageError, WorkQuery
+from storage.work_store import WorkStore
+
+LEASE_TTL_S = 4.0
+LEASE_MARGIN_S = 1.0
+# Leads per Runtime. A Lead's title changes every LEADS * 30 ms * R: a read-back can
+# prove a lost PATCH absent only when the contact was last modified more than the clock-skew
+# margin before it (daemon/core/effects.py: reconcile), so changes on one Lead are spaced.
+LEADS = 200
+FINAL = ("COMMITTED", "REJECTED", "QUARANTINED")
+# What each invariant is checked against on this branch (a check that has nothing to look at
+# says so rather than passing silently).
+CHECKS = {
+    "lost": "Runtime intents not final + open WorkItems + noop items not succeeded, less"
+            " those awaiting an operator",
+    "awaiting_operator": "effects whose read-back proved neither effect nor absence (held, with"
+                         " the items queued behind them on their remote record: not lost, not"
+                         " guessed)",
+    "duplicates": "simulator journal: applied PATCHes per idempotency key",
+    "receipts_not_once": "Runtime store: committed receipts vs COMMITTED intents",
+    "quota_violations": "not exercised: no provider quota on the effect path on this branch",
+    "double_refreshes": "not exercised: static provider token on this branch",
+    "webhooks": "not exercised: no webhook ingress on this branch",
+}
+FAULTS = (
+    Fault(mode="latency", method="PATCH", latency_ms=1500, count=2),
+    Fault(mode="status", method="PATCH", status=503, count=2),
+    Fault(mode="status", method="PATCH", status=500),
+    Fault(mode="rate_limit", method="PATCH", retry_after_s=1, count=2),
+    Fault(mode="reset_before", method="PATCH"),
+    Fault(mode="reset_after", method="PATCH"),
+    Fault(mode="latency", method="GET", latency_ms=800),
+    Fault(mode="status", method="GET", status=502),
+)
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+@attrs.define(eq=False)
+class Replica:
+    index: int
+    config: Path
+    proc: subprocess.Popen[bytes] | None = None
+    admin: str = ""
+    stopped: bool = False
+    incarnation: int = 0
+
+    def start(self) -> None:
+        self.proc, log = start_replica(self.config, self.index)
+        self.incarnation += 1
+        self.admin = wait_admin(self.proc, log, time.monotonic() + 90)
+        self.stopped = False
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            if self.stopped:
+                self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self.proc, self.admin, self.stopped = None, "", False
+
+    def terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            if self.stopped:
+                self.proc.send_signal(signal.SIGCONT)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self.proc = None
+
+
+@attrs.define(eq=False)
+class Run:
+    """One backend's run: what happened and what the counters said."""
+
+    backend: str
+    replicas: list[Replica]
+    urls: list[str]
+    cluster: GaleraCluster | None
+    counts: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    # (replica index, incarnation) -> last scraped transaction retries
+    retries: dict[tuple[int, int], float] = attrs.field(factory=dict)
+    noop_ids: list[str] = attrs.field(factory=list)
+    log: Callable[[str], None] = print
+
+
+def replica_config(workdir: Path, url: str, i: int, replicas: int, api_ports: list[int],
+                   runtime_ports: list[int], sim_port: int) -> Path:
+    cfg = effects_config(workdir, url, i, replicas, api_ports, runtime_ports, sim_port)
+    text = cfg.read_text()
+    short = f"lease_ttl = {LEASE_TTL_S}\nmax_attempts = 1000000\nbackoff_cap = 2.0\n"
+    text = (text
+            .replace("[work]\npoll_interval = 0.1\n",
+                     f"[work]\npoll_interval = 0.1\nlease_margin = {LEASE_MARGIN_S}\n"
+                     "reclaim_interval = 0.5\n")
+            .replace("[families.external_effect]\n", "[families.external_effect]\n" + short)
+            .replace("[families.runtime_receipt]\n", "[families.runtime_receipt]\n" + short)
+            .replace("[replica]\ndrain_timeout = 10.0\n",
+                     "[replica]\ndrain_timeout = 5.0\nheartbeat_interval = 1.0\n"))
+    text += f"\n[families.noop]\nlease_ttl = {LEASE_TTL_S}\nbatch_size = 32\n"
+    if url.startswith("sqlite"):
+        text = text.replace("pool_size = 16\n", 'pool_size = 16\nsqlite_synchronous = "NORMAL"\n')
+    cfg.write_text(text)
+    return cfg
+
+
+async def scrape_loop(run: Run) -> None:
+    while True:
+        for r in run.replicas:
+            if r.admin and not r.stopped:
+                try:
+                    got = await trio.to_thread.run_sync(scrape, r.admin)
+                except (OSError, http.client.HTTPException):  # killed mid-scrape
+                    continue
+                run.retries[(r.index, r.incarnation)] = got[
+                    "integrationd_db_transaction_retries_total"]
+        await trio.sleep(1.0)
+
+
+async def traffic(run: Run, runtimes: list[ReferenceRuntime]) -> None:
+    """Title changes on every Runtime's Leads in turn, and noop work, until cancelled."""
+    store = await open_store(run.urls[0], sqlite_synchronous="NORMAL")
+    n = 0
+    try:
+        while True:
+            # Round robin over each Runtime's Leads: one Lead changes every LEADS * R * 30 ms.
+            rt = runtimes[n % len(runtimes)]
+            rt.store.update_lead(f"lead-{(n // len(runtimes)) % LEADS}", {"title": f"T{n}"})
+            rt.wakeup.set()
+            n += 1
+            if n % 10 == 0:
+                specs = [WorkSpec(family="noop", org_id="org-torture", subject_kind="torture",
+                                  subject_id=f"n{n}-{k}") for k in range(5)]
+                try:
+                    got = await store.work_enqueue(specs, now_us())
+                    run.noop_ids.extend(e.work_id for e in got)
+                except StorageError as exc:  # a chaos casualty: count it and go on
+                    run.counts["enqueue_failed"] += 1
+                    run.log(f"enqueue failed: {type(exc).__name__}")
+            await trio.sleep(0.03)
+    finally:
+        with trio.CancelScope(shield=True):
+            await store.db.aclose()
+
+
+async def chaos(run: Run, sim: HubSpotSimulator, seconds: float) -> None:
+    """Faults armed every 0.3-1.2 s; between 1 and 3 s apart, one of: SIGKILL and restart a
+    replica, SIGSTOP one past its lease then SIGCONT, or nothing (the first two actions are
+    one kill and one freeze, so even a short run has both); on Galera, once, a node killed
+    and restarted a third of the way in."""
+    deadline = trio.current_time() + seconds
+    node_killed = False
+    next_fault = trio.current_time()
+    planned = ["kill", "stop"]
+    while trio.current_time() < deadline or planned:
+        if trio.current_time() >= next_fault:
+            sim.inject(random.choice(FAULTS))
+            run.counts["faults"] += 1
+            next_fault = trio.current_time() + random.uniform(0.3, 1.2)
+        live = [r for r in run.replicas if r.proc is not None and not r.stopped]
+        if (run.cluster is not None and not node_killed
+                and trio.current_time() > deadline - seconds * 0.66):
+            node_killed = True
+            await kill_node(run, run.cluster)
+            continue
+        roll = random.random()
+        action = planned.pop(0) if planned else (
+            "kill" if roll < 0.45 else "stop" if roll < 0.75 else "none")
+        if action == "kill" and len(live) > 1:
+            victim = random.choice(live)
+            await trio.to_thread.run_sync(victim.kill)
+            run.counts["kills"] += 1
+            await trio.sleep(random.uniform(0.2, 1.5))
+            await trio.to_thread.run_sync(victim.start)
+            run.counts["restarts"] += 1
+        elif action == "stop" and len(live) > 1:
+            victim = random.choice(live)
+            assert victim.proc is not None
+            victim.proc.send_signal(signal.SIGSTOP)
+            victim.stopped = True
+            run.counts["sigstops"] += 1
+            await trio.sleep(LEASE_TTL_S + LEASE_MARGIN_S + 1.0)
+            victim.proc.send_signal(signal.SIGCONT)
+            victim.stopped = False
+        await trio.sleep(random.uniform(1.0, 3.0))
+
+
+async def kill_node(run: Run, cluster: GaleraCluster) -> None:
+    node = cluster.nodes[-1]  # the driver's store is on node 0
+    await trio.to_thread.run_sync(cluster.kill, node)
+    run.counts["db_node_kills"] += 1
+    run.log(f"galera node {node.index} killed")
+    await trio.sleep(3.0)
+    await trio.to_thread.run_sync(cluster.restart, node)
+    run.counts["db_node_restarts"] += 1
+    run.log(f"galera node {node.index} rejoined")
+
+
+async def settle(run: Run, runtimes: list[ReferenceRuntime], within_s: float) -> float:
+    """Every replica running, no fault armed; wait for every intent and item to finish."""
+    store = await open_store(run.urls[0], sqlite_synchronous="NORMAL")
+    t0 = trio.current_time()
+    try:
+        with trio.move_on_after(within_s):
+            while True:
+                open_intents = sum(
+                    n for rt in runtimes
+                    for status, n in rt.store.stats()["intents_by_status"].items()
+                    if status not in FINAL)
+                try:
+                    open_items = await store.work_count_open()
+                except StorageError:  # the database may still be recovering
+                    open_items = -1
+                if open_intents == 0 and open_items == 0:
+                    break
+                for rt in runtimes:
+                    rt.wakeup.set()
+                await trio.sleep(0.5)
+    finally:
+        with trio.CancelScope(shield=True):
+            await store.db.aclose()
+    return trio.current_time() - t0
+
+
+async def invariants(run: Run, sim: HubSpotSimulator, runtimes: list[ReferenceRuntime]
+                     ) -> dict[str, Any]:
+    applied: collections.Counter[str] = collections.Counter()
+    for rec in sim.requests:
+        if rec.method == "PATCH" and rec.applied:
+            applied[rec.idempotency_key or f"no-key:{rec.contact_id}:{rec.body_sha256}"] += 1
+    statuses: collections.Counter[str] = collections.Counter()
+    receipts = receipts_not_once = 0
+    for rt in runtimes:
+        stats = rt.store.stats()
+        statuses.update(stats["intents_by_status"])
+        receipts += int(stats["receipts_committed"])
+        if int(stats["receipts_committed"]) != int(stats["intents_by_status"]["COMMITTED"]):
+            receipts_not_once += 1
+    store = await open_store(run.urls[0], sqlite_synchronous="NORMAL")
+    try:
+        open_items = await store.work_count_open()
+        noop = set(run.noop_ids)
+
+        async def noop_done(tx: SqlTx) -> tuple[int, int]:
+            rows = await tx.fetchall(
+                "SELECT work_id, state FROM work_items WHERE family = 'noop'")
+            ok = sum(1 for r in rows if r[0] in noop and r[1] == "succeeded")
+            return ok, len(rows)
+
+        noop_ok, _ = await store.db.transact(noop_done, name="torture.noop", write=False)
+
+        async def held(tx: SqlTx) -> tuple[int, int]:
+            """Open items on a remote record whose head awaits an operator (and how many of
+            them are effects)."""
+            rows = await tx.fetchall(
+                "SELECT target_lane, family, failure_class FROM work_items"
+                " WHERE state IN ('pending', 'processing', 'retry')")
+            lanes = {r[0] for r in rows if r[2] == "outcome_unknown" and r[0] is not None}
+            mine = [r for r in rows if r[0] in lanes]
+            return len(mine), sum(1 for r in mine if r[1] == "external_effect")
+
+        held_items, held_effects = await store.db.transact(held, name="torture.held",
+                                                           write=False)
+        summary = await store.work_execution_summary("noop")
+        stuck = []  # what did not finish, to say where to look
+        for state in (WorkState.PENDING, WorkState.PROCESSING, WorkState.RETRY, WorkState.DEAD):
+            for item in await store.work_list(WorkQuery(state=state, limit=10)):
+                stuck.append({"work_id": item.work_id, "family": item.family,
+                              "state": item.state.value, "attempt": item.attempt,
+                              "epoch": item.ownership_epoch,
+                              "subject_id": item.subject_id,
+                              **await _why(store, item.work_id)})
+    finally:
+        await store.db.aclose()
+    not_final = sum(n for s, n in statuses.items() if s not in FINAL)
+    return {
+        "effects": len(applied),
+        "patch_requests": sum(1 for r in sim.requests if r.method == "PATCH"),
+        "receipts": receipts,
+        "duplicates": sum(n - 1 for n in applied.values() if n > 1),
+        "lost": max(0, not_final - held_effects) + open_items - held_items
+                + (len(noop) - noop_ok),
+        "awaiting_operator": held_items,
+        "receipts_not_once": receipts_not_once,
+        "quota_violations": 0,
+        "double_refreshes": 0,
+        "intents": dict(statuses),
+        "noop_items": len(noop),
+        "noop_reexecuted": summary.repeated,
+        "stuck": stuck[:20],
+    }
+
+
+async def _why(store: WorkStore, work_id: str) -> dict[str, Any]:
+    """The item's failure class and summary, its executions' outcomes and its effect
+    attempts' outcomes (ids and classes only: no payload)."""
+
+    async def body(tx: SqlTx) -> dict[str, Any]:
+        (row,) = await tx.fetchall(
+            "SELECT failure_class, operator_summary FROM work_items WHERE work_id = ?",
+            (work_id,))
+        runs = await tx.fetchall(
+            "SELECT outcome FROM work_executions WHERE work_id = ? ORDER BY ownership_epoch",
+            (work_id,))
+        attempts = await tx.fetchall(
+            "SELECT ownership_epoch, response_status, outcome, evidence, disposition"
+            " FROM effect_attempts WHERE work_id = ? ORDER BY ownership_epoch", (work_id,))
+        return {"failure_class": row[0], "summary": row[1],
+                "executions": [r[0] for r in runs][-8:],
+                "attempts": [list(a) for a in attempts][-4:]}
+
+    return await store.db.transact(body, name="torture.why", write=False)
+
+
+async def drive(run: Run, runtimes: list[ReferenceRuntime], sim: HubSpotSimulator,
+                sim_port: int, runtime_ports: list[int], seconds: float, settle_s: float
+                ) -> dict[str, Any]:
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sim.run, "127.0.0.1", sim_port)
+        await serve_runtimes(nursery, runtimes, runtime_ports, LEADS)
+        for r in range(len(runtimes)):
+            for i in range(LEADS):
+                sim.add_contact(f"{r * 100000 + i}", jobtitle="Engineer")
+        for replica in run.replicas:
+            await trio.to_thread.run_sync(replica.start)
+        nursery.start_soon(scrape_loop, run)
+        async with trio.open_nursery() as load:
+            load.start_soon(traffic, run, runtimes)
+            await chaos(run, sim, seconds)
+            load.cancel_scope.cancel()
+        sim.clear_faults()
+        for replica in run.replicas:
+            if replica.proc is None:
+                await trio.to_thread.run_sync(replica.start)
+                run.counts["restarts"] += 1
+        settle_seconds = await settle(run, runtimes, settle_s)
+        result = await invariants(run, sim, runtimes)
+        result["settle_s"] = round(settle_seconds, 1)
+        nursery.cancel_scope.cancel()
+    return result
+
+
+def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
+                log: Callable[[str], None], keep: Path | None) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix=f"torture-{backend}-") as tmp:
+        workdir = keep / backend if keep else Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        _log_sandbox_to(workdir / "sandbox.log")
+        cluster: GaleraCluster | None = None
+        dbname: str | None = None
+        started = time.monotonic()
+        try:
+            if backend == "galera":
+                cluster = GaleraCluster.create(workdir / "galera")
+                cluster.start()
+                urls, dbname = galera_database(cluster)
+            else:
+                url, dbname = fresh_url(backend, workdir)
+                urls = [url]
+            trio.run(seed_links, urls[0], replicas, LEADS)
+            api_ports = [free_port() for _ in range(replicas)]
+            runtime_ports = [free_port() for _ in range(replicas)]
+            sim_port = free_port()
+            os.environ.update(secrets_env(replicas))
+            configs = [replica_config(workdir, urls[i % len(urls)], i, replicas, api_ports,
+                                      runtime_ports, sim_port) for i in range(replicas)]
+            trio.run(publish_catalog, urls[0], configs[0])
+            run = Run(backend, [Replica(i, c) for i, c in enumerate(configs)], urls, cluster,
+                      log=log)
+            sim = HubSpotSimulator(tokens={HUBSPOT_TOKEN})
+            runtimes = runtimes_for(replicas, api_ports)
+            try:
+                result = trio.run(drive, run, runtimes, sim, sim_port, runtime_ports, seconds,
+                                  settle_s)
+            finally:
+                for replica in run.replicas:
+                    replica.terminate()
+        finally:
+            if cluster is not None:
+                cluster.stop()
+            elif dbname and keep:
+                log(f"kept database {dbname} and {workdir}")
+            elif dbname:
+                mysql_admin(f"DROP DATABASE IF EXISTS {dbname}")
+    return {
+        "backend": backend,
+        "replicas": replicas,
+        "chaos_s": round(seconds, 1),
+        "wall_s": round(time.monotonic() - started, 1),
+        "kills": run.counts["kills"],
+        "restarts": run.counts["restarts"],
+        "sigstops": run.counts["sigstops"],
+        "db_node_kills": run.counts["db_node_kills"],
+        "faults_injected": run.counts["faults"],
+        "conflicts_retried": int(sum(run.retries.values())),
+        **result,
+    }
+
+
+def _log_sandbox_to(path: Path) -> None:
+    """The Runtime's and the simulator's own log lines go to a file, not the terminal."""
+    logger = logging.getLogger(logs.LOGGER_NAME)
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logs.JsonLineFormatter())
+    logger.addHandler(handler)
+    logger.propagate = False
+
+
+TOTALS = ("kills", "restarts", "sigstops", "db_node_kills", "faults_injected",
+          "conflicts_retried", "effects", "receipts", "duplicates", "lost", "awaiting_operator",
+          "receipts_not_once", "quota_violations", "double_refreshes")
+BROKEN = ("duplicates", "lost", "receipts_not_once", "quota_violations", "double_refreshes")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=float, default=90.0,
+                        help="seconds of chaos in all, shared by the backends")
+    parser.add_argument("--backends", default="mysql,galera,sqlite")
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--settle", type=float, default=120.0,
+                        help="seconds to wait, after the chaos, for everything to finish")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--keep", metavar="DIR", type=Path,
+                        help="keep configs, logs and the MariaDB database in DIR")
+    args = parser.parse_args()
+    backends = [b for b in args.backends.split(",") if b]
+    unknown = set(backends) - {"mysql", "galera", "sqlite"}
+    if unknown or not backends:
+        parser.error(f"--backends: one or more of mysql, galera, sqlite (got {args.backends})")
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    random.seed(seed)
+
+    def log(message: str) -> None:
+        sys.stderr.write(f"torture: {message}\n")
+        sys.stderr.flush()
+
+    per_backend = []
+    for backend in backends:
+        got = run_backend(backend, args.replicas, args.duration / len(backends), args.settle,
+                          log, args.keep)
+        log(json.dumps(got))
+        per_backend.append(got)
+    line: dict[str, Any] = {"torture": "issue 12", "seed": seed, "duration_s": args.duration,
+                            "backends": backends}
+    line.update({k: sum(int(b[k]) for b in per_backend) for k in TOTALS})
+    line["per_backend"] = {b["backend"]: {k: b[k] for k in (*TOTALS, "intents", "noop_items",
+                                                            "noop_reexecuted", "settle_s",
+                                                            "stuck")}
+                           for b in per_backend}
+    line["checks"] = CHECKS
+    print(json.dumps(line), flush=True)
+    if any(line[k] for k in BROKEN):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""The torture run in little (issue 12): ``python -m bench.torture`` on MariaDB, Galera and
+one shared SQLite file, each for a few seconds of chaos: replicas SIGKILLed and restarted,
+one frozen past its lease, a Galera node killed and rejoining, the simulator injecting
+latency, 5xx, 429 and resets. The invariants come from the simulator's journal, the
+Runtimes' own stores and the database; ``make torture DURATION=600`` is the long run."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import trio
+
+pytestmark = [pytest.mark.slow, pytest.mark.galera, pytest.mark.mysql]
+
+
+async def test_a_short_torture_run_loses_and_duplicates_nothing() -> None:
+    with trio.fail_after(900):
+        done = await trio.run_process(
+            [sys.executable, "-m", "bench.torture", "--duration", "45", "--replicas", "3",
+             "--settle", "120"],
+            capture_stdout=True, capture_stderr=True, check=False)
+    assert done.stdout, done.stderr.decode()[-3000:]
+    line = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert done.returncode == 0, line
+    assert line["backends"] == ["mysql", "galera", "sqlite"]
+    assert (line["duplicates"], line["lost"], line["receipts_not_once"],
+            line["quota_violations"], line["double_refreshes"]) == (0, 0, 0, 0, 0), line
+    for backend, got in line["per_backend"].items():
+        # The chaos happened and work flowed through it, on every backend.
+        assert got["kills"] >= 1 and got["sigstops"] >= 1 and got["effects"] > 0, (backend, got)
+        assert got["receipts"] == got["intents"]["COMMITTED"], (backend, got)
+    assert line["per_backend"]["galera"]["db_node_kills"] == 1, line
