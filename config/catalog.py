@@ -21,7 +21,13 @@ from typing import Any
 
 import attrs
 
-from config.definitions import CatalogError, OperationDefinition, parse_provider
+from config.definitions import (
+    CatalogError,
+    OperationDefinition,
+    WebhookDefinition,
+    parse_provider,
+    parse_webhooks,
+)
 from config.settings import BindingSettings, Settings
 from daemon.core.canonical import NotCanonical
 from daemon.core.catalog_content import content_bytes, content_digest
@@ -38,6 +44,8 @@ class Catalog:
     bindings: tuple[BindingSettings, ...]
     # The canonical content (``daemon/core/catalog_content.py``) the digest is of.
     content: str = attrs.field(default="", repr=False)
+    # L1 webhook route contracts by name (``[webhooks."<name>"]``).
+    webhooks: dict[str, WebhookDefinition] = attrs.field(factory=dict)
 
     def operation(self, name: str) -> OperationDefinition | None:
         return self.operations.get(name)
@@ -101,6 +109,18 @@ def operations_from_documents(documents: list[Any]) -> dict[str, OperationDefini
     return operations
 
 
+def webhooks_from_documents(documents: list[Any]) -> dict[str, WebhookDefinition]:
+    """Every L1 webhook route contract of these documents (names are unique)."""
+    webhooks: dict[str, WebhookDefinition] = {}
+    for doc in documents:
+        for name, webhook in parse_webhooks(doc).items():
+            if name in webhooks:
+                raise CatalogError(f"providers.{webhook.provider}.webhooks.{name}",
+                                   "duplicate webhook name")
+            webhooks[name] = webhook
+    return webhooks
+
+
 def load_definitions(directory: str | Path | Traversable = ""
                      ) -> tuple[dict[str, OperationDefinition], list[Any]]:
     """Every L1 definition (and the raw documents, for the digest)."""
@@ -138,6 +158,7 @@ def build_catalog(revision: int, documents: list[Any],
         operations=operations,
         bindings=bindings,
         content=content.decode(),
+        webhooks=webhooks_from_documents(documents),
     )
 
 
