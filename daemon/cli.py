@@ -251,11 +251,14 @@ async def _cmd_run(settings: Settings) -> int:
         admin_app = console_factory(effect_extensions(parts.catalog, parts.catalogs.pinned))
         replica = Replica(settings, store, parts.registry, clock, metrics=metrics,
                           api_app=parts.api_app, admin_app=admin_app,
+                          ingress_app=parts.ingress.app if parts.ingress else None,
                           startup_checks=(catalog_published,))
         if parts.api_context is not None:
             parts.api_context.wake = replica.wake
         if settings.replica.id:
             replica.replica_id = settings.replica.id
+        if parts.ingress is not None:
+            parts.ingress.app.replica_id = replica.replica_id
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_watch_signals, replica)

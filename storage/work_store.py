@@ -9,6 +9,7 @@ from storage.dialect import Dialect
 from storage.effects import EffectJournal
 from storage.flow import FlowReads
 from storage.grants import AuthorizationGrants
+from storage.ingress.receipts import IngressReceipts
 from storage.links import RemoteLinks
 from storage.port import Database
 from storage.principals import PrincipalBindings
@@ -23,7 +24,7 @@ from storage.work_rollback import WorkRollback
 class WorkStore(
     WorkClaims, WorkAdmin, WorkExecutions, WorkRollback, CommandInbox, EffectJournal,
     RemoteLinks, CommandRepair, QuotaLedger, AuthorizationGrants, PrincipalBindings,
-    RefreshLeases, CatalogRevisions, FlowReads,
+    RefreshLeases, CatalogRevisions, FlowReads, IngressReceipts,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 

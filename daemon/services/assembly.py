@@ -7,6 +7,7 @@ the catalog, so the services never import the console.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import attrs
 from quart_trio import QuartTrio
@@ -22,12 +23,54 @@ from daemon.services.checkpoints import CheckpointBatcher
 from daemon.services.clock import Clock
 from daemon.services.effect_runner import EffectRunner, effect_handler, replay_refusal
 from daemon.services.families import FamilyRegistry, build_registry, noop_handler
+from daemon.services.ingress import IngressApp, bind_routes
+from daemon.services.ingress_spool import IngressSpool, SpoolForwarder
+from daemon.services.materializer import Materializer
 from daemon.services.metrics import Metrics
 from daemon.services.receipt_sender import ReceiptSender, receipt_handler
 from storage.commands import EFFECT_FAMILY
 from storage.effects import RECEIPT_FAMILY, EffectContextRow
+from storage.ingress.receipts import IngressReceipt
 from storage.port import StorageError
 from storage.work_store import WorkStore
+
+
+@attrs.define(eq=False)
+class Ingress:
+    """The webhook ingress parts: the listener's app, its spool, forwarder, materializer."""
+
+    app: IngressApp
+    spool: IngressSpool
+    forwarder: SpoolForwarder
+    materializer: Materializer
+
+
+def build_ingress(settings: Settings, store: WorkStore, clock: Clock, metrics: Metrics,
+                  catalog: Catalog) -> Ingress | None:
+    """The ingress parts, when ``[[webhook_routes]]`` are configured and ``[ingress] listen``
+    is set. The spool directory is created and its leftover segments counted here."""
+    s = settings.ingress
+    if not settings.webhook_routes or not s.listen:
+        return None
+    directory = Path(s.spool_dir)
+    if not directory.is_absolute():
+        directory = Path(settings.base_dir) / directory
+    spool = IngressSpool(directory, s.spool_max_bytes, on_change=metrics.set_spool)
+    spool.open()
+    app = IngressApp(settings=s, routes=bind_routes(settings.webhook_routes, catalog.webhooks),
+                     clock=clock, insert=store.ingress_receipt_insert, spool=spool,
+                     metrics=metrics)
+
+    async def forward(receipt: IngressReceipt) -> object:
+        return await store.ingress_receipt_insert(receipt, clock.now_us())
+
+    forwarder = SpoolForwarder(spool, forward, interval_s=s.forward_interval,
+                               on_forwarded=metrics.ingress_spool_forwarded.inc)
+    materializer = Materializer(store=store, catalog=catalog,
+                                routes={r.route: r for r in settings.webhook_routes},
+                                clock=clock, metrics=metrics, batch=s.materialize_batch,
+                                interval_s=s.materialize_interval)
+    return Ingress(app, spool, forwarder, materializer)
 
 
 @attrs.define(eq=False)
@@ -39,6 +82,7 @@ class Assembly:
     registry: FamilyRegistry
     api_context: ApiContext | None
     api_app: QuartTrio | None
+    ingress: Ingress | None = None
 
     async def aclose(self) -> None:
         await self.executor.aclose()
@@ -102,4 +146,10 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         if metrics is not None:
             context.on_admission = metrics.count_admission
         app = create_api_app(context)
-    return Assembly(catalog, catalogs, executor, runtime_client, registry, context, app)
+    ingress = None
+    if metrics is not None:
+        ingress = build_ingress(settings, store, clock, metrics, catalog)
+        if ingress is not None:
+            registry.services.extend([ingress.forwarder.run, ingress.materializer.run])
+    return Assembly(catalog, catalogs, executor, runtime_client, registry, context, app,
+                    ingress)
