@@ -88,14 +88,14 @@ class IngressApp:
 
     async def _answer(self, send: Send, status: int, code: str, message: str,
                       route: str = "") -> int:
+        if status != 200:
+            self.metrics.count_ingress(code)
+            logs.warn("ingress_refused", route=route[:64], status=status, reason=code)
         body = (b'{"code":"' + code.encode() + b'","message":"' + message.encode() + b'"}')
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
-        if status != 200:
-            self.metrics.count_ingress(code)
-            logs.warn("ingress_refused", route=route[:64], status=status, reason=code)
         return status
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> int:
@@ -175,6 +175,7 @@ class IngressApp:
             outcome = "stored" if result.stored else "duplicate"
             self.metrics.count_ingress(outcome)
             return await self._answer(send, 200, outcome, "received", route.route)
+        # The database did not make it durable in time: the local spool does.
         try:
             with trio.fail_at(deadline):
                 await self.spool.append(attrs.evolve(receipt, via="spool"), now_us)
