@@ -13,7 +13,8 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,bench]'
 	touch $@
 
-SECRETS := var/secrets/runtime-crm.token var/secrets/runtime-crm-results.token var/secrets/hubspot.token
+SECRETS := var/secrets/runtime-crm.token var/secrets/runtime-crm-results.token var/secrets/hubspot.token \
+           var/secrets/hubspot-webhook.token
 
 # Demo credentials for the sandbox and the console (random, never committed).
 var/secrets/%.token:
