@@ -132,6 +132,7 @@ class IngressSpool:
         """Create the directory and account for the segments a previous run left."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self._bytes = 0
+        self._pending.clear()
         for segment in self.segments():
             data = segment.read_bytes()
             self._bytes += len(data)
