@@ -77,6 +77,18 @@ class ConsoleExtensions:
     openapi_paths: dict[str, dict[str, Any]] = attrs.field(factory=dict)
 
 
+def merged(*parts: ConsoleExtensions) -> ConsoleExtensions:
+    """Several capabilities' extensions as one (the CLI composes the console from them)."""
+    out = ConsoleExtensions()
+    for part in parts:
+        out.lineage.extend(part.lineage)
+        out.blueprints.extend(part.blueprints)
+        out.nav.extend(part.nav)
+        out.actions.update(part.actions)
+        out.openapi_paths.update(part.openapi_paths)
+    return out
+
+
 async def lineage_sections(
     view: ReplicaView, item: WorkItem, providers: list[LineageProvider]
 ) -> list[LineageSection]:

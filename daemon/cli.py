@@ -224,6 +224,8 @@ async def _cmd_migrate(settings: Settings) -> int:
 async def _cmd_run(settings: Settings) -> int:
     from admin_ui.app import console_factory
     from admin_ui.effects import effect_extensions
+    from admin_ui.extensions import merged
+    from admin_ui.ingress import ingress_extensions
     from daemon.services.assembly import assemble
     from daemon.services.metrics import Metrics
     from daemon.services.replica import Replica
@@ -248,7 +250,8 @@ async def _cmd_run(settings: Settings) -> int:
         parts = assemble(settings, store, clock, metrics)
         # The composition root: the console is built here and handed to the replica, so
         # the services never import the console, nor the console the replica.
-        admin_app = console_factory(effect_extensions(parts.catalog, parts.catalogs.pinned))
+        admin_app = console_factory(merged(
+            effect_extensions(parts.catalog, parts.catalogs.pinned), ingress_extensions()))
         replica = Replica(settings, store, parts.registry, clock, metrics=metrics,
                           api_app=parts.api_app, admin_app=admin_app,
                           ingress_app=parts.ingress.app if parts.ingress else None,
