@@ -30,7 +30,7 @@ from daemon.services.metrics import Metrics
 from daemon.services.receipt_sender import ReceiptSender, receipt_handler
 from storage.commands import EFFECT_FAMILY
 from storage.effects import RECEIPT_FAMILY, EffectContextRow
-from storage.ingress.receipts import IngressReceipt
+from storage.ingress.receipts import IngressReceipt, ReceiptInsert
 from storage.port import StorageError
 from storage.work_store import WorkStore
 
@@ -43,6 +43,7 @@ class Ingress:
     spool: IngressSpool
     forwarder: SpoolForwarder
     materializer: Materializer
+    receipts: Batcher[IngressReceipt, ReceiptInsert]
 
 
 def build_ingress(settings: Settings, store: WorkStore, clock: Clock, metrics: Metrics,
@@ -57,9 +58,18 @@ def build_ingress(settings: Settings, store: WorkStore, clock: Clock, metrics: M
         directory = Path(settings.base_dir) / directory
     spool = IngressSpool(directory, s.spool_max_bytes, on_change=metrics.set_spool)
     spool.open()
+
+    async def flush(batch: Sequence[IngressReceipt]) -> Sequence[ReceiptInsert | StorageError]:
+        return await store.ingress_receipts_insert(batch, clock.now_us())
+
+    # Concurrent deliveries' receipts share one transaction (one fsync / COMMIT).
+    receipts: Batcher[IngressReceipt, ReceiptInsert] = Batcher(flush, max_batch=256)
+
+    async def insert(receipt: IngressReceipt, now_us: int) -> ReceiptInsert:
+        return await receipts.submit(receipt)
+
     app = IngressApp(settings=s, routes=bind_routes(settings.webhook_routes, catalog.webhooks),
-                     clock=clock, insert=store.ingress_receipt_insert, spool=spool,
-                     metrics=metrics)
+                     clock=clock, insert=insert, spool=spool, metrics=metrics)
 
     async def forward(receipt: IngressReceipt) -> object:
         return await store.ingress_receipt_insert(receipt, clock.now_us())
@@ -71,7 +81,8 @@ def build_ingress(settings: Settings, store: WorkStore, clock: Clock, metrics: M
                                 clock=clock, metrics=metrics, batch=s.materialize_batch,
                                 interval_s=s.materialize_interval,
                                 retention_s=s.retention_days * 86400.0)
-    return Ingress(app, spool, forwarder, materializer)
+    app.on_stored = materializer.wake
+    return Ingress(app, spool, forwarder, materializer, receipts)
 
 
 @attrs.define(eq=False)
@@ -151,6 +162,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     if metrics is not None:
         ingress = build_ingress(settings, store, clock, metrics, catalog)
         if ingress is not None:
-            registry.services.extend([ingress.forwarder.run, ingress.materializer.run])
+            registry.services.extend([ingress.receipts.run, ingress.forwarder.run,
+                                      ingress.materializer.run])
     return Assembly(catalog, catalogs, executor, runtime_client, registry, context, app,
                     ingress)

@@ -116,6 +116,14 @@ def _fsync_dir(path: Path) -> None:
 
 
 @attrs.define(eq=False)
+class _Append:
+    receipt: IngressReceipt
+    record: bytes
+    done: trio.Event = attrs.field(factory=trio.Event)
+    error: str | None = None
+
+
+@attrs.define(eq=False)
 class IngressSpool:
     directory: Path
     max_bytes: int
@@ -126,6 +134,9 @@ class IngressSpool:
     _bytes: int = 0
     # receipt id -> received_at_us, for every record not yet forwarded
     _pending: dict[str, int] = attrs.field(factory=dict)
+    _queue: list[_Append] = attrs.field(factory=list)
+    _queued_bytes: int = 0
+    _writing: bool = False
     bad_segments: int = 0
 
     def open(self) -> None:
@@ -158,11 +169,11 @@ class IngressSpool:
     def _changed(self) -> None:
         self.on_change(self.depth, self.oldest_us)
 
-    def _write(self, path: Path, record: bytes, new: bool) -> None:
+    def _write(self, path: Path, records: bytes, new: bool) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            written = os.write(fd, record)
-            if written != len(record):
+            written = os.write(fd, records)
+            if written != len(records):
                 raise OSError("short write to the ingress spool")
             os.fsync(fd)
         finally:
@@ -171,27 +182,55 @@ class IngressSpool:
             _fsync_dir(path.parent)
 
     async def append(self, receipt: IngressReceipt, now_us: int) -> None:
-        """Make ``receipt`` durable on local disk, or raise :class:`SpoolFull`."""
+        """Make ``receipt`` durable on local disk, or raise :class:`SpoolFull`.
+
+        Group commit: appends that arrive while a write is in flight are written together
+        with one ``fsync``; the first waiting task writes for all (shielded: once taken,
+        a batch is always carried out, even if the task that writes it has timed out)."""
         record = encode_record(receipt)
+        if self._bytes + self._queued_bytes + len(record) > self.max_bytes:
+            raise SpoolFull(f"the ingress spool holds {self._bytes} bytes"
+                            f" (ingress.spool_max_bytes {self.max_bytes})")
+        waiter = _Append(receipt, record)
+        self._queue.append(waiter)
+        self._queued_bytes += len(record)
+        if not self._writing:
+            self._writing = True
+            try:
+                with trio.CancelScope(shield=True):
+                    while self._queue:
+                        batch, self._queue = self._queue, []
+                        await self._write_batch(batch, now_us)
+            finally:
+                self._writing = False
+        await waiter.done.wait()
+        if waiter.error is not None:
+            raise SpoolFull(f"the ingress spool could not write: {waiter.error}")
+
+    async def _write_batch(self, batch: list[_Append], now_us: int) -> None:
+        data = b"".join(a.record for a in batch)
         async with self._lock:
-            if self._bytes + len(record) > self.max_bytes:
-                raise SpoolFull(f"the ingress spool holds {self._bytes} bytes"
-                                f" (ingress.spool_max_bytes {self.max_bytes})")
             new = self._active is None
             if self._active is None:
                 self._active = self.directory / f"segment-{new_ulid(now_us)}{SUFFIX}"
             path = self._active
+            error: str | None = None
             try:
-                await trio.to_thread.run_sync(self._write, path, record, new)
+                await trio.to_thread.run_sync(self._write, path, data, new)
             except OSError as exc:
-                # The record may be partly on disk: a torn tail the reader drops. Start a
+                # The records may be partly on disk: a torn tail the reader drops. Start a
                 # new segment so nothing is appended after it.
                 self._active = None
-                raise SpoolFull(f"the ingress spool could not write: {exc.strerror or exc}"
-                                ) from None
-            self._bytes += len(record)
-            self._pending[receipt.receipt_id] = receipt.received_at_us
-            self._changed()
+                error = exc.strerror or str(exc)
+            self._queued_bytes -= len(data)
+            if error is None:
+                self._bytes += len(data)
+                for a in batch:
+                    self._pending[a.receipt.receipt_id] = a.receipt.received_at_us
+                self._changed()
+            for a in batch:
+                a.error = error
+                a.done.set()
 
     async def seal(self) -> list[Path]:
         """Close the active segment; every segment on disk is then ready to forward."""

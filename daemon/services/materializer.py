@@ -64,70 +64,87 @@ class Materializer:
     def _binding(self, route: WebhookRoute) -> BindingSettings | None:
         return self.catalog.binding(route.binding_id)
 
-    async def settle(self, receipt: IngressReceipt) -> str:
-        """Materialize or quarantine one receipt: ``materialized``, ``quarantined``,
-        ``settled_elsewhere`` or ``no_route``."""
+    def plan(self, receipt: IngressReceipt) -> Materialization | QuarantineParams | None:
+        """What settles one receipt (pure but for the catalog): its events and WorkItems,
+        or its quarantine; None when its route is no longer configured."""
         route = self.routes.get(receipt.route)
         webhook: WebhookDefinition | None = self.catalog.webhooks.get(receipt.webhook)
         binding = self._binding(route) if route is not None else None
-        now_us = self.clock.now_us()
         if route is None or webhook is None or binding is None:
-            logs.warn("ingress_receipt_without_route", receipt=receipt.receipt_id,
-                      route=receipt.route[:64])
-            return "no_route"
+            return None
         drafts = normalize(webhook.payload, receipt.body)
-        if not isinstance(drafts, Quarantine):
-            events: list[NormalizedEvent] = []
-            specs = []
-            try:
-                for d in drafts:
-                    event_id = f"{receipt.receipt_id}:{d.index}"
-                    change = InboundChange(
-                        provider=webhook.provider, binding=binding.binding_id,
-                        resource_type=d.resource_type, resource_id=d.resource_id,
-                        kind=d.kind, attributes=d.attributes,
-                        remote_updated_at=d.remote_updated_at, origin="webhook",
-                        origin_id=event_id,
-                        subscription_generation=receipt.subscription_generation)
-                    specs.append(change.work_spec(
-                        org_id=binding.org_id, catalog_revision=self.catalog.revision,
-                        catalog_digest=self.catalog.digest, max_attempts=self.max_attempts))
-                    events.append(NormalizedEvent(
-                        event_id=event_id, receipt_id=receipt.receipt_id,
-                        event_index=d.index, provider=webhook.provider,
-                        binding_id=binding.binding_id, event_name=d.event_name, kind=d.kind,
-                        resource_type=d.resource_type, resource_id=d.resource_id,
-                        delivered_at=d.delivered_at, remote_updated_at=d.remote_updated_at,
-                        subscription_generation=receipt.subscription_generation,
-                        attributes=d.attributes))
-            except (BadInboundChange, ValueError) as exc:
-                drafts = Quarantine("missing_field", str(exc)[:200])
+        if isinstance(drafts, Quarantine):
+            return QuarantineParams(receipt_id=receipt.receipt_id, reason=drafts.reason,
+                                    detail=drafts.detail)
+        events: list[NormalizedEvent] = []
+        specs = []
+        try:
+            for d in drafts:
+                event_id = f"{receipt.receipt_id}:{d.index}"
+                change = InboundChange(
+                    provider=webhook.provider, binding=binding.binding_id,
+                    resource_type=d.resource_type, resource_id=d.resource_id, kind=d.kind,
+                    attributes=d.attributes, remote_updated_at=d.remote_updated_at,
+                    origin="webhook", origin_id=event_id,
+                    subscription_generation=receipt.subscription_generation)
+                specs.append(change.work_spec(
+                    org_id=binding.org_id, catalog_revision=self.catalog.revision,
+                    catalog_digest=self.catalog.digest, max_attempts=self.max_attempts))
+                events.append(NormalizedEvent(
+                    event_id=event_id, receipt_id=receipt.receipt_id, event_index=d.index,
+                    provider=webhook.provider, binding_id=binding.binding_id,
+                    event_name=d.event_name, kind=d.kind, resource_type=d.resource_type,
+                    resource_id=d.resource_id, delivered_at=d.delivered_at,
+                    remote_updated_at=d.remote_updated_at,
+                    subscription_generation=receipt.subscription_generation,
+                    attributes=d.attributes))
+        except (BadInboundChange, ValueError) as exc:
+            return QuarantineParams(receipt_id=receipt.receipt_id, reason="missing_field",
+                                    detail=str(exc)[:200])
+        return Materialization(receipt_id=receipt.receipt_id, events=tuple(events),
+                               work=tuple(specs))
+
+    async def settle_many(self, receipts: list[IngressReceipt]) -> list[str]:
+        """Materialize or quarantine receipts in one transaction: per receipt
+        ``materialized``, ``quarantined``, ``settled_elsewhere`` or ``no_route``."""
+        plans: list[tuple[IngressReceipt, Materialization | QuarantineParams]] = []
+        outcome: dict[str, str] = {}
+        for receipt in receipts:
+            plan = self.plan(receipt)
+            if plan is None:
+                logs.warn("ingress_receipt_without_route", receipt=receipt.receipt_id,
+                          route=receipt.route[:64])
+                outcome[receipt.receipt_id] = "no_route"
             else:
-                done = await self.store.ingress_materialize(
-                    Materialization(receipt_id=receipt.receipt_id, events=tuple(events),
-                                    work=tuple(specs)), now_us)
-                if not done:
-                    return "settled_elsewhere"
-                self.metrics.ingress_materialized.labels("materialized").inc()
-                return "materialized"
-        quarantined = await self.store.ingress_quarantine(
-            QuarantineParams(receipt_id=receipt.receipt_id, reason=drafts.reason,
-                             detail=drafts.detail), now_us)
-        if not quarantined:
-            return "settled_elsewhere"
-        self.metrics.ingress_materialized.labels("quarantined").inc()
-        self.metrics.ingress_quarantined.labels(drafts.reason).inc()
-        logs.warn("ingress_receipt_quarantined", receipt=receipt.receipt_id,
-                  route=receipt.route, reason=drafts.reason)
-        return "quarantined"
+                plans.append((receipt, plan))
+        if plans:
+            won = await self.store.ingress_settle([p for _, p in plans], self.clock.now_us())
+            for (receipt, plan), ok in zip(plans, won, strict=True):
+                if not ok:
+                    outcome[receipt.receipt_id] = "settled_elsewhere"
+                elif isinstance(plan, Materialization):
+                    outcome[receipt.receipt_id] = "materialized"
+                    self.metrics.ingress_materialized.labels("materialized").inc()
+                else:
+                    outcome[receipt.receipt_id] = "quarantined"
+                    self.metrics.ingress_materialized.labels("quarantined").inc()
+                    self.metrics.ingress_quarantined.labels(plan.reason).inc()
+                    logs.warn("ingress_receipt_quarantined", receipt=receipt.receipt_id,
+                              route=receipt.route, reason=plan.reason)
+        return [outcome[r.receipt_id] for r in receipts]
+
+    async def settle(self, receipt: IngressReceipt) -> str:
+        (outcome,) = await self.settle_many([receipt])
+        return outcome
 
     async def run_once(self) -> int:
-        """Settle one batch of pending receipts; how many were settled here."""
-        settled = 0
-        for receipt in await self.store.ingress_receipts_pending(self.batch):
-            if await self.settle(receipt) in ("materialized", "quarantined"):
-                settled += 1
-        return settled
+        """Settle one batch of pending receipts (one transaction); how many were settled
+        here."""
+        pending = await self.store.ingress_receipts_pending(self.batch)
+        if not pending:
+            return 0
+        outcomes = await self.settle_many(pending)
+        return sum(o in ("materialized", "quarantined") for o in outcomes)
 
     async def prune_once(self) -> int:
         """Delete settled receipts past retention, a bounded batch at a time."""

@@ -2,11 +2,13 @@
 
 Theory of operation
 -------------------
-* ``ingress_receipt_insert``: one plain INSERT. The unique ``dedup_key`` judges a
-  duplicate (a redelivery, a spooled copy forwarded again, another replica's copy):
-  ``DuplicateKey`` -> the delivery is counted on the existing row and nothing else is
-  written. Whether a receipt went through the spool changes nothing about its identity.
-* ``ingress_materialize``: one transaction settles a receipt: the conditional UPDATE
+* ``ingress_receipts_insert``: plain INSERTs (one multi-row INSERT for a batch of
+  concurrent deliveries: group commit). The unique ``dedup_key`` judges a duplicate (a
+  redelivery, a spooled copy forwarded again, another replica's copy): ``DuplicateKey`` ->
+  the delivery is counted on the existing row and nothing else is written. Whether a
+  receipt went through the spool changes nothing about its identity.
+* ``ingress_settle`` (``ingress_materialize`` for one): one transaction settles receipts:
+  the conditional UPDATE
   ``received -> materialized`` judged by matched rows (a second materializer, on this
   replica or another, matches nothing and writes nothing), the receipt's immutable
   NormalizedEvents (ids ``<receipt>:<index>``), and their WorkItems through
@@ -28,7 +30,7 @@ from typing import Any
 import attrs
 
 from daemon.core.work import WorkSpec
-from storage.port import CommitOutcomeUnknown, Database, DuplicateKey, Row, SqlTx
+from storage.port import CommitOutcomeUnknown, Database, DuplicateKey, Row, SqlTx, StorageError
 from storage.work_admin import insert_work
 
 RECEIVED = "received"
@@ -171,38 +173,59 @@ class IngressReceipts:
 
     async def ingress_receipt_insert(self, receipt: IngressReceipt,
                                      now_us: int) -> ReceiptInsert:
-        """Make ``receipt`` durable, or count it as a duplicate of the row holding its key.
+        """Make ``receipt`` durable, or count it as a duplicate of the row holding its key."""
+        (answer,) = await self.ingress_receipts_insert([receipt], now_us)
+        if isinstance(answer, StorageError):
+            raise answer
+        return answer
 
-        A COMMIT of unknown outcome is settled by reading the key back (never a blind
-        retry): the row is there (ours or an earlier copy's) or it is inserted again."""
-        async def insert(tx: SqlTx) -> None:
-            await tx.execute(f"INSERT INTO ingress_receipts ({_COLUMNS}) VALUES"
-                             f" ({', '.join('?' * 20)})", _receipt_params(receipt))
+    async def ingress_receipts_insert(self, receipts: Sequence[IngressReceipt], now_us: int
+                                      ) -> list[ReceiptInsert | StorageError]:
+        """Make many receipts durable in one transaction (group commit under load): one
+        multi-row INSERT; when a key is already there (or twice in the batch), one row at a
+        time, each duplicate counted on the row holding its key (the same receipt again, a
+        spooled copy forwarded twice, is not a duplicate delivery).
 
-        async def count_duplicate(tx: SqlTx) -> str | None:
-            # The same receipt again (a spooled copy forwarded twice) is not a duplicate
-            # delivery: only another delivery's copy is counted.
-            await tx.execute("UPDATE ingress_receipts SET duplicates = duplicates + 1,"
-                             " row_version = row_version + 1 WHERE dedup_key = ?"
-                             " AND receipt_id <> ?", (receipt.dedup_key, receipt.receipt_id))
-            rows = await tx.fetchall(
-                "SELECT receipt_id FROM ingress_receipts WHERE dedup_key = ?",
-                (receipt.dedup_key,))
-            return str(rows[0][0]) if rows else None
+        A COMMIT of unknown outcome is settled by reading each key back (never a blind
+        retry): the row is there (ours or an earlier copy's) or the batch is tried again."""
+        async def body(tx: SqlTx) -> list[ReceiptInsert]:
+            sql = f"INSERT INTO ingress_receipts ({_COLUMNS}) VALUES ({', '.join('?' * 20)})"
+            try:
+                await tx.executemany(sql, [_receipt_params(r) for r in receipts])
+                return [ReceiptInsert(True, r.receipt_id) for r in receipts]
+            except DuplicateKey:
+                pass
+            out: list[ReceiptInsert] = []
+            for r in receipts:
+                try:
+                    await tx.execute(sql, _receipt_params(r))
+                    out.append(ReceiptInsert(True, r.receipt_id))
+                    continue
+                except DuplicateKey:
+                    pass
+                await tx.execute("UPDATE ingress_receipts SET duplicates = duplicates + 1,"
+                                 " row_version = row_version + 1 WHERE dedup_key = ?"
+                                 " AND receipt_id <> ?", (r.dedup_key, r.receipt_id))
+                rows = await tx.fetchall(
+                    "SELECT receipt_id FROM ingress_receipts WHERE dedup_key = ?",
+                    (r.dedup_key,))
+                existing = str(rows[0][0])
+                out.append(ReceiptInsert(existing == r.receipt_id, existing))
+            return out
 
         for _ in range(3):
             try:
-                await self.db.transact(insert, name="ingress.receipt")
-                return ReceiptInsert(True, receipt.receipt_id)
-            except DuplicateKey:
-                existing = await self.db.transact(count_duplicate, name="ingress.duplicate")
-                if existing is not None:
-                    return ReceiptInsert(existing == receipt.receipt_id, existing)
+                return list(await self.db.transact(body, name="ingress.receipt"))
             except CommitOutcomeUnknown:
-                existing = await self._receipt_id_by_key(receipt.dedup_key)
-                if existing is not None:
-                    return ReceiptInsert(existing == receipt.receipt_id, existing)
-        raise CommitOutcomeUnknown(f"ingress receipt {receipt.receipt_id}: could not settle")
+                settled: list[ReceiptInsert | StorageError] = []
+                for r in receipts:
+                    existing = await self._receipt_id_by_key(r.dedup_key)
+                    if existing is None:
+                        break
+                    settled.append(ReceiptInsert(existing == r.receipt_id, existing))
+                else:
+                    return settled
+        raise CommitOutcomeUnknown(f"{len(receipts)} ingress receipts: could not settle")
 
     async def _receipt_id_by_key(self, dedup_key: str) -> str | None:
         async def body(tx: SqlTx) -> str | None:
@@ -225,40 +248,55 @@ class IngressReceipts:
     async def ingress_materialize(self, params: Materialization, now_us: int) -> bool:
         """Settle one receipt with its events and their WorkItems (one transaction).
         False: it was already settled (by another materializer); nothing written."""
-        if len(params.events) != len(params.work):
-            raise ValueError("one WorkSpec per event")
-
-        async def body(tx: SqlTx) -> bool:
-            matched = await tx.execute(
-                "UPDATE ingress_receipts SET state = ?, settled_at_us = ?,"
-                " row_version = row_version + 1 WHERE receipt_id = ? AND state = ?",
-                (MATERIALIZED, now_us, params.receipt_id, RECEIVED))
-            if matched != 1:
-                return False
-            results = await insert_work(tx, list(params.work), now_us)
-            await tx.executemany(
-                f"INSERT INTO normalized_events ({_EVENT_COLUMNS}) VALUES"
-                f" ({', '.join('?' * 15)})",
-                [(e.event_id, e.receipt_id, e.event_index, e.provider, e.binding_id,
-                  e.event_name, e.kind, e.resource_type, e.resource_id, e.delivered_at,
-                  e.remote_updated_at, e.subscription_generation,
-                  json.dumps(e.attributes, sort_keys=True), res.work_id, now_us)
-                 for e, res in zip(params.events, results, strict=True)])
-            return True
-
-        return await self.db.transact(body, name="ingress.materialize")
+        (done,) = await self.ingress_settle([params], now_us)
+        return done
 
     async def ingress_quarantine(self, params: QuarantineParams, now_us: int) -> bool:
-        async def body(tx: SqlTx) -> bool:
-            matched = await tx.execute(
-                "UPDATE ingress_receipts SET state = ?, quarantine_reason = ?,"
-                " quarantine_detail = ?, settled_at_us = ?, row_version = row_version + 1"
-                " WHERE receipt_id = ? AND state = ?",
-                (QUARANTINED, params.reason, params.detail[:500], now_us, params.receipt_id,
-                 RECEIVED))
-            return matched == 1
+        (done,) = await self.ingress_settle([params], now_us)
+        return done
 
-        return await self.db.transact(body, name="ingress.quarantine")
+    async def ingress_settle(self, settlements: Sequence[Materialization | QuarantineParams],
+                             now_us: int) -> list[bool]:
+        """Settle many receipts in one transaction: each one's state CAS (judged by matched
+        rows: one settled elsewhere writes nothing), then every materialized one's events
+        and WorkItems. One True/False per settlement, in order."""
+        for s in settlements:
+            if isinstance(s, Materialization) and len(s.events) != len(s.work):
+                raise ValueError("one WorkSpec per event")
+
+        async def body(tx: SqlTx) -> list[bool]:
+            won: list[bool] = []
+            plans: list[Materialization] = []
+            for s in settlements:
+                if isinstance(s, Materialization):
+                    matched = await tx.execute(
+                        "UPDATE ingress_receipts SET state = ?, settled_at_us = ?,"
+                        " row_version = row_version + 1 WHERE receipt_id = ? AND state = ?",
+                        (MATERIALIZED, now_us, s.receipt_id, RECEIVED))
+                    if matched == 1:
+                        plans.append(s)
+                else:
+                    matched = await tx.execute(
+                        "UPDATE ingress_receipts SET state = ?, quarantine_reason = ?,"
+                        " quarantine_detail = ?, settled_at_us = ?,"
+                        " row_version = row_version + 1 WHERE receipt_id = ? AND state = ?",
+                        (QUARANTINED, s.reason, s.detail[:500], now_us, s.receipt_id,
+                         RECEIVED))
+                won.append(matched == 1)
+            events = [e for p in plans for e in p.events]
+            if events:
+                results = await insert_work(tx, [w for p in plans for w in p.work], now_us)
+                await tx.executemany(
+                    f"INSERT INTO normalized_events ({_EVENT_COLUMNS}) VALUES"
+                    f" ({', '.join('?' * 15)})",
+                    [(e.event_id, e.receipt_id, e.event_index, e.provider, e.binding_id,
+                      e.event_name, e.kind, e.resource_type, e.resource_id, e.delivered_at,
+                      e.remote_updated_at, e.subscription_generation,
+                      json.dumps(e.attributes, sort_keys=True), res.work_id, now_us)
+                     for e, res in zip(events, results, strict=True)])
+            return won
+
+        return await self.db.transact(body, name="ingress.settle")
 
     async def ingress_receipt_get(self, receipt_id: str) -> IngressReceipt | None:
         async def body(tx: SqlTx) -> IngressReceipt | None:
