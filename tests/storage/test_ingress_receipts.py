@@ -117,3 +117,34 @@ async def test_prune_ends_dedup_only_for_settled_receipts_past_retention(
     assert await store.ingress_events_of(old.receipt_id) == []
     assert await store.ingress_receipt_get(pending.receipt_id) is not None  # never unsettled
     assert await store.ingress_receipt_get(young.receipt_id) is not None
+
+
+async def test_a_batch_with_duplicates_falls_back_row_by_row(store: WorkStore) -> None:
+    existing = receipt(1)
+    await store.ingress_receipt_insert(existing, T0)
+    batch = [receipt(2), receipt(3, key=existing.dedup_key), receipt(4, key="wh:r:twice"),
+             receipt(5, key="wh:r:twice"), existing]
+    answers = await store.ingress_receipts_insert(batch, T0)
+    assert [(a.stored, a.receipt_id) for a in answers] == [  # type: ignore[union-attr]
+        (True, batch[0].receipt_id), (False, existing.receipt_id),
+        (True, batch[2].receipt_id), (False, batch[2].receipt_id),
+        (True, existing.receipt_id)]
+    rows = {r.receipt_id: r.duplicates for r in
+            await store.ingress_receipt_list(ReceiptQuery())}
+    assert rows == {existing.receipt_id: 1, batch[0].receipt_id: 0, batch[2].receipt_id: 1}
+
+
+async def test_settle_many_in_one_transaction(store: WorkStore) -> None:
+    rs = [receipt(n) for n in range(4)]
+    for r in rs:
+        await store.ingress_receipt_insert(r, T0)
+    await store.ingress_materialize(materialization(rs[3]), T0)   # settled elsewhere first
+    won = await store.ingress_settle([
+        materialization(rs[0], events=2),
+        QuarantineParams(receipt_id=rs[1].receipt_id, reason="malformed", detail="d"),
+        materialization(rs[2]),
+        materialization(rs[3]),
+    ], T0)
+    assert won == [True, True, True, False]
+    items = await store.work_list(WorkQuery(family=INBOUND_APPLY_FAMILY))
+    assert len(items) == 2 + 1 + 1   # rs[3]'s once, from the first settlement only
