@@ -138,6 +138,7 @@ class IngressSpool:
     _queued_bytes: int = 0
     _writing: bool = False
     bad_segments: int = 0
+    writes: int = 0          # write + fsync rounds (group commit: fewer than appends)
 
     def open(self) -> None:
         """Create the directory and account for the segments a previous run left."""
@@ -223,6 +224,7 @@ class IngressSpool:
                 self._active = None
                 error = exc.strerror or str(exc)
             self._queued_bytes -= len(data)
+            self.writes += 1
             if error is None:
                 self._bytes += len(data)
                 for a in batch:
