@@ -14,7 +14,9 @@ or two replicas materializing the same receipt never loses or doubles anything.
 A body that cannot be normalized is quarantined with its stable reason: the receipt and
 its raw body stay, operators see it on the console, and nothing retries it blindly. A
 receipt of a route this configuration no longer has stays ``received`` (a route removed by
-mistake must not quarantine its backlog) and is logged.
+mistake must not quarantine its backlog): the materializer reads only the receipts of its
+configured routes, so such a receipt waits, counted on the console, without blocking the
+others.
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ class Materializer:
     async def run_once(self) -> int:
         """Settle one batch of pending receipts (one transaction); how many were settled
         here."""
-        pending = await self.store.ingress_receipts_pending(self.batch)
+        pending = await self.store.ingress_receipts_pending(self.batch, sorted(self.routes))
         if not pending:
             return 0
         outcomes = await self.settle_many(pending)

@@ -235,12 +235,22 @@ class IngressReceipts:
 
         return await self.db.transact(body, name="ingress.by_key", write=False)
 
-    async def ingress_receipts_pending(self, limit: int) -> list[IngressReceipt]:
-        """Receipts still to be materialized, oldest first."""
+    async def ingress_receipts_pending(self, limit: int, routes: Sequence[str] | None = None
+                                       ) -> list[IngressReceipt]:
+        """Receipts still to be materialized, oldest first; with ``routes``, only theirs (a
+        receipt of a route no longer configured waits, visible, without blocking others)."""
+        where = "state = ?"
+        args: list[Any] = [RECEIVED]
+        if routes is not None:
+            if not routes:
+                return []
+            where += f" AND route IN ({', '.join('?' * len(routes))})"
+            args.extend(routes)
+
         async def body(tx: SqlTx) -> list[IngressReceipt]:
             rows = await tx.fetchall(
-                f"SELECT {_COLUMNS} FROM ingress_receipts WHERE state = ?"
-                " ORDER BY received_at_us, receipt_id LIMIT ?", (RECEIVED, limit))
+                f"SELECT {_COLUMNS} FROM ingress_receipts WHERE {where}"
+                " ORDER BY received_at_us, receipt_id LIMIT ?", (*args, limit))
             return [receipt_from_row(r) for r in rows]
 
         return await self.db.transact(body, name="ingress.pending", write=False)

@@ -181,6 +181,7 @@ async def _ingress_workload(store: WorkStore) -> None:
     await store.ingress_receipt_insert(receipt(3, key=first.dedup_key), T0)
     await store.ingress_receipt_insert(second, T0)
     await store.ingress_receipts_pending(10)
+    await store.ingress_receipts_pending(10, ["r", "s"])
     await store.ingress_materialize(materialization(first), T0)
     await store.ingress_quarantine(QuarantineParams(receipt_id=second.receipt_id,
                                                     reason="malformed", detail="d"), T0)

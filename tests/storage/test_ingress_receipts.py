@@ -98,6 +98,9 @@ async def test_pending_oldest_first_and_list_keyset(store: WorkStore) -> None:
         await store.ingress_receipt_insert(receipt(n), T0)
     assert [r.receipt_id for r in await store.ingress_receipts_pending(2)] == [
         receipt(1).receipt_id, receipt(2).receipt_id]
+    assert len(await store.ingress_receipts_pending(10, ["r"])) == 3
+    assert await store.ingress_receipts_pending(10, ["another"]) == []
+    assert await store.ingress_receipts_pending(10, []) == []
     page = await store.ingress_receipt_list(ReceiptQuery(limit=2))
     assert [r.receipt_id for r in page] == [receipt(3).receipt_id, receipt(2).receipt_id]
     rest = await store.ingress_receipt_list(ReceiptQuery(before_id=page[-1].receipt_id))
