@@ -104,10 +104,15 @@ class IngressApp:
             self.metrics.count_ingress(code)
             logs.warn("ingress_refused", route=route[:64], status=status, reason=code)
         body = (b'{"code":"' + code.encode() + b'","message":"' + message.encode() + b'"}')
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        try:
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+        except Exception as exc:  # the server says "the client is gone", in its own way
+            # The client went away before its answer (a 200's receipt is durable anyway).
+            logs.warn("ingress_answer_lost", route=route[:64], status=status,
+                      error=type(exc).__name__)
         return status
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> int:
