@@ -476,7 +476,8 @@ def _report(exc: BaseException, settings: Settings) -> int | None:
     if isinstance(exc, ConfigError):  # raised late, e.g. by the sandbox
         line, code = f"config error: {exc}", EXIT_USAGE
     elif isinstance(exc, ListenerError):
-        named = {settings.api.listen: "api", settings.admin.listen: "admin"}
+        named = {settings.ingress.listen: "ingress", settings.api.listen: "api",
+                 settings.admin.listen: "admin"}
         line, code = exc.line(named.get(exc.listen)), EXIT_USAGE
     elif isinstance(exc, BadRequest | UnknownFamily | CliRefused | ReplicaIdInUse):
         line, code = str(exc), EXIT_USAGE

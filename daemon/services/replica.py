@@ -10,7 +10,7 @@ ready::
     |- service API (/v1/, when [[runtimes]] are configured)
     |- webhook ingress (POST /hooks/{route}, when [[webhook_routes]] are configured;
     |  its spool forwarder and materializer run with the family services)
-    |  (both bound first: a port in use fails at once; /readyz says "not ready"
+    |  (all bound first: a port in use fails at once; /readyz says "not ready"
     |  while the start-up waits for the database, checks the schema and claims
     |  the replica id, see daemon/core/replica_identity.py)
     |- heartbeat (replicas table: seen, running/draining)
