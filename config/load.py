@@ -503,9 +503,11 @@ def _webhook_routes(value: Any, environ: Mapping[str, str],
         if webhook.provider != binding.provider:
             raise ConfigError(f"{key}.webhook", f"{r.webhook!r} belongs to"
                               f" {webhook.provider!r}, the binding to {binding.provider!r}")
-        if ingress.request_deadline >= webhook.response_window_s:
+        # The body may take request_deadline, and the receipt as long again.
+        if 2 * ingress.request_deadline >= webhook.response_window_s:
             raise ConfigError("ingress.request_deadline",
-                              f"{ingress.request_deadline:g} s is not inside the"
+                              f"twice {ingress.request_deadline:g} s (the body, then the"
+                              " receipt) is not inside the"
                               f" {webhook.response_window_s:g} s response window of"
                               f" {r.webhook}")
         _positive(f"{key}.subscription_generation", r.subscription_generation)

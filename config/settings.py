@@ -193,8 +193,8 @@ class IngressSettings:
     max_body_bytes: int = 1024 * 1024
     # The request line and headers together (hypercorn refuses more with 431/400).
     max_header_bytes: int = 16 * 1024
-    # From the first byte of the body to the answer: well inside the provider's window
-    # (a route's L1 response_window must be longer).
+    # Seconds for the body to arrive (408 after it), and again for the receipt to be made
+    # durable: twice this must be inside every route's L1 response_window.
     request_deadline: float = 2.0
     # How long the database may take to make a receipt durable before it goes to the
     # spool instead (within request_deadline).

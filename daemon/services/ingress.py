@@ -7,7 +7,8 @@ served by hypercorn on trio on its own listener (``[ingress] listen``)::
 
     request -> route (404) -> method (405) -> content type (415) -> body within
     max_body_bytes (413) and request_deadline (408) -> verify, pure (401)
-    -> receipt: the database within db_deadline, else the local spool -> 200
+    -> receipt within request_deadline more: the database within db_deadline, else the
+    local spool -> 200
     (a duplicate is 200 too); the spool full -> 503
 
 After the database failed to take a receipt in time, the following ones go straight to the
@@ -137,9 +138,8 @@ class IngressApp:
         if declared.isdigit() and int(declared) > limit:
             return await self._answer(send, 413, "too_large", "the body is too large",
                                       route_name)
-        deadline = trio.current_time() + self.settings.request_deadline
-        body = b""
-        with trio.move_on_at(deadline):
+        body: bytes | None = None
+        with trio.move_on_after(self.settings.request_deadline):
             try:
                 body = await _read_body(receive, limit)
             except _TooLarge:
@@ -149,10 +149,14 @@ class IngressApp:
                 self.metrics.count_ingress("disconnected")
                 logs.warn("ingress_refused", route=route_name, status=0, reason="disconnected")
                 return 0
-            if trio.current_time() < deadline:
-                return await self._receipt(send, bound, scope, headers, body, deadline)
-        return await self._answer(send, 408, "deadline",
-                                  "the request did not complete in time", route_name)
+        if body is None:
+            return await self._answer(send, 408, "deadline",
+                                      "the request did not complete in time", route_name)
+        # The body is here: the receipt gets its own budget (a replica that fell behind
+        # still stores what it has read instead of refusing it; the loader keeps both
+        # budgets together inside the provider's response window).
+        deadline = trio.current_time() + self.settings.request_deadline
+        return await self._receipt(send, bound, scope, headers, body, deadline)
 
     async def _receipt(self, send: Send, bound: BoundRoute, scope: Scope,
                        headers: dict[str, str], body: bytes, deadline: float) -> int:

@@ -60,6 +60,8 @@ def test_a_credential_wins_over_the_file(tmp_path: Path) -> None:
      "expected an integer"),
     ({}, {"request_deadline": 5.0, "db_deadline": 1.0}, "ingress.request_deadline",
      "not inside the 5 s response window"),
+    ({}, {"request_deadline": 2.5, "db_deadline": 1.0}, "ingress.request_deadline",
+     "twice 2.5 s (the body, then the receipt)"),
     ({}, {"db_deadline": 2.0}, "ingress.db_deadline", "must be shorter"),
     ({}, {"max_body_bytes": 0}, "ingress.max_body_bytes", "must be positive"),
     ({}, {"listen": "nowhere"}, "ingress.listen", "expected host:port"),
