@@ -51,6 +51,10 @@ _EVENT_COLUMNS = (
 )
 
 
+class _Contended(Exception):
+    """Another materializer settled one of a batch's receipts first (rolls the batch back)."""
+
+
 @attrs.frozen(kw_only=True)
 class IngressReceipt:
     """One verified delivery, as ingress made it durable."""
@@ -274,7 +278,50 @@ class IngressReceipts:
             if isinstance(s, Materialization) and len(s.events) != len(s.work):
                 raise ValueError("one WorkSpec per event")
 
-        async def body(tx: SqlTx) -> list[bool]:
+        async def write(tx: SqlTx, plans: list[Materialization]) -> None:
+            events = [e for p in plans for e in p.events]
+            if not events:
+                return
+            # Fresh keys: a WorkItem's dedupe key derives from an event id, and only the
+            # winner of its receipt's state CAS (this transaction) writes those.
+            results = await insert_work(tx, [w for p in plans for w in p.work], now_us,
+                                        fresh_dedupe_keys=True)
+            await tx.executemany(
+                f"INSERT INTO normalized_events ({_EVENT_COLUMNS}) VALUES"
+                f" ({', '.join('?' * 15)})",
+                [(e.event_id, e.receipt_id, e.event_index, e.provider, e.binding_id,
+                  e.event_name, e.kind, e.resource_type, e.resource_id, e.delivered_at,
+                  e.remote_updated_at, e.subscription_generation,
+                  json.dumps(e.attributes, sort_keys=True), res.work_id, now_us)
+                 for e, res in zip(events, results, strict=True)])
+
+        async def quarantine(tx: SqlTx, q: QuarantineParams) -> bool:
+            matched = await tx.execute(
+                "UPDATE ingress_receipts SET state = ?, quarantine_reason = ?,"
+                " quarantine_detail = ?, settled_at_us = ?, row_version = row_version + 1"
+                " WHERE receipt_id = ? AND state = ?",
+                (QUARANTINED, q.reason, q.detail[:500], now_us, q.receipt_id, RECEIVED))
+            return matched == 1
+
+        materialize = [s for s in settlements if isinstance(s, Materialization)]
+
+        async def bulk(tx: SqlTx) -> list[bool]:
+            """The usual case: nobody else settled any of them. One UPDATE for every
+            materialization, judged by matched rows; fewer matched -> row by row."""
+            if materialize:
+                ids = [m.receipt_id for m in materialize]
+                matched = await tx.execute(
+                    "UPDATE ingress_receipts SET state = ?, settled_at_us = ?,"
+                    " row_version = row_version + 1 WHERE state = ? AND receipt_id IN"
+                    f" ({', '.join('?' * len(ids))})", (MATERIALIZED, now_us, RECEIVED, *ids))
+                if matched != len(set(ids)):
+                    raise _Contended()
+            won = [True if isinstance(s, Materialization) else await quarantine(tx, s)
+                   for s in settlements]
+            await write(tx, materialize)
+            return won
+
+        async def one_by_one(tx: SqlTx) -> list[bool]:
             won: list[bool] = []
             plans: list[Materialization] = []
             for s in settlements:
@@ -285,28 +332,18 @@ class IngressReceipts:
                         (MATERIALIZED, now_us, s.receipt_id, RECEIVED))
                     if matched == 1:
                         plans.append(s)
+                    won.append(matched == 1)
                 else:
-                    matched = await tx.execute(
-                        "UPDATE ingress_receipts SET state = ?, quarantine_reason = ?,"
-                        " quarantine_detail = ?, settled_at_us = ?,"
-                        " row_version = row_version + 1 WHERE receipt_id = ? AND state = ?",
-                        (QUARANTINED, s.reason, s.detail[:500], now_us, s.receipt_id,
-                         RECEIVED))
-                won.append(matched == 1)
-            events = [e for p in plans for e in p.events]
-            if events:
-                results = await insert_work(tx, [w for p in plans for w in p.work], now_us)
-                await tx.executemany(
-                    f"INSERT INTO normalized_events ({_EVENT_COLUMNS}) VALUES"
-                    f" ({', '.join('?' * 15)})",
-                    [(e.event_id, e.receipt_id, e.event_index, e.provider, e.binding_id,
-                      e.event_name, e.kind, e.resource_type, e.resource_id, e.delivered_at,
-                      e.remote_updated_at, e.subscription_generation,
-                      json.dumps(e.attributes, sort_keys=True), res.work_id, now_us)
-                     for e, res in zip(events, results, strict=True)])
+                    won.append(await quarantine(tx, s))
+            await write(tx, plans)
             return won
 
-        return await self.db.transact(body, name="ingress.settle")
+        if len({m.receipt_id for m in materialize}) == len(materialize):
+            try:
+                return await self.db.transact(bulk, name="ingress.settle")
+            except _Contended:
+                pass
+        return await self.db.transact(one_by_one, name="ingress.settle")
 
     async def ingress_receipt_get(self, receipt_id: str) -> IngressReceipt | None:
         async def body(tx: SqlTx) -> IngressReceipt | None:
