@@ -12,8 +12,9 @@ served by hypercorn on trio on its own listener (``[ingress] listen``)::
     (a duplicate is 200 too); the spool full -> 503
 
 After the database failed to take a receipt in time, the following ones go straight to the
-spool for ``DB_SUSPECT_S`` (each would otherwise wait ``db_deadline`` first); then the next
-one tries the database again.
+spool for ``DB_SUSPECT_S`` (each would otherwise wait ``db_deadline`` first); then one
+receipt probes the database while the others still go to the spool, and its answer ends or
+renews the suspicion.
 
 Nothing else happens before the receipt is durable: no Flow, provider or Runtime work
 (the materializer reads receipts later). Every answer other than 200 is counted by
@@ -187,14 +188,18 @@ class IngressApp:
         result = None
         if trio.current_time() >= self._db_suspect_until:
             db_until = min(deadline, trio.current_time() + self.settings.db_deadline)
+            if self._db_suspect_until:
+                # The database failed us lately: this receipt probes it, alone; the others
+                # keep going to the spool until the probe has its answer.
+                self._db_suspect_until = db_until
             with trio.move_on_at(db_until):
                 try:
                     result = await self.insert(receipt, now_us)
                 except StorageError as exc:
                     logs.warn("ingress_database_unavailable", route=route.route,
                               error=str(exc)[:200])
-            if result is None:
-                self._db_suspect_until = trio.current_time() + DB_SUSPECT_S
+            self._db_suspect_until = (0.0 if result is not None
+                                      else trio.current_time() + DB_SUSPECT_S)
         if result is not None:
             outcome = "stored" if result.stored else "duplicate"
             self.metrics.count_ingress(outcome)
