@@ -76,6 +76,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python -m bench.kernel --backend sqlite --replicas 4 --items 20000
 	$(BIN)/python -m bench.effects --replicas 4 --effects 5000
 	$(BIN)/python -m bench.http_floor
+	$(BIN)/python -m bench.ingress
 
 clean:
 	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .hypothesis
