@@ -13,7 +13,8 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,bench]'
 	touch $@
 
-SECRETS := var/secrets/runtime-crm.token var/secrets/runtime-crm-results.token var/secrets/hubspot.token
+SECRETS := var/secrets/runtime-crm.token var/secrets/runtime-crm-results.token var/secrets/hubspot.token \
+           var/secrets/hubspot-webhook.token
 
 # Demo credentials for the sandbox and the console (random, never committed).
 var/secrets/%.token:
@@ -75,6 +76,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python -m bench.kernel --backend sqlite --replicas 4 --items 20000
 	$(BIN)/python -m bench.effects --replicas 4 --effects 5000
 	$(BIN)/python -m bench.http_floor
+	$(BIN)/python -m bench.ingress
 
 # Issue 12's torture run: replicas SIGKILLed, frozen past their lease and restarted, a
 # Galera node killed, a misbehaving provider; DURATION seconds of chaos shared by MariaDB,

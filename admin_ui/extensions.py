@@ -105,7 +105,8 @@ def section_json(section: LineageSection) -> dict[str, Any]:
 
 
 def combine(*parts: ConsoleExtensions) -> ConsoleExtensions:
-    """Several services' extensions as one (in order)."""
+    """Several capabilities' extensions as one, in order (the CLI composes the console
+    from them)."""
     out = ConsoleExtensions()
     for part in parts:
         out.lineage.extend(part.lineage)

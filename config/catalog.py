@@ -26,9 +26,11 @@ from config.definitions import (
     ObjectBinding,
     OperationDefinition,
     ResourceDefinition,
+    WebhookDefinition,
     parse_object_binding,
     parse_provider,
     parse_resources,
+    parse_webhooks,
 )
 from config.settings import BindingSettings, Settings
 from daemon.core.canonical import NotCanonical
@@ -58,6 +60,8 @@ class Catalog:
             if o.name == name:
                 return o
         return None
+    # L1 webhook route contracts by name (``[webhooks."<name>"]``).
+    webhooks: dict[str, WebhookDefinition] = attrs.field(factory=dict)
 
     def operation(self, name: str) -> OperationDefinition | None:
         return self.operations.get(name)
@@ -161,6 +165,18 @@ def load_object_binding_documents(directory: str | Path | Traversable = "") -> l
     return documents
 
 
+def webhooks_from_documents(documents: list[Any]) -> dict[str, WebhookDefinition]:
+    """Every L1 webhook route contract of these documents (names are unique)."""
+    webhooks: dict[str, WebhookDefinition] = {}
+    for doc in documents:
+        for name, webhook in parse_webhooks(doc).items():
+            if name in webhooks:
+                raise CatalogError(f"providers.{webhook.provider}.webhooks.{name}",
+                                   "duplicate webhook name")
+            webhooks[name] = webhook
+    return webhooks
+
+
 def load_definitions(directory: str | Path | Traversable = ""
                      ) -> tuple[dict[str, OperationDefinition], list[Any]]:
     """Every L1 definition (and the raw documents, for the digest)."""
@@ -214,6 +230,7 @@ def build_catalog(revision: int, documents: list[Any],
         content=content.decode(),
         resources=resources_,
         object_bindings=tuple(object_bindings),
+        webhooks=webhooks_from_documents(documents),
     )
 
 

@@ -43,6 +43,8 @@ from typing import Any
 import attrs
 
 from daemon.core.effects import OperationContract
+from daemon.core.ingress import BadPayloadSpec, PayloadSpec
+from daemon.core.webhook_signature import BadSignatureSpec, SignatureSpec
 from daemon.providers.template import BodyTemplate, PathTemplate, Pointer, TemplateError
 
 METHODS = ("GET", "POST", "PATCH", "PUT", "DELETE")
@@ -401,7 +403,8 @@ def parse_provider(doc: Mapping[str, Any], source: str = "") -> dict[str, Operat
                            "expected a lower-case provider name")
     if source and source != f"{provider}.toml":
         raise CatalogError(f"providers/{source}", "provider must match the file name")
-    unknown = sorted(set(doc) - {"provider", "auth", "operations", "resources", "quota"})
+    unknown = sorted(set(doc) - {"provider", "auth", "operations", "resources", "quota",
+                                 "webhooks"})
     if unknown:
         raise CatalogError(f"providers.{provider}.{unknown[0]}", "unknown key")
     schemes = _auth_schemes(provider, doc.get("auth", {}))
@@ -750,3 +753,124 @@ def _quotas(provider: str, raw: Any) -> tuple[QuotaDimension, ...]:
             raise CatalogError(f"{key}.scope", f"expected one of {', '.join(QUOTA_SCOPES)}")
         out.append(QuotaDimension(name=name, limit=limit, window_s=float(window), scope=scope))
     return tuple(out)
+
+
+# ------------------------------------------------------------------ webhook routes
+
+REDELIVERY = ("network_failure_only", "until_2xx")
+
+
+@attrs.frozen(kw_only=True)
+class WebhookDefinition:
+    """One L1 webhook route contract: how a provider signs, shapes and redelivers."""
+
+    name: str
+    provider: str
+    content_types: tuple[str, ...]
+    signature: SignatureSpec
+    payload: PayloadSpec
+    payload_version: int
+    # Seconds the provider waits for our answer, and when it sends again:
+    # "network_failure_only" (any HTTP status counts as delivered: an error loses the
+    # event) or "until_2xx" (it retries non-2xx answers).
+    response_window_s: float
+    redelivery: str
+
+
+_WEBHOOK_KEYS = frozenset({"content_types", "payload_version", "response_window",
+                           "redelivery", "signature", "payload"})
+_SIGNATURE_KEYS = frozenset({"header", "algorithm", "encoding", "signed", "timestamp_header",
+                             "timestamp_unit", "tolerance"})
+_PAYLOAD_KEYS = frozenset({"format", "batch", "event_name", "resource_type", "resource_id",
+                           "delivered_at", "attributes", "updated_at", "events",
+                           "delivery_id_header", "delivery_id_stable", "max_depth",
+                           "resource_type_fixed"})
+
+
+def _header_name(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not _TOKEN.match(value):
+        raise CatalogError(key, "expected an HTTP header name")
+    return value.lower()
+
+
+def _signature(key: str, raw: Any) -> SignatureSpec:
+    table = _table(key, raw, _SIGNATURE_KEYS)
+    timestamp_header = table.get("timestamp_header", "")
+    try:
+        return SignatureSpec(
+            header=_header_name(f"{key}.header", _req(key, table, "header", str)),
+            algorithm=_req(key, table, "algorithm", str),
+            encoding=_req(key, table, "encoding", str),
+            signed=_strings(f"{key}.signed", _req(key, table, "signed", list)),
+            timestamp_header=(_header_name(f"{key}.timestamp_header", timestamp_header)
+                              if timestamp_header else ""),
+            timestamp_unit=str(table.get("timestamp_unit", "s")),
+            tolerance_s=_number(key, table, "tolerance", 300.0),
+        )
+    except BadSignatureSpec as exc:
+        field, _, message = str(exc).partition(": ")
+        raise CatalogError(f"{key}.{field}", message) from None
+
+
+def _payload(key: str, raw: Any) -> PayloadSpec:
+    table = _table(key, raw, _PAYLOAD_KEYS)
+    events = _table(f"{key}.events", _req(key, table, "events", dict))
+    kwargs: dict[str, Any] = {}
+    for name in ("format", "event_name", "resource_type", "resource_id", "delivered_at",
+                 "attributes", "updated_at", "resource_type_fixed"):
+        if name in table:
+            kwargs[name] = _req(key, table, name, str)
+    if "delivery_id_header" in table:
+        kwargs["delivery_id_header"] = _header_name(f"{key}.delivery_id_header",
+                                                    table["delivery_id_header"])
+    for name in ("batch", "delivery_id_stable"):
+        if name in table:
+            kwargs[name] = _bool(f"{key}.{name}", table[name])
+    if "max_depth" in table:
+        kwargs["max_depth"] = _req(key, table, "max_depth", int)
+    for event, kind in events.items():
+        if not isinstance(kind, str):
+            raise CatalogError(f"{key}.events.{event}", "expected created, updated or"
+                               " destroyed")
+    try:
+        return PayloadSpec(events=dict(events), **kwargs)
+    except BadPayloadSpec as exc:
+        field, _, message = str(exc).partition(": ")
+        raise CatalogError(f"{key}.{field}", message) from None
+
+
+def _webhook(provider: str, name: str, raw: Any) -> WebhookDefinition:
+    key = f"providers.{provider}.webhooks.{name}"
+    table = _table(key, raw, _WEBHOOK_KEYS)
+    types = _strings(f"{key}.content_types", _req(key, table, "content_types", list))
+    for media in types:
+        if not _MEDIA_TYPE.match(media):
+            raise CatalogError(f"{key}.content_types", f"{media!r} is not a media type")
+    redelivery = _req(key, table, "redelivery", str)
+    if redelivery not in REDELIVERY:
+        raise CatalogError(f"{key}.redelivery", f"expected one of {', '.join(REDELIVERY)}")
+    window = _number(key, table, "response_window", 5.0)
+    if window <= 0:
+        raise CatalogError(f"{key}.response_window", "must be positive")
+    version = table.get("payload_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise CatalogError(f"{key}.payload_version", "expected a positive integer")
+    if "signature" not in table:
+        raise CatalogError(f"{key}.signature", "missing")
+    if "payload" not in table:
+        raise CatalogError(f"{key}.payload", "missing")
+    return WebhookDefinition(
+        name=name, provider=provider,
+        content_types=tuple(t.split(";")[0].strip().lower() for t in types),
+        signature=_signature(f"{key}.signature", table["signature"]),
+        payload=_payload(f"{key}.payload", table["payload"]),
+        payload_version=version, response_window_s=window, redelivery=redelivery,
+    )
+
+
+def parse_webhooks(doc: Mapping[str, Any]) -> dict[str, WebhookDefinition]:
+    """Every webhook route contract of one provider document (``[webhooks."<name>"]``),
+    validated (pure). Call :func:`parse_provider` first: it checks the document's shape."""
+    provider = str(doc.get("provider"))
+    webhooks = _table(f"providers.{provider}.webhooks", doc.get("webhooks", {}))
+    return {name: _webhook(provider, name, table) for name, table in webhooks.items()}

@@ -25,7 +25,12 @@ from typing import Any
 
 import attrs
 
-from config.catalog import CatalogError, load_definitions
+from config.catalog import (
+    CatalogError,
+    load_definitions,
+    load_documents,
+    webhooks_from_documents,
+)
 from config.settings import (
     AUTH_KINDS,
     FAMILY_DEFAULTS,
@@ -35,6 +40,7 @@ from config.settings import (
     BindingSettings,
     CatalogSettings,
     FamilySettings,
+    IngressSettings,
     KeysSettings,
     Operator,
     ReplicaSettings,
@@ -42,6 +48,7 @@ from config.settings import (
     Secret,
     Settings,
     StorageSettings,
+    WebhookRoute,
     WorkSettings,
 )
 
@@ -54,8 +61,9 @@ _SECTIONS: dict[str, type[Any]] = {
     "api": ApiSettings,
     "catalog": CatalogSettings,
     "keys": KeysSettings,
+    "ingress": IngressSettings,
 }
-_ARRAYS = ("families", "operators", "runtimes", "bindings")
+_ARRAYS = ("families", "operators", "runtimes", "bindings", "webhook_routes")
 
 
 class ConfigError(Exception):
@@ -354,6 +362,9 @@ def parse_settings(
     keys = _build("keys", KeysSettings, raw.get("keys", {}))
     bindings = _bindings(raw.get("bindings", []), environ)
     _l2_only_lengthens_l1(bindings, catalog.definitions_dir)
+    ingress = _ingress(raw.get("ingress", {}))
+    routes = _webhook_routes(raw.get("webhook_routes", []), environ, bindings, ingress,
+                             catalog.definitions_dir)
     return Settings(
         storage=storage,
         replica=replica,
@@ -366,6 +377,8 @@ def parse_settings(
         bindings=bindings,
         catalog=catalog,
         keys=keys,
+        ingress=ingress,
+        webhook_routes=routes,
         base_dir=base_dir,
     )
 
@@ -475,6 +488,79 @@ def _binding_auth(key: str, b: BindingSettings, *, declared: bool) -> None:
     if b.client_secret is None:
         raise ConfigError(f"{key}.client_secret_file", "auth = \"grant\" needs the OAuth"
                           " client secret")
+
+
+_ROUTE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+
+
+def _ingress(value: Any) -> IngressSettings:
+    ingress: IngressSettings = _build("ingress", IngressSettings, value)
+    if ingress.listen:
+        _parse_listen("ingress.listen", ingress.listen)
+    for name in ("max_body_bytes", "max_header_bytes", "request_deadline", "db_deadline",
+                 "spool_max_bytes", "retention_days", "forward_interval",
+                 "materialize_interval", "materialize_batch"):
+        _positive(f"ingress.{name}", getattr(ingress, name))
+    if ingress.db_deadline >= ingress.request_deadline:
+        raise ConfigError("ingress.db_deadline", "must be shorter than ingress.request_deadline"
+                          " (the spool needs the rest)")
+    if not ingress.spool_dir:
+        raise ConfigError("ingress.spool_dir", "must not be empty")
+    return ingress
+
+
+def _webhook_routes(value: Any, environ: Mapping[str, str],
+                    bindings: tuple[BindingSettings, ...], ingress: IngressSettings,
+                    definitions_dir: str) -> tuple[WebhookRoute, ...]:
+    tables = _array("webhook_routes", value)
+    if not tables:
+        return ()
+    try:
+        webhooks = webhooks_from_documents(load_documents(definitions_dir))
+    except CatalogError as exc:
+        raise ConfigError(exc.key, str(exc).partition(": ")[2]) from None
+    out: list[WebhookRoute] = []
+    for i, table in enumerate(tables):
+        key = f"webhook_routes[{i}]"
+        _no_inline_secret(key, table, ("secret", "previous_secret"))
+        r = _build(key, WebhookRoute, table, skip=("secret_file", "previous_secret_file"))
+        if not _ROUTE_NAME.fullmatch(r.route):
+            raise ConfigError(f"{key}.route", "expected 1-63 of a-z, 0-9, '-' and '_'")
+        if any(o.route == r.route for o in out):
+            raise ConfigError(f"{key}.route", f"duplicate route {r.route!r}")
+        binding = next((b for b in bindings if b.binding_id == r.binding_id), None)
+        if binding is None:
+            raise ConfigError(f"{key}.binding_id", f"no [[bindings]] entry {r.binding_id!r}")
+        webhook = webhooks.get(r.webhook)
+        if webhook is None:
+            raise ConfigError(f"{key}.webhook", f"no L1 webhook contract {r.webhook!r}"
+                              f" (declared: {', '.join(sorted(webhooks)) or 'none'})")
+        if webhook.provider != binding.provider:
+            raise ConfigError(f"{key}.webhook", f"{r.webhook!r} belongs to"
+                              f" {webhook.provider!r}, the binding to {binding.provider!r}")
+        # The body may take request_deadline, and the receipt as long again.
+        if 2 * ingress.request_deadline >= webhook.response_window_s:
+            raise ConfigError("ingress.request_deadline",
+                              f"twice {ingress.request_deadline:g} s (the body, then the"
+                              " receipt) is not inside the"
+                              f" {webhook.response_window_s:g} s response window of"
+                              f" {r.webhook}")
+        _positive(f"{key}.subscription_generation", r.subscription_generation)
+        if r.public_url and not r.public_url.startswith(("http://", "https://")):
+            raise ConfigError(f"{key}.public_url", "expected an http:// or https:// URL")
+        env = _env_name(r.route)
+        r = attrs.evolve(
+            r,
+            secret=load_secret(key=f"{key}.secret", credential=f"webhook-{r.route}-secret",
+                               file_path=table.get("secret_file"),
+                               env_var=f"INTEGRATIOND_WEBHOOK_{env}_SECRET", environ=environ),
+            previous_secret=load_secret(
+                key=f"{key}.previous_secret", credential=f"webhook-{r.route}-previous-secret",
+                file_path=table.get("previous_secret_file"),
+                env_var=f"INTEGRATIOND_WEBHOOK_{env}_PREVIOUS_SECRET", environ=environ),
+        )
+        out.append(r)
+    return tuple(out)
 
 
 # L2 binding setting -> the L1 contract value it may only lengthen.

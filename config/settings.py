@@ -201,6 +201,52 @@ class CatalogSettings:
 
 
 @attrs.frozen(kw_only=True)
+class IngressSettings:
+    """The webhook ingress listener (``POST /hooks/{route}``) and its local spool."""
+
+    # "" = no ingress listener (no [[webhook_routes]] either).
+    listen: str = "127.0.0.1:8782"
+    max_body_bytes: int = 1024 * 1024
+    # The request line and headers together (hypercorn refuses more with 431/400).
+    max_header_bytes: int = 16 * 1024
+    # Seconds for the body to arrive (408 after it), and again for the receipt to be made
+    # durable: twice this must be inside every route's L1 response_window.
+    request_deadline: float = 2.0
+    # How long the database may take to make a receipt durable before it goes to the
+    # spool instead (within request_deadline).
+    db_deadline: float = 0.75
+    # The local spool (relative to the working directory): append-only, fsynced files.
+    spool_dir: str = "var/spool/ingress"
+    spool_max_bytes: int = 256 * 1024 * 1024
+    # Receipts (and so exact dedup) are kept this long.
+    retention_days: float = 14.0
+    forward_interval: float = 1.0
+    materialize_interval: float = 0.5
+    materialize_batch: int = 64
+
+
+@attrs.frozen(kw_only=True)
+class WebhookRoute:
+    """An L2 webhook route (``[[webhook_routes]]``): ``POST /hooks/<route>`` receives the
+    deliveries of one L1 webhook contract for one binding."""
+
+    route: str
+    binding_id: str
+    webhook: str                 # the L1 ``[webhooks."<name>"]`` contract
+    subscription_generation: int = 1
+    # The URL the provider calls, when its signature covers the URI (behind a proxy
+    # the request's own URL is not it); "" = the request's own.
+    public_url: str = ""
+    # Active secrets, newest first (during a rotation both the new and the previous one).
+    secret: Secret | None = None
+    previous_secret: Secret | None = None
+
+    def secrets(self) -> tuple[bytes, ...]:
+        return tuple(s.reveal().encode() for s in (self.secret, self.previous_secret)
+                     if s is not None)
+
+
+@attrs.frozen(kw_only=True)
 class Settings:
     storage: StorageSettings = StorageSettings()
     replica: ReplicaSettings = ReplicaSettings()
@@ -213,6 +259,8 @@ class Settings:
     bindings: tuple[BindingSettings, ...] = ()
     catalog: CatalogSettings = CatalogSettings()
     keys: KeysSettings = KeysSettings()
+    ingress: IngressSettings = IngressSettings()
+    webhook_routes: tuple[WebhookRoute, ...] = ()
     # Directory that relative paths (the SQLite file) resolve against.
     base_dir: str = "."
 

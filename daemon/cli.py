@@ -225,6 +225,7 @@ async def _cmd_run(settings: Settings) -> int:
     from admin_ui.app import console_factory
     from admin_ui.effects import effect_extensions
     from admin_ui.extensions import combine
+    from admin_ui.ingress import ingress_extensions
     from admin_ui.sync import sync_extensions
     from daemon.services.assembly import assemble
     from daemon.services.metrics import Metrics
@@ -259,14 +260,17 @@ async def _cmd_run(settings: Settings) -> int:
         # the services never import the console, nor the console the replica.
         admin_app = console_factory(combine(
             effect_extensions(parts.catalog, parts.catalogs.pinned),
-            sync_extensions(parts.catalog)))
+            sync_extensions(parts.catalog), ingress_extensions()))
         replica = Replica(settings, store, parts.registry, clock, metrics=metrics,
                           api_app=parts.api_app, admin_app=admin_app,
+                          ingress_app=parts.ingress.app if parts.ingress else None,
                           startup_checks=(catalog_published, bindings_bootstrapped))
         if parts.api_context is not None:
             parts.api_context.wake = replica.wake
         if settings.replica.id:
             replica.replica_id = settings.replica.id
+        if parts.ingress is not None:
+            parts.ingress.app.replica_id = replica.replica_id
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_watch_signals, replica)
@@ -481,7 +485,8 @@ def _report(exc: BaseException, settings: Settings) -> int | None:
     if isinstance(exc, ConfigError):  # raised late, e.g. by the sandbox
         line, code = f"config error: {exc}", EXIT_USAGE
     elif isinstance(exc, ListenerError):
-        named = {settings.api.listen: "api", settings.admin.listen: "admin"}
+        named = {settings.ingress.listen: "ingress", settings.api.listen: "api",
+                 settings.admin.listen: "admin"}
         line, code = exc.line(named.get(exc.listen)), EXIT_USAGE
     elif isinstance(exc, BadRequest | UnknownFamily | CliRefused | ReplicaIdInUse):
         line, code = str(exc), EXIT_USAGE

@@ -11,6 +11,7 @@ from storage.dialect import Dialect
 from storage.effects import EffectJournal
 from storage.flow import FlowReads
 from storage.grants import AuthorizationGrants
+from storage.ingress.receipts import IngressReceipts
 from storage.links import RemoteLinks
 from storage.port import Database
 from storage.principals import PrincipalBindings
@@ -26,6 +27,7 @@ class WorkStore(
     WorkClaims, WorkAdmin, WorkExecutions, WorkRollback, CommandInbox, EffectJournal,
     RemoteLinks, CommandRepair, QuotaLedger, AuthorizationGrants, PrincipalBindings,
     RefreshLeases, CatalogRevisions, FlowReads, CutoverSteps, LegacyOutcomes,
+    IngressReceipts,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import attrs
 from quart_trio import QuartTrio
@@ -26,13 +27,67 @@ from daemon.services.credentials import Credentials, build_credentials
 from daemon.services.effect_runner import EffectRunner, effect_handler, replay_refusal
 from daemon.services.families import FamilyRegistry, build_registry, noop_handler
 from daemon.services.inbound_flow import InboundFlow, inbound_handler
+from daemon.services.ingress import IngressApp, bind_routes
+from daemon.services.ingress_spool import IngressSpool, SpoolForwarder
+from daemon.services.materializer import Materializer
 from daemon.services.metrics import Metrics
 from daemon.services.receipt_sender import ReceiptSender, receipt_handler
 from daemon.services.reconcile import RECONCILE_FAMILY, CursorReconciler, reconcile_handler
 from storage.commands import EFFECT_FAMILY
 from storage.effects import RECEIPT_FAMILY, EffectContextRow
+from storage.ingress.receipts import IngressReceipt, ReceiptInsert
 from storage.port import StorageError
 from storage.work_store import WorkStore
+
+
+@attrs.define(eq=False)
+class Ingress:
+    """The webhook ingress parts: the listener's app, its spool, forwarder, materializer."""
+
+    app: IngressApp
+    spool: IngressSpool
+    forwarder: SpoolForwarder
+    materializer: Materializer
+    receipts: Batcher[IngressReceipt, ReceiptInsert]
+
+
+def build_ingress(settings: Settings, store: WorkStore, clock: Clock, metrics: Metrics,
+                  catalog: Catalog) -> Ingress | None:
+    """The ingress parts, when ``[[webhook_routes]]`` are configured and ``[ingress] listen``
+    is set. The spool directory is created and its leftover segments counted here."""
+    s = settings.ingress
+    if not settings.webhook_routes or not s.listen:
+        return None
+    directory = Path(s.spool_dir)
+    if not directory.is_absolute():
+        directory = Path(settings.base_dir) / directory
+    spool = IngressSpool(directory, s.spool_max_bytes, on_change=metrics.set_spool)
+    spool.open()
+
+    async def flush(batch: Sequence[IngressReceipt]) -> Sequence[ReceiptInsert | StorageError]:
+        return await store.ingress_receipts_insert(batch, clock.now_us())
+
+    # Concurrent deliveries' receipts share one transaction (one fsync / COMMIT).
+    receipts: Batcher[IngressReceipt, ReceiptInsert] = Batcher(flush, max_batch=256)
+
+    async def insert(receipt: IngressReceipt, now_us: int) -> ReceiptInsert:
+        return await receipts.submit(receipt)
+
+    app = IngressApp(settings=s, routes=bind_routes(settings.webhook_routes, catalog.webhooks),
+                     clock=clock, insert=insert, spool=spool, metrics=metrics)
+
+    async def forward(receipt: IngressReceipt) -> object:
+        return await store.ingress_receipt_insert(receipt, clock.now_us())
+
+    forwarder = SpoolForwarder(spool, forward, interval_s=s.forward_interval,
+                               on_forwarded=metrics.ingress_spool_forwarded.inc)
+    materializer = Materializer(store=store, catalog=catalog,
+                                routes={r.route: r for r in settings.webhook_routes},
+                                clock=clock, metrics=metrics, batch=s.materialize_batch,
+                                interval_s=s.materialize_interval,
+                                retention_s=s.retention_days * 86400.0)
+    app.on_stored = materializer.wake
+    return Ingress(app, spool, forwarder, materializer, receipts)
 
 
 @attrs.define(eq=False)
@@ -44,6 +99,7 @@ class Assembly:
     registry: FamilyRegistry
     api_context: ApiContext | None
     api_app: QuartTrio | None
+    ingress: Ingress | None = None
 
     # Where effects get their access tokens (static, or grants through the token owner).
     credentials: Credentials = attrs.Factory(Credentials)
@@ -129,5 +185,11 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         if metrics is not None:
             context.on_admission = metrics.count_admission
         app = create_api_app(context)
+    ingress = None
+    if metrics is not None:
+        ingress = build_ingress(settings, store, clock, metrics, catalog)
+        if ingress is not None:
+            registry.services.extend([ingress.receipts.run, ingress.forwarder.run,
+                                      ingress.materializer.run])
     return Assembly(catalog, catalogs, executor, runtime_client, registry, context, app,
-                    credentials)
+                    ingress, credentials)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+from typing import Any
 
 import trio
 from hypercorn.config import Config
@@ -87,14 +88,18 @@ def bind_listener(listen: str, listener: str | None = None) -> socket.socket:
 
 
 async def serve_app(
-    app: QuartTrio,
+    app: QuartTrio | Any,
     listen: str,
     *,
     name: str | None = None,
     graceful_timeout_s: float = 5.0,
+    max_header_bytes: int | None = None,
+    keep_alive_timeout_s: float | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``app`` on ``listen`` (``host:port``; port 0 picks one) until cancelled."""
+    """Serve ``app`` (any ASGI app) on ``listen`` (``host:port``; port 0 picks one) until
+    cancelled. ``max_header_bytes`` bounds the request line and headers;
+    ``keep_alive_timeout_s`` also bounds a client that sends its headers slowly."""
     sock = bind_listener(listen, name)
     config = Config()
     # Hypercorn adopts the bound socket (and closes it when done).
@@ -103,6 +108,10 @@ async def serve_app(
     config.errorlog = _http_logger()
     config.graceful_timeout = graceful_timeout_s
     config.include_server_header = False
+    if max_header_bytes is not None:
+        config.h11_max_incomplete_size = max_header_bytes
+    if keep_alive_timeout_s is not None:
+        config.keep_alive_timeout = keep_alive_timeout_s
 
     async def hypercorn_serve(
         *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED

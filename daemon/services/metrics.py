@@ -28,6 +28,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from daemon.core.ingress import QUARANTINE_REASONS
 from storage.port import DbStats, QueueDepth
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -54,6 +55,13 @@ RECEIPT_RESULTS = ("confirmed", "already_confirmed", "missing", "not_configured"
 # Pre-created label values (the alert rules read them before the first event).
 CREDENTIAL_ALERT_REASONS = ("needs_reauthorization", "token_bundle_unauthentic")
 QUOTA_EVENTS = ("reserved", "waited", "throttled", "given_back")
+# Result labels of integrationd_ingress_deliveries_total (answered 200) and reasons of
+# integrationd_ingress_rejections_total (answered otherwise, before a durable receipt).
+INGRESS_RESULTS = ("stored", "duplicate", "spooled")
+INGRESS_REJECTIONS = ("unknown_route", "method", "content_type", "too_large", "deadline",
+                      "missing_signature", "bad_signature", "missing_timestamp",
+                      "bad_timestamp", "stale_timestamp", "no_secret", "spool_full",
+                      "disconnected")
 
 
 def admission_result(admission: str, created: bool) -> str:
@@ -276,6 +284,74 @@ class Metrics:
         for event in QUOTA_EVENTS:
             self.quota_events.labels(event)
         self._depth_keys: set[tuple[str, str]] = set()
+        self._ingress(r)
+
+    def _ingress(self, r: CollectorRegistry) -> None:
+        self.ingress_deliveries = Counter(
+            "integrationd_ingress_deliveries",
+            "Webhook deliveries this replica answered 200, by how the receipt became durable",
+            ["result"],
+            registry=r,
+        )
+        for result in INGRESS_RESULTS:
+            self.ingress_deliveries.labels(result)
+        self.ingress_rejections = Counter(
+            "integrationd_ingress_rejections",
+            "Webhook requests refused or timed out before a durable receipt, by reason",
+            ["reason"],
+            registry=r,
+        )
+        for reason in INGRESS_REJECTIONS:
+            self.ingress_rejections.labels(reason)
+        self.ingress_seconds = Histogram(
+            "integrationd_ingress_seconds",
+            "Time from a webhook request's start to its answer (seconds)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0),
+            registry=r,
+        )
+        self.ingress_spool_depth = Gauge(
+            "integrationd_ingress_spool_depth",
+            "Receipts in this replica's local spool, not yet forwarded to the database",
+            registry=r,
+        )
+        self.ingress_spool_oldest_received = Gauge(
+            "integrationd_ingress_spool_oldest_received_seconds",
+            "Unix time the oldest spooled receipt was received (0: the spool is empty)",
+            registry=r,
+        )
+        self.ingress_spool_forwarded = Counter(
+            "integrationd_ingress_spool_forwarded",
+            "Spooled receipts this replica moved into the database",
+            registry=r,
+        )
+        self.ingress_materialized = Counter(
+            "integrationd_ingress_materialized",
+            "Receipts this replica settled: materialized into events, or quarantined",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in ("materialized", "quarantined"):
+            self.ingress_materialized.labels(outcome)
+        self.ingress_quarantined = Counter(
+            "integrationd_ingress_quarantined",
+            "Receipts this replica quarantined, by stable reason",
+            ["reason"],
+            registry=r,
+        )
+        for reason in sorted(QUARANTINE_REASONS):
+            self.ingress_quarantined.labels(reason)
+
+    def count_ingress(self, result: str) -> None:
+        if result in INGRESS_RESULTS:
+            self.ingress_deliveries.labels(result).inc()
+        elif result in INGRESS_REJECTIONS:
+            self.ingress_rejections.labels(result).inc()
+        else:
+            raise ValueError(f"unknown ingress result {result!r}")
+
+    def set_spool(self, depth: int, oldest_us: int | None) -> None:
+        self.ingress_spool_depth.set(depth)
+        self.ingress_spool_oldest_received.set(0 if oldest_us is None else oldest_us / 1e6)
 
     def count_admission(self, request: str, admission: str, created: bool) -> None:
         """One answered ``/v1/`` admission request (``request``: command or reject)."""

@@ -8,7 +8,9 @@ ready::
     Replica.run
     |- admin HTTP server (the console, /metrics, /healthz, /readyz)
     |- service API (/v1/, when [[runtimes]] are configured)
-    |  (both bound first: a port in use fails at once; /readyz says "not ready"
+    |- webhook ingress (POST /hooks/{route}, when [[webhook_routes]] are configured;
+    |  its spool forwarder and materializer run with the family services)
+    |  (all bound first: a port in use fails at once; /readyz says "not ready"
     |  while the start-up waits for the database, checks the schema and claims
     |  the replica id, see daemon/core/replica_identity.py)
     |- heartbeat (replicas table: seen, running/draining)
@@ -39,11 +41,13 @@ reports with its own exit code.
 from __future__ import annotations
 
 import collections.abc
+import functools
 import json
 import os
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import trio
@@ -120,6 +124,10 @@ class Replica:
     # The service API (/v1/) for the Runtime, served on [api] listen when set.
     api_app: QuartTrio | None = None
     api_address: str | None = None
+    # The webhook ingress app (POST /hooks/{route}), served on [ingress] listen when set.
+    # Bound before the database is awaited: a delivery is spooled while it is down.
+    ingress_app: Any = None
+    ingress_address: str | None = None
     schedulers: dict[str, Scheduler] = attrs.field(factory=dict)
     pool: WorkerPool | None = None
     history: collections.deque[HistoryPoint] = attrs.field(
@@ -202,6 +210,14 @@ class Replica:
                 self.api_address = await services.start(
                     serve_app, self.api_app, self.settings.api.listen
                 )
+            if self.ingress_app is not None:
+                ingress = self.settings.ingress
+                self.ingress_address = await services.start(
+                    functools.partial(serve_app, name="ingress",
+                                      max_header_bytes=ingress.max_header_bytes,
+                                      keep_alive_timeout_s=ingress.request_deadline),
+                    self.ingress_app, ingress.listen,
+                )
 
             # Start-up: listeners are bound (a port in use has failed by now) and
             # /readyz answers "not ready" while we wait for the database.
@@ -225,6 +241,7 @@ class Replica:
                 replica=self.replica_id,
                 admin=self.admin_address,
                 api=self.api_address,
+                ingress=self.ingress_address,
                 backend=self.store.db.backend,
                 families=",".join(self.registry.names()),
             )

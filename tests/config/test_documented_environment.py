@@ -81,6 +81,13 @@ def _probe_secret(name: str) -> None:
         binding_id = m.group(1).lower().replace("_", "-")
         (binding,) = _settings(env, {"bindings": [_binding(binding_id)]}).bindings
         assert binding.token is not None
+    elif (m := re.fullmatch(r"WEBHOOK_([A-Z0-9_]+?)(_PREVIOUS)?_SECRET", body)):
+        route_name = m.group(1).lower().replace("_", "-")
+        (route,) = _settings(env, {
+            "bindings": [{**_binding("b"), "provider": "hubspot"}],
+            "webhook_routes": [{"route": route_name, "binding_id": "b",
+                                "webhook": "hubspot.contact_events"}]}).webhook_routes
+        assert (route.previous_secret if m.group(2) else route.secret) is not None
     else:
         raise AssertionError(f"{name} is documented, but nothing reads it")
 

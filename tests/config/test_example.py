@@ -16,13 +16,14 @@ from config.settings import (
     FamilySettings,
     Operator,
     RuntimeClient,
+    WebhookRoute,
 )
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "example.toml"
 # Every section the loader reads, and one table of each array (families by example).
 SECTIONS: dict[str, type[Any]] = {
     **_SECTIONS, "families.noop": FamilySettings, "runtimes": RuntimeClient,
-    "bindings": BindingSettings, "operators": Operator,
+    "bindings": BindingSettings, "operators": Operator, "webhook_routes": WebhookRoute,
 }
 _HEADER = re.compile(r"^\[\[?([a-z_.]+)\]\]?\s*$")
 _KEY = re.compile(r"^#?\s*([a-z_]+)\s*=")

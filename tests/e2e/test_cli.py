@@ -171,7 +171,8 @@ def test_check_config_prints_every_section_with_secrets_as_set_or_unset(
     secrets = tmp_path / "secrets"
     secrets.mkdir()
     text = example.read_text().replace("var/secrets/", f"{secrets}/")
-    for name in ("runtime-crm.token", "runtime-crm-results.token", "hubspot.token"):
+    for name in ("runtime-crm.token", "runtime-crm-results.token", "hubspot.token",
+                 "hubspot-webhook.token"):
         (secrets / name).write_text(f"value-of-{name}\n")
     # A real argon2 hash, so the operator's hash file loads.
     for who in ("admin", "viewer"):

@@ -190,3 +190,39 @@ async def test_log_events_are_stable_names_never_a_server_banner(
     listening = next(e for e in a.events() if e["event"] == "http_listening")
     assert listening["address"] == a.admin
     assert plain_lines(a.log.read_text()) == []  # every stderr line is a structured event
+
+
+INGRESS_ROUTE = """
+[[bindings]]
+binding_id = "o"
+provider = "outreach"
+org_id = "org"
+app_installation_id = "i"
+remote_account_id = "a"
+base_url = "http://127.0.0.1:1"
+
+[[webhook_routes]]
+route = "o"
+binding_id = "o"
+webhook = "outreach.prospect_events"
+"""
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+async def test_ingress_port_in_use_names_the_ingress_listener(
+    backend: str, database: FreshDatabase, tmp_path: Path
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = write_config(tmp_path / "a.toml", database.url, extra=(
+            f'\n[ingress]\nlisten = "127.0.0.1:{port}"\nspool_dir = "spool"\n'
+            + INGRESS_ROUTE))
+        a = await start_replica(cfg, "a", wait_ready=False)
+        assert await a.wait(within_s=60) == EXIT_USAGE
+    text = a.log.read_text()
+    assert "Traceback" not in text
+    assert plain_lines(text) == [
+        f"integrationd: ingress listener 127.0.0.1:{port}: port {port} is already in use"
+    ]

@@ -28,6 +28,7 @@ from daemon.core.principals import BindingEvent, BindingIdentity, PrincipalKind,
 from daemon.core.quota import QuotaPolicy, ReservationState
 from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, TokenKey, seal
 from storage.grants import GrantState
+from storage.ingress.receipts import QuarantineParams, ReceiptQuery
 from storage.migrate import migrate
 from storage.port import (
     Database,
@@ -44,6 +45,7 @@ from storage.refresh_leases import refresh_lease_acquire
 from storage.work_rollback import LegacyReceipt
 from storage.work_store import WorkStore
 from tests.support.backends import fresh_database
+from tests.support.ingress import materialization, receipt
 from tests.support.work import SEC, T0, claim, enqueue, finalize, spec
 
 T = TypeVar("T")
@@ -170,6 +172,7 @@ async def _workload(store: WorkStore) -> None:
     await store.quota_reservations("W")
     await _credentials_workload(store)
     await _cutover_workload(store)
+    await _ingress_workload(store)
 
 
 async def _cutover_workload(store: WorkStore) -> None:
@@ -203,6 +206,25 @@ async def _cutover_workload(store: WorkStore) -> None:
     await store.process_mark_gone("l1", params("moved"), T0)
     await legacy.events(store, "moved")
     assert event
+
+
+async def _ingress_workload(store: WorkStore) -> None:
+    """Receipts and normalized events: every statement they emit."""
+    first, second = receipt(1), receipt(2)
+    await store.ingress_receipt_insert(first, T0)
+    await store.ingress_receipt_insert(receipt(3, key=first.dedup_key), T0)
+    await store.ingress_receipt_insert(second, T0)
+    await store.ingress_receipts_pending(10)
+    await store.ingress_receipts_pending(10, ["r", "s"])
+    await store.ingress_materialize(materialization(first), T0)
+    await store.ingress_quarantine(QuarantineParams(receipt_id=second.receipt_id,
+                                                    reason="malformed", detail="d"), T0)
+    await store.ingress_receipt_get(first.receipt_id)
+    await store.ingress_receipt_list(ReceiptQuery(state="received", route="r",
+                                                  before_id="Z"))
+    await store.ingress_events_of(first.receipt_id)
+    await store.ingress_counts()
+    await store.ingress_prune(T0 + 10**12)
 
 
 async def _credentials_workload(store: WorkStore) -> None:

@@ -1,0 +1,290 @@
+"""Webhook ingress decisions (pure): the dedup identity of a delivery, and a receipt's
+body -> the events it carries, or why it is quarantined.
+
+Theory of operation
+-------------------
+Ingress keeps every verified delivery as an ``IngressReceipt`` before it answers 200;
+the materializer later turns one receipt into its ``NormalizedEvent`` values. Both steps
+use the L1 route contract's :class:`PayloadSpec` (where the event name, the resource
+type and id, the delivered-at value and the attributes are: RFC 6901 pointers).
+
+Dedup identity (seed 7, :func:`dedup_key`): the provider's delivery id only when L1
+declares it *stable across redeliveries*; otherwise a digest over the subscription
+generation, event name, resource type, resource id, delivered-at value and the SHA-256
+of the raw body. A redelivery with a new per-request id therefore collapses to the same
+key. The key is computed from a best-effort read of the body (:func:`identity_fields`):
+a body that is not JSON has empty fields and its raw hash still tells it apart.
+
+Normalization (:func:`normalize`) is strict, and everything it refuses has a stable
+reason, so a quarantined receipt says why: ``not_utf8``, ``malformed``, ``too_deep``,
+``duplicate_keys``, ``not_jsonapi``, ``unknown_event``, ``missing_field``,
+``unsupported_number`` (a float: the InboundChange payload is canonical JSON, which has
+none). A batch route (a JSON array of events) yields one event per element.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, Final
+
+import attrs
+import jsonpointer
+
+from daemon.core.json_input import MAX_DEPTH, depth
+
+KEY_PREFIX: Final = "wh"
+QUARANTINE_REASONS: Final = frozenset({
+    "not_utf8", "malformed", "too_deep", "duplicate_keys", "not_jsonapi", "unknown_event",
+    "missing_field", "unsupported_number", "too_many_events",
+})
+FORMATS: Final = frozenset({"jsonapi", "json"})
+MAX_BATCH_EVENTS: Final = 1000
+
+
+class BadPayloadSpec(ValueError):
+    """An L1 payload contract that cannot be used (names the field)."""
+
+
+def _check_pointer(name: str, text: str) -> None:
+    try:
+        jsonpointer.JsonPointer(text)
+    except jsonpointer.JsonPointerException:
+        raise BadPayloadSpec(f"{name}: malformed JSON pointer {text!r}") from None
+
+
+@attrs.frozen(kw_only=True)
+class PayloadSpec:
+    """Where one provider's webhook body holds what the materializer needs (L1 data)."""
+
+    format: str = "jsonapi"           # jsonapi: data.type/data.id must be present
+    batch: bool = False               # the body is a JSON array of events
+    event_name: str = "/meta/eventName"
+    resource_type: str = "/data/type"
+    resource_id: str = "/data/id"
+    delivered_at: str = "/meta/deliveredAt"
+    attributes: str = "/data/attributes"  # "" = the events carry no attributes
+    updated_at: str = ""              # "" = not carried
+    # A resource type every event of the route has (when the body does not name one).
+    resource_type_fixed: str = ""
+    # event name -> InboundChange kind (created | updated | destroyed)
+    events: Mapping[str, str] = attrs.field(factory=dict)
+    # The provider's delivery id header, and whether a redelivery repeats it.
+    delivery_id_header: str = ""
+    delivery_id_stable: bool = False
+    max_depth: int = MAX_DEPTH
+
+    def __attrs_post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise BadPayloadSpec(f"format: {self.format!r} is not one of {sorted(FORMATS)}")
+        for name in ("event_name", "resource_type", "resource_id", "delivered_at",
+                     "attributes", "updated_at"):
+            if getattr(self, name):
+                _check_pointer(name, getattr(self, name))
+        for name in ("event_name", "resource_id", "delivered_at"):
+            if not getattr(self, name):
+                raise BadPayloadSpec(f"{name}: required")
+        if not self.resource_type and not self.resource_type_fixed:
+            raise BadPayloadSpec("resource_type: required (or resource_type_fixed)")
+        if not self.events:
+            raise BadPayloadSpec("events: expected at least one event name")
+        for event, kind in self.events.items():
+            if kind not in ("created", "updated", "destroyed"):
+                raise BadPayloadSpec(f"events.{event}: {kind!r} is not created, updated or"
+                                     " destroyed")
+        if self.delivery_id_stable and not self.delivery_id_header:
+            raise BadPayloadSpec("delivery_id_stable: needs delivery_id_header")
+
+
+@attrs.frozen
+class IdentityFields:
+    event_name: str = ""
+    resource_type: str = ""
+    resource_id: str = ""
+    delivered_at: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class EventDraft:
+    """One event a receipt carries, before it is a stored NormalizedEvent."""
+
+    index: int
+    event_name: str
+    kind: str
+    resource_type: str
+    resource_id: str
+    delivered_at: str
+    attributes: dict[str, Any]
+    remote_updated_at: str | None
+
+
+@attrs.frozen
+class Quarantine:
+    reason: str     # one of QUARANTINE_REASONS
+    detail: str     # one sentence; never payload values
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _float(text: str) -> Any:
+    raise _Float(text)
+
+
+class _Float(ValueError):
+    pass
+
+
+def parse_body(raw: bytes, max_depth: int = MAX_DEPTH) -> Any | Quarantine:
+    """The JSON value of a webhook body, or why it is refused (strict: UTF-8, no
+    duplicate keys, no floats, bounded nesting)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return Quarantine("not_utf8", "the body is not valid UTF-8")
+    try:
+        value = json.loads(text, object_pairs_hook=_pairs, parse_constant=_refuse_constant,
+                           parse_float=_float)
+    except _DuplicateKey:
+        return Quarantine("duplicate_keys", "an object in the body repeats a key")
+    except _Float:
+        return Quarantine("unsupported_number", "the body holds a fractional number")
+    except RecursionError:
+        return Quarantine("too_deep", f"the body nests deeper than {max_depth} levels")
+    except ValueError:
+        return Quarantine("malformed", "the body is not valid JSON")
+    if depth(value) > max_depth:
+        return Quarantine("too_deep", f"the body nests deeper than {max_depth} levels")
+    return value
+
+
+def _find(doc: Any, pointer: str) -> Any:
+    try:
+        return jsonpointer.resolve_pointer(doc, pointer, None)
+    except (jsonpointer.JsonPointerException, TypeError):
+        return None
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return ""
+    if isinstance(value, int | str):
+        return str(value)
+    return ""
+
+
+def identity_fields(spec: PayloadSpec, raw: bytes) -> IdentityFields:
+    """Best-effort: what the dedup key needs, empty where the body does not say."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return IdentityFields()
+    if spec.batch:
+        return IdentityFields()  # a batch is identified by its raw body (and generation)
+    return IdentityFields(
+        event_name=_text(_find(doc, spec.event_name)),
+        resource_type=_resource_type(spec, doc),
+        resource_id=_text(_find(doc, spec.resource_id)),
+        delivered_at=_text(_find(doc, spec.delivered_at)),
+    )
+
+
+def _resource_type(spec: PayloadSpec, doc: Any) -> str:
+    if spec.resource_type_fixed:
+        return spec.resource_type_fixed
+    return _text(_find(doc, spec.resource_type))
+
+
+def dedup_key(spec: PayloadSpec, *, route: str, subscription_generation: int, raw: bytes,
+              delivery_id: str = "") -> str:
+    """The unique identity of one delivery (seed 7), at most 100 characters."""
+    if spec.delivery_id_stable:
+        if not delivery_id:
+            raise ValueError("a stable delivery id was declared but none was supplied")
+        material = ["id", str(subscription_generation), delivery_id]
+    else:
+        fields = identity_fields(spec, raw)
+        material = ["derived", str(subscription_generation), fields.event_name,
+                    fields.resource_type, fields.resource_id, fields.delivered_at,
+                    hashlib.sha256(raw).hexdigest()]
+    digest = hashlib.sha256(json.dumps(material).encode()).hexdigest()
+    return f"{KEY_PREFIX}:{route[:30]}:{digest}"
+
+
+def _event(spec: PayloadSpec, doc: Any, index: int) -> EventDraft | Quarantine:
+    where = f"event {index}: " if spec.batch else ""
+    if not isinstance(doc, dict):
+        return Quarantine("not_jsonapi" if spec.format == "jsonapi" else "malformed",
+                          f"{where}the event is not a JSON object")
+    if spec.format == "jsonapi":
+        data = doc.get("data")
+        if not isinstance(data, dict) or not isinstance(data.get("type"), str) or not (
+                isinstance(data.get("id"), str | int) and not isinstance(data.get("id"), bool)):
+            return Quarantine("not_jsonapi",
+                              f"{where}the body has no JSON:API resource object"
+                              " (data with type and id)")
+    name = _find(doc, spec.event_name)
+    if not isinstance(name, str) or not name:
+        return Quarantine("missing_field", f"{where}no event name at {spec.event_name}")
+    kind = spec.events.get(name)
+    if kind is None:
+        return Quarantine("unknown_event",
+                          f"{where}event {name[:80]!r} is not declared for this route")
+    values: dict[str, str] = {"resource_type": _resource_type(spec, doc)}
+    if not values["resource_type"]:
+        return Quarantine("missing_field", f"{where}no resource_type at {spec.resource_type}")
+    for field in ("resource_id", "delivered_at"):
+        pointer = getattr(spec, field)
+        value = _text(_find(doc, pointer))
+        if not value:
+            return Quarantine("missing_field", f"{where}no {field} at {pointer}")
+        values[field] = value
+    attributes = _find(doc, spec.attributes) if spec.attributes else None
+    if attributes is None:
+        attributes = {}
+    if not isinstance(attributes, dict):
+        return Quarantine("missing_field", f"{where}the attributes at {spec.attributes}"
+                          " are not an object")
+    updated = _find(doc, spec.updated_at) if spec.updated_at else None
+    return EventDraft(
+        index=index, event_name=name, kind=kind, attributes=attributes,
+        remote_updated_at=updated if isinstance(updated, str) else None, **values)
+
+
+def normalize(spec: PayloadSpec, raw: bytes) -> list[EventDraft] | Quarantine:
+    """Every event one receipt's body carries, or why the receipt is quarantined.
+
+    All or nothing: one bad event in a batch quarantines the receipt."""
+    doc = parse_body(raw, spec.max_depth)
+    if isinstance(doc, Quarantine):
+        return doc
+    if not spec.batch:
+        one = _event(spec, doc, 0)
+        return one if isinstance(one, Quarantine) else [one]
+    if not isinstance(doc, list) or not doc:
+        return Quarantine("malformed", "the body is not a non-empty JSON array of events")
+    if len(doc) > MAX_BATCH_EVENTS:
+        return Quarantine("too_many_events",
+                          f"the batch holds more than {MAX_BATCH_EVENTS} events")
+    drafts: list[EventDraft] = []
+    for i, item in enumerate(doc):
+        event = _event(spec, item, i)
+        if isinstance(event, Quarantine):
+            return event
+        drafts.append(event)
+    return drafts

@@ -1,0 +1,178 @@
+"""The materializer: IngressReceipt -> NormalizedEvent(s) -> one inbound_apply WorkItem each.
+
+Theory of operation
+-------------------
+A loop reads receipts still ``received`` (oldest first), normalizes each body with the
+pure :func:`daemon.core.ingress.normalize` under its route's L1 payload contract, and
+settles it in one transaction (``storage.ingress.receipts.ingress_materialize``): the
+receipt's state CAS, its immutable events and their WorkItems
+(:class:`daemon.core.inbound_change.InboundChange` with ``origin="webhook"`` and the event
+id, laned by the remote record). Every step is keyed (the state CAS, event ids derived
+from the receipt id, WorkItem dedupe keys by event id), so a crash between any two steps
+or two replicas materializing the same receipt never loses or doubles anything.
+
+A body that cannot be normalized is quarantined with its stable reason: the receipt and
+its raw body stay, operators see it on the console, and nothing retries it blindly. A
+receipt of a route this configuration no longer has stays ``received`` (a route removed by
+mistake must not quarantine its backlog): the materializer reads only the receipts of its
+configured routes, so such a receipt waits, counted on the console, without blocking the
+others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import trio
+
+from config.catalog import Catalog
+from config.definitions import WebhookDefinition
+from config.settings import BindingSettings, WebhookRoute
+from daemon.core.inbound_change import BadInboundChange, InboundChange
+from daemon.core.ingress import Quarantine, normalize
+from daemon.services import logs
+from daemon.services.clock import Clock
+from daemon.services.metrics import Metrics
+from storage.ingress.receipts import (
+    IngressReceipt,
+    Materialization,
+    NormalizedEvent,
+    QuarantineParams,
+)
+from storage.port import StorageError
+from storage.work_store import WorkStore
+
+
+@attrs.define(eq=False)
+class Materializer:
+    store: WorkStore
+    catalog: Catalog
+    routes: Mapping[str, WebhookRoute]
+    clock: Clock
+    metrics: Metrics
+    batch: int = 64
+    interval_s: float = 0.5
+    max_attempts: int = 8
+    # Settled receipts older than this are pruned (the end of exact dedup for them).
+    retention_s: float = 14 * 86400.0
+    prune_interval_s: float = 60.0
+    _wake: trio.Event = attrs.field(factory=trio.Event)
+    _next_prune: float = 0.0
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _binding(self, route: WebhookRoute) -> BindingSettings | None:
+        return self.catalog.binding(route.binding_id)
+
+    def plan(self, receipt: IngressReceipt) -> Materialization | QuarantineParams | None:
+        """What settles one receipt (pure but for the catalog): its events and WorkItems,
+        or its quarantine; None when its route is no longer configured."""
+        route = self.routes.get(receipt.route)
+        webhook: WebhookDefinition | None = self.catalog.webhooks.get(receipt.webhook)
+        binding = self._binding(route) if route is not None else None
+        if route is None or webhook is None or binding is None:
+            return None
+        drafts = normalize(webhook.payload, receipt.body)
+        if isinstance(drafts, Quarantine):
+            return QuarantineParams(receipt_id=receipt.receipt_id, reason=drafts.reason,
+                                    detail=drafts.detail)
+        events: list[NormalizedEvent] = []
+        specs = []
+        try:
+            for d in drafts:
+                event_id = f"{receipt.receipt_id}:{d.index}"
+                change = InboundChange(
+                    provider=webhook.provider, binding=binding.binding_id,
+                    resource_type=d.resource_type, resource_id=d.resource_id, kind=d.kind,
+                    attributes=d.attributes, remote_updated_at=d.remote_updated_at,
+                    origin="webhook", origin_id=event_id,
+                    subscription_generation=receipt.subscription_generation)
+                specs.append(change.work_spec(
+                    org_id=binding.org_id, catalog_revision=self.catalog.revision,
+                    catalog_digest=self.catalog.digest, max_attempts=self.max_attempts))
+                events.append(NormalizedEvent(
+                    event_id=event_id, receipt_id=receipt.receipt_id, event_index=d.index,
+                    provider=webhook.provider, binding_id=binding.binding_id,
+                    event_name=d.event_name, kind=d.kind, resource_type=d.resource_type,
+                    resource_id=d.resource_id, delivered_at=d.delivered_at,
+                    remote_updated_at=d.remote_updated_at,
+                    subscription_generation=receipt.subscription_generation,
+                    attributes=d.attributes))
+        except (BadInboundChange, ValueError) as exc:
+            return QuarantineParams(receipt_id=receipt.receipt_id, reason="missing_field",
+                                    detail=str(exc)[:200])
+        return Materialization(receipt_id=receipt.receipt_id, events=tuple(events),
+                               work=tuple(specs))
+
+    async def settle_many(self, receipts: list[IngressReceipt]) -> list[str]:
+        """Materialize or quarantine receipts in one transaction: per receipt
+        ``materialized``, ``quarantined``, ``settled_elsewhere`` or ``no_route``."""
+        plans: list[tuple[IngressReceipt, Materialization | QuarantineParams]] = []
+        outcome: dict[str, str] = {}
+        for receipt in receipts:
+            plan = self.plan(receipt)
+            if plan is None:
+                logs.warn("ingress_receipt_without_route", receipt=receipt.receipt_id,
+                          route=receipt.route[:64])
+                outcome[receipt.receipt_id] = "no_route"
+            else:
+                plans.append((receipt, plan))
+        if plans:
+            won = await self.store.ingress_settle([p for _, p in plans], self.clock.now_us())
+            for (receipt, plan), ok in zip(plans, won, strict=True):
+                if not ok:
+                    outcome[receipt.receipt_id] = "settled_elsewhere"
+                elif isinstance(plan, Materialization):
+                    outcome[receipt.receipt_id] = "materialized"
+                    self.metrics.ingress_materialized.labels("materialized").inc()
+                else:
+                    outcome[receipt.receipt_id] = "quarantined"
+                    self.metrics.ingress_materialized.labels("quarantined").inc()
+                    self.metrics.ingress_quarantined.labels(plan.reason).inc()
+                    logs.warn("ingress_receipt_quarantined", receipt=receipt.receipt_id,
+                              route=receipt.route, reason=plan.reason)
+        return [outcome[r.receipt_id] for r in receipts]
+
+    async def settle(self, receipt: IngressReceipt) -> str:
+        (outcome,) = await self.settle_many([receipt])
+        return outcome
+
+    async def run_once(self) -> int:
+        """Settle one batch of pending receipts (one transaction); how many were settled
+        here."""
+        pending = await self.store.ingress_receipts_pending(self.batch, sorted(self.routes))
+        if not pending:
+            return 0
+        outcomes = await self.settle_many(pending)
+        return sum(o in ("materialized", "quarantined") for o in outcomes)
+
+    async def prune_once(self) -> int:
+        """Delete settled receipts past retention, a bounded batch at a time."""
+        before_us = self.clock.now_us() - int(self.retention_s * 1_000_000)
+        pruned = 0
+        while (n := await self.store.ingress_prune(before_us)) > 0:
+            pruned += n
+        if pruned:
+            logs.event("ingress_receipts_pruned", receipts=pruned)
+        return pruned
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        task_status.started()
+        while True:
+            try:
+                if trio.current_time() >= self._next_prune:
+                    self._next_prune = trio.current_time() + self.prune_interval_s
+                    await self.prune_once()
+                settled = await self.run_once()
+            except StorageError as exc:
+                self.metrics.db_errors.labels("ingress_materialize").inc()
+                logs.warn("ingress_materialize_failed", error=str(exc)[:300])
+                settled = 0
+            if settled >= self.batch:
+                continue
+            with trio.move_on_after(self.interval_s):
+                await self._wake.wait()
+            self._wake = trio.Event()

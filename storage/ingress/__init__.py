@@ -1,0 +1,1 @@
+"""The webhook ingress capability's storage room: receipts and normalized events."""

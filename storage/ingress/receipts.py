@@ -1,0 +1,422 @@
+"""IngressReceipts and NormalizedEvents: the webhook ingress capability's SQL.
+
+Theory of operation
+-------------------
+* ``ingress_receipts_insert``: plain INSERTs (one multi-row INSERT for a batch of
+  concurrent deliveries: group commit). The unique ``dedup_key`` judges a duplicate (a
+  redelivery, a spooled copy forwarded again, another replica's copy): ``DuplicateKey`` ->
+  the delivery is counted on the existing row and nothing else is written. Whether a
+  receipt went through the spool changes nothing about its identity.
+* ``ingress_settle`` (``ingress_materialize`` for one): one transaction settles receipts:
+  the conditional UPDATE
+  ``received -> materialized`` judged by matched rows (a second materializer, on this
+  replica or another, matches nothing and writes nothing), the receipt's immutable
+  NormalizedEvents (ids ``<receipt>:<index>``), and their WorkItems through
+  :func:`storage.work_admin.insert_work` (dedupe keys by event id). A crash anywhere before
+  COMMIT leaves the receipt ``received``: it is simply materialized again.
+* ``ingress_quarantine``: ``received -> quarantined`` with a stable reason; the receipt
+  and its raw body stay, and nothing retries it.
+
+Rows become values only here (:func:`receipt_from_row`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from daemon.core.work import WorkSpec
+from storage.port import CommitOutcomeUnknown, Database, DuplicateKey, Row, SqlTx, StorageError
+from storage.work_admin import insert_work
+
+RECEIVED = "received"
+MATERIALIZED = "materialized"
+QUARANTINED = "quarantined"
+STATES = (RECEIVED, MATERIALIZED, QUARANTINED)
+
+_COLUMNS = (
+    "receipt_id, dedup_key, route, binding_id, webhook, subscription_generation,"
+    " received_at_us, body_b64, body_sha256, body_bytes, headers_json, verification, via,"
+    " replica_id, duplicates, state, quarantine_reason, quarantine_detail, settled_at_us,"
+    " row_version"
+)
+_EVENT_COLUMNS = (
+    "event_id, receipt_id, event_index, provider, binding_id, event_name, kind,"
+    " resource_type, resource_id, delivered_at, remote_updated_at, subscription_generation,"
+    " attributes_json, work_id, created_at_us"
+)
+
+
+class _Contended(Exception):
+    """Another materializer settled one of a batch's receipts first (rolls the batch back)."""
+
+
+@attrs.frozen(kw_only=True)
+class IngressReceipt:
+    """One verified delivery, as ingress made it durable."""
+
+    receipt_id: str
+    dedup_key: str
+    route: str
+    binding_id: str
+    webhook: str
+    subscription_generation: int
+    received_at_us: int
+    body: bytes = attrs.field(repr=False)
+    body_sha256: str
+    headers: dict[str, str] = attrs.field(factory=dict)
+    verification: str = "verified:0"
+    via: str = "direct"
+    replica_id: str = ""
+    duplicates: int = 0
+    state: str = RECEIVED
+    quarantine_reason: str | None = None
+    quarantine_detail: str | None = None
+    settled_at_us: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class NormalizedEvent:
+    """One event of one receipt (immutable once written)."""
+
+    event_id: str
+    receipt_id: str
+    event_index: int
+    provider: str
+    binding_id: str
+    event_name: str
+    kind: str
+    resource_type: str
+    resource_id: str
+    delivered_at: str
+    remote_updated_at: str | None
+    subscription_generation: int
+    attributes: dict[str, Any]
+    work_id: str = ""
+    created_at_us: int = 0
+
+
+@attrs.frozen
+class ReceiptInsert:
+    stored: bool          # False: a duplicate of receipt_id
+    receipt_id: str
+
+
+@attrs.frozen(kw_only=True)
+class Materialization:
+    receipt_id: str
+    events: tuple[NormalizedEvent, ...]
+    work: tuple[WorkSpec, ...]   # one per event, same order
+
+
+@attrs.frozen(kw_only=True)
+class QuarantineParams:
+    receipt_id: str
+    reason: str
+    detail: str
+
+
+@attrs.frozen(kw_only=True)
+class ReceiptQuery:
+    state: str | None = None
+    route: str | None = None
+    before_id: str | None = None    # keyset: receipts older than this id
+    limit: int = 50
+
+
+@attrs.frozen
+class IngressCounts:
+    by_state: dict[str, int]
+    oldest_received_us: int | None   # the oldest receipt still waiting to be materialized
+    duplicates: int
+
+
+def receipt_from_row(row: Row) -> IngressReceipt:
+    return IngressReceipt(
+        receipt_id=str(row[0]), dedup_key=str(row[1]), route=str(row[2]),
+        binding_id=str(row[3]), webhook=str(row[4]), subscription_generation=int(row[5]),
+        received_at_us=int(row[6]), body=base64.b64decode(str(row[7])),
+        body_sha256=str(row[8]), headers=json.loads(str(row[10])),
+        verification=str(row[11]), via=str(row[12]), replica_id=str(row[13]),
+        duplicates=int(row[14]), state=str(row[15]),
+        quarantine_reason=None if row[16] is None else str(row[16]),
+        quarantine_detail=None if row[17] is None else str(row[17]),
+        settled_at_us=None if row[18] is None else int(row[18]),
+    )
+
+
+def event_from_row(row: Row) -> NormalizedEvent:
+    return NormalizedEvent(
+        event_id=str(row[0]), receipt_id=str(row[1]), event_index=int(row[2]),
+        provider=str(row[3]), binding_id=str(row[4]), event_name=str(row[5]),
+        kind=str(row[6]), resource_type=str(row[7]), resource_id=str(row[8]),
+        delivered_at=str(row[9]),
+        remote_updated_at=None if row[10] is None else str(row[10]),
+        subscription_generation=int(row[11]), attributes=json.loads(str(row[12])),
+        work_id=str(row[13]), created_at_us=int(row[14]),
+    )
+
+
+def _receipt_params(r: IngressReceipt) -> tuple[Any, ...]:
+    return (
+        r.receipt_id, r.dedup_key, r.route, r.binding_id, r.webhook,
+        r.subscription_generation, r.received_at_us, base64.b64encode(r.body).decode(),
+        r.body_sha256, len(r.body), json.dumps(r.headers, sort_keys=True), r.verification,
+        r.via, r.replica_id, 0, RECEIVED, None, None, None, 1,
+    )
+
+
+class IngressReceipts:
+    """Mixed into ``WorkStore``."""
+
+    db: Database
+
+    async def ingress_receipt_insert(self, receipt: IngressReceipt,
+                                     now_us: int) -> ReceiptInsert:
+        """Make ``receipt`` durable, or count it as a duplicate of the row holding its key."""
+        (answer,) = await self.ingress_receipts_insert([receipt], now_us)
+        if isinstance(answer, StorageError):
+            raise answer
+        return answer
+
+    async def ingress_receipts_insert(self, receipts: Sequence[IngressReceipt], now_us: int
+                                      ) -> list[ReceiptInsert | StorageError]:
+        """Make many receipts durable in one transaction (group commit under load): one
+        multi-row INSERT; when a key is already there (or twice in the batch), one row at a
+        time, each duplicate counted on the row holding its key (the same receipt again, a
+        spooled copy forwarded twice, is not a duplicate delivery).
+
+        A COMMIT of unknown outcome is settled by reading each key back (never a blind
+        retry): the row is there (ours or an earlier copy's) or the batch is tried again."""
+        async def body(tx: SqlTx) -> list[ReceiptInsert]:
+            sql = f"INSERT INTO ingress_receipts ({_COLUMNS}) VALUES ({', '.join('?' * 20)})"
+            try:
+                await tx.executemany(sql, [_receipt_params(r) for r in receipts])
+                return [ReceiptInsert(True, r.receipt_id) for r in receipts]
+            except DuplicateKey:
+                pass
+            out: list[ReceiptInsert] = []
+            for r in receipts:
+                try:
+                    await tx.execute(sql, _receipt_params(r))
+                    out.append(ReceiptInsert(True, r.receipt_id))
+                    continue
+                except DuplicateKey:
+                    pass
+                await tx.execute("UPDATE ingress_receipts SET duplicates = duplicates + 1,"
+                                 " row_version = row_version + 1 WHERE dedup_key = ?"
+                                 " AND receipt_id <> ?", (r.dedup_key, r.receipt_id))
+                rows = await tx.fetchall(
+                    "SELECT receipt_id FROM ingress_receipts WHERE dedup_key = ?",
+                    (r.dedup_key,))
+                existing = str(rows[0][0])
+                out.append(ReceiptInsert(existing == r.receipt_id, existing))
+            return out
+
+        for _ in range(3):
+            try:
+                return list(await self.db.transact(body, name="ingress.receipt"))
+            except CommitOutcomeUnknown:
+                settled: list[ReceiptInsert | StorageError] = []
+                for r in receipts:
+                    existing = await self._receipt_id_by_key(r.dedup_key)
+                    if existing is None:
+                        break
+                    settled.append(ReceiptInsert(existing == r.receipt_id, existing))
+                else:
+                    return settled
+        raise CommitOutcomeUnknown(f"{len(receipts)} ingress receipts: could not settle")
+
+    async def _receipt_id_by_key(self, dedup_key: str) -> str | None:
+        async def body(tx: SqlTx) -> str | None:
+            rows = await tx.fetchall(
+                "SELECT receipt_id FROM ingress_receipts WHERE dedup_key = ?", (dedup_key,))
+            return str(rows[0][0]) if rows else None
+
+        return await self.db.transact(body, name="ingress.by_key", write=False)
+
+    async def ingress_receipts_pending(self, limit: int, routes: Sequence[str] | None = None
+                                       ) -> list[IngressReceipt]:
+        """Receipts still to be materialized, oldest first; with ``routes``, only theirs (a
+        receipt of a route no longer configured waits, visible, without blocking others)."""
+        where = "state = ?"
+        args: list[Any] = [RECEIVED]
+        if routes is not None:
+            if not routes:
+                return []
+            where += f" AND route IN ({', '.join('?' * len(routes))})"
+            args.extend(routes)
+
+        async def body(tx: SqlTx) -> list[IngressReceipt]:
+            rows = await tx.fetchall(
+                f"SELECT {_COLUMNS} FROM ingress_receipts WHERE {where}"
+                " ORDER BY received_at_us, receipt_id LIMIT ?", (*args, limit))
+            return [receipt_from_row(r) for r in rows]
+
+        return await self.db.transact(body, name="ingress.pending", write=False)
+
+    async def ingress_materialize(self, params: Materialization, now_us: int) -> bool:
+        """Settle one receipt with its events and their WorkItems (one transaction).
+        False: it was already settled (by another materializer); nothing written."""
+        (done,) = await self.ingress_settle([params], now_us)
+        return done
+
+    async def ingress_quarantine(self, params: QuarantineParams, now_us: int) -> bool:
+        (done,) = await self.ingress_settle([params], now_us)
+        return done
+
+    async def ingress_settle(self, settlements: Sequence[Materialization | QuarantineParams],
+                             now_us: int) -> list[bool]:
+        """Settle many receipts in one transaction: each one's state CAS (judged by matched
+        rows: one settled elsewhere writes nothing), then every materialized one's events
+        and WorkItems. One True/False per settlement, in order."""
+        for s in settlements:
+            if isinstance(s, Materialization) and len(s.events) != len(s.work):
+                raise ValueError("one WorkSpec per event")
+
+        async def write(tx: SqlTx, plans: list[Materialization]) -> None:
+            events = [e for p in plans for e in p.events]
+            if not events:
+                return
+            # Fresh keys: a WorkItem's dedupe key derives from an event id, and only the
+            # winner of its receipt's state CAS (this transaction) writes those.
+            results = await insert_work(tx, [w for p in plans for w in p.work], now_us,
+                                        fresh_dedupe_keys=True)
+            await tx.executemany(
+                f"INSERT INTO normalized_events ({_EVENT_COLUMNS}) VALUES"
+                f" ({', '.join('?' * 15)})",
+                [(e.event_id, e.receipt_id, e.event_index, e.provider, e.binding_id,
+                  e.event_name, e.kind, e.resource_type, e.resource_id, e.delivered_at,
+                  e.remote_updated_at, e.subscription_generation,
+                  json.dumps(e.attributes, sort_keys=True), res.work_id, now_us)
+                 for e, res in zip(events, results, strict=True)])
+
+        async def quarantine(tx: SqlTx, q: QuarantineParams) -> bool:
+            matched = await tx.execute(
+                "UPDATE ingress_receipts SET state = ?, quarantine_reason = ?,"
+                " quarantine_detail = ?, settled_at_us = ?, row_version = row_version + 1"
+                " WHERE receipt_id = ? AND state = ?",
+                (QUARANTINED, q.reason, q.detail[:500], now_us, q.receipt_id, RECEIVED))
+            return matched == 1
+
+        materialize = [s for s in settlements if isinstance(s, Materialization)]
+
+        async def bulk(tx: SqlTx) -> list[bool]:
+            """The usual case: nobody else settled any of them. One UPDATE for every
+            materialization, judged by matched rows; fewer matched -> row by row."""
+            if materialize:
+                ids = [m.receipt_id for m in materialize]
+                matched = await tx.execute(
+                    "UPDATE ingress_receipts SET state = ?, settled_at_us = ?,"
+                    " row_version = row_version + 1 WHERE state = ? AND receipt_id IN"
+                    f" ({', '.join('?' * len(ids))})", (MATERIALIZED, now_us, RECEIVED, *ids))
+                if matched != len(set(ids)):
+                    raise _Contended()
+            won = [True if isinstance(s, Materialization) else await quarantine(tx, s)
+                   for s in settlements]
+            await write(tx, materialize)
+            return won
+
+        async def one_by_one(tx: SqlTx) -> list[bool]:
+            won: list[bool] = []
+            plans: list[Materialization] = []
+            for s in settlements:
+                if isinstance(s, Materialization):
+                    matched = await tx.execute(
+                        "UPDATE ingress_receipts SET state = ?, settled_at_us = ?,"
+                        " row_version = row_version + 1 WHERE receipt_id = ? AND state = ?",
+                        (MATERIALIZED, now_us, s.receipt_id, RECEIVED))
+                    if matched == 1:
+                        plans.append(s)
+                    won.append(matched == 1)
+                else:
+                    won.append(await quarantine(tx, s))
+            await write(tx, plans)
+            return won
+
+        if len({m.receipt_id for m in materialize}) == len(materialize):
+            try:
+                return await self.db.transact(bulk, name="ingress.settle")
+            except _Contended:
+                pass
+        return await self.db.transact(one_by_one, name="ingress.settle")
+
+    async def ingress_receipt_get(self, receipt_id: str) -> IngressReceipt | None:
+        async def body(tx: SqlTx) -> IngressReceipt | None:
+            rows = await tx.fetchall(
+                f"SELECT {_COLUMNS} FROM ingress_receipts WHERE receipt_id = ?", (receipt_id,))
+            return receipt_from_row(rows[0]) if rows else None
+
+        return await self.db.transact(body, name="ingress.get", write=False)
+
+    async def ingress_receipt_list(self, query: ReceiptQuery) -> list[IngressReceipt]:
+        """Newest first, keyset pages."""
+        where: list[str] = []
+        args: list[Any] = []
+        if query.state is not None:
+            where.append("state = ?")
+            args.append(query.state)
+        if query.route is not None:
+            where.append("route = ?")
+            args.append(query.route)
+        if query.before_id is not None:
+            where.append("receipt_id < ?")
+            args.append(query.before_id)
+        sql = (f"SELECT {_COLUMNS} FROM ingress_receipts"
+               f"{' WHERE ' + ' AND '.join(where) if where else ''}"
+               " ORDER BY receipt_id DESC LIMIT ?")
+
+        async def body(tx: SqlTx) -> list[IngressReceipt]:
+            rows = await tx.fetchall(sql, (*args, max(1, min(query.limit, 500))))
+            return [receipt_from_row(r) for r in rows]
+
+        return await self.db.transact(body, name="ingress.list", write=False)
+
+    async def ingress_events_of(self, receipt_id: str) -> list[NormalizedEvent]:
+        async def body(tx: SqlTx) -> list[NormalizedEvent]:
+            rows = await tx.fetchall(
+                f"SELECT {_EVENT_COLUMNS} FROM normalized_events WHERE receipt_id = ?"
+                " ORDER BY event_index", (receipt_id,))
+            return [event_from_row(r) for r in rows]
+
+        return await self.db.transact(body, name="ingress.events", write=False)
+
+    async def ingress_counts(self) -> IngressCounts:
+        async def body(tx: SqlTx) -> IngressCounts:
+            by_state = {s: 0 for s in STATES}
+            duplicates = 0
+            for state, count, dups in await tx.fetchall(
+                    "SELECT state, COUNT(*), SUM(duplicates) FROM ingress_receipts"
+                    " GROUP BY state"):
+                by_state[str(state)] = int(count)
+                duplicates += int(dups or 0)
+            rows = await tx.fetchall(
+                "SELECT MIN(received_at_us) FROM ingress_receipts WHERE state = ?",
+                (RECEIVED,))
+            oldest = rows[0][0] if rows else None
+            return IngressCounts(by_state, None if oldest is None else int(oldest),
+                                 duplicates)
+
+        return await self.db.transact(body, name="ingress.counts", write=False)
+
+    async def ingress_prune(self, before_us: int, limit: int = 500) -> int:
+        """Delete settled receipts (and their events) received before ``before_us``, at
+        most ``limit`` per call: the end of exact dedup for them (retention_days)."""
+        async def body(tx: SqlTx) -> int:
+            rows = await tx.fetchall(
+                "SELECT receipt_id FROM ingress_receipts WHERE received_at_us < ?"
+                " AND state <> ? ORDER BY received_at_us LIMIT ?", (before_us, RECEIVED, limit))
+            ids: Sequence[str] = [str(r[0]) for r in rows]
+            if not ids:
+                return 0
+            marks = ", ".join("?" * len(ids))
+            await tx.execute(f"DELETE FROM normalized_events WHERE receipt_id IN ({marks})",
+                             ids)
+            return await tx.execute(
+                f"DELETE FROM ingress_receipts WHERE receipt_id IN ({marks})", ids)
+
+        return await self.db.transact(body, name="ingress.prune")

@@ -1,0 +1,153 @@
+"""Conformance: IngressReceipts and NormalizedEvents on every backend (dedup by unique
+key, byte-identical bodies, settle-once by state CAS, prune)."""
+
+from __future__ import annotations
+
+import trio
+
+from daemon.core.inbound_change import INBOUND_APPLY_FAMILY
+from storage.ingress.receipts import QuarantineParams, ReceiptQuery
+from storage.port import WorkQuery
+from storage.work_store import WorkStore
+from tests.support.ingress import materialization, receipt
+from tests.support.work import T0
+
+
+async def test_insert_keeps_the_body_byte_identical_and_dedups_by_key(
+        store: WorkStore) -> None:
+    first = receipt(1, body=b"\x00\xff not utf-8 \r\n")
+    assert (await store.ingress_receipt_insert(first, T0)).stored
+    got = await store.ingress_receipt_get(first.receipt_id)
+    assert got is not None and got.body == first.body and got.state == "received"
+    assert got.headers == first.headers and got.duplicates == 0
+
+    other_copy = receipt(2, key=first.dedup_key)
+    result = await store.ingress_receipt_insert(other_copy, T0)
+    assert (result.stored, result.receipt_id) == (False, first.receipt_id)
+    # The same receipt again (a spooled copy forwarded twice) is not a duplicate delivery.
+    again = await store.ingress_receipt_insert(first, T0)
+    assert (again.stored, again.receipt_id) == (True, first.receipt_id)
+    (only,) = await store.ingress_receipt_list(ReceiptQuery())
+    assert only.duplicates == 1
+    assert (await store.ingress_counts()).duplicates == 1
+
+
+async def test_concurrent_copies_of_one_delivery_make_one_receipt(store: WorkStore) -> None:
+    results = []
+
+    async def deliver(n: int) -> None:
+        results.append(await store.ingress_receipt_insert(receipt(n, key="wh:r:same"), T0))
+
+    async with trio.open_nursery() as nursery:
+        for n in range(8):
+            nursery.start_soon(deliver, n)
+    assert sum(r.stored for r in results) == 1
+    assert len({r.receipt_id for r in results}) == 1
+    assert len(await store.ingress_receipt_list(ReceiptQuery())) == 1
+
+
+async def test_materialize_settles_once_with_events_and_work(store: WorkStore) -> None:
+    r = receipt(1)
+    await store.ingress_receipt_insert(r, T0)
+    plan = materialization(r, events=2)
+    assert await store.ingress_materialize(plan, T0)
+    assert not await store.ingress_materialize(plan, T0)   # settled: nothing written
+    assert not await store.ingress_quarantine(
+        QuarantineParams(receipt_id=r.receipt_id, reason="malformed", detail="x"), T0)
+    events = await store.ingress_events_of(r.receipt_id)
+    items = await store.work_list(WorkQuery(family=INBOUND_APPLY_FAMILY))
+    assert [e.event_id for e in events] == [f"{r.receipt_id}:0", f"{r.receipt_id}:1"]
+    assert sorted(e.work_id for e in events) == sorted(i.work_id for i in items)
+    assert events[1].attributes == {"a": 1}
+    counts = await store.ingress_counts()
+    assert counts.by_state == {"received": 0, "materialized": 1, "quarantined": 0}
+    assert counts.oldest_received_us is None
+
+
+async def test_racing_materializers_write_once(store: WorkStore) -> None:
+    r = receipt(1)
+    await store.ingress_receipt_insert(r, T0)
+    won = []
+
+    async def settle() -> None:
+        won.append(await store.ingress_materialize(materialization(r), T0))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(settle)
+    assert sorted(won) == [False, False, False, True]
+    assert len(await store.work_list(WorkQuery(family=INBOUND_APPLY_FAMILY))) == 1
+
+
+async def test_quarantine_keeps_the_receipt_with_its_reason(store: WorkStore) -> None:
+    r = receipt(1)
+    await store.ingress_receipt_insert(r, T0)
+    assert await store.ingress_quarantine(
+        QuarantineParams(receipt_id=r.receipt_id, reason="not_jsonapi", detail="no data"), T0)
+    got = await store.ingress_receipt_get(r.receipt_id)
+    assert got is not None
+    assert (got.state, got.quarantine_reason, got.quarantine_detail, got.body) == (
+        "quarantined", "not_jsonapi", "no data", r.body)
+    assert await store.ingress_receipts_pending(10) == []
+    assert [x.receipt_id for x in await store.ingress_receipt_list(
+        ReceiptQuery(state="quarantined"))] == [r.receipt_id]
+
+
+async def test_pending_oldest_first_and_list_keyset(store: WorkStore) -> None:
+    for n in (3, 1, 2):
+        await store.ingress_receipt_insert(receipt(n), T0)
+    assert [r.receipt_id for r in await store.ingress_receipts_pending(2)] == [
+        receipt(1).receipt_id, receipt(2).receipt_id]
+    assert len(await store.ingress_receipts_pending(10, ["r"])) == 3
+    assert await store.ingress_receipts_pending(10, ["another"]) == []
+    assert await store.ingress_receipts_pending(10, []) == []
+    page = await store.ingress_receipt_list(ReceiptQuery(limit=2))
+    assert [r.receipt_id for r in page] == [receipt(3).receipt_id, receipt(2).receipt_id]
+    rest = await store.ingress_receipt_list(ReceiptQuery(before_id=page[-1].receipt_id))
+    assert [r.receipt_id for r in rest] == [receipt(1).receipt_id]
+    assert (await store.ingress_counts()).oldest_received_us == receipt(1).received_at_us
+
+
+async def test_prune_ends_dedup_only_for_settled_receipts_past_retention(
+        store: WorkStore) -> None:
+    old, pending, young = receipt(1), receipt(2), receipt(3, at_us=T0 + 10**9)
+    for r in (old, pending, young):
+        await store.ingress_receipt_insert(r, T0)
+    await store.ingress_materialize(materialization(old), T0)
+    await store.ingress_materialize(materialization(young), T0)
+    assert await store.ingress_prune(before_us=T0 + 10**8) == 1
+    assert await store.ingress_receipt_get(old.receipt_id) is None
+    assert await store.ingress_events_of(old.receipt_id) == []
+    assert await store.ingress_receipt_get(pending.receipt_id) is not None  # never unsettled
+    assert await store.ingress_receipt_get(young.receipt_id) is not None
+
+
+async def test_a_batch_with_duplicates_falls_back_row_by_row(store: WorkStore) -> None:
+    existing = receipt(1)
+    await store.ingress_receipt_insert(existing, T0)
+    batch = [receipt(2), receipt(3, key=existing.dedup_key), receipt(4, key="wh:r:twice"),
+             receipt(5, key="wh:r:twice"), existing]
+    answers = await store.ingress_receipts_insert(batch, T0)
+    assert [(a.stored, a.receipt_id) for a in answers] == [  # type: ignore[union-attr]
+        (True, batch[0].receipt_id), (False, existing.receipt_id),
+        (True, batch[2].receipt_id), (False, batch[2].receipt_id),
+        (True, existing.receipt_id)]
+    rows = {r.receipt_id: r.duplicates for r in
+            await store.ingress_receipt_list(ReceiptQuery())}
+    assert rows == {existing.receipt_id: 1, batch[0].receipt_id: 0, batch[2].receipt_id: 1}
+
+
+async def test_settle_many_in_one_transaction(store: WorkStore) -> None:
+    rs = [receipt(n) for n in range(4)]
+    for r in rs:
+        await store.ingress_receipt_insert(r, T0)
+    await store.ingress_materialize(materialization(rs[3]), T0)   # settled elsewhere first
+    won = await store.ingress_settle([
+        materialization(rs[0], events=2),
+        QuarantineParams(receipt_id=rs[1].receipt_id, reason="malformed", detail="d"),
+        materialization(rs[2]),
+        materialization(rs[3]),
+    ], T0)
+    assert won == [True, True, True, False]
+    items = await store.work_list(WorkQuery(family=INBOUND_APPLY_FAMILY))
+    assert len(items) == 2 + 1 + 1   # rs[3]'s once, from the first settlement only
