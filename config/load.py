@@ -37,12 +37,14 @@ from config.settings import (
     KeysSettings,
     Operator,
     ReplicaSettings,
+    RetentionSettings,
     RuntimeClient,
     Secret,
     Settings,
     StorageSettings,
     WorkSettings,
 )
+from daemon.core.retention import RetentionConfigError, RetentionPolicy
 
 ENV_PREFIX = "INTEGRATIOND__"
 _SECTIONS: dict[str, type[Any]] = {
@@ -53,6 +55,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "api": ApiSettings,
     "catalog": CatalogSettings,
     "keys": KeysSettings,
+    "retention": RetentionSettings,
 }
 _ARRAYS = ("families", "operators", "runtimes", "bindings")
 
@@ -351,6 +354,7 @@ def parse_settings(
     catalog = _build("catalog", CatalogSettings, raw.get("catalog", {}))
     _positive("catalog.revision", catalog.revision)
     keys = _build("keys", KeysSettings, raw.get("keys", {}))
+    retention = _retention(raw.get("retention", {}))
     bindings = _bindings(raw.get("bindings", []), environ)
     _l2_only_lengthens_l1(bindings, catalog.definitions_dir)
     return Settings(
@@ -365,8 +369,27 @@ def parse_settings(
         bindings=bindings,
         catalog=catalog,
         keys=keys,
+        retention=retention,
         base_dir=base_dir,
     )
+
+
+def _retention(raw: Any) -> RetentionSettings:
+    retention: RetentionSettings = _build("retention", RetentionSettings, raw)
+    for name in ("interval", "lease_ttl", "sweep_interval"):
+        _positive(f"retention.{name}", getattr(retention, name))
+    try:
+        retention_policy(retention)
+    except RetentionConfigError as exc:
+        raise ConfigError(exc.key, str(exc).split(": ", 1)[1]) from None
+    return retention
+
+
+def retention_policy(retention: RetentionSettings) -> RetentionPolicy:
+    """The pure policy of these settings, validated."""
+    return RetentionPolicy(work_days=retention.work_days, facts_days=retention.facts_days,
+                           batch_rows=retention.batch_rows,
+                           batch_bytes=retention.batch_bytes).validate()
 
 
 def _array(name: str, value: Any) -> list[Mapping[str, Any]]:

@@ -14,6 +14,7 @@ from storage.port import Database
 from storage.principals import PrincipalBindings
 from storage.quota import QuotaLedger
 from storage.refresh_leases import RefreshLeases
+from storage.retention.prune import RetentionStore
 from storage.work_admin import WorkAdmin
 from storage.work_claims import WorkClaims
 from storage.work_executions import WorkExecutions
@@ -23,7 +24,7 @@ from storage.work_rollback import WorkRollback
 class WorkStore(
     WorkClaims, WorkAdmin, WorkExecutions, WorkRollback, CommandInbox, EffectJournal,
     RemoteLinks, CommandRepair, QuotaLedger, AuthorizationGrants, PrincipalBindings,
-    RefreshLeases, CatalogRevisions, FlowReads,
+    RefreshLeases, CatalogRevisions, FlowReads, RetentionStore,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 

@@ -13,6 +13,7 @@ ready::
     |  the replica id, see daemon/core/replica_identity.py)
     |- heartbeat (replicas table: seen, running/draining)
     |- depth sampler (one bounded query per interval feeds the depth gauges)
+    |- pruner (retention; one replica at a time by a database lease)
     '- work
        |- completer (batched fenced finalization)
        |- family services (the effect checkpoint batcher)
@@ -58,6 +59,7 @@ from daemon.services.families import FamilyRegistry
 from daemon.services.http_server import serve_app
 from daemon.services.lease_keeper import LeaseKeeper
 from daemon.services.metrics import Metrics
+from daemon.services.retention import Pruner
 from daemon.services.scheduler import Scheduler
 from daemon.services.worker_pool import WorkerPool
 from storage.flow import FlowSample
@@ -122,6 +124,7 @@ class Replica:
     api_address: str | None = None
     schedulers: dict[str, Scheduler] = attrs.field(factory=dict)
     pool: WorkerPool | None = None
+    pruner: Pruner | None = None
     history: collections.deque[HistoryPoint] = attrs.field(
         factory=lambda: collections.deque(maxlen=HISTORY_POINTS)
     )
@@ -219,6 +222,10 @@ class Replica:
                 return
             await services.start(self._heartbeat_loop)
             await services.start(self._depth_loop)
+            if self.settings.retention.enabled:
+                self.pruner = Pruner(self.store, self.settings.retention, self.clock,
+                                     self.metrics, self.replica_id)
+                await services.start(self.pruner.run)
             logs.event(
                 "replica_started",
                 replica=self.replica_id,
