@@ -268,7 +268,20 @@ SCHEMAS: Json = {
                      "outcomes": {"type": "array", "items": {"type": "string"}},
                      "series": {"type": "array", "items": {"type": "object"}}}},
         "local": {"type": "object", "description": "this replica's counters since start"},
-        "replicas": {"type": ["array", "null"], "items": _ref("Replica")}}},
+        "replicas": {"type": ["array", "null"], "items": _ref("Replica")},
+        "retention": {"type": ["object", "null"], "description": "the pruner's last pass"
+                      " (cluster-wide, from its lease row): when, by which replica, result,"
+                      " rows pruned and lag (s past retention) per table, and who holds the"
+                      " lease now; null before the first pass or when the database is"
+                      " unreachable",
+                      "properties": {
+                          "enabled": {"type": "boolean"},
+                          "holder": {"type": ["string", "null"]},
+                          "last_pass_at_us": {"type": ["integer", "null"]},
+                          "last_pass_age_s": {"type": ["number", "null"]},
+                          "last_pass_by": {"type": ["string", "null"]},
+                          "result": {"type": ["string", "null"]},
+                          "tables": {"type": "object"}}}}},
     "Operators": {"type": "object", "properties": {
         "auth": {"type": "string"},
         "operators": {"type": "array", "items": {"type": "object", "properties": {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 
 from daemon.core.outcomes import RetryLater, Succeeded
@@ -227,11 +228,10 @@ async def test_one_pruner_at_a_time_and_a_stale_one_deletes_nothing(
     a = await database.open_store()
     b = await database.open_store()
     await _finished(a, 10)
-    params = {"ttl_us": 60 * SEC, "sweep_interval_us": DAY_US}
-    won = await a.retention_lease_acquire(LeaseParams(holder="a", token="ta", **params),
-                                          PAST_WORK)
+    lease = LeaseParams(holder="a", token="ta", ttl_us=60 * SEC, sweep_interval_us=DAY_US)
+    won = await a.retention_lease_acquire(lease, PAST_WORK)
     assert isinstance(won, LeaseGranted)
-    busy = await b.retention_lease_acquire(LeaseParams(holder="b", token="tb", **params),
+    busy = await b.retention_lease_acquire(attrs.evolve(lease, holder="b", token="tb"),
                                            PAST_WORK + SEC)
     assert isinstance(busy, LeaseHeld) and busy.holder == "a"
     (rule,) = [r for r in RULES if r.name == "work_items"]
@@ -248,7 +248,7 @@ async def test_one_pruner_at_a_time_and_a_stale_one_deletes_nothing(
     assert (await a.retention_prune_batch(batch("ta"), PAST_WORK + SEC)).deleted == 3
     # A pauses past its lease; B takes over; A (the zombie) can delete nothing more.
     later = PAST_WORK + 2 * 60 * SEC
-    taken = await b.retention_lease_acquire(LeaseParams(holder="b", token="tb2", **params),
+    taken = await b.retention_lease_acquire(attrs.evolve(lease, holder="b", token="tb2"),
                                             later)
     assert isinstance(taken, LeaseGranted) and taken.epoch == won.epoch + 1
     with pytest.raises(RetentionLeaseLost):

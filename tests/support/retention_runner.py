@@ -32,7 +32,7 @@ async def main(url: str, holder: str, now_us: int, passes: int, start_at: float)
         finally:
             spans.append(time.time())
 
-    store.retention_prune_batch = timed  # type: ignore[method-assign]
+    store.retention_prune_batch = timed  # type: ignore[method-assign,assignment]
     await trio.sleep(max(0.0, start_at - time.time()))
     done = 0
     while passes == 0 or done < passes:
