@@ -50,6 +50,8 @@ import trio_mysql
 from argon2 import PasswordHasher
 
 from admin_ui.app import console_factory
+from admin_ui.effects import effect_extensions
+from config.catalog import load_catalog
 from config.settings import (
     AdminSettings,
     Operator,
@@ -378,8 +380,10 @@ async def console_figures(url: str, requests: int, *, extra: bool = True,
             operators=(Operator(name="bench", role="admin", password_hash=hashed),),
             retention=RetentionSettings(enabled=retention),
         )
+        factory = (console_factory(effect_extensions(load_catalog(settings))) if extra
+                   else console_factory())
         replica = Replica(settings, store, build_registry(settings, {}), WallClock(),
-                          replica_id="bench-ui", admin_app=console_factory())
+                          replica_id="bench-ui", admin_app=factory)
         async with trio.open_nursery() as nursery:
             address = await nursery.start(replica.run)
             base = address if address.startswith("http") else f"http://{address}"

@@ -11,6 +11,8 @@ import re
 import attrs
 
 _KEY = re.compile(r"\{KEY\}\((\d+)\)")
+# ``DROP INDEX name ON table``: MySQL-family engines need the table, SQLite refuses it.
+_DROP_INDEX = re.compile(r"^DROP INDEX (\w+) ON \w+$", re.IGNORECASE)
 
 
 @attrs.frozen
@@ -20,6 +22,7 @@ class Dialect:
     text_type: str
     table_options: str
     table_exists_sql: str
+    drop_index_names_table: bool = True
 
     def render_ddl(self, script: str) -> list[str]:
         """Split a migration script into statements with the macros expanded."""
@@ -28,7 +31,10 @@ class Dialect:
         )
         body = _KEY.sub(lambda m: self.key_type.format(n=m.group(1)), body)
         body = body.replace("{TEXT}", self.text_type).replace("{OPTS}", self.table_options)
-        return [stmt.strip() for stmt in body.split(";") if stmt.strip()]
+        statements = [stmt.strip() for stmt in body.split(";") if stmt.strip()]
+        if not self.drop_index_names_table:
+            statements = [_DROP_INDEX.sub(r"DROP INDEX \1", s) for s in statements]
+        return statements
 
 
 SQLITE = Dialect(
@@ -37,6 +43,7 @@ SQLITE = Dialect(
     text_type="TEXT",
     table_options="",
     table_exists_sql="SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?",
+    drop_index_names_table=False,
 )
 
 MYSQL = Dialect(
