@@ -295,6 +295,20 @@ def load(database: str, ready: int, terminal: int) -> dict[str, Any]:
                    for line in sizes.splitlines()[1:]}}
 
 
+def migrate_existing(database: str) -> float:
+    """Apply migrations newer than the reused database (seconds taken)."""
+    started = time.monotonic()
+
+    async def body() -> None:
+        store = await open_store(_target(database).describe(), pool_size=1,
+                                 statement_timeout_s=3600)
+        await migrate(store.db, store.dialect, now_us())
+        await store.db.aclose()
+
+    trio.run(body)
+    return round(time.monotonic() - started, 1)
+
+
 def _load_file(database: str, table: str, path: Path) -> subprocess.Popen[str]:
     base = MysqlTarget.from_url(MYSQL_URL)
     sql = (f"SET unique_checks = 0; LOAD DATA LOCAL INFILE '{path}' INTO TABLE {table}"
@@ -361,6 +375,34 @@ def console(database: str, requests: int) -> dict[str, Any]:
     return trio.run(admin_ui.console_figures, _target(database).describe(), requests)
 
 
+def prune_rate(database: str, seconds: float) -> dict[str, Any]:
+    """The pruner on the big database for ``seconds`` (defaults: 30-day work horizon,
+    500-row batches): rows deleted per table and per second. Destructive: run last."""
+    from config.settings import RetentionSettings
+    from daemon.services.clock import WallClock
+    from daemon.services.metrics import Metrics
+    from daemon.services.retention import Pruner
+
+    async def body() -> dict[str, Any]:
+        store = await open_store(_target(database).describe(), pool_size=1,
+                                 statement_timeout_s=600)
+        metrics = Metrics()
+        pruner = Pruner(store, RetentionSettings(lease_ttl=600.0), WallClock(), metrics,
+                        "bench-pruner")
+        started = time.monotonic()
+        with trio.move_on_after(seconds):
+            await pruner.pass_once()
+        elapsed = time.monotonic() - started
+        await store.db.aclose()
+        pruned = {s.labels["table"]: int(s.value)
+                  for family in metrics.registry.collect() for s in family.samples
+                  if s.name == "integrationd_retention_pruned_rows_total" and s.value}
+        return {"bench": "bigtables.prune", "seconds": round(elapsed, 1), "pruned": pruned,
+                "rows_per_s": round(sum(pruned.values()) / max(1e-9, elapsed))}
+
+    return trio.run(body)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ready", type=int, default=1_000_000)
@@ -372,6 +414,8 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--requests", type=int, default=10, help="timed GETs per console page")
     parser.add_argument("--skip", default="", help="comma-separated: kernel,idle,console")
+    parser.add_argument("--prune-seconds", type=float, default=0.0,
+                        help="then run the pruner this long (destructive; 0: not at all)")
     args = parser.parse_args()
     if args.reuse and not args.database:
         parser.error("--reuse needs --database")
@@ -383,6 +427,8 @@ def main() -> None:
             loaded = load(database, args.ready, args.terminal)
             print(json.dumps(loaded), flush=True)
             summary["load"] = {k: loaded[k] for k in ("rows", "load_s", "total_s", "mb")}
+        else:
+            summary["migrate_s"] = migrate_existing(database)
         if "idle" not in skip:
             idle = idle_poll(database)
             print(json.dumps(idle), flush=True)
@@ -396,6 +442,10 @@ def main() -> None:
             print(json.dumps(figures), flush=True)
             summary["console_ok"] = figures["ok"]
             summary["console_slowest"] = figures["slowest"]
+        if args.prune_seconds > 0:
+            pruned = prune_rate(database, args.prune_seconds)
+            print(json.dumps(pruned), flush=True)
+            summary["prune"] = pruned
     finally:
         if not args.keep:
             _client(None, f"DROP DATABASE IF EXISTS {database}")
