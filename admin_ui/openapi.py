@@ -244,7 +244,10 @@ SCHEMAS: Json = {
         "now_us": {"type": "integer"}, "sample": {"type": "object"},
         "pressure": {"type": "array", "items": {"type": "object", "properties": {
             "family": {"type": "string"}, "state": {"type": "string"},
-            "depth": {"type": "integer"}, "oldest_age_s": {"type": ["number", "null"]}}}},
+            "depth": {"type": "integer"},
+            "depth_capped": {"type": "boolean", "description": "the sampler stopped counting"
+                             " at its cap: at least depth items"},
+            "oldest_age_s": {"type": ["number", "null"]}}}},
         "throughput": {"type": "object"},
         "series": {"type": "array", "items": {"type": "object"}},
         "families": {"type": "array", "description": "per family: states and outcomes"

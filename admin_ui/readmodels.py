@@ -64,7 +64,7 @@ def pressure(point: HistoryPoint | None) -> list[dict[str, Any]]:
         if d.oldest_run_after_us is not None:
             age = round(max(0.0, (point.at_us - d.oldest_run_after_us) / 1_000_000), 1)
         rows.append({"family": d.family, "state": d.state.value, "depth": d.count,
-                     "oldest_age_s": age})
+                     "depth_capped": d.capped, "oldest_age_s": age})
     return rows
 
 

@@ -53,6 +53,23 @@ _INSERT_SQL = (
 )
 # States whose depth the pressure gauges report (dead is the DLQ).
 DEPTH_STATES = frozenset(WorkState) - TERMINAL | {WorkState.DEAD}
+async def _families_in(tx: SqlTx, state: WorkState) -> list[str]:
+    """The families with items in ``state``: one index probe each (no engine we run on
+    skips through an index prefix by itself; a DISTINCT reads every entry)."""
+    found: list[str] = []
+    while len(found) < 1000:
+        rows = await tx.fetchall(
+            "SELECT family FROM work_items WHERE state = ? AND family > ?"
+            " ORDER BY family LIMIT 1", (state.value, found[-1] if found else ""))
+        if not rows:
+            break
+        found.append(str(rows[0][0]))
+    return found
+
+
+# The depth sampler counts each (family, state) up to this many items, then says "at
+# least" (QueueDepth.capped): a deeper queue is not counted row by row every interval.
+DEPTH_COUNT_CAP = 100_000
 REPLAYABLE = TERMINAL - {WorkState.RECONCILED_LEGACY_TERMINAL}
 
 
@@ -306,18 +323,29 @@ class WorkAdmin:
         return await self.db.transact(body, name="work.replay")
 
     async def work_depths(self) -> list[QueueDepth]:
+        """Depth and oldest ``run_after`` per (family, state) of :data:`DEPTH_STATES`.
+
+        Bounded whatever the table holds: the families present in a state come from the
+        (state, family, run_after) index, one probe per family (a skip scan), each
+        count stops at :data:`DEPTH_COUNT_CAP` (``capped``: at least that many), and the
+        oldest ``run_after`` is the index's first entry. A year of dead items, or a
+        million-deep backlog, costs a bounded read per sample, not a count of them all."""
+
         async def body(tx: SqlTx) -> list[QueueDepth]:
             out: list[QueueDepth] = []
             for state in sorted(DEPTH_STATES):
-                rows = await tx.fetchall(
-                    "SELECT family, COUNT(*), MIN(run_after_us) FROM work_items"
-                    " WHERE state = ? GROUP BY family",
-                    (state.value,),
-                )
-                out.extend(
-                    QueueDepth(str(f), state, int(n), int(m) if m is not None else None)
-                    for f, n, m in rows
-                )
+                for family in await _families_in(tx, state):
+                    ((n,),) = await tx.fetchall(
+                        "SELECT COUNT(*) FROM (SELECT 1 FROM work_items WHERE state = ?"
+                        " AND family = ? LIMIT ?) bounded",
+                        (state.value, family, DEPTH_COUNT_CAP + 1))
+                    ((oldest,),) = await tx.fetchall(
+                        "SELECT MIN(run_after_us) FROM work_items WHERE state = ?"
+                        " AND family = ?", (state.value, family))
+                    out.append(QueueDepth(
+                        str(family), state, min(int(n), DEPTH_COUNT_CAP),
+                        int(oldest) if oldest is not None else None,
+                        capped=int(n) > DEPTH_COUNT_CAP))
             return out
 
         return await self.db.transact(body, name="work.depths", write=False)
