@@ -34,7 +34,7 @@ from storage.port import (
     WorkNotFound,
     WorkQuery,
 )
-from storage.work_rows import SELECT_WORK, from_row, in_states, placeholders
+from storage.work_rows import SELECT_WORK, from_row, in_states, newest_first, placeholders
 
 _INSERT_COLUMNS = (
     "work_id, family, org_id, app_installation_id, subject_kind, subject_id, definition_ref,"
@@ -228,17 +228,13 @@ class WorkAdmin:
         return await self.db.transact(body, name="work.get", write=False)
 
     async def work_list(self, query: WorkQuery) -> list[WorkItem]:
-        clauses: list[str] = []
-        params: list[Any] = []
-        for column, value in (
+        equal = [(column, value) for column, value in (
             ("state", query.state.value if query.state else None),
             ("family", query.family),
             ("org_id", query.org_id),
             ("subject_id", query.subject_id),
-        ):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                params.append(value)
+        ) if value is not None]
+        clauses, params, order = newest_first(equal)
         if query.lane is not None:
             clauses.append("(source_lane = ? OR target_lane = ?)")
             params.extend((query.lane, query.lane))
@@ -250,7 +246,7 @@ class WorkAdmin:
 
         async def body(tx: SqlTx) -> list[WorkItem]:
             rows = await tx.fetchall(
-                f"{SELECT_WORK}{where} ORDER BY work_id DESC LIMIT ?", (*params, limit)
+                f"{SELECT_WORK}{where} {order} LIMIT ?", (*params, limit)
             )
             return [from_row(r) for r in rows]
 
@@ -503,14 +499,12 @@ class WorkAdmin:
 
     async def work_dead_list(self, query: DeadQuery) -> list[WorkItem]:
         """Dead items, newest first, optionally of one family and failure class."""
-        clauses = ["state = 'dead'"]
-        params: list[Any] = []
+        equal: list[tuple[str, Any]] = [("state", "dead")]
         if query.family is not None:
-            clauses.append("family = ?")
-            params.append(query.family)
+            equal.append(("family", query.family))
         if query.failure_class is not None:
-            clauses.append("failure_class = ?")
-            params.append(query.failure_class)
+            equal.append(("failure_class", query.failure_class))
+        clauses, params, order = newest_first(equal)
         if query.unreplayed_only:
             clauses.append(
                 "NOT EXISTS (SELECT 1 FROM work_items r WHERE r.replay_of = work_items.work_id)"
@@ -522,7 +516,7 @@ class WorkAdmin:
 
         async def body(tx: SqlTx) -> list[WorkItem]:
             rows = await tx.fetchall(
-                f"{SELECT_WORK} WHERE {' AND '.join(clauses)} ORDER BY work_id DESC LIMIT ?",
+                f"{SELECT_WORK} WHERE {' AND '.join(clauses)} {order} LIMIT ?",
                 (*params, limit),
             )
             return [from_row(r) for r in rows]
@@ -535,7 +529,9 @@ class WorkAdmin:
         async def body(tx: SqlTx) -> list[DeadClassCount]:
             rows = await tx.fetchall(
                 "SELECT family, failure_class, COUNT(*) FROM (SELECT family, failure_class"
-                " FROM work_items WHERE state = 'dead' ORDER BY work_id DESC LIMIT ?) newest"
+                # (A closed range and the full ORDER BY keep the index order: newest_first.)
+                " FROM work_items WHERE state >= 'dead' AND state <= 'dead'"
+                " ORDER BY state DESC, work_id DESC LIMIT ?) newest"
                 " GROUP BY family, failure_class",
                 (max(1, min(sample, 100_000)),),
             )

@@ -6,7 +6,8 @@ console is driven through every page and listing (filters and a second keyset pa
 included) plus the depth sampler's reads, every statement is recorded, and MariaDB's
 ``EXPLAIN`` of each is checked:
 
-* no full scan (``type = ALL``) of a table that grows with production;
+* no full scan (``type = ALL``) of a table that grows with production, nor a walk of a
+  whole index (``type = index``) hoping to meet the page's rows early;
 * a row listing has a LIMIT, pages by key (never OFFSET), and needs no sort of a large
   range (``Using filesort`` only over a range estimated small);
 * an aggregate (``COUNT``, ``MIN``, ...) without a LIMIT reads a range estimated at most
@@ -192,6 +193,10 @@ async def test_console_reads_are_indexed_and_bounded(mysql_db: FreshDatabase,
             share = estimate / max(1, sizes.get(table, 1))
             if step["type"] == "ALL":
                 problems.append(f"full scan of {table}: {where}")
+            if step["type"] == "index" and share > 0.05 and " WHERE " in text:
+                # A filtered page walking a whole index (the primary key, newest first)
+                # hoping to meet its rows early: at scale it meets every newer row first.
+                problems.append(f"walks a whole index of {table} ({step['key']}): {where}")
             # (A sort of fewer rows than the LIMIT asks for is the cheapest plan.)
             if (limited and "filesort" in str(step["Extra"] or "").lower()
                     and share > 0.05 and estimate > _limit(text, params)):
