@@ -111,9 +111,13 @@ def scan_sql(rule: RetentionRule, partition: str | None, cursor: Sequence[Any] |
     """The keyset scan of one batch (the dialect guard collects it too)."""
     clauses: list[str] = []
     params: list[Any] = []
+    order = ", ".join(rule.order_columns)
     if rule.partition_column is not None:
-        clauses.append(f"{rule.partition_column} = ?")
-        params.append(partition)
+        # A closed range and the partition column in the ORDER BY keep the engine on the
+        # (partition, order) index (see storage.work_rows.newest_first).
+        clauses.append(f"{rule.partition_column} >= ? AND {rule.partition_column} <= ?")
+        params.extend((partition, partition))
+        order = f"{rule.partition_column}, {order}"
     clauses.append(rule.where)
     clauses.append(f"{rule.age_column} < ?")
     params.append(cutoff_us)
@@ -126,7 +130,6 @@ def scan_sql(rule: RetentionRule, partition: str | None, cursor: Sequence[Any] |
         params.extend(after_params)
     columns = ", ".join((*rule.order_columns, rule.age_column, f"({rule.size_sql})",
                          *rule.guard_columns))
-    order = ", ".join(rule.order_columns)
     sql = (f"SELECT {columns} FROM {rule.table} WHERE {' AND '.join(clauses)}"
            f" ORDER BY {order} LIMIT {int(limit)}")
     return sql, params
