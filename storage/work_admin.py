@@ -69,7 +69,7 @@ async def _families_in(tx: SqlTx, state: WorkState) -> list[str]:
 
 # The depth sampler counts each (family, state) up to this many items, then says "at
 # least" (QueueDepth.capped): a deeper queue is not counted row by row every interval.
-DEPTH_COUNT_CAP = 100_000
+DEPTH_COUNT_CAP = 10_000
 REPLAYABLE = TERMINAL - {WorkState.RECONCILED_LEGACY_TERMINAL}
 
 

@@ -120,13 +120,16 @@ LANE_BLOCKING_SQL = in_states(LANE_BLOCKING)
 # ``c = ?``, because MariaDB drops an equality-bound column from the ORDER BY and then
 # prefers walking the primary key from the newest id: at a year of history that walk
 # went through every newer row of other states (seconds per page; bench/bigtables.py).
+# Most selective first: a subject's or a lane's items are few, a state's are many.
 _LISTING_INDEXES: tuple[tuple[str, ...], ...] = (
-    ("state", "failure_class"),  # work_items_dead_class_recent
-    ("state", "family"),  # work_items_state_family_id
-    ("org_id", "state"),  # work_items_org
-    ("state",),  # work_items_state_recent
     ("subject_id",),  # work_items_subject
     ("target_lane",),  # work_items_target_lane
+    ("state", "failure_class"),  # work_items_dead_class_recent
+    ("org_id", "state"),  # work_items_org
+    ("state", "family"),  # work_items_state_family_id
+    ("state",),  # work_items_state_recent
+    ("org_id",),  # work_items_org_recent
+    ("family",),  # work_items_family_recent
 )
 
 

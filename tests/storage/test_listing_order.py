@@ -23,8 +23,13 @@ from storage.work_rows import newest_first
      "ORDER BY org_id DESC, state DESC, work_id DESC"),
     ([("subject_id", "s")], ["subject_id >= ? AND subject_id <= ?"],
      "ORDER BY subject_id DESC, work_id DESC"),
-    # No index leads with family alone: plain equality, newest by id.
-    ([("family", "noop")], ["family = ?"], "ORDER BY work_id DESC"),
+    ([("family", "noop")], ["family >= ? AND family <= ?"],
+     "ORDER BY family DESC, work_id DESC"),
+    ([("org_id", "o")], ["org_id >= ? AND org_id <= ?"], "ORDER BY org_id DESC, work_id DESC"),
+    # A subject's items are few: its index, the state filtered.
+    ([("subject_id", "s"), ("state", "dead")],
+     ["subject_id >= ? AND subject_id <= ?", "state = ?"],
+     "ORDER BY subject_id DESC, work_id DESC"),
 ])
 def test_newest_first(equal: list[tuple[str, Any]], clauses: list[str], order: str) -> None:
     got_clauses, params, got_order = newest_first(equal)
