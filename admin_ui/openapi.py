@@ -246,7 +246,10 @@ SCHEMAS: Json = {
         "now_us": {"type": "integer"}, "sample": {"type": "object"},
         "pressure": {"type": "array", "items": {"type": "object", "properties": {
             "family": {"type": "string"}, "state": {"type": "string"},
-            "depth": {"type": "integer"}, "oldest_age_s": {"type": ["number", "null"]}}}},
+            "depth": {"type": "integer"},
+            "depth_capped": {"type": "boolean", "description": "the sampler stopped counting"
+                             " at its cap: at least depth items"},
+            "oldest_age_s": {"type": ["number", "null"]}}}},
         "throughput": {"type": "object"},
         "series": {"type": "array", "items": {"type": "object"}},
         "families": {"type": "array", "description": "per family: states and outcomes"
@@ -270,7 +273,20 @@ SCHEMAS: Json = {
                      "outcomes": {"type": "array", "items": {"type": "string"}},
                      "series": {"type": "array", "items": {"type": "object"}}}},
         "local": {"type": "object", "description": "this replica's counters since start"},
-        "replicas": {"type": ["array", "null"], "items": _ref("Replica")}}},
+        "replicas": {"type": ["array", "null"], "items": _ref("Replica")},
+        "retention": {"type": ["object", "null"], "description": "the pruner's last pass"
+                      " (cluster-wide, from its lease row): when, by which replica, result,"
+                      " rows pruned and lag (s past retention) per table, and who holds the"
+                      " lease now; null before the first pass or when the database is"
+                      " unreachable",
+                      "properties": {
+                          "enabled": {"type": "boolean"},
+                          "holder": {"type": ["string", "null"]},
+                          "last_pass_at_us": {"type": ["integer", "null"]},
+                          "last_pass_age_s": {"type": ["number", "null"]},
+                          "last_pass_by": {"type": ["string", "null"]},
+                          "result": {"type": ["string", "null"]},
+                          "tables": {"type": "object"}}}}},
     "Operators": {"type": "object", "properties": {
         "auth": {"type": "string"},
         "operators": {"type": "array", "items": {"type": "object", "properties": {

@@ -64,7 +64,7 @@ def pressure(point: HistoryPoint | None) -> list[dict[str, Any]]:
         if d.oldest_run_after_us is not None:
             age = round(max(0.0, (point.at_us - d.oldest_run_after_us) / 1_000_000), 1)
         rows.append({"family": d.family, "state": d.state.value, "depth": d.count,
-                     "oldest_age_s": age})
+                     "depth_capped": d.capped, "oldest_age_s": age})
     return rows
 
 
@@ -275,8 +275,10 @@ async def overview(view: ReplicaView) -> dict[str, Any]:
     now = view.clock.now_us()
     database = "ok"
     seen: list[dict[str, Any]] | None
+    kept: dict[str, Any] | None = None
     try:
         seen = await replicas(view)
+        kept = await retention(view)
     except StorageError as exc:
         logs.warn("admin_overview_storage_error", error=str(exc))
         seen, database = None, "unreachable"
@@ -298,4 +300,25 @@ async def overview(view: ReplicaView) -> dict[str, Any]:
         "flow": effect_flow,
         "local": local_counters(list(view.counter_samples())),
         "replicas": seen,
+        "retention": kept,
+    }
+
+
+async def retention(view: ReplicaView) -> dict[str, Any] | None:
+    """The pruner's last pass and its lease (one primary-key read); None before any."""
+    status = await view.store.retention_status()
+    if status is None:
+        return None
+    now = view.clock.now_us()
+    last = status.last_pass
+    at = status.last_pass_at_us or None
+    return {
+        "enabled": view.settings.retention.enabled,
+        "holder": status.holder if status.until_us >= now else None,
+        "last_pass_at_us": at,
+        "last_pass_age_s": None if at is None else round((now - at) / 1_000_000, 1),
+        "last_pass_by": last.get("holder"),
+        "result": last.get("result"),
+        "tables": {name: {"pruned": int(t.get("pruned", 0)), "lag_s": int(t.get("lag_s", 0))}
+                   for name, t in sorted(last.get("tables", {}).items())},
     }

@@ -108,7 +108,9 @@ async def release(url: str) -> int:
     t0 = now_us()
 
     async def body(tx: SqlTx) -> None:
-        await tx.execute("UPDATE work_items SET run_after_us = ? WHERE state = 'pending'", (t0,))
+        # Only the run's own items (a big database holds other families' pending work).
+        await tx.execute("UPDATE work_items SET run_after_us = ? WHERE state = 'pending'"
+                         " AND family = 'noop' AND run_after_us = ?", (t0, FAR_FUTURE_US))
 
     await store.db.transact(body, name="bench.release")
     await store.db.aclose()
@@ -123,11 +125,17 @@ async def open_count(url: str) -> int:
         await store.db.aclose()
 
 
-async def journal(url: str) -> tuple[ExecutionSummary, int]:
-    """(every noop execution in the journal, last finished_at_us)."""
+async def journal(url: str, since_us: int = 0) -> tuple[ExecutionSummary, int]:
+    """(every noop execution in the journal since ``since_us``, last finished_at_us).
+
+    A run on a database that already holds a year of executions (``bench.bigtables``)
+    counts only its own: those finished after it released its items (an index range)."""
     store = await open_store(url, sqlite_synchronous="NORMAL")
     try:
-        summary = await store.work_execution_summary("noop")
+        if since_us:
+            summary = await _summary_since(store, since_us)
+        else:
+            summary = await store.work_execution_summary("noop")
 
         async def body(tx: SqlTx) -> int:
             (row,) = await tx.fetchall("SELECT MAX(finished_at_us) FROM work_executions")
@@ -137,6 +145,22 @@ async def journal(url: str) -> tuple[ExecutionSummary, int]:
         return summary, last
     finally:
         await store.db.aclose()
+
+
+async def _summary_since(store: Any, since_us: int) -> ExecutionSummary:
+    async def body(tx: SqlTx) -> ExecutionSummary:
+        rows = await tx.fetchall(
+            "SELECT work_id, outcome FROM work_executions WHERE finished_at_us >= ?"
+            " AND family = 'noop'", (since_us,))
+        by_outcome: dict[str, int] = {}
+        for _, outcome in rows:
+            by_outcome[str(outcome)] = by_outcome.get(str(outcome), 0) + 1
+        succeeded = {str(w) for w, o in rows if o == "succeeded"}
+        return ExecutionSummary(executions=len(rows), items=len({str(w) for w, _ in rows}),
+                                succeeded_items=len(succeeded), by_outcome=by_outcome)
+
+    result: ExecutionSummary = await store.db.transact(body, name="bench.since", write=False)
+    return result
 
 
 # ------------------------------------------------------------------ replicas
@@ -159,6 +183,8 @@ def write_config(workdir: Path, url: str, sqlite_synchronous: str, name: str = "
         f'[storage]\nurl = "{url}"\nsqlite_synchronous = "{sqlite_synchronous}"\n'
         '[admin]\nlisten = "127.0.0.1:0"\n'
         "[replica]\ndrain_timeout = 10.0\n"
+        # No pruning during a measurement (bench.bigtables runs on a year of history).
+        "[retention]\nenabled = false\n"
     )
     return cfg
 
@@ -209,12 +235,15 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def bench_integrationd(backend: str, replicas: int, items: int,
-                       sqlite_synchronous: str, cluster: GaleraCluster | None = None
-                       ) -> dict[str, Any]:
+                       sqlite_synchronous: str, cluster: GaleraCluster | None = None,
+                       url: str | None = None) -> dict[str, Any]:
+    """``url``: run on that existing database (its other rows stay; it is not dropped)."""
     with tempfile.TemporaryDirectory(prefix="bench-kernel-") as tmp:
         workdir = Path(tmp)
         dbname: str | None
-        if cluster is not None:
+        if url:
+            urls, dbname = [url], None
+        elif cluster is not None:
             urls, dbname = galera_database(cluster)
         else:
             one, dbname = fresh_url(backend, workdir)
@@ -240,7 +269,8 @@ def bench_integrationd(backend: str, replicas: int, items: int,
                     p.send_signal(signal.SIGTERM)
                 for p, _ in procs:
                     p.wait(timeout=60)
-            summary, last = trio.run(journal, url)
+            summary, last = trio.run(journal, url, t0 if dbname is None and backend == "mysql"
+                                     else 0)
         finally:
             if dbname and cluster is not None:
                 cluster.sql(cluster.nodes[0], f"DROP DATABASE {dbname}")

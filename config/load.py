@@ -44,6 +44,7 @@ from config.settings import (
     KeysSettings,
     Operator,
     ReplicaSettings,
+    RetentionSettings,
     RuntimeClient,
     Secret,
     Settings,
@@ -51,6 +52,7 @@ from config.settings import (
     WebhookRoute,
     WorkSettings,
 )
+from daemon.core.retention import RetentionConfigError, RetentionPolicy
 
 ENV_PREFIX = "INTEGRATIOND__"
 _SECTIONS: dict[str, type[Any]] = {
@@ -62,6 +64,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "catalog": CatalogSettings,
     "keys": KeysSettings,
     "ingress": IngressSettings,
+    "retention": RetentionSettings,
 }
 _ARRAYS = ("families", "operators", "runtimes", "bindings", "webhook_routes")
 
@@ -360,6 +363,7 @@ def parse_settings(
     catalog = _build("catalog", CatalogSettings, raw.get("catalog", {}))
     _positive("catalog.revision", catalog.revision)
     keys = _build("keys", KeysSettings, raw.get("keys", {}))
+    retention = _retention(raw.get("retention", {}))
     bindings = _bindings(raw.get("bindings", []), environ)
     _l2_only_lengthens_l1(bindings, catalog.definitions_dir)
     ingress = _ingress(raw.get("ingress", {}))
@@ -379,8 +383,27 @@ def parse_settings(
         keys=keys,
         ingress=ingress,
         webhook_routes=routes,
+        retention=retention,
         base_dir=base_dir,
     )
+
+
+def _retention(raw: Any) -> RetentionSettings:
+    retention: RetentionSettings = _build("retention", RetentionSettings, raw)
+    for name in ("interval", "lease_ttl", "sweep_interval"):
+        _positive(f"retention.{name}", getattr(retention, name))
+    try:
+        retention_policy(retention)
+    except RetentionConfigError as exc:
+        raise ConfigError(exc.key, str(exc).split(": ", 1)[1]) from None
+    return retention
+
+
+def retention_policy(retention: RetentionSettings) -> RetentionPolicy:
+    """The pure policy of these settings, validated."""
+    return RetentionPolicy(work_days=retention.work_days, facts_days=retention.facts_days,
+                           batch_rows=retention.batch_rows,
+                           batch_bytes=retention.batch_bytes).validate()
 
 
 def _array(name: str, value: Any) -> list[Mapping[str, Any]]:

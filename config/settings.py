@@ -247,6 +247,28 @@ class WebhookRoute:
 
 
 @attrs.frozen(kw_only=True)
+class RetentionSettings:
+    """The pruner (docs/retention.md): one replica at a time, by a lease in the database."""
+
+    enabled: bool = True
+    # Days after which terminal WorkItems, their executions, resolved effect attempts and
+    # confirmed Runtime receipts are deleted.
+    work_days: float = 30.0
+    # Days kept for facts that must outlive the Runtime's outbox, redelivery and workflow
+    # windows (seed 6.1): handoff admission facts, rejection tombstones and dedup facts
+    # (terminal items with a dedupe_key). Must be longer than work_days.
+    facts_days: float = 400.0
+    # Seconds between passes; the lease a pass holds (renewed by every batch).
+    interval: float = 300.0
+    lease_ttl: float = 60.0
+    # One batch (one transaction): at most this many rows and bytes of row text.
+    batch_rows: int = 500
+    batch_bytes: int = 8_000_000
+    # Seconds between full sweeps (each scan restarts from its beginning).
+    sweep_interval: float = 86400.0
+
+
+@attrs.frozen(kw_only=True)
 class Settings:
     storage: StorageSettings = StorageSettings()
     replica: ReplicaSettings = ReplicaSettings()
@@ -261,6 +283,7 @@ class Settings:
     keys: KeysSettings = KeysSettings()
     ingress: IngressSettings = IngressSettings()
     webhook_routes: tuple[WebhookRoute, ...] = ()
+    retention: RetentionSettings = RetentionSettings()
     # Directory that relative paths (the SQLite file) resolve against.
     base_dir: str = "."
 

@@ -12,6 +12,8 @@ import attrs
 
 _KEY = re.compile(r"\{KEY\}\((\d+)\)")
 _ONLY = re.compile(r"\{(MYSQL|SQLITE)\}")
+# ``DROP INDEX name ON table``: MySQL-family engines need the table, SQLite refuses it.
+_DROP_INDEX = re.compile(r"^DROP INDEX (\w+) ON \w+$", re.IGNORECASE)
 
 
 @attrs.frozen
@@ -21,6 +23,7 @@ class Dialect:
     text_type: str
     table_options: str
     table_exists_sql: str
+    drop_index_names_table: bool = True
 
     def render_ddl(self, script: str) -> list[str]:
         """Split a migration script into statements with the macros expanded."""
@@ -40,6 +43,8 @@ class Dialect:
                 stmt = stmt[only.end():].strip()
             if stmt:
                 out.append(stmt)
+        if not self.drop_index_names_table:
+            out = [_DROP_INDEX.sub(r"DROP INDEX \1", s) for s in out]
         return out
 
 
@@ -49,6 +54,7 @@ SQLITE = Dialect(
     text_type="TEXT",
     table_options="",
     table_exists_sql="SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?",
+    drop_index_names_table=False,
 )
 
 MYSQL = Dialect(

@@ -260,6 +260,9 @@ class QueueDepth:
     state: WorkState
     count: int
     oldest_run_after_us: int | None
+    # The count stopped at the sampler's cap (storage.work_admin.DEPTH_COUNT_CAP): there
+    # are at least ``count`` items (a bounded count, never a scan of a deep queue).
+    capped: bool = False
 
 
 @attrs.frozen

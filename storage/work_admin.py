@@ -34,7 +34,7 @@ from storage.port import (
     WorkNotFound,
     WorkQuery,
 )
-from storage.work_rows import SELECT_WORK, from_row, in_states, placeholders
+from storage.work_rows import SELECT_WORK, from_row, in_states, newest_first, placeholders
 
 _INSERT_COLUMNS = (
     "work_id, family, org_id, app_installation_id, subject_kind, subject_id, definition_ref,"
@@ -53,6 +53,23 @@ _INSERT_SQL = (
 )
 # States whose depth the pressure gauges report (dead is the DLQ).
 DEPTH_STATES = frozenset(WorkState) - TERMINAL | {WorkState.DEAD}
+async def _families_in(tx: SqlTx, state: WorkState) -> list[str]:
+    """The families with items in ``state``: one index probe each (no engine we run on
+    skips through an index prefix by itself; a DISTINCT reads every entry)."""
+    found: list[str] = []
+    while len(found) < 1000:
+        rows = await tx.fetchall(
+            "SELECT family FROM work_items WHERE state = ? AND family > ?"
+            " ORDER BY family LIMIT 1", (state.value, found[-1] if found else ""))
+        if not rows:
+            break
+        found.append(str(rows[0][0]))
+    return found
+
+
+# The depth sampler counts each (family, state) up to this many items, then says "at
+# least" (QueueDepth.capped): a deeper queue is not counted row by row every interval.
+DEPTH_COUNT_CAP = 10_000
 REPLAYABLE = TERMINAL - {WorkState.RECONCILED_LEGACY_TERMINAL}
 
 
@@ -211,17 +228,13 @@ class WorkAdmin:
         return await self.db.transact(body, name="work.get", write=False)
 
     async def work_list(self, query: WorkQuery) -> list[WorkItem]:
-        clauses: list[str] = []
-        params: list[Any] = []
-        for column, value in (
+        equal = [(column, value) for column, value in (
             ("state", query.state.value if query.state else None),
             ("family", query.family),
             ("org_id", query.org_id),
             ("subject_id", query.subject_id),
-        ):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                params.append(value)
+        ) if value is not None]
+        clauses, params, order = newest_first(equal)
         if query.lane is not None:
             clauses.append("(source_lane = ? OR target_lane = ?)")
             params.extend((query.lane, query.lane))
@@ -233,7 +246,7 @@ class WorkAdmin:
 
         async def body(tx: SqlTx) -> list[WorkItem]:
             rows = await tx.fetchall(
-                f"{SELECT_WORK}{where} ORDER BY work_id DESC LIMIT ?", (*params, limit)
+                f"{SELECT_WORK}{where} {order} LIMIT ?", (*params, limit)
             )
             return [from_row(r) for r in rows]
 
@@ -306,18 +319,29 @@ class WorkAdmin:
         return await self.db.transact(body, name="work.replay")
 
     async def work_depths(self) -> list[QueueDepth]:
+        """Depth and oldest ``run_after`` per (family, state) of :data:`DEPTH_STATES`.
+
+        Bounded whatever the table holds: the families present in a state come from the
+        (state, family, run_after) index, one probe per family (a skip scan), each
+        count stops at :data:`DEPTH_COUNT_CAP` (``capped``: at least that many), and the
+        oldest ``run_after`` is the index's first entry. A year of dead items, or a
+        million-deep backlog, costs a bounded read per sample, not a count of them all."""
+
         async def body(tx: SqlTx) -> list[QueueDepth]:
             out: list[QueueDepth] = []
             for state in sorted(DEPTH_STATES):
-                rows = await tx.fetchall(
-                    "SELECT family, COUNT(*), MIN(run_after_us) FROM work_items"
-                    " WHERE state = ? GROUP BY family",
-                    (state.value,),
-                )
-                out.extend(
-                    QueueDepth(str(f), state, int(n), int(m) if m is not None else None)
-                    for f, n, m in rows
-                )
+                for family in await _families_in(tx, state):
+                    ((n,),) = await tx.fetchall(
+                        "SELECT COUNT(*) FROM (SELECT 1 FROM work_items WHERE state = ?"
+                        " AND family = ? LIMIT ?) bounded",
+                        (state.value, family, DEPTH_COUNT_CAP + 1))
+                    ((oldest,),) = await tx.fetchall(
+                        "SELECT MIN(run_after_us) FROM work_items WHERE state = ?"
+                        " AND family = ?", (state.value, family))
+                    out.append(QueueDepth(
+                        str(family), state, min(int(n), DEPTH_COUNT_CAP),
+                        int(oldest) if oldest is not None else None,
+                        capped=int(n) > DEPTH_COUNT_CAP))
             return out
 
         return await self.db.transact(body, name="work.depths", write=False)
@@ -475,14 +499,12 @@ class WorkAdmin:
 
     async def work_dead_list(self, query: DeadQuery) -> list[WorkItem]:
         """Dead items, newest first, optionally of one family and failure class."""
-        clauses = ["state = 'dead'"]
-        params: list[Any] = []
+        equal: list[tuple[str, Any]] = [("state", "dead")]
         if query.family is not None:
-            clauses.append("family = ?")
-            params.append(query.family)
+            equal.append(("family", query.family))
         if query.failure_class is not None:
-            clauses.append("failure_class = ?")
-            params.append(query.failure_class)
+            equal.append(("failure_class", query.failure_class))
+        clauses, params, order = newest_first(equal)
         if query.unreplayed_only:
             clauses.append(
                 "NOT EXISTS (SELECT 1 FROM work_items r WHERE r.replay_of = work_items.work_id)"
@@ -494,7 +516,7 @@ class WorkAdmin:
 
         async def body(tx: SqlTx) -> list[WorkItem]:
             rows = await tx.fetchall(
-                f"{SELECT_WORK} WHERE {' AND '.join(clauses)} ORDER BY work_id DESC LIMIT ?",
+                f"{SELECT_WORK} WHERE {' AND '.join(clauses)} {order} LIMIT ?",
                 (*params, limit),
             )
             return [from_row(r) for r in rows]
@@ -507,7 +529,9 @@ class WorkAdmin:
         async def body(tx: SqlTx) -> list[DeadClassCount]:
             rows = await tx.fetchall(
                 "SELECT family, failure_class, COUNT(*) FROM (SELECT family, failure_class"
-                " FROM work_items WHERE state = 'dead' ORDER BY work_id DESC LIMIT ?) newest"
+                # (A closed range and the full ORDER BY keep the index order: newest_first.)
+                " FROM work_items WHERE state >= 'dead' AND state <= 'dead'"
+                " ORDER BY state DESC, work_id DESC LIMIT ?) newest"
                 " GROUP BY family, failure_class",
                 (max(1, min(sample, 100_000)),),
             )

@@ -110,3 +110,46 @@ def fence_predicate(fences: Sequence[Fence]) -> tuple[str, list[Any]]:
 
 
 LANE_BLOCKING_SQL = in_states(LANE_BLOCKING)
+
+
+# Newest-first listings, keyset-paged on work_id. Each entry is an index whose leading
+# columns, fixed by the filter, are followed by work_id: the page reads that index
+# backwards from the cursor and stops at the page size. Two things make the engine do
+# so: the ORDER BY names those columns before work_id (the same order, since they are
+# fixed), and each is bound as a closed range (``c >= ? AND c <= ?``) rather than
+# ``c = ?``, because MariaDB drops an equality-bound column from the ORDER BY and then
+# prefers walking the primary key from the newest id: at a year of history that walk
+# went through every newer row of other states (seconds per page; bench/bigtables.py).
+# Most selective first: a subject's or a lane's items are few, a state's are many.
+_LISTING_INDEXES: tuple[tuple[str, ...], ...] = (
+    ("subject_id",),  # work_items_subject
+    ("target_lane",),  # work_items_target_lane
+    ("state", "failure_class"),  # work_items_dead_class_recent
+    ("org_id", "state"),  # work_items_org
+    ("state", "family"),  # work_items_state_family_id
+    ("state",),  # work_items_state_recent
+    ("org_id",),  # work_items_org_recent
+    ("family",),  # work_items_family_recent
+)
+
+
+def newest_first(equal: Sequence[tuple[str, Any]]) -> tuple[list[str], list[Any], str]:
+    """(clauses, params, ORDER BY) for a newest-first page filtered by ``column = value``
+    pairs (column names are our constants, never input)."""
+    bound = {c for c, _ in equal}
+    chosen: tuple[str, ...] = ()
+    for columns in _LISTING_INDEXES:
+        if set(columns) <= bound:
+            chosen = columns
+            break
+    clauses: list[str] = []
+    params: list[Any] = []
+    for column, value in equal:
+        if column in chosen:
+            clauses.append(f"{column} >= ? AND {column} <= ?")
+            params.extend((value, value))
+        else:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    order = "ORDER BY " + ", ".join(f"{c} DESC" for c in (*chosen, "work_id"))
+    return clauses, params, order

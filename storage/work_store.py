@@ -17,6 +17,7 @@ from storage.port import Database
 from storage.principals import PrincipalBindings
 from storage.quota import QuotaLedger
 from storage.refresh_leases import RefreshLeases
+from storage.retention.prune import RetentionStore
 from storage.work_admin import WorkAdmin
 from storage.work_claims import WorkClaims
 from storage.work_executions import WorkExecutions
@@ -27,7 +28,7 @@ class WorkStore(
     WorkClaims, WorkAdmin, WorkExecutions, WorkRollback, CommandInbox, EffectJournal,
     RemoteLinks, CommandRepair, QuotaLedger, AuthorizationGrants, PrincipalBindings,
     RefreshLeases, CatalogRevisions, FlowReads, CutoverSteps, LegacyOutcomes,
-    IngressReceipts,
+    IngressReceipts, RetentionStore,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 

@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 
 from daemon.core.ingress import QUARANTINE_REASONS
 from storage.port import DbStats, QueueDepth
+from storage.retention.rules import pruned_tables
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -50,6 +51,8 @@ ADMISSION_REQUESTS = ("command", "reject")
 RECEIPT_RESULTS = ("confirmed", "already_confirmed", "missing", "not_configured",
                    "unreachable", "unauthorized", "not_found", "conflict", "format_refused",
                    "http_error")
+
+RETENTION_RESULTS = ("done", "busy", "failed", "lease_lost", "lease_untrusted")
 
 
 # Pre-created label values (the alert rules read them before the first event).
@@ -283,6 +286,31 @@ class Metrics:
         )
         for event in QUOTA_EVENTS:
             self.quota_events.labels(event)
+        self.retention_pruned = Counter(
+            "integrationd_retention_pruned_rows",
+            "Rows the retention pruner deleted in this replica, by table",
+            ["table"],
+            registry=r,
+        )
+        self.retention_lag = Gauge(
+            "integrationd_retention_lag_seconds",
+            "How far past its retention the oldest prunable row of each table was when this"
+            " replica's last pass reached the table (0: caught up)",
+            ["table"],
+            registry=r,
+        )
+        self.retention_passes = Counter(
+            "integrationd_retention_passes",
+            "Retention passes this replica tried, by result (busy: another replica held the"
+            " lease)",
+            ["result"],
+            registry=r,
+        )
+        for table in pruned_tables():
+            self.retention_pruned.labels(table)
+            self.retention_lag.labels(table)
+        for result in RETENTION_RESULTS:
+            self.retention_passes.labels(result)
         self._depth_keys: set[tuple[str, str]] = set()
         self._ingress(r)
 

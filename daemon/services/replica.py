@@ -15,6 +15,7 @@ ready::
     |  the replica id, see daemon/core/replica_identity.py)
     |- heartbeat (replicas table: seen, running/draining)
     |- depth sampler (one bounded query per interval feeds the depth gauges)
+    |- pruner (retention; one replica at a time by a database lease)
     '- work
        |- completer (batched fenced finalization)
        |- family services (the effect checkpoint batcher)
@@ -62,6 +63,7 @@ from daemon.services.families import FamilyRegistry
 from daemon.services.http_server import serve_app
 from daemon.services.lease_keeper import LeaseKeeper
 from daemon.services.metrics import Metrics
+from daemon.services.retention import Pruner
 from daemon.services.scheduler import Scheduler
 from daemon.services.worker_pool import WorkerPool
 from storage.flow import FlowSample
@@ -130,6 +132,7 @@ class Replica:
     ingress_address: str | None = None
     schedulers: dict[str, Scheduler] = attrs.field(factory=dict)
     pool: WorkerPool | None = None
+    pruner: Pruner | None = None
     history: collections.deque[HistoryPoint] = attrs.field(
         factory=lambda: collections.deque(maxlen=HISTORY_POINTS)
     )
@@ -236,6 +239,10 @@ class Replica:
             await services.start(self._heartbeat_loop)
             await services.start(self._depth_loop)
             await services.start(legacy_projector.run, self.store, self.clock)
+            if self.settings.retention.enabled:
+                self.pruner = Pruner(self.store, self.settings.retention, self.clock,
+                                     self.metrics, self.replica_id)
+                await services.start(self.pruner.run)
             logs.event(
                 "replica_started",
                 replica=self.replica_id,

@@ -367,8 +367,10 @@ async def test_overview_reports_history_counters_and_replicas(console: ConsoleHa
     client, _ = await console.sign_in("viv")
     doc = await (await client.get("/admin/api/overview")).get_json()
     assert doc["pressure"] == [
-        {"family": "noop", "state": "dead", "depth": 2, "oldest_age_s": 90.0},
-        {"family": "noop", "state": "pending", "depth": 3, "oldest_age_s": 30.0},
+        {"family": "noop", "state": "dead", "depth": 2, "depth_capped": False,
+         "oldest_age_s": 90.0},
+        {"family": "noop", "state": "pending", "depth": 3, "depth_capped": False,
+         "oldest_age_s": 30.0},
     ]
     assert doc["throughput"]["finished"] == 30 and doc["throughput"]["per_s"] == 3.0
     assert [p["depth"] for p in doc["series"]] == [{"pending": 7}, {"dead": 2, "pending": 3}]
@@ -427,3 +429,20 @@ async def test_the_audit_page_shows_where_a_cli_action_came_from(
                                            "via": "cli"}
     page = await (await client.get("/admin/audit")).get_data(as_text=True)
     assert "via cli as root (sudo by bob)" in page
+
+
+async def test_a_capped_depth_is_shown_as_at_least(console: ConsoleHarness) -> None:
+    from daemon.services.replica import HistoryPoint
+    from storage.port import QueueDepth
+
+    now = console.replica.clock.now_us()
+    console.replica.history.append(HistoryPoint(
+        now, 5.0, (QueueDepth("noop", WorkState.DEAD, 100_000, now - 90_000_000, capped=True),
+                   QueueDepth("noop", WorkState.PENDING, 3, now - 30_000_000)), ()))
+    client, _ = await console.sign_in("viv")
+    doc = await (await client.get("/admin/api/overview")).get_json()
+    assert [(r["state"], r["depth"], r["depth_capped"]) for r in doc["pressure"]] == [
+        ("dead", 100_000, True), ("pending", 3, False)]
+    html = await (await client.get("/admin/overview/live")).get_data(as_text=True)
+    assert '<a href="/admin/dlq">≥ 100000</a>' in html
+    assert '<span class="value" id="open-depth">3</span>' in html

@@ -181,3 +181,25 @@ def test_the_auth_kinds_load() -> None:
     (g,) = grant.bindings
     assert (g.auth, g.token, g.client_secret is not None) == ("grant", None, True)
     assert "client-SECRET" not in repr(g)
+
+
+@pytest.mark.parametrize(("table", "key", "message"), [
+    ({"facts_days": 30.0}, "retention.facts_days", "must be longer than retention.work_days"),
+    ({"work_days": 500.0}, "retention.facts_days", "must be longer than retention.work_days"),
+    ({"work_days": 0.0}, "retention.work_days", "must be positive"),
+    ({"batch_rows": 0}, "retention.batch_rows", "must be at least 1"),
+    ({"batch_bytes": 200_000_000}, "retention.batch_bytes", "TiDB's 100 MB"),
+    ({"interval": 0.0}, "retention.interval", "must be positive"),
+    ({"lease_ttl": -1.0}, "retention.lease_ttl", "must be positive"),
+])
+def test_retention_settings_that_cannot_work_are_refused_by_name(
+        table: dict[str, Any], key: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _parse({"retention": table})
+    assert info.value.key == key
+    assert message in str(info.value)
+
+
+def test_retention_defaults_keep_facts_longer_than_work() -> None:
+    retention = _parse({}).retention
+    assert retention.enabled and retention.facts_days > retention.work_days

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import attrs
 import pytest
 
 from daemon.core.outcomes import (
@@ -42,10 +43,12 @@ from storage.port import (
 from storage.principals import Actor
 from storage.quota import reservation_move, reservation_open
 from storage.refresh_leases import refresh_lease_acquire
+from storage.retention.prune import LeaseParams
 from storage.work_rollback import LegacyReceipt
 from storage.work_store import WorkStore
 from tests.support.backends import fresh_database
 from tests.support.ingress import materialization, receipt
+from tests.support.retention import PAST_FACTS, prune
 from tests.support.work import SEC, T0, claim, enqueue, finalize, spec
 
 T = TypeVar("T")
@@ -173,6 +176,7 @@ async def _workload(store: WorkStore) -> None:
     await _credentials_workload(store)
     await _cutover_workload(store)
     await _ingress_workload(store)
+    await _retention_workload(store)
 
 
 async def _cutover_workload(store: WorkStore) -> None:
@@ -225,6 +229,18 @@ async def _ingress_workload(store: WorkStore) -> None:
     await store.ingress_events_of(first.receipt_id)
     await store.ingress_counts()
     await store.ingress_prune(T0 + 10**12)
+
+
+async def _retention_workload(store: WorkStore) -> None:
+    """Two pruner passes (the second resumes from the stored cursors), a busy lease,
+    a lost one, the status read."""
+    await prune(store, PAST_FACTS, batch_rows=2)
+    await prune(store, PAST_FACTS + SEC, batch_rows=2)
+    params = LeaseParams(holder="x", token="tx", ttl_us=60 * SEC, sweep_interval_us=SEC)
+    await store.retention_lease_acquire(params, PAST_FACTS + 2 * SEC)
+    await store.retention_lease_acquire(attrs.evolve(params, token="ty"), PAST_FACTS + 3 * SEC)
+    await store.retention_lease_release(token="tx", summary={}, now_us=PAST_FACTS + 4 * SEC)
+    await store.retention_status()
 
 
 async def _credentials_workload(store: WorkStore) -> None:

@@ -1,0 +1,309 @@
+"""Retention decisions (pure): what the pruner may delete, how much at once, who prunes.
+
+Theory of operation
+-------------------
+Two horizons. The *work* horizon (``retention.work_days``) ends the life of terminal
+WorkItems, their executions, resolved effect attempts and confirmed Runtime receipts. The
+*facts* horizon (``retention.facts_days``, strictly longer) covers what the seeds require
+to outlive the Runtime's outbox, redelivery and workflow windows (seed 6.1): handoff
+admission facts (``COMMAND_ACCEPTED``) and rejection tombstones (``HANDOFF_REJECTED``),
+and dedup facts (a terminal WorkItem that carries a ``dedupe_key``, or a rolled-back
+``reconciled_legacy_terminal`` row, whose identity must keep refusing a second item).
+
+A row is pruned only when every guard of its rule says so; a guard that lacks a fact
+keeps the row (:class:`Keep`). The verdicts below take the facts the shell read and
+answer :class:`Prune` or :class:`Keep` with a reason; they never see a connection.
+
+One pruner at a time, cluster-wide: a lease row in the database (``retention_leases``)
+names the holder, its token and an epoch. :func:`lease_decision` says whether this
+replica may take it; every batch the holder deletes is fenced on that token in the same
+transaction, so a pruner that lost its lease (paused, partitioned) deletes nothing.
+
+Transaction size: a batch is at most ``batch_rows`` rows and at most ``batch_bytes``
+of row data (TiDB refuses a transaction above 100 MB; :data:`TIDB_TXN_LIMIT_BYTES`),
+the longest prefix of the candidates that fits (:func:`plan_batch`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+import attrs
+
+DAY_US = 86_400 * 1_000_000
+TIDB_TXN_LIMIT_BYTES = 100 * 1024 * 1024
+# A batch's byte budget may use at most a quarter of TiDB's limit: the deleted index
+# entries and the lease update are counted by the engine too.
+MAX_BATCH_BYTES = TIDB_TXN_LIMIT_BYTES // 4
+# Fixed overhead per deleted row (keys, index entries) beside its measured text columns.
+ROW_OVERHEAD_BYTES = 512
+
+
+class Horizon(enum.StrEnum):
+    WORK = "work"
+    FACTS = "facts"
+
+
+class RetentionConfigError(ValueError):
+    """A retention setting that cannot work; ``key`` names it."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+@attrs.frozen(kw_only=True)
+class RetentionPolicy:
+    work_days: float
+    facts_days: float
+    batch_rows: int
+    batch_bytes: int
+
+    def validate(self) -> RetentionPolicy:
+        if not self.work_days > 0:
+            raise RetentionConfigError("retention.work_days", "must be positive")
+        if not self.facts_days > self.work_days:
+            raise RetentionConfigError(
+                "retention.facts_days",
+                "must be longer than retention.work_days (admission facts, tombstones and"
+                " dedup facts outlive the work they fenced)")
+        if self.batch_rows < 1:
+            raise RetentionConfigError("retention.batch_rows", "must be at least 1")
+        if not 0 < self.batch_bytes <= MAX_BATCH_BYTES:
+            raise RetentionConfigError(
+                "retention.batch_bytes",
+                f"must be between 1 and {MAX_BATCH_BYTES} (a quarter of TiDB's 100 MB"
+                " transaction limit)")
+        return self
+
+
+@attrs.frozen
+class Cutoffs:
+    """Rows older than these (epoch us) are past their horizon."""
+
+    work_us: int
+    facts_us: int
+
+    def of(self, horizon: Horizon) -> int:
+        return self.work_us if horizon is Horizon.WORK else self.facts_us
+
+
+def cutoffs(policy: RetentionPolicy, now_us: int) -> Cutoffs:
+    return Cutoffs(work_us=now_us - int(policy.work_days * DAY_US),
+                   facts_us=now_us - int(policy.facts_days * DAY_US))
+
+
+# ---------------------------------------------------------------- verdicts
+
+
+@attrs.frozen
+class Prune:
+    pass
+
+
+@attrs.frozen
+class Keep:
+    reason: str
+
+
+PRUNE = Prune()
+Verdict = Prune | Keep
+
+
+@attrs.frozen(kw_only=True)
+class TerminalItemFacts:
+    """What the work-item guard needs about one terminal WorkItem."""
+
+    updated_at_us: int
+    has_dedupe_key: bool
+    legacy_reconciled: bool  # state reconciled_legacy_terminal (a cutover identity)
+    # This item is a replay of an item that still exists: pruning it would let the
+    # original be replayed a second time (replay_of is unique).
+    replay_original_exists: bool
+    # For an item of a command: that command's settlement (None: no command, or the
+    # item is not a command's), and whether an open repair of the command exists.
+    command_settlement: str | None
+    command_missing: bool = False
+    open_repair: bool = False
+
+
+def work_item_verdict(item: TerminalItemFacts, cut: Cutoffs) -> Verdict:
+    identity = item.has_dedupe_key or item.legacy_reconciled
+    horizon = cut.facts_us if identity else cut.work_us
+    if item.updated_at_us >= horizon:
+        return Keep("dedup_fact" if identity and item.updated_at_us < cut.work_us
+                    else "within_retention")
+    if item.replay_original_exists:
+        return Keep("replay_lineage")
+    if item.command_missing:
+        return Keep("command_unreadable")
+    if item.command_settlement == "open":
+        return Keep("command_unsettled")
+    if item.open_repair:
+        return Keep("open_repair")
+    return PRUNE
+
+
+@attrs.frozen(kw_only=True)
+class ExecutionFacts:
+    finished_at_us: int
+    work_live: bool  # its WorkItem exists and is not terminal
+
+
+def execution_verdict(row: ExecutionFacts, cut: Cutoffs) -> Verdict:
+    if row.finished_at_us >= cut.work_us:
+        return Keep("within_retention")
+    if row.work_live:
+        return Keep("work_live")
+    return PRUNE
+
+
+@attrs.frozen(kw_only=True)
+class AttemptFacts:
+    finished_at_us: int | None
+    outcome: str | None
+    disposition: str | None
+    command_settlement: str | None  # None: the command row is missing
+    command_work_live: bool
+    open_repair: bool
+
+
+def attempt_verdict(row: AttemptFacts, cut: Cutoffs) -> Verdict:
+    if row.finished_at_us is None or row.outcome is None:
+        return Keep("no_outcome")
+    if row.outcome == "OUTCOME_UNKNOWN" and row.disposition is None:
+        return Keep("outcome_unknown")
+    if row.finished_at_us >= cut.work_us:
+        return Keep("within_retention")
+    if row.command_settlement is None:
+        return Keep("command_unreadable")
+    if row.command_settlement == "open":
+        return Keep("command_unsettled")
+    if row.command_work_live:
+        return Keep("work_live")
+    if row.open_repair:
+        return Keep("open_repair")
+    return PRUNE
+
+
+@attrs.frozen(kw_only=True)
+class ReceiptFacts:
+    state: str
+    confirmed_at_us: int | None
+    receipt_work_live: bool
+    open_repair: bool
+
+
+def receipt_verdict(row: ReceiptFacts, cut: Cutoffs) -> Verdict:
+    if row.state != "confirmed" or row.confirmed_at_us is None:
+        return Keep("unconfirmed")
+    if row.confirmed_at_us >= cut.work_us:
+        return Keep("within_retention")
+    if row.receipt_work_live:
+        return Keep("work_live")
+    if row.open_repair:
+        return Keep("open_repair")
+    return PRUNE
+
+
+@attrs.frozen(kw_only=True)
+class AdmissionFacts:
+    admission: str
+    created_at_us: int
+    # For COMMAND_ACCEPTED: the command's settlement (None: no such command row).
+    command_settlement: str | None
+
+
+def admission_verdict(row: AdmissionFacts, cut: Cutoffs) -> Verdict:
+    if row.created_at_us >= cut.facts_us:
+        return Keep("within_retention")
+    if row.admission == "HANDOFF_REJECTED":
+        return PRUNE
+    if row.admission != "COMMAND_ACCEPTED":
+        return Keep("unknown_admission")
+    if row.command_settlement is None:
+        return Keep("command_unreadable")
+    if row.command_settlement == "open":
+        return Keep("command_unsettled")
+    return PRUNE
+
+
+# ---------------------------------------------------------------- batches
+
+
+@attrs.frozen
+class BatchPlan:
+    walked: int  # candidates this batch settles (pruned or kept); the cursor ends there
+    prune: tuple[int, ...]  # indexes of the candidates to delete
+
+
+def plan_batch(judged: Sequence[tuple[Verdict, int]], *, max_bytes: int) -> BatchPlan:
+    """Walk the judged candidates (verdict, text bytes) in scan order: delete the
+    prunable ones until the next would pass ``max_bytes``, and stop there (the rest are
+    the next batch's). A single oversized row is still deleted alone: never a batch that
+    cannot move."""
+    spent = 0
+    prune: list[int] = []
+    walked = 0
+    for index, (verdict, size) in enumerate(judged):
+        if isinstance(verdict, Prune):
+            cost = max(0, size) + ROW_OVERHEAD_BYTES
+            if prune and spent + cost > max_bytes:
+                break
+            spent += cost
+            prune.append(index)
+        walked += 1
+    return BatchPlan(walked, tuple(prune))
+
+
+def overdue_us(oldest_age_us: int | None, cutoff_us: int) -> int:
+    """The lag: how far past its horizon the oldest prunable row is (0 if none)."""
+    if oldest_age_us is None:
+        return 0
+    return max(0, cutoff_us - oldest_age_us)
+
+
+def sweep_due(last_sweep_us: int, now_us: int, sweep_interval_us: int) -> bool:
+    """Restart every rule's scan from its beginning (rows a guard kept earlier, such as
+    an item whose command has settled since, are found again)."""
+    return last_sweep_us <= 0 or now_us - last_sweep_us >= sweep_interval_us
+
+
+# ---------------------------------------------------------------- the lease
+
+
+@attrs.frozen
+class LeaseView:
+    holder: str | None
+    token: str | None
+    until_us: int
+    epoch: int
+
+
+@attrs.frozen
+class TakeLease:
+    expected_epoch: int  # the CAS: the row must still be at this epoch
+
+
+@attrs.frozen
+class CreateLease:
+    pass
+
+
+@attrs.frozen
+class LeaseHeld:
+    holder: str
+    until_us: int
+
+
+LeaseDecision = TakeLease | CreateLease | LeaseHeld
+
+
+def lease_decision(row: LeaseView | None, now_us: int) -> LeaseDecision:
+    """May a pruner take the lease now? Only when nobody holds it or it has expired."""
+    if row is None:
+        return CreateLease()
+    if row.token is not None and row.until_us >= now_us:
+        return LeaseHeld(row.holder or "", row.until_us)
+    return TakeLease(row.epoch)

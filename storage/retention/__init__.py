@@ -1,0 +1,1 @@
+"""Retention: declared per-table rules and the fenced, batched pruner's storage."""
