@@ -84,7 +84,9 @@ def _probe_secret(name: str) -> None:
     elif (m := re.fullmatch(r"WEBHOOK_([A-Z0-9_]+?)(_PREVIOUS)?_SECRET", body)):
         route_name = m.group(1).lower().replace("_", "-")
         (route,) = _settings(env, {
-            "bindings": [{**_binding("b"), "provider": "hubspot"}],
+            # A binding with no static token (auth left to its default: a grant).
+            "bindings": [{**{k: v for k, v in _binding("b").items() if k != "auth"},
+                          "provider": "hubspot"}],
             "webhook_routes": [{"route": route_name, "binding_id": "b",
                                 "webhook": "hubspot.contact_events"}]}).webhook_routes
         assert (route.previous_secret if m.group(2) else route.secret) is not None
