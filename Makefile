@@ -14,7 +14,8 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 SECRETS := var/secrets/runtime-crm.token var/secrets/runtime-crm-results.token var/secrets/hubspot.token \
-           var/secrets/hubspot-webhook.token
+           var/secrets/hubspot-webhook.token var/secrets/outreach.token \
+           var/secrets/outreach-webhook.token
 
 # Demo credentials for the sandbox and the console (random, never committed).
 var/secrets/%.token:

@@ -96,11 +96,14 @@ def _parser() -> argparse.ArgumentParser:
 
     box = sub.add_parser(
         "sandbox",
-        help="run the provider simulator and the reference Runtime (demo, tests, benchmarks)",
+        help="run the provider simulators and the reference Runtime (demo, tests, benchmarks)",
     )
-    box.add_argument("--leads", type=int, default=5, help="Leads (and contacts) to seed")
+    box.add_argument("--leads", type=int, default=5,
+                     help="Leads (and contacts, and Prospects) to seed")
     box.add_argument("--interval", type=float, default=1.0,
                      help="seconds between title changes (0: no traffic)")
+    box.add_argument("--outreach-interval", type=float, default=3.0,
+                     help="seconds between Prospect changes in Outreach (0: none)")
 
     work = sub.add_parser("work", help="operate on work items").add_subparsers(
         dest="work_command", required=True, metavar="VERB"
@@ -309,7 +312,8 @@ async def _cmd_sandbox(settings: Settings, args: argparse.Namespace) -> int:
                         nursery.cancel_scope.cancel()
 
                 nursery.start_soon(stop_on_signal)
-                await run_sandbox(settings, store, leads=args.leads, interval_s=args.interval)
+                await run_sandbox(settings, store, leads=args.leads, interval_s=args.interval,
+                                  outreach_interval_s=args.outreach_interval)
     finally:
         await store.db.aclose()
     return EXIT_OK

@@ -1,13 +1,21 @@
-"""``integrationd sandbox``: the HubSpot simulator and the reference Runtime, with traffic.
+"""``integrationd sandbox``: the HubSpot and Outreach simulators and the reference Runtime,
+with traffic both ways.
 
-Reads the same configuration as the replica, so the pieces agree: the
-simulator listens where the first HubSpot binding's ``base_url`` points and
-accepts that binding's token; the Runtime listens where the first
-``[[runtimes]]`` entry's ``results_url`` points, calls integrationd's
-``[api] listen`` with that runtime's token, and expects its results token.
-It seeds ``--leads`` Leads with linked contacts (adopting the remote links in
-integrationd's database) and, every ``--interval`` seconds, changes one
-Lead's title, so effects flow as soon as a replica runs.
+Reads the same configuration as the replica, so the pieces agree: the HubSpot simulator
+listens where the first HubSpot binding's ``base_url`` points and accepts that binding's
+token; the Runtime listens where the first ``[[runtimes]]`` entry's ``results_url``
+points, calls integrationd's ``[api] listen`` with that runtime's token, and expects its
+results token. It seeds ``--leads`` Leads with linked contacts (adopting the remote links
+in integrationd's database) and, every ``--interval`` seconds, changes one Lead's title,
+so effects flow out as soon as a replica runs.
+
+When the configuration also has an Outreach binding with a ``[[webhook_routes]]`` entry,
+the Outreach simulator listens where that binding's ``base_url`` points (accepting its
+token, with the S2S token endpoint mounted beside the API), holds one Prospect per Lead
+(linked to it in integrationd's database, as an operator adopts a link), subscribes the
+route's URL (``public_url``, else ``[ingress] listen``) with the route's secret, and every
+``--outreach-interval`` seconds changes one Prospect's name or company "inside Outreach":
+its signed webhook flows in through the replica's ingress to the Lead.
 """
 
 from __future__ import annotations
@@ -15,22 +23,33 @@ from __future__ import annotations
 import random
 import urllib.parse
 
+import attrs
 import httpx
 import trio
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from config.load import ConfigError
-from config.settings import BindingSettings, RuntimeClient, Settings
+from config.settings import BindingSettings, RuntimeClient, Settings, WebhookRoute
 from daemon.core.handoff import TrustedRuntimeWorkScope
 from daemon.core.identity import integration_scope_digest
 from daemon.services import logs
 from daemon.services.clock import WallClock
 from sandbox.hubspot_sim import HubSpotSimulator
+from sandbox.outreach_sim import JSONAPI, WEBHOOKS_PATH, OutreachSimulator
 from sandbox.runtime import ReferenceRuntime
 from sandbox.runtime.server import serve as serve_runtime
+from sandbox.s2s_token_sim import S2STokenEndpoint, s2s_routes
 from storage.work_store import WorkStore
 
 TITLES = ("Engineer", "Senior Engineer", "Staff Engineer", "Engineering Manager", "Director",
           "VP Engineering", "CTO", "Founder")
+FIRST_NAMES = ("Ada", "Grace", "Alan", "Edsger", "Barbara", "Donald", "Frances", "Ken")
+LAST_NAMES = ("Lovelace", "Hopper", "Turing", "Dijkstra", "Liskov", "Knuth", "Allen",
+              "Thompson")
+COMPANIES = ("ACME", "Globex", "Initech", "Umbrella", "Hooli", "Stark Industries")
+# The S2S app the mounted token endpoint knows (its key lives only in this process).
+S2S_APP_ID = "sandbox-s2s-app"
 
 
 class SandboxConfigError(ConfigError):
@@ -52,6 +71,39 @@ def _pieces(settings: Settings) -> tuple[RuntimeClient, BindingSettings]:
     return runtime, binding
 
 
+@attrs.frozen
+class _Outreach:
+    binding: BindingSettings
+    route: WebhookRoute
+    hooks_url: str
+
+
+def _outreach_pieces(settings: Settings) -> _Outreach | None:
+    """The first Outreach binding that has a webhook route; None: no Outreach here."""
+    for binding in settings.bindings:
+        if binding.provider != "outreach":
+            continue
+        routes = [r for r in settings.webhook_routes if r.binding_id == binding.binding_id]
+        if not routes:
+            continue
+        route = routes[0]
+        if binding.token is None:
+            raise SandboxConfigError(f"bindings.{binding.binding_id}.token",
+                                     "the Outreach simulator needs the binding's token")
+        if route.secret is None:
+            raise SandboxConfigError(f"webhook_routes.{route.route}.secret",
+                                     "the Outreach subscription needs the route's secret")
+        if route.public_url:
+            url = route.public_url
+        elif settings.ingress.listen:
+            url = f"http://{settings.ingress.listen}/hooks/{route.route}"
+        else:
+            raise SandboxConfigError("ingress.listen",
+                                     "the Outreach webhooks need an ingress listener")
+        return _Outreach(binding, route, url)
+    return None
+
+
 def _host_port(url: str) -> tuple[str, int]:
     parts = urllib.parse.urlsplit(url)
     if parts.hostname is None or parts.port is None:
@@ -60,8 +112,9 @@ def _host_port(url: str) -> tuple[str, int]:
 
 
 async def run_sandbox(settings: Settings, store: WorkStore, *, leads: int,
-                      interval_s: float) -> None:
+                      interval_s: float, outreach_interval_s: float = 3.0) -> None:
     runtime_cfg, binding = _pieces(settings)
+    outreach = _outreach_pieces(settings)
     assert runtime_cfg.token is not None and runtime_cfg.results_token is not None
     assert binding.token is not None
     sim = HubSpotSimulator(tokens={binding.token.reveal()})
@@ -79,15 +132,46 @@ async def run_sandbox(settings: Settings, store: WorkStore, *, leads: int,
     async with trio.open_nursery() as nursery:
         await nursery.start(sim.run, sim_host, sim_port)
         await nursery.start(serve_runtime, runtime, rt_host, rt_port)
+        osim = None
+        if outreach is not None:
+            osim = _outreach_simulator(outreach.binding)
+            o_host, o_port = _host_port(outreach.binding.base_url)
+            await nursery.start(osim.run, o_host, o_port)
         logs.event("sandbox_listening", hubspot=binding.base_url,
-                   runtime=f"http://{rt_host}:{rt_port}", leads=leads)
+                   runtime=f"http://{rt_host}:{rt_port}", leads=leads,
+                   outreach=outreach.binding.base_url if outreach is not None else "")
         base = f"http://{rt_host}:{rt_port}"
         async with httpx.AsyncClient(timeout=10) as http:
             await _seed(http, base, sim, store, binding, leads)
+            if outreach is not None and osim is not None:
+                await _seed_outreach(http, osim, store, outreach, leads)
+                if outreach_interval_s > 0:
+                    nursery.start_soon(_outreach_traffic, osim, leads, outreach_interval_s)
             if interval_s > 0:
                 await _traffic(http, base, leads, interval_s)
             else:
                 await trio.sleep_forever()
+
+
+def _outreach_simulator(binding: BindingSettings) -> OutreachSimulator:
+    """The Outreach simulator accepting the binding's token, with the S2S token endpoint
+    mounted on the same port (a minted token is accepted like the static one)."""
+    assert binding.token is not None
+    osim = OutreachSimulator(tokens={binding.token.reveal()})
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public_pem = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    s2s = S2STokenEndpoint(app_id=S2S_APP_ID, public_key_pem=public_pem,
+                           installs={binding.app_installation_id},
+                           access_tokens=osim.tokens)
+    osim.mounts.extend(s2s_routes(s2s))
+    return osim
+
+
+def _lead_fields(i: int) -> dict[str, str]:
+    return {"FirstName": FIRST_NAMES[i % len(FIRST_NAMES)],
+            "LastName": LAST_NAMES[i % len(LAST_NAMES)],
+            "Company": COMPANIES[i % len(COMPANIES)], "Email": f"person{i}@example.com"}
 
 
 async def _seed(http: httpx.AsyncClient, base: str, sim: HubSpotSimulator, store: WorkStore,
@@ -97,11 +181,59 @@ async def _seed(http: httpx.AsyncClient, base: str, sim: HubSpotSimulator, store
     for i in range(1, leads + 1):
         lead_id, contact_id = f"lead-{i}", str(1000 + i)
         sim.add_contact(contact_id, jobtitle=TITLES[0], email=f"person{i}@example.com")
-        await http.post(f"{base}/leads", json={"lead_id": lead_id, "title": TITLES[0]})
+        await http.post(f"{base}/leads", json={"lead_id": lead_id, "title": TITLES[0],
+                                               "fields": _lead_fields(i)})
         # Idempotent: an earlier sandbox run may have adopted the same pair.
         await store.link_adopt(scope, "lead", lead_id, "contact", contact_id,
                                actor="sandbox", role="admin", reason="sandbox seed",
                                now_us=WallClock().now_us())
+
+
+async def _seed_outreach(http: httpx.AsyncClient, osim: OutreachSimulator, store: WorkStore,
+                         outreach: _Outreach, leads: int) -> None:
+    """One Prospect per Lead, linked as an operator adopts a link; then the subscription
+    that sends every Prospect change, signed with the route's secret, to the replica."""
+    binding, route = outreach.binding, outreach.route
+    assert binding.token is not None and route.secret is not None
+    scope = integration_scope_digest(binding.org_id, binding.app_installation_id,
+                                     binding.provider, binding.remote_account_id)
+    for i in range(1, leads + 1):
+        fields = _lead_fields(i)
+        osim.put_prospect({"firstName": fields["FirstName"], "lastName": fields["LastName"],
+                           "company": fields["Company"], "title": TITLES[0],
+                           "emails": [fields["Email"]]}, prospect_id=i)
+        # Idempotent, like the HubSpot links: the simulator's ids are the same every run.
+        await store.link_adopt(scope, "lead", f"lead-{i}", "prospect", str(i),
+                               actor="sandbox", role="admin", reason="sandbox seed",
+                               now_us=WallClock().now_us())
+    # The simulator is a new process each run: its subscriptions start empty.
+    answer = await http.post(
+        f"{binding.base_url.rstrip('/')}{WEBHOOKS_PATH}",
+        headers={"authorization": f"Bearer {binding.token.reveal()}", "content-type": JSONAPI},
+        json={"data": {"type": "webhook", "attributes": {
+            "resource": "prospect", "action": "*", "payloadVersion": 2,
+            "url": outreach.hooks_url, "secret": route.secret.reveal()}}})
+    if answer.status_code != 201:
+        raise SandboxConfigError(f"webhook_routes.{route.route}",
+                                 f"the Outreach simulator refused the subscription "
+                                 f"({answer.status_code})")
+    logs.event("sandbox_outreach_subscribed", route=route.route, url=outreach.hooks_url,
+               prospects=leads)
+
+
+async def _outreach_traffic(osim: OutreachSimulator, leads: int, interval_s: float) -> None:
+    """A user edits a Prospect in Outreach: a new first or last name or company."""
+    while True:
+        await trio.sleep(interval_s)
+        prospect = random.randint(1, leads)
+        attribute, values = random.choice((("firstName", FIRST_NAMES),
+                                           ("lastName", LAST_NAMES), ("company", COMPANIES)))
+        current = osim.prospect(prospect)
+        if current is None:  # deleted through the control API meanwhile
+            logs.warn("sandbox_outreach_traffic_failed", prospect=prospect)
+            continue
+        choices = [v for v in values if v != current["attributes"].get(attribute)]
+        osim.update_prospect(prospect, {attribute: random.choice(choices)})
 
 
 async def _traffic(http: httpx.AsyncClient, base: str, leads: int, interval_s: float) -> None:

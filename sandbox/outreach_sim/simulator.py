@@ -59,6 +59,7 @@ from sandbox.outreach_sim.model import (
     validate_attributes,
     wire_precision,
 )
+from sandbox.s2s_token_sim import Route
 
 API_PREFIX: Final = "/api/v2/"
 PROSPECTS_PATH: Final = "/api/v2/prospects"
@@ -124,6 +125,9 @@ class OutreachSimulator:
     redeliveries: int = 3
     redelivery_delay: float = 1.0
     clock: Callable[[], int] = now_us
+    # Other endpoints served on the same port before the provider's own (the S2S token
+    # endpoint's ``s2s_routes``): no fault, auth, rate limit or journal of ours applies.
+    mounts: list[Route] = attrs.field(factory=list)
     requests: list[RequestRecord] = attrs.field(factory=list, init=False)
     deliveries: list[DeliveryRecord] = attrs.field(factory=list, init=False)
     _prospects: dict[int, Prospect] = attrs.field(factory=dict, init=False)
@@ -326,6 +330,10 @@ class OutreachSimulator:
     # ---- HTTP ----
 
     async def handle(self, request: Request) -> Response | Abort:
+        for method, pattern, mounted in self.mounts:
+            match = pattern.match(request.path)
+            if match is not None and request.method == method:
+                return await mounted(request, match)
         if request.path.startswith(CONTROL_PREFIX):
             from sandbox.outreach_sim.control import handle_control
             return handle_control(self, request)
