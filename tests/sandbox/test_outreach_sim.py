@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
@@ -18,8 +19,11 @@ from typing import Any
 
 import attrs
 import httpx
+import jwt
 import pytest
 import trio
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from sandbox.h11_server import ABORT, Abort, H11Server, Request, Response
 from sandbox.hubspot_sim.model import Fault
@@ -33,6 +37,7 @@ from sandbox.outreach_sim import (
     OutreachSimulator,
 )
 from sandbox.outreach_sim.__main__ import TOKEN_ENV
+from sandbox.s2s_token_sim import S2STokenEndpoint, s2s_routes
 
 TOKEN = "s2s-test-token-9c2d"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": JSONAPI}
@@ -422,3 +427,37 @@ async def test_cli_without_tokens_or_with_a_used_port_exits_2(served: Served) ->
         env={**env, TOKEN_ENV: TOKEN}, check=False, capture_stderr=True)
     assert in_use.returncode == 2
     assert json.loads(in_use.stderr)["event"] == "outreach_sim_bind_failed"
+
+
+async def test_a_mounted_s2s_token_endpoint_mints_tokens_the_api_accepts(
+        nursery: trio.Nursery) -> None:
+    """``integrationd sandbox`` mounts wire9's token endpoint on the simulator's port,
+    sharing the token set: a minted token reads Prospects; a bad JWT mints nothing."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                           serialization.PublicFormat.SubjectPublicKeyInfo)
+    sim = OutreachSimulator(tokens={TOKEN})
+    s2s = S2STokenEndpoint(app_id="app-1", public_key_pem=public, installs={"inst-1"},
+                           access_tokens=sim.tokens)
+    sim.mounts.extend(s2s_routes(s2s))
+    sim.put_prospect({"firstName": "Ada"}, prospect_id=7)
+    port = await nursery.start(sim.run)
+    now = int(time.time())
+    app_jwt = jwt.encode({"iss": "app-1", "iat": now, "exp": now + 60}, key, algorithm="RS256")
+    other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    forged = jwt.encode({"iss": "app-1", "iat": now, "exp": now + 60}, other,
+                        algorithm="RS256")
+    mint = "/api/app/installs/inst-1/actions/accessToken"
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        refused = await http.post(mint, headers={"Authorization": f"Bearer {forged}"})
+        assert refused.status_code == 401
+        assert sim.tokens == {TOKEN}
+        minted = await http.post(mint, headers={"Authorization": f"Bearer {app_jwt}"})
+        assert minted.status_code == 200, minted.text
+        token = minted.json()["token"]
+        read = await http.get(f"{PROSPECTS_PATH}/7", headers={
+            "Authorization": f"Bearer {token}", "Content-Type": JSONAPI})
+        assert read.status_code == 200, read.text
+        assert read.json()["data"]["attributes"]["firstName"] == "Ada"
+    # The mount answered before the provider's own handling: not in its journal.
+    assert [r.path for r in sim.requests] == [f"{PROSPECTS_PATH}/7"]
