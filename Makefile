@@ -35,15 +35,19 @@ var/secrets/%.password-hash: $(BIN)/.installed
 # Every file config/example.toml reads; each is made once and kept.
 secrets: $(SECRETS) $(OPERATOR_HASHES)
 
-# One replica, plus the HubSpot simulator and the reference CRM Runtime with a
-# little live traffic (Lead title changes flowing to HubSpot and back).
+# One replica, plus the HubSpot and Outreach simulators and the reference CRM Runtime with a
+# little live traffic both ways: Lead title changes flowing to HubSpot (and receipts back),
+# Prospect changes in Outreach arriving as signed webhooks and applied to the Leads.
 run: $(BIN)/.installed secrets
 	$(BIN)/integrationd --config $(CONFIG) migrate
 	$(BIN)/integrationd --config $(CONFIG) catalog publish --actor admin --reason "make run"
+	$(BIN)/integrationd --config $(CONFIG) reconcile start --binding outreach-main --resource prospect \
+	  --actor admin --reason "make run"
 	$(BIN)/integrationd --config $(CONFIG) work enqueue noop --count 200
 	@echo ""
 	@echo "  console: http://127.0.0.1:8780/admin/  (sign in as admin or viewer; passwords in var/secrets/admin.password, var/secrets/viewer.password)"
 	@echo "  metrics: http://127.0.0.1:8780/metrics   service API: http://127.0.0.1:8781/v1/openapi.json"
+	@echo "  webhooks in: http://127.0.0.1:8782/hooks/outreach-main (from the Outreach simulator at http://127.0.0.1:8793)"
 	@echo ""
 	@$(BIN)/integrationd --config $(CONFIG) sandbox & SANDBOX=$$!; \
 	  trap 'kill $$SANDBOX 2>/dev/null' EXIT INT TERM; \
