@@ -102,8 +102,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="Leads (and contacts, and Prospects) to seed")
     box.add_argument("--interval", type=float, default=1.0,
                      help="seconds between title changes (0: no traffic)")
-    box.add_argument("--outreach-interval", type=float, default=3.0,
-                     help="seconds between Prospect changes in Outreach (0: none)")
+    box.add_argument("--inbound-interval", type=float, default=3.0,
+                     help="seconds between remote changes sent as webhooks (0: none)")
 
     work = sub.add_parser("work", help="operate on work items").add_subparsers(
         dest="work_command", required=True, metavar="VERB"
@@ -313,7 +313,7 @@ async def _cmd_sandbox(settings: Settings, args: argparse.Namespace) -> int:
 
                 nursery.start_soon(stop_on_signal)
                 await run_sandbox(settings, store, leads=args.leads, interval_s=args.interval,
-                                  outreach_interval_s=args.outreach_interval)
+                                  inbound_interval_s=args.inbound_interval)
     finally:
         await store.db.aclose()
     return EXIT_OK

@@ -14,7 +14,7 @@ the Outreach simulator listens where that binding's ``base_url`` points (accepti
 token, with the S2S token endpoint mounted beside the API), holds one Prospect per Lead
 (linked to it in integrationd's database, as an operator adopts a link), subscribes the
 route's URL (``public_url``, else ``[ingress] listen``) with the route's secret, and every
-``--outreach-interval`` seconds changes one Prospect's name or company "inside Outreach":
+``--inbound-interval`` seconds changes one Prospect's name or company "inside Outreach":
 its signed webhook flows in through the replica's ingress to the Lead.
 """
 
@@ -112,7 +112,7 @@ def _host_port(url: str) -> tuple[str, int]:
 
 
 async def run_sandbox(settings: Settings, store: WorkStore, *, leads: int,
-                      interval_s: float, outreach_interval_s: float = 3.0) -> None:
+                      interval_s: float, inbound_interval_s: float = 3.0) -> None:
     runtime_cfg, binding = _pieces(settings)
     outreach = _outreach_pieces(settings)
     assert runtime_cfg.token is not None and runtime_cfg.results_token is not None
@@ -145,8 +145,8 @@ async def run_sandbox(settings: Settings, store: WorkStore, *, leads: int,
             await _seed(http, base, sim, store, binding, leads)
             if outreach is not None and osim is not None:
                 await _seed_outreach(http, osim, store, outreach, leads)
-                if outreach_interval_s > 0:
-                    nursery.start_soon(_outreach_traffic, osim, leads, outreach_interval_s)
+                if inbound_interval_s > 0:
+                    nursery.start_soon(_outreach_traffic, osim, leads, inbound_interval_s)
             if interval_s > 0:
                 await _traffic(http, base, leads, interval_s)
             else:

@@ -172,7 +172,7 @@ def test_check_config_prints_every_section_with_secrets_as_set_or_unset(
     secrets.mkdir()
     text = example.read_text().replace("var/secrets/", f"{secrets}/")
     for name in ("runtime-crm.token", "runtime-crm-results.token", "hubspot.token",
-                 "hubspot-webhook.token"):
+                 "hubspot-webhook.token", "outreach.token", "outreach-webhook.token"):
         (secrets / name).write_text(f"value-of-{name}\n")
     # A real argon2 hash, so the operator's hash file loads.
     for who in ("admin", "viewer"):
@@ -193,8 +193,9 @@ def test_check_config_prints_every_section_with_secrets_as_set_or_unset(
     (runtime,) = doc["runtimes"]
     assert runtime["token"] == "set" and runtime["results_token"] == "set"
     assert runtime["results_url"].endswith("/runtime/v1/results")
-    (binding,) = doc["bindings"]
-    assert binding["token"] == "set" and binding["base_url"] == "http://127.0.0.1:8791"
+    hubspot, outreach = doc["bindings"]
+    assert hubspot["token"] == "set" and hubspot["base_url"] == "http://127.0.0.1:8791"
+    assert outreach["token"] == "set" and outreach["base_url"] == "http://127.0.0.1:8793"
     assert {o["name"]: o["password_hash"] for o in doc["operators"]} == {
         "admin": "set", "viewer": "set"}
     assert set(doc["families"]) >= {"noop", "external_effect", "runtime_receipt"}

@@ -69,7 +69,7 @@ async def _start_sandbox(cfg: Path) -> ReplicaProcess:
     with log.open("wb") as handle:
         proc = await trio.lowlevel.open_process(
             [sys.executable, "-m", "daemon.cli", "--config", str(cfg), "sandbox",
-             "--leads", str(LEADS), "--interval", "0", "--outreach-interval", "0.3"],
+             "--leads", str(LEADS), "--interval", "0", "--inbound-interval", "0.3"],
             stdout=subprocess.DEVNULL, stderr=handle, cwd=str(cfg.parent), env=cli_env())
     return ReplicaProcess(proc, log)
 
