@@ -95,11 +95,13 @@ def _outreach_pieces(settings: Settings) -> _Outreach | None:
                                      "the Outreach subscription needs the route's secret")
         if route.public_url:
             url = route.public_url
-        elif settings.ingress.listen:
+        elif settings.ingress.listen and not settings.ingress.listen.endswith(":0"):
             url = f"http://{settings.ingress.listen}/hooks/{route.route}"
         else:
-            raise SandboxConfigError("ingress.listen",
-                                     "the Outreach webhooks need an ingress listener")
+            raise SandboxConfigError(
+                f"webhook_routes.{route.route}.public_url",
+                "the Outreach webhooks need the route's URL: set public_url, or a fixed"
+                " port in ingress.listen")
         return _Outreach(binding, route, url)
     return None
 
