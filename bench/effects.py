@@ -116,6 +116,8 @@ def write_config(workdir: Path, url: str, i: int, replicas: int, api_ports: list
             f'[[bindings]]\nbinding_id = "hubspot-{r}"\nprovider = "hubspot"\n'
             f'org_id = "{sc.org_id}"\napp_installation_id = "{sc.app_installation_id}"\n'
             f'remote_account_id = "portal-{r}"\nbase_url = "http://127.0.0.1:{sim_port}"\n'
+            # Its token comes from the environment (secrets_env): a declared static token.
+            'auth = "static_token"\n'
         )
     cfg = workdir / f"replica-{i}.toml"
     cfg.write_text("\n".join(lines))
