@@ -173,10 +173,13 @@ SCHEMAS: Json = {
         "work_id": {"type": "string"}, "ownership_epoch": {"type": "integer"},
         "attempt": {"type": "integer"}, "replica": {"type": "string"},
         "outcome": {"type": "string", "description": "the state its finalization produced,"
-                    " or lease_lost (its lease expired unfinished and was reclaimed)"},
+                    " lease_lost (its lease expired unfinished and was reclaimed) or deferred"
+                    " (given back unstarted until a known time, its attempt refunded)"},
         "finished_at_us": {"type": "integer"},
         "reclaimed_by": {"type": ["string", "null"],
-                         "description": "the replica whose claim superseded a lost lease"}}},
+                         "description": "the replica whose claim superseded a lost lease"},
+        "reason": {"type": ["string", "null"],
+                   "description": "a deferral's reason (quota_wait) or the failure class"}}},
     "AuditEntry": {"type": "object", "properties": {
         "audit_id": {"type": "string"}, "at_us": {"type": "integer"},
         "actor": {"type": "string"}, "role": {"type": "string"},

@@ -44,7 +44,7 @@ ALWAYS_STATES = ("pending", "processing", "retry", "dead")
 ALWAYS_OUTCOMES = ("succeeded", "retry", "dead")
 STATE_ORDER = ("pending", "processing", "retry", "dead", "awaiting_legacy_outcome",
                "legacy_outcome_unknown")
-OUTCOME_ORDER = ("succeeded", "skipped", "cancelled", "retry", "dead")
+OUTCOME_ORDER = ("succeeded", "skipped", "cancelled", "retry", "deferred", "dead")
 EFFECT_OUTCOMES = ("ACCEPTED", "REJECTED", "RETRYABLE_PRE_DISPATCH", "REPLAY_SAFE_RETRY",
                    "OUTCOME_UNKNOWN")
 ALWAYS_EFFECTS = ("ACCEPTED", "REJECTED", "OUTCOME_UNKNOWN")

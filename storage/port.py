@@ -312,9 +312,11 @@ class CancelResult:
 class Execution:
     """One execution of a WorkItem (one ownership epoch): who ran it and how it ended.
 
-    ``outcome`` is the state its finalization produced, or ``lease_lost`` when the
+    ``outcome`` is the state its finalization produced, ``lease_lost`` when the
     lease expired unfinished and ``reclaimed_by`` superseded it (``finished_at_us``
-    is then the moment of the reclaim).
+    is then the moment of the reclaim), or ``deferred`` when the claim was given
+    back unstarted until a known time (its attempt refunded). ``reason`` is the
+    deferral's reason or the finalization's failure class.
     """
 
     work_id: str
@@ -324,6 +326,7 @@ class Execution:
     outcome: str
     finished_at_us: int
     reclaimed_by: str | None = None
+    reason: str | None = None
 
 
 @attrs.frozen

@@ -71,7 +71,7 @@ from storage.port import (
     SqlTx,
     StorageError,
 )
-from storage.work_executions import LEASE_LOST, journal_entry
+from storage.work_executions import DEFERRED, LEASE_LOST, journal_entry
 from storage.work_executions import journal as journal_rows
 from storage.work_rows import (
     LANE_BLOCKING_SQL,
@@ -626,8 +626,10 @@ def _journal_entry(fin: Finalization, replica: str, state: str,
                    now_us: int) -> list[tuple[Any, ...]]:
     if fin.event is WorkEvent.RELEASE:
         return []  # a released attempt is refunded, not an execution
+    # A deferral is refunded too, but journaled: every wait is visible, with its reason.
+    outcome = DEFERRED if fin.event is WorkEvent.DEFER else state
     return [journal_entry(fin.fence.work_id, fin.fence.ownership_epoch, fin.family,
-                          fin.attempt, replica, state, now_us)]
+                          fin.attempt, replica, outcome, now_us, reason=fin.failure_class)]
 
 
 async def _applied(tx: SqlTx, fences: Sequence[Fence], state: str) -> set[str]:

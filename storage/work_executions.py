@@ -6,7 +6,10 @@ killed, hung or partitioned) is journaled by whoever supersedes its lease: the
 claim that reclaims it (or moves it to dead, attempts spent) writes outcome
 ``lease_lost`` with the previous owner as ``replica`` and itself as
 ``reclaimed_by``, in the same transaction as the reclaim. So the journal holds
-every execution a lease was ever granted for, except one running now.
+every execution a lease was ever granted for, except one running now. A claim
+given back unstarted by a drain (``release``) is not journaled; one deferred until
+a known time (no quota slot before then) is, as outcome ``deferred`` with its
+``reason``, so that every wait is visible.
 
 The primary key is (work id, epoch): an entry already there (a finalize
 repeated after an unknown COMMIT) is the same fact and is skipped.
@@ -20,18 +23,23 @@ from typing import Any
 from storage.port import Database, DuplicateKey, Execution, ExecutionSummary, OutcomeCount, SqlTx
 
 LEASE_LOST = "lease_lost"
+# A claim given back unstarted until a known time (its attempt refunded; the row
+# is pending again): journaled so that operators see every wait, with its reason.
+DEFERRED = "deferred"
 
 _JOURNAL_SQL = (
     "INSERT INTO work_executions (work_id, ownership_epoch, family, attempt, replica,"
-    " outcome, finished_at_us, reclaimed_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    " outcome, finished_at_us, reclaimed_by, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
 def journal_entry(work_id: str, epoch: int, family: str, attempt: int, replica: str,
                   outcome: str, finished_at_us: int,
-                  reclaimed_by: str | None = None) -> tuple[Any, ...]:
+                  reclaimed_by: str | None = None,
+                  reason: str | None = None) -> tuple[Any, ...]:
     """One row for :func:`journal` (column order of the INSERT)."""
-    return (work_id, epoch, family, attempt, replica, outcome, finished_at_us, reclaimed_by)
+    return (work_id, epoch, family, attempt, replica, outcome, finished_at_us, reclaimed_by,
+            reason)
 
 
 async def journal(tx: SqlTx, entries: Sequence[tuple[Any, ...]]) -> None:
@@ -59,13 +67,15 @@ class WorkExecutions:
         async def body(tx: SqlTx) -> list[Execution]:
             rows = await tx.fetchall(
                 "SELECT work_id, ownership_epoch, attempt, replica, outcome, finished_at_us,"
-                " reclaimed_by FROM work_executions WHERE work_id = ? ORDER BY ownership_epoch",
+                " reclaimed_by, reason FROM work_executions WHERE work_id = ?"
+                " ORDER BY ownership_epoch",
                 (work_id,),
             )
             return [
                 Execution(str(a), int(b), int(c), str(d), str(e), int(f),
-                          str(g) if g is not None else None)
-                for a, b, c, d, e, f, g in rows
+                          str(g) if g is not None else None,
+                          str(h) if h is not None else None)
+                for a, b, c, d, e, f, g, h in rows
             ]
 
         return await self.db.transact(body, name="work.executions", write=False)

@@ -2,7 +2,8 @@
 
 Handlers say *what happened*; this module decides *what the row becomes*:
 retries are charged against ``max_attempts`` and delayed by the backoff
-policy, or converted to ``dead`` when attempts are spent. The shell performs
+policy, or converted to ``dead`` when attempts are spent; a deferral (work that
+cannot start before a known time) is charged nothing and runs at that time. The shell performs
 the decision with one fenced write.
 """
 
@@ -55,7 +56,20 @@ class Released:
     """The claimant gives the work back unstarted (graceful drain past its deadline)."""
 
 
-Outcome = Succeeded | Skipped | RetryLater | DeadLetter | CancelAcknowledged | Released
+@attrs.frozen
+class Deferred:
+    """The claimant gives the work back unstarted until ``run_after_us``: before
+    anything was dispatched it learnt the exact time the work can start (the quota
+    ledger's next free slot). Not a failure: no attempt is charged, and the row
+    goes back to ``pending``; the execution journal records it with ``reason``."""
+
+    reason: str = attrs.field(validator=attrs.validators.min_len(1))
+    run_after_us: int = attrs.field(validator=attrs.validators.ge(0))
+    summary: str = ""
+
+
+Outcome = (Succeeded | Skipped | RetryLater | DeadLetter | CancelAcknowledged | Released
+           | Deferred)
 
 
 @attrs.frozen(kw_only=True)
@@ -71,7 +85,7 @@ class Finalization:
     terminal_outcome: str | None = None
     failure_class: str | None = None
     summary: str | None = None
-    # Release gives back the attempt the claim charged.
+    # Release and deferral give back the attempt the claim charged.
     refund_attempt: bool = False
 
     @property
@@ -160,5 +174,16 @@ def decide(
                 run_after_us=now_us,
                 failure_class="released",
                 summary="released unfinished during drain",
+                refund_attempt=True,
+            )
+        case Deferred(reason=reason, run_after_us=run_after_us, summary=summary):
+            return Finalization(
+                fence=fence,
+                attempt=attempt,
+                family=family,
+                event=WorkEvent.DEFER,
+                run_after_us=max(run_after_us, now_us),
+                failure_class=reason,
+                summary=sanitize_summary(summary) or None,
                 refund_attempt=True,
             )

@@ -18,7 +18,9 @@ Rules, before code (after h11's ``_state.py``):
 * From ``processing`` the owner finalizes: ``succeeded``, ``skipped``,
   ``retry``, ``dead``, or ``cancelled`` (acknowledging a cancel request). A
   graceful drain ``RELEASE``-s the row back to ``retry`` without charging an
-  attempt.
+  attempt. A claimant that finds, before anything was dispatched, that the work
+  cannot start until a known time (no provider quota slot) ``DEFER``-s it back
+  to ``pending`` with ``run_after`` = that time, its attempt refunded.
 * Unclaimed work (``pending``/``retry``) may be cancelled directly.
 * Rollback-only: unclaimed work can be fenced as ``awaiting_legacy_outcome``;
   a legacy receipt then reconciles it to ``reconciled_legacy_terminal`` or it
@@ -60,6 +62,7 @@ class WorkEvent(enum.StrEnum):
     CANCEL = "cancel"
     CANCEL_ACK = "cancel_ack"
     RELEASE = "release"
+    DEFER = "defer"
     ROLLBACK_FENCE = "rollback_fence"
     LEGACY_RECONCILED = "legacy_reconciled"
     LEGACY_UNKNOWN = "legacy_unknown"
@@ -80,6 +83,7 @@ TRANSITIONS: Mapping[tuple[WorkState, WorkEvent], WorkState] = {
     (S.PROCESSING, E.DEAD_LETTER): S.DEAD,
     (S.PROCESSING, E.CANCEL_ACK): S.CANCELLED,
     (S.PROCESSING, E.RELEASE): S.RETRY,
+    (S.PROCESSING, E.DEFER): S.PENDING,
     (S.PENDING, E.CANCEL): S.CANCELLED,
     (S.RETRY, E.CANCEL): S.CANCELLED,
     (S.PENDING, E.ROLLBACK_FENCE): S.AWAITING_LEGACY_OUTCOME,
@@ -96,7 +100,8 @@ EXECUTABLE: frozenset[WorkState] = frozenset({S.PENDING, S.RETRY})
 LANE_BLOCKING: frozenset[WorkState] = frozenset(WorkState) - TERMINAL
 # Events that a claimant may only take while holding the live fence.
 FENCED_EVENTS: frozenset[WorkEvent] = frozenset(
-    {E.RENEW, E.COMPLETE, E.SKIP, E.RETRY, E.DEAD_LETTER, E.CANCEL_ACK, E.RELEASE}
+    {E.RENEW, E.COMPLETE, E.SKIP, E.RETRY, E.DEAD_LETTER, E.CANCEL_ACK, E.RELEASE,
+     E.DEFER}
 )
 
 

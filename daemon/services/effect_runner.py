@@ -64,7 +64,14 @@ from daemon.core.handoff import (
     RESULT_FORMAT_SUCCESS,
     NoEffectResult,
 )
-from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Skipped, Succeeded
+from daemon.core.outcomes import (
+    DeadLetter,
+    Deferred,
+    Outcome,
+    RetryLater,
+    Skipped,
+    Succeeded,
+)
 from daemon.core.principals import BindingState
 from daemon.core.work import WorkItem
 from daemon.providers.executor import (
@@ -388,10 +395,13 @@ class EffectRunner:
         reserved = await quota.reserve(ctx.store, ctx.clock, ctx.fence,
                                        quota.quota_keys(op, binding))
         if isinstance(reserved, quota.QuotaWait):
+            # Before the checkpoint: nothing was started, so the claim is given back
+            # for the exact time the ledger allows, its attempt refunded (no backoff).
             self.on_quota("waited")
             delay = max(0.0, (reserved.until_us - ctx.clock.now_us()) / 1_000_000)
-            return RetryLater("quota_wait", f"quota key {reserved.key} has no send slot"
-                              f" for {delay:.3f} s; rescheduled for then", delay)
+            return Deferred("quota_wait", reserved.until_us,
+                            f"quota key {reserved.key} has no send slot for {delay:.3f} s;"
+                            " scheduled for then")
         pins: dict[str, Any] = {
             "binding_generation": ec.principal.generation,
             "catalog_revision": command.catalog_revision,

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from daemon.core.outcomes import (
     CancelAcknowledged,
     DeadLetter,
+    Deferred,
     Outcome,
     Released,
     RetryLater,
@@ -68,6 +69,13 @@ def test_bad_policies_are_refused(kwargs: dict[str, float], message: str) -> Non
         (DeadLetter("bad"), 1, WorkEvent.DEAD_LETTER, WorkState.DEAD, None),
         (CancelAcknowledged(), 1, WorkEvent.CANCEL_ACK, WorkState.CANCELLED, None),
         (Released(), 1, WorkEvent.RELEASE, WorkState.RETRY, NOW),
+        # A deferral runs at the exact time it names, never later by backoff ...
+        (Deferred("quota_wait", NOW + 1_234_567), 1, WorkEvent.DEFER, WorkState.PENDING,
+         NOW + 1_234_567),
+        # ... nor dies of attempts it never consumed (the last attempt is refunded) ...
+        (Deferred("quota_wait", NOW + 5), 5, WorkEvent.DEFER, WorkState.PENDING, NOW + 5),
+        # ... and a time already past means now, not the past.
+        (Deferred("quota_wait", NOW - 9), 1, WorkEvent.DEFER, WorkState.PENDING, NOW),
     ],
 )
 def test_decide(outcome: Outcome, attempt: int, event: WorkEvent, state: WorkState,
@@ -79,7 +87,24 @@ def test_decide(outcome: Outcome, attempt: int, event: WorkEvent, state: WorkSta
     assert fin.run_after_us == run_after
     assert fin.fence == FENCE
     assert fin.attempt == attempt
-    assert fin.refund_attempt is isinstance(outcome, Released)
+    assert fin.refund_attempt is isinstance(outcome, Released | Deferred)
+
+
+def test_a_deferral_keeps_its_reason_and_summary() -> None:
+    fin = decide(Deferred("quota_wait", NOW + 1, "key k has no\nslot"), fence=FENCE,
+                 attempt=2, max_attempts=2, policy=POLICY, jitter_sample=0.5, now_us=NOW)
+    assert (fin.failure_class, fin.summary, fin.terminal_outcome) == (
+        "quota_wait", "key k has no slot", None)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"reason": "", "run_after_us": NOW}, "reason"),
+    ({"reason": "quota_wait", "run_after_us": -1}, "run_after_us"),
+])
+def test_a_deferral_without_reason_or_time_is_refused(kwargs: dict[str, object],
+                                                      message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Deferred(**kwargs)  # type: ignore[arg-type]
 
 
 def test_exhausted_retry_says_so() -> None:

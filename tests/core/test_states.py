@@ -34,6 +34,7 @@ EXPECTED = {
     (S.PROCESSING, E.DEAD_LETTER): S.DEAD,
     (S.PROCESSING, E.CANCEL_ACK): S.CANCELLED,
     (S.PROCESSING, E.RELEASE): S.RETRY,
+    (S.PROCESSING, E.DEFER): S.PENDING,
     (S.PENDING, E.CANCEL): S.CANCELLED,
     (S.RETRY, E.CANCEL): S.CANCELLED,
     (S.PENDING, E.ROLLBACK_FENCE): S.AWAITING_LEGACY_OUTCOME,
@@ -74,6 +75,14 @@ def test_legacy_unknown_is_non_executable_and_not_terminal() -> None:
 def test_fenced_events_all_leave_processing() -> None:
     for event in FENCED_EVENTS:
         assert sources_of(event) == {S.PROCESSING}
+
+
+@pytest.mark.parametrize("state", sorted(set(WorkState) - {S.PROCESSING}))
+def test_only_a_claim_in_processing_can_be_deferred(state: WorkState) -> None:
+    """Deferral gives a claim back: never from unclaimed, terminal or legacy rows."""
+    with pytest.raises(IllegalTransition):
+        transition(state, E.DEFER)
+    assert E.DEFER in FENCED_EVENTS
 
 
 def test_claim_sources_are_the_executable_states() -> None:

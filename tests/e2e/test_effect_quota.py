@@ -30,13 +30,13 @@ pytestmark = pytest.mark.slow
 QUOTA = '\n[quota.per_app]\nlimit = 2\nwindow = 1.0\nscope = "app_installation"\n'
 
 
-def _definitions(tmp_path: Path) -> str:
+def _definitions(tmp_path: Path, quota: str = QUOTA) -> str:
     directory = write_sandbox_definitions(tmp_path / "l1")
     hubspot = directory / "hubspot.toml"
     text = hubspot.read_text()
     # Top-level keys go before the first table.
     head, sep, rest = text.partition("[auth.bearer]")
-    hubspot.write_text(head + QUOTA.lstrip("\n") + "\n" + sep + rest)
+    hubspot.write_text(head + quota.lstrip("\n") + "\n" + sep + rest)
     return str(directory)
 
 
@@ -99,6 +99,58 @@ async def test_a_429_moves_the_shared_budget_forward(
         (row,) = doc["items"]
         assert (row["limit"], row["throttles_total"], row["reserved_in_flight"]) == (2, 1, 0)
         assert row["last_throttled_at_us"] is not None and row["quota_key"] in page
+
+
+# One send slot every 2 s: longer than a claim may wait in process (1 s), so the
+# queue behind the first command is given back and scheduled, again and again.
+SLOW_QUOTA = '\n[quota.per_app]\nlimit = 1\nwindow = 2.0\nscope = "app_installation"\n'
+
+
+async def test_waiting_for_quota_longer_than_max_attempts_burns_no_attempt(
+        database: FreshDatabase, store: WorkStore, tmp_path: Path) -> None:
+    """Five commands on one key with one slot per 2 s and ``max_attempts = 2``: the
+    last one is turned away three or four times, and still settles normally. Each
+    wait gives the claim back unstarted (pending, its attempt refunded, run_after the
+    slot's time), journaled as a ``deferred`` execution with its reason; nothing is
+    checkpointed nor sent for a wait."""
+    async with running_slice(store, database.url, max_attempts=2,
+                             definitions_dir=_definitions(tmp_path, SLOW_QUOTA)) as sl:
+        # Five, so that even submissions spread over one slot leave a queue of four.
+        leads = [f"lead-{i}" for i in range(5)]
+        for i, lead in enumerate(leads):
+            await sl.lead(lead, str(100 + i))
+        for lead in leads:
+            await sl.set_title(lead, "CTO")
+
+        async def all_settled() -> bool:
+            items = await store.work_list(WorkQuery(family="external_effect"))
+            return len(items) == 5 and all(i.state.value in ("succeeded", "dead")
+                                           for i in items)
+
+        await wait_for(all_settled, within_s=90)
+        items = await store.work_list(WorkQuery(family="external_effect"))
+        assert sorted(i.state.value for i in items) == ["succeeded"] * 5
+        patches = [r for r in sl.sim.requests if r.method == "PATCH"]
+        assert len(patches) == 5 and len({r.path for r in patches}) == 5
+        deferrals = []
+        for item in items:
+            assert item.attempt == 1  # the one dispatch; the waits charged nothing
+            executions = await store.work_executions(item.work_id)
+            waits = [e for e in executions if e.outcome == "deferred"]
+            assert all(e.reason == "quota_wait" for e in waits)
+            assert [e.outcome for e in executions if e.outcome != "deferred"] == ["succeeded"]
+            deferrals.append(len(waits))
+            # The effect journal: one attempt, on one reservation; none for a wait.
+            (attempt,) = await store.effect_attempts(item.subject_id)
+            (sent,) = [r for r in await store.quota_reservations(item.work_id)
+                       if r.state.value == "sent"]
+            assert sent.attempt_id == attempt.attempt_id
+        # The test means something: some command waited more often than it may fail.
+        assert max(deferrals) > 2, deferrals
+        assert sl.replica is not None
+        metrics = sl.replica.metrics_text().decode()
+        assert (f'integrationd_quota_events_total{{event="waited"}} {float(sum(deferrals))}'
+                in metrics), deferrals
 
 
 @pytest.mark.parametrize(("quota", "message"), [

@@ -9,6 +9,7 @@ import trio
 
 from daemon.core.outcomes import (
     DeadLetter,
+    Deferred,
     Finalization,
     Outcome,
     Released,
@@ -81,6 +82,7 @@ async def test_families_do_not_mix(store: WorkStore) -> None:
         (RetryLater("net"), WorkState.RETRY),
         (DeadLetter("bad"), WorkState.DEAD),
         (Released(), WorkState.RETRY),
+        (Deferred("quota_wait", T0 + SEC), WorkState.PENDING),
     ],
 )
 async def test_owner_finalizes(store: WorkStore, outcome: object, state: WorkState) -> None:
@@ -96,6 +98,11 @@ async def test_owner_finalizes(store: WorkStore, outcome: object, state: WorkSta
     if isinstance(outcome, Released):
         assert row.attempt == 0  # a released attempt is refunded and not journaled
         assert executions == []
+    elif isinstance(outcome, Deferred):
+        assert row.attempt == 0  # refunded, but journaled with its reason
+        assert [(e.ownership_epoch, e.outcome, e.replica, e.reason) for e in executions] == [
+            (1, "deferred", "A", "quota_wait")
+        ]
     else:
         assert [(e.ownership_epoch, e.outcome, e.replica) for e in executions] == [
             (1, state.value, "A")
@@ -113,6 +120,33 @@ async def test_retry_waits_for_backoff_then_runs_again(store: WorkStore) -> None
     assert (again.attempt, again.ownership_epoch) == (2, 2)
 
 
+async def test_deferral_runs_at_its_exact_time_and_never_spends_an_attempt(
+        store: WorkStore) -> None:
+    """Deferred more often than ``max_attempts`` (2): the item is pending each time,
+    runs exactly at the time it was given (not a microsecond before, no backoff),
+    and its first real execution is still attempt 1; every wait is journaled."""
+    await enqueue(store, max_attempts=2)
+    now = T0
+    for i in range(4):
+        (item,) = (await claim(store, now=now)).claimed
+        assert (item.attempt, item.ownership_epoch) == (1, i + 1)
+        until = now + 3 * SEC + 7
+        assert (await finalize(store, item, Deferred("quota_wait", until, "no slot"),
+                                now=now)).applied
+        row = await store.work_get(item.work_id)
+        assert row is not None
+        assert (row.state, row.attempt, row.run_after_us, row.failure_class) == (
+            WorkState.PENDING, 0, until, "quota_wait")
+        assert (await claim(store, now=until - 1)).claimed == []
+        now = until
+    (item,) = (await claim(store, now=now)).claimed
+    assert (item.attempt, item.ownership_epoch) == (1, 5)
+    await finalize(store, item, RetryLater("net"), now=now)
+    executions = await store.work_executions(item.work_id)
+    assert [(e.outcome, e.attempt, e.reason) for e in executions] == [
+        ("deferred", 1, "quota_wait")] * 4 + [("retry", 1, "net")]
+
+
 async def test_stale_claimant_can_change_nothing(store: WorkStore) -> None:
     await enqueue(store)
     (stale,) = (await claim(store, "A", ttl=5 * SEC)).claimed
@@ -124,7 +158,8 @@ async def test_stale_claimant_can_change_nothing(store: WorkStore) -> None:
 
     renew = await store.work_renew_if_owner([stale.fence], TTL, later)  # type: ignore[list-item]
     assert renew.renewed == {} and renew.lost == [stale.fence]
-    for outcome in (Succeeded(), RetryLater("x"), DeadLetter("x"), Skipped("x"), Released()):
+    for outcome in (Succeeded(), RetryLater("x"), DeadLetter("x"), Skipped("x"), Released(),
+                    Deferred("quota_wait", later)):
         result = await finalize(store, stale, outcome, now=later)
         assert not result.applied
     with pytest.raises(LostLease):

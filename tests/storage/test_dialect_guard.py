@@ -20,6 +20,7 @@ import pytest
 from daemon.core.outcomes import (
     CancelAcknowledged,
     DeadLetter,
+    Deferred,
     Outcome,
     Released,
     RetryLater,
@@ -122,7 +123,8 @@ async def _workload(store: WorkStore) -> None:
     await store.work_renew_if_owner([i.fence for i in first if i.fence], SEC, T0)
     again = (await claim(store, "B", now=T0 + 5 * SEC)).claimed  # reclaims expired leases
     outcomes: list[Outcome] = [
-        Succeeded(), RetryLater("x"), DeadLetter("x"), Released(), CancelAcknowledged()
+        Succeeded(), RetryLater("x"), DeadLetter("x"), Released(), CancelAcknowledged(),
+        Deferred("quota_wait", T0 + 6 * SEC),
     ]
     for item, outcome in zip(again, outcomes * 3, strict=False):
         await finalize(store, item, outcome, now=T0 + 5 * SEC)

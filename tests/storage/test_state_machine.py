@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from daemon.core.outcomes import DeadLetter, Released, RetryLater, Succeeded
+from daemon.core.outcomes import DeadLetter, Deferred, Released, RetryLater, Succeeded
 from daemon.core.states import TERMINAL, WorkState
 from daemon.core.work import WorkItem
 from storage.port import ClaimParams, ReplayParams, SqlTx, WorkConflict, WorkQuery
@@ -34,7 +34,8 @@ from tests.support.work import SEC, T0, enqueue, finalization
 T = TypeVar("T")
 OWNERS = ("A", "B", "C")
 TTL = 10 * SEC
-OUTCOMES = [Succeeded(), RetryLater("net"), DeadLetter("bad"), Released()]
+OUTCOMES = [Succeeded(), RetryLater("net"), DeadLetter("bad"), Released(),
+            Deferred("quota_wait", T0 + 3 * SEC)]
 
 
 def _call(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
