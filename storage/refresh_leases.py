@@ -83,8 +83,29 @@ async def refresh_lease_acquire(tx: SqlTx, *, binding_id: str, generation: int,
          binding_id, generation, now_us))
     if matched != 1:
         return LeaseBusy(now_us)
+    # The grant was read before the lease row was ours: an owner that activated the next
+    # version in between (and so freed the lease) would otherwise be followed by a second
+    # refresh with the refresh token it already spent. Holding the lease row now, re-read
+    # the grant with a statement that sees (and locks) its latest committed version.
+    unchanged = await tx.execute(
+        "UPDATE authorization_grants SET token_version = token_version"
+        " WHERE binding_id = ? AND generation = ? AND token_version = ? AND state = ?",
+        (binding_id, generation, grant.token_version, GrantState.VALID.value))
+    if unchanged != 1:
+        raise RefreshLeaseRaced(binding_id, generation, grant.token_version)
     return LeaseWon(lease_token, grant.token_version, now_us + ttl_us,
                     possibly_spent=holder is not None and from_version == grant.token_version)
+
+
+class RefreshLeaseRaced(Exception):
+    """The grant moved past the version the lease was taken for, within the acquiring
+    transaction: that transaction must roll back (the lease is not taken) and the caller
+    reads the grant again, as after :class:`AlreadyRefreshed`."""
+
+    def __init__(self, binding_id: str, generation: int, seen_version: int) -> None:
+        super().__init__(f"grant {binding_id}/{generation} moved past version {seen_version}"
+                         " while its refresh lease was being taken")
+        self.seen_version = seen_version
 
 
 class RefreshLeases:

@@ -51,6 +51,7 @@ from storage.refresh_leases import (
     GrantUnusable,
     LeaseBusy,
     LeaseWon,
+    RefreshLeaseRaced,
     refresh_lease_acquire,
 )
 from storage.work_store import WorkStore
@@ -156,6 +157,10 @@ class TokenOwner:
             return await self.store.work_fenced(fence, now, body, name="refresh.lease")
         except DuplicateKey:
             return LeaseBusy(now)  # two first owners created the lease row at once
+        except RefreshLeaseRaced as raced:
+            # Another owner activated a newer version while we took the lease: rolled
+            # back, nothing taken; read the grant again and use its version.
+            return AlreadyRefreshed(raced.seen_version + 1)
 
     async def _refresh(self, binding_id: str, generation: int,
                        endpoint: RefreshEndpoint | MintEndpoint,
