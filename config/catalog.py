@@ -14,6 +14,7 @@ definitions it was admitted under.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -85,30 +86,8 @@ def load_documents(directory: str | Path | Traversable = "") -> list[Any]:
     """Every L1 definition document, by file name: the shipped ones
     (``config/providers/*.toml``), or those in ``directory`` (``catalog.definitions_dir``).
     Each is validated as it is read (a bad file is one error naming its key)."""
-    folder: Traversable | Path
-    if isinstance(directory, str):
-        if directory and not Path(directory).is_dir():
-            raise CatalogError("catalog.definitions_dir", f"no such directory: {directory}")
-        folder = (Path(directory) if directory
-                  else resources.files("config").joinpath("providers"))
-    else:
-        folder = directory
-    try:
-        entries = sorted(folder.iterdir(), key=lambda e: e.name)
-    except OSError as exc:
-        raise CatalogError("catalog.definitions_dir", f"cannot read {folder}: {exc.strerror}"
-                           ) from None
-    documents: list[Any] = []
-    for entry in entries:
-        if not entry.name.endswith(".toml"):
-            continue
-        try:
-            doc = tomllib.loads(entry.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise CatalogError(f"providers/{entry.name}", f"not valid TOML: {exc}") from None
-        parse_provider(doc, entry.name)  # the file name must match; errors name the key
-        documents.append(doc)
-    return documents
+    # parse_provider: the file name must match; errors name the key.
+    return _toml_folder(directory, "catalog.definitions_dir", "providers", parse_provider)
 
 
 def operations_from_documents(documents: list[Any]) -> dict[str, OperationDefinition]:
@@ -138,20 +117,26 @@ def load_object_binding_documents(directory: str | Path | Traversable = "") -> l
     """Every L2 object-binding document: the shipped ones (``config/bindings/*.toml``) or
     those in ``directory`` (``catalog.object_bindings_dir``). Each is parsed as it is read
     (name and file agree); its fields are checked against L1 in :func:`build_catalog`."""
+    return _toml_folder(directory, "catalog.object_bindings_dir", "bindings",
+                        parse_object_binding)
+
+
+def _toml_folder(directory: str | Path | Traversable, key: str, shipped: str,
+                 check: Callable[[Any, str], object]) -> list[Any]:
+    """The ``*.toml`` documents of ``directory`` (or the shipped ``config/<shipped>/``), by
+    file name, each passed to ``check`` with its file name as it is read."""
     folder: Traversable | Path
     if isinstance(directory, str):
         if directory and not Path(directory).is_dir():
-            raise CatalogError("catalog.object_bindings_dir",
-                               f"no such directory: {directory}")
+            raise CatalogError(key, f"no such directory: {directory}")
         folder = (Path(directory) if directory
-                  else resources.files("config").joinpath("bindings"))
+                  else resources.files("config").joinpath(shipped))
     else:
         folder = directory
     try:
         entries = sorted(folder.iterdir(), key=lambda e: e.name)
     except OSError as exc:
-        raise CatalogError("catalog.object_bindings_dir",
-                           f"cannot read {folder}: {exc.strerror}") from None
+        raise CatalogError(key, f"cannot read {folder}: {exc.strerror}") from None
     documents: list[Any] = []
     for entry in entries:
         if not entry.name.endswith(".toml"):
@@ -159,8 +144,8 @@ def load_object_binding_documents(directory: str | Path | Traversable = "") -> l
         try:
             doc = tomllib.loads(entry.read_text())
         except tomllib.TOMLDecodeError as exc:
-            raise CatalogError(f"bindings/{entry.name}", f"not valid TOML: {exc}") from None
-        parse_object_binding(doc, entry.name)
+            raise CatalogError(f"{shipped}/{entry.name}", f"not valid TOML: {exc}") from None
+        check(doc, entry.name)
         documents.append(doc)
     return documents
 
