@@ -9,6 +9,8 @@ to outlive the Runtime's outbox, redelivery and workflow windows (seed 6.1): han
 admission facts (``COMMAND_ACCEPTED``) and rejection tombstones (``HANDOFF_REJECTED``),
 and dedup facts (a terminal WorkItem that carries a ``dedupe_key``, or a rolled-back
 ``reconciled_legacy_terminal`` row, whose identity must keep refusing a second item).
+The *ingress* horizon (``ingress.retention_days``) ends webhook receipts and their
+normalized events, and with them exact dedup of a redelivery.
 
 A row is pruned only when every guard of its rule says so; a guard that lacks a fact
 keeps the row (:class:`Keep`). The verdicts below take the facts the shell read and
@@ -43,6 +45,7 @@ ROW_OVERHEAD_BYTES = 512
 class Horizon(enum.StrEnum):
     WORK = "work"
     FACTS = "facts"
+    INGRESS = "ingress"
 
 
 class RetentionConfigError(ValueError):
@@ -59,10 +62,13 @@ class RetentionPolicy:
     facts_days: float
     batch_rows: int
     batch_bytes: int
+    ingress_days: float = 14.0  # ingress.retention_days
 
     def validate(self) -> RetentionPolicy:
         if not self.work_days > 0:
             raise RetentionConfigError("retention.work_days", "must be positive")
+        if not self.ingress_days > 0:
+            raise RetentionConfigError("ingress.retention_days", "must be positive")
         if not self.facts_days > self.work_days:
             raise RetentionConfigError(
                 "retention.facts_days",
@@ -84,14 +90,17 @@ class Cutoffs:
 
     work_us: int
     facts_us: int
+    ingress_us: int = 0  # 0: no ingress receipt is old enough
 
     def of(self, horizon: Horizon) -> int:
-        return self.work_us if horizon is Horizon.WORK else self.facts_us
+        return {Horizon.WORK: self.work_us, Horizon.FACTS: self.facts_us,
+                Horizon.INGRESS: self.ingress_us}[horizon]
 
 
 def cutoffs(policy: RetentionPolicy, now_us: int) -> Cutoffs:
     return Cutoffs(work_us=now_us - int(policy.work_days * DAY_US),
-                   facts_us=now_us - int(policy.facts_days * DAY_US))
+                   facts_us=now_us - int(policy.facts_days * DAY_US),
+                   ingress_us=now_us - int(policy.ingress_days * DAY_US))
 
 
 # ---------------------------------------------------------------- verdicts
@@ -204,6 +213,23 @@ def receipt_verdict(row: ReceiptFacts, cut: Cutoffs) -> Verdict:
         return Keep("work_live")
     if row.open_repair:
         return Keep("open_repair")
+    return PRUNE
+
+
+@attrs.frozen(kw_only=True)
+class IngressReceiptFacts:
+    state: str  # received | materialized | quarantined
+    received_at_us: int
+    work_live: bool  # some WorkItem of one of its events is not terminal
+
+
+def ingress_receipt_verdict(row: IngressReceiptFacts, cut: Cutoffs) -> Verdict:
+    if row.state == "received":
+        return Keep("unsettled")  # the materializer has not read it yet
+    if row.received_at_us >= cut.ingress_us:
+        return Keep("within_retention")
+    if row.work_live:
+        return Keep("work_live")  # the raw delivery is the evidence of live work
     return PRUNE
 
 

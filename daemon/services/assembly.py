@@ -84,8 +84,7 @@ def build_ingress(settings: Settings, store: WorkStore, clock: Clock, metrics: M
     materializer = Materializer(store=store, catalog=catalog,
                                 routes={r.route: r for r in settings.webhook_routes},
                                 clock=clock, metrics=metrics, batch=s.materialize_batch,
-                                interval_s=s.materialize_interval,
-                                retention_s=s.retention_days * 86400.0)
+                                interval_s=s.materialize_interval)
     app.on_stored = materializer.wake
     return Ingress(app, spool, forwarder, materializer, receipts)
 

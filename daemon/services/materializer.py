@@ -54,11 +54,7 @@ class Materializer:
     batch: int = 64
     interval_s: float = 0.5
     max_attempts: int = 8
-    # Settled receipts older than this are pruned (the end of exact dedup for them).
-    retention_s: float = 14 * 86400.0
-    prune_interval_s: float = 60.0
     _wake: trio.Event = attrs.field(factory=trio.Event)
-    _next_prune: float = 0.0
 
     def wake(self) -> None:
         self._wake.set()
@@ -148,24 +144,11 @@ class Materializer:
         outcomes = await self.settle_many(pending)
         return sum(o in ("materialized", "quarantined") for o in outcomes)
 
-    async def prune_once(self) -> int:
-        """Delete settled receipts past retention, a bounded batch at a time."""
-        before_us = self.clock.now_us() - int(self.retention_s * 1_000_000)
-        pruned = 0
-        while (n := await self.store.ingress_prune(before_us)) > 0:
-            pruned += n
-        if pruned:
-            logs.event("ingress_receipts_pruned", receipts=pruned)
-        return pruned
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
         task_status.started()
         while True:
             try:
-                if trio.current_time() >= self._next_prune:
-                    self._next_prune = trio.current_time() + self.prune_interval_s
-                    await self.prune_once()
                 settled = await self.run_once()
             except StorageError as exc:
                 self.metrics.db_errors.labels("ingress_materialize").inc()

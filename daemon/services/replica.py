@@ -241,7 +241,8 @@ class Replica:
             await services.start(legacy_projector.run, self.store, self.clock)
             if self.settings.retention.enabled:
                 self.pruner = Pruner(self.store, self.settings.retention, self.clock,
-                                     self.metrics, self.replica_id)
+                                     self.metrics, self.replica_id,
+                                     ingress_days=self.settings.ingress.retention_days)
                 await services.start(self.pruner.run)
             logs.event(
                 "replica_started",

@@ -54,13 +54,15 @@ class Pruner:
     clock: Clock
     metrics: Metrics
     holder: str
+    # Webhook receipts' horizon (ingress.retention_days: how long dedup stays exact).
+    ingress_days: float = 14.0
 
     @property
     def policy(self) -> core.RetentionPolicy:
         s = self.settings
         return core.RetentionPolicy(work_days=s.work_days, facts_days=s.facts_days,
-                                    batch_rows=s.batch_rows,
-                                    batch_bytes=s.batch_bytes).validate()
+                                    batch_rows=s.batch_rows, batch_bytes=s.batch_bytes,
+                                    ingress_days=self.ingress_days).validate()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()

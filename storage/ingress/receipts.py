@@ -402,21 +402,3 @@ class IngressReceipts:
                                  duplicates)
 
         return await self.db.transact(body, name="ingress.counts", write=False)
-
-    async def ingress_prune(self, before_us: int, limit: int = 500) -> int:
-        """Delete settled receipts (and their events) received before ``before_us``, at
-        most ``limit`` per call: the end of exact dedup for them (retention_days)."""
-        async def body(tx: SqlTx) -> int:
-            rows = await tx.fetchall(
-                "SELECT receipt_id FROM ingress_receipts WHERE received_at_us < ?"
-                " AND state <> ? ORDER BY received_at_us LIMIT ?", (before_us, RECEIVED, limit))
-            ids: Sequence[str] = [str(r[0]) for r in rows]
-            if not ids:
-                return 0
-            marks = ", ".join("?" * len(ids))
-            await tx.execute(f"DELETE FROM normalized_events WHERE receipt_id IN ({marks})",
-                             ids)
-            return await tx.execute(
-                f"DELETE FROM ingress_receipts WHERE receipt_id IN ({marks})", ids)
-
-        return await self.db.transact(body, name="ingress.prune")

@@ -151,6 +151,21 @@ def delete_sql(rule: RetentionRule, keys: Sequence[Sequence[Any]],
             f" AND {rule.age_column} < ?", params)
 
 
+def dependents_sql(rule: RetentionRule, keys: Sequence[Sequence[Any]]
+                   ) -> list[tuple[str, list[Any]]]:
+    """After the rule's DELETE: each dependent table's rows of the keys whose row is now
+    gone (a row the DELETE's re-check kept keeps its dependents)."""
+    if not rule.dependents:
+        return []
+    (key,) = rule.key_columns
+    marks = ", ".join("?" * len(keys))
+    values = [k[0] for k in keys]
+    return [(f"DELETE FROM {table} WHERE {column} IN ({marks}) AND {column} NOT IN"
+             f" (SELECT {key} FROM {rule.table} WHERE {key} IN ({marks}))",
+             [*values, *values])
+            for table, column in rule.dependents]
+
+
 def _key_of(rule: RetentionRule, row: Row) -> list[Any]:
     return [row[rule.order_columns.index(c)] for c in rule.key_columns]
 
@@ -252,6 +267,8 @@ class RetentionStore:
             if doomed:
                 dsql, dargs = delete_sql(rule, doomed, cutoff)
                 deleted = await tx.execute(dsql, dargs)
+                for dep_sql, dep_args in dependents_sql(rule, doomed):
+                    await tx.execute(dep_sql, dep_args)
             exhausted = walked == len(rows) and len(rows) < params.batch_rows
             # Caught up or not, the next batch (or pass) resumes after the last row
             # walked: rows a guard kept are found again when a sweep restarts.

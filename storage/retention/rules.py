@@ -11,7 +11,8 @@ rule into two statements, the same for every rule:
 
 The guard reads whatever else it needs in the same transaction and answers one
 :mod:`daemon.core.retention` verdict per row. A table joins retention by adding a rule to
-:data:`RULES` (:func:`register_rule`): ingress receipts plug in the same way.
+:data:`RULES` (:func:`register_rule`). A rule may name dependent rows in other tables
+(an ingress receipt's normalized events), deleted with their row.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class RetentionRule:
     # The first order column is a ULID (time-ordered id): rows created after the cutoff
     # cannot be past it, so the scan stops below ``ulid_floor(cutoff)``.
     ulid_order: bool = False
+    # Rows of other tables that belong to a pruned row, as (table, column holding its
+    # key): deleted in the same transaction once their row is gone (single-column keys).
+    dependents: tuple[tuple[str, str], ...] = ()
 
     def scans(self) -> tuple[str | None, ...]:
         return self.partitions or (None,)
@@ -258,4 +262,31 @@ register_rule(RetentionRule(
     age_column="created_at_us", order_columns=("created_at_us", "handoff_key"),
     key_columns=("handoff_key",), guard_columns=("admission", "command_id"),
     size_sql="COALESCE(LENGTH(receipt_json), 0)", where="1 = 1", guard=_admission_guard,
+))
+
+
+# ---------------------------------------------------------------- ingress_receipts
+
+async def _ingress_receipt_guard(tx: SqlTx, rows: Sequence[Row], cut: Cutoffs
+                                 ) -> list[Verdict]:
+    # order (received_at_us, receipt_id); guard columns: state
+    live = await _ids(
+        tx, "SELECT DISTINCT e.receipt_id FROM normalized_events e"
+            " JOIN work_items w ON w.work_id = e.work_id"
+            f" WHERE e.receipt_id IN ({{marks}}) AND w.state IN {_LIVE}",
+        [str(r[1]) for r in rows])
+    return [core.ingress_receipt_verdict(core.IngressReceiptFacts(
+        state=str(r[4]), received_at_us=int(r[0]), work_live=str(r[1]) in live,
+    ), cut) for r in rows]
+
+
+register_rule(RetentionRule(
+    name="ingress_receipts", table="ingress_receipts", horizon=Horizon.INGRESS,
+    age_column="received_at_us", order_columns=("received_at_us", "receipt_id"),
+    key_columns=("receipt_id",), guard_columns=("state",),
+    # Its events repeat (part of) the body: counted twice, so the budget stays an upper bound.
+    size_sql=("2 * LENGTH(body_b64) + LENGTH(headers_json)"
+              " + COALESCE(LENGTH(quarantine_detail), 0)"),
+    where="state <> 'received'", guard=_ingress_receipt_guard,
+    dependents=(("normalized_events", "receipt_id"),),
 ))

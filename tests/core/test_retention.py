@@ -15,7 +15,8 @@ from daemon.core.retention import (
 )
 
 NOW = 1_900_000_000_000_000
-CUT = Cutoffs(work_us=NOW - 30 * DAY_US, facts_us=NOW - 400 * DAY_US)
+CUT = Cutoffs(work_us=NOW - 30 * DAY_US, facts_us=NOW - 400 * DAY_US,
+              ingress_us=NOW - 14 * DAY_US)
 OLD = CUT.work_us - 1  # past the work horizon, within the facts horizon
 ANCIENT = CUT.facts_us - 1  # past both
 FRESH = CUT.work_us  # exactly at the cutoff: kept (strictly older is pruned)
@@ -123,10 +124,34 @@ def test_admission_verdicts(facts: r.AdmissionFacts, verdict: r.Verdict) -> None
     assert r.admission_verdict(facts, CUT) == verdict
 
 
+INGRESS_OLD = NOW - 15 * DAY_US  # past the ingress horizon, within the work one
+
+
+@pytest.mark.parametrize(("facts", "verdict"), [
+    (r.IngressReceiptFacts(state="materialized", received_at_us=INGRESS_OLD,
+                           work_live=False), PRUNE),
+    (r.IngressReceiptFacts(state="quarantined", received_at_us=ANCIENT,
+                           work_live=False), PRUNE),
+    # Never a receipt the materializer has not settled, however old.
+    (r.IngressReceiptFacts(state="received", received_at_us=ANCIENT, work_live=False),
+     Keep("unsettled")),
+    (r.IngressReceiptFacts(state="materialized", received_at_us=NOW - DAY_US,
+                           work_live=False), Keep("within_retention")),
+    (r.IngressReceiptFacts(state="materialized", received_at_us=INGRESS_OLD,
+                           work_live=True), Keep("work_live")),
+])
+def test_ingress_receipt_verdicts(facts: r.IngressReceiptFacts, verdict: r.Verdict) -> None:
+    assert r.ingress_receipt_verdict(facts, CUT) == verdict
+
+
 def test_cutoffs_count_days_back_from_now() -> None:
-    policy = RetentionPolicy(work_days=30, facts_days=400, batch_rows=10, batch_bytes=1000)
+    policy = RetentionPolicy(work_days=30, facts_days=400, batch_rows=10, batch_bytes=1000,
+                             ingress_days=14)
     assert r.cutoffs(policy, NOW) == CUT
     assert CUT.of(r.Horizon.WORK) == CUT.work_us and CUT.of(r.Horizon.FACTS) == CUT.facts_us
+    assert CUT.of(r.Horizon.INGRESS) == CUT.ingress_us
+    # Without an ingress horizon, no receipt is old enough.
+    assert Cutoffs(work_us=1, facts_us=0).of(r.Horizon.INGRESS) == 0
 
 
 @pytest.mark.parametrize(("kw", "key"), [
@@ -137,6 +162,8 @@ def test_cutoffs_count_days_back_from_now() -> None:
     ({"batch_rows": 0}, "retention.batch_rows"),
     ({"batch_bytes": 0}, "retention.batch_bytes"),
     ({"batch_bytes": r.MAX_BATCH_BYTES + 1}, "retention.batch_bytes"),
+    ({"ingress_days": 0}, "ingress.retention_days"),
+    ({"ingress_days": -2}, "ingress.retention_days"),
 ])
 def test_policy_refuses_settings_that_cannot_work(kw: dict[str, float], key: str) -> None:
     base: dict[str, float] = {"work_days": 30, "facts_days": 400, "batch_rows": 500,

@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 import trio
 
-from config.catalog import load_catalog
-from daemon.services.clock import WallClock
 from daemon.services.ingress_spool import (
     IngressSpool,
     SpoolForwarder,
@@ -19,12 +17,9 @@ from daemon.services.ingress_spool import (
     encode_record,
     torn_tail,
 )
-from daemon.services.materializer import Materializer
-from daemon.services.metrics import Metrics
 from storage.ingress.receipts import IngressReceipt, ReceiptQuery
 from storage.work_store import WorkStore
-from tests.support.ingress import materialization, receipt
-from tests.support.webhooks import ingress_settings
+from tests.support.ingress import receipt
 from tests.support.work import T0
 
 
@@ -127,21 +122,6 @@ async def test_forwarding_is_idempotent_and_sets_damage_aside(
     assert await SpoolForwarder(restarted, insert).forward_once() == 1
     assert [p.suffix for p in tmp_path.iterdir()] == [".bad"]
     assert restarted.bad_segments == 1
-
-
-async def test_the_materializer_prunes_settled_receipts_past_retention(
-        store: WorkStore, tmp_path: Path) -> None:
-    cfg = ingress_settings(tmp_path)
-    now = WallClock().now_us()
-    old, young = receipt(1, at_us=now - 15 * 86400 * 10**6), receipt(2, at_us=now)
-    for r in (old, young):
-        await store.ingress_receipt_insert(r, now)
-        await store.ingress_materialize(materialization(r), now)
-    m = Materializer(store=store, catalog=load_catalog(cfg), routes={}, clock=WallClock(),
-                     metrics=Metrics(), retention_s=14 * 86400.0)
-    assert await m.prune_once() == 1
-    assert await store.ingress_receipt_get(old.receipt_id) is None
-    assert await store.ingress_receipt_get(young.receipt_id) is not None
 
 
 async def test_concurrent_appends_share_fsyncs_and_all_land(tmp_path: Path) -> None:

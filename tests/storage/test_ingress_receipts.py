@@ -1,5 +1,6 @@
 """Conformance: IngressReceipts and NormalizedEvents on every backend (dedup by unique
-key, byte-identical bodies, settle-once by state CAS, prune)."""
+key, byte-identical bodies, settle-once by state CAS; pruning is
+retention's: tests/storage/test_retention.py)."""
 
 from __future__ import annotations
 
@@ -106,20 +107,6 @@ async def test_pending_oldest_first_and_list_keyset(store: WorkStore) -> None:
     rest = await store.ingress_receipt_list(ReceiptQuery(before_id=page[-1].receipt_id))
     assert [r.receipt_id for r in rest] == [receipt(1).receipt_id]
     assert (await store.ingress_counts()).oldest_received_us == receipt(1).received_at_us
-
-
-async def test_prune_ends_dedup_only_for_settled_receipts_past_retention(
-        store: WorkStore) -> None:
-    old, pending, young = receipt(1), receipt(2), receipt(3, at_us=T0 + 10**9)
-    for r in (old, pending, young):
-        await store.ingress_receipt_insert(r, T0)
-    await store.ingress_materialize(materialization(old), T0)
-    await store.ingress_materialize(materialization(young), T0)
-    assert await store.ingress_prune(before_us=T0 + 10**8) == 1
-    assert await store.ingress_receipt_get(old.receipt_id) is None
-    assert await store.ingress_events_of(old.receipt_id) == []
-    assert await store.ingress_receipt_get(pending.receipt_id) is not None  # never unsettled
-    assert await store.ingress_receipt_get(young.receipt_id) is not None
 
 
 async def test_a_batch_with_duplicates_falls_back_row_by_row(store: WorkStore) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 import pytest
 
+from daemon.core.inbound_change import INBOUND_APPLY_FAMILY
 from daemon.core.outcomes import RetryLater, Succeeded
 from daemon.core.retention import DAY_US, Cutoffs, LeaseHeld
 from daemon.core.states import WorkState
@@ -30,7 +31,8 @@ from storage.retention.rules import RULES
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.commands import SCOPE, draft
-from tests.support.retention import PAST_FACTS, PAST_WORK, count, ids, prune
+from tests.support.ingress import materialization, receipt
+from tests.support.retention import INGRESS_DAYS, PAST_FACTS, PAST_WORK, count, ids, prune
 from tests.support.work import SEC, T0, claim, enqueue, finalize, spec
 
 
@@ -259,3 +261,41 @@ async def test_one_pruner_at_a_time_and_a_stale_one_deletes_nothing(
     assert not await a.retention_lease_release(token="ta", summary={}, now_us=later)
     status = await a.retention_status()
     assert status is not None and status.holder == "b"
+
+
+# ---------------------------------------------------------------- ingress receipts
+
+async def test_ingress_receipts_go_after_their_retention_unless_unsettled_or_their_work_is_live(
+        store: WorkStore) -> None:
+    """Ingress receipts are pruned by the fenced pruner (issue 12 item 4), under their own
+    horizon (``ingress.retention_days``: the end of exact dedup), with their events; a
+    receipt still ``received`` or whose inbound work is still live is evidence and stays.
+    (Before: the materializer deleted settled receipts past retention itself, outside the
+    lease and unseen in the retention figures, and with them the raw delivery of work that
+    was still retrying.)"""
+    done, unsettled, live = receipt(1), receipt(2), receipt(3)
+    young = receipt(4, at_us=T0 + 10 * DAY_US)
+    for r in (done, unsettled, live, young):
+        await store.ingress_receipt_insert(r, T0)
+    for r in (done, live, young):
+        assert await store.ingress_materialize(materialization(r, events=2), T0)
+    # The work of ``done`` finishes; that of ``live`` fails and retries.
+    items = (await claim(store, family=INBOUND_APPLY_FAMILY, limit=10)).claimed
+    events = {e.work_id: r.receipt_id for r in (done, live, young)
+              for e in await store.ingress_events_of(r.receipt_id)}
+    for item in items:
+        outcome = RetryLater("flaky") if events[item.work_id] == live.receipt_id else Succeeded()
+        assert (await finalize(store, item, outcome)).applied
+    metrics = Metrics()
+    summary = await prune(store, T0 + (INGRESS_DAYS + 1) * DAY_US, metrics=metrics)
+    assert await ids(store, "ingress_receipts", "receipt_id") == {
+        unsettled.receipt_id, live.receipt_id, young.receipt_id}
+    assert await store.ingress_events_of(done.receipt_id) == []
+    assert len(await store.ingress_events_of(live.receipt_id)) == 2
+    assert summary["tables"]["ingress_receipts"]["pruned"] == 1
+    assert ('integrationd_retention_pruned_rows_total{table="ingress_receipts"} 1.0'
+            in metrics.render().decode())
+    # Dedup ended for the pruned one only: its redelivery is a new receipt.
+    assert (await store.ingress_receipt_insert(receipt(1), T0 + 16 * DAY_US)).stored
+    assert not (await store.ingress_receipt_insert(
+        receipt(5, key=live.dedup_key), T0 + 16 * DAY_US)).stored

@@ -15,6 +15,7 @@ from tests.support.work import T0
 
 WORK_DAYS = 30
 FACTS_DAYS = 400
+INGRESS_DAYS = 14  # ingress.retention_days
 PAST_WORK = T0 + (WORK_DAYS + 1) * DAY_US  # past the work horizon of T0, not the facts one
 PAST_FACTS = T0 + (FACTS_DAYS + 1) * DAY_US
 
@@ -33,7 +34,8 @@ def pruner(store: WorkStore, now_us: int, *, holder: str = "pruner-a", batch_row
     settings = RetentionSettings(work_days=WORK_DAYS, facts_days=FACTS_DAYS,
                                  batch_rows=batch_rows, batch_bytes=batch_bytes,
                                  lease_ttl=lease_ttl)
-    return Pruner(store, settings, FixedClock(now_us), metrics or Metrics(), holder)
+    return Pruner(store, settings, FixedClock(now_us), metrics or Metrics(), holder,
+                  ingress_days=INGRESS_DAYS)
 
 
 async def prune(store: WorkStore, now_us: int, **kw: Any) -> dict[str, Any]:
