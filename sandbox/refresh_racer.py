@@ -1,10 +1,11 @@
 """A separate OS process that needs a binding's access token: ``python -m
 sandbox.refresh_racer SPEC`` (one JSON object: storage ``url``, ``owner``, ``token_url``,
-``client_secret_file``, ``key_file``, ``start_at``, ``lease_s``).
+``client_secret_file``, ``key_file``, ``start_at``, ``lease_s``; for an S2S mint instead
+of a refresh: ``mint_url``, ``app_id`` and ``private_key_file``).
 
 It claims one ``noop`` WorkItem of its own (a live fence, as a handler would hold), waits
-for the shared start instant, asks the token owner for the access token of binding ``b1``
-generation 1, and prints one JSON line: the token version it got, or the stable reason it
+for the shared start instant, asks the token owner for the access token of binding
+``binding_id`` (default ``b1``) generation 1, and prints one JSON line: the token version it got, or the stable reason it
 got none. It never prints a token.
 """
 
@@ -22,7 +23,12 @@ import trio
 from config.settings import Secret
 from daemon.core.token_bundle import TokenKey
 from daemon.services.clock import WallClock
-from daemon.services.token_refresh import RefreshEndpoint, TokenOwner, TokenUnavailable
+from daemon.services.token_refresh import (
+    MintEndpoint,
+    RefreshEndpoint,
+    TokenOwner,
+    TokenUnavailable,
+)
 from storage.open import open_store
 from storage.port import ClaimParams
 
@@ -31,7 +37,12 @@ async def race(spec: dict[str, Any]) -> dict[str, Any]:
     store = await open_store(spec["url"], pool_size=2, sqlite_synchronous="NORMAL")
     clock = WallClock()
     key = TokenKey("k1", bytes.fromhex(spec["key_hex"]))
-    endpoint = RefreshEndpoint(spec["token_url"], "client-1", Secret(spec["client_secret"]))
+    endpoint: RefreshEndpoint | MintEndpoint
+    if "mint_url" in spec:
+        endpoint = MintEndpoint(spec["mint_url"], spec["app_id"], Secret(spec["private_key"]))
+    else:
+        endpoint = RefreshEndpoint(spec["token_url"], "client-1",
+                                   Secret(spec["client_secret"]))
     out: dict[str, Any] = {"owner": spec["owner"]}
     try:
         fence = None
@@ -48,7 +59,8 @@ async def race(spec: dict[str, Any]) -> dict[str, Any]:
             owner = TokenOwner(store, {"k1": key}, "k1", http, clock, lease_us=lease_us,
                                call_margin_us=lease_us // 4, wait_us=lease_us * 4)
             try:
-                token = await owner.access_token(fence, "b1", 1, endpoint)
+                token = await owner.access_token(fence, spec.get("binding_id", "b1"), 1,
+                                                 endpoint)
                 out["version"] = token.token_version
             except TokenUnavailable as exc:
                 out["reason"] = exc.reason
@@ -67,7 +79,10 @@ def _load(raw: str) -> dict[str, Any]:
     """The spec, with the key and the client secret read from their files (never argv)."""
     spec = dict(json.loads(raw))
     spec["key_hex"] = Path(spec.pop("key_file")).read_text().strip()
-    spec["client_secret"] = Path(spec.pop("client_secret_file")).read_text().strip()
+    if "client_secret_file" in spec:
+        spec["client_secret"] = Path(spec.pop("client_secret_file")).read_text().strip()
+    if "private_key_file" in spec:
+        spec["private_key"] = Path(spec.pop("private_key_file")).read_text()
     return spec
 
 
