@@ -7,6 +7,12 @@ It claims one ``noop`` WorkItem of its own (a live fence, as a handler would hol
 for the shared start instant, asks the token owner for the access token of binding
 ``binding_id`` (default ``b1``) generation 1, and prints one JSON line: the token version it got, or the stable reason it
 got none. It never prints a token.
+
+``"stall"`` freezes it at one point of the refresh, for a test to SIGKILL it there: it
+prints ``{"stalled": POINT}`` and sleeps (until the token owner's call deadline):
+``"before_call"`` (the lease and its in-flight record are taken, the request has not
+left), ``"after_answer"`` (the provider answered, so a rotating refresh token is spent,
+and the new token was never activated).
 """
 
 from __future__ import annotations
@@ -33,6 +39,32 @@ from storage.open import open_store
 from storage.port import ClaimParams
 
 
+class _Stall(httpx.AsyncBaseTransport):
+    """The racer's transport to the token endpoint, stalling at ``point``."""
+
+    def __init__(self, point: str) -> None:
+        self.point = point
+        self.inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.point == "before_call":
+            await _stalled(self.point)
+        response = await self.inner.handle_async_request(request)
+        if self.point == "after_answer":
+            await response.aread()
+            await _stalled(self.point)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def _stalled(point: str) -> None:
+    sys.stdout.write(json.dumps({"stalled": point}) + "\n")
+    sys.stdout.flush()
+    await trio.sleep_forever()
+
+
 async def race(spec: dict[str, Any]) -> dict[str, Any]:
     store = await open_store(spec["url"], pool_size=2, sqlite_synchronous="NORMAL")
     clock = WallClock()
@@ -55,7 +87,9 @@ async def race(spec: dict[str, Any]) -> dict[str, Any]:
                 await trio.sleep(0.05)
         await trio.sleep(max(0.0, spec["start_at"] - time.time()))
         lease_us = int(spec.get("lease_s", 30) * 1_000_000)
-        async with httpx.AsyncClient(timeout=60) as http:
+        stall = spec.get("stall")
+        async with httpx.AsyncClient(timeout=60,
+                                     transport=_Stall(stall) if stall else None) as http:
             owner = TokenOwner(store, {"k1": key}, "k1", http, clock, lease_us=lease_us,
                                call_margin_us=lease_us // 4, wait_us=lease_us * 4)
             try:
@@ -64,6 +98,7 @@ async def race(spec: dict[str, Any]) -> dict[str, Any]:
                 out["version"] = token.token_version
             except TokenUnavailable as exc:
                 out["reason"] = exc.reason
+                out["message"] = str(exc)  # stable text, never a token
     finally:
         await store.db.aclose()
     return out
