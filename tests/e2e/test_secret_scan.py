@@ -317,6 +317,16 @@ async def test_no_secret_used_in_a_run_appears_in_logs_metrics_console_errors_or
                 sources.append(("error POST replay (no CSRF)", r.text))
             finally:
                 await client.aclose()
+            # The service API's error bodies: a wrong bearer token, a bad body.
+            api = f"http://127.0.0.1:{w.api_port}"
+            for headers, body in (({"Authorization": f"Bearer {STALE}"}, b"{}"),
+                                  ({"Authorization": f"Bearer {RUNTIME_TOKEN}"}, b"{nope"),
+                                  ({"Authorization": f"Bearer {RUNTIME_TOKEN}"},
+                                   json.dumps({"token": REFRESH}).encode())):
+                r = await w.http.post(f"{api}/v1/commands", content=body,
+                                      headers={**headers, "Content-Type": "application/json"})
+                assert r.status_code in (400, 401, 422), (r.status_code, r.text)
+                sources.append((f"error POST /v1/commands ({r.status_code})", r.text))
             # The Runtime's view of the two results (the reason it was told).
             for lead in ("lead-1", "lead-2"):
                 doc = (await w.http.get(f"{w.runtime_url}/leads/{lead}")).text
