@@ -5,8 +5,8 @@ of a refresh: ``mint_url``, ``app_id`` and ``private_key_file``).
 
 It claims one ``noop`` WorkItem of its own (a live fence, as a handler would hold), waits
 for the shared start instant, asks the token owner for the access token of binding
-``binding_id`` (default ``b1``) generation 1, and prints one JSON line: the token version it got, or the stable reason it
-got none. It never prints a token.
+``binding_id`` (default ``b1``) generation 1, and prints one JSON line: the token version
+it got, or the stable reason (and message) it got none. It never prints a token.
 
 ``"stall"`` freezes it at one point of the refresh, for a test to SIGKILL it there: it
 prints ``{"stalled": POINT}`` and sleeps (until the token owner's call deadline):

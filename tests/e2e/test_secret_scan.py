@@ -46,7 +46,7 @@ from sandbox.s2s_token_sim import S2STokenEndpoint
 from storage.grants import GrantState
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
-from tests.e2e.test_effect_faults import World, replica_config, world
+from tests.e2e.test_effect_faults import World, world
 from tests.support.backends import FreshDatabase
 from tests.support.harness import wait_for
 from tests.support.processes import (

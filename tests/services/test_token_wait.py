@@ -24,7 +24,6 @@ from storage.work_store import WorkStore
 from tests.support.work import claim, enqueue
 
 
-
 @pytest.fixture
 def backend() -> str:
     """SQLite only: under MockClock's autojump a network adapter's own I/O deadlines
