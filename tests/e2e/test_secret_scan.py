@@ -340,10 +340,10 @@ async def test_no_secret_used_in_a_run_appears_in_logs_metrics_console_errors_or
                 ("audit", "list"), ("audit", "list", "--json"), ("dlq", "list"),
                 ("catalog", "list"), ("reconcile", "status"),
                 *(("work", "show", i.work_id, "--json") for i in items)]
-            for args in listings:
-                done = run_cli(cfg, *args, env=_env())
-                assert done.returncode == 0, (args, done.stderr)
-                sources.append((" ".join(args), done.stdout + done.stderr))
+            for argv in listings:
+                done = run_cli(cfg, *argv, env=_env())
+                assert done.returncode == 0, (argv, done.stderr)
+                sources.append((" ".join(argv), done.stdout + done.stderr))
         finally:
             replica.terminate()
             await replica.wait()
