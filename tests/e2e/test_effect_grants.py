@@ -205,3 +205,20 @@ async def test_a_refresh_that_keeps_failing_defers_the_work_and_burns_no_attempt
         assert [r.status for r in sl.patches("101")] == [200]
         answers = [e["answer"] for e in sim.journal]
         assert answers[-1] == "ok" and set(answers[:-1]) == {"malformed"}
+
+
+async def test_a_revoked_grant_fails_the_work_closed_and_nothing_is_called(
+        database: FreshDatabase, store: WorkStore, tmp_path: Path,
+        oauth: tuple[OAuthSimulator, str]) -> None:
+    sim, url = oauth
+    await _grant(store, STALE, seed=sim)
+    sim.access_tokens.add(STALE)  # were it used, the provider would accept it
+    assert await store.grant_mark("hubspot-main", 1, 1, GrantState.REVOKED,
+                                  WallClock().now_us())
+    async with running_slice(store, database.url, grant=_setup(tmp_path, sim, url)) as sl:
+        await sl.lead("lead-1", "101")
+        intent_id = await sl.set_title("lead-1", "CTO")
+        assert await _settled(sl, store, intent_id) == ("succeeded", "no_effect", "revoked")
+        assert sl.patches("101") == [] and sim.journal == []  # never used, never refreshed
+        (item,) = await store.work_list(WorkQuery(family="external_effect"))
+        assert item.attempt == 1

@@ -338,7 +338,7 @@ async def test_no_secret_used_in_a_run_appears_in_logs_metrics_console_errors_or
                 ("work", "list"), ("work", "list", "--json"), ("work", "depths"),
                 ("binding", "list"), ("binding", "show", "hubspot-main"),
                 ("audit", "list"), ("audit", "list", "--json"), ("dlq", "list"),
-                ("catalog", "list"), ("reconcile", "status"),
+                ("catalog", "list"), ("reconcile", "status"), ("check-config",),
                 *(("work", "show", i.work_id, "--json") for i in items)]
             for argv in listings:
                 done = run_cli(cfg, *argv, env=_env())
