@@ -129,8 +129,8 @@ async def _stalled(proc: trio.Process) -> str:
     # activated: the next owner's one call is refused, and it says why. No retry loop.
     ("after_answer", ["ok", "invalid_grant"],
      {"reason": "needs_reauthorization",
-      "message": "needs_reauthorization: needs_reauthorization: refresh token possibly"
-                 " spent by an unfinished refresh"}),
+      "message": "needs_reauthorization: the token endpoint refused the refresh token,"
+                 " possibly spent by an unfinished refresh"}),
 ])
 async def test_a_refresh_owner_killed_before_the_call_or_after_the_answer_is_taken_over(
         database: FreshDatabase, store: WorkStore, tmp_path: Path,
