@@ -1,6 +1,7 @@
 """``integrationd binding ...``: PrincipalBinding transitions as audited operator actions.
 
-``binding list [--org ORG]`` and ``binding show ID`` read the durable facts. ``binding
+``binding list [--org ORG]`` and ``binding show ID`` read the durable facts (``show`` with the
+grant of the current generation: state, token version, key id, expiry). ``binding
 connect``, ``disconnect``, ``reconnect`` and ``change`` apply one transition (an operator or
 admin, ``--actor`` and ``--reason`` required, the OS user recorded beside the actor); each
 but ``connect`` names the generation the operator saw (``--generation N``), so a binding
@@ -120,7 +121,12 @@ async def run_binding_command(settings: Settings, args: argparse.Namespace,
             one = await store.binding_get(args.binding_id)
             if one is None:
                 raise BadRequest(f"no binding {args.binding_id}")
-            _print(binding_json(one))
+            grant = await store.grant_get(one.binding_id, one.generation)
+            # The grant of the current generation: its state, never a token.
+            _print({**binding_json(one), "grant": None if grant is None else {
+                "state": grant.state.value, "token_version": grant.token_version,
+                "key_id": grant.sealed.key_id, "expires_at_us": grant.expires_at_us,
+                "last_refresh_at_us": grant.last_refresh_at_us}})
             return EXIT_OK
         assert actor is not None
         try:

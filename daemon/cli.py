@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -56,6 +56,10 @@ from storage.port import (
     WorkQuery,
 )
 from storage.work_store import WorkStore
+
+if TYPE_CHECKING:  # the console and the assembly load only for ``run``
+    from admin_ui.extensions import ConsoleExtensions
+    from daemon.services.assembly import Assembly
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -224,12 +228,20 @@ async def _cmd_migrate(settings: Settings) -> int:
     return EXIT_OK
 
 
-async def _cmd_run(settings: Settings) -> int:
-    from admin_ui.app import console_factory
+def admin_extensions(parts: Assembly) -> ConsoleExtensions:
+    """Everything the console of ``run`` serves beside the kernel's pages (the secret
+    scan enumerates the routes of exactly this app)."""
     from admin_ui.effects import effect_extensions
     from admin_ui.extensions import combine
     from admin_ui.ingress import ingress_extensions
     from admin_ui.sync import sync_extensions
+
+    return combine(effect_extensions(parts.catalog, parts.catalogs.pinned),
+                   sync_extensions(parts.catalog), ingress_extensions())
+
+
+async def _cmd_run(settings: Settings) -> int:
+    from admin_ui.app import console_factory
     from daemon.services.assembly import assemble
     from daemon.services.metrics import Metrics
     from daemon.services.replica import Replica
@@ -261,9 +273,7 @@ async def _cmd_run(settings: Settings) -> int:
         parts = assemble(settings, store, clock, metrics)
         # The composition root: the console is built here and handed to the replica, so
         # the services never import the console, nor the console the replica.
-        admin_app = console_factory(combine(
-            effect_extensions(parts.catalog, parts.catalogs.pinned),
-            sync_extensions(parts.catalog), ingress_extensions()))
+        admin_app = console_factory(admin_extensions(parts))
         replica = Replica(settings, store, parts.registry, clock, metrics=metrics,
                           api_app=parts.api_app, admin_app=admin_app,
                           ingress_app=parts.ingress.app if parts.ingress else None,

@@ -1,11 +1,18 @@
 """A separate OS process that needs a binding's access token: ``python -m
 sandbox.refresh_racer SPEC`` (one JSON object: storage ``url``, ``owner``, ``token_url``,
-``client_secret_file``, ``key_file``, ``start_at``, ``lease_s``).
+``client_secret_file``, ``key_file``, ``start_at``, ``lease_s``; for an S2S mint instead
+of a refresh: ``mint_url``, ``app_id`` and ``private_key_file``).
 
 It claims one ``noop`` WorkItem of its own (a live fence, as a handler would hold), waits
-for the shared start instant, asks the token owner for the access token of binding ``b1``
-generation 1, and prints one JSON line: the token version it got, or the stable reason it
-got none. It never prints a token.
+for the shared start instant, asks the token owner for the access token of binding
+``binding_id`` (default ``b1``) generation 1, and prints one JSON line: the token version
+it got, or the stable reason (and message) it got none. It never prints a token.
+
+``"stall"`` freezes it at one point of the refresh, for a test to SIGKILL it there: it
+prints ``{"stalled": POINT}`` and sleeps (until the token owner's call deadline):
+``"before_call"`` (the lease and its in-flight record are taken, the request has not
+left), ``"after_answer"`` (the provider answered, so a rotating refresh token is spent,
+and the new token was never activated).
 """
 
 from __future__ import annotations
@@ -22,16 +29,52 @@ import trio
 from config.settings import Secret
 from daemon.core.token_bundle import TokenKey
 from daemon.services.clock import WallClock
-from daemon.services.token_refresh import RefreshEndpoint, TokenOwner, TokenUnavailable
+from daemon.services.token_refresh import (
+    MintEndpoint,
+    RefreshEndpoint,
+    TokenOwner,
+    TokenUnavailable,
+)
 from storage.open import open_store
 from storage.port import ClaimParams
+
+
+class _Stall(httpx.AsyncBaseTransport):
+    """The racer's transport to the token endpoint, stalling at ``point``."""
+
+    def __init__(self, point: str) -> None:
+        self.point = point
+        self.inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.point == "before_call":
+            await _stalled(self.point)
+        response = await self.inner.handle_async_request(request)
+        if self.point == "after_answer":
+            await response.aread()
+            await _stalled(self.point)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def _stalled(point: str) -> None:
+    sys.stdout.write(json.dumps({"stalled": point}) + "\n")
+    sys.stdout.flush()
+    await trio.sleep_forever()
 
 
 async def race(spec: dict[str, Any]) -> dict[str, Any]:
     store = await open_store(spec["url"], pool_size=2, sqlite_synchronous="NORMAL")
     clock = WallClock()
     key = TokenKey("k1", bytes.fromhex(spec["key_hex"]))
-    endpoint = RefreshEndpoint(spec["token_url"], "client-1", Secret(spec["client_secret"]))
+    endpoint: RefreshEndpoint | MintEndpoint
+    if "mint_url" in spec:
+        endpoint = MintEndpoint(spec["mint_url"], spec["app_id"], Secret(spec["private_key"]))
+    else:
+        endpoint = RefreshEndpoint(spec["token_url"], "client-1",
+                                   Secret(spec["client_secret"]))
     out: dict[str, Any] = {"owner": spec["owner"]}
     try:
         fence = None
@@ -44,14 +87,18 @@ async def race(spec: dict[str, Any]) -> dict[str, Any]:
                 await trio.sleep(0.05)
         await trio.sleep(max(0.0, spec["start_at"] - time.time()))
         lease_us = int(spec.get("lease_s", 30) * 1_000_000)
-        async with httpx.AsyncClient(timeout=60) as http:
+        stall = spec.get("stall")
+        async with httpx.AsyncClient(timeout=60,
+                                     transport=_Stall(stall) if stall else None) as http:
             owner = TokenOwner(store, {"k1": key}, "k1", http, clock, lease_us=lease_us,
                                call_margin_us=lease_us // 4, wait_us=lease_us * 4)
             try:
-                token = await owner.access_token(fence, "b1", 1, endpoint)
+                token = await owner.access_token(fence, spec.get("binding_id", "b1"), 1,
+                                                 endpoint)
                 out["version"] = token.token_version
             except TokenUnavailable as exc:
                 out["reason"] = exc.reason
+                out["message"] = str(exc)  # stable text, never a token
     finally:
         await store.db.aclose()
     return out
@@ -67,7 +114,10 @@ def _load(raw: str) -> dict[str, Any]:
     """The spec, with the key and the client secret read from their files (never argv)."""
     spec = dict(json.loads(raw))
     spec["key_hex"] = Path(spec.pop("key_file")).read_text().strip()
-    spec["client_secret"] = Path(spec.pop("client_secret_file")).read_text().strip()
+    if "client_secret_file" in spec:
+        spec["client_secret"] = Path(spec.pop("client_secret_file")).read_text().strip()
+    if "private_key_file" in spec:
+        spec["private_key"] = Path(spec.pop("private_key_file")).read_text()
     return spec
 
 

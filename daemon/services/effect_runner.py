@@ -114,6 +114,10 @@ from storage.work_store import WorkStore
 # How many decide/perform rounds one claim may take (reconcile, record absence,
 # dispatch): a bound, so a bug can never loop.
 _MAX_ROUNDS = 4
+# A claim that got no access token before its dispatch checkpoint, for a reason a wait
+# can cure (a refresh still running elsewhere, a timeout, a malformed answer), is given
+# back unstarted for this long.
+TOKEN_DEFER_US = 2_000_000
 
 
 @attrs.frozen
@@ -390,7 +394,7 @@ class EffectRunner:
         try:
             access = await self._token(ctx, ec)
         except TokenUnavailable as exc:
-            return self._no_token(ctx, ec, view, exc)
+            return self._no_token(ctx, ec, view, exc, pre_dispatch=True)
         # Then one slot of every quota key the provider declares, bound to this claim.
         reserved = await quota.reserve(ctx.store, ctx.clock, ctx.fence,
                                        quota.quota_keys(op, binding))
@@ -460,15 +464,22 @@ class EffectRunner:
         return self._perform(ctx, ec, step)
 
     def _no_token(self, ctx: WorkContext, ec: EffectContext, view: ClaimView[PreparedRequest],
-                  exc: TokenUnavailable, verdict: Classification | None = None) -> Outcome:
+                  exc: TokenUnavailable, verdict: Classification | None = None, *,
+                  pre_dispatch: bool = False) -> Outcome:
         """No token: a definitive reason settles the work with it (fail closed, alerted);
-        anything else (a refresh still running, a timeout) waits."""
+        anything else (a refresh still running elsewhere, a timeout, a malformed answer)
+        waits. Before the dispatch checkpoint the wait is a deferral (nothing was
+        started: the claim goes back unstarted, its attempt refunded, journaled with the
+        reason), so no number of slow refreshes can exhaust ``max_attempts``."""
         logs.warn("effect_token_unavailable", command_id=ec.command.command_id,
                   binding_id=ec.command.binding_id, reason=exc.reason)
         self.on_credential_failure(exc.reason)
         if definitive(exc.reason):
             return self._perform(ctx, ec, credential_refusal(view, exc.reason, str(exc),
                                                              verdict))
+        if pre_dispatch:
+            return Deferred(exc.reason, ctx.clock.now_us() + TOKEN_DEFER_US,
+                            f"no access token yet ({exc}); nothing was sent")
         return RetryLater(exc.reason, str(exc), 5.0)
 
     def _record(self, ctx: WorkContext, attempt_id: str, verdict: Classification,

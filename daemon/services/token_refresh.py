@@ -196,8 +196,10 @@ class TokenOwner:
                                    " time; the refresh token may be spent")
         if answer.status_code in (400, 401) and _error(answer) in _DEFINITIVE_ERRORS:
             await self._fail(binding_id, generation, lease, reauthorize=True)
-            reason = ("needs_reauthorization: refresh token possibly spent by an unfinished"
-                      " refresh" if lease.possibly_spent else "needs_reauthorization")
+            # The message follows the reason code in str(exc): say why, once.
+            reason = ("the token endpoint refused the refresh token, possibly spent by an"
+                      " unfinished refresh" if lease.possibly_spent
+                      else f"the token endpoint refused the grant ({_error(answer)})")
             logs.warn("token_refresh_failed", reason="invalid_grant",
                       possibly_spent=lease.possibly_spent, **log)
             raise TokenUnavailable("needs_reauthorization", reason)

@@ -24,6 +24,7 @@ from storage.port import WorkQuery
 from storage.work_store import WorkStore
 from tests.e2e.test_effect_pins import _signed_in
 from tests.support.backends import FreshDatabase
+from tests.support.harness import wait_for
 from tests.support.slice import Slice, SliceGrant, running_slice
 from tests.ui.support import _OPERATORS
 
@@ -157,3 +158,67 @@ async def test_a_bundle_that_fails_authentication_is_refused_alerted_and_never_u
         assert sl.replica is not None
         assert ('integrationd_effect_credential_failures_total{reason="token_bundle_unauthentic"}'
                 ' 1.0') in sl.replica.metrics_text().decode()
+
+
+async def test_a_refresh_that_keeps_failing_defers_the_work_and_burns_no_attempt(
+        database: FreshDatabase, store: WorkStore, tmp_path: Path,
+        oauth: tuple[OAuthSimulator, str]) -> None:
+    """A malformed token answer (or a refresh still running elsewhere, or a timeout) is
+    not the effect's failure: nothing was sent, so the claim is given back unstarted
+    (``Deferred``, journaled with the reason), never charged an attempt. Before, each
+    one was a RetryLater: with ``max_attempts = 2`` two bad answers dead-lettered a
+    command that had never been sent."""
+    sim, url = oauth
+    sim.seed(REFRESH)
+    now = WallClock().now_us()
+    bundle = TokenBundle(access_token=SecretText(STALE), refresh_token=SecretText(REFRESH),
+                         expires_at_us=now - 1)  # expired: the first claim must refresh
+    await store.grant_install(binding_id="hubspot-main", generation=1,
+                              sealed=seal(bundle, KEY, BundleContext("hubspot-main", 1, 1)),
+                              expires_at_us=bundle.expires_at_us, now_us=now)
+    sim.malformed = True
+    async with running_slice(store, database.url, grant=_setup(tmp_path, sim, url),
+                             max_attempts=2) as sl:
+        assert sl.credentials is not None and sl.credentials.owner is not None
+        # A malformed answer leaves the lease to expire: keep it short for the test.
+        sl.credentials.owner.lease_us = 1_000_000
+        sl.credentials.owner.call_margin_us = 300_000
+        await sl.lead("lead-1", "101")
+        intent_id = await sl.set_title("lead-1", "CTO")
+
+        async def three_bad_answers_or_dead() -> bool:
+            items = await store.work_list(WorkQuery(family="external_effect"))
+            return len(sim.journal) >= 3 or any(i.state.value == "dead" for i in items)
+
+        await wait_for(three_bad_answers_or_dead, within_s=60)
+        (item,) = await store.work_list(WorkQuery(family="external_effect"))
+        assert item.state.value != "dead", (item.failure_class, item.operator_summary)
+        sim.malformed = False
+        assert await _settled(sl, store, intent_id) == ("succeeded", "succeeded", "")
+        (item,) = await store.work_list(WorkQuery(family="external_effect"))
+        executions = await store.work_executions(item.work_id)
+        deferred = [e for e in executions if e.outcome == "deferred"]
+        assert len(deferred) >= 3
+        assert {e.reason for e in deferred} <= {"refresh_malformed", "refresh_wait_timeout"}
+        assert "refresh_malformed" in {e.reason for e in deferred}
+        assert item.attempt == 1  # only the claim that sent
+        assert [r.status for r in sl.patches("101")] == [200]
+        answers = [e["answer"] for e in sim.journal]
+        assert answers[-1] == "ok" and set(answers[:-1]) == {"malformed"}
+
+
+async def test_a_revoked_grant_fails_the_work_closed_and_nothing_is_called(
+        database: FreshDatabase, store: WorkStore, tmp_path: Path,
+        oauth: tuple[OAuthSimulator, str]) -> None:
+    sim, url = oauth
+    await _grant(store, STALE, seed=sim)
+    sim.access_tokens.add(STALE)  # were it used, the provider would accept it
+    assert await store.grant_mark("hubspot-main", 1, 1, GrantState.REVOKED,
+                                  WallClock().now_us())
+    async with running_slice(store, database.url, grant=_setup(tmp_path, sim, url)) as sl:
+        await sl.lead("lead-1", "101")
+        intent_id = await sl.set_title("lead-1", "CTO")
+        assert await _settled(sl, store, intent_id) == ("succeeded", "no_effect", "revoked")
+        assert sl.patches("101") == [] and sim.journal == []  # never used, never refreshed
+        (item,) = await store.work_list(WorkQuery(family="external_effect"))
+        assert item.attempt == 1

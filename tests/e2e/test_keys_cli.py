@@ -127,3 +127,31 @@ async def test_run_with_a_grant_binding_and_a_missing_key_is_one_line_exit_2(
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("integrationd: config error: keys.k9: token key 'k9' not found")
     assert "client-SECRET-x" not in result.stderr + result.stdout
+
+
+async def test_run_with_a_malformed_or_missing_previous_key_is_one_line_exit_2(
+        database: FreshDatabase, tmp_path: Path) -> None:
+    """A key file that is not 32 bytes (a truncated copy), or a ``previous`` key that is
+    not there: named in one line, exit 2, before anything starts; the file's content is
+    never printed."""
+    (tmp_path / "client.secret").write_text("client-SECRET-x\n")
+    (tmp_path / "keys").mkdir()
+    truncated = NEW.material.hex()[:-2]
+    (tmp_path / "keys" / "k2.key").write_text(truncated)
+    cfg = write_config(tmp_path / "g.toml", database.url,
+                       extra=GRANT_BINDING + '\n[keys]\ndir = "keys"\nactive = "k2"\n')
+    bad = run_cli(cfg, "run")
+    assert bad.returncode == 2, bad.stderr
+    (line,) = bad.stderr.strip().splitlines()
+    assert line.startswith("integrationd: config error: keys.k2: token key 'k2' is not 32"
+                           " bytes"), line
+    assert truncated not in bad.stderr + bad.stdout
+    (tmp_path / "keys" / "k2.key").write_text(NEW.material.hex())
+    cfg = write_config(tmp_path / "p.toml", database.url,
+                       extra=GRANT_BINDING + '\n[keys]\ndir = "keys"\nactive = "k2"\n'
+                       'previous = "k1"\n')
+    missing = run_cli(cfg, "run")
+    assert missing.returncode == 2, missing.stderr
+    (line,) = missing.stderr.strip().splitlines()
+    assert line.startswith("integrationd: config error: keys.k1: token key 'k1' not found")
+    assert NEW.material.hex() not in missing.stderr + missing.stdout

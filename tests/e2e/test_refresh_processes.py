@@ -107,3 +107,59 @@ async def test_a_refresh_owner_killed_mid_call_is_taken_over_after_its_lease(
     assert [e["answer"] for e in sim.journal] == ["hang", "ok"]
     grant = await store.grant_get("b1", 1)
     assert grant is not None and grant.token_version == 2
+
+
+async def _stalled(proc: trio.Process) -> str:
+    """The racer's first line once it stalls at its point (``{"stalled": POINT}``)."""
+    assert proc.stdout is not None
+    data = b""
+    async for chunk in proc.stdout:
+        data += chunk
+        if b"\n" in data:
+            break
+    return str(json.loads(data.split(b"\n", 1)[0])["stalled"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("point", "journal", "outcome"), [
+    # The lease and its in-flight record were taken, the request never left: the next
+    # owner refreshes with the same refresh token, which still works.
+    ("before_call", ["ok"], {"version": 2}),
+    # The provider answered (and rotated the refresh token) but the new token was never
+    # activated: the next owner's one call is refused, and it says why. No retry loop.
+    ("after_answer", ["ok", "invalid_grant"],
+     {"reason": "needs_reauthorization",
+      "message": "needs_reauthorization: the token endpoint refused the refresh token,"
+                 " possibly spent by an unfinished refresh"}),
+])
+async def test_a_refresh_owner_killed_before_the_call_or_after_the_answer_is_taken_over(
+        database: FreshDatabase, store: WorkStore, tmp_path: Path,
+        oauth: tuple[OAuthSimulator, str], point: str, journal: list[str],
+        outcome: dict[str, object]) -> None:
+    sim, url = oauth
+    await _seed(store, sim, 2)
+    spec = json.loads(_spec(database, tmp_path, url, "r0", time.time(), lease_s=6.0))
+    first = await _start(json.dumps({**spec, "stall": point}))
+    with trio.fail_after(60):
+        assert await _stalled(first) == point
+    first.send_signal(signal.SIGKILL)
+    assert await first.wait() == -signal.SIGKILL  # killed there, not timed out
+    second = await _start(_spec(database, tmp_path, url, "r1", time.time(), lease_s=6.0))
+    with trio.fail_after(60):
+        result = await _result(second)
+    assert {k: v for k, v in result.items() if k != "owner"} == outcome, result
+    assert [e["answer"] for e in sim.journal] == journal
+    grant = await store.grant_get("b1", 1)
+    assert grant is not None
+    if point == "before_call":
+        assert (grant.token_version, grant.state.value) == (2, "valid")
+    else:
+        # The answered-but-never-activated token was lost with its process: the grant
+        # stays at version 1 and needs re-authorization; nobody calls again.
+        assert (grant.token_version, grant.state.value) == (1, "needs_reauthorization")
+        await enqueue(store, 1, now=WallClock().now_us())  # a claim for the third racer
+        third = await _start(_spec(database, tmp_path, url, "r2", time.time(), lease_s=6.0))
+        with trio.fail_after(60):
+            again = await _result(third)
+        assert again["reason"] == "needs_reauthorization", again
+        assert len(sim.journal) == 2

@@ -129,14 +129,21 @@ class ReplicaProcess:
         return await trio.to_thread.run_sync(fetch)
 
 
-async def start_replica(config: Path, name: str, *, wait_ready: bool = True) -> ReplicaProcess:
+async def start_replica(config: Path, name: str, *, wait_ready: bool = True,
+                        keep_stdout: bool = False) -> ReplicaProcess:
+    """Start ``integrationd run``; its stderr (the log) goes to ``NAME.log`` and, with
+    ``keep_stdout``, its stdout to ``NAME.out`` (else it is discarded)."""
     log = config.parent / f"{name}.log"
     handle = log.open("wb")
+    out = (config.parent / f"{name}.out").open("wb") if keep_stdout else None
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-m", "daemon.cli", "--config", str(config), "run"],
-        stdout=subprocess.DEVNULL, stderr=handle, cwd=str(config.parent), env=cli_env(),
+        stdout=out if out is not None else subprocess.DEVNULL, stderr=handle,
+        cwd=str(config.parent), env=cli_env(),
     )
     handle.close()
+    if out is not None:
+        out.close()
     replica = ReplicaProcess(proc, log)
     if wait_ready:
         started = await replica.wait_event("replica_started", within_s=60)

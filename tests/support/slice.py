@@ -36,6 +36,7 @@ from daemon.core.identity import integration_scope_digest
 from daemon.services.assembly import assemble
 from daemon.services.catalog_view import publish_current
 from daemon.services.clock import WallClock
+from daemon.services.credentials import Credentials
 from daemon.services.http_server import serve_app
 from daemon.services.metrics import Metrics
 from daemon.services.replica import Replica
@@ -133,6 +134,8 @@ class Slice:
     base_url: str = ""
     # The simulator's port (the binding's base URL, part of the Catalog revision).
     hubspot_port: int = 0
+    # The replica's token source (a test may shorten its token owner's lease and wait).
+    credentials: Credentials | None = None
 
     async def lead(self, lead_id: str, contact_id: str | None, *, link: bool = True,
                    title: str = "Engineer") -> None:
@@ -257,7 +260,7 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
         parts = assemble(settings, store, clock, metrics, catalog=served)
         the_slice = Slice(sim, runtime, f"http://127.0.0.1:{runtime_port}",
                           f"http://127.0.0.1:{api_port}", store, settings, http,
-                          hubspot_port=sim_port)
+                          hubspot_port=sim_port, credentials=parts.credentials)
         try:
             if not with_replica:
                 # Only the /v1 API: commands are admitted, nothing claims them.
