@@ -76,6 +76,34 @@ async def replace_grant(tx: SqlTx, *, binding_id: str, generation: int, expected
     return matched == 1
 
 
+async def insert_grant(tx: SqlTx, *, binding_id: str, generation: int, sealed: SealedBundle,
+                       expires_at_us: int, now_us: int) -> StoredGrant:
+    """The first grant of a binding generation (token version 1) and its idle
+    refresh-ownership row (so that racing first refreshes only CAS)."""
+    await tx.execute(
+        f"INSERT INTO authorization_grants ({_COLUMNS})"
+        " VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, ?)",
+        (binding_id, generation, sealed.key_id, sealed.nonce.hex(),
+         base64.b64encode(sealed.ciphertext).decode(), GrantState.VALID.value,
+         expires_at_us, now_us, now_us))
+    await tx.execute(
+        "INSERT INTO refresh_leases (binding_id, generation, lease_token, owner_work_id,"
+        " owner_epoch, until_us, from_version, started_at_us, refreshes_total)"
+        " VALUES (?, ?, NULL, NULL, NULL, 0, 0, 0, 0)", (binding_id, generation))
+    found = await read_grant(tx, binding_id, generation)
+    assert found is not None
+    return found
+
+
+async def mark_grant(tx: SqlTx, binding_id: str, generation: int, state: GrantState,
+                     now_us: int) -> bool:
+    """Set the grant's state whatever its version (a disconnect revokes it)."""
+    return await tx.execute(
+        "UPDATE authorization_grants SET state = ?, updated_at_us = ?"
+        " WHERE binding_id = ? AND generation = ?",
+        (state.value, now_us, binding_id, generation)) == 1
+
+
 class AuthorizationGrants:
     db: Database
 
@@ -84,20 +112,9 @@ class AuthorizationGrants:
         """The first grant of a binding generation (token version 1)."""
 
         async def body(tx: SqlTx) -> StoredGrant:
-            await tx.execute(
-                f"INSERT INTO authorization_grants ({_COLUMNS})"
-                " VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, ?)",
-                (binding_id, generation, sealed.key_id, sealed.nonce.hex(),
-                 base64.b64encode(sealed.ciphertext).decode(), GrantState.VALID.value,
-                 expires_at_us, now_us, now_us))
-            # Its refresh-ownership row, idle, so that racing first refreshes only CAS.
-            await tx.execute(
-                "INSERT INTO refresh_leases (binding_id, generation, lease_token, owner_work_id,"
-                " owner_epoch, until_us, from_version, started_at_us, refreshes_total)"
-                " VALUES (?, ?, NULL, NULL, NULL, 0, 0, 0, 0)", (binding_id, generation))
-            found = await read_grant(tx, binding_id, generation)
-            assert found is not None
-            return found
+            return await insert_grant(tx, binding_id=binding_id, generation=generation,
+                                      sealed=sealed, expires_at_us=expires_at_us,
+                                      now_us=now_us)
 
         try:
             return await self.db.transact(body, name="grant.install")
