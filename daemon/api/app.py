@@ -7,6 +7,8 @@
 * ``POST /v1/handoffs/reject``: ``RejectIfUnaccepted``;
 * ``GET /v1/handoffs?effect_handoff_key=...``: read the admission fact (404 is *not* evidence
   of rejection);
+* ``POST /v1/bindings/{binding_id}/{flow}`` and ``GET /v1/bindings/{binding_id}``: the
+  Runtime's connect flows (:mod:`daemon.api.connect_routes`);
 * ``GET /v1/openapi.json``.
 
 A command names the Catalog revision it was built against; it is validated
@@ -37,6 +39,7 @@ from werkzeug.exceptions import HTTPException, InternalServerError
 
 from config.catalog import Catalog
 from config.settings import RuntimeClient, Settings
+from daemon.api.connect_routes import add_connect_routes
 from daemon.api.openapi import OPENAPI
 from daemon.api.validation import (
     ApiError,
@@ -50,6 +53,7 @@ from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
 from daemon.core.identity import integration_link_key_v2, integration_scope_digest
 from daemon.core.json_input import BadJson, parse_json
 from daemon.core.principals import BindingFacts, BindingState
+from daemon.core.token_bundle import TokenKey
 from daemon.services import logs
 from daemon.services.catalog_view import CatalogView
 from daemon.services.clock import Clock
@@ -74,6 +78,9 @@ class ApiContext:
     wake: Callable[[str], None] = lambda family: None
     # Called for every answered admission: (request "command" or "reject", admission, created).
     on_admission: Callable[[str, str, bool], None] = lambda request, admission, created: None
+    # The key that seals the grants the connect flows hand over (None: no [keys] active,
+    # so a flow that carries a grant is refused with 503 no_token_keys).
+    token_key: TokenKey | None = None
 
 
 def _scope(rc: RuntimeClient) -> TrustedRuntimeWorkScope:
@@ -306,6 +313,9 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
                          404)
         body, _ = _admission_json(found[1], key)
         return _json(body, 200)
+
+    add_connect_routes(app, store=ctx.store, clock=ctx.clock, token_key=lambda: ctx.token_key,
+                       caller=caller, json_body=json_body)
 
     @app.get("/v1/openapi.json")
     async def openapi() -> Response:

@@ -14,7 +14,7 @@ import attrs
 
 from daemon.api.validation import MAX_ID_CHARS, ApiError, only_fields
 from daemon.core.connect_flows import FLOWS, Flow
-from daemon.core.principals import BindingIdentity, PrincipalKind
+from daemon.core.principals import PrincipalKind
 from daemon.core.token_bundle import SecretText, TokenBundle
 
 IDENTITY_FIELDS = ("issuer", "remote_account_id", "remote_subject", "installation_id",
