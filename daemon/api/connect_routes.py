@@ -16,6 +16,7 @@ clear, or echoed (the answer holds the token version, not the token).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -37,6 +38,7 @@ from storage.port import WorkConflict
 from storage.principals import Actor
 from storage.work_store import WorkStore
 
+_BINDING_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 # Refusal reason -> HTTP status (the reason is the stable error code).
 _STATUS = {"unknown_binding": 404, "stale_generation": 409, "binding_exists": 409,
            "binding_disconnected": 409, "field_not_allowed": 400, "grant_required": 400,
@@ -60,7 +62,9 @@ def _grant(body: FlowBody, key: TokenKey | None, now_us: int) -> FlowGrant | Non
     if bundle is None:
         return None
     if key is None:
-        raise ApiError(503, "no_token_keys", "no token key is configured ([keys] active):"
+        # The deployment's state, not an outage: no retry helps until an operator
+        # configures [keys] active.
+        raise ApiError(409, "no_token_keys", "no token key is configured ([keys] active):"
                        " a grant cannot be sealed")
     expires_at_us = now_us + body.expires_in_s * 1_000_000 if body.expires_in_s else 0
     sealed_bundle = attrs.evolve(bundle, expires_at_us=expires_at_us)
@@ -80,9 +84,9 @@ def add_connect_routes(app: QuartTrio, *, store: WorkStore, clock: Clock,
         rc = caller()
         raw = await json_body()
         body = flow_body(flow, raw)
-        if not binding_id or len(binding_id) > 128:
+        if not _BINDING_ID.fullmatch(binding_id):
             raise ApiError(400, "invalid_request", "the binding id must be 1 to 128"
-                           " characters")
+                           " letters, digits, '.', '_' or '-'")
         now = clock.now_us()
         new = None
         if body.flow is Flow.CONNECT:

@@ -43,9 +43,9 @@ class FlowBody:
 
 def _text(doc: Mapping[str, Any], name: str, where: str, *, required: bool = True,
           max_chars: int = MAX_ID_CHARS) -> str:
-    value = doc.get(name)
-    if value is None and not required:
+    if name not in doc and not required:
         return ""
+    value = doc.get(name)
     if not isinstance(value, str) or not value or len(value) > max_chars:
         raise ApiError(400, "invalid_request", f"{where}{name} must be a non-empty string"
                        f" of at most {max_chars} characters")
@@ -69,8 +69,6 @@ def _scopes(value: Any, where: str) -> tuple[str, ...]:
 
 
 def _identity(doc: Any, required: bool) -> dict[str, Any]:
-    if doc is None and not required:
-        return {}
     if not isinstance(doc, Mapping):
         raise ApiError(400, "invalid_request", "identity must be a JSON object")
     only_fields(doc, IDENTITY_FIELDS, "identity")
@@ -85,9 +83,9 @@ def _identity(doc: Any, required: bool) -> dict[str, Any]:
 
 
 def _token(doc: Mapping[str, Any], name: str, required: bool) -> SecretText | None:
-    value = doc.get(name)
-    if value is None and not required:
+    if name not in doc and not required:
         return None
+    value = doc.get(name)
     # Never echo the value: it is, or may be, a secret.
     if not isinstance(value, str):
         raise ApiError(400, "invalid_token_field", f"grant.{name} must be a string")
@@ -140,7 +138,7 @@ def flow_body(flow_name: str, doc: Any) -> FlowBody:
     key = _text(doc, "idempotency_key", "")
     reason = _text(doc, "reason", "", required=False, max_chars=500) or f"runtime {flow}"
     expected = None if connecting else _integer(doc, "expected_generation", "", 1, 2**62)
-    bundle, expires_in = (None, 0) if doc.get("grant") is None else grant_bundle(doc["grant"])
+    bundle, expires_in = (None, 0) if "grant" not in doc else grant_bundle(doc["grant"])
     kind = PrincipalKind.SHARED
     user_id = provider = ""
     if connecting:
@@ -152,5 +150,6 @@ def flow_body(flow_name: str, doc: Any) -> FlowBody:
         provider = _text(doc, "provider", "", max_chars=64)
     return FlowBody(flow=flow, idempotency_key=key, expected_generation=expected,
                     reason=reason, kind=kind, user_id=user_id, provider=provider,
-                    identity=_identity(doc.get("identity"), required=connecting),
+                    identity=(_identity(doc.get("identity"), required=connecting)
+                              if "identity" in doc or connecting else {}),
                     bundle=bundle, expires_in_s=expires_in)

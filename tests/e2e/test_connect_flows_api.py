@@ -278,7 +278,7 @@ async def test_a_grant_without_a_token_key_is_refused(api: Api) -> None:
     api.ctx.token_key = None
     before = await api.written()
     r = await api.flow("b9", "connect", connect_body())
-    await _refused(api, r, 503, "no_token_keys", before)
+    await _refused(api, r, 409, "no_token_keys", before)
 
 
 async def test_per_user_and_s2s_connects(api: Api) -> None:
