@@ -164,17 +164,18 @@ class PrincipalBindings:
 
         return await self.db.transact(body, name="binding.get", write=False)
 
-    async def binding_find_user(self, org_id: str, app_installation_id: str, provider: str,
-                                user_id: str) -> list[BindingFacts]:
-        """The per-user bindings of one user in one scope (normally one)."""
+    async def binding_find_user(self, org_id: str, app_installation_id: str,
+                                provider: str | None, user_id: str) -> list[BindingFacts]:
+        """The per-user bindings of one user in one scope (of one provider, or any)."""
 
         async def body(tx: SqlTx) -> list[BindingFacts]:
             rows = await tx.fetchall(
-                f"SELECT {_COLUMNS} FROM principal_bindings WHERE org_id = ? AND provider = ?"
+                f"SELECT {_COLUMNS} FROM principal_bindings WHERE org_id = ?"
                 " AND app_installation_id = ? AND kind = ? AND user_id = ?"
                 " ORDER BY binding_id",
-                (org_id, provider, app_installation_id, PrincipalKind.PER_USER.value, user_id))
-            return [_from_row(r) for r in rows]
+                (org_id, app_installation_id, PrincipalKind.PER_USER.value, user_id))
+            found = [_from_row(r) for r in rows]
+            return [f for f in found if provider is None or f.provider == provider]
 
         return await self.db.transact(body, name="binding.find_user", write=False)
 

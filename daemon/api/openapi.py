@@ -64,6 +64,13 @@ OPENAPI: dict[str, Any] = {
                                        " is the operation's local object",
                     },
                     "catalog_revision": {"type": "integer"},
+                    "user_id": {"type": "string", "minLength": 1, "maxLength": 255,
+                                "description": "a per-user command: the user whose"
+                                               " principal binding (connected through"
+                                               " /v1/bindings/.../connect, kind per_user)"
+                                               " it runs under; a user with no binding"
+                                               " is HANDOFF_REJECTED with reason"
+                                               " no_user_binding"},
                     "request": {"type": "object",
                                 "description": "holds the field map (names to strings or"
                                                " null) where the operation's L1 definition"
