@@ -9,6 +9,7 @@ stable reason ``no_user_binding``, and nothing is queued for it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,12 @@ from daemon.core.handoff import EffectHandoffKey
 from daemon.core.token_bundle import TokenKey
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
+from tests.e2e.test_effect_pins import _signed_in
 from tests.support.backends import FreshDatabase
 from tests.support.commands import command_doc
 from tests.support.harness import wait_for
 from tests.support.slice import RUNTIME_TOKEN, SCOPE, Slice, SliceGrant, running_slice
+from tests.ui.support import _OPERATORS
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +59,7 @@ async def test_a_per_user_command_runs_under_that_users_grant(
     (tmp_path / "k1.key").write_text(KEY.material.hex())
     grant = SliceGrant(token_url="http://127.0.0.1:9/oauth/token", client_secret="unused",
                        key_dir=str(tmp_path), tokens={ADA_TOKEN})
-    async with running_slice(store, database.url, grant=grant) as sl:
+    async with running_slice(store, database.url, grant=grant, operators=_OPERATORS) as sl:
         await sl.lead("lead-1", "101")
         await _connect_ada(sl)
         r = await sl.http.post(f"{sl.api_url}/v1/commands", headers=AUTH,
@@ -100,6 +103,24 @@ async def test_a_per_user_command_runs_under_that_users_grant(
         assert got is not None and got.failure_class == "no_grant", got
         assert [q for q in sl.sim.requests if q.contact_id == "102"
                 and q.method == "PATCH"] == []
+        # The console's bindings page: ada's binding beside the shared one, with its
+        # generation, grant state, token version and history; never her token.
+        client = await _signed_in(sl, "viv")
+        try:
+            page = (await client.get("/admin/bindings")).text
+            api = (await client.get("/admin/api/bindings")).json()
+        finally:
+            await client.aclose()
+        assert ADA_TOKEN not in page and ADA_TOKEN not in json.dumps(api)
+        (ada,) = api["connected"]
+        assert (ada["binding_id"], ada["durable"]["kind"], ada["durable"]["user_id"]) == (
+            "ada-hubspot", "per_user", "ada")
+        assert (ada["durable"]["generation"], ada["grant"]["state"],
+                ada["grant"]["token_version"]) == (1, "valid", 1)
+        (connected,) = ada["history"]
+        assert (connected["actor"], connected["action"], connected["generation_after"]) == (
+            "runtime:crm", "binding.connect", 1)
+        assert "ada-hubspot" in page and "runtime:crm" in page and "binding.connect" in page
 
 
 async def test_a_command_for_a_user_with_no_binding_is_durably_rejected(

@@ -11,9 +11,11 @@ alike) receives nothing, and the console's work item page says why.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -50,7 +52,8 @@ _ENV = {"INTEGRATIOND_RUNTIME_CRM_TOKEN": RUNTIME_TOKEN,
         "INTEGRATIOND_BINDING_HUBSPOT_MAIN_TOKEN": HUBSPOT_TOKEN}
 
 
-async def _work_page(admin: str, work_id: str) -> str:
+async def _console(admin: str, work_id: str) -> tuple[str, dict[str, Any]]:
+    """The work item's page and the bindings the console reports, signed in."""
     async with httpx.AsyncClient(base_url=admin, timeout=10) as client:
         form = await client.get("/admin/sign-in")
         found = re.search(r'name="csrf_token" value="([^"]+)"', form.text)
@@ -61,7 +64,9 @@ async def _work_page(admin: str, work_id: str) -> str:
         assert r.status_code == 302, r.text
         page = await client.get(f"/admin/work/{work_id}")
         assert page.status_code == 200
-        return page.text
+        bindings = await client.get("/admin/api/bindings")
+        assert bindings.status_code == 200
+        return page.text, dict(bindings.json())
 
 
 async def test_a_v1_reconnect_between_enqueue_and_dispatch_fails_closed(
@@ -124,9 +129,18 @@ async def test_a_v1_reconnect_between_enqueue_and_dispatch_fails_closed(
             assert sim.requests == []  # neither the old identity nor the new one
             assert await store.effect_attempts(item.subject_id) == []
             started = await replica.wait_event("replica_started")
-            page = await _work_page(str(started["admin"]), item.work_id)
+            page, bindings = await _console(str(started["admin"]), item.work_id)
             assert "binding_generation" in page and SENTENCE in page
             assert NEW_TOKEN not in page and HUBSPOT_TOKEN not in page
+            # The bindings page: generation 2, its new grant, and the reconnect (1 -> 2)
+            # by the Runtime in the binding's history.
+            (main,) = bindings["items"]
+            assert main["durable"]["generation"] == 2
+            assert (main["grant"]["state"], main["grant"]["token_version"]) == ("valid", 1)
+            last = main["history"][0]
+            assert (last["actor"], last["action"], last["generation_before"],
+                    last["generation_after"]) == ("runtime:crm", "binding.reconnect", 1, 2)
+            assert NEW_TOKEN not in json.dumps(bindings)
             nursery.cancel_scope.cancel()
     finally:
         await stop_all(replicas)
