@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 
@@ -106,7 +107,8 @@ async def _apply(tx: SqlTx, req: FlowRequest, now_us: int) -> FlowResult:
                                  " exists")
     identity: BindingIdentity | None = None
     if current is not None and req.changes:
-        identity = attrs.evolve(current.identity, **dict(req.changes))
+        changes: dict[str, Any] = dict(req.changes)
+        identity = attrs.evolve(current.identity, **changes)
     plan = plan_flow(current, req.flow, binding_id=req.binding_id,
                      expected_generation=req.expected_generation,
                      has_grant=req.grant is not None, identity=identity, new=req.new)

@@ -36,7 +36,7 @@ IDENTITY = {"issuer": "https://auth.example", "remote_account_id": "portal-9",
             "remote_subject": "user-9", "scopes": ["contacts.read", "contacts.write"]}
 
 
-def grant(access: str = ACCESS, refresh: str | None = REFRESH, **over: Any) -> dict[str, Any]:
+def grant(access: Any = ACCESS, refresh: Any = REFRESH, **over: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {"type": "oauth_code_exchange", "access_token": access,
                            "expires_in": 3600, "scopes": IDENTITY["scopes"]}
     if refresh is not None:
