@@ -180,14 +180,16 @@ class BindingFlows:
 
         try:
             return await self.db.transact(body, name="binding.flow")
-        except DuplicateKey:
-            # A concurrent request under the same key won (or, for connect, the binding
-            # was created meanwhile): answer as a retry would be answered now.
-            async def again(tx: SqlTx) -> FlowResult:
-                found = await _replayed(tx, req)
-                if found is None:
-                    raise BindingRefused("binding_exists",
-                                         f"binding {req.binding_id} already exists")
-                return found
+        except (DuplicateKey, WorkConflict) as exc:
+            # A concurrent writer won: the same request under the same key (answer it as
+            # a retry is answered), or another flow or connect of this binding.
+            async def again(tx: SqlTx) -> FlowResult | None:
+                return await _replayed(tx, req)
 
-            return await self.db.transact(again, name="binding.flow_replay", write=False)
+            found = await self.db.transact(again, name="binding.flow_replay", write=False)
+            if found is not None:
+                return found
+            if isinstance(exc, DuplicateKey):
+                raise BindingRefused("binding_exists",
+                                     f"binding {req.binding_id} already exists") from None
+            raise
