@@ -63,15 +63,19 @@ async def read_grant(tx: SqlTx, binding_id: str, generation: int) -> StoredGrant
 async def replace_grant(tx: SqlTx, *, binding_id: str, generation: int, expected_version: int,
                         sealed: SealedBundle, expires_at_us: int, now_us: int,
                         refreshed: bool) -> bool:
-    """Install ``expected_version + 1`` if the row is still at ``expected_version``."""
+    """Install ``expected_version + 1`` if the row is still at ``expected_version``.
+
+    A revoked grant stays revoked (a refresh or rewrap that raced a disconnect must not
+    make it valid again); any other state becomes valid with the new bundle."""
     matched = await tx.execute(
         "UPDATE authorization_grants SET token_version = token_version + 1, key_id = ?,"
-        " nonce_hex = ?, ciphertext_b64 = ?, state = ?, expires_at_us = ?,"
+        " nonce_hex = ?, ciphertext_b64 = ?,"
+        " state = CASE WHEN state = ? THEN state ELSE ? END, expires_at_us = ?,"
         " last_refresh_at_us = CASE WHEN ? = 1 THEN ? ELSE last_refresh_at_us END,"
         " updated_at_us = ?"
         " WHERE binding_id = ? AND generation = ? AND token_version = ?",
         (sealed.key_id, sealed.nonce.hex(), base64.b64encode(sealed.ciphertext).decode(),
-         GrantState.VALID.value, expires_at_us, 1 if refreshed else 0, now_us, now_us,
+         GrantState.REVOKED.value, GrantState.VALID.value, expires_at_us, 1 if refreshed else 0, now_us, now_us,
          binding_id, generation, expected_version))
     return matched == 1
 

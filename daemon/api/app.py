@@ -92,7 +92,7 @@ class ApiContext:
     # Called for every answered admission: (request "command" or "reject", admission, created).
     on_admission: Callable[[str, str, bool], None] = lambda request, admission, created: None
     # The key that seals the grants the connect flows hand over (None: no [keys] active,
-    # so a flow that carries a grant is refused with 503 no_token_keys).
+    # so a flow that carries a grant is refused with 409 no_token_keys).
     token_key: TokenKey | None = None
 
 

@@ -140,3 +140,20 @@ async def test_one_request_racing_with_its_retry_is_applied_once(store: WorkStor
     assert sorted(r.replayed for r in results) == [False, True, True]
     actions = [e.action for e in await store.audit_list(target_id="b1")]
     assert actions.count("binding.reconnect") == 1
+
+
+async def test_a_refresh_that_raced_a_disconnect_does_not_revive_the_grant(
+        store: WorkStore) -> None:
+    await store.binding_flow(_req(Flow.CONNECT, "k1"), T0)
+    off = await store.binding_flow(_req(Flow.DISCONNECT, "k2", grant=None), T0 + 1)
+    assert (off.response["state"], off.response["generation"]) == ("disconnected", 1)
+    stored = await store.grant_get("b1", 1)
+    assert stored is not None and stored.state.value == "revoked"
+    # A refresh owner that read version 1 before the disconnect activates version 2.
+    sealed = seal(TokenBundle(access_token=SecretText("access-late")), KEY,
+                  BundleContext("b1", 1, 2))
+    assert await store.grant_replace(binding_id="b1", generation=1, expected_version=1,
+                                     sealed=sealed, expires_at_us=T0 + 10**9, now_us=T0 + 2,
+                                     refreshed=True)
+    stored = await store.grant_get("b1", 1)
+    assert stored is not None and (stored.token_version, stored.state.value) == (2, "revoked")
