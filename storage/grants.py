@@ -75,7 +75,8 @@ async def replace_grant(tx: SqlTx, *, binding_id: str, generation: int, expected
         " updated_at_us = ?"
         " WHERE binding_id = ? AND generation = ? AND token_version = ?",
         (sealed.key_id, sealed.nonce.hex(), base64.b64encode(sealed.ciphertext).decode(),
-         GrantState.REVOKED.value, GrantState.VALID.value, expires_at_us, 1 if refreshed else 0, now_us, now_us,
+         GrantState.REVOKED.value, GrantState.VALID.value, expires_at_us,
+         1 if refreshed else 0, now_us, now_us,
          binding_id, generation, expected_version))
     return matched == 1
 
