@@ -7,6 +7,7 @@ never echoed. Every bad input is refused with a stable code and writes nothing.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from daemon.core.token_bundle import BundleContext, TokenKey, open_bundle
 from daemon.services.catalog_view import CatalogView, publish_current
 from daemon.services.clock import WallClock
 from daemon.services.http_server import serve_app
+from daemon.services.logs import LOGGER_NAME, JsonLineFormatter
 from storage.grants import GrantState
 from storage.port import SqlTx
 from storage.work_store import WorkStore
@@ -111,7 +113,9 @@ async def _bundle(store: WorkStore, binding: str, generation: int) -> tuple[Any,
     return stored, opened
 
 
-async def test_connect_seals_the_grant_and_is_idempotent(api: Api) -> None:
+async def test_connect_seals_the_grant_and_is_idempotent(
+        api: Api, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER_NAME)
     first = await api.flow("user-9-hubspot", "connect", connect_body())
     assert first.status_code == 200, first.text
     doc = first.json()
@@ -138,6 +142,11 @@ async def test_connect_seals_the_grant_and_is_idempotent(api: Api) -> None:
     read = await api.client.get("/v1/bindings/user-9-hubspot",
                                 headers={"Authorization": f"Bearer {RUNTIME_TOKEN}"})
     assert read.json()["generation"] == 1 and read.json()["grant_state"] == "valid"
+    # The flow was logged (binding_flow, once: the retry was answered), its tokens never.
+    lines = [JsonLineFormatter().format(r) for r in caplog.records]
+    assert [line for line in lines if '"event":"binding_flow"' in line][0]
+    assert len([line for line in lines if '"event":"binding_flow"' in line]) == 1
+    assert not [line for line in lines if ACCESS in line or REFRESH in line]
 
 
 async def _connected(api: Api, binding: str = "b9") -> None:
