@@ -125,6 +125,9 @@ async def _apply(tx: SqlTx, req: FlowRequest, now_us: int) -> FlowResult:
                                     generation=after.generation, sealed=sealed,
                                     expires_at_us=req.grant.expires_at_us, now_us=now_us)
         version = stored.token_version
+        if plan.before is not None:  # the superseded generation's grant is never used again
+            await mark_grant(tx, after.binding_id, plan.before.generation, GrantState.REVOKED,
+                             now_us)
     elif plan.grant is GrantAction.REPLACE:
         assert req.grant is not None
         old = await read_grant(tx, after.binding_id, after.generation)
@@ -156,7 +159,7 @@ async def _apply(tx: SqlTx, req: FlowRequest, now_us: int) -> FlowResult:
                                  "token_version": version, "flow": req.flow.value},
                                 sort_keys=True)
         await append_audit(tx, binding_audit(req.actor, f"binding.{req.flow.value}",
-                                      req.binding_id, before, after_json, now_us))
+                                             req.binding_id, before, after_json, now_us))
     await tx.execute(
         "INSERT INTO binding_flow_requests (runtime_name, idempotency_key, request_digest,"
         " binding_id, flow, response_json, created_at_us) VALUES (?, ?, ?, ?, ?, ?, ?)",

@@ -196,9 +196,9 @@ async def test_each_flow_moves_the_generation_as_the_table_says(
     if fields.get("grant"):
         _, opened = await _bundle(api.store, "b9", generation)
         assert opened.access_token.reveal() == "access-SECRET-2"
-    if generation == 2:  # the old generation's grant is left as it was, never reused
+    if generation == 2:  # the superseded generation's grant is revoked, never reused
         old = await api.store.grant_get("b9", 1)
-        assert old is not None and old.token_version == 1
+        assert old is not None and (old.token_version, old.state) == (1, GrantState.REVOKED)
     actions = [e.action for e in await api.store.audit_list(target_id="b9")]
     assert actions[0] == f"binding.{flow}"  # audited, with the Runtime as actor
 
