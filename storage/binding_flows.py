@@ -183,9 +183,11 @@ class BindingFlows:
 
         try:
             return await self.db.transact(body, name="binding.flow")
-        except (DuplicateKey, WorkConflict) as exc:
-            # A concurrent writer won: the same request under the same key (answer it as
-            # a retry is answered), or another flow or connect of this binding.
+        except (DuplicateKey, WorkConflict, BindingRefused) as exc:
+            # A concurrent writer may have won: the same request under the same key
+            # (answer it as a retry is answered; under READ COMMITTED its idempotency row
+            # can be missing from our first read while its new generation is not), or
+            # another flow or connect of this binding (the refusal stands).
             async def again(tx: SqlTx) -> FlowResult | None:
                 return await _replayed(tx, req)
 
