@@ -23,7 +23,7 @@ from admin_ui.filters import (
     parse_work_query,
     reason_from,
 )
-from admin_ui.principals import principal_facts
+from admin_ui.principals import connected_bindings, principal_facts
 from admin_ui.quota import quota_json
 from admin_ui.serialize import cancel_json, work_json
 from daemon.core.ids import is_ulid
@@ -203,6 +203,8 @@ async def bindings_with_principals(view: Any) -> Json:
     facts = await principal_facts(view.store, [b["binding_id"] for b in doc["items"]])
     for item in doc["items"]:
         item.update(facts[item["binding_id"]])
+    doc["connected"] = await connected_bindings(view.store,
+                                                {b["binding_id"] for b in doc["items"]})
     return doc
 
 

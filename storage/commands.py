@@ -232,16 +232,21 @@ class CommandInbox:
         payload_digest: str,
         runtime_outbox_id: str,
         now_us: int,
+        reason: str = "",
     ) -> AdmissionResult:
-        """Return the accepted command, or write (or return) the rejection tombstone."""
-        receipt = canonical_bytes({
+        """Return the accepted command, or write (or return) the rejection tombstone
+        (with ``reason``, a stable code, when integrationd itself rejects the handoff)."""
+        fields: dict[str, object] = {
             "admission": Admission.HANDOFF_REJECTED.value,
             "effect_handoff_key": handoff_key,
             "payload_digest": payload_digest,
             "receipt_version": RECEIPT_VERSION,
             "rejected_at_us": now_us,
             "runtime_outbox_id": runtime_outbox_id,
-        }).decode()
+        }
+        if reason:
+            fields["reason"] = reason
+        receipt = canonical_bytes(fields).decode()
 
         async def body(tx: SqlTx) -> AdmissionResult:
             existing = await self._admission_row(tx, handoff_key)

@@ -63,17 +63,50 @@ async def read_grant(tx: SqlTx, binding_id: str, generation: int) -> StoredGrant
 async def replace_grant(tx: SqlTx, *, binding_id: str, generation: int, expected_version: int,
                         sealed: SealedBundle, expires_at_us: int, now_us: int,
                         refreshed: bool) -> bool:
-    """Install ``expected_version + 1`` if the row is still at ``expected_version``."""
+    """Install ``expected_version + 1`` if the row is still at ``expected_version``.
+
+    A revoked grant stays revoked (a refresh or rewrap that raced a disconnect must not
+    make it valid again); any other state becomes valid with the new bundle."""
     matched = await tx.execute(
         "UPDATE authorization_grants SET token_version = token_version + 1, key_id = ?,"
-        " nonce_hex = ?, ciphertext_b64 = ?, state = ?, expires_at_us = ?,"
+        " nonce_hex = ?, ciphertext_b64 = ?,"
+        " state = CASE WHEN state = ? THEN state ELSE ? END, expires_at_us = ?,"
         " last_refresh_at_us = CASE WHEN ? = 1 THEN ? ELSE last_refresh_at_us END,"
         " updated_at_us = ?"
         " WHERE binding_id = ? AND generation = ? AND token_version = ?",
         (sealed.key_id, sealed.nonce.hex(), base64.b64encode(sealed.ciphertext).decode(),
-         GrantState.VALID.value, expires_at_us, 1 if refreshed else 0, now_us, now_us,
+         GrantState.REVOKED.value, GrantState.VALID.value, expires_at_us,
+         1 if refreshed else 0, now_us, now_us,
          binding_id, generation, expected_version))
     return matched == 1
+
+
+async def insert_grant(tx: SqlTx, *, binding_id: str, generation: int, sealed: SealedBundle,
+                       expires_at_us: int, now_us: int) -> StoredGrant:
+    """The first grant of a binding generation (token version 1) and its idle
+    refresh-ownership row (so that racing first refreshes only CAS)."""
+    await tx.execute(
+        f"INSERT INTO authorization_grants ({_COLUMNS})"
+        " VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, ?)",
+        (binding_id, generation, sealed.key_id, sealed.nonce.hex(),
+         base64.b64encode(sealed.ciphertext).decode(), GrantState.VALID.value,
+         expires_at_us, now_us, now_us))
+    await tx.execute(
+        "INSERT INTO refresh_leases (binding_id, generation, lease_token, owner_work_id,"
+        " owner_epoch, until_us, from_version, started_at_us, refreshes_total)"
+        " VALUES (?, ?, NULL, NULL, NULL, 0, 0, 0, 0)", (binding_id, generation))
+    found = await read_grant(tx, binding_id, generation)
+    assert found is not None
+    return found
+
+
+async def mark_grant(tx: SqlTx, binding_id: str, generation: int, state: GrantState,
+                     now_us: int) -> bool:
+    """Set the grant's state whatever its version (a disconnect revokes it)."""
+    return await tx.execute(
+        "UPDATE authorization_grants SET state = ?, updated_at_us = ?"
+        " WHERE binding_id = ? AND generation = ?",
+        (state.value, now_us, binding_id, generation)) == 1
 
 
 class AuthorizationGrants:
@@ -84,20 +117,9 @@ class AuthorizationGrants:
         """The first grant of a binding generation (token version 1)."""
 
         async def body(tx: SqlTx) -> StoredGrant:
-            await tx.execute(
-                f"INSERT INTO authorization_grants ({_COLUMNS})"
-                " VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, ?)",
-                (binding_id, generation, sealed.key_id, sealed.nonce.hex(),
-                 base64.b64encode(sealed.ciphertext).decode(), GrantState.VALID.value,
-                 expires_at_us, now_us, now_us))
-            # Its refresh-ownership row, idle, so that racing first refreshes only CAS.
-            await tx.execute(
-                "INSERT INTO refresh_leases (binding_id, generation, lease_token, owner_work_id,"
-                " owner_epoch, until_us, from_version, started_at_us, refreshes_total)"
-                " VALUES (?, ?, NULL, NULL, NULL, 0, 0, 0, 0)", (binding_id, generation))
-            found = await read_grant(tx, binding_id, generation)
-            assert found is not None
-            return found
+            return await insert_grant(tx, binding_id=binding_id, generation=generation,
+                                      sealed=sealed, expires_at_us=expires_at_us,
+                                      now_us=now_us)
 
         try:
             return await self.db.transact(body, name="grant.install")

@@ -66,7 +66,7 @@ class Actor:
     reason: str
 
 
-def _audit(actor: Actor, action: str, binding_id: str, before: str, after: str,
+def binding_audit(actor: Actor, action: str, binding_id: str, before: str, after: str,
            now_us: int) -> AuditEntry:
     return AuditEntry(audit_id=new_ulid(now_us), at_us=now_us, actor=actor.name,
                       role=actor.role, action=action, target_kind="principal_binding",
@@ -78,7 +78,7 @@ _CONFIG = Actor(name="config", role="system",
                 reason="bootstrap from [[bindings]]: the first durable generation")
 
 
-async def _insert(tx: SqlTx, facts: BindingFacts, now_us: int) -> None:
+async def insert_binding(tx: SqlTx, facts: BindingFacts, now_us: int) -> None:
     ident = facts.identity
     await tx.execute(
         f"INSERT INTO principal_bindings ({_COLUMNS}, created_at_us, updated_at_us)"
@@ -89,15 +89,31 @@ async def _insert(tx: SqlTx, facts: BindingFacts, now_us: int) -> None:
          facts.generation, facts.state.value, now_us, now_us))
 
 
+async def update_binding(tx: SqlTx, current: BindingFacts, after: BindingFacts,
+                         now_us: int) -> bool:
+    """CAS ``current`` (as read) to ``after``; False when it changed meanwhile."""
+    ident = after.identity
+    matched = await tx.execute(
+        "UPDATE principal_bindings SET issuer = ?, remote_account_id = ?,"
+        " remote_subject = ?, installation_id = ?, scopes_json = ?, generation = ?,"
+        " state = ?, updated_at_us = ?"
+        " WHERE binding_id = ? AND generation = ? AND state = ?",
+        (ident.issuer, ident.remote_account_id, ident.remote_subject,
+         ident.installation_id, json.dumps(list(ident.scopes)), after.generation,
+         after.state.value, now_us, current.binding_id, current.generation,
+         current.state.value))
+    return matched == 1
+
+
 class PrincipalBindings:
     db: Database
 
     async def binding_connect(self, facts: BindingFacts, actor: Actor,
                               now_us: int) -> BindingFacts:
         async def body(tx: SqlTx) -> BindingFacts:
-            await _insert(tx, facts, now_us)
-            await append_audit(tx, _audit(actor, "binding.connect", facts.binding_id, "",
-                                          facts_json(facts), now_us))
+            await insert_binding(tx, facts, now_us)
+            await append_audit(tx, binding_audit(actor, "binding.connect", facts.binding_id,
+                                                 "", facts_json(facts), now_us))
             return facts
 
         try:
@@ -115,9 +131,10 @@ class PrincipalBindings:
             current = await read_binding(tx, facts.binding_id)
             if current is not None:
                 return current
-            await _insert(tx, facts, now_us)
-            await append_audit(tx, _audit(_CONFIG, "binding.bootstrap", facts.binding_id, "",
-                                          facts_json(facts), now_us))
+            await insert_binding(tx, facts, now_us)
+            await append_audit(tx, binding_audit(_CONFIG, "binding.bootstrap",
+                                                 facts.binding_id, "", facts_json(facts),
+                                                 now_us))
             return facts
 
         try:
@@ -147,6 +164,21 @@ class PrincipalBindings:
 
         return await self.db.transact(body, name="binding.get", write=False)
 
+    async def binding_find_user(self, org_id: str, app_installation_id: str,
+                                provider: str | None, user_id: str) -> list[BindingFacts]:
+        """The per-user bindings of one user in one scope (of one provider, or any)."""
+
+        async def body(tx: SqlTx) -> list[BindingFacts]:
+            rows = await tx.fetchall(
+                f"SELECT {_COLUMNS} FROM principal_bindings WHERE org_id = ?"
+                " AND app_installation_id = ? AND kind = ? AND user_id = ?"
+                " ORDER BY binding_id",
+                (org_id, app_installation_id, PrincipalKind.PER_USER.value, user_id))
+            found = [_from_row(r) for r in rows]
+            return [f for f in found if provider is None or f.provider == provider]
+
+        return await self.db.transact(body, name="binding.find_user", write=False)
+
     async def binding_list(self, org_id: str | None = None) -> list[BindingFacts]:
         async def body(tx: SqlTx) -> list[BindingFacts]:
             where, params = ("WHERE org_id = ?", (org_id,)) if org_id else ("", ())
@@ -172,20 +204,11 @@ class PrincipalBindings:
             after = transition(current, event, identity)
             if after == current:
                 return current
-            ident = after.identity
-            matched = await tx.execute(
-                "UPDATE principal_bindings SET issuer = ?, remote_account_id = ?,"
-                " remote_subject = ?, installation_id = ?, scopes_json = ?, generation = ?,"
-                " state = ?, updated_at_us = ?"
-                " WHERE binding_id = ? AND generation = ? AND state = ?",
-                (ident.issuer, ident.remote_account_id, ident.remote_subject,
-                 ident.installation_id, json.dumps(list(ident.scopes)), after.generation,
-                 after.state.value, now_us, binding_id, current.generation,
-                 current.state.value))
-            if matched != 1:
+            if not await update_binding(tx, current, after, now_us):
                 raise WorkConflict(f"binding {binding_id} changed concurrently")
-            await append_audit(tx, _audit(actor, f"binding.{event.value}", binding_id,
-                                          facts_json(current), facts_json(after), now_us))
+            await append_audit(tx, binding_audit(actor, f"binding.{event.value}",
+                                                 binding_id, facts_json(current),
+                                                 facts_json(after), now_us))
             return after
 
         return await self.db.transact(body, name="binding.transition")

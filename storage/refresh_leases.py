@@ -157,6 +157,17 @@ class RefreshLeases:
 
         await self.db.transact(body, name="refresh.fail")
 
+    async def refresh_in_flight(self, binding_id: str, generation: int, now_us: int) -> bool:
+        """Whether a refresh (or mint) of this binding generation holds a live lease."""
+
+        async def body(tx: SqlTx) -> bool:
+            rows = await tx.fetchall(
+                "SELECT lease_token, until_us FROM refresh_leases WHERE binding_id = ?"
+                " AND generation = ?", (binding_id, generation))
+            return bool(rows) and rows[0][0] is not None and int(rows[0][1]) > now_us
+
+        return await self.db.transact(body, name="refresh.in_flight", write=False)
+
     async def refresh_count(self, binding_id: str, generation: int) -> int:
         async def body(tx: SqlTx) -> int:
             rows = await tx.fetchall(

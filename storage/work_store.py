@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from storage.binding_flows import BindingFlows
 from storage.catalog_revisions import CatalogRevisions
 from storage.command_repair import CommandRepair
 from storage.commands import CommandInbox
@@ -28,7 +29,7 @@ class WorkStore(
     WorkClaims, WorkAdmin, WorkExecutions, WorkRollback, CommandInbox, EffectJournal,
     RemoteLinks, CommandRepair, QuotaLedger, AuthorizationGrants, PrincipalBindings,
     RefreshLeases, CatalogRevisions, FlowReads, CutoverSteps, LegacyOutcomes,
-    IngressReceipts, RetentionStore,
+    IngressReceipts, RetentionStore, BindingFlows,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 

@@ -7,6 +7,8 @@
 * ``POST /v1/handoffs/reject``: ``RejectIfUnaccepted``;
 * ``GET /v1/handoffs?effect_handoff_key=...``: read the admission fact (404 is *not* evidence
   of rejection);
+* ``POST /v1/bindings/{binding_id}/{flow}`` and ``GET /v1/bindings/{binding_id}``: the
+  Runtime's connect flows (:mod:`daemon.api.connect_routes`);
 * ``GET /v1/openapi.json``.
 
 A command names the Catalog revision it was built against; it is validated
@@ -37,19 +39,23 @@ from werkzeug.exceptions import HTTPException, InternalServerError
 
 from config.catalog import Catalog
 from config.settings import RuntimeClient, Settings
+from daemon.api.connect_routes import add_connect_routes
 from daemon.api.openapi import OPENAPI
 from daemon.api.validation import (
     ApiError,
+    HandoffFields,
     command_body,
     handoff_fields,
     only_fields,
     requested_revision,
+    requested_user,
 )
 from daemon.core.canonical import NotCanonical, canonical_digest
 from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
 from daemon.core.identity import integration_link_key_v2, integration_scope_digest
 from daemon.core.json_input import BadJson, parse_json
-from daemon.core.principals import BindingFacts, BindingState
+from daemon.core.principals import BindingFacts, BindingState, PrincipalKind
+from daemon.core.token_bundle import TokenKey
 from daemon.services import logs
 from daemon.services.catalog_view import CatalogView
 from daemon.services.clock import Clock
@@ -59,6 +65,17 @@ from storage.commands import EFFECT_FAMILY
 from storage.effect_values import Admission, AdmissionResult, CommandDraft
 from storage.port import StorageError
 from storage.work_store import WorkStore
+
+
+class UserNotBound(Exception):
+    """A per-user command whose user has no binding in its scope: rejected durably."""
+
+    def __init__(self, handoff: HandoffFields, user_id: str, provider: str) -> None:
+        super().__init__(f"user {user_id!r} has no {provider} binding in this scope")
+        self.handoff = handoff
+
+
+NO_USER_BINDING = "no_user_binding"
 
 
 @attrs.define(eq=False)
@@ -74,6 +91,9 @@ class ApiContext:
     wake: Callable[[str], None] = lambda family: None
     # Called for every answered admission: (request "command" or "reject", admission, created).
     on_admission: Callable[[str, str, bool], None] = lambda request, admission, created: None
+    # The key that seals the grants the connect flows hand over (None: no [keys] active,
+    # so a flow that carries a grant is refused with 409 no_token_keys).
+    token_key: TokenKey | None = None
 
 
 def _scope(rc: RuntimeClient) -> TrustedRuntimeWorkScope:
@@ -131,10 +151,11 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         wanted = {r for r in map(requested_revision, docs) if r is not None}
         return {r: await ctx.catalogs.published(r) for r in sorted(wanted)}
 
-    async def principals(rc: RuntimeClient, revisions: dict[int, Catalog | None]
-                         ) -> dict[str, BindingFacts]:
-        """The durable PrincipalBinding of every binding this scope may use (one read);
-        a configured binding with no row yet is bootstrapped from its TOML entry."""
+    async def principals(rc: RuntimeClient, revisions: dict[int, Catalog | None],
+                         docs: list[Any]) -> dict[str, BindingFacts]:
+        """The durable PrincipalBinding of every binding this scope may use (one read),
+        and the per-user bindings of the users ``docs`` name; a configured binding with
+        no row yet is bootstrapped from its TOML entry."""
         configured = [b for b in ctx.settings.bindings
                       if (b.org_id, b.app_installation_id)
                       == (rc.org_id, rc.app_installation_id)]
@@ -144,6 +165,10 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
                        if (b.org_id, b.app_installation_id)
                        == (rc.org_id, rc.app_installation_id))
         found = await ctx.store.binding_get_many(sorted(ids))
+        for user in sorted({u for u in map(requested_user, docs) if u}):
+            for facts in await ctx.store.binding_find_user(
+                    rc.org_id, rc.app_installation_id, None, user):
+                found[facts.binding_id] = facts
         for b in configured:
             if b.binding_id not in found:
                 found[b.binding_id] = await ctx.store.binding_bootstrap(
@@ -160,11 +185,27 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         binding = pinned.binding_for(rc.org_id, rc.app_installation_id, op.provider)
         if binding is None:
             raise ApiError(422, "no_binding", f"no {op.provider} binding for this scope")
-        # The command pins the durable binding's generation (seed 8.1), never the TOML's.
+        # The command pins the durable binding's generation (seed 8.1), never the TOML's;
+        # a per-user command, its user's binding (the L2 binding gives the endpoint).
         principal = principals.get(binding.binding_id)
+        if valid.user_id:
+            mine = sorted((p for p in principals.values()
+                           if p.kind is PrincipalKind.PER_USER and p.user_id == valid.user_id
+                           and p.provider == op.provider
+                           and (p.org_id, p.app_installation_id)
+                           == (rc.org_id, rc.app_installation_id)),
+                          key=lambda p: p.binding_id)
+            if not mine:
+                raise UserNotBound(valid.handoff, valid.user_id, op.provider)
+            if binding.auth != "grant":
+                raise ApiError(422, "per_user_needs_grants",
+                               f"binding {binding.binding_id} authenticates with a static"
+                               " token: it cannot carry a per-user principal")
+            principal = mine[0]
         if principal is None or principal.state is not BindingState.CONNECTED:
             raise ApiError(409, "binding_not_connected",
-                           f"binding {binding.binding_id} is not connected; an operator"
+                           f"binding {(principal or binding).binding_id} is not connected;"
+                           " an operator or the Runtime's connect flow"
                            " connects or reconnects it (integrationd binding)")
         handoff = valid.handoff
         return CommandDraft(
@@ -172,7 +213,7 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
             payload_digest=handoff.payload_digest, runtime_outbox_id=handoff.runtime_outbox_id,
             intent_id=handoff.key.handoff_id, intent_kind=valid.intent_kind,
             operation=op.name, local_object=op.local_object, local_id=valid.local_id,
-            binding_id=binding.binding_id, binding_generation=principal.generation,
+            binding_id=principal.binding_id, binding_generation=principal.generation,
             catalog_revision=pinned.revision, catalog_digest=pinned.digest,
             frozen_request=valid.frozen_request,
             max_attempts=ctx.settings.family(EFFECT_FAMILY).max_attempts,
@@ -220,12 +261,33 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
             logs.warn("handoff_quarantined", runtime=rc.name, reason=result.reason)
         return _admission_json(result, draft.handoff_key)
 
+    async def reject_unbound(rc: RuntimeClient, exc: UserNotBound) -> tuple[dict[str, Any],
+                                                                             int]:
+        """A command for a user with no binding: the handoff's durable rejection (or the
+        command already accepted under its key), with the stable reason."""
+        handoff = exc.handoff
+        result = await ctx.store.command_reject_if_unaccepted(
+            scope=_scope(rc), runtime_name=rc.name, handoff_key=handoff.key_text,
+            payload_digest=handoff.payload_digest, runtime_outbox_id=handoff.runtime_outbox_id,
+            now_us=ctx.clock.now_us(), reason=NO_USER_BINDING)
+        ctx.on_admission("command", result.admission.value, result.created)
+        if result.created:
+            logs.warn("command_rejected", runtime=rc.name, reason=NO_USER_BINDING)
+        body, status = _admission_json(result, handoff.key_text)
+        if result.admission is Admission.HANDOFF_REJECTED:
+            body = {**body, "error": NO_USER_BINDING, "message": str(exc)}
+        return body, status
+
     @app.post("/v1/commands")
     async def accept_command() -> Response:
         rc = caller()
         doc = await json_body()
         revisions = await resolve([doc])
-        draft = await checked_draft(rc, doc, revisions, await principals(rc, revisions))
+        try:
+            draft = await checked_draft(rc, doc, revisions,
+                                        await principals(rc, revisions, [doc]))
+        except UserNotBound as exc:
+            return _json(*await reject_unbound(rc, exc))
         result = await ctx.store.command_accept(draft, ctx.clock.now_us())
         if result.created:
             ctx.wake(EFFECT_FAMILY)
@@ -252,13 +314,16 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         answers: list[dict[str, Any] | None] = []
         drafts: list[CommandDraft] = []
         revisions = await resolve(entries)
-        bound = await principals(rc, revisions)
+        bound = await principals(rc, revisions, entries)
         for entry in entries:
             try:
                 drafts.append(await checked_draft(rc, entry, revisions, bound))
                 answers.append(None)
             except ApiError as exc:
                 answers.append({"status": exc.status, "error": exc.code, "message": exc.message})
+            except UserNotBound as exc:
+                body, status = await reject_unbound(rc, exc)
+                answers.append({"status": status, **body})
         results = iter(await ctx.store.command_accept_many(drafts, ctx.clock.now_us()))
         valid = iter(drafts)
         created = False
@@ -306,6 +371,9 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
                          404)
         body, _ = _admission_json(found[1], key)
         return _json(body, 200)
+
+    add_connect_routes(app, store=ctx.store, clock=ctx.clock, token_key=lambda: ctx.token_key,
+                       caller=caller, json_body=json_body)
 
     @app.get("/v1/openapi.json")
     async def openapi() -> Response:

@@ -45,6 +45,8 @@ class ValidCommand:
     local_id: str
     catalog_revision: int
     frozen_request: str
+    # A per-user command: whose principal it runs under ("": the scope's shared one).
+    user_id: str = ""
 
 
 def _string(doc: Mapping[str, Any], name: str, max_chars: int = MAX_ID_CHARS) -> str:
@@ -66,7 +68,7 @@ def only_fields(doc: Mapping[str, Any], allowed: Iterable[str], where: str) -> N
 
 HANDOFF_FIELDS = ("effect_handoff_key", "payload_digest", "runtime_outbox_id")
 COMMAND_FIELDS = ("intent_id", "intent_kind", "operation", "logical_target",
-                  "catalog_revision", "request")
+                  "catalog_revision", "request", "user_id")
 
 
 def handoff_fields(doc: Any, caller: TrustedRuntimeWorkScope,
@@ -156,7 +158,17 @@ def command_body(doc: Any, caller: TrustedRuntimeWorkScope,
             break
         only_fields(level, (part,), where)
         level, where = level.get(part), f"{where}.{part}"
+    user_id = _string(command, "user_id") if "user_id" in command else ""
     return ValidCommand(
         handoff=handoff, operation=operation, intent_kind=kind, local_id=local_id,
         catalog_revision=revision, frozen_request=canonical_bytes(dict(request)).decode(),
+        user_id=user_id,
     )
+
+
+def requested_user(doc: Any) -> str:
+    """The user a command body names for a per-user principal ("" when none, or not a
+    string: :func:`command_body` refuses that)."""
+    command = doc.get("command") if isinstance(doc, Mapping) else None
+    user = command.get("user_id") if isinstance(command, Mapping) else None
+    return user if isinstance(user, str) else ""

@@ -20,12 +20,17 @@ event                                   from                         generation
 ``reconnect``                           disconnected                 + 1
 ``change`` of issuer, remote subject,   connected                    + 1
 remote account, installation id, or
-scopes
+adding or replacing a scope
+``change`` that only narrows scopes     connected                    same
 ``change`` with nothing different       connected                    same (no-op)
 ======================================  ===========================  ==========
 
-Scope changes bump the generation whatever their direction: deciding that a narrower set
-cannot change authority would need provider knowledge L0 does not have, so it fails closed.
+A scope change moves the generation unless the new set is a subset of the old one
+(:func:`authority_moves`): OAuth scopes are independent grants (RFC 6749 3.3), and a
+refresh may narrow them within one grant (RFC 6749 6), so a narrower set cannot let
+queued work reach another identity or do more than it was admitted to do; at worst the
+provider refuses it. Any added scope moves it. The Runtime's connect flows
+(:mod:`daemon.core.connect_flows`) use the same rule.
 Anything else (a change while disconnected, a reconnect while connected, a second
 ``connect``) is refused with a stable reason.
 """
@@ -52,6 +57,14 @@ class BindingEvent(enum.StrEnum):
     DISCONNECT = "disconnect"
     RECONNECT = "reconnect"
     CHANGE = "change"
+
+
+def authority_moves(before: BindingIdentity, after: BindingIdentity) -> bool:
+    """Whether work pinned under ``before`` could reach another identity or authority
+    under ``after``: any identity field differs, or a scope was added."""
+    if attrs.evolve(before, scopes=after.scopes) != after:
+        return True
+    return not set(after.scopes) <= set(before.scopes)
 
 
 def _scope_set(scopes: tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -133,7 +146,8 @@ def transition(current: BindingFacts, event: BindingEvent,
                 raise BindingRefused("missing_field", "a change names the new identity")
             if identity == current.identity:
                 return current
-            return attrs.evolve(current, identity=identity, generation=current.generation + 1)
+            bump = 1 if authority_moves(current.identity, identity) else 0
+            return attrs.evolve(current, identity=identity, generation=current.generation + bump)
         case BindingEvent.CHANGE, BindingState.DISCONNECTED:
             raise BindingRefused("disconnected",
                                  f"binding {current.binding_id} is disconnected: reconnect it")

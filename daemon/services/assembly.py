@@ -23,7 +23,7 @@ from daemon.services.batcher import Batcher
 from daemon.services.catalog_view import CatalogView
 from daemon.services.checkpoints import CheckpointBatcher
 from daemon.services.clock import Clock
-from daemon.services.credentials import Credentials, build_credentials
+from daemon.services.credentials import Credentials, build_credentials, connect_flow_key
 from daemon.services.effect_runner import EffectRunner, effect_handler, replay_refusal
 from daemon.services.families import FamilyRegistry, build_registry, noop_handler
 from daemon.services.inbound_flow import InboundFlow, inbound_handler
@@ -180,7 +180,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     app = None
     if settings.runtimes:
         context = ApiContext(settings=settings, store=store, catalog=catalog, clock=clock,
-                             catalogs=catalogs)
+                             catalogs=catalogs, token_key=connect_flow_key(settings, os.environ))
         if metrics is not None:
             context.on_admission = metrics.count_admission
         app = create_api_app(context)

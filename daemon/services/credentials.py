@@ -21,7 +21,7 @@ import httpx
 
 from config.keys import load_token_keys
 from config.settings import BindingSettings, Secret, Settings
-from daemon.core.token_bundle import BundleRefused, SecretText
+from daemon.core.token_bundle import BundleRefused, SecretText, TokenKey
 from daemon.core.work import Fence
 from daemon.services import logs
 from daemon.services.clock import Clock
@@ -77,6 +77,14 @@ class Credentials:
     async def aclose(self) -> None:
         if self.http is not None:
             await self.http.aclose()
+
+
+def connect_flow_key(settings: Settings, environ: Mapping[str, str]) -> TokenKey | None:
+    """The active token key, which seals the grants the Runtime's connect flows hand over
+    (None when no ``[keys] active`` is configured)."""
+    if not settings.keys.active:
+        return None
+    return load_token_keys(settings.keys, environ, settings.base_dir)[settings.keys.active]
 
 
 def build_credentials(settings: Settings, store: WorkStore, clock: Clock,

@@ -88,6 +88,7 @@ from daemon.services.catalog_view import CatalogView
 from daemon.services.checkpoints import CheckpointBatcher
 from daemon.services.credentials import Credentials, definitive
 from daemon.services.families import Handler, WorkContext
+from daemon.services.per_user import command_binding
 from daemon.services.token_refresh import AccessToken, TokenUnavailable
 from storage.effect_values import (
     AttemptDraft,
@@ -216,7 +217,8 @@ class EffectRunner:
         pinned = await self.catalogs.pinned(command.catalog_revision, command.catalog_digest)
         if pinned is None:
             return None, None, None
-        return pinned, pinned.operation(command.operation), pinned.binding(command.binding_id)
+        op = pinned.operation(command.operation)
+        return pinned, op, command_binding(pinned, command, op)
 
     async def _context(self, ctx: WorkContext, command_id: str,
                        link_hint: str = "") -> EffectContext | None:
@@ -279,7 +281,7 @@ class EffectRunner:
         # The pinned revision defines the binding; its generation and state are the
         # durable PrincipalBinding's now (what the generation check compares with the pin).
         # A binding this configuration no longer serves is missing, whatever its row says.
-        served = self.catalog.binding(command.binding_id) is not None
+        served = command_binding(self.catalog, command, op) is not None
         return ClaimView(
             command=command_view(command),
             operation=operation_view(op) if op is not None else None,
@@ -534,7 +536,8 @@ async def replay_refusal(catalogs: CatalogView, store: WorkStore,
                 " disposition first")
     current = catalogs.current
     principal = await store.binding_get(command.binding_id)
-    if (current.binding(command.binding_id) is None or principal is None
+    if (command_binding(current, command, current.operation(command.operation)) is None
+            or principal is None
             or principal.state is not BindingState.CONNECTED
             or principal.generation != command.binding_generation):
         return ("the command's binding generation is no longer current; issue a repair"

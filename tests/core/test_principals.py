@@ -30,7 +30,7 @@ CHANGES = {
     "remote account": attrs.evolve(ID, remote_account_id="portal-2"),
     "installation id": attrs.evolve(ID, installation_id="inst-2"),
     "scope added": attrs.evolve(ID, scopes=("read", "write", "admin")),
-    "scope removed": attrs.evolve(ID, scopes=("read",)),
+    "scope replaced": attrs.evolve(ID, scopes=("read", "admin")),
 }
 
 
@@ -55,6 +55,9 @@ ROWS: list[tuple[str, BindingFacts, BindingEvent, BindingIdentity | None, int | 
      BindingState.CONNECTED),
     ("same identity", BASE, BindingEvent.CHANGE, attrs.evolve(ID, scopes=("read", "write")),
      1, BindingState.CONNECTED),
+    # A strict subset cannot reach more than the pinned authority (RFC 6749 3.3, 6).
+    ("scope removed", BASE, BindingEvent.CHANGE, attrs.evolve(ID, scopes=("read",)), 1,
+     BindingState.CONNECTED),
     ("reconnect while connected", BASE, BindingEvent.RECONNECT, None, "not_disconnected",
      None),
     ("change while disconnected", OFF, BindingEvent.CHANGE, ID, "disconnected", None),

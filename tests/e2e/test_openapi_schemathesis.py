@@ -42,6 +42,8 @@ def _config(tmp: Path) -> Path:
                "session.secret": "schemathesis-session-secret-0123456789"}
     for name, value in secrets.items():
         (tmp / name).write_text(value + "\n")
+    (tmp / "keys").mkdir()
+    (tmp / "keys" / "k1.key").write_text(bytes(range(32)).hex() + "\n")
     fast = PasswordHasher(time_cost=1, memory_cost=1024, parallelism=1)
     config = tmp / "integrationd.toml"
     config.write_text(f"""
@@ -57,6 +59,10 @@ listen = "127.0.0.1:0"
 
 [catalog]
 revision = 7
+
+[keys]
+active = "k1"
+dir = "{tmp}/keys"
 
 [[runtimes]]
 name = "crm"

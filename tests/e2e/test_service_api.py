@@ -258,9 +258,12 @@ async def test_accept_racing_reject_over_http(api: Api) -> None:
 async def test_openapi_document_lists_every_route(api: Api) -> None:
     r = await api.client.get("/v1/openapi.json")
     assert r.status_code == 200
+    flows = ("connect", "disconnect", "reconnect", "change_issuer", "reinstall", "rebind",
+             "change_scopes")
     assert set(r.json()["paths"]) == {"/v1/commands", "/v1/commands/batch",
                                       "/v1/handoffs/reject", "/v1/handoffs",
-                                      "/v1/openapi.json"}
+                                      "/v1/openapi.json", "/v1/bindings/{binding_id}",
+                                      *(f"/v1/bindings/{{binding_id}}/{f}" for f in flows)}
 
 
 async def test_a_batch_is_answered_entry_by_entry(api: Api) -> None:
