@@ -433,7 +433,8 @@ class SubscriptionReconciler:
             if match is not None:
                 self._finish_create(ctx, p, want, row, match.raw_id, None,
                                     "adopted by read-back after an unknown create outcome")
-                logs.event("subscription_adopted", work_id=ctx.item.work_id, name=want.name,
+                logs.event("subscription_adopted", work_id=ctx.item.work_id,
+                           subscription=want.name,
                            generation=generation)
                 return Succeeded(f"{want.name}: the unknown create proven applied by"
                                  " read-back")
@@ -460,7 +461,7 @@ class SubscriptionReconciler:
             token = (d.create.cleanup_token.find(doc) if d.create.cleanup_token else None)
             self._finish_create(ctx, p, want, row, provider_id,
                                 token if isinstance(token, str) else None, p.reason)
-            logs.event("subscription_created", work_id=ctx.item.work_id, name=want.name,
+            logs.event("subscription_created", work_id=ctx.item.work_id, subscription=want.name,
                        generation=generation, reason=p.reason)
             return Succeeded(f"{want.name} created at generation {generation} ({p.reason})")
         self._note(ctx, want.name, "create_" + c.outcome.value.lower(), c.failure_class)
