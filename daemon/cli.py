@@ -229,6 +229,7 @@ async def _cmd_run(settings: Settings) -> int:
     from admin_ui.effects import effect_extensions
     from admin_ui.extensions import combine
     from admin_ui.ingress import ingress_extensions
+    from admin_ui.subscriptions import subscriptions_extensions
     from admin_ui.sync import sync_extensions
     from daemon.services.assembly import assemble
     from daemon.services.metrics import Metrics
@@ -256,6 +257,15 @@ async def _cmd_run(settings: Settings) -> int:
 
             await ensure_config_bindings(store, settings.bindings, WallClock().now_us())
 
+        async def subscription_chains() -> None:
+            """Each binding with subscriptions has its reconciliation chain queued (one per
+            time slot: replicas starting together make one)."""
+            from daemon.services.subscriptions import start_chains
+
+            if any(r.public_url for r in settings.webhook_routes):
+                await start_chains(store, load_catalog(settings), settings.webhook_routes,
+                                   WallClock().now_us())
+
         clock = WallClock()
         metrics = Metrics()
         parts = assemble(settings, store, clock, metrics)
@@ -263,11 +273,13 @@ async def _cmd_run(settings: Settings) -> int:
         # the services never import the console, nor the console the replica.
         admin_app = console_factory(combine(
             effect_extensions(parts.catalog, parts.catalogs.pinned),
-            sync_extensions(parts.catalog), ingress_extensions()))
+            sync_extensions(parts.catalog), ingress_extensions(),
+            subscriptions_extensions(parts.catalog)))
         replica = Replica(settings, store, parts.registry, clock, metrics=metrics,
                           api_app=parts.api_app, admin_app=admin_app,
                           ingress_app=parts.ingress.app if parts.ingress else None,
-                          startup_checks=(catalog_published, bindings_bootstrapped))
+                          startup_checks=(catalog_published, bindings_bootstrapped,
+                                          subscription_chains))
         if parts.api_context is not None:
             parts.api_context.wake = replica.wake
         if settings.replica.id:

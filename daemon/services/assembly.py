@@ -171,6 +171,13 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     if metrics is not None:
         reconciler.on_complete = metrics.set_sync_complete
         reconciler.on_offered = metrics.count_reconcile_offered
+    subscriptions = SubscriptionReconciler(
+        catalog=catalog, routes=settings.webhook_routes, http=executor.client,
+        # Cleanup tokens are sealed with the active token key (none: not kept).
+        keys=load_token_keys(settings.keys, os.environ, settings.base_dir)
+        if settings.keys.active else {}, seal_key_id=settings.keys.active or None)
+    if metrics is not None:
+        subscriptions.on_run = metrics.set_subscriptions
     registry = build_registry(
         settings,
         {
@@ -179,11 +186,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
             RECEIPT_FAMILY: receipt_handler(sender),
             INBOUND_APPLY_FAMILY: inbound_handler(inbound),
             RECONCILE_FAMILY: reconcile_handler(reconciler),
-            SUBSCRIPTION_FAMILY: subscription_handler(SubscriptionReconciler(
-                catalog=catalog, routes=settings.webhook_routes, http=executor.client,
-                # Cleanup tokens are sealed with the active token key (none: not kept).
-                keys=load_token_keys(settings.keys, os.environ, settings.base_dir)
-                if settings.keys.active else {}, seal_key_id=settings.keys.active or None)),
+            SUBSCRIPTION_FAMILY: subscription_handler(subscriptions),
         },
         {EFFECT_FAMILY: effect_replay_guard},
     )

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
@@ -171,6 +171,8 @@ class SubscriptionReconciler:
     seal_key_id: str | None = None
     interval_s: float = 300.0
     timeout_s: float = 10.0
+    # Called after each run with (binding, rows by health, epoch seconds of the run).
+    on_run: Callable[[str, dict[str, int], float], None] = lambda b, h, at: None
 
     # ---- what is wanted, what is there ----
 
@@ -304,6 +306,9 @@ class SubscriptionReconciler:
             await insert_work(tx, [*specs, *([nxt] if nxt else [])], now)
 
         ctx.on_finalize(write)
+        counts = {h: sum(1 for v in health.values() if v == h)
+                  for h in ("active", "disabled", "missing")}
+        self.on_run(binding.binding_id, counts, now / 1e6)
         logs.event("subscriptions_reconciled", work_id=ctx.item.work_id,
                    binding=binding.binding_id, steps=len(specs),
                    missing=sum(1 for v in health.values() if v == "missing"),
@@ -611,10 +616,9 @@ class SubscriptionReconciler:
             if row is None:
                 return
             retiring = tuple(x for x in row.retiring if x.provider_id != p.provider_id)
-            if row.provider_id == p.provider_id:
-                if not retiring:
-                    await delete_subscription(tx, row)
-                    return
+            if row.provider_id == p.provider_id and not retiring:
+                await delete_subscription(tx, row)
+                return
             await write_subscription(tx, row, attrs.evolve(
                 row, retiring=retiring, rotating=row.rotating and bool(retiring),
                 last_outcome="retired" if p.reason in ("rotated", "replaced") else "deleted",
@@ -628,3 +632,69 @@ def subscription_handler(reconciler: SubscriptionReconciler) -> Any:
         return await reconciler.handle(ctx)
 
     return handle
+
+
+def bindings_with_subscriptions(catalog: Catalog, routes: Sequence[WebhookRoute]
+                                ) -> list[BindingSettings]:
+    """The bindings some route wants subscriptions for (by id)."""
+    names = sorted({d.binding_id for d in desired_subscriptions(catalog.webhooks, routes)})
+    return [b for b in (catalog.binding(n) for n in names) if b is not None]
+
+
+async def start_chains(store: Any, catalog: Catalog, routes: Sequence[WebhookRoute],
+                       now_us: int, interval_s: float = 300.0) -> int:
+    """At replica start: each binding's run chain (keyed by time slot, so replicas
+    starting together, or a chain already queued for this slot, make one)."""
+    specs = [run_spec(b, catalog, now_us=now_us, interval_s=interval_s)
+             for b in bindings_with_subscriptions(catalog, routes)]
+    if specs:
+        await store.work_enqueue(specs, now_us)
+    return len(specs)
+
+
+class NoSuchBinding(LookupError):
+    pass
+
+
+async def reconcile_now(store: Any, catalog: Catalog, routes: Sequence[WebhookRoute],
+                        binding_id: str, *, actor: str, role: str, reason: str,
+                        now_us: int) -> str:
+    """An operator's "reconcile now": one run queued at once (it queues no next run; the
+    chain goes on), audited in the same transaction. Returns the run's WorkItem id."""
+    from storage.port import AuditEntry
+    from storage.work_admin import append_audit
+
+    binding = next((b for b in bindings_with_subscriptions(catalog, routes)
+                    if b.binding_id == binding_id), None)
+    if binding is None:
+        raise NoSuchBinding(f"binding {binding_id!r} has no route with subscriptions")
+    spec = run_spec(binding, catalog, now_us=now_us, interval_s=300.0, chain=False)
+
+    async def body(tx: SqlTx) -> str:
+        (result,) = await insert_work(tx, [spec], now_us)
+        await append_audit(tx, AuditEntry(
+            audit_id=new_ulid(now_us), at_us=now_us, actor=actor, role=role,
+            action="subscriptions.reconcile", target_kind="binding", target_id=binding_id,
+            reason=reason, before="{}", after=json.dumps({"work_id": result.work_id})))
+        return str(result.work_id)
+
+    work_id: str = await store.db.transact(body, name="subscriptions.reconcile_now")
+    return work_id
+
+
+def row_json(row: SubscriptionRow, now_us: int) -> dict[str, Any]:
+    """What the console and the API show of one observed row (never a token)."""
+    return {
+        "name": row.name, "binding_id": row.binding_id, "route": row.route,
+        "resource": row.resource, "action": row.action, "url": row.url,
+        "payload_version": row.payload_version, "provider_id": row.provider_id,
+        "generation": row.generation, "secret_generation": row.secret_generation,
+        "health": row.health, "cleanup_token": "sealed:" + row.cleanup.key_id
+        if row.cleanup else None,
+        "retiring": [{"provider_id": x.provider_id, "generation": x.generation}
+                     for x in row.retiring],
+        "rotating": row.rotating,
+        "last_reconciled_age_s": None if row.last_reconciled_at_us is None
+        else round((now_us - row.last_reconciled_at_us) / 1e6, 1),
+        "last_outcome": row.last_outcome, "last_reason": row.last_reason,
+    }
