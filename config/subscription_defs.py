@@ -164,7 +164,7 @@ def desired_subscriptions(webhooks: Mapping[str, Any], routes: Any
     for route in routes:
         webhook = webhooks.get(route.webhook)
         sub = getattr(webhook, "subscription", None)
-        if sub is None or not route.public_url:
+        if webhook is None or sub is None or not route.public_url:
             continue
         for action in sub.actions:
             out.append(DesiredSubscription(

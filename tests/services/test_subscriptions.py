@@ -26,7 +26,7 @@ from daemon.services.subscriptions import (
     item_spec,
     run_spec,
 )
-from sandbox.hubspot_sim.model import Fault
+from sandbox.hubspot_sim.model import Fault, FaultMode
 from sandbox.outreach_sim import OutreachSimulator
 from storage.port import SqlTx
 from storage.subscriptions import SubscriptionRow, read_subscriptions
@@ -271,7 +271,7 @@ async def _receipt(rig: Rig, verification: str, at_us: int) -> None:
 
 @pytest.mark.parametrize("mode", ["reset_after", "reset_before"])
 async def test_an_unknown_create_outcome_is_reconciled_by_read_back_never_two(
-        rig: Rig, mode: str) -> None:
+        rig: Rig, mode: FaultMode) -> None:
     rig.sim.inject(Fault(mode, method="POST", path_prefix="/api/v2/webhooks", count=1))
     await rig.reconcile()
     remote = rig.remote()
