@@ -286,3 +286,26 @@ async def test_an_unknown_create_outcome_is_reconciled_by_read_back_never_two(
     # reset_before did not: created again, with its token.
     assert len(adopted) == (1 if mode == "reset_after" else 0)
     assert all(isinstance(o, Succeeded) for k, o in rig.outcomes if k == "run")
+
+
+async def test_a_duplicate_copy_verified_with_the_newer_secret_is_kept_on_its_receipt(
+        store: WorkStore) -> None:
+    """During a rotation the old and the new subscription deliver the same event: one
+    receipt (same dedup key). Whichever copy came first, the receipt says the newest
+    secret was seen, or the rotation would never complete (seen on main: the old copy
+    first left the receipt at verified:1 and the old subscriptions were never retired)."""
+    from storage.ingress.receipts import IngressReceipt, ReceiptQuery
+
+    def copy(receipt_id: str, verification: str) -> IngressReceipt:
+        return IngressReceipt(
+            receipt_id=receipt_id, dedup_key="dk-rotation", route="outreach",
+            binding_id=BINDING, webhook="outreach.prospect_events",
+            subscription_generation=1, received_at_us=T0, body=b"{}", body_sha256="x",
+            headers={}, verification=verification, replica_id="A")
+
+    await store.ingress_receipt_insert(copy("r1", "verified:1"), T0)
+    await store.ingress_receipt_insert(copy("r2", "verified:0"), T0)
+    await store.ingress_receipt_insert(copy("r3", "verified:1"), T0)  # never back
+    (receipt,) = await store.ingress_receipt_list(ReceiptQuery(limit=10))
+    assert (receipt.receipt_id, receipt.verification, receipt.duplicates) == (
+        "r1", "verified:0", 2)
