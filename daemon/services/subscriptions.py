@@ -134,7 +134,11 @@ def item_spec(binding: BindingSettings, catalog: Catalog, payload: SubscriptionP
         subject_id=payload.name or payload.provider_id or binding.binding_id,
         definition_ref=f"{binding.provider}/{binding.binding_id}",
         catalog_revision=catalog.revision, catalog_digest=catalog.digest,
-        payload=payload.to_payload(), source_lane=lane(binding.binding_id),
+        payload=payload.to_payload(),
+        # Steps of one binding run one at a time, in order. Runs take no lane: a run only
+        # reads and queues (a queued future run must not hold an operator's run, or the
+        # steps it queues, behind it); concurrent runs decide the same keys.
+        source_lane=lane(binding.binding_id) if payload.kind != "run" else None,
         run_after_us=run_after_us, dedupe_key=key)
 
 
@@ -253,7 +257,7 @@ class SubscriptionReconciler:
                     and await newest_secret_seen(tx, r.route, r.rotated_at_us)}
             pending = await tx.fetchall(
                 "SELECT subject_id FROM work_items WHERE family = ? AND subject_kind = ?"
-                " AND source_lane = ? AND state IN ('pending', 'processing')",
+                " AND source_lane = ? AND state IN ('pending', 'processing', 'retry')",
                 (SUBSCRIPTION_FAMILY, "subscription", lane(binding.binding_id)))
             return rows, seen, {str(r[0]) for r in pending}
 
@@ -298,9 +302,18 @@ class SubscriptionReconciler:
         nxt = (run_spec(binding, self.catalog, now_us=now + int(self.interval_s * 1e6),
                         interval_s=self.interval_s) if p.chain else None)
 
+        read_versions = {r.name: r.row_version for r in rows}
+
         async def write(tx: SqlTx) -> None:
             for before in await read_subscriptions(tx, binding.binding_id):
-                state = health.get(before.name, before.health)
+                # Judged against the row as it is now: a step may have moved it since.
+                live = by_id.get(before.provider_id)
+                if live is not None:
+                    state = "active" if live.active else "disabled"
+                elif read_versions.get(before.name) == before.row_version:
+                    state = "missing"
+                else:
+                    state = before.health
                 await write_subscription(tx, before, attrs.evolve(
                     before, health=state, last_reconciled_at_us=now), now)
             await insert_work(tx, [*specs, *([nxt] if nxt else [])], now)

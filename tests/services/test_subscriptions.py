@@ -28,7 +28,7 @@ from daemon.services.subscriptions import (
 )
 from sandbox.hubspot_sim.model import Fault, FaultMode
 from sandbox.outreach_sim import OutreachSimulator
-from storage.port import SqlTx
+from storage.port import SqlTx, WorkQuery
 from storage.subscriptions import SubscriptionRow, read_subscriptions
 from storage.work_store import WorkStore
 from tests.support.work import SEC, T0, claim, finalization
@@ -309,3 +309,40 @@ async def test_a_duplicate_copy_verified_with_the_newer_secret_is_kept_on_its_re
     (receipt,) = await store.ingress_receipt_list(ReceiptQuery(limit=10))
     assert (receipt.receipt_id, receipt.verification, receipt.duplicates) == (
         "r1", "verified:0", 2)
+
+
+async def test_a_run_between_an_unknown_create_and_its_read_back_deletes_nothing(
+        rig: Rig) -> None:
+    """The subscription an unknown create made is named by no row until the step's read-back
+    adopts it: a run meanwhile must not delete it as an orphan."""
+    rig.sim.inject(Fault("reset_after", method="POST", path_prefix="/api/v2/webhooks",
+                         count=1))
+    await rig.store.work_enqueue([run_spec(rig.binding, rig.catalog, now_us=rig.clock.now,
+                                           interval_s=300, chain=False)], rig.clock.now)
+
+    async def now_claimable() -> list[WorkItem]:
+        return list((await claim(rig.store, now=rig.clock.now,
+                                 family=SUBSCRIPTION_FAMILY)).claimed)
+
+    while items := await now_claimable():  # the run and each step, no clock advance
+        for item in items:
+            await rig.run(item)
+        rig.clock.now -= SEC  # run() moves the clock; stay before the retry's backoff
+    assert [type(o).__name__ for k, o in rig.outcomes if k == "create"].count(
+        "RetryLater") == 1
+    # The unknown one was applied; the other steps wait behind it in the lane.
+    assert len(rig.sim.subscriptions()) == 1
+    # A run now (runs take no lane): it sees a subscription of a desired shape no row
+    # names, and must not queue its delete.
+    await rig.store.work_enqueue([run_spec(rig.binding, rig.catalog, now_us=rig.clock.now,
+                                           interval_s=300, chain=False)], rig.clock.now)
+    (run,) = await now_claimable()
+    assert SubscriptionPayload.from_payload(run.payload).kind == "run"
+    await rig.run(run)
+    queued = await rig.store.work_list(WorkQuery(family=SUBSCRIPTION_FAMILY, limit=100))
+    assert not [i for i in queued if '"kind":"delete"' in i.payload]
+    await rig.drain()
+    remote = rig.remote()
+    assert all(len(ids) == 1 for ids in remote.values()) and len(remote) == 3
+    assert len(await rig.rows()) == 3
+    assert not [o for _, o in rig.outcomes if isinstance(o, DeadLetter)]
