@@ -51,6 +51,13 @@ async def subscriptions_json(catalog: Catalog) -> dict[str, Any]:
                      "secret_generation": d.secret_generation} for d in desired],
         "observed": [row_json(r, now) for r in rows],
         "bindings": sorted({d.binding_id for d in desired}),
+        # Routes whose rotation is over (every row on the new secret generation, nothing
+        # retiring) but whose previous secret the verifier still accepts.
+        "previous_secret_removable": sorted(
+            r.route for r in routes if r.previous_secret is not None
+            and (mine := [x for x in rows if x.route == r.route])
+            and all(x.secret_generation == r.secret_generation and not x.rotating
+                    and not x.retiring for x in mine)),
         "health": {h: sum(1 for r in rows if r.health == h)
                    for h in ("active", "disabled", "missing")},
     }

@@ -16,7 +16,12 @@ from config.catalog import build_catalog, load_definitions, load_object_binding_
 from config.settings import BindingSettings, Secret, WebhookRoute
 from daemon.services.subscriptions import SUBSCRIPTION_FAMILY
 from storage.port import SqlTx, WorkQuery
-from storage.subscriptions import Sealed, SubscriptionRow, write_subscription
+from storage.subscriptions import (
+    Sealed,
+    SubscriptionRow,
+    read_subscriptions,
+    write_subscription,
+)
 from tests.admin.support import ConsoleHarness, console_harness, console_settings
 from tests.admin.test_openapi import _routes
 from tests.support.backends import FreshDatabase
@@ -63,6 +68,7 @@ async def test_the_page_shows_desired_and_observed_and_never_a_secret(
     assert (row["provider_id"], row["generation"], row["health"], row["cleanup_token"]) == (
         "17", 2, "missing", "sealed:k1")
     assert doc["health"] == {"active": 0, "disabled": 0, "missing": 1}
+    assert doc["previous_secret_removable"] == []  # no previous secret configured
     html = await (await viewer.get("/admin/subscriptions")).get_data(as_text=True)
     assert "outreach:updated" in html and 'href="/admin/subscriptions"' in html
     assert "never-shown-secret" not in html and "never-shown-secret" not in str(doc)
@@ -100,3 +106,35 @@ async def test_reconcile_now_needs_an_operator_csrf_and_a_reason_and_is_audited(
     assert (entry.actor, entry.role, entry.target_id, entry.reason) == (
         "otto", "operator", "outreach-main", "provider outage over")
     assert item.work_id in entry.after
+
+
+async def test_the_page_says_when_a_rotated_routes_previous_secret_may_go(
+        sqlite_db: FreshDatabase) -> None:
+    route = attrs.evolve(ROUTE, previous_secret=Secret("old"), secret_generation=2)
+    settings = attrs.evolve(console_settings(), bindings=(BINDING,), webhook_routes=(route,))
+    _, documents = load_definitions()
+    catalog = build_catalog(1, documents, (BINDING,), load_object_binding_documents())
+    async with console_harness(sqlite_db, settings=settings) as console:
+        console.app = create_app(console.replica, combine(subscriptions_extensions(catalog)))
+        row = SubscriptionRow(
+            name="outreach:updated", binding_id="outreach-main", route="outreach",
+            resource="prospect", action="updated", url=ROUTE.public_url, payload_version=2,
+            provider_id="18", generation=2, secret_generation=2, rotating=True)
+
+        async def seed(tx: SqlTx) -> None:
+            await write_subscription(tx, None, row, 1)
+
+        await console.store.db.transact(seed, name="test.seed")
+        viewer, _ = await console.sign_in("viv")
+        doc = await (await viewer.get("/admin/api/subscriptions")).get_json()
+        assert doc["previous_secret_removable"] == []  # still rotating
+
+        async def done(tx: SqlTx) -> None:
+            (before,) = await read_subscriptions(tx)
+            await write_subscription(tx, before, attrs.evolve(before, rotating=False), 2)
+
+        await console.store.db.transact(done, name="test.done")
+        doc = await (await viewer.get("/admin/api/subscriptions")).get_json()
+        assert doc["previous_secret_removable"] == ["outreach"]
+        html = await (await viewer.get("/admin/subscriptions")).get_data(as_text=True)
+        assert 'id="previous-secret-outreach"' in html
