@@ -154,10 +154,12 @@ def run_spec(binding: BindingSettings, catalog: Catalog, *, now_us: int,
                      key=key, run_after_us=now_us)
 
 
-def _step_key(binding: str, step: Create | Delete) -> str:
+def _step_key(binding: str, step: Create | Delete, run_id: str) -> str:
+    """A step's dedupe key: one per run (a run skips the names with a step still pending,
+    and a step re-checks the row before it acts, so a repeated decision does nothing)."""
     if isinstance(step, Create):
-        return f"subs:create:{binding}:{step.name}:{step.generation}"
-    return f"subs:delete:{binding}:{step.provider_id}:{step.expected_generation}"
+        return f"subs:create:{binding}:{step.name}:{step.generation}:{run_id}"
+    return f"subs:delete:{binding}:{step.provider_id}:{step.expected_generation}:{run_id}"
 
 
 @attrs.frozen
@@ -282,6 +284,8 @@ class SubscriptionReconciler:
         for step in steps:
             if isinstance(step, Health):
                 continue
+            if (step.name or getattr(step, "provider_id", "")) in pending:
+                continue  # its earlier step is still pending: decided again after it
             if isinstance(step, Delete) and step.name is None:
                 r = by_id[step.provider_id]
                 if (r.resource, r.action, r.url, r.payload_version) in shapes:
@@ -294,7 +298,8 @@ class SubscriptionReconciler:
                 generation=step.generation if isinstance(step, Create)
                 else step.expected_generation,
                 provider_id="" if isinstance(step, Create) else step.provider_id,
-                reason=step.reason), key=_step_key(binding.binding_id, step)))
+                reason=step.reason), key=_step_key(binding.binding_id, step,
+                                                   ctx.item.work_id)))
         now = ctx.clock.now_us()
         health = {r.name: ("missing" if r.provider_id not in by_id else
                            "active" if by_id[r.provider_id].active else "disabled")
@@ -303,9 +308,16 @@ class SubscriptionReconciler:
                         interval_s=self.interval_s) if p.chain else None)
 
         read_versions = {r.name: r.row_version for r in rows}
+        wanted = {x.name for x in desired}
 
         async def write(tx: SqlTx) -> None:
             for before in await read_subscriptions(tx, binding.binding_id):
+                if before.name not in wanted and not {
+                        before.provider_id, *(x.provider_id for x in before.retiring)
+                        } & set(by_id) and read_versions.get(before.name) == before.row_version:
+                    # Undesired and nothing of it left at the provider: the row goes.
+                    await delete_subscription(tx, before)
+                    continue
                 # Judged against the row as it is now: a step may have moved it since.
                 live = by_id.get(before.provider_id)
                 if live is not None:

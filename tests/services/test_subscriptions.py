@@ -346,3 +346,18 @@ async def test_a_run_between_an_unknown_create_and_its_read_back_deletes_nothing
     assert all(len(ids) == 1 for ids in remote.values()) and len(remote) == 3
     assert len(await rig.rows()) == 3
     assert not [o for _, o in rig.outcomes if isinstance(o, DeadLetter)]
+
+
+async def test_undesired_subscriptions_are_deleted_and_come_back_when_wanted_again(
+        rig: Rig) -> None:
+    await rig.reconcile()
+    url = URL
+    rig.route(public_url="")  # an operator subscribes this route now: ours are undesired
+    await rig.reconcile()
+    await rig.reconcile()  # the rows go once nothing of them is left at the provider
+    assert rig.sim.subscriptions() == [] and await rig.rows() == {}
+    rig.route(public_url=url)
+    await rig.reconcile()
+    remote = rig.remote()
+    assert sorted(remote) == sorted((a, URL) for a in ACTIONS)
+    assert all(r.generation == 1 for r in (await rig.rows()).values())
