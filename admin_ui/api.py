@@ -34,12 +34,6 @@ bp = Blueprint("api", __name__, url_prefix="/admin/api")
 
 Json = dict[str, Any]
 
-NOT_CONFIGURED = {
-    "subscriptions": "Remote subscriptions are not configured yet: the subscription"
-                     " reconciler has not been built into this release.",
-}
-
-
 def checked_work_id(work_id: str) -> str:
     if not is_ulid(work_id):
         raise WorkNotFound(work_id[:40])
@@ -167,16 +161,6 @@ async def operators() -> Json:
         "operators": [{"name": o.name, "role": o.role, "password_set": bool(o.password_hash)}
                       for o in settings.operators],
     }
-
-
-def _not_configured(kind: str) -> Json:
-    return {"configured": False, "items": [], "message": NOT_CONFIGURED[kind]}
-
-
-@bp.get("/subscriptions")
-@require("console.read")
-async def subscriptions() -> Json:
-    return _not_configured("subscriptions")
 
 
 def bindings_json(settings: Any) -> Json:

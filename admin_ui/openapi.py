@@ -123,7 +123,6 @@ PATHS: Json = {
         errors=(400, *READ_ERRORS))},
     "/admin/api/operators": {"get": _get("Configured operators and roles (admin only)",
                                          _ref("Operators"))},
-    "/admin/api/subscriptions": {"get": _get("Remote subscriptions", _ref("NotConfigured"))},
     "/admin/api/bindings": {"get": _get("Integration bindings with their durable generation"
                                         " and grant (never a secret)", _ref("NotConfigured"))},
     "/admin/api/quota": {"get": _get("Provider quota keys: budget, reservations in flight,"

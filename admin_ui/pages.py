@@ -14,7 +14,7 @@ from quart.wrappers import Response
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from admin_ui import queries, readmodels
-from admin_ui.api import NOT_CONFIGURED, bindings_with_principals
+from admin_ui.api import bindings_with_principals
 from admin_ui.auth import require
 from admin_ui.charts import fmt_value, overview_charts
 from admin_ui.context import console
@@ -74,17 +74,6 @@ async def operators() -> Response:
     return await page("operators.html", operators=settings.operators,
                       proxy_header=settings.admin.proxy_user_header,
                       session_ttl=settings.admin.session_ttl)
-
-
-async def _not_configured(kind: str, title: str) -> Response:
-    return await page("not_configured.html", title=title, message=NOT_CONFIGURED[kind],
-                      api_path=f"/admin/api/{kind}")
-
-
-@bp.get("/admin/subscriptions")
-@require("console.read")
-async def subscriptions() -> Response:
-    return await _not_configured("subscriptions", "Subscriptions")
 
 
 @bp.get("/admin/bindings")

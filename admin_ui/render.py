@@ -18,7 +18,6 @@ NAV: tuple[NavItem, ...] = (
     NavItem("/admin/dlq", "DLQ", "dlq.read"),
     NavItem("/admin/audit", "Audit log", "audit.read"),
     NavItem("/admin/cutover", "Cutover", "cutover.read"),
-    NavItem("/admin/subscriptions", "Subscriptions", "console.read"),
     NavItem("/admin/bindings", "Bindings", "console.read"),
     NavItem("/admin/quota", "Quota", "console.read"),
     NavItem("/admin/operators", "Operators", "operators.read"),

@@ -42,6 +42,7 @@ from typing import Any
 
 import attrs
 
+from config.subscription_defs import SubscriptionDefinition, parse_subscription
 from daemon.core.effects import OperationContract
 from daemon.core.ingress import BadPayloadSpec, PayloadSpec
 from daemon.core.webhook_signature import BadSignatureSpec, SignatureSpec
@@ -775,10 +776,12 @@ class WebhookDefinition:
     # event) or "until_2xx" (it retries non-2xx answers).
     response_window_s: float
     redelivery: str
+    # How integrationd subscribes a route to these deliveries (None: an operator does).
+    subscription: SubscriptionDefinition | None = None
 
 
 _WEBHOOK_KEYS = frozenset({"content_types", "payload_version", "response_window",
-                           "redelivery", "signature", "payload"})
+                           "redelivery", "signature", "payload", "subscription"})
 _SIGNATURE_KEYS = frozenset({"header", "algorithm", "encoding", "signed", "timestamp_header",
                              "timestamp_unit", "tolerance"})
 _PAYLOAD_KEYS = frozenset({"format", "batch", "event_name", "resource_type", "resource_id",
@@ -839,7 +842,8 @@ def _payload(key: str, raw: Any) -> PayloadSpec:
         raise CatalogError(f"{key}.{field}", message) from None
 
 
-def _webhook(provider: str, name: str, raw: Any) -> WebhookDefinition:
+def _webhook(provider: str, name: str, raw: Any,
+             schemes: Mapping[str, AuthScheme] | None = None) -> WebhookDefinition:
     key = f"providers.{provider}.webhooks.{name}"
     table = _table(key, raw, _WEBHOOK_KEYS)
     types = _strings(f"{key}.content_types", _req(key, table, "content_types", list))
@@ -865,6 +869,8 @@ def _webhook(provider: str, name: str, raw: Any) -> WebhookDefinition:
         signature=_signature(f"{key}.signature", table["signature"]),
         payload=_payload(f"{key}.payload", table["payload"]),
         payload_version=version, response_window_s=window, redelivery=redelivery,
+        subscription=None if "subscription" not in table else parse_subscription(
+            f"{key}.subscription", table["subscription"], schemes or {}),
     )
 
 
@@ -873,4 +879,5 @@ def parse_webhooks(doc: Mapping[str, Any]) -> dict[str, WebhookDefinition]:
     validated (pure). Call :func:`parse_provider` first: it checks the document's shape."""
     provider = str(doc.get("provider"))
     webhooks = _table(f"providers.{provider}.webhooks", doc.get("webhooks", {}))
-    return {name: _webhook(provider, name, table) for name, table in webhooks.items()}
+    schemes = _auth_schemes(provider, doc.get("auth", {}))
+    return {name: _webhook(provider, name, table, schemes) for name, table in webhooks.items()}

@@ -569,6 +569,7 @@ def _webhook_routes(value: Any, environ: Mapping[str, str],
                               f" {webhook.response_window_s:g} s response window of"
                               f" {r.webhook}")
         _positive(f"{key}.subscription_generation", r.subscription_generation)
+        _positive(f"{key}.secret_generation", r.secret_generation)
         if r.public_url and not r.public_url.startswith(("http://", "https://")):
             raise ConfigError(f"{key}.public_url", "expected an http:// or https:// URL")
         env = _env_name(r.route)

@@ -240,6 +240,10 @@ class WebhookRoute:
     # Active secrets, newest first (during a rotation both the new and the previous one).
     secret: Secret | None = None
     previous_secret: Secret | None = None
+    # Raised by the operator with each new ``secret``: the subscription reconciler then
+    # subscribes again with the new secret, keeps the old subscription until a delivery
+    # verified with the new secret is seen, then deletes it (docs/subscriptions.md).
+    secret_generation: int = 1
 
     def secrets(self) -> tuple[bytes, ...]:
         return tuple(s.reveal().encode() for s in (self.secret, self.previous_secret)

@@ -50,13 +50,19 @@ from daemon.reconcile_cli import ReconcileUsage, add_reconcile_command, run_reco
 from daemon.services.clock import WallClock
 from daemon.services.families import FamilyRegistry, UnknownFamily
 from daemon.services.operator_api import BadRequest, NotAuthorized
+from daemon.subscriptions_cli import (
+    SubscriptionsUsage,
+    add_subscriptions_command,
+    run_subscriptions_command,
+)
 from storage.migrate import check_schema
 from storage.open import describe_url, open_store
 from storage.port import DeadQuery, StorageError
 from storage.work_admin import AUDIT_ORIGIN
 from storage.work_store import WorkStore
 
-ADMIN_COMMANDS = frozenset({"hash-password", "audit", "dlq", "catalog", "reconcile", "cutover"})
+ADMIN_COMMANDS = frozenset({"hash-password", "audit", "dlq", "catalog", "reconcile", "cutover",
+                            "subscriptions"})
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
@@ -107,6 +113,7 @@ def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     add_catalog_command(sub)
     add_reconcile_command(sub)
     add_cutover_command(sub)
+    add_subscriptions_command(sub)
 
 
 def _print_json(doc: Any) -> None:
@@ -336,10 +343,13 @@ async def run_admin_command(settings: Settings, args: argparse.Namespace) -> int
                 return EXIT_OK
             if args.command == "cutover":
                 return await run_cutover_command(store, settings, args)
+            if args.command == "subscriptions":
+                await run_subscriptions_command(store, settings, args)
+                return EXIT_OK
         finally:
             await store.db.aclose()
     except (_Usage, BadRequest, ConsoleError, UnknownFamily, CatalogUsage,
-            ReconcileUsage, CutoverUsage) as exc:
+            ReconcileUsage, CutoverUsage, SubscriptionsUsage) as exc:
         sys.stderr.write(f"integrationd: {exc}\n")
         return EXIT_USAGE
     except (NotAuthorized, StorageError) as exc:

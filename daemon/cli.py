@@ -234,10 +234,12 @@ def admin_extensions(parts: Assembly) -> ConsoleExtensions:
     from admin_ui.effects import effect_extensions
     from admin_ui.extensions import combine
     from admin_ui.ingress import ingress_extensions
+    from admin_ui.subscriptions import subscriptions_extensions
     from admin_ui.sync import sync_extensions
 
     return combine(effect_extensions(parts.catalog, parts.catalogs.pinned),
-                   sync_extensions(parts.catalog), ingress_extensions())
+                   sync_extensions(parts.catalog), ingress_extensions(),
+                   subscriptions_extensions(parts.catalog))
 
 
 async def _cmd_run(settings: Settings) -> int:
@@ -268,6 +270,15 @@ async def _cmd_run(settings: Settings) -> int:
 
             await ensure_config_bindings(store, settings.bindings, WallClock().now_us())
 
+        async def subscription_chains() -> None:
+            """Each binding with subscriptions has its reconciliation chain queued (one per
+            time slot: replicas starting together make one)."""
+            from daemon.services.subscriptions import start_chains
+
+            if any(r.public_url for r in settings.webhook_routes):
+                await start_chains(store, load_catalog(settings), settings.webhook_routes,
+                                   WallClock().now_us())
+
         clock = WallClock()
         metrics = Metrics()
         parts = assemble(settings, store, clock, metrics)
@@ -277,7 +288,8 @@ async def _cmd_run(settings: Settings) -> int:
         replica = Replica(settings, store, parts.registry, clock, metrics=metrics,
                           api_app=parts.api_app, admin_app=admin_app,
                           ingress_app=parts.ingress.app if parts.ingress else None,
-                          startup_checks=(catalog_published, bindings_bootstrapped))
+                          startup_checks=(catalog_published, bindings_bootstrapped,
+                                          subscription_chains))
         if parts.api_context is not None:
             parts.api_context.wake = replica.wake
         if settings.replica.id:

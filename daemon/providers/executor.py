@@ -326,3 +326,25 @@ def snapshot_of(read: ReadDefinition, remote_id: str, doc: Any) -> RemoteSnapsho
         updated_at_us=_parse_time_us(read.updated_at.find(doc))
         if read.updated_at is not None else None,
     )
+
+
+async def exchange(client: BoundedHttp, method: str, url: str, *, headers: Mapping[str, str],
+                   body: bytes | None, timeout_s: float) -> tuple[DispatchObservation, Any]:
+    """Exactly one exchange of a request an L1 template made outside an operation (a
+    webhook subscription's create, list or delete): how far it got, and the decoded JSON
+    answer (None when there is none). Never retried; the same "nothing was sent" rule as
+    :meth:`HttpExecutor.dispatch`."""
+    try:
+        response = await client.request(method, url, content=body, headers=dict(headers),
+                                        timeout_s=timeout_s)
+    except _NOT_SENT as exc:
+        return DispatchObservation(Phase.NOT_CONNECTED, detail=type(exc).__name__), None
+    except httpx.HTTPError as exc:
+        return DispatchObservation(Phase.SENT, detail=type(exc).__name__), None
+    try:
+        doc = response.json() if response.content else None
+    except ValueError:
+        doc = None
+    return DispatchObservation(Phase.RESPONDED, status=response.status_code,
+                               retry_after_s=_retry_after(response.headers.get("retry-after"))
+                               ), doc

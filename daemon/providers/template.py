@@ -62,23 +62,24 @@ class _Placeholder:
     name: str
 
 
-def _compile_value(value: Any, where: str) -> Any:
+def _compile_value(value: Any, where: str,
+                   allowed: frozenset[str] = BODY_PLACEHOLDERS) -> Any:
     if isinstance(value, str):
         if value.startswith("$$"):
             return value[1:]
         if value.startswith("$"):
-            if value not in BODY_PLACEHOLDERS:
+            if value not in allowed:
                 raise TemplateError(where, f"unknown placeholder {value!r} (known: "
-                                    f"{', '.join(sorted(BODY_PLACEHOLDERS))})")
+                                    f"{', '.join(sorted(allowed))})")
             return _Placeholder(value)
         return value
     if isinstance(value, bool | int) or value is None:
         return value
     if isinstance(value, Mapping):
-        return {str(k): _compile_value(v, f"{where}.{k}" if where else str(k))
+        return {str(k): _compile_value(v, f"{where}.{k}" if where else str(k), allowed)
                 for k, v in value.items()}
     if isinstance(value, list):
-        return [_compile_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_compile_value(v, f"{where}[{i}]", allowed) for i, v in enumerate(value)]
     raise TemplateError(where, "a body template holds JSON values only, not"
                         f" {type(value).__name__}")
 
@@ -90,10 +91,28 @@ class BodyTemplate:
     shape: Any
 
     @classmethod
-    def compile(cls, value: Any) -> BodyTemplate:
+    def compile(cls, value: Any,
+                placeholders: frozenset[str] = BODY_PLACEHOLDERS) -> BodyTemplate:
+        """Compile a body shape; ``placeholders`` are the ``$names`` it may use (an
+        operation's by default; a subscription's create request has its own set)."""
         if not isinstance(value, Mapping):
             raise TemplateError("", "expected a table (the JSON object to send)")
-        return cls(_compile_value(value, ""))
+        return cls(_compile_value(value, "", placeholders))
+
+    def render_values(self, values: Mapping[str, Any]) -> Any:
+        """Fill each placeholder with ``values[name]`` (names with their ``$``)."""
+        def fill(value: Any) -> Any:
+            if isinstance(value, _Placeholder):
+                if value.name not in values:
+                    raise RenderError(f"no value for {value.name}")
+                return values[value.name]
+            if isinstance(value, dict):
+                return {k: fill(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [fill(v) for v in value]
+            return value
+
+        return fill(self.shape)
 
     def render(self, *, fields: Fields, remote_id: str) -> Any:
         def fill(value: Any) -> Any:

@@ -14,6 +14,7 @@ import attrs
 from quart_trio import QuartTrio
 
 from config.catalog import Catalog, load_catalog
+from config.keys import load_token_keys
 from config.settings import Settings
 from daemon.api.app import ApiContext, create_api_app
 from daemon.core.inbound_change import INBOUND_APPLY_FAMILY
@@ -33,6 +34,11 @@ from daemon.services.materializer import Materializer
 from daemon.services.metrics import Metrics
 from daemon.services.receipt_sender import ReceiptSender, receipt_handler
 from daemon.services.reconcile import RECONCILE_FAMILY, CursorReconciler, reconcile_handler
+from daemon.services.subscriptions import (
+    SUBSCRIPTION_FAMILY,
+    SubscriptionReconciler,
+    subscription_handler,
+)
 from storage.commands import EFFECT_FAMILY
 from storage.effects import RECEIPT_FAMILY, EffectContextRow
 from storage.ingress.receipts import IngressReceipt, ReceiptInsert
@@ -164,6 +170,13 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     if metrics is not None:
         reconciler.on_complete = metrics.set_sync_complete
         reconciler.on_offered = metrics.count_reconcile_offered
+    subscriptions = SubscriptionReconciler(
+        catalog=catalog, routes=settings.webhook_routes, http=executor.client,
+        # Cleanup tokens are sealed with the active token key (none: not kept).
+        keys=load_token_keys(settings.keys, os.environ, settings.base_dir)
+        if settings.keys.active else {}, seal_key_id=settings.keys.active or None)
+    if metrics is not None:
+        subscriptions.on_run = metrics.set_subscriptions
     registry = build_registry(
         settings,
         {
@@ -172,6 +185,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
             RECEIPT_FAMILY: receipt_handler(sender),
             INBOUND_APPLY_FAMILY: inbound_handler(inbound),
             RECONCILE_FAMILY: reconcile_handler(reconciler),
+            SUBSCRIPTION_FAMILY: subscription_handler(subscriptions),
         },
         {EFFECT_FAMILY: effect_replay_guard},
     )

@@ -194,11 +194,14 @@ CANCEL_RULES: dict[str, CancelRule] = {
     # ``cursor_reconcile``: anything not yet finished stops (a run only reads and queues
     # inbound_apply items; a cancelled stream stops until an operator starts it again).
     "cursor_reconcile": CancelRule.ANYTIME,
+    # ``subscription_reconcile``: a run only reads and queues; a step's provider call
+    # cannot be called back once dispatched (as ``external_effect``).
+    "subscription_reconcile": CancelRule.BEFORE_DISPATCH,
 }
 # Every family this build can run; the effect and receipt handlers need the
 # catalog and an HTTP client, so daemon/services/assembly.py builds them.
 FAMILY_NAMES = ("cursor_reconcile", "external_effect", "inbound_apply", "noop",
-                "runtime_receipt")
+                "runtime_receipt", "subscription_reconcile")
 
 
 def known_family_names() -> list[str]:

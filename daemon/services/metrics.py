@@ -257,6 +257,19 @@ class Metrics:
             ["stream"],
             registry=r,
         )
+        self.subscriptions = Gauge(
+            "integrationd_subscriptions",
+            "Observed webhook subscriptions by binding and health (active, disabled,"
+            " missing), as the last subscription reconciliation run here found them",
+            ["binding", "health"],
+            registry=r,
+        )
+        self.subscription_reconcile_age = Gauge(
+            "integrationd_subscription_reconcile_age_seconds",
+            "Seconds since a binding's webhook subscriptions were last reconciled here",
+            ["binding"],
+            registry=r,
+        )
         self.reconcile_offered = Counter(
             "integrationd_reconcile_offered",
             "Listed records cursor reconciliation offered to the inbound Flow (re-listed"
@@ -404,6 +417,13 @@ class Metrics:
 
     def count_lost_webhook(self, provider: str, resource: str) -> None:
         self.inbound_lost_webhooks.labels(provider, resource).inc()
+
+    def set_subscriptions(self, binding: str, health: dict[str, int], at_s: float) -> None:
+        """One subscription reconciliation run's finding; its age grows at scrape time."""
+        for state in ("active", "disabled", "missing"):
+            self.subscriptions.labels(binding, state).set(health.get(state, 0))
+        self.subscription_reconcile_age.labels(binding).set_function(
+            lambda: max(time.time() - at_s, 0.0))
 
     def set_sync_complete(self, stream: str, through_s: float) -> None:
         """The stream is complete through ``through_s`` (epoch seconds): the lag grows at

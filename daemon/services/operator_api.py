@@ -44,6 +44,7 @@ ACTION_ROLES: dict[str, frozenset[str]] = {
     "catalog.delete": frozenset({"admin"}),
     "reconcile.start": frozenset({"operator", "admin"}),
     "reconcile.repair": frozenset({"operator", "admin"}),
+    "subscriptions.reconcile": frozenset({"operator", "admin"}),
     "cutover.read": frozenset({"viewer", "operator", "admin"}),
     "cutover.step": frozenset({"admin"}),
 }

@@ -218,6 +218,17 @@ class OutreachSimulator:
     def set_subscription_active(self, subscription_id: int, active: bool) -> None:
         self._subscriptions[subscription_id].active = active
 
+    def subscribe_direct(self, *, resource: str, action: str, url: str, secret: str,
+                         payload_version: int = 2) -> int:
+        """A subscription made outside any client (an earlier install's, say): its id."""
+        subscription = Subscription(
+            id=self._next_subscription, resource=resource, action=action, url=url,
+            secret=secret, payload_version=payload_version,
+            cleanup_token=secrets.token_urlsafe(24), created_us=self.clock())
+        self._next_subscription += 1
+        self._subscriptions[subscription.id] = subscription
+        return subscription.id
+
     def delete_subscription_behind_back(self, subscription_id: int) -> None:
         """An Outreach admin deletes the subscription (no client knows)."""
         del self._subscriptions[subscription_id]

@@ -207,9 +207,16 @@ class IngressReceipts:
                     continue
                 except DuplicateKey:
                     pass
+                # A copy verified with a newer secret (a lower index: during a rotation the
+                # old and the new subscription deliver the same event) is kept on the row:
+                # its verification is the newest secret any copy was verified with, which
+                # is how the subscription reconciler sees the provider use a new secret.
                 await tx.execute("UPDATE ingress_receipts SET duplicates = duplicates + 1,"
+                                 " verification = CASE WHEN verification > ? THEN ?"
+                                 " ELSE verification END,"
                                  " row_version = row_version + 1 WHERE dedup_key = ?"
-                                 " AND receipt_id <> ?", (r.dedup_key, r.receipt_id))
+                                 " AND receipt_id <> ?",
+                                 (r.verification, r.verification, r.dedup_key, r.receipt_id))
                 rows = await tx.fetchall(
                     "SELECT receipt_id FROM ingress_receipts WHERE dedup_key = ?",
                     (r.dedup_key,))
