@@ -26,7 +26,9 @@ def bootstrap_facts(b: BindingSettings) -> BindingFacts:
         binding_id=b.binding_id, kind=PrincipalKind.SHARED, org_id=b.org_id,
         app_installation_id=b.app_installation_id, provider=b.provider,
         identity=BindingIdentity(issuer=b.base_url, remote_account_id=b.remote_account_id,
-                                 remote_subject=b.remote_account_id),
+                                 remote_subject=b.remote_account_id,
+                                 # An S2S binding's app installation (empty otherwise).
+                                 installation_id=b.s2s_installation_id),
         generation=b.generation, state=BindingState.CONNECTED)
 
 
