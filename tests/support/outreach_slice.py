@@ -9,7 +9,7 @@ installation (``s2s.token_installs``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from daemon.core.token_bundle import TokenKey
 from daemon.services.assembly import assemble
 from daemon.services.catalog_view import publish_current
 from daemon.services.clock import WallClock
+from daemon.services.http_server import serve_app
 from daemon.services.metrics import Metrics
 from daemon.services.replica import Replica
 from sandbox.outreach_sim import OutreachSimulator
@@ -68,8 +69,26 @@ class OutreachSlice:
     store: WorkStore
     settings: Settings
     http: httpx.AsyncClient
-    replica: Replica
-    base_url: str  # the console
+    nursery: trio.Nursery
+    start: Callable[[], Awaitable[Replica]]
+    replica: Replica | None = None
+    base_url: str = ""  # the console of the running replica
+
+    async def start_replica(self) -> Replica:
+        assert self.replica is None
+        self.replica = await self.start()
+        self.base_url = self.replica_address
+        return self.replica
+
+    async def stop_replica(self) -> None:
+        """Drain the replica (nothing is claimed until the next one starts; admission
+        goes on: the /v1 API is served on its own)."""
+        replica, self.replica = self.replica, None
+        assert replica is not None
+        replica.request_drain()
+        await wait_for(lambda: replica.state == "stopped")
+
+    replica_address: str = ""
 
     async def lead(self, lead_id: str, prospect_id: int, *, title: str = "Engineer") -> None:
         """A Lead in the Runtime, its Prospect in Outreach, and their RemoteLink."""
@@ -100,7 +119,7 @@ class OutreachSlice:
         raise AssertionError(f"no intent {intent_id}")
 
     async def wait_intent(self, lead_id: str, intent_id: str, status: str,
-                          within_s: float = 60.0) -> dict[str, Any]:
+                          within_s: float = 20.0) -> dict[str, Any]:
         async def reached() -> bool:
             return bool((await self.intent(lead_id, intent_id))["status"] == status)
 
@@ -146,16 +165,30 @@ async def running_outreach_slice(store: WorkStore, url: str, key_dir: Path, *,
         parts = assemble(settings, store, clock, metrics)
         try:
             console = console_factory(effect_extensions(parts.catalog, parts.catalogs.pinned))
-            replica = Replica(settings, store, parts.registry, clock, metrics=metrics,
-                              api_app=parts.api_app, replica_id="outreach-slice",
-                              admin_app=console if operators else None)
-            assert parts.api_context is not None
-            parts.api_context.wake = replica.wake
-            address = await nursery.start(replica.run)
-            yield OutreachSlice(sim, s2s, runtime, runtime_url, store, settings, http,
-                                replica, address)
-            replica.request_drain()
-            await wait_for(lambda: replica.state == "stopped")
+            assert parts.api_app is not None and parts.api_context is not None
+            # The /v1 API on its own, so that admission goes on while no replica runs.
+            await nursery.start(serve_app, parts.api_app, settings.api.listen)
+            started = 0
+
+            async def start() -> Replica:
+                nonlocal started
+                started += 1
+                # A replica registers its collectors: a restarted one gets its own.
+                replica = Replica(settings, store, parts.registry, clock,
+                                  metrics=metrics if started == 1 else Metrics(),
+                                  replica_id=f"outreach-slice-{started}",
+                                  admin_app=console if operators else None)
+                assert parts.api_context is not None
+                parts.api_context.wake = replica.wake
+                the_slice.replica_address = await nursery.start(replica.run)
+                return replica
+
+            the_slice = OutreachSlice(sim, s2s, runtime, runtime_url, store, settings, http,
+                                      nursery, start)
+            await the_slice.start_replica()
+            yield the_slice
+            if the_slice.replica is not None:
+                await the_slice.stop_replica()
         finally:
             nursery.cancel_scope.cancel()
             await parts.aclose()
