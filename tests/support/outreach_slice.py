@@ -39,7 +39,7 @@ from sandbox.s2s_token_sim import S2STokenEndpoint, s2s_routes
 from storage.work_store import WorkStore
 from tests.support.harness import wait_for
 from tests.support.s2s import private_pem, public_pem
-from tests.support.slice import REVISION, RESULTS_TOKEN, RUNTIME_TOKEN, SCOPE, slice_settings
+from tests.support.slice import RESULTS_TOKEN, REVISION, RUNTIME_TOKEN, SCOPE, slice_settings
 
 OP = "outreach.prospect.update_title"
 BINDING = "outreach-main"
