@@ -232,16 +232,22 @@ class CommandInbox:
         payload_digest: str,
         runtime_outbox_id: str,
         now_us: int,
+        reason: str = "",
     ) -> AdmissionResult:
-        """Return the accepted command, or write (or return) the rejection tombstone."""
-        receipt = canonical_bytes({
+        """Return the accepted command, or write (or return) the rejection tombstone.
+        ``reason``: why integrationd itself refuses the command for good (a stable code,
+        kept in the tombstone's receipt); empty for the Runtime's RejectIfUnaccepted."""
+        fact: dict[str, object] = {
             "admission": Admission.HANDOFF_REJECTED.value,
             "effect_handoff_key": handoff_key,
             "payload_digest": payload_digest,
             "receipt_version": RECEIPT_VERSION,
             "rejected_at_us": now_us,
             "runtime_outbox_id": runtime_outbox_id,
-        }).decode()
+        }
+        if reason:
+            fact["reason"] = reason
+        receipt = canonical_bytes(fact).decode()
 
         async def body(tx: SqlTx) -> AdmissionResult:
             existing = await self._admission_row(tx, handoff_key)

@@ -40,12 +40,15 @@ from config.settings import RuntimeClient, Settings
 from daemon.api.openapi import OPENAPI
 from daemon.api.validation import (
     ApiError,
+    HandoffFields,
     command_body,
     handoff_fields,
     only_fields,
+    ownership_refusal,
     requested_revision,
 )
 from daemon.core.canonical import NotCanonical, canonical_digest
+from daemon.core.field_ownership import OwnershipRefusal
 from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
 from daemon.core.identity import integration_link_key_v2, integration_scope_digest
 from daemon.core.json_input import BadJson, parse_json
@@ -83,6 +86,15 @@ def _scope(rc: RuntimeClient) -> TrustedRuntimeWorkScope:
 
 def _json(doc: dict[str, Any], status: int) -> Response:
     return Response(json.dumps(doc), status=status, content_type="application/json")
+
+
+class _Refused(Exception):
+    """A valid command the pinned revision refuses for good (a field it may not send)."""
+
+    def __init__(self, handoff: HandoffFields, refusal: OwnershipRefusal) -> None:
+        super().__init__(refusal.code)
+        self.handoff = handoff
+        self.refusal = refusal
 
 
 def _admission_json(result: AdmissionResult, key: str) -> tuple[dict[str, Any], int]:
@@ -156,6 +168,9 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         pinned = revisions.get(revision) if revision is not None else None
         valid = command_body(doc, _scope(rc), pinned)
         assert pinned is not None
+        refusal = ownership_refusal(pinned, valid)
+        if refusal is not None:
+            raise _Refused(valid.handoff, refusal)
         op = valid.operation
         binding = pinned.binding_for(rc.org_id, rc.app_installation_id, op.provider)
         if binding is None:
@@ -210,6 +225,25 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
             await quarantine_invalid(rc, doc, exc)
             raise
 
+    async def rejected(rc: RuntimeClient, refused: _Refused) -> tuple[dict[str, Any], int]:
+        """A command integrationd refuses for good: a rejection tombstone naming the
+        reason, so the same key is answered the same way from now on."""
+        handoff = refused.handoff
+        result = await ctx.store.command_reject_if_unaccepted(
+            scope=_scope(rc), runtime_name=rc.name, handoff_key=handoff.key_text,
+            payload_digest=handoff.payload_digest, runtime_outbox_id=handoff.runtime_outbox_id,
+            now_us=ctx.clock.now_us(), reason=refused.refusal.code)
+        ctx.on_admission("command", result.admission.value, result.created)
+        if result.created:
+            logs.warn("command_rejected", runtime=rc.name, reason=refused.refusal.code,
+                      field=refused.refusal.field)
+        elif result.admission is Admission.QUARANTINED:
+            logs.warn("handoff_quarantined", runtime=rc.name, reason=result.reason)
+        body, status = _admission_json(result, handoff.key_text)
+        if result.admission is Admission.HANDOFF_REJECTED:
+            body["message"] = refused.refusal.sentence
+        return body, status
+
     def answered(rc: RuntimeClient, draft: CommandDraft,
                  result: AdmissionResult) -> tuple[dict[str, Any], int]:
         ctx.on_admission("command", result.admission.value, result.created)
@@ -225,7 +259,10 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         rc = caller()
         doc = await json_body()
         revisions = await resolve([doc])
-        draft = await checked_draft(rc, doc, revisions, await principals(rc, revisions))
+        try:
+            draft = await checked_draft(rc, doc, revisions, await principals(rc, revisions))
+        except _Refused as refused:
+            return _json(*await rejected(rc, refused))
         result = await ctx.store.command_accept(draft, ctx.clock.now_us())
         if result.created:
             ctx.wake(EFFECT_FAMILY)
@@ -259,6 +296,9 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
                 answers.append(None)
             except ApiError as exc:
                 answers.append({"status": exc.status, "error": exc.code, "message": exc.message})
+            except _Refused as refused:
+                body, status = await rejected(rc, refused)
+                answers.append({"status": status, **body})
         results = iter(await ctx.store.command_accept_many(drafts, ctx.clock.now_us()))
         valid = iter(drafts)
         created = False

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from daemon.core.canonical import canonical_digest
+from daemon.core.handoff import EffectHandoffKey
 from daemon.core.principals import BindingEvent, BindingIdentity
 from daemon.core.states import WorkState
 from daemon.services.clock import WallClock
@@ -26,6 +28,7 @@ from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.harness import wait_for
 from tests.support.outreach_slice import BINDING, INSTALL, OutreachSlice, running_outreach_slice
+from tests.support.slice import REVISION, RUNTIME_TOKEN, SCOPE
 
 pytestmark = pytest.mark.slow
 
@@ -247,3 +250,67 @@ async def test_a_reinstall_between_enqueue_and_dispatch_fails_the_queued_work_cl
         assert set(sl.s2s.token_installs[t] for t in sl.s2s.access_tokens) == {new_install}
         prospect = sl.sim.prospect(42)
         assert prospect is not None and prospect["attributes"]["title"] == "CEO"
+
+
+def _command_doc(intent_id: str, attributes: dict[str, str]) -> dict[str, object]:
+    doc = {"intent_id": intent_id, "intent_kind": "UPSERT",
+           "operation": "outreach.prospect.update",
+           "logical_target": {"object": "lead", "lead_id": "lead-1"},
+           "catalog_revision": REVISION, "request": {"attributes": attributes}}
+    return {"effect_handoff_key": EffectHandoffKey(SCOPE, intent_id).encode(),
+            "payload_digest": canonical_digest(doc), "runtime_outbox_id": f"ob-{intent_id}",
+            "command": doc}
+
+
+async def test_a_command_patching_an_inbound_owned_field_is_rejected_for_good(
+        database: FreshDatabase, store: WorkStore, tmp_path: Path) -> None:
+    async with running_outreach_slice(store, database.url, tmp_path) as sl:
+        await sl.lead("lead-1", 42)
+        api = sl.settings.api.listen
+        auth = {"Authorization": f"Bearer {RUNTIME_TOKEN}"}
+        # firstName is L1-writable but inbound-owned (config/bindings/outreach_lead.toml):
+        # refused for good, with a stable reason, and recorded as the key's admission fact.
+        body = _command_doc("int-owned-1", {"title": "CTO", "firstName": "Eve"})
+        for _ in range(2):  # the same answer on a retry: the tombstone is durable
+            r = await sl.http.post(f"http://{api}/v1/commands", json=body, headers=auth)
+            assert r.status_code == 409, r.text
+            doc = r.json()
+            assert doc["admission"] == "HANDOFF_REJECTED"
+            assert doc["receipt"]["reason"] == "inbound_owned_field"
+        read = await sl.http.get(f"http://{api}/v1/handoffs", headers=auth,
+                                 params={"effect_handoff_key": body["effect_handoff_key"]})
+        assert (read.status_code, read.json()["admission"]) == (200, "HANDOFF_REJECTED")
+        assert read.json()["receipt"]["reason"] == "inbound_owned_field"
+        # In a batch: the refused entry is answered on its own, the valid one accepted.
+        batch = await sl.http.post(f"http://{api}/v1/commands/batch", headers=auth, json={
+            "commands": [_command_doc("int-owned-2", {"lastName": "X"}),
+                         _command_doc("int-owned-3", {"title": "VP"})]})
+        refused, accepted = batch.json()["results"]
+        assert (refused["status"], refused["receipt"]["reason"]) == (409,
+                                                                     "inbound_owned_field")
+        assert (accepted["status"], accepted["admission"]) == (200, "COMMAND_ACCEPTED")
+
+        async def patched() -> bool:
+            return bool(sl.patches(42))
+
+        await wait_for(patched, within_s=30)
+        # Only the outbound-owned command reached Outreach; nothing else was written.
+        (only,) = await store.work_list(WorkQuery(family="external_effect"))
+        assert only.subject_id == accepted["command_id"]
+        await wait_for(lambda: _settled(store, accepted["command_id"]), within_s=30)
+        prospect = sl.sim.prospect(42)
+        assert prospect is not None
+        assert (prospect["attributes"]["title"], prospect["attributes"]["firstName"],
+                prospect["attributes"].get("lastName")) == ("VP", "Ada", None)
+        # The console's admission metric counts the rejections.
+        assert sl.replica is not None
+        metrics = sl.replica.metrics_text().decode()
+        assert ('integrationd_command_admissions_total{request="command",result="rejected"}'
+                ' 2.0') in metrics
+        assert ('integrationd_command_admissions_total{request="command",'
+                'result="already_rejected"} 1.0') in metrics
+
+
+async def _settled(store: WorkStore, command_id: str) -> bool:
+    command = await store.command_get(command_id)
+    return command is not None and command.settlement is Settlement.SUCCEEDED
