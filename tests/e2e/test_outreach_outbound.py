@@ -278,7 +278,7 @@ async def test_a_command_patching_an_inbound_owned_field_is_rejected_for_good(
             assert doc["admission"] == "HANDOFF_REJECTED"
             assert doc["receipt"]["reason"] == "inbound_owned_field"
         read = await sl.http.get(f"http://{api}/v1/handoffs", headers=auth,
-                                 params={"effect_handoff_key": body["effect_handoff_key"]})
+                                 params={"effect_handoff_key": str(body["effect_handoff_key"])})
         assert (read.status_code, read.json()["admission"]) == (200, "HANDOFF_REJECTED")
         assert read.json()["receipt"]["reason"] == "inbound_owned_field"
         # In a batch: the refused entry is answered on its own, the valid one accepted.
