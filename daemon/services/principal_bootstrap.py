@@ -43,5 +43,11 @@ async def ensure_config_bindings(store: WorkStore, bindings: Sequence[BindingSet
                       configured=b.generation, durable=facts.generation,
                       message="bindings.generation only bootstraps a new binding; the durable"
                               " one decides (integrationd binding list / reconnect)")
+        if b.s2s_installation_id and facts.identity.installation_id != b.s2s_installation_id:
+            logs.warn("binding_installation_not_from_config", binding_id=b.binding_id,
+                      configured=b.s2s_installation_id,
+                      durable=facts.identity.installation_id,
+                      message="bindings.s2s_installation_id only bootstraps a new binding;"
+                              " a reinstall is `integrationd binding change --installation`")
         found[b.binding_id] = facts
     return found

@@ -137,3 +137,14 @@ async def test_hydration_and_listing_use_one_minted_token_or_wait_when_it_is_ref
         assert [str(e["answer"]).split(":")[0] for e in s2s.journal] == ["invalid_jwt"]
         assert world.sim.requests == []
         assert grant.state is GrantState.NEEDS_REAUTHORIZATION
+
+
+async def test_the_toml_installation_only_bootstraps_the_durable_binding(
+        store: WorkStore, caplog: pytest.LogCaptureFixture) -> None:
+    binding = _binding("http://127.0.0.1:1", APP)
+    (facts,) = (await ensure_config_bindings(store, (binding,), T0)).values()
+    assert facts.identity.installation_id == INSTALL
+    moved = attrs.evolve(binding, s2s_installation_id="install-edited-in-toml")
+    (again,) = (await ensure_config_bindings(store, (moved,), T0)).values()
+    assert again.identity.installation_id == INSTALL  # the durable row decides
+    assert "binding_installation_not_from_config" in caplog.text
