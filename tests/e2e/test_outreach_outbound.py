@@ -110,6 +110,25 @@ async def test_an_expired_token_is_minted_again_once_for_many_commands(
             assert prospect is not None and prospect["attributes"]["title"] == "B"
 
 
+async def test_a_refused_app_jwt_settles_the_work_with_needs_reauthorization_once(
+        database: FreshDatabase, store: WorkStore, tmp_path: Path) -> None:
+    async with running_outreach_slice(store, database.url, tmp_path,
+                                      endpoint_app_id="another-app") as sl:
+        await sl.lead("lead-1", 42)
+        intent_id = await sl.set_title("lead-1", "CTO")
+        await sl.wait_intent("lead-1", intent_id, "COMMITTED")
+        (item,) = await store.work_list(WorkQuery(family="external_effect"))
+        assert (item.terminal_outcome, item.failure_class) == ("no_effect",
+                                                               "needs_reauthorization")
+        # One call to the mint, none to the API; the grant waits for an operator.
+        assert [str(e["answer"]).split(":")[0] for e in sl.s2s.journal] == ["invalid_jwt"]
+        assert sl.patches(42) == []
+        grant = await store.grant_get(BINDING, 1)
+        assert grant is not None and grant.state is GrantState.NEEDS_REAUTHORIZATION
+        (receipt,) = (await sl.lead_doc("lead-1"))["receipts"]
+        assert receipt["result_format_version"] == 2  # a no-effect receipt
+
+
 async def test_an_ambiguous_patch_is_reconciled_by_read_back_never_resent(
         database: FreshDatabase, store: WorkStore, tmp_path: Path) -> None:
     async with running_outreach_slice(store, database.url, tmp_path) as sl:

@@ -136,11 +136,13 @@ async def running_outreach_slice(store: WorkStore, url: str, key_dir: Path, *,
                                  max_attempts: int = 8, lease_ttl: float = 6.0,
                                  operators: tuple[Operator, ...] = (),
                                  installs: tuple[str, ...] = (INSTALL,),
+                                 endpoint_app_id: str = APP_ID,
                                  ) -> AsyncIterator[OutreachSlice]:
     """The slice, its Catalog revision REVISION published; ``installs`` are the
-    installations the S2S endpoint knows."""
+    installations the S2S endpoint knows, ``endpoint_app_id`` the app it expects (another
+    than the binding's: every app JWT is refused)."""
     (key_dir / "k1.key").write_text(KEY.material.hex())
-    s2s = S2STokenEndpoint(app_id=APP_ID, public_key_pem=public_pem(private_pem()),
+    s2s = S2STokenEndpoint(app_id=endpoint_app_id, public_key_pem=public_pem(private_pem()),
                            installs=set(installs))
     sim = OutreachSimulator(tokens=s2s.access_tokens, mounts=s2s_routes(s2s))
     api_port = free_port()
