@@ -89,15 +89,16 @@ async def test_a_title_change_is_patched_with_a_minted_s2s_token_and_receipted(
             assert token not in (attempt.safe_headers + (attempt.provider_evidence or ""))
 
 
-async def test_an_expired_token_is_minted_again_once_for_many_commands(
+async def test_a_revoked_token_is_minted_again_once_for_many_commands(
         database: FreshDatabase, store: WorkStore, tmp_path: Path) -> None:
     async with running_outreach_slice(store, database.url, tmp_path) as sl:
         for n in range(3):
             await sl.lead(f"lead-{n}", 40 + n)
         first = await sl.set_title("lead-0", "A")
         await sl.wait_intent("lead-0", first, "COMMITTED")
-        # The token is revoked and expires at Outreach: the next PATCH is a 401, one
-        # claimant mints again, everyone uses version 3.
+        # (The first token was minted over the generation's expired placeholder.) Now
+        # Outreach revokes it: the next PATCHes are 401s, one claimant mints again through
+        # the lease, everyone uses version 3.
         sl.s2s.access_tokens.clear()
         ids = [(f"lead-{n}", await sl.set_title(f"lead-{n}", "B")) for n in range(3)]
         for lead, intent_id in ids:
@@ -105,6 +106,8 @@ async def test_an_expired_token_is_minted_again_once_for_many_commands(
         assert [e["answer"] for e in sl.s2s.journal] == ["ok", "ok"]
         grant = await store.grant_get(BINDING, 1)
         assert grant is not None and grant.token_version == 3
+        statuses = [r.status for r in sl.sim.requests if r.method == "PATCH"]
+        assert 401 in statuses and statuses.count(200) == 4
         for n in range(3):
             prospect = sl.sim.prospect(40 + n)
             assert prospect is not None and prospect["attributes"]["title"] == "B"
