@@ -14,13 +14,24 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 SECRETS := var/secrets/runtime-crm.token var/secrets/runtime-crm-results.token var/secrets/hubspot.token \
-           var/secrets/hubspot-webhook.token var/secrets/outreach.token \
-           var/secrets/outreach-webhook.token
+           var/secrets/hubspot-webhook.token var/secrets/outreach-webhook.token \
+           var/secrets/sandbox.key var/secrets/outreach-app.pem
 
 # Demo credentials for the sandbox and the console (random, never committed).
 var/secrets/%.token:
 	@mkdir -p var/secrets && chmod 700 var/secrets
 	@$(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(32))' > $@ && chmod 600 $@
+
+# The token-bundle key ([keys] active = "sandbox": 32 random bytes as hex) and the sandbox
+# Outreach app's RSA private key (its S2S binding signs app JWTs with it; the simulator
+# derives the public key from the same file).
+var/secrets/sandbox.key:
+	@mkdir -p var/secrets && chmod 700 var/secrets
+	@$(PYTHON) -c 'import secrets; print(secrets.token_hex(32))' > $@ && chmod 600 $@
+
+var/secrets/outreach-app.pem: $(BIN)/.installed
+	@mkdir -p var/secrets && chmod 700 var/secrets
+	@$(BIN)/python -m sandbox.demo_keys > $@ && chmod 600 $@
 
 # One random password per example operator (admin, viewer), and its argon2 hash,
 # which config/example.toml reads with password_hash_file.

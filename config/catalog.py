@@ -172,9 +172,10 @@ def load_definitions(directory: str | Path | Traversable = ""
 # Not Catalog facts: the token is a secret, the generation belongs to the principal
 # binding (seed 8.1: a reconnect moves it; it must not need a new Catalog revision), and
 # so does how it authenticates (a move from a static token to a grant, or a new OAuth
-# client, changes no definition).
+# client, changes no definition; nor does an S2S app's id, installation or key).
 PRINCIPAL_FIELDS = frozenset({"token", "generation", "auth", "token_url", "client_id",
-                              "client_secret"})
+                              "client_secret", "s2s_app_id", "s2s_installation_id",
+                              "s2s_private_key"})
 
 
 def binding_fields(binding: BindingSettings) -> dict[str, Any]:

@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from config.catalog import (
     CatalogError,
@@ -456,8 +459,9 @@ def _bindings(value: Any, environ: Mapping[str, str]) -> tuple[BindingSettings, 
     out: list[BindingSettings] = []
     for i, table in enumerate(_array("bindings", value)):
         key = f"bindings[{i}]"
-        _no_inline_secret(key, table, ("token", "client_secret"))
-        b = _build(key, BindingSettings, table, skip=("token_file", "client_secret_file"))
+        _no_inline_secret(key, table, ("token", "client_secret", "s2s_private_key"))
+        b = _build(key, BindingSettings, table, skip=("token_file", "client_secret_file",
+                                                      "s2s_private_key_file"))
         for field in ("binding_id", "provider", "org_id", "app_installation_id",
                       "remote_account_id", "base_url"):
             if not getattr(b, field):
@@ -479,6 +483,11 @@ def _bindings(value: Any, environ: Mapping[str, str]) -> tuple[BindingSettings, 
                 file_path=table.get("client_secret_file"),
                 env_var=f"INTEGRATIOND_BINDING_{_env_name(b.binding_id)}_CLIENT_SECRET",
                 environ=environ),
+            s2s_private_key=load_secret(
+                key=f"{key}.s2s_private_key", credential=f"binding-{b.binding_id}-s2s-key",
+                file_path=table.get("s2s_private_key_file"),
+                env_var=f"INTEGRATIOND_BINDING_{_env_name(b.binding_id)}_S2S_KEY",
+                environ=environ),
         )
         _binding_auth(key, b, declared="auth" in table)
         out.append(b)
@@ -498,6 +507,12 @@ def _binding_auth(key: str, b: BindingSettings, *, declared: bool) -> None:
         if b.token is None:
             raise ConfigError(f"{key}.token_file", "auth = \"static_token\" needs a token")
         return
+    if b.auth == "s2s":
+        _s2s_auth(key, b)
+        return
+    if b.s2s_private_key is not None:
+        raise ConfigError(f"{key}.s2s_private_key_file", f"auth = \"{b.auth}\" does not use"
+                          " an S2S private key (declare auth = \"s2s\")")
     if b.token is not None:
         raise ConfigError(f"{key}.token_file", "auth = \"grant\" takes its token from the"
                           " binding's AuthorizationGrant, never from a file")
@@ -511,6 +526,34 @@ def _binding_auth(key: str, b: BindingSettings, *, declared: bool) -> None:
     if b.client_secret is None:
         raise ConfigError(f"{key}.client_secret_file", "auth = \"grant\" needs the OAuth"
                           " client secret")
+
+
+def _s2s_auth(key: str, b: BindingSettings) -> None:
+    """An S2S binding mints its tokens: the app's id, its installation, the mint URL and
+    an RSA private key (checked now: a key that cannot sign is a start-up error)."""
+    if b.token is not None:
+        raise ConfigError(f"{key}.token_file", "auth = \"s2s\" mints its token; it never"
+                          " reads one from a file")
+    if not b.token_url.startswith(("http://", "https://")):
+        raise ConfigError(f"{key}.token_url", "auth = \"s2s\" needs the mint endpoint (an"
+                          " http:// or https:// URL; {installation_id} is filled in)")
+    for field in ("s2s_app_id", "s2s_installation_id"):
+        if not getattr(b, field):
+            raise ConfigError(f"{key}.{field}", "auth = \"s2s\" needs it")
+    if b.s2s_private_key is None:
+        raise ConfigError(f"{key}.s2s_private_key_file", "auth = \"s2s\" needs the app's RSA"
+                          " private key (a PEM file or the credential"
+                          f" binding-{b.binding_id}-s2s-key)")
+    try:
+        private = serialization.load_pem_private_key(
+            b.s2s_private_key.reveal().encode(), password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        # Never the key's text, nor the parser's detail about it.
+        raise ConfigError(f"{key}.s2s_private_key_file", "is not an unencrypted PEM private"
+                          " key") from None
+    if not isinstance(private, rsa.RSAPrivateKey):
+        raise ConfigError(f"{key}.s2s_private_key_file", "is not an RSA private key (the app"
+                          " JWT is RS256)")
 
 
 _ROUTE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")

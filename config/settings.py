@@ -167,9 +167,18 @@ class BindingSettings:
     token_url: str = ""
     client_id: str = ""
     client_secret: Secret | None = None
+    # auth = "s2s": a server-to-server app installation's one-hour token, minted by one
+    # winner with an RS256 app JWT (``iss`` = s2s_app_id, signed by the app's RSA private
+    # key, read from s2s_private_key_file or the credential binding-ID-s2s-key, never the
+    # TOML) at token_url, where "{installation_id}" is the durable binding's installation
+    # (bootstrapped from s2s_installation_id; `integrationd binding change --installation`
+    # moves it, and the binding's generation with it).
+    s2s_app_id: str = ""
+    s2s_installation_id: str = ""
+    s2s_private_key: Secret | None = None
 
 
-AUTH_KINDS = ("grant", "static_token")
+AUTH_KINDS = ("grant", "static_token", "s2s")
 
 
 @attrs.frozen(kw_only=True)

@@ -10,8 +10,10 @@ in integrationd's database) and, every ``--interval`` seconds, changes one Lead'
 so effects flow out as soon as a replica runs.
 
 When the configuration also has an Outreach binding with a ``[[webhook_routes]]`` entry,
-the Outreach simulator listens where that binding's ``base_url`` points (accepting its
-token, with the S2S token endpoint mounted beside the API), holds one Prospect per Lead
+the Outreach simulator listens where that binding's ``base_url`` points (with the S2S
+token endpoint mounted beside the API: an ``auth = "s2s"`` binding's minted tokens are
+accepted, the public key derived from the binding's own private key file; a static-token
+binding's token is accepted as it is), holds one Prospect per Lead
 (linked to it in integrationd's database, as an operator adopts a link), subscribes the
 route's URL (``public_url``, else ``[ingress] listen``) with the route's secret, and every
 ``--inbound-interval`` seconds changes one Prospect's name or company "inside Outreach":
@@ -21,6 +23,7 @@ its signed webhook flows in through the replica's ingress to the Lead.
 from __future__ import annotations
 
 import random
+import secrets
 import urllib.parse
 
 import attrs
@@ -87,9 +90,10 @@ def _outreach_pieces(settings: Settings) -> _Outreach | None:
         if not routes:
             continue
         route = routes[0]
-        if binding.token is None:
+        if binding.auth != "s2s" and binding.token is None:
             raise SandboxConfigError(f"bindings.{binding.binding_id}.token",
-                                     "the Outreach simulator needs the binding's token")
+                                     "the Outreach simulator needs the binding's token"
+                                     " (or an auth = \"s2s\" binding)")
         if route.secret is None:
             raise SandboxConfigError(f"webhook_routes.{route.route}.secret",
                                      "the Outreach subscription needs the route's secret")
@@ -136,7 +140,7 @@ async def run_sandbox(settings: Settings, store: WorkStore, *, leads: int,
         await nursery.start(serve_runtime, runtime, rt_host, rt_port)
         osim = None
         if outreach is not None:
-            osim = _outreach_simulator(outreach.binding)
+            osim, admin_token = _outreach_simulator(outreach.binding)
             o_host, o_port = _host_port(outreach.binding.base_url)
             await nursery.start(osim.run, o_host, o_port)
         logs.event("sandbox_listening", hubspot=binding.base_url,
@@ -146,7 +150,7 @@ async def run_sandbox(settings: Settings, store: WorkStore, *, leads: int,
         async with httpx.AsyncClient(timeout=10) as http:
             await _seed(http, base, sim, store, binding, leads)
             if outreach is not None and osim is not None:
-                await _seed_outreach(http, osim, store, outreach, leads)
+                await _seed_outreach(http, osim, store, outreach, leads, admin_token)
                 if inbound_interval_s > 0:
                     nursery.start_soon(_outreach_traffic, osim, leads, inbound_interval_s)
             if interval_s > 0:
@@ -155,19 +159,30 @@ async def run_sandbox(settings: Settings, store: WorkStore, *, leads: int,
                 await trio.sleep_forever()
 
 
-def _outreach_simulator(binding: BindingSettings) -> OutreachSimulator:
-    """The Outreach simulator accepting the binding's token, with the S2S token endpoint
-    mounted on the same port (a minted token is accepted like the static one)."""
-    assert binding.token is not None
-    osim = OutreachSimulator(tokens={binding.token.reveal()})
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    public_pem = key.public_key().public_bytes(
+def _outreach_simulator(binding: BindingSettings) -> tuple[OutreachSimulator, str]:
+    """The Outreach simulator with the S2S token endpoint mounted on the same port (a
+    minted token is accepted like a static one), and the token the sandbox itself uses
+    for its own calls (the subscription): an S2S binding's app and installation are the
+    endpoint's, its public key derived from the binding's private key; a static-token
+    binding's token is accepted and used, and the endpoint gets a key of its own."""
+    if binding.auth == "s2s":
+        assert binding.s2s_private_key is not None  # checked when the config loaded
+        private = serialization.load_pem_private_key(
+            binding.s2s_private_key.reveal().encode(), password=None)
+        app_id, installs = binding.s2s_app_id, {binding.s2s_installation_id}
+        own = secrets.token_urlsafe(24)  # the sandbox's own, never the replica's
+    else:
+        assert binding.token is not None
+        private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        app_id, installs = S2S_APP_ID, {binding.app_installation_id}
+        own = binding.token.reveal()
+    osim = OutreachSimulator(tokens={own})
+    public_pem = private.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-    s2s = S2STokenEndpoint(app_id=S2S_APP_ID, public_key_pem=public_pem,
-                           installs={binding.app_installation_id},
+    s2s = S2STokenEndpoint(app_id=app_id, public_key_pem=public_pem, installs=installs,
                            access_tokens=osim.tokens)
     osim.mounts.extend(s2s_routes(s2s))
-    return osim
+    return osim, own
 
 
 def _lead_fields(i: int) -> dict[str, str]:
@@ -192,11 +207,11 @@ async def _seed(http: httpx.AsyncClient, base: str, sim: HubSpotSimulator, store
 
 
 async def _seed_outreach(http: httpx.AsyncClient, osim: OutreachSimulator, store: WorkStore,
-                         outreach: _Outreach, leads: int) -> None:
+                         outreach: _Outreach, leads: int, token: str) -> None:
     """One Prospect per Lead, linked as an operator adopts a link; then the subscription
     that sends every Prospect change, signed with the route's secret, to the replica."""
     binding, route = outreach.binding, outreach.route
-    assert binding.token is not None and route.secret is not None
+    assert route.secret is not None
     scope = integration_scope_digest(binding.org_id, binding.app_installation_id,
                                      binding.provider, binding.remote_account_id)
     for i in range(1, leads + 1):
@@ -211,7 +226,7 @@ async def _seed_outreach(http: httpx.AsyncClient, osim: OutreachSimulator, store
     # The simulator is a new process each run: its subscriptions start empty.
     answer = await http.post(
         f"{binding.base_url.rstrip('/')}{WEBHOOKS_PATH}",
-        headers={"authorization": f"Bearer {binding.token.reveal()}", "content-type": JSONAPI},
+        headers={"authorization": f"Bearer {token}", "content-type": JSONAPI},
         json={"data": {"type": "webhook", "attributes": {
             "resource": "prospect", "action": "*", "payloadVersion": 2,
             "url": outreach.hooks_url, "secret": route.secret.reveal()}}})

@@ -41,6 +41,9 @@ class S2STokenEndpoint:
     public_key_pem: bytes = attrs.field(repr=False)
     installs: set[str] = attrs.field(factory=set)
     access_tokens: set[str] = attrs.field(factory=set)
+    # Which installation each minted token belongs to (a reinstall test checks that no
+    # request is ever made under the new installation's token by work queued before it).
+    token_installs: dict[str, str] = attrs.field(factory=dict, repr=False)
     journal: list[dict[str, object]] = attrs.field(factory=list)
     # Set at the first mint call (a test waits on it).
     called: trio.Event = attrs.field(factory=trio.Event)
@@ -64,6 +67,7 @@ class S2STokenEndpoint:
             return Response(404, b'{"error":"not_found"}', _JSON)
         access = secrets.token_urlsafe(24)
         self.access_tokens.add(access)
+        self.token_installs[access] = install
         entry["answer"] = "ok"
         return Response(200, json.dumps({"token": access, "expires_in": LIFETIME_S}).encode(),
                         _JSON)

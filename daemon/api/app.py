@@ -47,10 +47,12 @@ from daemon.api.validation import (
     command_body,
     handoff_fields,
     only_fields,
+    ownership_refusal,
     requested_revision,
     requested_user,
 )
 from daemon.core.canonical import NotCanonical, canonical_digest
+from daemon.core.field_ownership import OwnershipRefusal
 from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
 from daemon.core.identity import integration_link_key_v2, integration_scope_digest
 from daemon.core.json_input import BadJson, parse_json
@@ -65,15 +67,6 @@ from storage.commands import EFFECT_FAMILY
 from storage.effect_values import Admission, AdmissionResult, CommandDraft
 from storage.port import StorageError
 from storage.work_store import WorkStore
-
-
-class UserNotBound(Exception):
-    """A per-user command whose user has no binding in its scope: rejected durably."""
-
-    def __init__(self, handoff: HandoffFields, user_id: str, provider: str) -> None:
-        super().__init__(f"user {user_id!r} has no {provider} binding in this scope")
-        self.handoff = handoff
-
 
 NO_USER_BINDING = "no_user_binding"
 
@@ -103,6 +96,24 @@ def _scope(rc: RuntimeClient) -> TrustedRuntimeWorkScope:
 
 def _json(doc: dict[str, Any], status: int) -> Response:
     return Response(json.dumps(doc), status=status, content_type="application/json")
+
+
+class _Refused(Exception):
+    """A valid command integrationd refuses for good, with a stable code: a field the
+    pinned revision may not send, a user with no binding in the scope. It is answered with
+    a rejection tombstone, so its key is answered the same way from then on."""
+
+    def __init__(self, handoff: HandoffFields, code: str, sentence: str,
+                 field: str = "") -> None:
+        super().__init__(code)
+        self.handoff = handoff
+        self.code = code
+        self.sentence = sentence
+        self.field = field
+
+    @classmethod
+    def of_ownership(cls, handoff: HandoffFields, refusal: OwnershipRefusal) -> _Refused:
+        return cls(handoff, refusal.code, refusal.sentence, refusal.field)
 
 
 def _admission_json(result: AdmissionResult, key: str) -> tuple[dict[str, Any], int]:
@@ -181,6 +192,9 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         pinned = revisions.get(revision) if revision is not None else None
         valid = command_body(doc, _scope(rc), pinned)
         assert pinned is not None
+        refusal = ownership_refusal(pinned, valid)
+        if refusal is not None:
+            raise _Refused.of_ownership(valid.handoff, refusal)
         op = valid.operation
         binding = pinned.binding_for(rc.org_id, rc.app_installation_id, op.provider)
         if binding is None:
@@ -196,7 +210,9 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
                            == (rc.org_id, rc.app_installation_id)),
                           key=lambda p: p.binding_id)
             if not mine:
-                raise UserNotBound(valid.handoff, valid.user_id, op.provider)
+                raise _Refused(valid.handoff, NO_USER_BINDING,
+                               f"user {valid.user_id!r} has no {op.provider} binding in"
+                               " this scope")
             if binding.auth != "grant":
                 raise ApiError(422, "per_user_needs_grants",
                                f"binding {binding.binding_id} authenticates with a static"
@@ -251,6 +267,26 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
             await quarantine_invalid(rc, doc, exc)
             raise
 
+    async def rejected(rc: RuntimeClient, refused: _Refused) -> tuple[dict[str, Any], int]:
+        """A command integrationd refuses for good: a rejection tombstone naming the
+        reason (or the command already accepted under its key), so the same key is
+        answered the same way from now on."""
+        handoff = refused.handoff
+        result = await ctx.store.command_reject_if_unaccepted(
+            scope=_scope(rc), runtime_name=rc.name, handoff_key=handoff.key_text,
+            payload_digest=handoff.payload_digest, runtime_outbox_id=handoff.runtime_outbox_id,
+            now_us=ctx.clock.now_us(), reason=refused.code)
+        ctx.on_admission("command", result.admission.value, result.created)
+        if result.created:
+            logs.warn("command_rejected", runtime=rc.name, reason=refused.code,
+                      **({"field": refused.field} if refused.field else {}))
+        elif result.admission is Admission.QUARANTINED:
+            logs.warn("handoff_quarantined", runtime=rc.name, reason=result.reason)
+        body, status = _admission_json(result, handoff.key_text)
+        if result.admission is Admission.HANDOFF_REJECTED:
+            body = {**body, "error": refused.code, "message": refused.sentence}
+        return body, status
+
     def answered(rc: RuntimeClient, draft: CommandDraft,
                  result: AdmissionResult) -> tuple[dict[str, Any], int]:
         ctx.on_admission("command", result.admission.value, result.created)
@@ -261,23 +297,6 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
             logs.warn("handoff_quarantined", runtime=rc.name, reason=result.reason)
         return _admission_json(result, draft.handoff_key)
 
-    async def reject_unbound(rc: RuntimeClient, exc: UserNotBound) -> tuple[dict[str, Any],
-                                                                             int]:
-        """A command for a user with no binding: the handoff's durable rejection (or the
-        command already accepted under its key), with the stable reason."""
-        handoff = exc.handoff
-        result = await ctx.store.command_reject_if_unaccepted(
-            scope=_scope(rc), runtime_name=rc.name, handoff_key=handoff.key_text,
-            payload_digest=handoff.payload_digest, runtime_outbox_id=handoff.runtime_outbox_id,
-            now_us=ctx.clock.now_us(), reason=NO_USER_BINDING)
-        ctx.on_admission("command", result.admission.value, result.created)
-        if result.created:
-            logs.warn("command_rejected", runtime=rc.name, reason=NO_USER_BINDING)
-        body, status = _admission_json(result, handoff.key_text)
-        if result.admission is Admission.HANDOFF_REJECTED:
-            body = {**body, "error": NO_USER_BINDING, "message": str(exc)}
-        return body, status
-
     @app.post("/v1/commands")
     async def accept_command() -> Response:
         rc = caller()
@@ -286,8 +305,8 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
         try:
             draft = await checked_draft(rc, doc, revisions,
                                         await principals(rc, revisions, [doc]))
-        except UserNotBound as exc:
-            return _json(*await reject_unbound(rc, exc))
+        except _Refused as refused:
+            return _json(*await rejected(rc, refused))
         result = await ctx.store.command_accept(draft, ctx.clock.now_us())
         if result.created:
             ctx.wake(EFFECT_FAMILY)
@@ -321,8 +340,8 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
                 answers.append(None)
             except ApiError as exc:
                 answers.append({"status": exc.status, "error": exc.code, "message": exc.message})
-            except UserNotBound as exc:
-                body, status = await reject_unbound(rc, exc)
+            except _Refused as refused:
+                body, status = await rejected(rc, refused)
                 answers.append({"status": status, **body})
         results = iter(await ctx.store.command_accept_many(drafts, ctx.clock.now_us()))
         valid = iter(drafts)

@@ -6,6 +6,7 @@ code and a message that never echoes payload values or another scope's data.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -13,6 +14,7 @@ import attrs
 
 from config.catalog import Catalog, OperationDefinition
 from daemon.core.canonical import NotCanonical, canonical_bytes, canonical_digest, is_digest
+from daemon.core.field_ownership import Ownership, OwnershipRefusal, outbound_refusal
 from daemon.core.handoff import BadHandoffKey, EffectHandoffKey, TrustedRuntimeWorkScope
 from daemon.providers.executor import BadRequestForOperation, desired_fields
 
@@ -172,3 +174,20 @@ def requested_user(doc: Any) -> str:
     command = doc.get("command") if isinstance(doc, Mapping) else None
     user = command.get("user_id") if isinstance(command, Mapping) else None
     return user if isinstance(user, str) else ""
+
+
+def ownership_refusal(catalog: Catalog, valid: ValidCommand) -> OwnershipRefusal | None:
+    """The pinned revision's object binding for this operation's (provider, remote
+    object, local object) decides which fields the command may send; none: only L1's
+    ``allowed_fields`` apply."""
+    op = valid.operation
+    binding = next((o for o in catalog.object_bindings
+                    if (o.provider, o.resource, o.local_object)
+                    == (op.provider, op.remote_object, op.local_object)), None)
+    if binding is None:
+        return None
+    ownership = Ownership(
+        inbound=frozenset(f.remote for f in binding.fields if f.direction == "inbound"),
+        outbound=frozenset(f.remote for f in binding.fields if f.direction == "outbound"))
+    fields = desired_fields(op, json.loads(valid.frozen_request))
+    return outbound_refusal(fields, ownership)

@@ -160,13 +160,15 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         return await replay_refusal(catalogs, store, item)
 
     inbound = InboundFlow(settings=settings, catalog=catalog, catalogs=catalogs,
-                          provider_http=executor.client, runtime_http=runtime_client)
+                          provider_http=executor.client, runtime_http=runtime_client,
+                          credentials=credentials)
     if metrics is not None:
         inbound.on_result = metrics.count_inbound
         inbound.on_lost_webhook = metrics.count_lost_webhook
     reconciler = CursorReconciler(
         catalog=catalog, catalogs=catalogs, http=executor.client,
-        inbound_max_attempts=settings.family(INBOUND_APPLY_FAMILY).max_attempts)
+        inbound_max_attempts=settings.family(INBOUND_APPLY_FAMILY).max_attempts,
+        credentials=credentials)
     if metrics is not None:
         reconciler.on_complete = metrics.set_sync_complete
         reconciler.on_offered = metrics.count_reconcile_offered

@@ -175,7 +175,7 @@ def operation_view(op: OperationDefinition) -> OperationView:
 
 def binding_view(b: BindingSettings, now: BindingNow, *, grants: bool = False) -> BindingView:
     """``grants``: token keys are loaded, so a grant can be opened."""
-    grant = b.auth == "grant"
+    grant = b.auth in ("grant", "s2s")  # a token from the AuthorizationGrant
     return BindingView(generation=now.generation, connected=now.connected,
                        # A grant's token is checked when it is needed (its state, expiry).
                        has_token=grants if grant else b.token is not None,

@@ -70,7 +70,9 @@ from daemon.providers.executor import BoundedHttp
 from daemon.providers.template import identity_text
 from daemon.services import logs
 from daemon.services.catalog_view import CatalogView
+from daemon.services.credentials import Credentials
 from daemon.services.families import Handler, WorkContext
+from daemon.services.token_refresh import TokenUnavailable
 from storage.effect_values import AttemptDraft, RemoteLink
 from storage.effects import record_outcome
 from storage.inbound import (
@@ -113,6 +115,8 @@ class InboundFlow:
     catalogs: CatalogView
     provider_http: BoundedHttp
     runtime_http: BoundedHttp
+    # The binding's token (static, grant or S2S mint) for the hydration GET.
+    credentials: Credentials = attrs.Factory(Credentials)
     timeout_s: float = 10.0
     # Called once per finished claim with (origin, result): metrics.count_inbound.
     on_result: Callable[[str, str], None] = lambda origin, result: None
@@ -204,7 +208,7 @@ class InboundFlow:
                 return DeadLetter(step.code, step.sentence)
             assert not isinstance(resolved, str) and mark is not None
             if isinstance(step, Hydrate):
-                snapshot = await self._hydrate(resolved, change)
+                snapshot = await self._hydrate(ctx, resolved, change)
                 if isinstance(snapshot, RetryLater):
                     return snapshot
                 view = attrs.evolve(view, snapshot=snapshot)
@@ -230,12 +234,15 @@ class InboundFlow:
 
     # ---- reads ----
 
-    async def _hydrate(self, r: _Resolved, change: InboundChange) -> Snapshot | RetryLater:
+    async def _hydrate(self, ctx: WorkContext, r: _Resolved,
+                       change: InboundChange) -> Snapshot | RetryLater:
         get, binding = r.resource.get, r.binding
-        if binding.token is None:
-            return RetryLater("no_token", f"binding {binding.binding_id} has no token")
+        try:
+            access = await self.credentials.current_token(ctx.store, ctx.fence, binding)
+        except TokenUnavailable as exc:
+            return RetryLater(exc.reason, str(exc))
         url = binding.base_url.rstrip("/") + get.path.render(remote_id=change.resource_id)
-        headers = {get.auth.header: f"{get.auth.prefix}{binding.token.reveal()}",
+        headers = {get.auth.header: f"{get.auth.prefix}{access.token.reveal()}",
                    "Accept": get.accept}
         try:
             response = await self.provider_http.request(get.method, url, headers=headers,

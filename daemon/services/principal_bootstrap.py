@@ -26,7 +26,9 @@ def bootstrap_facts(b: BindingSettings) -> BindingFacts:
         binding_id=b.binding_id, kind=PrincipalKind.SHARED, org_id=b.org_id,
         app_installation_id=b.app_installation_id, provider=b.provider,
         identity=BindingIdentity(issuer=b.base_url, remote_account_id=b.remote_account_id,
-                                 remote_subject=b.remote_account_id),
+                                 remote_subject=b.remote_account_id,
+                                 # An S2S binding's app installation (empty otherwise).
+                                 installation_id=b.s2s_installation_id),
         generation=b.generation, state=BindingState.CONNECTED)
 
 
@@ -41,5 +43,11 @@ async def ensure_config_bindings(store: WorkStore, bindings: Sequence[BindingSet
                       configured=b.generation, durable=facts.generation,
                       message="bindings.generation only bootstraps a new binding; the durable"
                               " one decides (integrationd binding list / reconnect)")
+        if b.s2s_installation_id and facts.identity.installation_id != b.s2s_installation_id:
+            logs.warn("binding_installation_not_from_config", binding_id=b.binding_id,
+                      configured=b.s2s_installation_id,
+                      durable=facts.identity.installation_id,
+                      message="bindings.s2s_installation_id only bootstraps a new binding;"
+                              " a reinstall is `integrationd binding change --installation`")
         found[b.binding_id] = facts
     return found

@@ -46,7 +46,9 @@ from daemon.core.work import WorkSpec
 from daemon.providers.executor import BoundedHttp
 from daemon.services import logs
 from daemon.services.catalog_view import CatalogView
+from daemon.services.credentials import Credentials
 from daemon.services.families import Handler, WorkContext
+from daemon.services.token_refresh import TokenUnavailable
 from storage.port import SqlTx
 from storage.reconcile import StreamState, read_stream, write_stream
 from storage.work_admin import insert_work
@@ -134,6 +136,8 @@ class CursorReconciler:
     catalogs: CatalogView
     http: BoundedHttp
     inbound_max_attempts: int = 5
+    # The binding's token (static, grant or S2S mint) for the list requests.
+    credentials: Credentials = attrs.Factory(Credentials)
     # Called with (stream key, epoch seconds the stream is complete through) after each
     # incremental run: every change up to the run's horizon has been offered.
     on_complete: Callable[[str, float], None] = lambda stream, through_s: None
@@ -181,9 +185,11 @@ class CursorReconciler:
         r = resolved
         listing = r.resource.list
         assert listing is not None
-        token = r.binding.token
-        if token is None:
-            return RetryLater("no_token", f"binding {r.binding.binding_id} has no token")
+        try:
+            access = await self.credentials.current_token(ctx.store, ctx.fence, r.binding)
+        except TokenUnavailable as exc:
+            return RetryLater(exc.reason, str(exc))
+        token = access.token
         policy = r.object_binding.reconcile
         key = r.stream.key
 

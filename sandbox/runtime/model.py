@@ -55,6 +55,12 @@ from daemon.core.handoff import (
 )
 
 SUPPORTED_FIELDS: Mapping[str, str] = {"title": "jobtitle"}  # Lead field -> provider property
+# How an operation's request carries the changed fields: the member holding them and
+# each Lead field's remote name (HubSpot's sparse ``properties``; Outreach's JSON:API
+# ``attributes``). An operation not named here is HubSpot-shaped.
+REQUEST_SHAPES: Mapping[str, tuple[str, Mapping[str, str]]] = {
+    "outreach.prospect.update_title": ("attributes", {"title": "title"}),
+}
 MAX_ERROR_CODE_CHARS = 64
 
 
@@ -214,8 +220,13 @@ def build_command(
         "operation": operation,
         "logical_target": {"object": "lead", "lead_id": lead_id},
         "catalog_revision": catalog_revision,
-        "request": {"properties": {SUPPORTED_FIELDS[field]: value}},
+        "request": _request(operation, field, value),
     }
+
+
+def _request(operation: str, field: str, value: str) -> dict[str, Any]:
+    member, names = REQUEST_SHAPES.get(operation, ("properties", SUPPORTED_FIELDS))
+    return {member: {names[field]: value}}
 
 
 @attrs.frozen

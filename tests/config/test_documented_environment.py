@@ -81,6 +81,14 @@ def _probe_secret(name: str) -> None:
         binding_id = m.group(1).lower().replace("_", "-")
         (binding,) = _settings(env, {"bindings": [_binding(binding_id)]}).bindings
         assert binding.token is not None
+    elif (m := re.fullmatch(r"BINDING_([A-Z0-9_]+)_S2S_KEY", body)):
+        from sandbox.demo_keys import private_pem  # the key is checked: a real RSA key
+
+        binding_id = m.group(1).lower().replace("_", "-")
+        (binding,) = _settings({name: private_pem().decode()}, {"bindings": [{
+            **_binding(binding_id), "auth": "s2s", "s2s_app_id": "a",
+            "s2s_installation_id": "i", "token_url": "http://127.0.0.1:1/mint"}]}).bindings
+        assert binding.s2s_private_key is not None
     elif (m := re.fullmatch(r"WEBHOOK_([A-Z0-9_]+?)(_PREVIOUS)?_SECRET", body)):
         route_name = m.group(1).lower().replace("_", "-")
         (route,) = _settings(env, {

@@ -26,7 +26,7 @@ SECTIONS: dict[str, type[Any]] = {
     "bindings": BindingSettings, "operators": Operator, "webhook_routes": WebhookRoute,
 }
 _HEADER = re.compile(r"^\[\[?([a-z_.]+)\]\]?\s*$")
-_KEY = re.compile(r"^#?\s*([a-z_]+)\s*=")
+_KEY = re.compile(r"^#?\s*([a-z0-9_]+)\s*=")
 
 
 def _keys_by_section() -> dict[str, set[str]]:

@@ -151,7 +151,7 @@ _CLIENT_ENV = {"INTEGRATIOND_BINDING_B1_CLIENT_SECRET": "client-SECRET"}
 @pytest.mark.parametrize(("fields", "environ", "message"), [
     ({}, _TOKEN_ENV, 'bindings[0].auth: this binding has a static token (token_file,'
      ' credential or environment): declare auth = "static_token"'),
-    ({"auth": "oauth"}, {}, "bindings[0].auth: expected one of grant, static_token, got"
+    ({"auth": "oauth"}, {}, "bindings[0].auth: expected one of grant, static_token, s2s, got"
      " 'oauth'"),
     ({"auth": "static_token"}, {}, 'bindings[0].token_file: auth = "static_token" needs a'
      ' token'),

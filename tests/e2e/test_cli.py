@@ -15,6 +15,7 @@ import pytest
 
 from daemon.core.outcomes import DeadLetter
 from daemon.services.principal_bootstrap import bootstrap_facts
+from sandbox.demo_keys import private_pem
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.commands import HUBSPOT_MAIN, draft
@@ -172,8 +173,12 @@ def test_check_config_prints_every_section_with_secrets_as_set_or_unset(
     secrets.mkdir()
     text = example.read_text().replace("var/secrets/", f"{secrets}/")
     for name in ("runtime-crm.token", "runtime-crm-results.token", "hubspot.token",
-                 "hubspot-webhook.token", "outreach.token", "outreach-webhook.token"):
+                 "hubspot-webhook.token", "outreach-webhook.token"):
         (secrets / name).write_text(f"value-of-{name}\n")
+    # The Outreach binding is an S2S app: its RSA private key (the token key is loaded
+    # only when a replica is assembled, not by check-config).
+    pem = private_pem()
+    (secrets / "outreach-app.pem").write_bytes(pem)
     # A real argon2 hash, so the operator's hash file loads.
     for who in ("admin", "viewer"):
         (secrets / f"{who}.password-hash").write_text(
@@ -195,7 +200,10 @@ def test_check_config_prints_every_section_with_secrets_as_set_or_unset(
     assert runtime["results_url"].endswith("/runtime/v1/results")
     hubspot, outreach = doc["bindings"]
     assert hubspot["token"] == "set" and hubspot["base_url"] == "http://127.0.0.1:8791"
-    assert outreach["token"] == "set" and outreach["base_url"] == "http://127.0.0.1:8793"
+    assert outreach["base_url"] == "http://127.0.0.1:8793"
+    assert (outreach["auth"], outreach["token"], outreach["s2s_private_key"]) == (
+        "s2s", "unset", "set")
+    assert b"PRIVATE KEY" in pem and "PRIVATE KEY" not in result.stdout + result.stderr
     assert {o["name"]: o["password_hash"] for o in doc["operators"]} == {
         "admin": "set", "viewer": "set"}
     assert set(doc["families"]) >= {"noop", "external_effect", "runtime_receipt"}

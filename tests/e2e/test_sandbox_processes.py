@@ -22,6 +22,7 @@ import trio
 from daemon.core.identity import integration_scope_digest
 from daemon.core.inbound_change import INBOUND_APPLY_FAMILY
 from sandbox.demo import _lead_fields
+from sandbox.demo_keys import private_pem
 from sandbox.ports import free_port
 from storage.effect_values import LinkState
 from storage.ingress.receipts import ReceiptQuery
@@ -50,6 +51,10 @@ def _example_config(tmp_path: Path, url: str) -> Path:
     var.mkdir(parents=True)
     for name in re.findall(r'"var/secrets/([a-z-]+\.token)"', text):
         (var / name).write_text(secrets.token_urlsafe(32) + "\n")
+    # [keys] active = "sandbox" and the Outreach S2S app's key, as the Makefile makes them.
+    assert 'active = "sandbox"' in text and '"var/secrets/outreach-app.pem"' in text
+    (var / "sandbox.key").write_text(secrets.token_hex(32) + "\n")
+    (var / "outreach-app.pem").write_bytes(private_pem())
     for who in ("admin", "viewer"):
         (var / f"{who}.password-hash").write_text(
             argon2.PasswordHasher().hash(secrets.token_urlsafe(12)) + "\n")
@@ -87,7 +92,9 @@ async def _eventually(what: str, predicate: Callable[[], Awaitable[bool]],
 async def test_make_run_sends_live_signed_outreach_webhooks_that_reach_the_lead(
         database: FreshDatabase, store: WorkStore, tmp_path: Path) -> None:
     cfg = _example_config(tmp_path, database.url)
-    for args in (("migrate",), ("catalog", "publish", "--actor", "admin", "--reason", "e2e")):
+    for args in (("migrate",), ("catalog", "publish", "--actor", "admin", "--reason", "e2e"),
+                 ("reconcile", "start", "--binding", "outreach-main", "--resource",
+                  "prospect", "--actor", "admin", "--reason", "e2e")):  # as make run does
         done = run_cli(cfg, *args)
         assert done.returncode == 0, done.stderr
     runtime = "http://" + _setting(cfg, r'results_url = "http://([^/"]+)/')
@@ -116,6 +123,14 @@ async def test_make_run_sends_live_signed_outreach_webhooks_that_reach_the_lead(
             items = await store.work_list(WorkQuery(family=INBOUND_APPLY_FAMILY, limit=50))
             return any(i.state.value == "succeeded" for i in items)
 
+        async def minted() -> bool:
+            # The example's Outreach binding is auth = "s2s": reconciliation's list
+            # request minted its token at the simulator's endpoint (version 1 is the
+            # generation's placeholder).
+            grant = await store.grant_get("outreach-main", 1)
+            return grant is not None and grant.token_version >= 2
+
+        await _eventually("the S2S binding minted its token", minted)
         await _eventually("a webhook receipt materialized", materialized)
         await _eventually("an inbound_apply item succeeded", applied)
 

@@ -68,3 +68,21 @@ def test_what_cannot_be_placed_is_a_config_error_naming_the_key(
     assert str(raised.value).startswith(f"{key}: ")
     for secret in ("whsec-1", "token-1", "cs-1"):
         assert secret not in str(raised.value)
+
+
+def test_an_s2s_binding_needs_no_static_token_and_the_simulator_knows_its_app(
+        tmp_path: Any) -> None:
+    from sandbox.demo import _outreach_simulator
+    from sandbox.demo_keys import private_pem
+
+    (tmp_path / "app.pem").write_bytes(private_pem())
+    s2s = {"auth": "s2s", "s2s_app_id": "app-9", "s2s_installation_id": "inst-9",
+           "token_url": "http://127.0.0.1:8793/api/app/installs/{installation_id}/actions/"
+                        "accessToken", "s2s_private_key_file": str(tmp_path / "app.pem")}
+    pieces = _outreach_pieces(_settings(binding=s2s, env={SECRET_ENV: "whsec-1"}))
+    assert pieces is not None and pieces.binding.auth == "s2s"
+    osim, own = _outreach_simulator(pieces.binding)
+    assert osim.tokens == {own}  # only the sandbox's own token until something is minted
+    (mount,) = osim.mounts
+    endpoint = mount[2].__self__  # type: ignore[attr-defined]
+    assert (endpoint.app_id, endpoint.installs) == ("app-9", {"inst-9"})

@@ -115,7 +115,8 @@ async def rig(store: WorkStore, nursery: trio.Nursery) -> AsyncIterator[Rig]:
     port = await nursery.start(sim.run)
     binding = BindingSettings(binding_id=BINDING, provider="outreach", org_id="org-1",
                               app_installation_id="app-1", remote_account_id="org-77",
-                              base_url=f"http://127.0.0.1:{port}", token=Secret(TOKEN))
+                              base_url=f"http://127.0.0.1:{port}", auth="static_token",
+                              token=Secret(TOKEN))
     catalog = catalog_with_page_size(binding, 7)
     await publish_current(store, catalog, actor="test", role="admin", reason="reconcile",
                           now_us=T0)

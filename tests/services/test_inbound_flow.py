@@ -149,7 +149,8 @@ async def world(store: WorkStore, nursery: trio.Nursery) -> AsyncIterator[World]
             bindings=(BindingSettings(
                 binding_id=BINDING, provider="outreach", org_id=SCOPE.org_id,
                 app_installation_id=SCOPE.app_installation_id, remote_account_id=ACCOUNT,
-                base_url=f"http://127.0.0.1:{sim_port}", token=Secret(TOKEN)),),
+                base_url=f"http://127.0.0.1:{sim_port}", auth="static_token",
+                token=Secret(TOKEN)),),
             runtimes=(RuntimeClient(
                 name="crm", org_id=SCOPE.org_id, app_installation_id=SCOPE.app_installation_id,
                 runtime_capability_id=SCOPE.runtime_capability_id,
