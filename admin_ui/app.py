@@ -33,7 +33,7 @@ from quart import Response, g, redirect, request
 from quart_trio import QuartTrio
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from admin_ui import api, cutover, pages, pages_work, signin
+from admin_ui import api, binding_actions, cutover, pages, pages_work, signin
 from admin_ui.auth import is_api_request, resolve_principal, write_session_cookie
 from admin_ui.context import EXTENSION_KEY, Console, console
 from admin_ui.errors import ConsoleError, DatabaseDown, Unauthenticated, classify
@@ -158,7 +158,8 @@ def create_app(replica: ReplicaView, extensions: ConsoleExtensions | None = None
         return {"error": "internal_error",
                 "message": "the request failed inside integrationd; see its log"}, 500
 
-    for blueprint in (signin.bp, pages.bp, pages_work.bp, cutover.bp, api.bp):
+    for blueprint in (signin.bp, pages.bp, pages_work.bp, cutover.bp, api.bp,
+                      binding_actions.bp):
         app.register_blueprint(blueprint)
     for blueprint in console_extensions(app).blueprints:
         app.register_blueprint(blueprint)

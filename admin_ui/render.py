@@ -29,6 +29,10 @@ NOTICES = {
     "cancelled": "Cancelled.",
     "cancel_requested": "Cancel requested: the claimant stops and acknowledges it.",
     "signed_out": "Signed out.",
+    "binding_disconnect": "Disconnected: nothing is dispatched under this binding until it"
+                          " is reconnected.",
+    "binding_reconnect": "Reconnected under a new generation: work admitted under the old"
+                         " one fails closed.",
     **{f"cutover_{verb}": f"Cutover {verb}: done (see the receipts and the audit log)."
        for verb in ("begin", "commit", "rollback", "re-cutover")},
 }

@@ -47,6 +47,8 @@ ACTION_ROLES: dict[str, frozenset[str]] = {
     "subscriptions.reconcile": frozenset({"operator", "admin"}),
     "cutover.read": frozenset({"viewer", "operator", "admin"}),
     "cutover.step": frozenset({"admin"}),
+    # Disconnect / reconnect a principal binding (the CLI's `binding` verbs, the console).
+    "bindings.transition": frozenset({"operator", "admin"}),
 }
 
 
