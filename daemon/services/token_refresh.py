@@ -165,6 +165,22 @@ class TokenOwner:
     async def _refresh(self, binding_id: str, generation: int,
                        endpoint: RefreshEndpoint | MintEndpoint,
                        bundle: TokenBundle, lease: LeaseWon) -> AccessToken:
+        """One refresh (or mint) under the won lease. It is fenced by that lease, not by
+        the claim that started it: once the call may have reached the provider (which
+        rotates the refresh token as it answers), a claim that loses its trust must not
+        cut the exchange off before activation, or the new token is lost with the old one
+        spent. Only the lease's end bounds it (the call's own deadline ends
+        ``call_margin`` earlier, which leaves activation its time)."""
+        with trio.CancelScope(shield=True) as fenced:
+            left_s = (lease.until_us - self.clock.now_us()) / 1e6
+            fenced.deadline = trio.current_time() + max(0.0, left_s)
+            return await self._exchange(binding_id, generation, endpoint, bundle, lease)
+        raise TokenUnavailable("refresh_lease_lost", "the refresh lease ended before"
+                               " activation; another owner takes over")
+
+    async def _exchange(self, binding_id: str, generation: int,
+                        endpoint: RefreshEndpoint | MintEndpoint,
+                        bundle: TokenBundle, lease: LeaseWon) -> AccessToken:
         log: dict[str, Any] = {"binding_id": binding_id, "generation": generation,
                "from_version": lease.from_version,
                "kind": "mint" if isinstance(endpoint, MintEndpoint) else "refresh"}

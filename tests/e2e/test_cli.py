@@ -303,7 +303,8 @@ async def test_dlq_replay_refuses_an_unknown_family(
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "integrationd: unknown work family 'nosuch'"
-        " (known: cursor_reconcile, external_effect, inbound_apply, noop, runtime_receipt)"]
+        " (known: cursor_reconcile, external_effect, inbound_apply, noop, runtime_receipt,"
+        " subscription_reconcile)"]
     assert result.stdout == ""
     assert await store.audit_list() == []  # nothing written
 

@@ -193,3 +193,54 @@ async def test_no_grant_and_a_wrong_client_are_clear(
     assert wrong.value.reason == "refresh_malformed"
     assert "wrong" not in str(wrong.value)
 
+
+
+class _AnswerHeld(httpx.AsyncBaseTransport):
+    """The real endpoint's answer, held on its way back until ``release``: the provider
+    has already rotated the refresh token when ``answered`` is set."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.answered = trio.Event()
+        self.release = trio.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        await response.aread()
+        self.answered.set()
+        await self.release.wait()
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_refresh_cut_off_by_its_claim_after_the_provider_answered_still_activates(
+        store: WorkStore, oauth: tuple[OAuthSimulator, str]) -> None:
+    """The claim that started a refresh loses its trust (its handler's cancel scope ends)
+    after the provider rotated the refresh token: the refresh is fenced by its own lease,
+    not by the claim, so it still activates the new version. (Before: the cancellation
+    dropped the answer, the grant kept the spent refresh token, and the next owner's
+    refresh was invalid_grant: the grant needed re-authorization; found by the torture
+    run on Galera and MariaDB.)"""
+    sim, url = oauth
+    (fence,) = await _setup(store, sim, expired=True)
+    transport = _AnswerHeld()
+    async with httpx.AsyncClient(transport=transport) as http:
+        owner = _owner(store, http)
+        claim_scope = trio.CancelScope()
+
+        async def claimed() -> None:
+            with claim_scope:
+                await owner.access_token(fence, "b1", 1, _endpoint(url))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(claimed)
+            await transport.answered.wait()
+            claim_scope.cancel()  # the claim's trust horizon passed mid-exchange
+            transport.release.set()
+    grant = await store.grant_get("b1", 1)
+    assert grant is not None and (grant.state, grant.token_version) == (GrantState.VALID, 2)
+    stored = open_bundle(grant.sealed, {"k1": KEY}, BundleContext("b1", 1, 2))
+    assert stored.refresh_token is not None and stored.refresh_token.reveal() in sim.valid_refresh
+    assert refreshes_per_token(sim.journal) == {token_digest("refresh-SECRET-0"): 1}
