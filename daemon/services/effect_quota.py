@@ -21,12 +21,12 @@ budget forward for all replicas (:func:`throttle`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 import trio
 
-from config.definitions import OperationDefinition
+from config.definitions import OperationDefinition, policy_of
 from config.settings import BindingSettings
 from daemon.core.effects import DispatchObservation, Phase
 from daemon.core.quota import QuotaPolicy, ReservationState, Wait, slot_usable
@@ -44,6 +44,9 @@ MAX_WAIT_US = 1_000_000
 class QuotaKey:
     key: str
     policy: QuotaPolicy
+    dimension: str = ""
+    # The response header with the provider's own remaining count (L1), if any.
+    remaining_header: str = ""
 
 
 @attrs.frozen
@@ -51,6 +54,8 @@ class Reserved:
     key: QuotaKey
     slot_us: int
     reservation_id: str
+    # Its place on the key's TAT line (what comes back when it is not used).
+    position_us: int
 
 
 @attrs.frozen
@@ -62,12 +67,20 @@ class QuotaWait:
 
 
 def quota_keys(op: OperationDefinition, binding: BindingSettings) -> list[QuotaKey]:
+    """One key per L1 dimension, counted against the scope L2 names for it (or L1's)."""
     out = []
     for q in op.quotas:
-        scope = binding.app_installation_id if q.scope == "app_installation" \
-            else binding.binding_id
-        out.append(QuotaKey(f"{op.provider}:{q.name}:{binding.org_id}:{scope}",
-                            QuotaPolicy(limit=q.limit, window_us=int(q.window_s * 1_000_000))))
+        override = binding.quota_scope(q.name)
+        scope = override.scope if override is not None else q.scope
+        if scope == "provider_key":
+            assert override is not None
+            name = f"{op.provider}:{q.name}:key:{override.key}"
+        else:
+            value = {"app_installation": binding.app_installation_id,
+                     "binding": binding.binding_id, "org": binding.org_id}[scope]
+            name = f"{op.provider}:{q.name}:{binding.org_id}:{value}" if scope != "org" \
+                else f"{op.provider}:{q.name}:{binding.org_id}"
+        out.append(QuotaKey(name, policy_of(q), q.name, q.remaining_header))
     return out
 
 
@@ -77,38 +90,40 @@ async def reserve(store: WorkStore, clock: Clock, fence: Fence,
     if not keys:
         return []
     now = clock.now_us()
-    granted: list[tuple[QuotaKey, int]] = []
+    granted: list[tuple[QuotaKey, int, int]] = []
     for k in keys:
         got = await store.quota_grant(k.key, k.policy, now_us=now, max_wait_us=MAX_WAIT_US)
         if isinstance(got, Wait):
             await _give_back(store, granted, now)
             return QuotaWait(k.key, got.until_us)
-        granted.append((k, got.slots[0]))
+        granted.append((k, got.slots[0], got.places[0]))
 
     async def bind(tx: SqlTx) -> list[str]:
         return [await reservation_open(tx, quota_key=k.key, slot_at_us=slot,
                                        expires_at_us=slot + k.policy.jitter_us,
                                        work_id=fence.work_id,
                                        ownership_epoch=fence.ownership_epoch, now_us=now)
-                for k, slot in granted]
+                for k, slot, _ in granted]
 
     ids = await store.work_fenced(fence, now, bind, name="quota.reserve")
-    latest = max(slot for _, slot in granted)
+    latest = max(slot for _, slot, _ in granted)
     delay = latest - clock.now_us()
     if delay > 0:
         await trio.sleep(delay / 1_000_000)
     at = clock.now_us()
-    if not all(slot_usable(k.policy, slot, at) for k, slot in granted):
+    if not all(slot_usable(k.policy, slot, at) for k, slot, _ in granted):
         # Too late for one of them: nothing is sent on it, and it may come back.
         await _give_back(store, granted, at)
         await _move(store, fence, ids, ReservationState.RELEASED, None, at)
         return QuotaWait(granted[0][0].key, at)
-    return [Reserved(k, slot, rid) for (k, slot), rid in zip(granted, ids, strict=True)]
+    return [Reserved(k, slot, rid, place)
+            for (k, slot, place), rid in zip(granted, ids, strict=True)]
 
 
-async def _give_back(store: WorkStore, granted: list[tuple[QuotaKey, int]], now: int) -> None:
-    for k, slot in granted:
-        await store.quota_return(k.key, k.policy, (slot,), now_us=now)
+async def _give_back(store: WorkStore, granted: list[tuple[QuotaKey, int, int]],
+                     now: int) -> None:
+    for k, _, place in granted:
+        await store.quota_return(k.key, k.policy, (place,), now_us=now)
 
 
 async def _move(store: WorkStore, fence: Fence, ids: list[str], target: ReservationState,
@@ -147,7 +162,7 @@ async def give_back_unsent(store: WorkStore, reserved: list[Reserved],
     """Capacity comes back only when the attempt provably never left (True: it did)."""
     if outcome_state(seen) is not ReservationState.RELEASED:
         return False
-    await _give_back(store, [(r.key, r.slot_us) for r in reserved], now_us)
+    await _give_back(store, [(r.key, r.slot_us, r.position_us) for r in reserved], now_us)
     return True
 
 
@@ -157,3 +172,20 @@ async def throttle(store: WorkStore, reserved: list[Reserved], retry_after_s: fl
     for r in reserved:
         await store.quota_throttle(r.key.key, r.key.policy, now_us=now_us,
                                    retry_after_us=int(retry_after_s * 1_000_000))
+
+
+async def correct(store: WorkStore, reserved: list[Reserved], headers: Mapping[str, str],
+                  now_us: int) -> int:
+    """The provider's remaining counts, from the response headers L1 names: each key it
+    says has fewer left than its row would grant moves forward for every replica (never
+    back). Returns how many keys moved. A header that is not a whole number is ignored."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    moved = 0
+    for r in reserved:
+        text = lowered.get(r.key.remaining_header) if r.key.remaining_header else None
+        if text is None or not text.strip().isdigit():
+            continue
+        if await store.quota_correct(r.key.key, r.key.policy, now_us=now_us,
+                                     remaining=int(text.strip())):
+            moved += 1
+    return moved
