@@ -446,6 +446,9 @@ class EffectRunner:
             ctx.on_finalize(quota.settle_reservations(reserved, seen, attempt_id, now))
             if await quota.give_back_unsent(ctx.store, reserved, seen, now):
                 self.on_quota("given_back")
+            if seen.quota_remaining and await quota.correct(
+                    ctx.store, reserved, dict(seen.quota_remaining), now):
+                self.on_quota("corrected")
             if seen.status == 429:
                 self.on_quota("throttled")
                 await quota.throttle(ctx.store, reserved, verdict.retry_after_s

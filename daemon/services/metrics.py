@@ -57,7 +57,7 @@ RETENTION_RESULTS = ("done", "busy", "failed", "lease_lost", "lease_untrusted")
 
 # Pre-created label values (the alert rules read them before the first event).
 CREDENTIAL_ALERT_REASONS = ("needs_reauthorization", "token_bundle_unauthentic")
-QUOTA_EVENTS = ("reserved", "waited", "throttled", "given_back")
+QUOTA_EVENTS = ("reserved", "waited", "throttled", "given_back", "corrected")
 # Result labels of integrationd_ingress_deliveries_total (answered 200) and reasons of
 # integrationd_ingress_rejections_total (answered otherwise, before a durable receipt).
 INGRESS_RESULTS = ("stored", "duplicate", "spooled")
@@ -280,7 +280,8 @@ class Metrics:
             "integrationd_quota_events",
             "Provider quota before dispatch, by event: reserved (slots bound to a claim),"
             " waited (work rescheduled until the budget allows), throttled (a provider 429"
-            " moved the shared budget), given_back (slots that provably never left)",
+            " moved the shared budget), given_back (slots that provably never left),"
+            " corrected (a provider's remaining count moved the shared budget forward)",
             ["event"],
             registry=r,
         )

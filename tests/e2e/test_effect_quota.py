@@ -160,7 +160,20 @@ async def test_waiting_for_quota_longer_than_max_attempts_burns_no_attempt(
      " integer, got -5"),
     ({"q": {"limit": 5, "window": 0}}, "providers.p.quota.q.window: expected a positive"),
     ({"q": {"limit": 5, "window": 1.0, "scope": "galaxy"}}, "providers.p.quota.q.scope:"),
-    ({"q": {"limit": 5, "window": 1.0, "burst": 3}}, "providers.p.quota.q.burst: unknown"),
+    ({"q": {"limit": 5, "window": 1.0, "burst": 0}}, "providers.p.quota.q.burst: expected an"
+     " integer from 1 to the limit (5), got 0"),
+    ({"q": {"limit": 5, "window": 1.0, "burst": 6}}, "providers.p.quota.q.burst: expected an"
+     " integer from 1 to the limit (5), got 6"),
+    ({"q": {"limit": 5, "window": 1.0, "burst": 2.5}}, "providers.p.quota.q.burst:"),
+    ({"q": {"limit": 5, "window": 1.0, "kind": "rolling"}}, "providers.p.quota.q.kind:"
+     " expected one of sliding, fixed"),
+    ({"q": {"limit": 5, "window": 1.0, "offset": -1}}, "providers.p.quota.q.offset:"),
+    ({"q": {"limit": 5, "window": 1.0, "remaining_header": 7}},
+     "providers.p.quota.q.remaining_header: expected a header name"),
+    # A fixed window shorter than the jitter could never place a slot inside it.
+    ({"q": {"limit": 5, "window": 0.1, "kind": "fixed"}}, "providers.p.quota.q: a fixed"
+     " window must be longer than the jitter"),
+    ({"q": {"limit": 5, "window": 1.0, "rate": 3}}, "providers.p.quota.q.rate: unknown"),
 ])
 def test_an_unenforceable_quota_definition_is_a_config_error(quota: object,
                                                              message: str) -> None:
