@@ -277,6 +277,17 @@ class QuotaLedger:
 
         return await self.db.transact(body, name="quota.in_flight", write=False)
 
+    async def quota_waiting_summaries(self) -> list[str]:
+        """The operator summaries of work rescheduled for quota (``quota_wait``, pending)."""
+
+        async def body(tx: SqlTx) -> list[str]:
+            rows = await tx.fetchall(
+                "SELECT operator_summary FROM work_items WHERE state = 'pending'"
+                " AND failure_class = 'quota_wait'", ())
+            return [str(r[0] or "") for r in rows]
+
+        return await self.db.transact(body, name="quota.waiting", write=False)
+
     async def quota_reservations(self, work_id: str) -> list[QuotaReservation]:
         async def body(tx: SqlTx) -> list[QuotaReservation]:
             rows = await tx.fetchall(

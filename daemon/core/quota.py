@@ -255,6 +255,24 @@ def corrected(policy: QuotaPolicy, state: QuotaState, *, now_us: int,
     return attrs.evolve(state, tat_us=floor)
 
 
+def available(policy: QuotaPolicy, state: QuotaState, *, now_us: int) -> int:
+    """How many slots a grant could start at ``now`` (the key's budget, for operators)."""
+    if state.blocked_until_us > now_us:
+        return 0
+    if policy.kind is WindowKind.FIXED:
+        start = policy.window_start(now_us)
+        if now_us + policy.jitter_us > start + policy.window_us:
+            return 0
+        counted = policy.window_start(state.tat_us)
+        if counted > start:
+            return 0
+        return policy.limit - (state.tat_us - start if counted == start else 0)
+    if state.tat_us - policy.tolerance_us > now_us:
+        return 0
+    base = max(state.tat_us, now_us)
+    return min(policy.burst, (now_us + policy.tolerance_us - base) // policy.interval_us + 1)
+
+
 def slot_usable(policy: QuotaPolicy, slot_us: int, now_us: int) -> bool:
     """A send may start at ``now`` on this slot: not early, not past its jitter."""
     return slot_us <= now_us < slot_us + max(1, policy.jitter_us)

@@ -21,7 +21,8 @@ budget forward for all replicas (:func:`throttle`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import attrs
 import trio
@@ -66,6 +67,32 @@ class QuotaWait:
     until_us: int
 
 
+_WAITING = re.compile(r"quota key (\S+) has no send slot")
+
+
+def waiting_summary(key: str, delay_s: float) -> str:
+    """The operator summary of work rescheduled for ``key`` (read back by the gauges)."""
+    return f"quota key {key} has no send slot for {delay_s:.3f} s; scheduled for then"
+
+
+def waiting_key(summary: str) -> str | None:
+    """The quota key a ``quota_wait`` summary names (None: not one of ours)."""
+    found = _WAITING.match(summary)
+    return found.group(1) if found else None
+
+
+def declared_keys(operations: Iterable[OperationDefinition],
+                  bindings: Iterable[BindingSettings]) -> dict[str, QuotaKey]:
+    """Every quota key the Catalog's operations and bindings can count against."""
+    out: dict[str, QuotaKey] = {}
+    ops = list(operations)
+    for b in bindings:
+        for op in ops:
+            if op.provider == b.provider:
+                out.update((k.key, k) for k in quota_keys(op, b))
+    return out
+
+
 def quota_keys(op: OperationDefinition, binding: BindingSettings) -> list[QuotaKey]:
     """One key per L1 dimension, counted against the scope L2 names for it (or L1's)."""
     out = []
@@ -90,13 +117,9 @@ async def reserve(store: WorkStore, clock: Clock, fence: Fence,
     if not keys:
         return []
     now = clock.now_us()
-    granted: list[tuple[QuotaKey, int, int]] = []
-    for k in keys:
-        got = await store.quota_grant(k.key, k.policy, now_us=now, max_wait_us=MAX_WAIT_US)
-        if isinstance(got, Wait):
-            await _give_back(store, granted, now)
-            return QuotaWait(k.key, got.until_us)
-        granted.append((k, got.slots[0], got.places[0]))
+    granted = await _common_instant(store, keys, now)
+    if isinstance(granted, QuotaWait):
+        return granted
 
     async def bind(tx: SqlTx) -> list[str]:
         return [await reservation_open(tx, quota_key=k.key, slot_at_us=slot,
@@ -118,6 +141,35 @@ async def reserve(store: WorkStore, clock: Clock, fence: Fence,
         return QuotaWait(granted[0][0].key, at)
     return [Reserved(k, slot, rid, place)
             for (k, slot, place), rid in zip(granted, ids, strict=True)]
+
+
+# Rounds of "ask every key for a slot at or after the latest one so far" before giving up.
+_ROUNDS = 4
+
+
+async def _common_instant(store: WorkStore, keys: list[QuotaKey], now: int
+                          ) -> list[tuple[QuotaKey, int, int]] | QuotaWait:
+    """One slot of every key such that some instant lies within all of them: a key with
+    a burst may grant one for now while another's is later, and a slot is only valid for
+    its jitter, so a later slot makes the earlier ones ask again from its time (the
+    early ones are given back). A grant "from" a later time is still a grant by the
+    schedule's own arithmetic (never more than the limit in any window)."""
+    target = now
+    for _ in range(_ROUNDS):
+        granted: list[tuple[QuotaKey, int, int]] = []
+        for k in keys:
+            got = await store.quota_grant(k.key, k.policy, now_us=target,
+                                          max_wait_us=max(0, now + MAX_WAIT_US - target))
+            if isinstance(got, Wait):
+                await _give_back(store, granted, now)
+                return QuotaWait(k.key, got.until_us - (target - now))
+            granted.append((k, got.slots[0], got.places[0]))
+        latest = max(slot for _, slot, _ in granted)
+        if all(latest < slot + max(1, k.policy.jitter_us) for k, slot, _ in granted):
+            return granted
+        await _give_back(store, granted, now)
+        target = latest
+    return QuotaWait(keys[0].key, target)
 
 
 async def _give_back(store: WorkStore, granted: list[tuple[QuotaKey, int, int]],

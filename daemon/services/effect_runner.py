@@ -400,8 +400,7 @@ class EffectRunner:
             self.on_quota("waited")
             delay = max(0.0, (reserved.until_us - ctx.clock.now_us()) / 1_000_000)
             return Deferred("quota_wait", reserved.until_us,
-                            f"quota key {reserved.key} has no send slot for {delay:.3f} s;"
-                            " scheduled for then")
+                            quota.waiting_summary(reserved.key, delay))
         pins: dict[str, Any] = {
             "binding_generation": ec.principal.generation,
             "catalog_revision": command.catalog_revision,

@@ -6,7 +6,6 @@ import math
 import random
 
 import attrs
-
 import pytest
 
 from daemon.core.quota import (

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from config.catalog import CatalogError
 from config.definitions import parse_provider
@@ -28,6 +29,9 @@ from tests.ui.support import _OPERATORS
 pytestmark = pytest.mark.slow
 
 QUOTA = '\n[quota.per_app]\nlimit = 2\nwindow = 1.0\nscope = "app_installation"\n'
+# The test's own dimension, and the two the shipped L1 declares (config/providers/).
+KEYS = ["hubspot:per_app:org-acme:install-1", "hubspot:per_app_10s:org-acme:install-1",
+        "hubspot:per_app_day:org-acme:install-1"]
 
 
 def _definitions(tmp_path: Path, quota: str = QUOTA) -> str:
@@ -60,11 +64,14 @@ async def test_no_window_sees_more_than_the_limit_and_each_attempt_has_its_reser
         # Any window of 1 s holds at most 2 arrivals.
         assert all(times[i + 2] - times[i] >= 1.0 for i in range(len(times) - 2)), times
         for item in await store.work_list(WorkQuery(family="external_effect")):
-            (reservation,) = await store.quota_reservations(item.work_id)
+            # One reservation of each key: the test's dimension and the two L1 ships.
+            reservations = await store.quota_reservations(item.work_id)
+            assert sorted(r.quota_key for r in reservations) == KEYS
             (attempt,) = await store.effect_attempts(item.subject_id)
-            assert (reservation.state.value, reservation.attempt_id) == ("sent",
-                                                                         attempt.attempt_id)
-            assert reservation.reservation_id in attempt.pre_dispatch_evidence
+            for reservation in reservations:
+                assert (reservation.state.value, reservation.attempt_id) == (
+                    "sent", attempt.attempt_id)
+                assert reservation.reservation_id in attempt.pre_dispatch_evidence
         (key,) = await store.quota_keys("hubspot:per_app:")
         assert key.granted_total >= 6 and key.limit_count == 2
 
@@ -77,15 +84,16 @@ async def test_a_429_moves_the_shared_budget_forward(
         sl.sim.inject(Fault(mode="status", status=429, method="PATCH", retry_after_s=2))
         intent_id = await sl.set_title("lead-1", "CTO")
         await sl.wait_intent("lead-1", intent_id, "COMMITTED")
-        (key,) = await store.quota_keys("hubspot:per_app:")
-        assert key.throttles_total == 1
+        # The 429 blocked every key the call counted against.
+        for key in await store.quota_keys("hubspot:"):
+            assert key.throttles_total == 1, key
         first, second = [r for r in sl.sim.requests if r.method == "PATCH"]
         assert (first.status, second.status) == (429, 200)
         # Nobody sent on the key before the provider's Retry-After had passed.
         assert second.received_at - first.received_at >= 2.0 - 0.05
         (item,) = await store.work_list(WorkQuery(family="external_effect"))
         states = sorted(r.state.value for r in await store.quota_reservations(item.work_id))
-        assert states == ["sent", "sent"]
+        assert states == ["sent"] * 6  # three keys, two attempts
         assert sl.replica is not None
         metrics = sl.replica.metrics_text().decode()
         assert 'integrationd_quota_events_total{event="throttled"} 1.0' in metrics
@@ -96,9 +104,42 @@ async def test_a_429_moves_the_shared_budget_forward(
             page = (await client.get("/admin/quota")).text
         finally:
             await client.aclose()
-        (row,) = doc["items"]
+        assert sorted(row["quota_key"] for row in doc["items"]) == KEYS
+        (row,) = [r for r in doc["items"] if r["quota_key"] == KEYS[0]]
         assert (row["limit"], row["throttles_total"], row["reserved_in_flight"]) == (2, 1, 0)
         assert row["last_throttled_at_us"] is not None and row["quota_key"] in page
+        assert row["declared"] is True and row["kind"] == "sliding"
+        assert "No quota key" not in page
+        # The gauges, from this replica's /metrics once its depth loop has sampled.
+        replica = sl.replica
+
+        async def sampled() -> bool:
+            return KEYS[0] in _gauges(replica.metrics_text()).get(
+                "integrationd_quota_limit", {})
+
+        await wait_for(sampled, within_s=30)
+        gauges = _gauges(replica.metrics_text())
+        for key in KEYS:
+            assert gauges["integrationd_quota_reservations_in_flight"][key] == 0
+            assert gauges["integrationd_quota_waiting_work"][key] == 0
+            # The 429's time is recorded (in seconds) for every key the call counted.
+            assert abs(gauges["integrationd_quota_last_throttled_timestamp_seconds"][key]
+                       - first.received_at) < 120, (key, first.received_at)
+        assert gauges["integrationd_quota_limit"] == {KEYS[0]: 2, KEYS[1]: 100,
+                                                      KEYS[2]: 250_000}
+        # The 10 s key allows a burst of 10; two of them were spent within the window.
+        assert 0 <= gauges["integrationd_quota_budget"][KEYS[1]] <= 10
+        assert gauges["integrationd_quota_budget"][KEYS[0]] <= 1
+
+
+def _gauges(text: bytes) -> dict[str, dict[str, float]]:
+    """quota gauge name -> quota_key -> value, parsed as Prometheus would."""
+    out: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            if "quota_key" in sample.labels:
+                out.setdefault(sample.name, {})[sample.labels["quota_key"]] = sample.value
+    return out
 
 
 # One send slot every 2 s: longer than a claim may wait in process (1 s), so the
@@ -143,7 +184,7 @@ async def test_waiting_for_quota_longer_than_max_attempts_burns_no_attempt(
             # The effect journal: one attempt, on one reservation; none for a wait.
             (attempt,) = await store.effect_attempts(item.subject_id)
             (sent,) = [r for r in await store.quota_reservations(item.work_id)
-                       if r.state.value == "sent"]
+                       if r.state.value == "sent" and r.quota_key == KEYS[0]]
             assert sent.attempt_id == attempt.attempt_id
         # The test means something: some command waited more often than it may fail.
         assert max(deferrals) > 2, deferrals
