@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from config.catalog import CatalogError
 from config.definitions import parse_provider
+from daemon.core.quota import QuotaPolicy, QuotaState, available
 from sandbox.hubspot_sim.model import Fault
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
@@ -221,3 +222,31 @@ def test_an_unenforceable_quota_definition_is_a_config_error(quota: object,
     with pytest.raises(CatalogError) as info:
         parse_provider({"provider": "p", "quota": quota, "operations": {}})
     assert str(info.value).startswith(message)
+
+
+async def test_a_providers_remaining_count_moves_the_shared_budget_forward(
+        database: FreshDatabase, store: WorkStore, tmp_path: Path) -> None:
+    """Another client of the same app spent 95 of HubSpot's 100 per 10 s: the simulator's
+    x-hubspot-ratelimit-remaining says 4 after our first PATCH, where our own book would
+    still allow a burst of 9. The answer moves the shared row forward (for every replica:
+    it is the row they all grant from), so at most 4 slots start at once."""
+    async with running_slice(store, database.url,
+                             definitions_dir=_definitions(tmp_path)) as sl:
+        sl.sim.other_client_requests = 95
+        await sl.lead("lead-1", "101")
+        intent_id = await sl.set_title("lead-1", "CTO")
+        await sl.wait_intent("lead-1", intent_id, "COMMITTED")
+        (patch,) = [r for r in sl.sim.requests if r.method == "PATCH"]
+        (key,) = await store.quota_keys("hubspot:per_app_10s:")
+        policy = QuotaPolicy(limit=100, window_us=10_000_000, burst=10)
+        at = int(patch.received_at * 1_000_000)
+        assert available(policy, key.state, now_us=at) <= 4
+        # Without the header the same row would have allowed 9 more at that instant.
+        book_only = QuotaState(at + policy.interval_us, 0)
+        assert available(policy, book_only, now_us=at) == 9
+        # The daily key's header was not sent: its row moved only by its own grant.
+        (day,) = await store.quota_keys("hubspot:per_app_day:")
+        assert day.granted_total == 1
+        assert sl.replica is not None
+        metrics = sl.replica.metrics_text().decode()
+        assert 'integrationd_quota_events_total{event="corrected"} 1.0' in metrics
