@@ -14,9 +14,9 @@ What it measures, each phase with R ``sandbox.quota_racer`` processes on a fresh
 3. **limit use**: every replica sends real HTTP requests to a provider stand-in
    (``sandbox.quota_meter``) that allows ``--limit`` per ``--window`` seconds by its own
    clock, for ``--use-seconds`` (``--burst``: how many may start at once). ``limit_use`` =
-   requests the provider accepted / what its limit allowed between the first and the last arrival (goal >= 0.95), ``violations`` =
-   arrivals beyond the limit in any window of the provider's own, ``self_caused_429`` =
-   429s the provider answered.
+   requests the provider accepted / what its limit allowed between the first and the last
+   arrival (goal >= 0.95), ``violations`` = arrivals beyond the limit in any window of the
+   provider's own, ``self_caused_429`` = 429s the provider answered.
 4. **the peer**: phase 3 again with process-local buckets (what a team would otherwise
    write: each replica believes it owns the whole limit), for ``--peer-seconds``.
 
