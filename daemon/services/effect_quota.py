@@ -155,15 +155,20 @@ async def _common_instant(store: WorkStore, keys: list[QuotaKey], now: int
     early ones are given back). A grant "from" a later time is still a grant by the
     schedule's own arithmetic (never more than the limit in any window)."""
     target = now
+    # The slowest key first: its slot is usually the latest, and every later key is asked
+    # from it, so one round normally suffices (a round that fails costs slots that may
+    # not come back: under contention someone has been granted after them).
+    ordered = sorted(keys, key=lambda k: -k.policy.interval_us)
     for _ in range(_ROUNDS):
         granted: list[tuple[QuotaKey, int, int]] = []
-        for k in keys:
+        for k in ordered:
             got = await store.quota_grant(k.key, k.policy, now_us=target,
                                           max_wait_us=max(0, now + MAX_WAIT_US - target))
             if isinstance(got, Wait):
                 await _give_back(store, granted, now)
                 return QuotaWait(k.key, got.until_us - (target - now))
             granted.append((k, got.slots[0], got.places[0]))
+            target = max(target, got.slots[0])
         latest = max(slot for _, slot, _ in granted)
         if all(latest < slot + max(1, k.policy.jitter_us) for k, slot, _ in granted):
             return granted

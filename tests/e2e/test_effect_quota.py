@@ -120,12 +120,12 @@ async def test_a_429_moves_the_shared_budget_forward(
 
         await wait_for(sampled, within_s=30)
         gauges = _gauges(replica.metrics_text())
-        for key in KEYS:
-            assert gauges["integrationd_quota_reservations_in_flight"][key] == 0
-            assert gauges["integrationd_quota_waiting_work"][key] == 0
+        for name in KEYS:
+            assert gauges["integrationd_quota_reservations_in_flight"][name] == 0
+            assert gauges["integrationd_quota_waiting_work"][name] == 0
             # The 429's time is recorded (in seconds) for every key the call counted.
-            assert abs(gauges["integrationd_quota_last_throttled_timestamp_seconds"][key]
-                       - first.received_at) < 120, (key, first.received_at)
+            assert abs(gauges["integrationd_quota_last_throttled_timestamp_seconds"][name]
+                       - first.received_at) < 5, (name, first.received_at)
         assert gauges["integrationd_quota_limit"] == {KEYS[0]: 2, KEYS[1]: 100,
                                                       KEYS[2]: 250_000}
         # The 10 s key allows a burst of 10; two of them were spent within the window.
