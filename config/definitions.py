@@ -15,7 +15,8 @@ A document declares (see ``config/providers/*.toml`` for two real ones)::
     provider = "<name>"                       # must match the file name
     [quota.<name>]                            # a provider limit (optional, many)
     limit = 100, window = 10.0, scope = "app_installation" | "binding" | "org"
-    kind = "sliding" | "fixed", burst = 20 (sliding), offset = 0.0 (fixed, seconds)
+    kind = "sliding" | "fixed", burst = 20 (sliding), offset = 0.0 (fixed, seconds),
+    jitter = 0.25 (seconds a send may start late / arrive later)
     remaining_header = "x-ratelimit-remaining"  # optional: the provider's own count
     [auth.<scheme>]                           # how a token is presented
     header = "Authorization"
@@ -91,6 +92,9 @@ class QuotaDimension:
     # Sliding: how many requests may start at once (1: evenly spaced).
     burst: int = 1
     offset_s: float = 0.0
+    # How late a send may start after its slot, and how much later the provider may count
+    # its arrival (the schedule keeps every window at the limit within this spread).
+    jitter_s: float = 0.25
     # A response header with the provider's count of requests left (lower-case), if any.
     remaining_header: str = ""
 
@@ -757,7 +761,7 @@ def _quotas(provider: str, raw: Any) -> tuple[QuotaDimension, ...]:
     for name, fields in _table(f"providers.{provider}.quota", raw).items():
         key = f"providers.{provider}.quota.{name}"
         table = _table(key, fields, frozenset({"limit", "window", "scope", "kind", "burst",
-                                               "offset", "remaining_header"}))
+                                               "offset", "jitter", "remaining_header"}))
         limit = _req(key, table, "limit", int)
         if isinstance(limit, bool) or limit <= 0:
             raise CatalogError(f"{key}.limit", f"must be a positive integer, got {limit}")
@@ -777,12 +781,15 @@ def _quotas(provider: str, raw: Any) -> tuple[QuotaDimension, ...]:
         offset = table.get("offset", 0.0)
         if not isinstance(offset, int | float) or isinstance(offset, bool) or offset < 0:
             raise CatalogError(f"{key}.offset", "expected a non-negative number of seconds")
+        jitter = table.get("jitter", 0.25)
+        if not isinstance(jitter, int | float) or isinstance(jitter, bool) or jitter < 0:
+            raise CatalogError(f"{key}.jitter", "expected a non-negative number of seconds")
         header = table.get("remaining_header", "")
         if not isinstance(header, str):
             raise CatalogError(f"{key}.remaining_header", "expected a header name")
         dim = QuotaDimension(name=name, limit=limit, window_s=float(window), scope=scope,
                              kind=kind, burst=burst, offset_s=float(offset),
-                             remaining_header=header.lower())
+                             jitter_s=float(jitter), remaining_header=header.lower())
         try:
             policy_of(dim)
         except QuotaPolicyError as exc:
@@ -794,7 +801,7 @@ def _quotas(provider: str, raw: Any) -> tuple[QuotaDimension, ...]:
 def policy_of(dim: QuotaDimension) -> QuotaPolicy:
     """The schedule's policy for one L1 dimension."""
     return QuotaPolicy(limit=dim.limit, window_us=int(dim.window_s * 1_000_000),
-                       kind=WindowKind(dim.kind),
+                       jitter_us=int(dim.jitter_s * 1_000_000), kind=WindowKind(dim.kind),
                        burst=dim.burst if dim.kind == "sliding" else 1,
                        offset_us=int(dim.offset_s * 1_000_000))
 

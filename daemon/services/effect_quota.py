@@ -192,6 +192,11 @@ async def _move(store: WorkStore, fence: Fence, ids: list[str], target: Reservat
     await store.work_fenced(fence, now, body, name="quota.release")
 
 
+def still_usable(reserved: list[Reserved], now_us: int) -> bool:
+    """Every slot may still start a send at ``now`` (re-checked after the checkpoint)."""
+    return all(slot_usable(r.key.policy, r.slot_us, now_us) for r in reserved)
+
+
 def outcome_state(seen: DispatchObservation) -> ReservationState:
     """What the exchange did with the slot: only a refused connect provably never left."""
     if seen.phase is Phase.NOT_CONNECTED:

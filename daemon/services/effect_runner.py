@@ -428,12 +428,18 @@ class EffectRunner:
         # The checkpoint is committed: only now may bytes leave.
         # One deadline for the whole exchange (a free connection, then the request):
         # the give-up bound the checkpoint recorded is then true.
-        with trio.move_on_after(_client_deadline_s(binding)) as deadline:
-            seen, provider_evidence = await self.executor.dispatch(
-                prepared, access.token.reveal(), binding.timeout)
-        if deadline.cancelled_caught:
-            seen, provider_evidence = DispatchObservation(Phase.SENT,
-                                                          detail="ClientDeadline"), {}
+        if reserved and not quota.still_usable(reserved, ctx.clock.now_us()):
+            # The checkpoint took longer than a slot's jitter: sending now could land in
+            # a window the schedule did not give it. Nothing leaves; the slots come back.
+            seen, provider_evidence = DispatchObservation(
+                Phase.NOT_CONNECTED, detail="quota_slot_expired"), {}
+        else:
+            with trio.move_on_after(_client_deadline_s(binding)) as deadline:
+                seen, provider_evidence = await self.executor.dispatch(
+                    prepared, access.token.reveal(), binding.timeout)
+            if deadline.cancelled_caught:
+                seen, provider_evidence = DispatchObservation(Phase.SENT,
+                                                              detail="ClientDeadline"), {}
         verdict = classify(op.contract, seen)
         self.on_attempt(op.name, verdict.outcome.value)
         logs.event("effect_attempt", command_id=command.command_id, attempt_id=attempt_id,
