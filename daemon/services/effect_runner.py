@@ -431,8 +431,8 @@ class EffectRunner:
         if reserved and not quota.still_usable(reserved, ctx.clock.now_us()):
             # The checkpoint took longer than a slot's jitter: sending now could land in
             # a window the schedule did not give it. Nothing leaves; the slots come back.
-            seen, provider_evidence = DispatchObservation(
-                Phase.NOT_CONNECTED, detail="quota_slot_expired"), {}
+            seen = DispatchObservation(Phase.NOT_CONNECTED, detail="quota_slot_expired")
+            provider_evidence: dict[str, Any] = {}
         else:
             with trio.move_on_after(_client_deadline_s(binding)) as deadline:
                 seen, provider_evidence = await self.executor.dispatch(
