@@ -11,8 +11,9 @@ binds it to this claim in a fenced transaction (``quota_reservations``: ``reserv
 When a key has no slot within ``max_wait`` the work is told the exact time one will be
 free (:class:`QuotaWait`), and slots already taken for other keys are given back.
 
-The runner waits for the latest slot (never past the earliest one's jitter: a slot that
-cannot be used in time is given back and the work retries at once), checkpoints, sends,
+The runner checkpoints, then waits for the latest slot and checks every slot again (a
+slot whose jitter has passed by then is not sent on: the attempt is recorded as not
+sent and its slots come back), sends,
 and :func:`settle_reservations` moves each reservation with the attempt it was used by:
 ``sent`` (a response came), ``released`` (provably never left: capacity comes back) or
 ``spent_unknown`` (a timeout or reset counts as spent). A provider 429 moves every key's
@@ -129,18 +130,27 @@ async def reserve(store: WorkStore, clock: Clock, fence: Fence,
                 for k, slot, _ in granted]
 
     ids = await store.work_fenced(fence, now, bind, name="quota.reserve")
-    latest = max(slot for _, slot, _ in granted)
-    delay = latest - clock.now_us()
-    if delay > 0:
-        await trio.sleep(delay / 1_000_000)
     at = clock.now_us()
-    if not all(slot_usable(k.policy, slot, at) for k, slot, _ in granted):
-        # Too late for one of them: nothing is sent on it, and it may come back.
+    if at >= min(slot + max(1, k.policy.jitter_us) for k, slot, _ in granted):
+        # Too late for one of them already: nothing is sent on it, and it may come back.
         await _give_back(store, granted, at)
         await _move(store, fence, ids, ReservationState.RELEASED, None, at)
         return QuotaWait(granted[0][0].key, at)
     return [Reserved(k, slot, rid, place)
             for (k, slot, place), rid in zip(granted, ids, strict=True)]
+
+
+def slot_wait_us(reserved: list[Reserved], now_us: int) -> int:
+    """How long until every slot may start (the runner waits after its checkpoint)."""
+    return max([0, *(r.slot_us - now_us for r in reserved)])
+
+
+async def wait_for_slots(clock: Clock, reserved: list[Reserved]) -> bool:
+    """Sleep until the latest slot; True when every slot may still start a send then."""
+    delay = slot_wait_us(reserved, clock.now_us())
+    if delay > 0:
+        await trio.sleep(delay / 1_000_000)
+    return still_usable(reserved, clock.now_us())
 
 
 # Rounds of "ask every key for a slot at or after the latest one so far" before giving up.

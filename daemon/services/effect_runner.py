@@ -419,7 +419,9 @@ class EffectRunner:
             safe_headers=canonical_bytes(prepared.safe_headers).decode(),
             body_sha256=prepared.body_sha256, idempotency_key=prepared.idempotency_key,
             pre_dispatch_evidence=evidence,
-            give_up_after_us=int(_client_deadline_s(binding) * 1_000_000),
+            # The wait for a future slot comes after the checkpoint: the bound includes it.
+            give_up_after_us=int(_client_deadline_s(binding) * 1_000_000)
+            + quota.slot_wait_us(reserved, ctx.clock.now_us()),
         )
         if self.checkpoints is not None:
             attempt_id = await self.checkpoints.checkpoint(ctx.fence, draft)
@@ -428,9 +430,10 @@ class EffectRunner:
         # The checkpoint is committed: only now may bytes leave.
         # One deadline for the whole exchange (a free connection, then the request):
         # the give-up bound the checkpoint recorded is then true.
-        if reserved and not quota.still_usable(reserved, ctx.clock.now_us()):
-            # The checkpoint took longer than a slot's jitter: sending now could land in
-            # a window the schedule did not give it. Nothing leaves; the slots come back.
+        if reserved and not await quota.wait_for_slots(ctx.clock, reserved):
+            # The checkpoint (or the wake-up) outlasted a slot's jitter: sending now could
+            # land in a window the schedule did not give it. Nothing leaves; the slots
+            # come back.
             seen = DispatchObservation(Phase.NOT_CONNECTED, detail="quota_slot_expired")
             provider_evidence: dict[str, Any] = {}
         else:

@@ -65,13 +65,18 @@ async def test_no_window_sees_more_than_the_limit_and_each_attempt_has_its_reser
         # Any window of 1 s holds at most 2 arrivals.
         assert all(times[i + 2] - times[i] >= 1.0 for i in range(len(times) - 2)), times
         for item in await store.work_list(WorkQuery(family="external_effect")):
-            # One reservation of each key: the test's dimension and the two L1 ships.
+            # One sent reservation of each key (the test's dimension and the two L1
+            # ships), all on the one attempt that was dispatched. On a loaded machine a
+            # claim may also have given slots back unsent (released: a bind or a
+            # checkpoint outlasted the jitter), never on a dispatched attempt.
             reservations = await store.quota_reservations(item.work_id)
-            assert sorted(r.quota_key for r in reservations) == KEYS
-            (attempt,) = await store.effect_attempts(item.subject_id)
-            for reservation in reservations:
-                assert (reservation.state.value, reservation.attempt_id) == (
-                    "sent", attempt.attempt_id)
+            sent = [r for r in reservations if r.state.value == "sent"]
+            assert sorted(r.quota_key for r in sent) == KEYS
+            assert {r.state.value for r in reservations} <= {"sent", "released"}
+            (attempt_id,) = {r.attempt_id for r in sent}
+            (attempt,) = [a for a in await store.effect_attempts(item.subject_id)
+                          if a.attempt_id == attempt_id]
+            for reservation in sent:
                 assert reservation.reservation_id in attempt.pre_dispatch_evidence
         (key,) = await store.quota_keys("hubspot:per_app:")
         assert key.granted_total >= 6 and key.limit_count == 2
