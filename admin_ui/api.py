@@ -201,4 +201,5 @@ async def bindings() -> Json:
 @bp.get("/quota")
 @require("console.read")
 async def quota() -> Json:
-    return await quota_json(console().view.store)
+    view = console().view
+    return await quota_json(view.store, view.clock.now_us(), view.settings)

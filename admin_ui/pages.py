@@ -85,4 +85,6 @@ async def bindings() -> Response:
 @bp.get("/admin/quota")
 @require("console.read")
 async def quota() -> Response:
-    return await page("quota.html", doc=await quota_json(console().view.store))
+    view = console().view
+    return await page("quota.html", doc=await quota_json(view.store, view.clock.now_us(),
+                                                         view.settings))

@@ -1,32 +1,58 @@
 """The console's view of provider quota keys (seed 9): each key's budget and state.
 
-One row per quota key: the limit and window it enforces, its schedule (theoretical
-arrival time, block from the last 429), what it has granted and given back, and how many
-reservations are in flight (reserved, not yet sent or released).
+One row per quota key this replica's L1 dimensions and L2 bindings can count against
+(shown before its first dispatch), and any other key the shared table holds: the limit
+and window it enforces, the slots a grant could start now (its budget), its schedule
+(theoretical arrival time, block from the last 429), what it has granted and given
+back, how many reservations are in flight and how much work waits for a slot. The same
+samples feed the ``integrationd_quota_*`` gauges (``daemon/services/quota_gauges.py``).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+from config.catalog import CatalogError, load_definitions
+from config.definitions import OperationDefinition
+from config.settings import Settings
+from daemon.services.effect_quota import QuotaKey, declared_keys
+from daemon.services.quota_gauges import sample_quota
 from storage.work_store import WorkStore
 
 Json = dict[str, Any]
 
-NO_KEYS = ("No quota key has been used yet: no L1 definition declares a [quota.*]"
-           " dimension, or no effect has been dispatched under one.")
+NO_KEYS = ("No quota key is configured: no L1 definition of a configured binding's"
+           " provider declares a [quota.*] dimension, and no effect has been dispatched"
+           " under one.")
 
 
-async def quota_json(store: WorkStore, prefix: str = "") -> Json:
-    keys = await store.quota_keys(prefix)
-    in_flight = await store.quota_reservations_in_flight()
+@functools.cache
+def _operations(definitions_dir: str) -> tuple[OperationDefinition, ...]:
+    try:
+        operations, _ = load_definitions(definitions_dir)
+    except CatalogError:
+        return ()  # the replica refused to start on it; nothing to declare here
+    return tuple(operations.values())
+
+
+def _declared(settings: Settings | None) -> dict[str, QuotaKey]:
+    if settings is None:
+        return {}
+    return declared_keys(_operations(settings.catalog.definitions_dir), settings.bindings)
+
+
+async def quota_json(store: WorkStore, now_us: int, settings: Settings | None = None,
+                     prefix: str = "") -> Json:
+    samples = await sample_quota(store, _declared(settings), now_us)
     items = [{
-        "quota_key": k.quota_key, "limit": k.limit_count, "window_us": k.window_us,
-        "interval_us": k.interval_us, "tat_us": k.state.tat_us,
-        "blocked_until_us": k.state.blocked_until_us, "granted_total": k.granted_total,
-        "returned_total": k.returned_total, "throttles_total": k.throttles_total,
-        "last_throttled_at_us": k.last_throttled_at_us or None,
-        "reserved_in_flight": in_flight.get(k.quota_key, 0),
-    } for k in keys]
+        "quota_key": q.quota_key, "declared": q.declared, "limit": q.limit,
+        "window_us": q.window_us, "kind": q.kind or None, "burst": q.burst or None,
+        "budget": q.budget if q.declared else None, "tat_us": q.tat_us,
+        "blocked_until_us": q.blocked_until_us or None, "granted_total": q.granted_total,
+        "returned_total": q.returned_total, "throttles_total": q.throttles_total,
+        "last_throttled_at_us": q.last_throttled_at_us or None,
+        "reserved_in_flight": q.in_flight, "waiting_work": q.waiting,
+    } for q in samples if q.quota_key.startswith(prefix)]
     return {"configured": bool(items), "items": items,
             "message": "" if items else NO_KEYS}

@@ -13,10 +13,10 @@ What it measures, each phase with R ``sandbox.quota_racer`` processes on a fresh
    ``hot_cold_ratio`` = (1) / (2); goal >= 0.5.
 3. **limit use**: every replica sends real HTTP requests to a provider stand-in
    (``sandbox.quota_meter``) that allows ``--limit`` per ``--window`` seconds by its own
-   clock, for ``--use-seconds``. ``limit_use`` = requests the provider accepted / what its
-   limit allowed between the first and the last arrival (goal >= 0.95), ``violations`` =
-   arrivals beyond the limit in any window of the provider's own, ``self_caused_429`` =
-   429s the provider answered.
+   clock, for ``--use-seconds`` (``--burst``: how many may start at once). ``limit_use`` =
+   requests the provider accepted / what its limit allowed between the first and the last
+   arrival (goal >= 0.95), ``violations`` = arrivals beyond the limit in any window of the
+   provider's own, ``self_caused_429`` = 429s the provider answered.
 4. **the peer**: phase 3 again with process-local buckets (what a team would otherwise
    write: each replica believes it owns the whole limit), for ``--peer-seconds``.
 
@@ -89,14 +89,14 @@ async def _throughput(url: str, replicas: int, keys: list[str], seconds: float,
 
 
 async def _limit_use(url: str, replicas: int, *, limit: int, window: float, seconds: float,
-                     jitter: float, block: int, local: bool) -> dict[str, Any]:
+                     jitter: float, block: int, local: bool, burst: int = 1) -> dict[str, Any]:
     meter = QuotaMeter(limit, window)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(meter.run)
         start_at = time.time() + 2.0
         specs = [{"url": url, "owner": f"r{i}", "start_at": start_at, "duration": seconds,
                   "keys": ["provider"], "limit": limit, "window": window, "jitter": jitter,
-                  "block": block, "max_wait": 1.0, "local": local,
+                  "block": block, "max_wait": 1.0, "local": local, "burst": burst,
                   "meter": f"http://127.0.0.1:{port}"} for i in range(replicas)]
         results = await _racers(specs)
         async with httpx.AsyncClient() as client:
@@ -122,10 +122,10 @@ async def main(args: argparse.Namespace) -> None:
                 args.block)
             use = await _limit_use(url, args.replicas, limit=args.limit, window=args.window,
                                    seconds=args.use_seconds, jitter=args.jitter, block=2,
-                                   local=False)
+                                   local=False, burst=args.burst)
             peer = await _limit_use(url, args.replicas, limit=args.limit, window=args.window,
                                     seconds=args.peer_seconds, jitter=args.jitter, block=2,
-                                    local=True)
+                                    local=True, burst=args.burst)
         finally:
             if name is not None:
                 mysql_admin(f"DROP DATABASE IF EXISTS {name}")
@@ -136,7 +136,8 @@ async def main(args: argparse.Namespace) -> None:
         "hot_grants_per_s": round(hot, 1), "cold_grants_per_s": round(cold, 1),
         "hot_cold_ratio": round(hot / cold, 3) if cold else 0.0,
         "grant_p50_ms": _percentile(latencies, 0.5), "grant_p99_ms": _percentile(latencies, 0.99),
-        "limit": f"{args.limit} per {args.window:g} s", "use_seconds": args.use_seconds,
+        "limit": f"{args.limit} per {args.window:g} s", "burst": args.burst,
+        "use_seconds": args.use_seconds,
         **use,
         "peer": "process-local buckets", "peer_violations": peer["violations"],
         "peer_self_caused_429": peer["self_caused_429"], "peer_limit_use": peer["limit_use"],
@@ -152,6 +153,8 @@ if __name__ == "__main__":
     parser.add_argument("--limit", type=int, default=100, help="provider requests per window")
     parser.add_argument("--window", type=float, default=10.0, help="provider window (s)")
     parser.add_argument("--jitter", type=float, default=0.25, help="slot jitter (s)")
+    parser.add_argument("--burst", type=int, default=1,
+                        help="slots that may start at once (a sliding window's burst)")
     parser.add_argument("--use-seconds", type=float, default=60.0)
     parser.add_argument("--peer-seconds", type=float, default=20.0)
     trio.run(main, parser.parse_args())

@@ -180,7 +180,11 @@ PRINCIPAL_FIELDS = frozenset({"token", "generation", "auth", "token_url", "clien
 
 def binding_fields(binding: BindingSettings) -> dict[str, Any]:
     """An L2 binding's Catalog fields: what a Catalog revision holds of it."""
-    return {k: v for k, v in attrs.asdict(binding).items() if k not in PRINCIPAL_FIELDS}
+    fields = {k: v for k, v in attrs.asdict(binding).items() if k not in PRINCIPAL_FIELDS}
+    if not binding.quota:
+        # A binding without quota scope overrides keeps the content (and digest) it had.
+        del fields["quota"]
+    return fields
 
 
 def build_catalog(revision: int, documents: list[Any],

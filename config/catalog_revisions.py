@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 
 from config.catalog import PRINCIPAL_FIELDS, Catalog, CatalogError, build_catalog
-from config.settings import BindingSettings
+from config.settings import BindingSettings, QuotaScope
 from daemon.core.catalog_content import BadContent, content_digest, parse_content_with_objects
 
 _BINDING_FIELDS = frozenset(f.name for f in attrs.fields(BindingSettings)) - PRINCIPAL_FIELDS
@@ -23,7 +23,8 @@ def _binding(i: int, fields: Any, secrets: dict[str, BindingSettings]) -> Bindin
     if not isinstance(fields, dict) or not set(fields) <= _BINDING_FIELDS:
         raise CatalogError(f"bindings[{i}]", "not the non-secret fields of a binding")
     try:
-        binding = BindingSettings(**fields)
+        quota = tuple(QuotaScope(**q) for q in fields.get("quota", ()))
+        binding = BindingSettings(**{**fields, "quota": quota})
     except TypeError as exc:
         raise CatalogError(f"bindings[{i}]", str(exc)) from None
     current = secrets.get(binding.binding_id)

@@ -14,7 +14,10 @@ A document declares (see ``config/providers/*.toml`` for two real ones)::
 
     provider = "<name>"                       # must match the file name
     [quota.<name>]                            # a provider limit (optional, many)
-    limit = 100, window = 10.0, scope = "app_installation" | "binding"
+    limit = 100, window = 10.0, scope = "app_installation" | "binding" | "org"
+    kind = "sliding" | "fixed", burst = 20 (sliding), offset = 0.0 (fixed, seconds),
+    jitter = 0.25 (seconds a send may start late / arrive later)
+    remaining_header = "x-ratelimit-remaining"  # optional: the provider's own count
     [auth.<scheme>]                           # how a token is presented
     header = "Authorization"
     prefix = "Bearer "
@@ -45,6 +48,7 @@ import attrs
 from config.subscription_defs import SubscriptionDefinition, parse_subscription
 from daemon.core.effects import OperationContract
 from daemon.core.ingress import BadPayloadSpec, PayloadSpec
+from daemon.core.quota import QuotaPolicy, QuotaPolicyError, WindowKind
 from daemon.core.webhook_signature import BadSignatureSpec, SignatureSpec
 from daemon.providers.template import BodyTemplate, PathTemplate, Pointer, TemplateError
 
@@ -69,8 +73,10 @@ class AuthScheme:
 
 
 # What a quota dimension is counted per: the binding's app installation, or the binding
-# (one principal: per user for a per-user binding).
-QUOTA_SCOPES = ("app_installation", "binding")
+# (one principal: per user for a per-user binding), or the org. An L2 binding may
+# override it, or name an explicit provider quota key ("provider_key", with `key`).
+QUOTA_SCOPES = ("app_installation", "binding", "org")
+QUOTA_KINDS = ("sliding", "fixed")
 
 
 @attrs.frozen(kw_only=True)
@@ -81,6 +87,17 @@ class QuotaDimension:
     limit: int
     window_s: float
     scope: str = "app_installation"
+    # How the provider counts its window (daemon/core/quota.py): any interval of its
+    # length ("sliding") or windows aligned to offset + k * window ("fixed").
+    kind: str = "sliding"
+    # Sliding: how many requests may start at once (1: evenly spaced).
+    burst: int = 1
+    offset_s: float = 0.0
+    # How late a send may start after its slot, and how much later the provider may count
+    # its arrival (the schedule keeps every window at the limit within this spread).
+    jitter_s: float = 0.25
+    # A response header with the provider's count of requests left (lower-case), if any.
+    remaining_header: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -738,13 +755,16 @@ def parse_object_binding(doc: Mapping[str, Any], source: str = "",
 
 def _quotas(provider: str, raw: Any) -> tuple[QuotaDimension, ...]:
     """``[quota.<name>]`` tables: ``limit`` (a positive integer), ``window`` (seconds,
-    positive), ``scope``. A zero or negative limit could never be enforced: refused."""
+    positive), ``scope``, ``kind``, ``burst``, ``offset``, ``remaining_header``. A zero
+    or negative limit could never be enforced: refused, as is any policy the schedule
+    could not keep (daemon/core/quota.py decides)."""
     out = []
     for name, fields in _table(f"providers.{provider}.quota", raw).items():
         key = f"providers.{provider}.quota.{name}"
-        table = _table(key, fields, frozenset({"limit", "window", "scope"}))
+        table = _table(key, fields, frozenset({"limit", "window", "scope", "kind", "burst",
+                                               "offset", "jitter", "remaining_header"}))
         limit = _req(key, table, "limit", int)
-        if limit <= 0:
+        if isinstance(limit, bool) or limit <= 0:
             raise CatalogError(f"{key}.limit", f"must be a positive integer, got {limit}")
         window = table.get("window")
         if not isinstance(window, int | float) or isinstance(window, bool) or window <= 0:
@@ -752,8 +772,39 @@ def _quotas(provider: str, raw: Any) -> tuple[QuotaDimension, ...]:
         scope = table.get("scope", "app_installation")
         if scope not in QUOTA_SCOPES:
             raise CatalogError(f"{key}.scope", f"expected one of {', '.join(QUOTA_SCOPES)}")
-        out.append(QuotaDimension(name=name, limit=limit, window_s=float(window), scope=scope))
+        kind = table.get("kind", "sliding")
+        if kind not in QUOTA_KINDS:
+            raise CatalogError(f"{key}.kind", f"expected one of {', '.join(QUOTA_KINDS)}")
+        burst = table.get("burst", limit if kind == "fixed" else 1)
+        if isinstance(burst, bool) or not isinstance(burst, int) or not 1 <= burst <= limit:
+            raise CatalogError(f"{key}.burst", f"expected an integer from 1 to the limit"
+                               f" ({limit}), got {burst!r}")
+        offset = table.get("offset", 0.0)
+        if not isinstance(offset, int | float) or isinstance(offset, bool) or offset < 0:
+            raise CatalogError(f"{key}.offset", "expected a non-negative number of seconds")
+        jitter = table.get("jitter", 0.25)
+        if not isinstance(jitter, int | float) or isinstance(jitter, bool) or jitter < 0:
+            raise CatalogError(f"{key}.jitter", "expected a non-negative number of seconds")
+        header = table.get("remaining_header", "")
+        if not isinstance(header, str):
+            raise CatalogError(f"{key}.remaining_header", "expected a header name")
+        dim = QuotaDimension(name=name, limit=limit, window_s=float(window), scope=scope,
+                             kind=kind, burst=burst, offset_s=float(offset),
+                             jitter_s=float(jitter), remaining_header=header.lower())
+        try:
+            policy_of(dim)
+        except QuotaPolicyError as exc:
+            raise CatalogError(key, str(exc)) from None
+        out.append(dim)
     return tuple(out)
+
+
+def policy_of(dim: QuotaDimension) -> QuotaPolicy:
+    """The schedule's policy for one L1 dimension."""
+    return QuotaPolicy(limit=dim.limit, window_us=int(dim.window_s * 1_000_000),
+                       jitter_us=int(dim.jitter_s * 1_000_000), kind=WindowKind(dim.kind),
+                       burst=dim.burst if dim.kind == "sliding" else 1,
+                       offset_us=int(dim.offset_s * 1_000_000))
 
 
 # ------------------------------------------------------------------ webhook routes

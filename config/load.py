@@ -34,9 +34,11 @@ from config.catalog import (
     load_documents,
     webhooks_from_documents,
 )
+from config.definitions import OperationDefinition
 from config.settings import (
     AUTH_KINDS,
     FAMILY_DEFAULTS,
+    L2_QUOTA_SCOPES,
     ROLES,
     AdminSettings,
     ApiSettings,
@@ -46,6 +48,7 @@ from config.settings import (
     IngressSettings,
     KeysSettings,
     Operator,
+    QuotaScope,
     ReplicaSettings,
     RetentionSettings,
     RuntimeClient,
@@ -461,7 +464,8 @@ def _bindings(value: Any, environ: Mapping[str, str]) -> tuple[BindingSettings, 
         key = f"bindings[{i}]"
         _no_inline_secret(key, table, ("token", "client_secret", "s2s_private_key"))
         b = _build(key, BindingSettings, table, skip=("token_file", "client_secret_file",
-                                                      "s2s_private_key_file"))
+                                                      "s2s_private_key_file", "quota"))
+        b = attrs.evolve(b, quota=_binding_quota(f"{key}.quota", table.get("quota", {})))
         for field in ("binding_id", "provider", "org_id", "app_installation_id",
                       "remote_account_id", "base_url"):
             if not getattr(b, field):
@@ -492,6 +496,35 @@ def _bindings(value: Any, environ: Mapping[str, str]) -> tuple[BindingSettings, 
         _binding_auth(key, b, declared="auth" in table)
         out.append(b)
     return tuple(out)
+
+
+def _binding_quota(key: str, value: Any) -> tuple[QuotaScope, ...]:
+    """``[bindings.quota.<dimension>]``: the scope L1's dimension is counted against."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, "expected a table of quota dimensions")
+    out = []
+    for name, table in value.items():
+        k = f"{key}.{name}"
+        if not isinstance(table, Mapping):
+            raise ConfigError(k, "expected a table with scope (and key)")
+        unknown = sorted(set(table) - {"scope", "key"})
+        if unknown:
+            raise ConfigError(f"{k}.{unknown[0]}", "unknown setting")
+        scope = table.get("scope")
+        if scope not in L2_QUOTA_SCOPES:
+            raise ConfigError(f"{k}.scope", f"expected one of {', '.join(L2_QUOTA_SCOPES)},"
+                              f" got {scope!r}")
+        qkey = table.get("key", "")
+        if not isinstance(qkey, str) or (scope == "provider_key") != bool(qkey):
+            raise ConfigError(f"{k}.key", "a provider quota key (text) is named exactly"
+                              " when scope = \"provider_key\"")
+        if qkey and not _QUOTA_KEY_NAME.fullmatch(qkey):
+            raise ConfigError(f"{k}.key", "expected letters, digits, '-', '_' or '.'")
+        out.append(QuotaScope(dimension=str(name), scope=scope, key=qkey))
+    return tuple(out)
+
+
+_QUOTA_KEY_NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
 def _binding_auth(key: str, b: BindingSettings, *, declared: bool) -> None:
@@ -645,6 +678,7 @@ def _l2_only_lengthens_l1(bindings: tuple[BindingSettings, ...], definitions_dir
     except CatalogError as exc:
         raise ConfigError(exc.key, str(exc).partition(": ")[2]) from None
     for i, b in enumerate(bindings):
+        _quota_dimensions_exist(i, b, operations)
         for setting, contract_field in _L1_FLOORS:
             value = getattr(b, setting)
             if value < 0:
@@ -658,6 +692,18 @@ def _l2_only_lengthens_l1(bindings: tuple[BindingSettings, ...], definitions_dir
                         f"bindings[{i}].{setting}",
                         f"{value:g} s is shorter than the {floor:g} s L1 declares for"
                         f" {op.name}; L2 may only lengthen it")
+
+
+def _quota_dimensions_exist(i: int, b: BindingSettings,
+                            operations: Mapping[str, OperationDefinition]) -> None:
+    """An L2 scope override names a dimension its provider's L1 declares."""
+    declared = {q.name for op in operations.values() if op.provider == b.provider
+                for q in op.quotas}
+    for q in b.quota:
+        if q.dimension not in declared:
+            raise ConfigError(f"bindings[{i}].quota.{q.dimension}",
+                              f"{b.provider}'s L1 declares no such quota dimension"
+                              f" (declared: {', '.join(sorted(declared)) or 'none'})")
 
 
 def _parse_listen(key: str, value: str) -> tuple[str, int]:

@@ -137,6 +137,20 @@ class RuntimeClient:
     results_token: Secret | None = None
 
 
+# What an L2 binding may count an L1 quota dimension against (config/definitions.py's
+# scopes, or an explicit provider quota key shared across bindings).
+L2_QUOTA_SCOPES = ("app_installation", "binding", "org", "provider_key")
+
+
+@attrs.frozen(kw_only=True)
+class QuotaScope:
+    """``[bindings.quota.<dimension>]``: ``scope``, and ``key`` for ``provider_key``."""
+
+    dimension: str
+    scope: str
+    key: str = ""
+
+
 @attrs.frozen(kw_only=True)
 class BindingSettings:
     """An L2 binding: one provider account used by one org/app installation."""
@@ -176,6 +190,11 @@ class BindingSettings:
     s2s_app_id: str = ""
     s2s_installation_id: str = ""
     s2s_private_key: Secret | None = None
+    # L2 overrides of the scope L1's quota dimensions are counted against.
+    quota: tuple[QuotaScope, ...] = ()
+
+    def quota_scope(self, dimension: str) -> QuotaScope | None:
+        return next((q for q in self.quota if q.dimension == dimension), None)
 
 
 AUTH_KINDS = ("grant", "static_token", "s2s")

@@ -46,6 +46,8 @@ def _describe(value: Any) -> dict[str, Any]:
             out[field.name] = "set" if item else "unset"
         elif item is None and "Secret" in str(field.type):
             out[field.name] = "unset"
+        elif isinstance(item, tuple) and item and attrs.has(type(item[0])):
+            out[field.name] = [_describe(v) for v in item]  # e.g. a binding's quota scopes
         else:
             out[field.name] = item
     return out

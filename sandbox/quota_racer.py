@@ -2,7 +2,8 @@
 
 Arguments (one JSON object): storage ``url``, ``owner``, ``start_at`` (Unix time every racer
 starts at), ``duration`` (s), ``keys`` (quota keys to pick from at random), the policy
-(``limit``, ``window``, ``jitter`` in s), ``block`` (slots per grant), ``max_wait`` (s) and an
+(``limit``, ``window``, ``jitter`` in s, ``burst``: how many may start at once),
+``block`` (slots per grant), ``max_wait`` (s) and an
 optional ``meter`` URL. Until the deadline it grants slots and, with a meter, sends one
 request per slot at its slot time (a slot missed by more than the jitter is dropped, never
 sent late). It prints one JSON line: grants, slots, sends, dropped slots, statuses and every
@@ -53,7 +54,8 @@ async def race(spec: dict[str, Any]) -> dict[str, Any]:
                                                 sqlite_synchronous="NORMAL")
     ledger: Any = LocalBuckets() if store is None else store
     policy = QuotaPolicy(limit=int(spec["limit"]), window_us=int(spec["window"] * 1e6),
-                         jitter_us=int(spec.get("jitter", 0.25) * 1e6))
+                         jitter_us=int(spec.get("jitter", 0.25) * 1e6),
+                         burst=int(spec.get("burst", 1)))
     keys: list[str] = list(spec["keys"])
     block = int(spec.get("block", 1))
     max_wait_us = int(spec.get("max_wait", 0) * 1e6)

@@ -11,6 +11,11 @@ the database so that every replica draws from one budget:
   block of slots, so a hot key costs one row update per block.
 * ``quota_throttle``: a provider 429 blocks the key for every replica in one statement.
 * ``quota_return``: unused slots come back when nothing was granted after them.
+* ``quota_correct``: a provider's remaining count moves the budget forward (never back)
+  for every replica in one statement.
+* Fixed windows (:class:`daemon.core.quota.WindowKind`) read the row, decide with the pure
+  core and write it back by a compare-and-swap on what was read (a counter per window has
+  no single-statement form on both dialects); sliding windows keep the one UPDATE.
 * reservations: a slot bound to one claim (work id + ownership epoch) and, once the
   request is prepared, to its effect attempt; ``reserved -> sent | released |
   spent_unknown``, each a conditional UPDATE on the current state.
@@ -29,6 +34,8 @@ from daemon.core.quota import (
     QuotaState,
     ReservationState,
     Wait,
+    WindowKind,
+    corrected,
     grant,
     reservation_transition,
     returned,
@@ -48,14 +55,14 @@ from storage.port import (
 # Bounded retries of a grant (first grants racing to create the row, unknown COMMITs).
 _MAX_CAS_TRIES = 200
 
-# start = max(tat, blocked, now); the row moves to start + count * interval, only while
-# start <= now + max_wait (both tat and blocked at or below the horizon).
+# base = max(tat, blocked, now); the row moves to base + count * interval, only while the
+# first slot, max(now, blocked, tat - tolerance), is at or before now + max_wait.
 _GRANT_SQL = (
     "UPDATE quota_keys SET tat_us = (CASE WHEN tat_us >= blocked_until_us"
     " THEN (CASE WHEN tat_us > ? THEN tat_us ELSE ? END)"
     " ELSE (CASE WHEN blocked_until_us > ? THEN blocked_until_us ELSE ? END) END) + ?,"
     " granted_total = granted_total + ?, limit_count = ?, window_us = ?, interval_us = ?,"
-    " updated_at_us = ? WHERE quota_key = ? AND tat_us <= ? AND blocked_until_us <= ?"
+    " updated_at_us = ? WHERE quota_key = ? AND tat_us - ? <= ? AND blocked_until_us <= ?"
 )
 _KEY_COLUMNS = (
     "quota_key, tat_us, blocked_until_us, last_throttled_at_us, throttles_total,"
@@ -145,27 +152,43 @@ class QuotaLedger:
         if count <= 0:
             raise ValueError(f"count must be positive, got {count}")
         step = policy.interval_us
+        tau = policy.tolerance_us
         horizon = now_us + max_wait_us
 
         async def body(tx: SqlTx) -> Granted | Wait | None:
             matched = await tx.execute(_GRANT_SQL, (
                 now_us, now_us, now_us, now_us, count * step, count, policy.limit,
-                policy.window_us, step, now_us, key, horizon, horizon))
+                policy.window_us, step, now_us, key, tau, horizon, horizon))
             if matched == 1:
                 rows = await tx.fetchall(
                     "SELECT tat_us, blocked_until_us FROM quota_keys WHERE quota_key = ?",
                     (key,))
                 state = QuotaState(int(rows[0][0]), int(rows[0][1]))
-                first = state.tat_us - count * step
-                return Granted(tuple(first + i * step for i in range(count)), state)
+                base = state.tat_us - count * step
+                positions = tuple(base + i * step for i in range(count))
+                floor = max(now_us, state.blocked_until_us)
+                slots = tuple(max(floor, p - tau) for p in positions)
+                return Granted(slots, state, () if tau == 0 else positions)
             seen = await _read_or_create(tx, key, policy, now_us)
             decision = grant(policy, seen, now_us=now_us, count=count,
                              max_wait_us=max_wait_us)
             return decision if isinstance(decision, Wait) else None  # created: go again
 
+        async def body_fixed(tx: SqlTx) -> Granted | Wait | None:
+            seen = await _read_or_create(tx, key, policy, now_us)
+            decision = grant(policy, seen, now_us=now_us, count=count,
+                             max_wait_us=max_wait_us)
+            if isinstance(decision, Wait):
+                return decision
+            if await _cas(tx, key, seen, decision.state, policy, now_us, granted=count):
+                return decision
+            return None  # another replica moved it first: decide again
+
+        fixed = policy.kind is WindowKind.FIXED
         for _ in range(_MAX_CAS_TRIES):
             try:
-                result = await self.db.transact(body, name="quota.grant")
+                result = await self.db.transact(body_fixed if fixed else body,
+                                                name="quota.grant")
             except DuplicateKey:
                 continue  # two first grants created the row at once; the other won
             except CommitOutcomeUnknown:
@@ -175,6 +198,24 @@ class QuotaLedger:
             if result is not None:
                 return result
         raise QuotaContention(f"quota key {key}: could not grant")
+
+    async def quota_correct(self, key: str, policy: QuotaPolicy, *, now_us: int,
+                            remaining: int) -> bool:
+        """The provider says ``remaining`` requests are left: when that is fewer than the
+        row would grant, move its TAT forward for every replica in one statement (a
+        conditional UPDATE that only ever raises it). True when it moved."""
+        target = corrected(policy, QuotaState(), now_us=now_us, remaining=remaining)
+        if target is None:
+            return False
+
+        async def body(tx: SqlTx) -> bool:
+            matched = await tx.execute(
+                "UPDATE quota_keys SET tat_us = ?, updated_at_us = ?"
+                " WHERE quota_key = ? AND tat_us < ?",
+                (target.tat_us, now_us, key, target.tat_us))
+            return matched == 1
+
+        return await self.db.transact(body, name="quota.correct")
 
     async def quota_throttle(self, key: str, policy: QuotaPolicy, *, now_us: int,
                              retry_after_us: int) -> QuotaState:
@@ -200,7 +241,8 @@ class QuotaLedger:
 
     async def quota_return(self, key: str, policy: QuotaPolicy, unused: tuple[int, ...], *,
                            now_us: int) -> bool:
-        """Give back unused slots; False when they cannot come back (they expire unused)."""
+        """Give back unused slots by their positions (``Granted.places``); False when they
+        cannot come back (they expire unused)."""
 
         async def body(tx: SqlTx) -> bool:
             rows = await tx.fetchall(
@@ -234,6 +276,17 @@ class QuotaLedger:
             return {str(r[0]): int(r[1]) for r in rows}
 
         return await self.db.transact(body, name="quota.in_flight", write=False)
+
+    async def quota_waiting_summaries(self) -> list[str]:
+        """The operator summaries of work rescheduled for quota (``quota_wait``, pending)."""
+
+        async def body(tx: SqlTx) -> list[str]:
+            rows = await tx.fetchall(
+                "SELECT operator_summary FROM work_items WHERE state = 'pending'"
+                " AND failure_class = 'quota_wait'", ())
+            return [str(r[0] or "") for r in rows]
+
+        return await self.db.transact(body, name="quota.waiting", write=False)
 
     async def quota_reservations(self, work_id: str) -> list[QuotaReservation]:
         async def body(tx: SqlTx) -> list[QuotaReservation]:

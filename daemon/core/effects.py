@@ -93,6 +93,8 @@ class DispatchObservation:
     # Where the L1 definition says a response names its record: what this one named.
     # None when the definition does not say (nothing to check).
     identity: IdentityEvidence | None = None
+    # The provider's own remaining counts, from the headers L1's quota dimensions name.
+    quota_remaining: tuple[tuple[str, str], ...] = ()
 
 
 # Today's semantics, the defaults an L1 operation gets when it declares no sets:

@@ -25,6 +25,36 @@ A provider 429 with ``Retry-After`` (or a reset time) *blocks* the key until the
 every replica: no slot starts before it. Slots are never borrowed from the future beyond
 ``max_wait``: work that would have to wait longer is told when to come back, so the
 scheduler can run it at exactly that time instead of retrying with backoff.
+
+Bursts
+------
+Even spacing caps a key at its sustained rate: 100 per 10 s could never send 20 at once.
+A policy therefore names its window's *kind*, as the provider defines it (L1):
+
+* ``sliding`` (any interval of length ``window``): GCRA with a burst tolerance. With a
+  burst of ``B`` the tolerance is ``tau = (B - 1)·I`` and a slot may start up to ``tau``
+  before its TAT, so up to ``B`` slots start at once. Any ``m`` consecutive slots then
+  satisfy ``s_m - s_1 >= (m - 1)·I - tau``; ``N + 1`` of them in an open interval of
+  length ``window + jitter`` would need ``N·I - tau < window + jitter``, so choosing
+  ``I = ceil((window + jitter) / (N - B + 1))`` makes that impossible. The price of a
+  burst of ``B`` is the sustained rate: ``(N - B + 1) / (window + jitter)``.
+* ``fixed`` (the provider counts per window aligned to ``offset + k·window``, e.g. a day
+  from midnight UTC): a counter per window, so all ``N`` may go at once and the next ``N``
+  at the next window's start. A slot whose jitter could carry its arrival past the window's
+  end is moved to the next window. The row's TAT holds the counted window's start plus the
+  number of its slots handed out (one microsecond each: the limit must stay below the
+  window in microseconds), so one integer still says everything.
+
+Each slot also has a *position* on that TAT line (``Granted.positions``): the newest slots
+of a grant come back by their positions (:func:`returned`), never by their send times
+(several slots of a burst share one send time).
+
+Remaining counts
+----------------
+A provider that reports how many requests remain in its window (an L1 header) corrects
+drift (another client on the same app, a restart that lost in-flight slots): when it says
+fewer remain than the row would grant, :func:`corrected` moves the TAT forward so at most
+that many slots start before new capacity accrues. It never moves the budget backward.
 """
 
 from __future__ import annotations
@@ -39,6 +69,13 @@ class QuotaPolicyError(ValueError):
     """A quota definition that cannot be enforced (zero or negative limit or window)."""
 
 
+class WindowKind(enum.StrEnum):
+    """How the provider counts its window (L1 declares it)."""
+
+    SLIDING = "sliding"  # any interval of the window's length
+    FIXED = "fixed"  # windows aligned to offset + k * window
+
+
 @attrs.frozen(kw_only=True)
 class QuotaPolicy:
     """One quota dimension of one provider (L1), with L2's scope folded into the key."""
@@ -47,6 +84,11 @@ class QuotaPolicy:
     window_us: int
     # How late a send may start within its slot (and how much arrival jitter is absorbed).
     jitter_us: int = 250_000
+    kind: WindowKind = WindowKind.SLIDING
+    # Sliding: how many slots may start at once (1: evenly spaced). Fixed: always `limit`.
+    burst: int = 1
+    # Fixed: where the provider's windows start (epoch us modulo the window).
+    offset_us: int = 0
 
     def __attrs_post_init__(self) -> None:
         if isinstance(self.limit, bool) or self.limit <= 0:
@@ -55,15 +97,43 @@ class QuotaPolicy:
             raise QuotaPolicyError(f"window must be positive, got {self.window_us} us")
         if self.jitter_us < 0:
             raise QuotaPolicyError(f"jitter must not be negative, got {self.jitter_us} us")
+        if isinstance(self.burst, bool) or not 1 <= self.burst <= self.limit:
+            raise QuotaPolicyError(
+                f"burst must be between 1 and the limit ({self.limit}), got {self.burst}")
+        if self.kind is WindowKind.FIXED:
+            if self.limit >= self.window_us:
+                raise QuotaPolicyError(
+                    f"a fixed window's limit must be below its length in us, got {self.limit}")
+            if self.jitter_us >= self.window_us:
+                raise QuotaPolicyError("a fixed window must be longer than the jitter")
 
     @property
     def interval_us(self) -> int:
-        """The spacing between two slots of this key."""
-        return max(1, math.ceil((self.window_us + self.jitter_us) / self.limit))
+        """Sliding: the spacing between two slots' positions. Fixed: one position per slot
+        (a microsecond of the counted window's TAT)."""
+        if self.kind is WindowKind.FIXED:
+            return 1
+        return max(1, math.ceil((self.window_us + self.jitter_us)
+                                / (self.limit - self.burst + 1)))
+
+    @property
+    def tolerance_us(self) -> int:
+        """How far before its position a sliding slot may start (the burst)."""
+        if self.kind is WindowKind.FIXED:
+            return 0
+        return (self.burst - 1) * self.interval_us
+
+    def window_start(self, t_us: int) -> int:
+        """Fixed: the start of the provider's window holding ``t``."""
+        return t_us - (t_us - self.offset_us) % self.window_us
 
     def max_sends_in_window(self) -> int:
-        """The most sends any window of the provider's length can see (always <= limit)."""
-        return math.ceil((self.window_us + self.jitter_us) / self.interval_us)
+        """The most sends any window of the provider's own definition can see (<= limit)."""
+        if self.kind is WindowKind.FIXED:
+            return self.limit
+        # m slots fit in an open interval of length L iff (m-1)·I - tau < L.
+        span = self.window_us + self.jitter_us + self.tolerance_us
+        return (span - 1) // self.interval_us + 1
 
 
 @attrs.frozen
@@ -77,10 +147,18 @@ class QuotaState:
 
 @attrs.frozen
 class Granted:
-    """Send times ``slots`` (each valid until ``slot + jitter``); the row moves to ``state``."""
+    """Send times ``slots`` (each valid until ``slot + jitter``); the row moves to ``state``.
+
+    ``positions`` are the slots' places on the TAT line (what :func:`returned` takes); an
+    empty tuple means "the same as the send times" (evenly spaced slots)."""
 
     slots: tuple[int, ...]
     state: QuotaState
+    positions: tuple[int, ...] = ()
+
+    @property
+    def places(self) -> tuple[int, ...]:
+        return self.positions or self.slots
 
 
 @attrs.frozen
@@ -95,12 +173,42 @@ def grant(policy: QuotaPolicy, state: QuotaState, *, now_us: int, count: int = 1
     """Grant ``count`` consecutive slots, the first no later than ``now + max_wait``."""
     if count <= 0:
         raise ValueError(f"count must be positive, got {count}")
-    start = max(state.tat_us, state.blocked_until_us, now_us)
-    if start - now_us > max_wait_us:
-        return Wait(start - max_wait_us)
+    if policy.kind is WindowKind.FIXED:
+        return _grant_fixed(policy, state, now_us=now_us, count=count, max_wait_us=max_wait_us)
     step = policy.interval_us
-    slots = tuple(start + i * step for i in range(count))
-    return Granted(slots, attrs.evolve(state, tat_us=start + count * step))
+    tau = policy.tolerance_us
+    floor = max(now_us, state.blocked_until_us)
+    first = max(floor, state.tat_us - tau)
+    if first - now_us > max_wait_us:
+        return Wait(first - max_wait_us)
+    base = max(state.tat_us, floor)
+    positions = tuple(base + i * step for i in range(count))
+    slots = tuple(max(floor, p - tau) for p in positions)
+    new = attrs.evolve(state, tat_us=base + count * step)
+    return Granted(slots, new, () if tau == 0 else positions)
+
+
+def _grant_fixed(policy: QuotaPolicy, state: QuotaState, *, now_us: int, count: int,
+                 max_wait_us: int) -> Granted | Wait:
+    if count > policy.limit:
+        raise ValueError(f"count {count} exceeds the window's limit {policy.limit}")
+    at = max(now_us, state.blocked_until_us)
+    start = policy.window_start(at)
+    if at + policy.jitter_us > start + policy.window_us:
+        # It could arrive in the next window: it counts there, and starts there.
+        start += policy.window_us
+        at = start
+    counted = policy.window_start(state.tat_us)
+    if counted > start:  # the row already counts a later window (granted ahead)
+        start, at = counted, counted
+    used = state.tat_us - start if counted == start else 0
+    if used + count > policy.limit:
+        start += policy.window_us
+        at, used = start, 0
+    if at - now_us > max_wait_us:
+        return Wait(at - max_wait_us)
+    positions = tuple(start + used + i for i in range(count))
+    return Granted((at,) * count, attrs.evolve(state, tat_us=start + used + count), positions)
 
 
 def throttled(state: QuotaState, *, now_us: int, retry_after_us: int) -> QuotaState:
@@ -111,9 +219,10 @@ def throttled(state: QuotaState, *, now_us: int, retry_after_us: int) -> QuotaSt
 
 def returned(policy: QuotaPolicy, state: QuotaState, unused: tuple[int, ...]
              ) -> QuotaState | None:
-    """Give back unused slots, when they are the newest ones granted (nothing was granted
-    after them); ``None`` when they cannot come back (they simply expire unused, which only
-    ever costs throughput, never correctness)."""
+    """Give back unused slots by their positions (:attr:`Granted.places`), when they are
+    the newest ones granted (nothing was granted after them); ``None`` when they cannot
+    come back (they simply expire unused, which only ever costs throughput, never
+    correctness)."""
     if not unused:
         return None
     step = policy.interval_us
@@ -122,6 +231,46 @@ def returned(policy: QuotaPolicy, state: QuotaState, unused: tuple[int, ...]
     if tuple(sorted(unused)) != expected or state.tat_us != first + len(unused) * step:
         return None
     return attrs.evolve(state, tat_us=first)
+
+
+def corrected(policy: QuotaPolicy, state: QuotaState, *, now_us: int,
+              remaining: int) -> QuotaState | None:
+    """The provider says ``remaining`` requests are left in its window: the TAT such that
+    at most that many slots start before new capacity accrues, or ``None`` when the row
+    already grants no more than that (it never moves the budget backward)."""
+    remaining = max(0, remaining)
+    if policy.kind is WindowKind.FIXED:
+        start = policy.window_start(now_us)
+        if remaining >= policy.limit:
+            return None
+        floor = start + policy.limit - remaining
+    else:
+        if remaining >= policy.burst:
+            return None
+        # Slots that may start at `now`: those with position - tau <= now.
+        floor = now_us + policy.tolerance_us - remaining * policy.interval_us \
+            + policy.interval_us
+    if state.tat_us >= floor:
+        return None
+    return attrs.evolve(state, tat_us=floor)
+
+
+def available(policy: QuotaPolicy, state: QuotaState, *, now_us: int) -> int:
+    """How many slots a grant could start at ``now`` (the key's budget, for operators)."""
+    if state.blocked_until_us > now_us:
+        return 0
+    if policy.kind is WindowKind.FIXED:
+        start = policy.window_start(now_us)
+        if now_us + policy.jitter_us > start + policy.window_us:
+            return 0
+        counted = policy.window_start(state.tat_us)
+        if counted > start:
+            return 0
+        return policy.limit - (state.tat_us - start if counted == start else 0)
+    if state.tat_us - policy.tolerance_us > now_us:
+        return 0
+    base = max(state.tat_us, now_us)
+    return min(policy.burst, (now_us + policy.tolerance_us - base) // policy.interval_us + 1)
 
 
 def slot_usable(policy: QuotaPolicy, slot_us: int, now_us: int) -> bool:

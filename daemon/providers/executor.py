@@ -70,6 +70,8 @@ class PreparedRequest:
     remote_id: str
     auth: AuthScheme
     response: ResponseDefinition
+    # The response headers the provider's quota dimensions name for its remaining count.
+    quota_headers: tuple[str, ...] = ()
 
 
 def desired_fields(operation: OperationDefinition, request: Any) -> dict[str, str | None]:
@@ -113,6 +115,8 @@ def prepare(
         remote_id=remote_id,
         auth=template.auth,
         response=operation.response,
+        quota_headers=tuple(q.remaining_header for q in operation.quotas
+                            if q.remaining_header),
     )
 
 
@@ -280,6 +284,9 @@ class HttpExecutor:
                 status=response.status_code,
                 retry_after_s=_retry_after(response.headers.get("retry-after")),
                 identity=identity,
+                quota_remaining=tuple((name, response.headers[name][:32])
+                                      for name in prepared.quota_headers
+                                      if name in response.headers),
             ),
             evidence,
         )

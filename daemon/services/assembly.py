@@ -25,6 +25,7 @@ from daemon.services.catalog_view import CatalogView
 from daemon.services.checkpoints import CheckpointBatcher
 from daemon.services.clock import Clock
 from daemon.services.credentials import Credentials, build_credentials, connect_flow_key
+from daemon.services.effect_quota import declared_keys
 from daemon.services.effect_runner import EffectRunner, effect_handler, replay_refusal
 from daemon.services.families import FamilyRegistry, build_registry, noop_handler
 from daemon.services.inbound_flow import InboundFlow, inbound_handler
@@ -139,6 +140,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     if metrics is not None:
         runner.on_credential_failure = metrics.count_credential_failure
         runner.on_quota = metrics.count_quota
+        metrics.quota_declared = declared_keys(catalog.operations.values(), catalog.bindings)
     runtime_client = BoundedHttp.open(16)
 
     async def prove_fences(fences: Sequence[Fence]) -> list[StorageError | None]:

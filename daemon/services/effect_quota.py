@@ -11,8 +11,9 @@ binds it to this claim in a fenced transaction (``quota_reservations``: ``reserv
 When a key has no slot within ``max_wait`` the work is told the exact time one will be
 free (:class:`QuotaWait`), and slots already taken for other keys are given back.
 
-The runner waits for the latest slot (never past the earliest one's jitter: a slot that
-cannot be used in time is given back and the work retries at once), checkpoints, sends,
+The runner checkpoints, then waits for the latest slot and checks every slot again (a
+slot whose jitter has passed by then is not sent on: the attempt is recorded as not
+sent and its slots come back), sends,
 and :func:`settle_reservations` moves each reservation with the attempt it was used by:
 ``sent`` (a response came), ``released`` (provably never left: capacity comes back) or
 ``spent_unknown`` (a timeout or reset counts as spent). A provider 429 moves every key's
@@ -21,12 +22,13 @@ budget forward for all replicas (:func:`throttle`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import attrs
 import trio
 
-from config.definitions import OperationDefinition
+from config.definitions import OperationDefinition, policy_of
 from config.settings import BindingSettings
 from daemon.core.effects import DispatchObservation, Phase
 from daemon.core.quota import QuotaPolicy, ReservationState, Wait, slot_usable
@@ -44,6 +46,9 @@ MAX_WAIT_US = 1_000_000
 class QuotaKey:
     key: str
     policy: QuotaPolicy
+    dimension: str = ""
+    # The response header with the provider's own remaining count (L1), if any.
+    remaining_header: str = ""
 
 
 @attrs.frozen
@@ -51,6 +56,8 @@ class Reserved:
     key: QuotaKey
     slot_us: int
     reservation_id: str
+    # Its place on the key's TAT line (what comes back when it is not used).
+    position_us: int
 
 
 @attrs.frozen
@@ -61,13 +68,47 @@ class QuotaWait:
     until_us: int
 
 
+_WAITING = re.compile(r"quota key (\S+) has no send slot")
+
+
+def waiting_summary(key: str, delay_s: float) -> str:
+    """The operator summary of work rescheduled for ``key`` (read back by the gauges)."""
+    return f"quota key {key} has no send slot for {delay_s:.3f} s; scheduled for then"
+
+
+def waiting_key(summary: str) -> str | None:
+    """The quota key a ``quota_wait`` summary names (None: not one of ours)."""
+    found = _WAITING.match(summary)
+    return found.group(1) if found else None
+
+
+def declared_keys(operations: Iterable[OperationDefinition],
+                  bindings: Iterable[BindingSettings]) -> dict[str, QuotaKey]:
+    """Every quota key the Catalog's operations and bindings can count against."""
+    out: dict[str, QuotaKey] = {}
+    ops = list(operations)
+    for b in bindings:
+        for op in ops:
+            if op.provider == b.provider:
+                out.update((k.key, k) for k in quota_keys(op, b))
+    return out
+
+
 def quota_keys(op: OperationDefinition, binding: BindingSettings) -> list[QuotaKey]:
+    """One key per L1 dimension, counted against the scope L2 names for it (or L1's)."""
     out = []
     for q in op.quotas:
-        scope = binding.app_installation_id if q.scope == "app_installation" \
-            else binding.binding_id
-        out.append(QuotaKey(f"{op.provider}:{q.name}:{binding.org_id}:{scope}",
-                            QuotaPolicy(limit=q.limit, window_us=int(q.window_s * 1_000_000))))
+        override = binding.quota_scope(q.name)
+        scope = override.scope if override is not None else q.scope
+        if scope == "provider_key":
+            assert override is not None
+            name = f"{op.provider}:{q.name}:key:{override.key}"
+        else:
+            value = {"app_installation": binding.app_installation_id,
+                     "binding": binding.binding_id, "org": binding.org_id}[scope]
+            name = f"{op.provider}:{q.name}:{binding.org_id}:{value}" if scope != "org" \
+                else f"{op.provider}:{q.name}:{binding.org_id}"
+        out.append(QuotaKey(name, policy_of(q), q.name, q.remaining_header))
     return out
 
 
@@ -77,38 +118,79 @@ async def reserve(store: WorkStore, clock: Clock, fence: Fence,
     if not keys:
         return []
     now = clock.now_us()
-    granted: list[tuple[QuotaKey, int]] = []
-    for k in keys:
-        got = await store.quota_grant(k.key, k.policy, now_us=now, max_wait_us=MAX_WAIT_US)
-        if isinstance(got, Wait):
-            await _give_back(store, granted, now)
-            return QuotaWait(k.key, got.until_us)
-        granted.append((k, got.slots[0]))
+    granted = await _common_instant(store, keys, now)
+    if isinstance(granted, QuotaWait):
+        return granted
 
     async def bind(tx: SqlTx) -> list[str]:
         return [await reservation_open(tx, quota_key=k.key, slot_at_us=slot,
                                        expires_at_us=slot + k.policy.jitter_us,
                                        work_id=fence.work_id,
                                        ownership_epoch=fence.ownership_epoch, now_us=now)
-                for k, slot in granted]
+                for k, slot, _ in granted]
 
     ids = await store.work_fenced(fence, now, bind, name="quota.reserve")
-    latest = max(slot for _, slot in granted)
-    delay = latest - clock.now_us()
-    if delay > 0:
-        await trio.sleep(delay / 1_000_000)
     at = clock.now_us()
-    if not all(slot_usable(k.policy, slot, at) for k, slot in granted):
-        # Too late for one of them: nothing is sent on it, and it may come back.
+    if at >= min(slot + max(1, k.policy.jitter_us) for k, slot, _ in granted):
+        # Too late for one of them already: nothing is sent on it, and it may come back.
         await _give_back(store, granted, at)
         await _move(store, fence, ids, ReservationState.RELEASED, None, at)
         return QuotaWait(granted[0][0].key, at)
-    return [Reserved(k, slot, rid) for (k, slot), rid in zip(granted, ids, strict=True)]
+    return [Reserved(k, slot, rid, place)
+            for (k, slot, place), rid in zip(granted, ids, strict=True)]
 
 
-async def _give_back(store: WorkStore, granted: list[tuple[QuotaKey, int]], now: int) -> None:
-    for k, slot in granted:
-        await store.quota_return(k.key, k.policy, (slot,), now_us=now)
+def slot_wait_us(reserved: list[Reserved], now_us: int) -> int:
+    """How long until every slot may start (the runner waits after its checkpoint)."""
+    return max([0, *(r.slot_us - now_us for r in reserved)])
+
+
+async def wait_for_slots(clock: Clock, reserved: list[Reserved]) -> bool:
+    """Sleep until the latest slot; True when every slot may still start a send then."""
+    delay = slot_wait_us(reserved, clock.now_us())
+    if delay > 0:
+        await trio.sleep(delay / 1_000_000)
+    return still_usable(reserved, clock.now_us())
+
+
+# Rounds of "ask every key for a slot at or after the latest one so far" before giving up.
+_ROUNDS = 4
+
+
+async def _common_instant(store: WorkStore, keys: list[QuotaKey], now: int
+                          ) -> list[tuple[QuotaKey, int, int]] | QuotaWait:
+    """One slot of every key such that some instant lies within all of them: a key with
+    a burst may grant one for now while another's is later, and a slot is only valid for
+    its jitter, so a later slot makes the earlier ones ask again from its time (the
+    early ones are given back). A grant "from" a later time is still a grant by the
+    schedule's own arithmetic (never more than the limit in any window)."""
+    target = now
+    # The slowest key first: its slot is usually the latest, and every later key is asked
+    # from it, so one round normally suffices (a round that fails costs slots that may
+    # not come back: under contention someone has been granted after them).
+    ordered = sorted(keys, key=lambda k: -k.policy.interval_us)
+    for _ in range(_ROUNDS):
+        granted: list[tuple[QuotaKey, int, int]] = []
+        for k in ordered:
+            got = await store.quota_grant(k.key, k.policy, now_us=target,
+                                          max_wait_us=max(0, now + MAX_WAIT_US - target))
+            if isinstance(got, Wait):
+                await _give_back(store, granted, now)
+                return QuotaWait(k.key, got.until_us - (target - now))
+            granted.append((k, got.slots[0], got.places[0]))
+            target = max(target, got.slots[0])
+        latest = max(slot for _, slot, _ in granted)
+        if all(latest < slot + max(1, k.policy.jitter_us) for k, slot, _ in granted):
+            return granted
+        await _give_back(store, granted, now)
+        target = latest
+    return QuotaWait(keys[0].key, target)
+
+
+async def _give_back(store: WorkStore, granted: list[tuple[QuotaKey, int, int]],
+                     now: int) -> None:
+    for k, _, place in granted:
+        await store.quota_return(k.key, k.policy, (place,), now_us=now)
 
 
 async def _move(store: WorkStore, fence: Fence, ids: list[str], target: ReservationState,
@@ -118,6 +200,11 @@ async def _move(store: WorkStore, fence: Fence, ids: list[str], target: Reservat
             await reservation_move(tx, rid, target, now_us=now, attempt_id=attempt_id)
 
     await store.work_fenced(fence, now, body, name="quota.release")
+
+
+def still_usable(reserved: list[Reserved], now_us: int) -> bool:
+    """Every slot may still start a send at ``now`` (re-checked after the checkpoint)."""
+    return all(slot_usable(r.key.policy, r.slot_us, now_us) for r in reserved)
 
 
 def outcome_state(seen: DispatchObservation) -> ReservationState:
@@ -147,7 +234,7 @@ async def give_back_unsent(store: WorkStore, reserved: list[Reserved],
     """Capacity comes back only when the attempt provably never left (True: it did)."""
     if outcome_state(seen) is not ReservationState.RELEASED:
         return False
-    await _give_back(store, [(r.key, r.slot_us) for r in reserved], now_us)
+    await _give_back(store, [(r.key, r.slot_us, r.position_us) for r in reserved], now_us)
     return True
 
 
@@ -157,3 +244,20 @@ async def throttle(store: WorkStore, reserved: list[Reserved], retry_after_s: fl
     for r in reserved:
         await store.quota_throttle(r.key.key, r.key.policy, now_us=now_us,
                                    retry_after_us=int(retry_after_s * 1_000_000))
+
+
+async def correct(store: WorkStore, reserved: list[Reserved], headers: Mapping[str, str],
+                  now_us: int) -> int:
+    """The provider's remaining counts, from the response headers L1 names: each key it
+    says has fewer left than its row would grant moves forward for every replica (never
+    back). Returns how many keys moved. A header that is not a whole number is ignored."""
+    lowered = {k.lower(): v for k, v in headers.items()}
+    moved = 0
+    for r in reserved:
+        text = lowered.get(r.key.remaining_header) if r.key.remaining_header else None
+        if text is None or not text.strip().isdigit():
+            continue
+        if await store.quota_correct(r.key.key, r.key.policy, now_us=now_us,
+                                     remaining=int(text.strip())):
+            moved += 1
+    return moved

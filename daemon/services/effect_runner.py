@@ -406,8 +406,7 @@ class EffectRunner:
             self.on_quota("waited")
             delay = max(0.0, (reserved.until_us - ctx.clock.now_us()) / 1_000_000)
             return Deferred("quota_wait", reserved.until_us,
-                            f"quota key {reserved.key} has no send slot for {delay:.3f} s;"
-                            " scheduled for then")
+                            quota.waiting_summary(reserved.key, delay))
         pins: dict[str, Any] = {
             "binding_generation": ec.principal.generation,
             "catalog_revision": command.catalog_revision,
@@ -426,7 +425,9 @@ class EffectRunner:
             safe_headers=canonical_bytes(prepared.safe_headers).decode(),
             body_sha256=prepared.body_sha256, idempotency_key=prepared.idempotency_key,
             pre_dispatch_evidence=evidence,
-            give_up_after_us=int(_client_deadline_s(binding) * 1_000_000),
+            # The wait for a future slot comes after the checkpoint: the bound includes it.
+            give_up_after_us=int(_client_deadline_s(binding) * 1_000_000)
+            + quota.slot_wait_us(reserved, ctx.clock.now_us()),
         )
         if self.checkpoints is not None:
             attempt_id = await self.checkpoints.checkpoint(ctx.fence, draft)
@@ -435,12 +436,19 @@ class EffectRunner:
         # The checkpoint is committed: only now may bytes leave.
         # One deadline for the whole exchange (a free connection, then the request):
         # the give-up bound the checkpoint recorded is then true.
-        with trio.move_on_after(_client_deadline_s(binding)) as deadline:
-            seen, provider_evidence = await self.executor.dispatch(
-                prepared, access.token.reveal(), binding.timeout)
-        if deadline.cancelled_caught:
-            seen, provider_evidence = DispatchObservation(Phase.SENT,
-                                                          detail="ClientDeadline"), {}
+        if reserved and not await quota.wait_for_slots(ctx.clock, reserved):
+            # The checkpoint (or the wake-up) outlasted a slot's jitter: sending now could
+            # land in a window the schedule did not give it. Nothing leaves; the slots
+            # come back.
+            seen = DispatchObservation(Phase.NOT_CONNECTED, detail="quota_slot_expired")
+            provider_evidence: dict[str, Any] = {}
+        else:
+            with trio.move_on_after(_client_deadline_s(binding)) as deadline:
+                seen, provider_evidence = await self.executor.dispatch(
+                    prepared, access.token.reveal(), binding.timeout)
+            if deadline.cancelled_caught:
+                seen, provider_evidence = DispatchObservation(Phase.SENT,
+                                                              detail="ClientDeadline"), {}
         verdict = classify(op.contract, seen)
         self.on_attempt(op.name, verdict.outcome.value)
         logs.event("effect_attempt", command_id=command.command_id, attempt_id=attempt_id,
@@ -452,6 +460,9 @@ class EffectRunner:
             ctx.on_finalize(quota.settle_reservations(reserved, seen, attempt_id, now))
             if await quota.give_back_unsent(ctx.store, reserved, seen, now):
                 self.on_quota("given_back")
+            if seen.quota_remaining and await quota.correct(
+                    ctx.store, reserved, dict(seen.quota_remaining), now):
+                self.on_quota("corrected")
             if seen.status == 429:
                 self.on_quota("throttled")
                 await quota.throttle(ctx.store, reserved, verdict.retry_after_s

@@ -16,6 +16,7 @@ import platform
 import time
 from collections.abc import Iterator
 from importlib import metadata
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -31,6 +32,10 @@ from prometheus_client.registry import Collector
 from daemon.core.ingress import QUARANTINE_REASONS
 from storage.port import DbStats, QueueDepth
 from storage.retention.rules import pruned_tables
+
+if TYPE_CHECKING:
+    from daemon.services.effect_quota import QuotaKey
+    from daemon.services.quota_gauges import QuotaSample
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -57,7 +62,7 @@ RETENTION_RESULTS = ("done", "busy", "failed", "lease_lost", "lease_untrusted")
 
 # Pre-created label values (the alert rules read them before the first event).
 CREDENTIAL_ALERT_REASONS = ("needs_reauthorization", "token_bundle_unauthentic")
-QUOTA_EVENTS = ("reserved", "waited", "throttled", "given_back")
+QUOTA_EVENTS = ("reserved", "waited", "throttled", "given_back", "corrected")
 # Result labels of integrationd_ingress_deliveries_total (answered 200) and reasons of
 # integrationd_ingress_rejections_total (answered otherwise, before a durable receipt).
 INGRESS_RESULTS = ("stored", "duplicate", "spooled")
@@ -293,12 +298,43 @@ class Metrics:
             "integrationd_quota_events",
             "Provider quota before dispatch, by event: reserved (slots bound to a claim),"
             " waited (work rescheduled until the budget allows), throttled (a provider 429"
-            " moved the shared budget), given_back (slots that provably never left)",
+            " moved the shared budget), given_back (slots that provably never left),"
+            " corrected (a provider's remaining count moved the shared budget forward)",
             ["event"],
             registry=r,
         )
         for event in QUOTA_EVENTS:
             self.quota_events.labels(event)
+        # Per quota key (sampled by the depth loop; daemon/services/quota_gauges.py).
+        self.quota_budget = Gauge(
+            "integrationd_quota_budget",
+            "Send slots a grant could start now on each quota key (0: saturated or blocked)",
+            ["quota_key"], registry=r)
+        self.quota_limit = Gauge(
+            "integrationd_quota_limit",
+            "The provider limit of each quota key (requests per its window)",
+            ["quota_key"], registry=r)
+        self.quota_in_flight = Gauge(
+            "integrationd_quota_reservations_in_flight",
+            "Slots reserved for a claim and not yet sent, released or spent, per quota key",
+            ["quota_key"], registry=r)
+        self.quota_waiting = Gauge(
+            "integrationd_quota_waiting_work",
+            "Work items rescheduled until their quota key has a slot (quota_wait)",
+            ["quota_key"], registry=r)
+        self.quota_last_throttled = Gauge(
+            "integrationd_quota_last_throttled_timestamp_seconds",
+            "When a provider last answered 429 on each quota key (0: never)",
+            ["quota_key"], registry=r)
+        self.quota_blocked_until = Gauge(
+            "integrationd_quota_blocked_until_timestamp_seconds",
+            "Until when a provider 429 blocks each quota key for every replica (0: never)",
+            ["quota_key"], registry=r)
+        self.quota_sampled_at = Gauge(
+            "integrationd_quota_sample_timestamp_seconds",
+            "When the quota gauges were last sampled", registry=r)
+        # The keys this replica's Catalog can count against (set when it is assembled).
+        self.quota_declared: dict[str, QuotaKey] = {}
         self.retention_pruned = Counter(
             "integrationd_retention_pruned_rows",
             "Rows the retention pruner deleted in this replica, by table",
@@ -451,6 +487,16 @@ class Metrics:
             self.oldest_age.labels(*key).set(0)
         self._depth_keys |= seen
         self.depth_sampled_at.set(now_us / 1_000_000)
+
+    def set_quota(self, samples: list[QuotaSample], now_us: int) -> None:
+        for q in samples:
+            self.quota_budget.labels(q.quota_key).set(q.budget)
+            self.quota_limit.labels(q.quota_key).set(q.limit)
+            self.quota_in_flight.labels(q.quota_key).set(q.in_flight)
+            self.quota_waiting.labels(q.quota_key).set(q.waiting)
+            self.quota_last_throttled.labels(q.quota_key).set(q.last_throttled_at_us / 1e6)
+            self.quota_blocked_until.labels(q.quota_key).set(q.blocked_until_us / 1e6)
+        self.quota_sampled_at.set(now_us / 1_000_000)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -63,6 +63,7 @@ from daemon.services.families import FamilyRegistry
 from daemon.services.http_server import serve_app
 from daemon.services.lease_keeper import LeaseKeeper
 from daemon.services.metrics import Metrics
+from daemon.services.quota_gauges import sample_quota
 from daemon.services.retention import Pruner
 from daemon.services.scheduler import Scheduler
 from daemon.services.worker_pool import WorkerPool
@@ -469,6 +470,9 @@ class Replica:
                 flow = await self.store.flow_sample(previous_us, now_us)
                 self.metrics.set_depths(depths, now_us)
                 self.metrics.effect_unknown_backlog.set(await self.store.effect_unknown_backlog())
+                if self.metrics.quota_declared:
+                    self.metrics.set_quota(await sample_quota(
+                        self.store, self.metrics.quota_declared, now_us), now_us)
                 self.history.append(
                     HistoryPoint(now_us, (now_us - previous_us) / 1_000_000, tuple(depths),
                                  tuple(finished), flow)

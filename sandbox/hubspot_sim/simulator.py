@@ -68,6 +68,12 @@ class HubSpotSimulator:
     _faults: FaultQueue = attrs.field(factory=FaultQueue, init=False)
     _next_id: int = attrs.field(default=1, init=False)
     _server: H11Server | None = attrs.field(default=None, init=False)
+    # HubSpot's rate-limit headers: every provider answer reports how many of the app's
+    # `rate_limit` requests per 10 s remain, counting this simulator's own arrivals and
+    # `other_client_requests` (another client of the same app, which integrationd's
+    # book cannot see).
+    rate_limit: int = 100
+    other_client_requests: int = 0
 
     async def run(
         self,
@@ -169,7 +175,19 @@ class HubSpotSimulator:
         self._record(
             request, received_at, outcome.contact_id, outcome.applied, outcome.response.status
         )
-        return outcome.response
+        return attrs.evolve(outcome.response, headers=(
+            *outcome.response.headers, *self._rate_headers(received_at)))
+
+    def _rate_headers(self, now: float) -> tuple[tuple[str, str], ...]:
+        recent = 0
+        for r in reversed(self.requests):  # newest first; latency may reorder a little
+            if r.received_at < now - 60.0:
+                break
+            recent += now - 10.0 < r.received_at <= now
+        remaining = max(0, self.rate_limit - recent - self.other_client_requests)
+        return (("x-hubspot-ratelimit-max", str(self.rate_limit)),
+                ("x-hubspot-ratelimit-interval-milliseconds", "10000"),
+                ("x-hubspot-ratelimit-remaining", str(remaining)))
 
     def _record(
         self,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Any
 
+import attrs
 import pytest
 
 from config.catalog import (
@@ -15,7 +17,7 @@ from config.catalog import (
     load_documents,
 )
 from config.catalog_revisions import catalog_from_content
-from config.settings import BindingSettings, CatalogSettings, Secret, Settings
+from config.settings import BindingSettings, CatalogSettings, QuotaScope, Secret, Settings
 from daemon.core.canonical import NotCanonical
 from daemon.core.catalog_content import (
     BadContent,
@@ -128,3 +130,18 @@ def test_other_l1_documents_make_other_operations() -> None:
     (op,) = catalog.operations.values()
     assert op.request.path.text.endswith("/v2")
     assert catalog.digest != build_catalog(2, documents, ()).digest
+
+
+def test_a_bindings_quota_scope_is_catalog_content_and_parses_back() -> None:
+    plain = load_catalog(_settings())
+    settings = _settings()
+    (b,) = settings.bindings
+    scoped = attrs.evolve(b, quota=(QuotaScope(dimension="per_app_10s", scope="provider_key",
+                                               key="shared-7"),))
+    served = load_catalog(attrs.evolve(settings, bindings=(scoped,)))
+    # Another scope is another Catalog (what the work pinned counts where it did)...
+    assert served.digest != plain.digest
+    back = catalog_from_content(3, served.digest, served.content, served.bindings)
+    assert back.bindings == served.bindings
+    # ...and a binding without overrides keeps the content it had before they existed.
+    assert "quota" not in json.loads(plain.content)["bindings"][0]

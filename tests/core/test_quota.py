@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import random
 
+import attrs
 import pytest
 
 from daemon.core.quota import (
@@ -12,6 +14,8 @@ from daemon.core.quota import (
     QuotaPolicyError,
     QuotaState,
     Wait,
+    WindowKind,
+    corrected,
     grant,
     returned,
     slot_usable,
@@ -135,3 +139,212 @@ def test_no_window_ever_sees_more_than_the_limit(seed: int) -> None:
         while j < len(sends) and sends[j] < start + policy.window_us:
             j += 1
         assert j - i <= policy.limit, (start, j - i, policy)
+
+
+# ------------------------------------------------------------------ bursts
+
+SLIDING_BURST = QuotaPolicy(limit=100, window_us=10 * S, jitter_us=250_000, burst=20)
+FIXED = QuotaPolicy(limit=100, window_us=10 * S, jitter_us=250_000, kind=WindowKind.FIXED)
+
+
+@pytest.mark.parametrize(("policy", "interval", "tolerance"), [
+    # (10 s + 0.25 s) / (100 - 20 + 1), rounded up; a burst of 20 starts at once.
+    (SLIDING_BURST, 126_544, 19 * 126_544),
+    (QuotaPolicy(limit=100, window_us=10 * S, burst=1), 102_500, 0),  # no burst: as before
+    (QuotaPolicy(limit=5, window_us=10, jitter_us=0, burst=5), 10, 40),  # all at once
+    (FIXED, 1, 0),
+])
+def test_burst_interval_and_tolerance(policy: QuotaPolicy, interval: int,
+                                      tolerance: int) -> None:
+    assert policy.interval_us == interval
+    assert policy.tolerance_us == tolerance
+    assert policy.max_sends_in_window() <= policy.limit
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"burst": 0}, "burst must be between 1 and the limit"),
+    ({"burst": 101}, "burst must be between 1 and the limit"),
+    ({"burst": True}, "burst must be between 1 and the limit"),
+    ({"kind": WindowKind.FIXED, "window_us": 100}, "limit must be below its length"),
+    ({"kind": WindowKind.FIXED, "window_us": 200_000}, "longer than the jitter"),
+])
+def test_burst_policies_that_cannot_be_enforced_are_refused(fields: dict[str, object],
+                                                            message: str) -> None:
+    base: dict[str, object] = {"limit": 100, "window_us": 10 * S, "jitter_us": 250_000}
+    with pytest.raises(QuotaPolicyError, match=message):
+        QuotaPolicy(**{**base, **fields})  # type: ignore[arg-type]
+
+
+def test_a_sliding_burst_starts_at_once_then_the_sustained_rate() -> None:
+    got = grant(SLIDING_BURST, QuotaState(), now_us=5 * S, count=22, max_wait_us=10 * S)
+    assert isinstance(got, Granted)
+    step = SLIDING_BURST.interval_us
+    assert got.slots[:20] == (5 * S,) * 20  # the burst
+    assert got.slots[20:] == (5 * S + step, 5 * S + 2 * step)  # then one per interval
+    assert got.positions == tuple(5 * S + i * step for i in range(22))
+    assert got.state == QuotaState(5 * S + 22 * step, 0)
+    # A burst is not a way around max_wait: the 82nd slot from now is a whole window on.
+    full = grant(SLIDING_BURST, got.state, now_us=5 * S, count=1, max_wait_us=0)
+    assert full == Wait(5 * S + 3 * step)
+
+
+FIXED_GRANTS = [
+    # (state, now, count, max_wait, expected)
+    # The first grant of a window: all at once, counted from the window's start.
+    (QuotaState(0, 0), 12 * S, 3, 0,
+     Granted((12 * S,) * 3, QuotaState(10 * S + 3, 0), (10 * S, 10 * S + 1, 10 * S + 2))),
+    # Same window, 97 used: the last 3 still go now.
+    (QuotaState(10 * S + 97, 0), 13 * S, 3, 0,
+     Granted((13 * S,) * 3, QuotaState(10 * S + 100, 0),
+             (10 * S + 97, 10 * S + 98, 10 * S + 99))),
+    # The window is full: the next one's start, if within max_wait, else when to return.
+    (QuotaState(10 * S + 100, 0), 13 * S, 1, 0, Wait(20 * S)),
+    (QuotaState(10 * S + 99, 0), 13 * S, 2, 0, Wait(20 * S)),
+    (QuotaState(10 * S + 100, 0), 19 * S, 1, S,
+     Granted((20 * S,), QuotaState(20 * S + 1, 0), (20 * S,))),
+    # Within the jitter of the window's end: it could arrive in the next window, so it
+    # counts there and starts there.
+    (QuotaState(10 * S + 5, 0), 20 * S - 100_000, 1, 0, Wait(20 * S - 0)),
+    (QuotaState(10 * S + 5, 0), 20 * S - 100_000, 1, S,
+     Granted((20 * S,), QuotaState(20 * S + 1, 0), (20 * S,))),
+    # A row from an old window counts nothing now.
+    (QuotaState(10 * S + 100, 0), 45 * S, 1, 0,
+     Granted((45 * S,), QuotaState(40 * S + 1, 0), (40 * S,))),
+    # Blocked by a 429 into a later window.
+    (QuotaState(10 * S + 50, 31 * S), 13 * S, 1, 0, Wait(31 * S)),
+    (QuotaState(10 * S + 50, 31 * S), 13 * S, 1, 20 * S,
+     Granted((31 * S,), QuotaState(30 * S + 1, 31 * S), (30 * S,))),
+]
+
+
+@pytest.mark.parametrize(("state", "now", "count", "max_wait", "expected"), FIXED_GRANTS)
+def test_fixed_window_grant(state: QuotaState, now: int, count: int, max_wait: int,
+                            expected: Granted | Wait) -> None:
+    assert grant(FIXED, state, now_us=now, count=count, max_wait_us=max_wait) == expected
+
+
+def test_a_fixed_window_grant_larger_than_the_limit_is_a_bug() -> None:
+    with pytest.raises(ValueError, match="exceeds the window's limit"):
+        grant(FIXED, QuotaState(), now_us=S, count=101)
+
+
+def test_burst_slots_come_back_by_position() -> None:
+    for policy in (SLIDING_BURST, FIXED):
+        got = grant(policy, QuotaState(), now_us=S, count=4)
+        assert isinstance(got, Granted)
+        assert returned(policy, got.state, got.places[2:]) == QuotaState(got.places[2], 0)
+        # Send times of a burst are not positions: they do not come back.
+        assert returned(policy, got.state, got.slots[2:]) is None
+
+
+CORRECTIONS = [
+    # (policy, state, now, remaining, expected tat or None)
+    # Sliding, burst 20: the provider says 5 remain; the row would have granted 20.
+    (SLIDING_BURST, QuotaState(0, 0), 5 * S, 5,
+     5 * S + 19 * 126_544 - 4 * 126_544),
+    (SLIDING_BURST, QuotaState(0, 0), 5 * S, 0, 5 * S + 20 * 126_544),
+    (SLIDING_BURST, QuotaState(0, 0), 5 * S, -3, 5 * S + 20 * 126_544),  # as 0
+    # The row already grants no more: never moved backward.
+    (SLIDING_BURST, QuotaState(0, 0), 5 * S, 20, None),
+    (SLIDING_BURST, QuotaState(9 * S, 0), 5 * S, 5, None),
+    # Fixed: 30 remain of 100 -> 70 counted in this window.
+    (FIXED, QuotaState(10 * S + 12, 0), 13 * S, 30, 10 * S + 70),
+    (FIXED, QuotaState(10 * S + 80, 0), 13 * S, 30, None),
+    (FIXED, QuotaState(0, 0), 13 * S, 100, None),
+]
+
+
+@pytest.mark.parametrize(("policy", "state", "now", "remaining", "tat"), CORRECTIONS)
+def test_remaining_count_corrects_drift_forward_only(policy: QuotaPolicy, state: QuotaState,
+                                                     now: int, remaining: int,
+                                                     tat: int | None) -> None:
+    got = corrected(policy, state, now_us=now, remaining=remaining)
+    assert (None if got is None else got.tat_us) == tat
+    if got is not None:
+        # After it, at most `remaining` slots start now.
+        n = 0
+        while True:
+            g = grant(policy, got, now_us=now, count=1)
+            if isinstance(g, Wait):
+                break
+            got, n = g.state, n + 1
+        assert n == max(0, remaining)
+
+
+def _worst_window(sends: list[int], policy: QuotaPolicy) -> int:
+    """The most sends any window of the provider's own definition holds."""
+    sends = sorted(sends)
+    if policy.kind is WindowKind.FIXED:
+        counts: dict[int, int] = {}
+        for t in sends:
+            counts[policy.window_start(t)] = counts.get(policy.window_start(t), 0) + 1
+        return max(counts.values())
+    worst, j = 0, 0
+    for i, start in enumerate(sends):
+        while j < len(sends) and sends[j] < start + policy.window_us:
+            j += 1
+        worst = max(worst, j - i)
+    return worst
+
+
+def _simulate(policy: QuotaPolicy, seed: int, schedule: object = grant) -> list[int]:
+    """Random replicas grant blocks, send anywhere inside each slot's jitter, return some,
+    get throttled and corrected."""
+    rng = random.Random(seed)
+    state, now = QuotaState(), 0
+    sends: list[int] = []
+    for _ in range(600):
+        now += rng.randrange(0, max(2, policy.window_us // policy.limit) * 2)
+        if rng.random() < 0.03:
+            state = throttled(state, now_us=now, retry_after_us=rng.randrange(0, 2 * S))
+        if rng.random() < 0.03:
+            state = corrected(policy, state, now_us=now,
+                              remaining=rng.randrange(0, policy.limit)) or state
+        got = schedule(policy, state, now_us=now,  # type: ignore[operator]
+                       count=rng.randint(1, min(4, policy.limit)),
+                       max_wait_us=rng.choice([0, S]))
+        if isinstance(got, Wait):
+            assert got.until_us > now
+            continue
+        state = got.state
+        n_used = rng.randint(0, len(got.slots))
+        if n_used < len(got.slots) and rng.random() < 0.5:
+            state = returned(policy, state, got.places[n_used:]) or state
+        sends.extend(s + rng.randrange(0, max(1, policy.jitter_us))
+                     for s in got.slots[:n_used])
+    assert sends, "nothing was sent"
+    return sends
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_no_window_of_either_kind_ever_sees_more_than_the_limit_with_bursts(seed: int) -> None:
+    rng = random.Random(seed)
+    limit = rng.choice([3, 10, 100])
+    policy = QuotaPolicy(limit=limit, window_us=rng.choice([S, 10 * S]),
+                         jitter_us=rng.choice([0, 50_000, 250_000]),
+                         kind=rng.choice(list(WindowKind)), burst=rng.randint(1, limit),
+                         offset_us=rng.randrange(0, S))
+    assert _worst_window(_simulate(policy, seed), policy) <= limit
+
+
+def _naive_burst(policy: QuotaPolicy, state: QuotaState, *, now_us: int, count: int,
+                 max_wait_us: int) -> Granted | Wait:
+    """GCRA with a burst tolerance but the even spacing's interval (the textbook mistake):
+    after a full burst it goes on at the full rate, so a window sees up to 2N - 1."""
+    step = math.ceil((policy.window_us + policy.jitter_us) / policy.limit)
+    tau = (policy.burst - 1) * step
+    floor = max(now_us, state.blocked_until_us)
+    if max(floor, state.tat_us - tau) - now_us > max_wait_us:
+        return Wait(max(floor, state.tat_us - tau) - max_wait_us)
+    base = max(state.tat_us, floor)
+    positions = tuple(base + i * step for i in range(count))
+    return Granted(tuple(max(floor, p - tau) for p in positions),
+                   attrs.evolve(state, tat_us=base + count * step), positions)
+
+
+def test_the_window_check_catches_a_burst_without_the_longer_interval() -> None:
+    """Negative row: the same check fails the textbook burst, so it can fail ours."""
+    policy = QuotaPolicy(limit=10, window_us=S, jitter_us=0, burst=10)
+    worst = max(_worst_window(_simulate(policy, seed, _naive_burst), policy)
+                for seed in range(5))
+    assert worst > policy.limit

@@ -61,9 +61,9 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 def replica_config(path: Path, db_url: str, *, api_port: int, runtime_url: str,
-                   hubspot_url: str) -> Path:
+                   hubspot_url: str, definitions_dir: str = "") -> Path:
     # The sandbox L1 declares 1 s; the binding lengthens it to 2.5 s.
-    definitions_dir = sandbox_definitions_dir()
+    definitions_dir = definitions_dir or sandbox_definitions_dir()
     path.write_text(f"""
 [storage]
 url = "{db_url}"
@@ -125,7 +125,8 @@ class World:
 
 
 @asynccontextmanager
-async def world(database: FreshDatabase, tmp_path: Path) -> AsyncIterator[World]:
+async def world(database: FreshDatabase, tmp_path: Path,
+                definitions_dir: str = "") -> AsyncIterator[World]:
     sim = HubSpotSimulator(tokens={HUBSPOT_TOKEN})
     api_port = free_port()
     os.environ["INTEGRATIOND_RUNTIME_CRM_TOKEN"] = RUNTIME_TOKEN
@@ -142,7 +143,8 @@ async def world(database: FreshDatabase, tmp_path: Path) -> AsyncIterator[World]
             runtime_url = f"http://127.0.0.1:{runtime_port}"
             cfg = replica_config(tmp_path / "a.toml", database.url, api_port=api_port,
                                  runtime_url=runtime_url,
-                                 hubspot_url=f"http://127.0.0.1:{sim_port}")
+                                 hubspot_url=f"http://127.0.0.1:{sim_port}",
+                                 definitions_dir=definitions_dir)
             # The replicas serve revision 7: publish it (``run`` publishes nothing).
             store = await database.open_store()
             catalog = load_catalog(load_settings(str(cfg), known_families=known_family_names()))

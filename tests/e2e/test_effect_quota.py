@@ -12,9 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from config.catalog import CatalogError
 from config.definitions import parse_provider
+from daemon.core.quota import QuotaPolicy, QuotaState, available
 from sandbox.hubspot_sim.model import Fault
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
@@ -28,6 +30,9 @@ from tests.ui.support import _OPERATORS
 pytestmark = pytest.mark.slow
 
 QUOTA = '\n[quota.per_app]\nlimit = 2\nwindow = 1.0\nscope = "app_installation"\n'
+# The test's own dimension, and the two the shipped L1 declares (config/providers/).
+KEYS = ["hubspot:per_app:org-acme:install-1", "hubspot:per_app_10s:org-acme:install-1",
+        "hubspot:per_app_day:org-acme:install-1"]
 
 
 def _definitions(tmp_path: Path, quota: str = QUOTA) -> str:
@@ -60,11 +65,19 @@ async def test_no_window_sees_more_than_the_limit_and_each_attempt_has_its_reser
         # Any window of 1 s holds at most 2 arrivals.
         assert all(times[i + 2] - times[i] >= 1.0 for i in range(len(times) - 2)), times
         for item in await store.work_list(WorkQuery(family="external_effect")):
-            (reservation,) = await store.quota_reservations(item.work_id)
-            (attempt,) = await store.effect_attempts(item.subject_id)
-            assert (reservation.state.value, reservation.attempt_id) == ("sent",
-                                                                         attempt.attempt_id)
-            assert reservation.reservation_id in attempt.pre_dispatch_evidence
+            # One sent reservation of each key (the test's dimension and the two L1
+            # ships), all on the one attempt that was dispatched. On a loaded machine a
+            # claim may also have given slots back unsent (released: a bind or a
+            # checkpoint outlasted the jitter), never on a dispatched attempt.
+            reservations = await store.quota_reservations(item.work_id)
+            sent = [r for r in reservations if r.state.value == "sent"]
+            assert sorted(r.quota_key for r in sent) == KEYS
+            assert {r.state.value for r in reservations} <= {"sent", "released"}
+            (attempt_id,) = {r.attempt_id for r in sent}
+            (attempt,) = [a for a in await store.effect_attempts(item.subject_id)
+                          if a.attempt_id == attempt_id]
+            for reservation in sent:
+                assert reservation.reservation_id in attempt.pre_dispatch_evidence
         (key,) = await store.quota_keys("hubspot:per_app:")
         assert key.granted_total >= 6 and key.limit_count == 2
 
@@ -77,15 +90,16 @@ async def test_a_429_moves_the_shared_budget_forward(
         sl.sim.inject(Fault(mode="status", status=429, method="PATCH", retry_after_s=2))
         intent_id = await sl.set_title("lead-1", "CTO")
         await sl.wait_intent("lead-1", intent_id, "COMMITTED")
-        (key,) = await store.quota_keys("hubspot:per_app:")
-        assert key.throttles_total == 1
+        # The 429 blocked every key the call counted against.
+        for key in await store.quota_keys("hubspot:"):
+            assert key.throttles_total == 1, key
         first, second = [r for r in sl.sim.requests if r.method == "PATCH"]
         assert (first.status, second.status) == (429, 200)
         # Nobody sent on the key before the provider's Retry-After had passed.
         assert second.received_at - first.received_at >= 2.0 - 0.05
         (item,) = await store.work_list(WorkQuery(family="external_effect"))
         states = sorted(r.state.value for r in await store.quota_reservations(item.work_id))
-        assert states == ["sent", "sent"]
+        assert states == ["sent"] * 6  # three keys, two attempts
         assert sl.replica is not None
         metrics = sl.replica.metrics_text().decode()
         assert 'integrationd_quota_events_total{event="throttled"} 1.0' in metrics
@@ -96,9 +110,42 @@ async def test_a_429_moves_the_shared_budget_forward(
             page = (await client.get("/admin/quota")).text
         finally:
             await client.aclose()
-        (row,) = doc["items"]
+        assert sorted(row["quota_key"] for row in doc["items"]) == KEYS
+        (row,) = [r for r in doc["items"] if r["quota_key"] == KEYS[0]]
         assert (row["limit"], row["throttles_total"], row["reserved_in_flight"]) == (2, 1, 0)
         assert row["last_throttled_at_us"] is not None and row["quota_key"] in page
+        assert row["declared"] is True and row["kind"] == "sliding"
+        assert "No quota key" not in page
+        # The gauges, from this replica's /metrics once its depth loop has sampled.
+        replica = sl.replica
+
+        async def sampled() -> bool:
+            return KEYS[0] in _gauges(replica.metrics_text()).get(
+                "integrationd_quota_limit", {})
+
+        await wait_for(sampled, within_s=30)
+        gauges = _gauges(replica.metrics_text())
+        for name in KEYS:
+            assert gauges["integrationd_quota_reservations_in_flight"][name] == 0
+            assert gauges["integrationd_quota_waiting_work"][name] == 0
+            # The 429's time is recorded (in seconds) for every key the call counted.
+            assert abs(gauges["integrationd_quota_last_throttled_timestamp_seconds"][name]
+                       - first.received_at) < 5, (name, first.received_at)
+        assert gauges["integrationd_quota_limit"] == {KEYS[0]: 2, KEYS[1]: 100,
+                                                      KEYS[2]: 250_000}
+        # The 10 s key allows a burst of 10; two of them were spent within the window.
+        assert 0 <= gauges["integrationd_quota_budget"][KEYS[1]] <= 10
+        assert gauges["integrationd_quota_budget"][KEYS[0]] <= 1
+
+
+def _gauges(text: bytes) -> dict[str, dict[str, float]]:
+    """quota gauge name -> quota_key -> value, parsed as Prometheus would."""
+    out: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            if "quota_key" in sample.labels:
+                out.setdefault(sample.name, {})[sample.labels["quota_key"]] = sample.value
+    return out
 
 
 # One send slot every 2 s: longer than a claim may wait in process (1 s), so the
@@ -143,7 +190,7 @@ async def test_waiting_for_quota_longer_than_max_attempts_burns_no_attempt(
             # The effect journal: one attempt, on one reservation; none for a wait.
             (attempt,) = await store.effect_attempts(item.subject_id)
             (sent,) = [r for r in await store.quota_reservations(item.work_id)
-                       if r.state.value == "sent"]
+                       if r.state.value == "sent" and r.quota_key == KEYS[0]]
             assert sent.attempt_id == attempt.attempt_id
         # The test means something: some command waited more often than it may fail.
         assert max(deferrals) > 2, deferrals
@@ -160,10 +207,51 @@ async def test_waiting_for_quota_longer_than_max_attempts_burns_no_attempt(
      " integer, got -5"),
     ({"q": {"limit": 5, "window": 0}}, "providers.p.quota.q.window: expected a positive"),
     ({"q": {"limit": 5, "window": 1.0, "scope": "galaxy"}}, "providers.p.quota.q.scope:"),
-    ({"q": {"limit": 5, "window": 1.0, "burst": 3}}, "providers.p.quota.q.burst: unknown"),
+    ({"q": {"limit": 5, "window": 1.0, "burst": 0}}, "providers.p.quota.q.burst: expected an"
+     " integer from 1 to the limit (5), got 0"),
+    ({"q": {"limit": 5, "window": 1.0, "burst": 6}}, "providers.p.quota.q.burst: expected an"
+     " integer from 1 to the limit (5), got 6"),
+    ({"q": {"limit": 5, "window": 1.0, "burst": 2.5}}, "providers.p.quota.q.burst:"),
+    ({"q": {"limit": 5, "window": 1.0, "kind": "rolling"}}, "providers.p.quota.q.kind:"
+     " expected one of sliding, fixed"),
+    ({"q": {"limit": 5, "window": 1.0, "offset": -1}}, "providers.p.quota.q.offset:"),
+    ({"q": {"limit": 5, "window": 1.0, "remaining_header": 7}},
+     "providers.p.quota.q.remaining_header: expected a header name"),
+    # A fixed window shorter than the jitter could never place a slot inside it.
+    ({"q": {"limit": 5, "window": 0.1, "kind": "fixed"}}, "providers.p.quota.q: a fixed"
+     " window must be longer than the jitter"),
+    ({"q": {"limit": 5, "window": 1.0, "rate": 3}}, "providers.p.quota.q.rate: unknown"),
 ])
 def test_an_unenforceable_quota_definition_is_a_config_error(quota: object,
                                                              message: str) -> None:
     with pytest.raises(CatalogError) as info:
         parse_provider({"provider": "p", "quota": quota, "operations": {}})
     assert str(info.value).startswith(message)
+
+
+async def test_a_providers_remaining_count_moves_the_shared_budget_forward(
+        database: FreshDatabase, store: WorkStore, tmp_path: Path) -> None:
+    """Another client of the same app spent 95 of HubSpot's 100 per 10 s: the simulator's
+    x-hubspot-ratelimit-remaining says 4 after our first PATCH, where our own book would
+    still allow a burst of 9. The answer moves the shared row forward (for every replica:
+    it is the row they all grant from), so at most 4 slots start at once."""
+    async with running_slice(store, database.url,
+                             definitions_dir=_definitions(tmp_path)) as sl:
+        sl.sim.other_client_requests = 95
+        await sl.lead("lead-1", "101")
+        intent_id = await sl.set_title("lead-1", "CTO")
+        await sl.wait_intent("lead-1", intent_id, "COMMITTED")
+        (patch,) = [r for r in sl.sim.requests if r.method == "PATCH"]
+        (key,) = await store.quota_keys("hubspot:per_app_10s:")
+        policy = QuotaPolicy(limit=100, window_us=10_000_000, burst=10)
+        at = int(patch.received_at * 1_000_000)
+        assert available(policy, key.state, now_us=at) <= 4
+        # Without the header the same row would have allowed 9 more at that instant.
+        book_only = QuotaState(at + policy.interval_us, 0)
+        assert available(policy, book_only, now_us=at) == 9
+        # The daily key's header was not sent: its row moved only by its own grant.
+        (day,) = await store.quota_keys("hubspot:per_app_day:")
+        assert day.granted_total == 1
+        assert sl.replica is not None
+        metrics = sl.replica.metrics_text().decode()
+        assert 'integrationd_quota_events_total{event="corrected"} 1.0' in metrics

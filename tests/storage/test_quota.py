@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 import trio
 
-from daemon.core.quota import Granted, QuotaPolicy, QuotaState, ReservationState, Wait
+from daemon.core.quota import (
+    Granted,
+    QuotaPolicy,
+    QuotaState,
+    ReservationState,
+    Wait,
+    WindowKind,
+)
 from sandbox.quota_meter import QuotaMeter
 from storage.port import SqlTx, WorkConflict
 from storage.quota import reservation_move, reservation_open
@@ -94,6 +101,83 @@ async def test_concurrent_grants_never_hand_out_one_slot_twice(store: WorkStore,
     ordered = sorted(slots)
     assert all(b - a >= roomy.interval_us for a, b in itertools.pairwise(ordered))
     assert (await store.quota_keys())[0].granted_total == 160
+
+
+BURST = QuotaPolicy(limit=10, window_us=S, jitter_us=0, burst=4)  # 4 at once, 1 per 142858 us
+FIXED = QuotaPolicy(limit=10, window_us=S, jitter_us=0, kind=WindowKind.FIXED)
+
+
+async def test_a_burst_starts_at_once_and_comes_back_by_position(store: WorkStore) -> None:
+    step = BURST.interval_us
+    got = await store.quota_grant("b", BURST, now_us=T0, count=5, max_wait_us=S)
+    assert got == Granted((T0,) * 4 + (T0 + step,), QuotaState(T0 + 5 * step, 0),
+                          tuple(T0 + i * step for i in range(5)))
+    assert await store.quota_grant("b", BURST, now_us=T0) == Wait(T0 + 2 * step)
+    assert await store.quota_return("b", BURST, got.places[3:], now_us=T0)
+    again = await store.quota_grant("b", BURST, now_us=T0)
+    assert isinstance(again, Granted) and again.slots == (T0,)
+
+
+async def test_a_fixed_window_counts_per_window(store: WorkStore) -> None:
+    window = FIXED.window_start(T0)
+    got = await store.quota_grant("f", FIXED, now_us=T0, count=10)
+    assert isinstance(got, Granted) and got.slots == (T0,) * 10
+    assert got.state == QuotaState(window + 10, 0)
+    assert await store.quota_grant("f", FIXED, now_us=T0) == Wait(window + S)
+    nxt = await store.quota_grant("f", FIXED, now_us=T0, max_wait_us=S)
+    assert isinstance(nxt, Granted) and nxt.slots == (window + S,)
+    assert (await store.quota_keys("f"))[0].granted_total == 11
+
+
+@pytest.mark.parametrize("policy", [BURST, FIXED], ids=["sliding_burst", "fixed"])
+async def test_concurrent_grants_with_bursts_never_exceed_a_window(store: WorkStore,
+                                                                   policy: QuotaPolicy) -> None:
+    """Eight tasks on one pool race for one key over many windows (both grant paths: the
+    one-statement UPDATE and the fixed window's compare-and-swap)."""
+    slots: list[int] = []
+
+    async def grab() -> None:
+        for _ in range(6):
+            got = await store.quota_grant("hot", policy, now_us=T0, count=2,
+                                          max_wait_us=60 * S)
+            assert isinstance(got, Granted)
+            slots.extend(got.slots)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(8):
+            nursery.start_soon(grab)
+    assert len(slots) == 96
+    ordered = sorted(slots)
+    if policy.kind is WindowKind.FIXED:
+        per_window: dict[int, int] = {}
+        for t in ordered:
+            per_window[policy.window_start(t)] = per_window.get(policy.window_start(t), 0) + 1
+        assert max(per_window.values()) == policy.limit
+    else:
+        j = 0
+        for i, start in enumerate(ordered):
+            while j < len(ordered) and ordered[j] < start + policy.window_us:
+                j += 1
+            assert j - i <= policy.limit
+    assert (await store.quota_keys("hot"))[0].granted_total == 96
+
+
+async def test_a_remaining_count_moves_the_budget_forward_never_back(store: WorkStore) -> None:
+    step = BURST.interval_us
+    await store.quota_grant("r", BURST, now_us=T0)
+    # The provider says 1 remains: one slot now, then the sustained rate.
+    assert await store.quota_correct("r", BURST, now_us=T0, remaining=1)
+    assert isinstance(await store.quota_grant("r", BURST, now_us=T0), Granted)
+    assert await store.quota_grant("r", BURST, now_us=T0) == Wait(T0 + step)
+    # Saying more remain than the row grants never moves it back.
+    (before,) = await store.quota_keys("r")
+    assert not await store.quota_correct("r", BURST, now_us=T0, remaining=3)
+    assert not await store.quota_correct("r", BURST, now_us=T0, remaining=9)
+    (after,) = await store.quota_keys("r")
+    assert after.state == before.state
+    # An unknown key is not created by a header.
+    assert not await store.quota_correct("nosuch", BURST, now_us=T0, remaining=0)
+    assert await store.quota_keys("nosuch") == []
 
 
 async def test_reservations_move_once_out_of_reserved(store: WorkStore) -> None:
