@@ -45,6 +45,8 @@ import json
 import logging
 import os
 import random
+import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,7 +60,7 @@ import attrs
 import trio
 
 from bench.effects import (
-    HUBSPOT_TOKEN,
+    REVISION,
     publish_catalog,
     runtimes_for,
     secrets_env,
@@ -66,12 +68,14 @@ from bench.effects import (
     serve_runtimes,
 )
 from bench.effects import write_config as effects_config
-from bench.kernel import fresh_url, galera_database, mysql_admin, scrape, start_replica, wait_admin
+from bench.kernel import REPO, fresh_url, galera_database, mysql_admin, scrape, wait_admin
 from daemon.core.states import WorkState
+from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, TokenKey, seal
 from daemon.core.work import WorkSpec
 from daemon.services import logs
 from sandbox.galera import GaleraCluster
 from sandbox.hubspot_sim import Fault, HubSpotSimulator
+from sandbox.oauth_sim import OAuthSimulator, refreshes_per_token
 from sandbox.ports import free_port
 from sandbox.runtime import ReferenceRuntime
 from storage.open import open_store
@@ -85,6 +89,18 @@ LEASE_MARGIN_S = 1.0
 # margin before it (daemon/core/effects.py: reconcile), so changes on one Lead are spaced.
 LEADS = 200
 FINAL = ("COMMITTED", "REJECTED", "QUARANTINED")
+# Provider quota, declared in the run's copy of the HubSpot L1 definition: this many PATCHes
+# per window per app installation (one per Runtime here). The ledger spaces slots
+# ceil((window + 250 ms jitter) / limit) apart: ~16 per second, against ~11 title changes
+# per second per Runtime plus the retries the faults cause.
+QUOTA_LIMIT = 20
+QUOTA_WINDOW_S = 1.0
+# Access tokens the OAuth simulator issues live this long; the token owner refreshes a token
+# expiring within 60 s (daemon/services/token_refresh.py), so each binding's grant is
+# refreshed about every 10 s, through the kills and freezes.
+TOKEN_LIFETIME_S = 70
+CLIENT_SECRET = "torture-client-secret"
+TOKEN_KEY = TokenKey("k1", bytes(range(32)))
 # What each invariant is checked against on this branch (a check that has nothing to look at
 # says so rather than passing silently).
 CHECKS = {
@@ -95,8 +111,11 @@ CHECKS = {
                          " guessed)",
     "duplicates": "simulator journal: applied PATCHes per idempotency key",
     "receipts_not_once": "Runtime store: committed receipts vs COMMITTED intents",
-    "quota_violations": "not exercised: no provider quota on the effect path on this branch",
-    "double_refreshes": "not exercised: static provider token on this branch",
+    "quota_violations": "simulator journal: PATCH arrivals per app installation, windows of"
+                        f" {QUOTA_WINDOW_S} s holding more than {QUOTA_LIMIT} (the L1 quota"
+                        " this run declares)",
+    "double_refreshes": "OAuth simulator journal: token calls beyond the first per refresh"
+                        " token (rotating: a second use is invalid_grant)",
     "webhooks": "not exercised: no webhook ingress on this branch",
 }
 FAULTS = (
@@ -115,6 +134,31 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
+def skews_ms(replicas: int, of_margin: float = 0.9) -> list[float]:
+    """Each replica's clock offset: spread evenly over 90 % of ``work.lease_margin`` (the
+    documented bound between replicas' clocks, docs/tidb.md), centred on the true time (so
+    each is within half of it of the simulators' clocks, far inside the provider
+    operation's ``max_clock_skew``)."""
+    if replicas < 2:
+        return [0.0] * replicas
+    spread = of_margin * LEASE_MARGIN_S * 1000
+    return [round(-spread / 2 + spread * i / (replicas - 1), 1) for i in range(replicas)]
+
+
+def start_skewed(cfg: Path, index: int, incarnation: int, skew_ms: float
+                 ) -> tuple[subprocess.Popen[bytes], Path]:
+    """``integrationd run`` with its wall clock off by ``skew_ms`` (bench/skewed_replica.py);
+    one log per incarnation (a killed one's log is kept for the post-mortem)."""
+    log = cfg.parent / f"replica-{index}.{incarnation}.log"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.skewed_replica", str(skew_ms), "--config", str(cfg),
+         "run"],
+        stdout=subprocess.DEVNULL, stderr=log.open("wb"), cwd=cfg.parent, env=env,
+    )
+    return proc, log
+
+
 @attrs.define(eq=False)
 class Replica:
     index: int
@@ -123,10 +167,11 @@ class Replica:
     admin: str = ""
     stopped: bool = False
     incarnation: int = 0
+    skew_ms: float = 0.0  # this replica's wall clock runs this far ahead (behind if < 0)
 
     def start(self) -> None:
-        self.proc, log = start_replica(self.config, self.index)
         self.incarnation += 1
+        self.proc, log = start_skewed(self.config, self.index, self.incarnation, self.skew_ms)
         self.admin = wait_admin(self.proc, log, time.monotonic() + 90)
         self.stopped = False
 
@@ -164,12 +209,44 @@ class Run:
     retries: dict[tuple[int, int], float] = attrs.field(factory=dict)
     noop_ids: list[str] = attrs.field(factory=list)
     log: Callable[[str], None] = print
+    journal_dir: Path | None = None
+
+
+def write_definitions(workdir: Path) -> Path:
+    """The shipped L1 definitions, with a quota dimension on HubSpot's (the run's own copy:
+    config/providers/hubspot.toml declares none yet)."""
+    directory = workdir / "l1"
+    directory.mkdir(exist_ok=True)
+    for entry in (REPO / "config" / "providers").glob("*.toml"):
+        shutil.copy(entry, directory / entry.name)
+    hubspot = directory / "hubspot.toml"
+    head, sep, rest = hubspot.read_text().partition("[auth.bearer]")
+    if not sep:
+        raise SystemExit("config/providers/hubspot.toml: no [auth.bearer] table to insert"
+                         " the quota before")
+    quota = (f'[quota.torture]\nlimit = {QUOTA_LIMIT}\nwindow = {QUOTA_WINDOW_S}\n'
+             'scope = "app_installation"\n\n')
+    hubspot.write_text(head + quota + sep + rest)
+    (workdir / "k1.key").write_text(TOKEN_KEY.material.hex())
+    (workdir / "client.secret").write_text(CLIENT_SECRET + "\n")
+    return directory
 
 
 def replica_config(workdir: Path, url: str, i: int, replicas: int, api_ports: list[int],
-                   runtime_ports: list[int], sim_port: int) -> Path:
+                   runtime_ports: list[int], sim_port: int, oauth_port: int) -> Path:
+    """bench.effects' configuration, with short leases, the run's L1 copy (quota) and each
+    binding authenticating with a grant refreshed at the OAuth simulator."""
     cfg = effects_config(workdir, url, i, replicas, api_ports, runtime_ports, sim_port)
     text = cfg.read_text()
+    grant = (f'auth = "grant"\ntoken_url = "http://127.0.0.1:{oauth_port}/oauth/v1/token"\n'
+             f'client_id = "client-1"\nclient_secret_file = "{workdir / "client.secret"}"\n')
+    if text.count('auth = "static_token"\n') != replicas:
+        raise SystemExit("bench/effects.py's bindings changed: expected one static token each")
+    text = text.replace('auth = "static_token"\n', grant)
+    text = text.replace(f"[catalog]\nrevision = {REVISION}\n",
+                        f'[catalog]\nrevision = {REVISION}\n'
+                        f'definitions_dir = "{workdir / "l1"}"\n')
+    text += f'\n[keys]\nactive = "{TOKEN_KEY.key_id}"\ndir = "{workdir}"\n'
     short = f"lease_ttl = {LEASE_TTL_S}\nmax_attempts = 1000000\nbackoff_cap = 2.0\n"
     text = (text
             .replace("[work]\npoll_interval = 0.1\n",
@@ -304,8 +381,35 @@ async def settle(run: Run, runtimes: list[ReferenceRuntime], within_s: float) ->
     return trio.current_time() - t0
 
 
-async def invariants(run: Run, sim: HubSpotSimulator, runtimes: list[ReferenceRuntime]
-                     ) -> dict[str, Any]:
+def quota_violations(sim: HubSpotSimulator) -> tuple[int, int]:
+    """From the simulator's arrival journal: windows of ``QUOTA_WINDOW_S`` on one app
+    installation (Runtime *r*'s contacts are ``r * 100000 + i``) that saw more than
+    ``QUOTA_LIMIT`` PATCHes, and the most any such window saw."""
+    arrivals: dict[int, list[float]] = collections.defaultdict(list)
+    for rec in sim.requests:
+        if rec.method == "PATCH" and rec.contact_id is not None:
+            arrivals[int(rec.contact_id) // 100000].append(rec.received_at)
+    violations = peak = 0
+    for times in arrivals.values():
+        times.sort()
+        start = 0
+        for end, t in enumerate(times):  # the window (t - W, t] ending at each arrival
+            while times[start] <= t - QUOTA_WINDOW_S:
+                start += 1
+            peak = max(peak, end - start + 1)
+            if end - start + 1 > QUOTA_LIMIT:
+                violations += 1
+    return violations, peak
+
+
+def double_refreshes(oauth: OAuthSimulator) -> int:
+    """From the OAuth simulator's journal: token calls beyond the first per refresh token
+    (each is a version refreshed twice; with rotation the second is ``invalid_grant``)."""
+    return sum(n - 1 for n in refreshes_per_token(oauth.journal).values() if n > 1)
+
+
+async def invariants(run: Run, sim: HubSpotSimulator, runtimes: list[ReferenceRuntime],
+                     oauth: OAuthSimulator) -> dict[str, Any]:
     applied: collections.Counter[str] = collections.Counter()
     for rec in sim.requests:
         if rec.method == "PATCH" and rec.applied:
@@ -343,6 +447,14 @@ async def invariants(run: Run, sim: HubSpotSimulator, runtimes: list[ReferenceRu
 
         held_items, held_effects = await store.db.transact(held, name="torture.held",
                                                            write=False)
+
+        async def grants(tx: SqlTx) -> dict[str, int]:
+            rows = await tx.fetchall(
+                "SELECT state, token_version FROM authorization_grants")
+            return {"not_valid": sum(1 for r in rows if r[0] != "valid"),
+                    "top_version": max((int(r[1]) for r in rows), default=0)}
+
+        grant_state = await store.db.transact(grants, name="torture.grants", write=False)
         summary = await store.work_execution_summary("noop")
         stuck = []  # what did not finish, to say where to look
         for state in (WorkState.PENDING, WorkState.PROCESSING, WorkState.RETRY, WorkState.DEAD):
@@ -355,6 +467,7 @@ async def invariants(run: Run, sim: HubSpotSimulator, runtimes: list[ReferenceRu
     finally:
         await store.db.aclose()
     not_final = sum(n for s, n in statuses.items() if s not in FINAL)
+    quota_windows = quota_violations(sim)
     return {
         "effects": len(applied),
         "patch_requests": sum(1 for r in sim.requests if r.method == "PATCH"),
@@ -364,8 +477,14 @@ async def invariants(run: Run, sim: HubSpotSimulator, runtimes: list[ReferenceRu
                 + (len(noop) - noop_ok),
         "awaiting_operator": held_items,
         "receipts_not_once": receipts_not_once,
-        "quota_violations": 0,
-        "double_refreshes": 0,
+        "quota_violations": quota_windows[0],
+        "quota_peak_per_window": quota_windows[1],
+        "double_refreshes": double_refreshes(oauth),
+        "refreshes": sum(1 for e in oauth.journal if e.get("answer") == "ok"),
+        "refresh_answers": dict(collections.Counter(str(e.get("answer"))
+                                                    for e in oauth.journal)),
+        "grants_not_valid": grant_state["not_valid"],
+        "grant_top_version": grant_state["top_version"],
         "intents": dict(statuses),
         "noop_items": len(noop),
         "noop_reexecuted": summary.repeated,
@@ -395,10 +514,11 @@ async def _why(store: WorkStore, work_id: str) -> dict[str, Any]:
 
 
 async def drive(run: Run, runtimes: list[ReferenceRuntime], sim: HubSpotSimulator,
-                sim_port: int, runtime_ports: list[int], seconds: float, settle_s: float
-                ) -> dict[str, Any]:
+                sim_port: int, runtime_ports: list[int], seconds: float, settle_s: float,
+                oauth: OAuthSimulator, oauth_port: int) -> dict[str, Any]:
     async with trio.open_nursery() as nursery:
         await nursery.start(sim.run, "127.0.0.1", sim_port)
+        await nursery.start(oauth.run, "127.0.0.1", oauth_port)
         await serve_runtimes(nursery, runtimes, runtime_ports, LEADS)
         for r in range(len(runtimes)):
             for i in range(LEADS):
@@ -416,14 +536,19 @@ async def drive(run: Run, runtimes: list[ReferenceRuntime], sim: HubSpotSimulato
                 await trio.to_thread.run_sync(replica.start)
                 run.counts["restarts"] += 1
         settle_seconds = await settle(run, runtimes, settle_s)
-        result = await invariants(run, sim, runtimes)
+        result = await invariants(run, sim, runtimes, oauth)
+        if run.journal_dir is not None:  # --keep: the journals the counters came from
+            with (run.journal_dir / "hubspot_requests.jsonl").open("w") as out:
+                out.writelines(json.dumps(r.to_json()) + "\n" for r in sim.requests)
+            (run.journal_dir / "oauth_journal.json").write_text(json.dumps(oauth.journal))
         result["settle_s"] = round(settle_seconds, 1)
         nursery.cancel_scope.cancel()
     return result
 
 
 def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
-                log: Callable[[str], None], keep: Path | None) -> dict[str, Any]:
+                log: Callable[[str], None], keep: Path | None, skew: float
+                ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"torture-{backend}-") as tmp:
         workdir = keep / backend if keep else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -443,17 +568,28 @@ def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
             api_ports = [free_port() for _ in range(replicas)]
             runtime_ports = [free_port() for _ in range(replicas)]
             sim_port = free_port()
-            os.environ.update(secrets_env(replicas))
+            oauth_port = free_port()
+            env = secrets_env(replicas)
+            for r in range(replicas):  # the bindings authenticate with grants, not these
+                del env[f"INTEGRATIOND_BINDING_HUBSPOT_{r}_TOKEN"]
+            os.environ.update(env)
+            write_definitions(workdir)
             configs = [replica_config(workdir, urls[i % len(urls)], i, replicas, api_ports,
-                                      runtime_ports, sim_port) for i in range(replicas)]
+                                      runtime_ports, sim_port, oauth_port)
+                       for i in range(replicas)]
             trio.run(publish_catalog, urls[0], configs[0])
-            run = Run(backend, [Replica(i, c) for i, c in enumerate(configs)], urls, cluster,
-                      log=log)
-            sim = HubSpotSimulator(tokens={HUBSPOT_TOKEN})
+            oauth = OAuthSimulator(client_secret=CLIENT_SECRET, lifetime_s=TOKEN_LIFETIME_S)
+            trio.run(install_grants, urls[0], replicas, oauth)
+            run = Run(backend, [Replica(i, c, skew_ms=s)
+                                for i, (c, s) in enumerate(zip(configs, skews_ms(replicas, skew),
+                                                              strict=True))],
+                      urls, cluster, log=log, journal_dir=workdir if keep else None)
+            # The provider accepts exactly the access tokens the OAuth simulator issued.
+            sim = HubSpotSimulator(tokens=oauth.access_tokens)
             runtimes = runtimes_for(replicas, api_ports)
             try:
                 result = trio.run(drive, run, runtimes, sim, sim_port, runtime_ports, seconds,
-                                  settle_s)
+                                  settle_s, oauth, oauth_port)
             finally:
                 for replica in run.replicas:
                     replica.terminate()
@@ -475,8 +611,31 @@ def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
         "db_node_kills": run.counts["db_node_kills"],
         "faults_injected": run.counts["faults"],
         "conflicts_retried": int(sum(run.retries.values())),
+        "clock_skew_ms": [r.skew_ms for r in run.replicas],
         **result,
     }
+
+
+async def install_grants(url: str, replicas: int, oauth: OAuthSimulator) -> None:
+    """Each binding's first grant (token version 1): an access token the provider accepts,
+    expiring within the refresh margin soon, and a refresh token the OAuth simulator
+    knows. Test values, made here, never logged."""
+    store = await open_store(url, sqlite_synchronous="NORMAL")
+    try:
+        now = now_us()
+        for r in range(replicas):
+            access, refresh = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+            oauth.access_tokens.add(access)
+            oauth.seed(refresh)
+            bundle = TokenBundle(access_token=SecretText(access),
+                                 refresh_token=SecretText(refresh),
+                                 expires_at_us=now + TOKEN_LIFETIME_S * 1_000_000)
+            await store.grant_install(
+                binding_id=f"hubspot-{r}", generation=1,
+                sealed=seal(bundle, TOKEN_KEY, BundleContext(f"hubspot-{r}", 1, 1)),
+                expires_at_us=bundle.expires_at_us, now_us=now)
+    finally:
+        await store.db.aclose()
 
 
 def _log_sandbox_to(path: Path) -> None:
@@ -493,8 +652,10 @@ def _log_sandbox_to(path: Path) -> None:
 
 TOTALS = ("kills", "restarts", "sigstops", "db_node_kills", "faults_injected",
           "conflicts_retried", "effects", "receipts", "duplicates", "lost", "awaiting_operator",
-          "receipts_not_once", "quota_violations", "double_refreshes")
-BROKEN = ("duplicates", "lost", "receipts_not_once", "quota_violations", "double_refreshes")
+          "receipts_not_once", "quota_violations", "double_refreshes", "refreshes",
+          "grants_not_valid")
+BROKEN = ("duplicates", "lost", "receipts_not_once", "quota_violations", "double_refreshes",
+          "grants_not_valid")
 
 
 def main() -> None:
@@ -506,6 +667,9 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=120.0,
                         help="seconds to wait, after the chaos, for everything to finish")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--skew", type=float, default=0.9,
+                        help="the replicas' clocks are spread over this fraction of"
+                             f" work.lease_margin ({LEASE_MARGIN_S} s here); at most 1")
     parser.add_argument("--keep", metavar="DIR", type=Path,
                         help="keep configs, logs and the MariaDB database in DIR")
     args = parser.parse_args()
@@ -513,6 +677,8 @@ def main() -> None:
     unknown = set(backends) - {"mysql", "galera", "sqlite"}
     if unknown or not backends:
         parser.error(f"--backends: one or more of mysql, galera, sqlite (got {args.backends})")
+    if not 0 <= args.skew <= 1:
+        parser.error(f"--skew: a fraction of work.lease_margin, 0 to 1 (got {args.skew})")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     random.seed(seed)
 
@@ -523,7 +689,7 @@ def main() -> None:
     per_backend = []
     for backend in backends:
         got = run_backend(backend, args.replicas, args.duration / len(backends), args.settle,
-                          log, args.keep)
+                          log, args.keep, args.skew)
         log(json.dumps(got))
         per_backend.append(got)
     line: dict[str, Any] = {"torture": "issue 12", "seed": seed, "duration_s": args.duration,
@@ -531,7 +697,10 @@ def main() -> None:
     line.update({k: sum(int(b[k]) for b in per_backend) for k in TOTALS})
     line["per_backend"] = {b["backend"]: {k: b[k] for k in (*TOTALS, "intents", "noop_items",
                                                             "noop_reexecuted", "settle_s",
-                                                            "stuck")}
+                                                            "clock_skew_ms",
+                                                            "quota_peak_per_window",
+                                                            "refresh_answers",
+                                                            "grant_top_version", "stuck")}
                            for b in per_backend}
     line["checks"] = CHECKS
     print(json.dumps(line), flush=True)
