@@ -85,6 +85,13 @@ from storage.port import SqlTx, StorageError, WorkQuery
 from storage.work_store import WorkStore
 
 LEASE_TTL_S = 4.0
+# On Galera a renewal's COMMIT certifies across three nodes: on this shared 2-core machine
+# it took 1.1 s on average (and much longer in its tail) against the 1.7 s a 4 s lease
+# leaves between a renewal (every TTL / 3) and the end of its trust (TTL - margin), so
+# every claim ran out of trust and was reclaimed, over and over, until long after the
+# chaos. A lease must outlast the database's renewal latency: the Galera run leases
+# for longer (docs/tidb.md, "The lease clock").
+LEASE_TTL_FOR = {"galera": 10.0}
 LEASE_MARGIN_S = 1.0
 # Leads per Runtime. A Lead's title changes every LEADS * 30 ms * R: a read-back can
 # prove a lost PATCH absent only when the contact was last modified more than the clock-skew
@@ -213,6 +220,7 @@ class Run:
     noop_ids: list[str] = attrs.field(factory=list)
     log: Callable[[str], None] = print
     journal_dir: Path | None = None
+    lease_ttl_s: float = LEASE_TTL_S
 
 
 def write_definitions(workdir: Path) -> Path:
@@ -236,7 +244,8 @@ def write_definitions(workdir: Path) -> Path:
 
 
 def replica_config(workdir: Path, url: str, i: int, replicas: int, api_ports: list[int],
-                   runtime_ports: list[int], sim_port: int, oauth_port: int) -> Path:
+                   runtime_ports: list[int], sim_port: int, oauth_port: int, ttl: float
+                   ) -> Path:
     """bench.effects' configuration, with short leases, the run's L1 copy (quota) and each
     binding authenticating with a grant refreshed at the OAuth simulator."""
     cfg = effects_config(workdir, url, i, replicas, api_ports, runtime_ports, sim_port)
@@ -250,7 +259,7 @@ def replica_config(workdir: Path, url: str, i: int, replicas: int, api_ports: li
                         f'[catalog]\nrevision = {REVISION}\n'
                         f'definitions_dir = "{workdir / "l1"}"\n')
     text += f'\n[keys]\nactive = "{TOKEN_KEY.key_id}"\ndir = "{workdir}"\n'
-    short = f"lease_ttl = {LEASE_TTL_S}\nmax_attempts = 1000000\nbackoff_cap = 2.0\n"
+    short = f"lease_ttl = {ttl}\nmax_attempts = 1000000\nbackoff_cap = 2.0\n"
     text = (text
             .replace("[work]\npoll_interval = 0.1\n",
                      f"[work]\npoll_interval = 0.1\nlease_margin = {LEASE_MARGIN_S}\n"
@@ -259,7 +268,7 @@ def replica_config(workdir: Path, url: str, i: int, replicas: int, api_ports: li
             .replace("[families.runtime_receipt]\n", "[families.runtime_receipt]\n" + short)
             .replace("[replica]\ndrain_timeout = 10.0\n",
                      "[replica]\ndrain_timeout = 5.0\nheartbeat_interval = 1.0\n"))
-    text += f"\n[families.noop]\nlease_ttl = {LEASE_TTL_S}\nbatch_size = 32\n"
+    text += f"\n[families.noop]\nlease_ttl = {ttl}\nbatch_size = 32\n"
     if url.startswith("sqlite"):
         text = text.replace("pool_size = 16\n", 'pool_size = 16\nsqlite_synchronous = "NORMAL"\n')
     cfg.write_text(text)
@@ -376,7 +385,7 @@ async def chaos(run: Run, sim: HubSpotSimulator, seconds: float) -> None:
             victim.proc.send_signal(signal.SIGSTOP)
             victim.stopped = True
             run.counts["sigstops"] += 1
-            await trio.sleep(LEASE_TTL_S + LEASE_MARGIN_S + 1.0)
+            await trio.sleep(run.lease_ttl_s + LEASE_MARGIN_S + 1.0)
             victim.proc.send_signal(signal.SIGCONT)
             victim.stopped = False
         await trio.sleep(random.uniform(1.0, 3.0))
@@ -610,13 +619,14 @@ def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
             runtime_ports = [free_port() for _ in range(replicas)]
             sim_port = free_port()
             oauth_port = free_port()
+            ttl = LEASE_TTL_FOR.get(backend, LEASE_TTL_S)
             env = secrets_env(replicas)
             for r in range(replicas):  # the bindings authenticate with grants, not these
                 del env[f"INTEGRATIOND_BINDING_HUBSPOT_{r}_TOKEN"]
             os.environ.update(env)
             write_definitions(workdir)
             configs = [replica_config(workdir, urls[i % len(urls)], i, replicas, api_ports,
-                                      runtime_ports, sim_port, oauth_port)
+                                      runtime_ports, sim_port, oauth_port, ttl)
                        for i in range(replicas)]
             trio.run(publish_catalog, urls[0], configs[0])
             oauth = OAuthSimulator(client_secret=CLIENT_SECRET, lifetime_s=TOKEN_LIFETIME_S)
@@ -624,7 +634,8 @@ def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
             run = Run(backend, [Replica(i, c, skew_ms=s)
                                 for i, (c, s) in enumerate(zip(configs, skews_ms(replicas, skew),
                                                               strict=True))],
-                      urls, cluster, log=log, journal_dir=workdir if keep else None)
+                      urls, cluster, log=log, journal_dir=workdir if keep else None,
+                      lease_ttl_s=ttl)
             # The provider accepts exactly the access tokens the OAuth simulator issued.
             sim = HubSpotSimulator(tokens=oauth.access_tokens)
             runtimes = runtimes_for(replicas, api_ports)
@@ -653,6 +664,7 @@ def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
         "faults_injected": run.counts["faults"],
         "conflicts_retried": int(sum(run.retries.values())),
         "clock_skew_ms": [r.skew_ms for r in run.replicas],
+        "lease_ttl_s": run.lease_ttl_s,
         "db_timings": timing_summary(run),
         **result,
     }
@@ -739,7 +751,7 @@ def main() -> None:
     line.update({k: sum(int(b[k]) for b in per_backend) for k in TOTALS})
     line["per_backend"] = {b["backend"]: {k: b[k] for k in (*TOTALS, "intents", "noop_items",
                                                             "noop_reexecuted", "settle_s",
-                                                            "drained",
+                                                            "drained", "lease_ttl_s",
                                                             "clock_skew_ms", "db_timings",
                                                             "quota_peak_per_window",
                                                             "refresh_answers",

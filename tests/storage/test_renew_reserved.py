@@ -38,21 +38,22 @@ async def test_a_renewal_does_not_wait_for_a_pool_exhausted_by_handlers(
     claimed = (await claim(store, "A", limit=3)).claimed
     fences = [item.fence for item in claimed]
     assert len(fences) == 3
-    release = trio.Event()
+    release, pool_held = trio.Event(), trio.Event()
     holding = 0
 
     async def handler_transaction(tx: SqlTx) -> None:
         nonlocal holding
         await tx.fetchall("SELECT 1")
         holding += 1
+        if holding == 2:  # both of the pool's connections are taken
+            pool_held.set()
         await release.wait()  # a handler's transaction on a slow database
 
     async with trio.open_nursery() as nursery:
         for _ in range(4):  # two hold the pool's connections, two more queue behind them
             nursery.start_soon(lambda: store.db.transact(handler_transaction, name="handler",
                                                          write=False))
-        while holding < 2:
-            await trio.sleep(0)
+        await pool_held.wait()
         # Bounded only so that the failure shows as a failure, not a hang: without a
         # reserved connection the renewal waits until the handlers let go.
         with trio.move_on_after(10) as waited:
