@@ -236,11 +236,12 @@ class Run:
     log: Callable[[str], None] = print
     journal_dir: Path | None = None
     lease_ttl_s: float = LEASE_TTL_S
+    quota_on: bool = True
 
 
-def write_definitions(workdir: Path) -> Path:
+def write_definitions(workdir: Path, quota_on: bool) -> Path:
     """The shipped L1 definitions, with a quota dimension on HubSpot's (the run's own copy:
-    config/providers/hubspot.toml declares none yet)."""
+    config/providers/hubspot.toml declares none yet) unless ``quota_on`` is false."""
     directory = workdir / "l1"
     directory.mkdir(exist_ok=True)
     for entry in (REPO / "config" / "providers").glob("*.toml"):
@@ -251,7 +252,7 @@ def write_definitions(workdir: Path) -> Path:
         raise SystemExit("config/providers/hubspot.toml: no [auth.bearer] table to insert"
                          " the quota before")
     quota = (f'[quota.torture]\nlimit = {QUOTA_LIMIT}\nwindow = {QUOTA_WINDOW_S}\n'
-             'scope = "app_installation"\n\n')
+             'scope = "app_installation"\n\n') if quota_on else ""
     hubspot.write_text(head + quota + sep + rest)
     (workdir / "k1.key").write_text(TOKEN_KEY.material.hex())
     (workdir / "client.secret").write_text(CLIENT_SECRET + "\n")
@@ -532,7 +533,7 @@ async def invariants(run: Run, sim: HubSpotSimulator, runtimes: list[ReferenceRu
     finally:
         await store.db.aclose()
     not_final = sum(n for s, n in statuses.items() if s not in FINAL)
-    quota_windows = quota_violations(sim)
+    quota_windows = quota_violations(sim) if run.quota_on else (0, 0)
     return {
         "effects": len(applied),
         "patch_requests": sum(1 for r in sim.requests if r.method == "PATCH"),
@@ -612,8 +613,8 @@ async def drive(run: Run, runtimes: list[ReferenceRuntime], sim: HubSpotSimulato
 
 
 def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
-                log: Callable[[str], None], keep: Path | None, skew: float
-                ) -> dict[str, Any]:
+                log: Callable[[str], None], keep: Path | None, skew: float,
+                quota_on: bool = True) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"torture-{backend}-") as tmp:
         workdir = keep / backend if keep else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -639,7 +640,7 @@ def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
             for r in range(replicas):  # the bindings authenticate with grants, not these
                 del env[f"INTEGRATIOND_BINDING_HUBSPOT_{r}_TOKEN"]
             os.environ.update(env)
-            write_definitions(workdir)
+            write_definitions(workdir, quota_on)
             configs = [replica_config(workdir, urls[i % len(urls)], i, replicas, api_ports,
                                       runtime_ports, sim_port, oauth_port, ttl)
                        for i in range(replicas)]
@@ -650,7 +651,7 @@ def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
                                 for i, (c, s) in enumerate(zip(configs, skews_ms(replicas, skew),
                                                               strict=True))],
                       urls, cluster, log=log, journal_dir=workdir if keep else None,
-                      lease_ttl_s=ttl)
+                      lease_ttl_s=ttl, quota_on=quota_on)
             # The provider accepts exactly the access tokens the OAuth simulator issued.
             sim = HubSpotSimulator(tokens=oauth.access_tokens)
             runtimes = runtimes_for(replicas, api_ports)
@@ -736,6 +737,9 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=120.0,
                         help="seconds to wait, after the chaos, for everything to finish")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--no-quota", action="store_true",
+                        help="declare no provider quota (a diagnosis run: quota_violations"
+                             " is then not checked, and the JSON line says so)")
     parser.add_argument("--skew", type=float, default=0.9,
                         help="the replicas' clocks are spread over this fraction of"
                              f" work.lease_margin ({LEASE_MARGIN_S} s here); at most 1")
@@ -758,7 +762,7 @@ def main() -> None:
     per_backend = []
     for backend in backends:
         got = run_backend(backend, args.replicas, args.duration / len(backends), args.settle,
-                          log, args.keep, args.skew)
+                          log, args.keep, args.skew, not args.no_quota)
         log(json.dumps(got))
         per_backend.append(got)
     line: dict[str, Any] = {"torture": "issue 12", "seed": seed, "duration_s": args.duration,
@@ -772,7 +776,9 @@ def main() -> None:
                                                             "refresh_answers",
                                                             "grant_top_version", "stuck")}
                            for b in per_backend}
-    line["checks"] = CHECKS
+    line["checks"] = dict(CHECKS)
+    if args.no_quota:
+        line["checks"]["quota_violations"] = "not exercised: --no-quota"
     print(json.dumps(line), flush=True)
     if any(line[k] for k in BROKEN):
         sys.exit(1)
