@@ -104,7 +104,7 @@ LEASE_TTL_S = 4.0
 # leaves between a renewal (every TTL / 3) and the end of its trust (TTL - margin), so
 # every claim ran out of trust and was reclaimed, over and over, until long after the
 # chaos. A lease must outlast the database's renewal latency: the Galera run leases
-# for longer (docs/tidb.md, "The lease clock").
+# for longer (docs/tidb.md, "What was proven on Galera").
 LEASE_TTL_FOR = {"galera": 10.0}
 LEASE_MARGIN_S = 1.0
 # Leads per Runtime. A Lead's title changes every LEADS * 30 ms * R: a read-back can
