@@ -6,10 +6,15 @@ short-lived tokens are refreshed all the while. The invariants come from the Hub
 OAuth simulators' journals, the Runtimes' own stores and the database; ``make torture
 DURATION=600`` is the long run.
 
-The replicas' clocks are *not* skewed here (``--skew 0``): with them spread over the lease
-margin, the quota ledger's slots, scheduled on each replica's own clock, let a provider
-window see more than its limit (2 of 2 skewed SQLite runs, none of 2 unskewed; reported to
-the quota owner). ``make torture`` runs skewed and reports what it finds."""
+The replicas' clocks are skewed as in ``make torture`` (0.9 of the lease margin).
+
+Known to fail on the torture12 branch, on findings outside it (reported to the lead): the
+provider quota's windows are exceeded (34 windows over the limit on MariaDB in one run even
+with unskewed clocks: a slot is checked usable, then the dispatch checkpoint commits, then
+the request leaves, so the send drifts past the slot's 250 ms jitter on a slow database;
+skewed clocks add to it), and on a loaded machine refreshes cut off between the provider's
+rotation and their activation spend the rotating refresh token (``double_refreshes``,
+grants left needing re-authorization, effects never sent)."""
 
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ async def test_a_short_torture_run_loses_and_duplicates_nothing() -> None:
     with trio.fail_after(900):
         done = await trio.run_process(
             [sys.executable, "-m", "bench.torture", "--duration", "45", "--replicas", "3",
-             "--settle", "120", "--skew", "0"],
+             "--settle", "120"],
             capture_stdout=True, capture_stderr=True, check=False)
     assert done.stdout, done.stderr.decode()[-3000:]
     line = json.loads(done.stdout.decode().strip().splitlines()[-1])
