@@ -80,6 +80,12 @@ T = TypeVar("T")
 # a batch is one multi-row INSERT, statement-atomic on InnoDB.
 _INSERT_VALUES = re.compile(r"\s*(INSERT\b.+?\bVALUES\s*)(\(.*\))\s*\Z", re.DOTALL)
 MULTI_ROW_CHUNK = 500
+# Transactions that never queue behind the pool's other users: a lease renewal waiting for
+# a connection behind the very handlers whose claims it keeps alive arrives after the
+# lease's local trust horizon on a slow database, every claim is dropped and reclaimed, and
+# the replicas livelock (the torture run on a loaded Galera cluster). They have a
+# connection of their own, beyond ``pool_size`` (the lease keeper sends one at a time).
+RESERVED_FOR = frozenset({"work.renew"})
 RETRYABLE_CODES = frozenset({1213, 1205, 1020, 9007, 8002, 8022, 8028})
 DUPLICATE_KEY_CODE = 1062
 # Galera: "WSREP has not yet prepared node for application use" (a node joining the
@@ -312,6 +318,8 @@ class MysqlDatabase:
         self.transaction_timeout_s = max(transaction_timeout_s, statement_timeout_s)
         self._idle: list[_Pooled] = []
         self._slots = trio.Semaphore(pool_size)
+        # One more connection, for lease renewals only (RESERVED_FOR).
+        self._reserved = trio.Semaphore(1)
         self._abandon_at = math.inf
         self._shields: set[trio.CancelScope] = set()
 
@@ -391,26 +399,29 @@ class MysqlDatabase:
             raise
         return _Pooled(conn, stream)
 
-    async def _acquire(self) -> _Pooled:
+    def _slots_for(self, name: str) -> trio.Semaphore:
+        return self._reserved if name in RESERVED_FOR else self._slots
+
+    async def _acquire(self, slots: trio.Semaphore) -> _Pooled:
         if trio.current_time() >= self._abandon_at:
             raise DatabaseUnavailable("shutting down: the database is no longer waited for")
         waited = time.monotonic()
-        await self._slots.acquire()
+        await slots.acquire()
         self.stats.wait_seconds += time.monotonic() - waited
         if self._idle:
             return self._idle.pop()
         try:
             return await self._connect()
         except BaseException:
-            self._slots.release()
+            slots.release()
             raise
 
-    def _release(self, pooled: _Pooled, reusable: bool) -> None:
+    def _release(self, pooled: _Pooled, reusable: bool, slots: trio.Semaphore) -> None:
         if reusable and pooled.open:
             self._idle.append(pooled)
         else:
             pooled.discard()
-        self._slots.release()
+        slots.release()
 
     async def ping(self) -> None:
         async def body(tx: SqlTx) -> None:
@@ -441,7 +452,8 @@ class MysqlDatabase:
         raise AssertionError("unreachable")
 
     async def _attempt(self, body: Callable[[SqlTx], Awaitable[T]], name: str, write: bool) -> T:
-        pooled = await self._acquire()
+        slots = self._slots_for(name)
+        pooled = await self._acquire(slots)
         conn = pooled.conn
         reusable = False
         bound = trio.CancelScope(deadline=trio.current_time() + self.transaction_timeout_s)
@@ -482,7 +494,7 @@ class MysqlDatabase:
             reusable = await self._commit(conn, name) if write else True
             return result
         finally:
-            self._release(pooled, reusable)
+            self._release(pooled, reusable, slots)
 
     async def _commit(self, conn: Any, name: str) -> bool:
         with self._shielded() as shield:

@@ -1,8 +1,20 @@
 """The torture run in little (issue 12): ``python -m bench.torture`` on MariaDB, Galera and
 one shared SQLite file, each for a few seconds of chaos: replicas SIGKILLed and restarted,
 one frozen past its lease, a Galera node killed and rejoining, the simulator injecting
-latency, 5xx, 429 and resets. The invariants come from the simulator's journal, the
-Runtimes' own stores and the database; ``make torture DURATION=600`` is the long run."""
+latency, 5xx, 429 and resets, effects drawing on a provider quota and on grants whose
+short-lived tokens are refreshed all the while. The invariants come from the HubSpot and
+OAuth simulators' journals, the Runtimes' own stores and the database; ``make torture
+DURATION=600`` is the long run.
+
+The replicas' clocks are skewed as in ``make torture`` (0.9 of the lease margin).
+
+Known to fail on the torture12 branch, on findings outside it (reported to the lead): the
+provider quota's windows are exceeded (34 windows over the limit on MariaDB in one run even
+with unskewed clocks: a slot is checked usable, then the dispatch checkpoint commits, then
+the request leaves, so the send drifts past the slot's 250 ms jitter on a slow database;
+skewed clocks add to it), and on a loaded machine refreshes cut off between the provider's
+rotation and their activation spend the rotating refresh token (``double_refreshes``,
+grants left needing re-authorization, effects never sent)."""
 
 from __future__ import annotations
 
@@ -27,8 +39,12 @@ async def test_a_short_torture_run_loses_and_duplicates_nothing() -> None:
     assert line["backends"] == ["mysql", "galera", "sqlite"]
     assert (line["duplicates"], line["lost"], line["receipts_not_once"],
             line["quota_violations"], line["double_refreshes"]) == (0, 0, 0, 0, 0), line
+    assert line["grants_not_valid"] == 0, line
     for backend, got in line["per_backend"].items():
         # The chaos happened and work flowed through it, on every backend.
         assert got["kills"] >= 1 and got["sigstops"] >= 1 and got["effects"] > 0, (backend, got)
         assert got["receipts"] == got["intents"]["COMMITTED"], (backend, got)
+        # Everything finished within the settle bound; tokens were refreshed on the way.
+        assert got["drained"] is True, (backend, got)
+        assert got["refreshes"] >= 1, (backend, got)
     assert line["per_backend"]["galera"]["db_node_kills"] == 1, line
