@@ -53,6 +53,7 @@ from bench.kernel import (
     start_replica,
     wait_admin,
 )
+from bench.l1_copy import l1_copy
 from config.catalog import load_catalog
 from config.load import load_settings
 from daemon.core.handoff import TrustedRuntimeWorkScope
@@ -92,13 +93,19 @@ def scope_of(i: int) -> TrustedRuntimeWorkScope:
 
 
 def write_config(workdir: Path, url: str, i: int, replicas: int, api_ports: list[int],
-                 runtime_ports: list[int], sim_port: int) -> Path:
+                 runtime_ports: list[int], sim_port: int,
+                 definitions: Path | None = None) -> Path:
+    """Replica ``i``'s configuration; ``definitions``: the L1 copy to serve (default: the
+    shipped definitions without their providers' quota)."""
+    l1 = definitions if definitions is not None else l1_copy(workdir / "l1")
     lines = [
         f'[storage]\nurl = "{url}"\npool_size = 16\n',
         '[admin]\nlisten = "127.0.0.1:0"\n',
         f'[api]\nlisten = "127.0.0.1:{api_ports[i]}"\n',
         "[replica]\ndrain_timeout = 10.0\n",
-        f"[catalog]\nrevision = {REVISION}\n",
+        # Its own L1 copy without the providers' quota: this measures the effect path, not
+        # HubSpot's request limit (bench.quota measures quota; the peer has none either).
+        f'[catalog]\nrevision = {REVISION}\ndefinitions_dir = "{l1}"\n',
         "[work]\npoll_interval = 0.1\n",
         "[families.external_effect]\nbatch_size = 64\nconcurrency = 128\n",
         "[families.runtime_receipt]\nbatch_size = 64\nconcurrency = 128\n",

@@ -61,7 +61,6 @@ import os
 import random
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -76,7 +75,6 @@ import attrs
 import trio
 
 from bench.effects import (
-    REVISION,
     publish_catalog,
     runtimes_for,
     secrets_env,
@@ -85,6 +83,7 @@ from bench.effects import (
 )
 from bench.effects import write_config as effects_config
 from bench.kernel import REPO, fresh_url, galera_database, mysql_admin, scrape, wait_admin
+from bench.l1_copy import l1_copy
 from daemon.core.states import WorkState
 from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, TokenKey, seal
 from daemon.core.work import WorkSpec
@@ -114,10 +113,12 @@ LEADS = 200
 FINAL = ("COMMITTED", "REJECTED", "QUARANTINED")
 # Provider quota, declared in the run's copy of the HubSpot L1 definition: this many PATCHes
 # per window per app installation (one per Runtime here). The ledger spaces slots
-# ceil((window + 250 ms jitter) / limit) apart: ~16 per second, against ~11 title changes
-# per second per Runtime plus the retries the faults cause.
+# ceil((window + jitter) / limit) apart, the jitter being 250 ms of sending late plus the
+# replicas' clock spread (each schedules on its own clock): ~9 per second with the default
+# skew, against ~11 title changes per second per Runtime plus the retries the faults cause.
 QUOTA_LIMIT = 20
 QUOTA_WINDOW_S = 1.0
+QUOTA_JITTER_S = 0.25
 # Access tokens the OAuth simulator issues live this long; the token owner refreshes a token
 # expiring within 60 s (daemon/services/token_refresh.py), so each binding's grant is
 # refreshed about every 10 s, through the kills and freezes.
@@ -239,21 +240,15 @@ class Run:
     quota_on: bool = True
 
 
-def write_definitions(workdir: Path, quota_on: bool) -> Path:
-    """The shipped L1 definitions, with a quota dimension on HubSpot's (the run's own copy:
-    config/providers/hubspot.toml declares none yet) unless ``quota_on`` is false."""
-    directory = workdir / "l1"
-    directory.mkdir(exist_ok=True)
-    for entry in (REPO / "config" / "providers").glob("*.toml"):
-        shutil.copy(entry, directory / entry.name)
-    hubspot = directory / "hubspot.toml"
-    head, sep, rest = hubspot.read_text().partition("[auth.bearer]")
-    if not sep:
-        raise SystemExit("config/providers/hubspot.toml: no [auth.bearer] table to insert"
-                         " the quota before")
+def write_definitions(workdir: Path, quota_on: bool, clock_spread_s: float = 0.0) -> Path:
+    """The run's own copy of the shipped L1 definitions: instead of the providers' real
+    limits, one quota dimension on HubSpot's that the run can saturate (unless
+    ``quota_on`` is false). Its jitter covers the replicas' clock spread: each replica
+    schedules slots on its own clock, the simulator counts windows on its one."""
     quota = (f'[quota.torture]\nlimit = {QUOTA_LIMIT}\nwindow = {QUOTA_WINDOW_S}\n'
-             'scope = "app_installation"\n\n') if quota_on else ""
-    hubspot.write_text(head + quota + sep + rest)
+             f'scope = "app_installation"\njitter = {QUOTA_JITTER_S + clock_spread_s}\n'
+             ) if quota_on else ""
+    directory = l1_copy(workdir / "l1", quota={"hubspot": quota} if quota else None)
     (workdir / "k1.key").write_text(TOKEN_KEY.material.hex())
     (workdir / "client.secret").write_text(CLIENT_SECRET + "\n")
     return directory
@@ -264,16 +259,14 @@ def replica_config(workdir: Path, url: str, i: int, replicas: int, api_ports: li
                    ) -> Path:
     """bench.effects' configuration, with short leases, the run's L1 copy (quota) and each
     binding authenticating with a grant refreshed at the OAuth simulator."""
-    cfg = effects_config(workdir, url, i, replicas, api_ports, runtime_ports, sim_port)
+    cfg = effects_config(workdir, url, i, replicas, api_ports, runtime_ports, sim_port,
+                         definitions=workdir / "l1")
     text = cfg.read_text()
     grant = (f'auth = "grant"\ntoken_url = "http://127.0.0.1:{oauth_port}/oauth/v1/token"\n'
              f'client_id = "client-1"\nclient_secret_file = "{workdir / "client.secret"}"\n')
     if text.count('auth = "static_token"\n') != replicas:
         raise SystemExit("bench/effects.py's bindings changed: expected one static token each")
     text = text.replace('auth = "static_token"\n', grant)
-    text = text.replace(f"[catalog]\nrevision = {REVISION}\n",
-                        f'[catalog]\nrevision = {REVISION}\n'
-                        f'definitions_dir = "{workdir / "l1"}"\n')
     text += f'\n[keys]\nactive = "{TOKEN_KEY.key_id}"\ndir = "{workdir}"\n'
     short = f"lease_ttl = {ttl}\nmax_attempts = 1000000\nbackoff_cap = 2.0\n"
     text = (text
@@ -640,7 +633,8 @@ def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
             for r in range(replicas):  # the bindings authenticate with grants, not these
                 del env[f"INTEGRATIOND_BINDING_HUBSPOT_{r}_TOKEN"]
             os.environ.update(env)
-            write_definitions(workdir, quota_on)
+            skews = skews_ms(replicas, skew)
+            write_definitions(workdir, quota_on, (max(skews) - min(skews)) / 1000)
             configs = [replica_config(workdir, urls[i % len(urls)], i, replicas, api_ports,
                                       runtime_ports, sim_port, oauth_port, ttl)
                        for i in range(replicas)]
@@ -648,8 +642,7 @@ def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
             oauth = OAuthSimulator(client_secret=CLIENT_SECRET, lifetime_s=TOKEN_LIFETIME_S)
             trio.run(install_grants, urls[0], replicas, oauth)
             run = Run(backend, [Replica(i, c, skew_ms=s)
-                                for i, (c, s) in enumerate(zip(configs, skews_ms(replicas, skew),
-                                                              strict=True))],
+                                for i, (c, s) in enumerate(zip(configs, skews, strict=True))],
                       urls, cluster, log=log, journal_dir=workdir if keep else None,
                       lease_ttl_s=ttl, quota_on=quota_on)
             # The provider accepts exactly the access tokens the OAuth simulator issued.
