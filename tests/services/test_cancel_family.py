@@ -32,8 +32,10 @@ async def test_each_built_in_family_declares_its_cancel_rule() -> None:
     registry = build_registry(Settings(), {"noop": nothing, "external_effect": nothing,
                                            "runtime_receipt": nothing, "other": nothing})
     # inbound_apply and cursor_reconcile stop anytime: a Runtime mutation is replay-safe by
-    # its key, and a run only reads and queues items.
-    inbound = {"inbound_apply": CancelRule.ANYTIME, "cursor_reconcile": CancelRule.ANYTIME}
+    # its key, and a run only reads and queues items. A subscription step's provider call
+    # cannot be called back once dispatched, as an external effect's.
+    inbound = {"inbound_apply": CancelRule.ANYTIME, "cursor_reconcile": CancelRule.ANYTIME,
+               "subscription_reconcile": CancelRule.BEFORE_DISPATCH}
     assert registry.cancel_rules() == {
         "noop": CancelRule.ANYTIME, "external_effect": CancelRule.BEFORE_DISPATCH,
         "runtime_receipt": CancelRule.NEVER, "other": CancelRule.ANYTIME, **inbound}
