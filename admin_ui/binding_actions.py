@@ -40,15 +40,19 @@ def _generation(value: object) -> int:
     return generation
 
 
+async def _refused(status: int, error: str) -> Response:
+    """The bindings page as it is now, with why nothing was written."""
+    return await page("bindings.html", status=status, error=error,
+                      doc=await bindings_with_principals(console().view))
+
+
 @bp.post("/admin/bindings/<binding_id>/<verb>")
 @require("bindings.transition")
 async def transition(binding_id: str, verb: str) -> Response | WerkzeugResponse:
     view = console().view
     events = {e.value: e for e in CONSOLE_TRANSITIONS}
     if verb not in events:
-        return await page("bindings.html", status=404,
-                          error=f"no console action {verb!r} (disconnect or reconnect)",
-                          doc=await bindings_with_principals(view))
+        return await _refused(404, f"no console action {verb!r} (disconnect or reconnect)")
     principal = current_principal()
     assert principal is not None
     form = await request.form
@@ -59,11 +63,9 @@ async def transition(binding_id: str, verb: str) -> Response | WerkzeugResponse:
             binding_id, events[verb], Actor(principal.name, principal.role, reason),
             expected_generation=generation, now_us=view.clock.now_us())
     except BadInput as exc:
-        return await page("bindings.html", status=400, error=str(exc),
-                          doc=await bindings_with_principals(view))
+        return await _refused(400, str(exc))
     except (BindingRefused, WorkConflict) as exc:
         # A stale generation, an unknown binding, a transition its state does not allow:
         # nothing was written; the page shows the binding as it is now.
-        return await page("bindings.html", status=409, error=str(exc),
-                          doc=await bindings_with_principals(view))
+        return await _refused(409, str(exc))
     return redirect(f"/admin/bindings?notice=binding_{verb}")
