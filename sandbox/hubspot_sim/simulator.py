@@ -18,6 +18,7 @@ Order of checks for a normal request: body too large (413), auth (401), route
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import time
@@ -44,6 +45,10 @@ from sandbox.hubspot_sim.responses import error_response, json_response
 CONTACTS_PATH: Final = "/crm/v3/objects/contacts"
 CONTROL_PREFIX: Final = "/_sim/"
 MAX_BODY: Final = 64 * 1024
+# The rate-limit window the headers report, and how long arrivals are kept for it (a
+# request delayed by an injected latency is counted at the time it arrived).
+RATE_INTERVAL_S: Final = 10.0
+ARRIVALS_KEPT_S: Final = 60.0
 
 @attrs.frozen
 class _Outcome:
@@ -74,6 +79,9 @@ class HubSpotSimulator:
     # book cannot see).
     rate_limit: int = 100
     other_client_requests: int = 0
+    # Arrival times of the journal's requests, sorted, for the rate-limit headers (counted
+    # with two bisections: scanning the journal made every answer cost O(requests/min)).
+    _arrivals: list[float] = attrs.field(factory=list, init=False)
 
     async def run(
         self,
@@ -137,6 +145,7 @@ class HubSpotSimulator:
         self._patches.clear()
         self._faults.clear()
         self.requests.clear()
+        self._arrivals.clear()
         self._next_id = 1
 
     # ---- HTTP ----
@@ -179,15 +188,19 @@ class HubSpotSimulator:
             *outcome.response.headers, *self._rate_headers(received_at)))
 
     def _rate_headers(self, now: float) -> tuple[tuple[str, str], ...]:
-        recent = 0
-        for r in reversed(self.requests):  # newest first; latency may reorder a little
-            if r.received_at < now - 60.0:
-                break
-            recent += now - 10.0 < r.received_at <= now
+        recent = (bisect.bisect_right(self._arrivals, now)
+                  - bisect.bisect_right(self._arrivals, now - RATE_INTERVAL_S))
         remaining = max(0, self.rate_limit - recent - self.other_client_requests)
         return (("x-hubspot-ratelimit-max", str(self.rate_limit)),
-                ("x-hubspot-ratelimit-interval-milliseconds", "10000"),
+                ("x-hubspot-ratelimit-interval-milliseconds", str(int(RATE_INTERVAL_S * 1000))),
                 ("x-hubspot-ratelimit-remaining", str(remaining)))
+
+    def _arrive(self, received_at: float) -> None:
+        """Keep the arrival times sorted (latency may reorder them a little, so each is
+        inserted in place, near the end) and forget those past any window."""
+        bisect.insort(self._arrivals, received_at)
+        if self._arrivals[0] < received_at - 2 * ARRIVALS_KEPT_S:
+            del self._arrivals[:bisect.bisect_left(self._arrivals, received_at - ARRIVALS_KEPT_S)]
 
     def _record(
         self,
@@ -198,6 +211,7 @@ class HubSpotSimulator:
         status: int | None,
     ) -> None:
         digest = "" if request.body_too_large else hashlib.sha256(request.body).hexdigest()
+        self._arrive(received_at)
         self.requests.append(
             RequestRecord(
                 seq=len(self.requests) + 1,

@@ -607,3 +607,35 @@ async def test_cli_reports_a_port_in_use(served: Served) -> None:
     )
     assert result.returncode == 2
     assert json.loads(result.stderr)["event"] == "hubspot_sim_bind_failed"
+
+
+async def test_rate_headers_count_this_apps_requests_of_the_last_10_s(
+    served: Served, client: httpx.AsyncClient
+) -> None:
+    served.sim.rate_limit = 5
+    served.sim.other_client_requests = 1
+    remaining = []
+    for _ in range(3):
+        resp = await client.get(f"{CONTACTS_PATH}/1")
+        assert resp.headers["x-hubspot-ratelimit-max"] == "5"
+        assert resp.headers["x-hubspot-ratelimit-interval-milliseconds"] == "10000"
+        remaining.append(resp.headers["x-hubspot-ratelimit-remaining"])
+    # Each answer counts itself, the ones before it and the other client's request.
+    assert remaining == ["3", "2", "1"]
+
+
+def test_rate_headers_count_out_of_order_arrivals_at_their_own_time() -> None:
+    sim = HubSpotSimulator(tokens={TOKEN}, rate_limit=100)
+    # A latency fault records a request later than it arrived: arrivals come a little
+    # out of order; each is counted at its arrival time, the window is (now - 10 s, now].
+    for at in (1000.0, 1005.0, 1003.0, 1009.0, 1010.0, 1002.0):
+        sim._arrive(at)
+    remaining = dict(sim._rate_headers(1010.0))["x-hubspot-ratelimit-remaining"]
+    assert remaining == str(100 - 5)  # all but the one at 1000.0 (exactly 10 s before)
+    assert dict(sim._rate_headers(1012.5))["x-hubspot-ratelimit-remaining"] == str(100 - 4)
+    # Much later, old arrivals are forgotten (memory stays bounded) and never counted.
+    sim._arrive(1200.0)
+    assert sim._arrivals == [1200.0]
+    assert dict(sim._rate_headers(1200.0))["x-hubspot-ratelimit-remaining"] == "99"
+    sim.reset()
+    assert dict(sim._rate_headers(1200.0))["x-hubspot-ratelimit-remaining"] == "100"
