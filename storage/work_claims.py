@@ -238,24 +238,23 @@ class WorkClaims:
 
     async def _pick(self, tx: SqlTx, params: ClaimParams, now_us: int) -> list[Candidate]:
         window = max(params.window, params.limit)
-        rows: list[tuple[Any, ...]] = []
-        for state in (WorkState.PENDING, WorkState.RETRY):
-            rows.extend(
-                await tx.fetchall(_READY_SQL, (state.value, params.family, now_us,
-                                               *_runnable(params), window))
-            )
-        rows.sort(key=lambda r: (int(r[4]), str(r[0])))
-        rows = rows[:window]
+        states = (WorkState.PENDING, WorkState.RETRY)
+        # One statement per read: the oldest ``window`` ready rows of each state; then,
+        # for the fair-share orgs the window missed, ``share`` rows of each.
+        rows = await tx.fetchall(*_union_all([
+            (_READY_SQL, (state.value, params.family, now_us, *_runnable(params), window))
+            for state in states
+        ]))
+        rows = sorted(rows, key=_ready_order)[:window]
         orgs = [o for o in params.orgs[:MAX_FAIR_ORGS] if o not in {str(r[1]) for r in rows}]
         if orgs:
             share = max(1, params.limit // (len(orgs) + 1))
-            for org in orgs:
-                for state in (WorkState.PENDING, WorkState.RETRY):
-                    rows.extend(await tx.fetchall(
-                        _READY_ORG_SQL, (state.value, params.family, now_us,
-                                         *_runnable(params), org, share)
-                    ))
-            rows.sort(key=lambda r: (int(r[4]), str(r[0])))
+            rows.extend(await tx.fetchall(*_union_all([
+                (_READY_ORG_SQL, (state.value, params.family, now_us, *_runnable(params),
+                                  org, share))
+                for org in orgs for state in states
+            ])))
+            rows.sort(key=_ready_order)
         candidates = [Candidate(str(r[0]), str(r[1]), r[2], r[3]) for r in rows]
         # Replicas start at different offsets of the window so that they do
         # not all queue on the same row locks.
@@ -521,6 +520,19 @@ class WorkClaims:
             return await body(tx)
 
         return await self.db.transact(fenced, name=name)
+
+
+def _union_all(arms: Sequence[tuple[str, tuple[Any, ...]]]) -> tuple[str, tuple[Any, ...]]:
+    """Several ordered, limited SELECTs of the same columns as one statement (one round
+    trip). Each arm is a derived table, so that it keeps its own ORDER BY and LIMIT, and
+    its index plan, on SQLite and MySQL alike."""
+    sql = " UNION ALL ".join(f"SELECT r{i}.* FROM ({arm}) r{i}"
+                             for i, (arm, _) in enumerate(arms))
+    return sql, tuple(v for _, args in arms for v in args)
+
+
+def _ready_order(row: tuple[Any, ...]) -> tuple[int, str]:
+    return int(row[4]), str(row[0])
 
 
 def _runnable(params: ClaimParams) -> tuple[int, int]:
