@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import http.cookiejar
 import ssl
 import urllib.parse
 from collections.abc import Mapping
@@ -153,8 +154,21 @@ def _parse_time_us(text: object) -> int | None:
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
 
+class NoCookies(http.cookiejar.CookieJar):
+    """A cookie jar that keeps nothing. One client serves every principal of an origin,
+    and integrationd authenticates each request itself: a cookie one binding's answer
+    set must never ride on another binding's request. (It also spares every answer the
+    jar's Set-Cookie parsing.)"""
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        return None
+
+    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:
+        return None
+
+
 def new_http_client(max_connections: int, tls: ssl.SSLContext | None = None) -> httpx.AsyncClient:
-    """An HTTP/1.1 client with keep-alive and no retries of any kind.
+    """An HTTP/1.1 client with keep-alive, no retries of any kind and no cookies.
 
     The limits go to the transport (a client ignores its own ``limits`` when
     given a transport). ``tls`` lets many clients share one context: each
@@ -168,6 +182,7 @@ def new_http_client(max_connections: int, tls: ssl.SSLContext | None = None) -> 
         ),
         follow_redirects=False,
         trust_env=False,
+        cookies=NoCookies(),
     )
 
 

@@ -38,6 +38,7 @@ from daemon.core.token_bundle import (
     seal,
 )
 from daemon.core.work import Fence
+from daemon.providers.executor import NoCookies
 from daemon.services import logs
 from daemon.services.clock import Clock
 from daemon.services.token_refresh import (
@@ -170,5 +171,5 @@ def build_credentials(settings: Settings, store: WorkStore, clock: Clock,
                                            for b in settings.bindings):
         return Credentials()  # no grant can be opened: such bindings have no credentials
     keys = load_token_keys(settings.keys, environ, settings.base_dir)
-    http = httpx.AsyncClient(timeout=httpx.Timeout(10.0))
+    http = httpx.AsyncClient(timeout=httpx.Timeout(10.0), cookies=NoCookies())
     return Credentials(TokenOwner(store, keys, settings.keys.active, http, clock), http)

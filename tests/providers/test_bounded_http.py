@@ -69,3 +69,22 @@ async def test_each_origin_keeps_its_connections(nursery: trio.Nursery) -> None:
     # Kept alive: one connection per origin, never closed to make room for another.
     assert [s.connections_accepted for s in servers] == [1] * len(servers)
     await http.aclose()
+
+
+async def test_a_providers_set_cookie_is_never_sent_back(nursery: trio.Nursery) -> None:
+    """One client serves every principal of an origin: a cookie one binding's answer sets
+    must never ride on another binding's request (nor on the same binding's: integrationd
+    authenticates each request itself)."""
+    cookies: list[str | None] = []
+
+    async def sets_a_cookie(request: Request) -> Response:
+        cookies.append(request.headers.get("cookie"))
+        return Response(200, b"ok", (("set-cookie", "session=binding-a; Path=/"),))
+
+    port: int = await nursery.start(H11Server(sets_a_cookie).run)
+    http = BoundedHttp.open(4)
+    for path in ("/a", "/b", "/c"):
+        answer = await http.request("GET", f"http://127.0.0.1:{port}{path}", timeout_s=10.0)
+        assert answer.status_code == 200
+    assert cookies == [None, None, None]
+    await http.aclose()
