@@ -18,8 +18,11 @@ a body that is not JSON has empty fields and its raw hash still tells it apart.
 Normalization (:func:`normalize`) is strict, and everything it refuses has a stable
 reason, so a quarantined receipt says why: ``not_utf8``, ``malformed``, ``too_deep``,
 ``duplicate_keys``, ``not_jsonapi``, ``unknown_event``, ``missing_field``,
-``unsupported_number`` (a float: the InboundChange payload is canonical JSON, which has
-none). A batch route (a JSON array of events) yields one event per element.
+``unsupported_number`` (a number whose exact decimal text would be longer than
+:data:`~daemon.core.json_input.MAX_DECIMAL_CHARS`). A fractional number is kept as its
+exact decimal text, a string: the InboundChange payload is canonical JSON, which has no
+floats (amounts travel as strings or integers). A batch route (a JSON array of events)
+yields one event per element.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any, Final
 import attrs
 import jsonpointer
 
-from daemon.core.json_input import MAX_DEPTH, depth
+from daemon.core.json_input import MAX_DEPTH, NotExact, decimal_text, depth
 
 KEY_PREFIX: Final = "wh"
 QUARANTINE_REASONS: Final = frozenset({
@@ -142,28 +145,33 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _float(text: str) -> Any:
-    raise _Float(text)
+def _exact(literal: str) -> str:
+    try:
+        return decimal_text(literal)
+    except NotExact as exc:
+        raise _Inexact(str(exc)) from None
 
 
-class _Float(ValueError):
+class _Inexact(ValueError):
     pass
 
 
 def parse_body(raw: bytes, max_depth: int = MAX_DEPTH) -> Any | Quarantine:
     """The JSON value of a webhook body, or why it is refused (strict: UTF-8, no
-    duplicate keys, no floats, bounded nesting)."""
+    duplicate keys, bounded nesting; a fractional number becomes its exact decimal text,
+    :func:`daemon.core.json_input.decimal_text`)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         return Quarantine("not_utf8", "the body is not valid UTF-8")
     try:
         value = json.loads(text, object_pairs_hook=_pairs, parse_constant=_refuse_constant,
-                           parse_float=_float)
+                           parse_float=_exact)
     except _DuplicateKey:
         return Quarantine("duplicate_keys", "an object in the body repeats a key")
-    except _Float:
-        return Quarantine("unsupported_number", "the body holds a fractional number")
+    except _Inexact:
+        return Quarantine("unsupported_number",
+                          "the body holds a number too long to write out exactly")
     except RecursionError:
         return Quarantine("too_deep", f"the body nests deeper than {max_depth} levels")
     except ValueError:

@@ -10,14 +10,25 @@ encoding, validation, the answer's encoder) fails far from the parser.
 :func:`parse_json` turns each into a :class:`BadJson` with a stable reason,
 and bounds nesting at :data:`MAX_DEPTH` (our documents nest a handful of
 levels), so everything after it may walk the value recursively.
+
+Numbers from providers (:func:`loads_exact`): a JSON number with a fraction or an
+exponent becomes its exact decimal text, a *string* (``12.50`` -> ``"12.5"``,
+``2e1`` -> ``"20"``), never a binary float: canonical JSON has no floats (amounts travel
+as strings or integers, :mod:`daemon.core.canonical`), and a float would change the
+value. Integers stay integers. A number whose exact text is longer than
+:data:`MAX_DECIMAL_CHARS` (``1e999999``) is :class:`NotExact`.
 """
 
 from __future__ import annotations
 
+import decimal
 import json
 from typing import Any
 
 MAX_DEPTH = 32
+# The longest exact decimal text a provider's number may have (sign and point included):
+# 40-odd digits hold any amount or score; ``1e999999`` written out would be a megabyte.
+MAX_DECIMAL_CHARS = 48
 
 
 class BadJson(ValueError):
@@ -27,6 +38,47 @@ class BadJson(ValueError):
         super().__init__(message)
         self.reason = reason
         self.message = message
+
+
+class NotExact(ValueError):
+    """A JSON number that has no exact decimal text of at most MAX_DECIMAL_CHARS."""
+
+
+def decimal_text(literal: str) -> str:
+    """The exact decimal text of a JSON number literal: no exponent, no trailing zeros
+    after the point, no point when integral, ``0`` for any zero."""
+    try:
+        sign, digits, exponent = decimal.Decimal(literal).as_tuple()
+    except decimal.InvalidOperation:
+        raise NotExact(f"{literal[:40]!r} is not a number") from None
+    if not isinstance(exponent, int):  # NaN or infinity: not JSON
+        raise NotExact(f"{literal[:40]!r} is not a finite number")
+    figures = list(digits)
+    while len(figures) > 1 and figures[-1] == 0 and exponent < 0:
+        figures.pop()
+        exponent += 1
+    if not any(figures):
+        return "0"
+    # The written-out length, known before anything is written (1e999999 is refused).
+    length = (len(figures) + exponent if exponent >= 0
+              else max(len(figures), 1 - exponent) + 1) + sign
+    if length > MAX_DECIMAL_CHARS:
+        raise NotExact(f"a number needs {length} characters written out exactly"
+                       f" (at most {MAX_DECIMAL_CHARS})")
+    text = "".join(map(str, figures))
+    if exponent >= 0:
+        text += "0" * exponent
+    else:
+        text = text.rjust(1 - exponent, "0")
+        text = f"{text[:exponent]}.{text[exponent:]}"
+    return ("-" if sign else "") + text
+
+
+def loads_exact(raw: bytes | str) -> Any:
+    """``json.loads`` for a provider's document: fractional numbers become their exact
+    decimal text (:func:`decimal_text`); NaN and Infinity are refused. Raises ValueError
+    (:class:`NotExact` for a number too long to write out)."""
+    return json.loads(raw, parse_float=decimal_text, parse_constant=_refuse_constant)
 
 
 def depth(value: Any) -> int:

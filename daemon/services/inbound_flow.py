@@ -65,6 +65,7 @@ from daemon.core.inbound_flow import (
     lost_webhook,
     remote_time_ns,
 )
+from daemon.core.json_input import NotExact, loads_exact
 from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
 from daemon.providers.executor import BoundedHttp
 from daemon.providers.template import identity_text
@@ -256,7 +257,9 @@ class InboundFlow:
                               f"the read of {change.resource_type} {change.resource_id}"
                               f" answered {response.status_code}")
         try:
-            doc = response.json()
+            doc = loads_exact(response.content)  # fractions as exact text, as in webhooks
+        except NotExact as exc:
+            return RetryLater("hydrate_unsupported_number", str(exc))
         except ValueError:
             return RetryLater("hydrate_not_json", "the read answered a body that is not JSON")
         attributes = get.attributes.find(doc)

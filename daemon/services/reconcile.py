@@ -41,6 +41,7 @@ from daemon.core.cursor import (
     plan_page,
     since_ns,
 )
+from daemon.core.json_input import loads_exact
 from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
 from daemon.core.work import WorkSpec
 from daemon.providers.executor import BoundedHttp
@@ -222,7 +223,9 @@ class CursorReconciler:
                 return RetryLater(f"list_{response.status_code}",
                                   f"the list answered {response.status_code}")
             try:
-                doc: Any = response.json()
+                # A fraction is kept as its exact decimal text: the changes become
+                # canonical WorkItem payloads, which have no floats.
+                doc: Any = loads_exact(response.content)
                 rows = parse_rows(listing.items.find(doc), id_of=listing.item_id.find,
                                   attributes_of=listing.item_attributes.find,
                                   updated_of=listing.item_updated_at.find)

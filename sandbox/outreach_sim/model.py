@@ -28,6 +28,8 @@ Attributes = dict[str, Any]
 PROSPECT_ATTRIBUTES: Final = frozenset({
     "firstName", "lastName", "title", "company", "emails", "phone", "stage",
     "addressCity", "addressCountry", "tags", "owner",
+    # A number with a fraction, as Outreach's scores are (integrationd keeps its exact text).
+    "engagedScore",
 })
 # Read-only attributes the provider maintains.
 READ_ONLY_ATTRIBUTES: Final = frozenset({"createdAt", "updatedAt"})

@@ -54,6 +54,14 @@ def test_outreach_v2_partial_update_normalizes_to_one_event() -> None:
         remote_updated_at="2026-12-01T10:00:00.000Z")
 
 
+def test_a_fractional_attribute_is_kept_as_its_exact_decimal_text() -> None:
+    """Outreach sends numbers with fractions (scores); the event keeps each as the exact
+    decimal text of the body, never a binary float (a float is not canonical)."""
+    (event,) = normalize(OUTREACH, outreach_body(score=1.5, ratio=0.1))  # type: ignore[misc]
+    assert isinstance(event, EventDraft)
+    assert event.attributes["score"] == "1.5" and event.attributes["ratio"] == "0.1"
+
+
 @pytest.mark.parametrize(("event", "kind"), [
     ("prospect.created", "created"), ("prospect.updated", "updated"),
     ("prospect.destroyed", "destroyed"),
@@ -87,7 +95,8 @@ DEEP = b'{"data": {"type": "prospect", "id": 1}, "meta": ' + b"[" * 40 + b"]" * 
     ("very deep (recursion)", OUTREACH, b"[" * 100_000 + b"]" * 100_000, "too_deep"),
     ("duplicate keys", OUTREACH,
      b'{"data": {"type": "prospect", "id": 1, "id": 2}, "meta": {}}', "duplicate_keys"),
-    ("a float", OUTREACH, outreach_body(score=1.5), "unsupported_number"),
+    ("a number too long to write out", OUTREACH,
+     outreach_body().replace(b'"title"', b'"score": 1e999999, "title"'), "unsupported_number"),
     ("not an object", OUTREACH, b"[1, 2]", "not_jsonapi"),
     ("no data", OUTREACH, b'{"meta": {"eventName": "prospect.updated"}}', "not_jsonapi"),
     ("data without id", OUTREACH, b'{"data": {"type": "prospect"}, "meta": {}}',

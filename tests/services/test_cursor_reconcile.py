@@ -258,3 +258,16 @@ def test_the_sync_lag_grows_at_scrape_time_until_the_next_run() -> None:
     lag = metrics.registry.get_sample_value("integrationd_sync_lag_seconds",
                                             {"stream": "outreach-main:prospect"})
     assert lag is not None and 100 <= lag < 160
+
+
+async def test_a_listed_fractional_number_is_offered_as_its_exact_decimal_text(
+        rig: Rig) -> None:
+    """Outreach's scores carry fractions. A listed record with one was not JSON the
+    WorkItem payload could hold (canonical JSON has no floats), so the run failed; it is
+    offered with the number's exact decimal text (amounts travel as strings)."""
+    seed(rig.sim, 2)
+    rig.sim.update_prospect(2, {"engagedScore": 0.1}, notify=False)
+    await rig.enqueue(RunPayload(binding=BINDING, resource="prospect"))
+    assert await rig.run() == Succeeded("2 records offered to the inbound Flow")
+    scored = [c for c in await rig.offered() if c.resource_id == "2"]
+    assert [c.attributes["engagedScore"] for c in scored] == ["0.1"]

@@ -232,6 +232,20 @@ async def test_a_created_prospect_is_hydrated_matched_by_email_and_linked(
     assert "Email" in adopted.reason
 
 
+async def test_a_hydrated_prospect_with_a_fractional_score_keeps_its_exact_text(
+        world: World) -> None:
+    """A provider's number with a fraction (Outreach's scores) is not a float anywhere:
+    the hydrated snapshot keeps its exact decimal text and the flow goes on."""
+    await world.lead(Email="ada@example.com")
+    world.sim.put_prospect({"firstName": "Ada", "lastName": "Lovelace", "engagedScore": 0.1,
+                            "emails": ["ada@example.com"]}, prospect_id=9)
+    outcome = await world.run(world.change(kind="created", prospect="9", updated_at=None,
+                                           attributes={"firstName": "Ada"}))
+    assert outcome == Succeeded("applied FirstName, LastName")
+    assert await world.fields() == {"Email": "ada@example.com", "FirstName": "Ada",
+                                    "LastName": "Lovelace"}
+
+
 @pytest.mark.parametrize(("emails", "code"), [
     (["nobody@example.com"], "no_local_match"),
     (["twin@example.com"], "several_local_matches"),
