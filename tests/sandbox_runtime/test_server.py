@@ -58,7 +58,7 @@ async def test_lead_update_hands_off_the_exact_command(
     assert response.status_code == 200
     assert response.json() == {
         "lead_id": "lead-1", "title": "Engineer", "remote_id": None,
-        "remote_id_proof_intent_id": None, "intents": [], "receipts": [],
+        "remote_id_proof_intent_id": None, "owner": None, "intents": [], "receipts": [],
     }
     intent_id = await rt.patch_title("lead-1", "CTO")
     intent = await rt.wait_status(intent_id, "ACCEPTED")
