@@ -261,7 +261,7 @@ async def _scenario(http: httpx.AsyncClient, sim: HubSpotSimulator, store: WorkS
 
     # -- reconnect while a command is queued: it is refused, with a true receipt.
     sim.tokens.add(ADA_TOKEN_2)  # the provider would take the new identity's token too
-    sim.inject(Fault(mode="latency", method="PATCH", latency_ms=6000))
+    sim.inject(Fault(mode="latency", method="PATCH", latency_ms=8000))
     in_flight = await _title(http, "lead-2", "Director")
     accepted = await _wait_intent(http, "lead-2", in_flight, "ACCEPTED")
 
