@@ -1,4 +1,6 @@
-"""The reference Runtime's state: Leads, intents, outbox, receipts. In memory only.
+"""The reference Runtime's state: Leads, intents, outbox, receipts, per-user grants. In
+memory only (a grant record holds integrationd's binding id, generation and token
+version; never a token).
 
 Every method is synchronous and never awaits, so under trio (one thread) each call is one
 atomic step: no other task can observe or change the state half-way through. That is this
