@@ -7,7 +7,8 @@ token; the Runtime listens where the first ``[[runtimes]]`` entry's ``results_ur
 points, calls integrationd's ``[api] listen`` with that runtime's token, and expects its
 results token. It seeds ``--leads`` Leads with linked contacts (adopting the remote links
 in integrationd's database) and, every ``--interval`` seconds, changes one Lead's title,
-so effects flow out as soon as a replica runs.
+so effects flow out as soon as a replica runs: a HubSpot contact PATCH and, when Outreach
+is configured, a JSON:API PATCH of the Lead's linked Prospect (two intents, two commands).
 
 When the configuration also has an Outreach binding with a ``[[webhook_routes]]`` entry,
 the Outreach simulator listens where that binding's ``base_url`` points (with the S2S
@@ -53,6 +54,8 @@ LAST_NAMES = ("Lovelace", "Hopper", "Turing", "Dijkstra", "Liskov", "Knuth", "Al
 COMPANIES = ("ACME", "Globex", "Initech", "Umbrella", "Hooli", "Stark Industries")
 # The S2S app the mounted token endpoint knows (its key lives only in this process).
 S2S_APP_ID = "sandbox-s2s-app"
+# The outbound Outreach operation the Runtime also hands off for every title change.
+OUTREACH_TITLE_OPERATION = "outreach.prospect.update_title"
 
 
 class SandboxConfigError(ConfigError):
@@ -132,6 +135,9 @@ async def run_sandbox(settings: Settings, store: WorkStore, *, leads: int,
         integration_token=runtime_cfg.token.reveal(),
         results_token=runtime_cfg.results_token.reveal(),
         catalog_revision=settings.catalog.revision,
+        # With Outreach here, each title change is also an outbound PATCH of the Lead's
+        # linked Prospect (its title is outbound-owned): its own intent and command.
+        also_operations=(OUTREACH_TITLE_OPERATION,) if outreach is not None else (),
     )
     sim_host, sim_port = _host_port(binding.base_url)
     rt_host, rt_port = _host_port(runtime_cfg.results_url)
@@ -145,7 +151,8 @@ async def run_sandbox(settings: Settings, store: WorkStore, *, leads: int,
             await nursery.start(osim.run, o_host, o_port)
         logs.event("sandbox_listening", hubspot=binding.base_url,
                    runtime=f"http://{rt_host}:{rt_port}", leads=leads,
-                   outreach=outreach.binding.base_url if outreach is not None else "")
+                   outreach=outreach.binding.base_url if outreach is not None else "",
+                   operations=[runtime.operation, *runtime.also_operations])
         base = f"http://{rt_host}:{rt_port}"
         async with httpx.AsyncClient(timeout=10) as http:
             await _seed(http, base, sim, store, binding, leads)

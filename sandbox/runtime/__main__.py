@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Catalog revision stamped on intents (default %(default)s)")
     parser.add_argument("--operation", default=DEFAULT_OPERATION,
                         help="operation named in commands (default %(default)s)")
+    parser.add_argument("--also-operation", action="append", default=[],
+                        help="another operation each title change also hands off, as its"
+                        " own intent (repeatable)")
     parser.add_argument("--old-runtime", action="store_true",
                         help="behave as a Runtime that predates result format 2 (rejects it)")
     parser.add_argument("--poll-interval", type=float, default=1.0,
@@ -103,6 +106,7 @@ def runtime_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> R
         results_token=results_token,
         catalog_revision=args.catalog_revision,
         operation=args.operation,
+        also_operations=tuple(args.also_operation),
         accept_no_effect_format=not args.old_runtime,
         poll_interval_s=args.poll_interval,
         dispatch_backoff=BackoffPolicy(base_s=0.5, cap_s=args.retry_cap, floor_s=0.05),

@@ -28,6 +28,7 @@ import httpx
 import trio
 
 from daemon.services import logs
+from sandbox.runtime.grants import FlowAnswer, FlowRefused, classify_flow_answer
 from sandbox.runtime.model import (
     AdmissionAnswer,
     ContractViolation,
@@ -43,6 +44,7 @@ from sandbox.runtime.model import (
 from sandbox.runtime.runtime import ReferenceRuntime
 from sandbox.runtime.store import OutboxEntry, Refused
 
+BINDINGS_PATH = "/v1/bindings"
 COMMANDS_PATH = "/v1/commands"
 BATCH_PATH = "/v1/commands/batch"
 REJECT_PATH = "/v1/handoffs/reject"
@@ -116,6 +118,20 @@ class IntegrationClient:
         """``POST /v1/handoffs/reject`` (integrationd's idempotent RejectIfUnaccepted)."""
         answer = await self._post(REJECT_PATH, body)
         return answer if isinstance(answer, RetryLater) else classify_reject_answer(*answer)
+
+    async def binding_flow(self, binding_id: str, flow: str,
+                           body: bytes) -> FlowAnswer | FlowRefused | RetryLater:
+        """``POST /v1/bindings/{binding_id}/{flow}`` with ``body`` exactly as given."""
+        answer = await self._post(f"{BINDINGS_PATH}/{binding_id}/{flow}", body)
+        return answer if isinstance(answer, RetryLater) else classify_flow_answer(*answer)
+
+    async def binding_read(self, binding_id: str) -> FlowAnswer | FlowRefused | RetryLater:
+        """``GET /v1/bindings/{binding_id}``: the binding's current generation."""
+        try:
+            response = await self._http.get(f"{BINDINGS_PATH}/{binding_id}")
+        except httpx.TransportError as exc:
+            return RetryLater(f"transport error: {type(exc).__name__}")
+        return classify_flow_answer(response.status_code, response.content)
 
 
 @attrs.define(eq=False)

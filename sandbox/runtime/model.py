@@ -130,6 +130,8 @@ class Intent:
     runtime_outbox_id: str
     effect_handoff_key: str
     payload_digest: str
+    # The user whose per-user grant the command runs under ("" : the shared principal).
+    user_id: str = ""
 
     @classmethod
     def create(
@@ -145,6 +147,7 @@ class Intent:
         created_at_us: int,
         runtime_outbox_id: str,
         kind: str = "UPSERT",
+        user_id: str = "",
     ) -> Intent:
         """Build an intent, deriving its handoff key and payload digest."""
         command = build_command(
@@ -155,6 +158,7 @@ class Intent:
             field=field,
             value=value,
             catalog_revision=catalog_revision,
+            user_id=user_id,
         )
         return cls(
             intent_id=intent_id,
@@ -168,6 +172,7 @@ class Intent:
             runtime_outbox_id=runtime_outbox_id,
             effect_handoff_key=EffectHandoffKey(scope, intent_id).encode(),
             payload_digest=canonical_digest(command),
+            user_id=user_id,
         )
 
     def command(self) -> dict[str, Any]:
@@ -179,6 +184,7 @@ class Intent:
             field=self.field,
             value=self.value,
             catalog_revision=self.catalog_revision,
+            user_id=self.user_id,
         )
 
     def handoff_body(self) -> bytes:
@@ -212,9 +218,14 @@ def build_command(
     field: str,
     value: str,
     catalog_revision: int,
+    user_id: str = "",
 ) -> dict[str, Any]:
-    """The command integrationd executes; its canonical digest is the payload digest."""
-    return {
+    """The command integrationd executes; its canonical digest is the payload digest.
+
+    ``user_id`` (when not empty) names the user whose per-user principal binding the
+    command runs under; integrationd pins that binding's generation at acceptance, or
+    rejects the handoff durably with ``no_user_binding``."""
+    command: dict[str, Any] = {
         "intent_id": intent_id,
         "intent_kind": kind,
         "operation": operation,
@@ -222,6 +233,9 @@ def build_command(
         "catalog_revision": catalog_revision,
         "request": _request(operation, field, value),
     }
+    if user_id:
+        command["user_id"] = user_id
+    return command
 
 
 def _request(operation: str, field: str, value: str) -> dict[str, Any]:

@@ -65,6 +65,9 @@ class ReferenceRuntime:
     results_token: Secret = attrs.field(converter=_secret, repr=False)
     catalog_revision: int
     operation: str = DEFAULT_OPERATION
+    # Operations a title change also hands off, each its own intent (e.g. the Lead's
+    # Outreach Prospect beside its HubSpot contact).
+    also_operations: tuple[str, ...] = ()
     accept_no_effect_format: bool = True
     dispatch_backoff: BackoffPolicy = DEFAULT_BACKOFF
     poll_interval_s: float = 1.0
@@ -86,6 +89,7 @@ class ReferenceRuntime:
             scope=self.scope,
             catalog_revision=self.catalog_revision,
             operation=self.operation,
+            also_operations=tuple(self.also_operations),
             accept_no_effect_format=self.accept_no_effect_format,
             now_us=self.now_us,
             new_id=self.new_id,

@@ -19,6 +19,7 @@ from werkzeug.exceptions import HTTPException
 from config.settings import Secret
 from daemon.services.http_guard import guard_app
 from daemon.services.http_server import serve_app
+from sandbox.runtime.connect import ConnectPort, run_flow
 from sandbox.runtime.dispatcher import (
     IntegrationClient,
     IntegrationPort,
@@ -55,8 +56,10 @@ class _MalformedJson(Exception):
     pass
 
 
-def create_app(runtime: ReferenceRuntime, client: IntegrationPort) -> QuartTrio:
-    """The Runtime's routes over ``runtime``'s store; ``client`` reaches integrationd."""
+def create_app(runtime: ReferenceRuntime, client: IntegrationPort,
+               connect: ConnectPort | None = None) -> QuartTrio:
+    """The Runtime's routes over ``runtime``'s store; ``client`` reaches integrationd for
+    handoffs, ``connect`` for the connect flows (None: the flows answer 501)."""
     app = QuartTrio(__name__)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     store = runtime.store
@@ -72,13 +75,27 @@ def create_app(runtime: ReferenceRuntime, client: IntegrationPort) -> QuartTrio:
 
     @app.patch("/leads/<lead_id>")
     async def update_lead(lead_id: str) -> JsonAnswer:
-        state = store.update_lead(lead_id, await _json_body())
+        states = store.update_lead_intents(lead_id, await _json_body())
         runtime.wakeup.set()
         return {
-            "intent_id": state.intent.intent_id,
-            "status": state.status.value,
+            "intent_id": states[0].intent.intent_id,
+            "intent_ids": [s.intent.intent_id for s in states],
+            "status": states[0].status.value,
             "lead": store.lead_summary(store.lead(lead_id)),
         }, 200
+
+    @app.post("/users/<user_id>/grants/<provider>/<flow>")
+    async def user_flow(user_id: str, provider: str, flow: str) -> JsonAnswer:
+        # The CRM's half of connecting an account is done (the OAuth code exchange, an
+        # app installation): hand the grant to integrationd and record what it answers.
+        if connect is None:
+            raise Refused(501, "no_connect_client", "this Runtime cannot run connect flows")
+        grant = await run_flow(runtime, connect, user_id, provider, flow, await _json_body())
+        return {"grant": grant.view()}, 200
+
+    @app.get("/users/<user_id>")
+    async def get_user(user_id: str) -> JsonAnswer:
+        return store.user_view(user_id), 200
 
     @app.delete("/leads/<lead_id>")
     async def delete_lead(lead_id: str) -> Response:
@@ -193,7 +210,7 @@ async def serve(
     """
     async with IntegrationClient.open(runtime) as client, trio.open_nursery() as nursery:
         await nursery.start(OutboxDispatcher(runtime, client).run)
-        bound: str = await nursery.start(serve_app, create_app(runtime, client),
+        bound: str = await nursery.start(serve_app, create_app(runtime, client, client),
                                          _listen(host, port))
         bound_port = urllib.parse.urlsplit(bound).port
         task_status.started(bound_port if bound_port is not None else port)

@@ -1,4 +1,6 @@
-"""The reference Runtime's state: Leads, intents, outbox, receipts. In memory only.
+"""The reference Runtime's state: Leads, intents, outbox, receipts, per-user grants. In
+memory only (a grant record holds integrationd's binding id, generation and token
+version; never a token).
 
 Every method is synchronous and never awaits, so under trio (one thread) each call is one
 atomic step: no other task can observe or change the state half-way through. That is this
@@ -23,7 +25,21 @@ from typing import Any
 
 import attrs
 
+from daemon.core.canonical import canonical_bytes
 from daemon.core.handoff import RESULT_FORMAT_SUCCESS, TrustedRuntimeWorkScope
+from sandbox.runtime.grants import (
+    PROVIDER_RE,
+    USER_ID_RE,
+    FlowAnswer,
+    FlowInputError,
+    FlowName,
+    FlowRefused,
+    GrantMismatch,
+    UserGrant,
+    apply_flow_answer,
+    binding_id_for,
+    flow_request,
+)
 from sandbox.runtime.model import (
     SUPPORTED_FIELDS,
     CommandAccepted,
@@ -82,6 +98,9 @@ class Lead:
     # Fields an inbound source (integrationd) may change, and the Email a remote record
     # created elsewhere is matched by. Title is not one: the CRM owns it.
     fields: Mapping[str, str | None] = attrs.field(factory=dict)
+    # The CRM user who owns the Lead: its commands carry ``user_id`` (run under that
+    # user's per-user binding); "" runs them under the shared principal.
+    owner: str = ""
 
 
 # The Lead fields an inbound mutation may set (integrationd's L2 binding decides which of
@@ -108,6 +127,22 @@ class OutboxEntry:
     intent_id: str
     lead_id: str
     body: bytes = attrs.field(repr=False)
+
+
+@attrs.frozen
+class PendingFlow:
+    """A flow request sent without a definitive answer yet: a resend of the same request
+    reuses its idempotency key (integrationd applies it once)."""
+
+    idempotency_key: str
+    digest: str
+
+
+@attrs.frozen
+class PreparedFlow:
+    binding_id: str
+    flow: FlowName
+    body: bytes = attrs.field(repr=False)  # may hold a token: never logged or kept
 
 
 @attrs.define
@@ -153,6 +188,16 @@ def _inbound_fields(value: object) -> dict[str, str | None]:
     return dict(value)
 
 
+def rejection_reason(answer: HandoffRejected) -> str:
+    """The stable reason of a ``HANDOFF_REJECTED`` receipt ("" when it names none)."""
+    try:
+        doc = json.loads(answer.receipt_json)
+    except ValueError:
+        return ""
+    reason = doc.get("reason") if isinstance(doc, dict) else None
+    return reason if isinstance(reason, str) else ""
+
+
 def _object(doc: object) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise BadInput("the body must be a JSON object")
@@ -167,6 +212,9 @@ class RuntimeStore:
     catalog_revision: int
     operation: str
     accept_no_effect_format: bool
+    # Every title change makes one intent per operation, in this order (the first is
+    # ``operation``): e.g. the HubSpot contact and the Outreach Prospect of one Lead.
+    also_operations: tuple[str, ...] = ()
     now_us: Callable[[], int]
     new_id: Callable[[str], str]
     leads: dict[str, Lead] = attrs.field(factory=dict)
@@ -176,6 +224,10 @@ class RuntimeStore:
     schedule: dict[str, _Schedule] = attrs.field(factory=dict)
     counters: collections.Counter[str] = attrs.field(factory=collections.Counter)
     mutations: dict[str, InboundMutation] = attrs.field(factory=dict)
+    # Per-user grants as integrationd last reported them, by (user_id, provider); and the
+    # flow request each is waiting on (its idempotency key, reused by a resend).
+    grants: dict[tuple[str, str], UserGrant] = attrs.field(factory=dict)
+    pending_flows: dict[tuple[str, str], PendingFlow] = attrs.field(factory=dict)
 
     # -- leads and intents --------------------------------------------------------------------
 
@@ -183,13 +235,14 @@ class RuntimeStore:
         body = _object(doc)
         lead_id = _string(body, "lead_id", pattern=LEAD_ID_RE)
         title = _string(body, "title")
-        unknown = sorted(set(body) - {"lead_id", "title", "fields"})
+        unknown = sorted(set(body) - {"lead_id", "title", "fields", "owner"})
         if unknown:
             raise BadInput(f"unknown fields {', '.join(unknown)}")
         fields = _inbound_fields(body.get("fields", {}))
+        owner = _string(body, "owner", pattern=USER_ID_RE) if "owner" in body else ""
         if lead_id in self.leads or lead_id in self.deleted_leads:
             raise Refused(409, "lead_exists", f"lead {lead_id} exists or was deleted")
-        lead = self.leads[lead_id] = Lead(lead_id, title, fields=fields)
+        lead = self.leads[lead_id] = Lead(lead_id, title, fields=fields, owner=owner)
         return lead
 
     # -- inbound mutations (integrationd -> Runtime) -----------------------------------------
@@ -260,7 +313,13 @@ class RuntimeStore:
         return state
 
     def update_lead(self, lead_id: str, doc: object) -> IntentState:
-        """Change the Lead and create its immutable intent and outbox entry, in one step."""
+        """Change the Lead and create its immutable intent and outbox entry, in one step
+        (the first of :meth:`update_lead_intents`)."""
+        return self.update_lead_intents(lead_id, doc)[0]
+
+    def update_lead_intents(self, lead_id: str, doc: object) -> list[IntentState]:
+        """Change the Lead and create one immutable intent and outbox entry per
+        operation (``operation``, then ``also_operations``), in one step."""
         lead = self.lead(lead_id)
         body = _object(doc)
         unsupported = sorted(set(body) - set(SUPPORTED_FIELDS))
@@ -270,26 +329,28 @@ class RuntimeStore:
                           f"not {', '.join(unsupported)}")
         if not body:
             raise BadInput("nothing to change")
-        title = _string(body, "title")
-        intent = Intent.create(
-            scope=self.scope,
-            intent_id=self.new_id("int"),
-            lead_id=lead_id,
-            field="title",
-            value=title,
-            catalog_revision=self.catalog_revision,
-            operation=self.operation,
-            created_at_us=self.now_us(),
-            runtime_outbox_id=self.new_id("obx"),
-        )
-        state = self.intents[intent.intent_id] = IntentState(intent)
-        self.leads[lead_id] = attrs.evolve(lead, title=title)
-        self.outbox[intent.runtime_outbox_id] = OutboxEntry(
-            intent.runtime_outbox_id, intent.intent_id, lead_id, intent.handoff_body()
-        )
-        self.schedule[intent.runtime_outbox_id] = _Schedule()
-        self.counters["intents_created"] += 1
-        return state
+        return self._title_intents(lead, _string(body, "title"))
+
+    def _title_intents(self, lead: Lead, title: str) -> list[IntentState]:
+        made = []
+        now = self.now_us()
+        for operation in (self.operation, *self.also_operations):
+            intent = Intent.create(
+                scope=self.scope,
+                intent_id=self.new_id("int"),
+                lead_id=lead.lead_id,
+                field="title",
+                value=title,
+                catalog_revision=self.catalog_revision,
+                operation=operation,
+                created_at_us=now,
+                runtime_outbox_id=self.new_id("obx"),
+                user_id=lead.owner,
+            )
+            made.append(self.add_intent(intent))
+            self.counters["intents_created"] += 1
+        self.leads[lead.lead_id] = attrs.evolve(lead, title=title)
+        return made
 
     def add_intent(self, intent: Intent) -> IntentState:
         """Admit an already built intent (tests use it for kinds PATCH cannot create)."""
@@ -299,6 +360,85 @@ class RuntimeStore:
         )
         self.schedule[intent.runtime_outbox_id] = _Schedule()
         return state
+
+    # -- per-user grants (connect flows) ------------------------------------------------
+
+    def grant(self, user_id: str, provider: str) -> UserGrant | None:
+        return self.grants.get((user_id, provider))
+
+    def prepare_flow(self, user_id: str, provider: str, flow_name: str,
+                     doc: object) -> PreparedFlow:
+        """The exact ``/v1/bindings/{id}/{flow}`` request for a user's action; the same
+        action again (same flow, generation and body) reuses the idempotency key."""
+        if not USER_ID_RE.fullmatch(user_id):
+            raise BadInput(f"user_id must match {USER_ID_RE.pattern}")
+        if not PROVIDER_RE.fullmatch(provider):
+            raise BadInput(f"provider must match {PROVIDER_RE.pattern}")
+        try:
+            flow = FlowName(flow_name)
+        except ValueError:
+            raise Refused(404, "unknown_flow", f"no connect flow; one of"
+                          f" {', '.join(f.value for f in FlowName)}") from None
+        before = self.grants.get((user_id, provider))
+        try:
+            body = flow_request(flow, idempotency_key="", user_id=user_id, provider=provider,
+                                before=before, doc=_object(doc))
+        except FlowInputError as exc:
+            raise BadInput(str(exc)) from None
+        binding_id = before.binding_id if before is not None else binding_id_for(
+            user_id, provider)
+        digest = hashlib.sha256(canonical_bytes(
+            {"binding_id": binding_id, "flow": flow.value, "body": body})).hexdigest()
+        pending = self.pending_flows.get((user_id, provider))
+        if pending is None or pending.digest != digest:
+            pending = PendingFlow(self.new_id("flow"), digest)
+            self.pending_flows[(user_id, provider)] = pending
+        body["idempotency_key"] = pending.idempotency_key
+        self.counters["flows_requested"] += 1
+        return PreparedFlow(binding_id, flow, canonical_bytes(body))
+
+    def record_flow_answer(self, user_id: str, provider: str,
+                           answer: FlowAnswer) -> UserGrant:
+        """Record integrationd's definitive answer; the pending request is done."""
+        self.pending_flows.pop((user_id, provider), None)
+        try:
+            grant = apply_flow_answer(self.grants.get((user_id, provider)), user_id=user_id,
+                                      provider=provider, answer=answer)
+        except GrantMismatch:
+            self.counters["contract_violations"] += 1
+            raise
+        self.grants[(user_id, provider)] = grant
+        self.counters["flows_applied" if not answer.replayed else "flows_replayed"] += 1
+        return grant
+
+    def record_flow_refusal(self, user_id: str, provider: str, refused: FlowRefused) -> None:
+        """integrationd refused the flow: counted, the pending request dropped (the user's
+        next action is a new request), never resent."""
+        self.pending_flows.pop((user_id, provider), None)
+        self.counters["flows_refused"] += 1
+        if refused.error == "stale_generation":
+            self.counters["stale_generation"] += 1
+            grant = self.grants.get((user_id, provider))
+            if grant is not None:
+                self.grants[(user_id, provider)] = attrs.evolve(grant, stale=True)
+
+    def record_binding_read(self, user_id: str, provider: str, answer: FlowAnswer) -> UserGrant:
+        """The binding as integrationd holds it now (after a stale_generation refusal)."""
+        before = self.grants.get((user_id, provider))
+        grant = UserGrant(user_id=user_id, provider=provider, binding_id=answer.binding_id,
+                          generation=answer.generation, status=answer.status,
+                          token_version=answer.token_version)
+        if before is not None and before.binding_id != answer.binding_id:
+            self.counters["contract_violations"] += 1
+            raise GrantMismatch(f"integrationd answered for binding {answer.binding_id!r},"
+                                f" not {before.binding_id!r}")
+        self.grants[(user_id, provider)] = grant
+        return grant
+
+    def user_view(self, user_id: str) -> dict[str, Any]:
+        grants = [g.view() for (user, _), g in sorted(self.grants.items()) if user == user_id]
+        leads = sorted(lead.lead_id for lead in self.leads.values() if lead.owner == user_id)
+        return {"user_id": user_id, "grants": grants, "leads": leads}
 
     # -- admission answers --------------------------------------------------------------------
 
@@ -318,6 +458,12 @@ class RuntimeStore:
             self.counters["contract_violations"] += 1
             raise
         self.intents[intent_id] = new
+        if (isinstance(answer, HandoffRejected) and new is not state
+                and state.rejection_receipt is None
+                and rejection_reason(answer) == "no_user_binding"):
+            # The owner has no per-user binding for the operation's provider: a durable
+            # contract answer (the same key is rejected forever), counted, never resent.
+            self.counters["no_user_binding"] += 1
         return new
 
     def _drop_outbox(self, outbox_id: str) -> None:
@@ -389,6 +535,8 @@ class RuntimeStore:
         if lead is not None and receipt.result_format_version == RESULT_FORMAT_SUCCESS:
             identity = RemoteIdentity(receipt.remote_id, receipt.intent_id)
             self.leads[lead.lead_id] = attrs.evolve(lead, remote_identity=identity)
+        if receipt.result_format_version != RESULT_FORMAT_SUCCESS:
+            self.counters["results_no_effect"] += 1
         self.counters["receipts_committed"] += 1
         return decision
 
@@ -449,6 +597,7 @@ class RuntimeStore:
             "title": lead.title,
             "remote_id": identity.remote_id if identity else None,
             "remote_id_proof_intent_id": identity.proof_intent_id if identity else None,
+            "owner": lead.owner or None,
         }
 
     def intent_view(self, state: IntentState) -> dict[str, Any]:
@@ -462,6 +611,7 @@ class RuntimeStore:
             "value": intent.value,
             "catalog_revision": intent.catalog_revision,
             "operation": intent.operation,
+            "user_id": intent.user_id or None,
             "created_at": iso_us(intent.created_at_us),
             "status": state.status.value,
             "command_id": state.command_id,
@@ -526,6 +676,14 @@ _OTHER_COUNTERS = (
     "mutations_applied",
     "mutation_duplicates",
     "mutation_conflicts",
+    "flows_requested",
+    "flows_applied",
+    "flows_replayed",
+    "flows_refused",
+    "flows_unanswered",
+    "stale_generation",
+    "no_user_binding",
+    "results_no_effect",
 )
 
 

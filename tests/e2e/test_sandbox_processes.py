@@ -2,10 +2,13 @@
 database changed): ``integrationd sandbox`` starts the Outreach simulator, links its
 Prospects to the sandbox Leads and subscribes the replica's ``outreach-main`` route; its
 live Prospect changes arrive at ``integrationd run`` as signed webhooks, are materialized
-into ``inbound_apply`` work and change the Lead's inbound-owned fields in the Runtime."""
+into ``inbound_apply`` work and change the Lead's inbound-owned fields in the Runtime.
+The other way, the sandbox Runtime's title changes go out as HubSpot contact PATCHes and
+as Outreach Prospect PATCHes (the outbound-owned title), each receipted to the Runtime."""
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 import subprocess
@@ -74,9 +77,13 @@ async def _start_sandbox(cfg: Path) -> ReplicaProcess:
     with log.open("wb") as handle:
         proc = await trio.lowlevel.open_process(
             [sys.executable, "-m", "daemon.cli", "--config", str(cfg), "sandbox",
-             "--leads", str(LEADS), "--interval", "0", "--inbound-interval", "0.3"],
+             "--leads", str(LEADS), "--interval", "0.5", "--inbound-interval", "0.3"],
             stdout=subprocess.DEVNULL, stderr=handle, cwd=str(cfg.parent), env=cli_env())
     return ReplicaProcess(proc, log)
+
+
+async def _found(read: Callable[[str], Awaitable[object]], operation: str) -> bool:
+    return await read(operation) is not None
 
 
 async def _eventually(what: str, predicate: Callable[[], Awaitable[bool]],
@@ -150,6 +157,36 @@ async def test_make_run_sends_live_signed_outreach_webhooks_that_reach_the_lead(
 
             await _eventually("an inbound mutation applied on the Runtime's Lead",
                               lead_changed_in_runtime)
+
+            # Outbound: each title change is a HubSpot PATCH and an Outreach PATCH.
+            async def committed(operation: str) -> dict[str, Any] | None:
+                intents = (await http.get("/_runtime/intents",
+                                          params={"status": "COMMITTED"})).json()["intents"]
+                found = [i for i in intents if i["operation"] == operation]
+                return found[0] if found else None
+
+            for operation in ("hubspot.contact.update_jobtitle",
+                              "outreach.prospect.update_title"):
+                await _eventually(f"a committed {operation} intent",
+                                  functools.partial(_found, committed, operation))
+            outreach = await committed("outreach.prospect.update_title")
+            assert outreach is not None
+        command = await store.command_get(outreach["command_id"])
+        assert command is not None and command.binding_id == "outreach-main"
+        (attempt,) = await store.effect_attempts(outreach["command_id"])
+        lead_number = outreach["lead_id"].removeprefix("lead-")
+        assert (attempt.outcome, attempt.method, attempt.target_path) == (
+            "ACCEPTED", "PATCH", f"/api/v2/prospects/{lead_number}")
+        base = "http://" + _setting(cfg, r'(?s)binding_id = "outreach-main".*?base_url = '
+                                         r'"http://([^"]+)"')
+        async with httpx.AsyncClient(base_url=base, timeout=10) as osim:
+            prospect = (await osim.get(f"/_sim/prospects/{lead_number}")).json()
+        async with httpx.AsyncClient(base_url=runtime, timeout=10) as http:
+            intents = (await http.get("/_runtime/intents")).json()["intents"]
+        # The Prospect's title is one the Runtime sent it (the latest PATCH's).
+        sent = {i["value"] for i in intents if i["lead_id"] == outreach["lead_id"]
+                and i["operation"] == "outreach.prospect.update_title"}
+        assert prospect["attributes"]["title"] in sent
     finally:
         for p in processes:
             if p.proc.returncode is None:

@@ -58,7 +58,7 @@ async def test_lead_update_hands_off_the_exact_command(
     assert response.status_code == 200
     assert response.json() == {
         "lead_id": "lead-1", "title": "Engineer", "remote_id": None,
-        "remote_id_proof_intent_id": None, "intents": [], "receipts": [],
+        "remote_id_proof_intent_id": None, "owner": None, "intents": [], "receipts": [],
     }
     intent_id = await rt.patch_title("lead-1", "CTO")
     intent = await rt.wait_status(intent_id, "ACCEPTED")
@@ -347,3 +347,28 @@ async def test_an_early_401_does_not_stall_the_next_request_on_the_connection(
         b" " * 50_000, "/_runtime/intents")
     assert first.status == 401
     assert second is not None and second.status == 200
+
+
+async def test_the_connect_flow_routes_refuse_bad_requests_and_keep_no_token(
+        rt: RunningRuntime) -> None:
+    token = "access-SECRET-route"
+    grant = {"type": "oauth_code_exchange", "access_token": token, "expires_in": 60}
+    cases = [
+        ("/users/a%20b/grants/hubspot/connect", {}, 400, "bad_request"),
+        ("/users/ada/grants/HubSpot/connect", {}, 400, "bad_request"),
+        ("/users/ada/grants/hubspot/teleport", {}, 404, "unknown_flow"),
+        ("/users/ada/grants/hubspot/disconnect", {}, 400, "bad_request"),  # never connected
+        ("/users/ada/grants/hubspot/connect", {"grant": grant, "token": token}, 400,
+         "bad_request"),
+        # This fake integrationd has no connect flows: its 404 is a refusal, not a retry.
+        ("/users/ada/grants/hubspot/connect", {"grant": grant}, 502, "http_404"),
+    ]
+    for path, doc, status, error in cases:
+        response = await rt.http.post(path, json=doc)
+        assert (response.status_code, response.json()["error"]) == (status, error), path
+        assert token not in response.text
+    user = (await rt.http.get("/users/ada")).json()
+    assert user == {"user_id": "ada", "grants": [], "leads": []}
+    stats = (await rt.http.get("/_runtime/stats")).json()
+    assert (stats["flows_refused"], stats["flows_applied"]) == (1, 0)
+    assert token not in json.dumps(stats)
