@@ -58,8 +58,8 @@ that many slots start before new capacity accrues. It never moves the budget bac
 
 Endpoint classes and reset headers
 ----------------------------------
-A provider may limit a group of its endpoints apart from the rest (HubSpot's CRM search
-endpoints: a few requests per second per token, beside the app's 100 per 10 s). L1 names
+A provider may limit a group of its endpoints apart from the rest (a CRM's search
+endpoints: a few requests per second per token, beside the app's own limits). L1 names
 each operation's *endpoint class*; a dimension may count only some classes
 (:attr:`ClassScope.applies_to`) and may give each class a budget of its own (its key then
 names the class): :func:`endpoint_class_key` decides which key, if any, a call counts
