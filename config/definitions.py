@@ -875,7 +875,9 @@ def _quotas(provider: str, raw: Any,
         except QuotaPolicyError as exc:
             raise CatalogError(key, str(exc)) from None
         out.append(dim)
-    return tuple(out)
+    # By name: a stored Catalog revision's content (canonical JSON, keys sorted) parses
+    # back to the same tuple as the TOML file it came from.
+    return tuple(sorted(out, key=lambda d: d.name))
 
 
 def policy_of(dim: QuotaDimension) -> QuotaPolicy:

@@ -341,7 +341,8 @@ class Metrics:
             ["quota_key"], registry=r)
         self.quota_blocked_until = Gauge(
             "integrationd_quota_blocked_until_timestamp_seconds",
-            "Until when a provider 429 blocks each quota key for every replica (0: never)",
+            "Until when a provider 429 (or a 2xx saying none remain) blocks each quota key for"
+            " every replica (0: never)",
             ["quota_key"], registry=r)
         self.quota_sampled_at = Gauge(
             "integrationd_quota_sample_timestamp_seconds",
