@@ -13,15 +13,16 @@ which the CLI prints as one line and exits 2.
 A document declares (see ``config/providers/*.toml`` for two real ones)::
 
     provider = "<name>"                       # must match the file name
+    endpoint_classes = ["crm_objects", "search"]  # optional: groups of endpoints it limits
     [quota.<name>]                            # a provider limit (optional, many)
     limit = 100, window = 10.0, scope = "app_installation" | "binding" | "org"
     kind = "sliding" | "fixed", burst = 20 (sliding), offset = 0.0 (fixed, seconds),
     jitter = 0.25 (seconds a send may start late / arrive later)
     remaining_header = "x-ratelimit-remaining"  # optional: the provider's own count
-    reset_header = "x-ratelimit-reset", reset_format = "seconds" | "epoch_seconds" | "epoch_ms"
+    reset_header = "x-ratelimit-reset"        # optional: when its window resets, in
+    reset_format = "seconds" | "epoch_seconds" | "epoch_ms"  # this format (then required)
     endpoint_classes = ["search"]             # optional: only calls of these classes count
     per_endpoint_class = true                 # optional: each class has its own budget
-    endpoint_classes = ["crm_objects", "search"]   # top level: the provider's classes
     [auth.<scheme>]                           # how a token is presented
     header = "Authorization"
     prefix = "Bearer "

@@ -179,9 +179,9 @@ async def test_the_rate_headers_a_client_test_can_ask_for(nursery: trio.Nursery)
     assert second.status_code == 429 and "retry-after" not in second.headers
     assert second.headers["x-ratelimit-reset"] == "1800000030"
     assert third.headers["x-ratelimit-reset"] == "soon"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must be positive"):
         sim.set_rate(0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="reset_format"):
         OutreachSimulator(tokens=set(), reset_format="minutes")
 
 
