@@ -207,7 +207,8 @@ class EffectRunner:
     credentials: Credentials = attrs.Factory(Credentials)
     # Called with a stable reason when an effect finds no usable token.
     on_credential_failure: Callable[[str], None] = lambda reason: None
-    # Called with a quota event (reserved, waited, throttled, given_back).
+    # Called with a quota event (reserved, waited, throttled, given_back, corrected,
+    # exhausted).
     on_quota: Callable[[str], None] = lambda event: None
     # A provider reset header that was not used, by reason (malformed, negative, ...).
     on_quota_reset_ignored: Callable[[str], None] = lambda reason: None
