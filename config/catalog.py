@@ -184,6 +184,9 @@ def binding_fields(binding: BindingSettings) -> dict[str, Any]:
     if not binding.quota:
         # A binding without quota scope overrides keeps the content (and digest) it had.
         del fields["quota"]
+    for q in fields.get("quota", ()):
+        if not q["endpoint_classes"]:
+            del q["endpoint_classes"]  # likewise an override without endpoint classes
     return fields
 
 

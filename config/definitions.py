@@ -13,11 +13,16 @@ which the CLI prints as one line and exits 2.
 A document declares (see ``config/providers/*.toml`` for two real ones)::
 
     provider = "<name>"                       # must match the file name
+    endpoint_classes = ["crm_objects", "search"]  # optional: groups of endpoints it limits
     [quota.<name>]                            # a provider limit (optional, many)
     limit = 100, window = 10.0, scope = "app_installation" | "binding" | "org"
     kind = "sliding" | "fixed", burst = 20 (sliding), offset = 0.0 (fixed, seconds),
     jitter = 0.25 (seconds a send may start late / arrive later)
     remaining_header = "x-ratelimit-remaining"  # optional: the provider's own count
+    reset_header = "x-ratelimit-reset"        # optional: when its window resets, in
+    reset_format = "seconds" | "epoch_seconds" | "epoch_ms"  # this format (then required)
+    endpoint_classes = ["search"]             # optional: only calls of these classes count
+    per_endpoint_class = true                 # optional: each class has its own budget
     [auth.<scheme>]                           # how a token is presented
     header = "Authorization"
     prefix = "Bearer "
@@ -26,6 +31,7 @@ A document declares (see ``config/providers/*.toml`` for two real ones)::
     command_fields = "/properties"            # where the command's request holds them
     accepted_statuses, not_applied_statuses, rejected_statuses,   # status semantics
     replay_safe, default_retry_after, max_in_flight, max_clock_skew
+    endpoint_class = "crm_objects"            # optional: one of the declared classes
     [operations."<op>".request]               # what is sent
     method, path, content_type, auth, body, idempotency_header (optional)
     [operations."<op>".response]              # what a response proves
@@ -48,7 +54,7 @@ import attrs
 from config.subscription_defs import SubscriptionDefinition, parse_subscription
 from daemon.core.effects import OperationContract
 from daemon.core.ingress import BadPayloadSpec, PayloadSpec
-from daemon.core.quota import QuotaPolicy, QuotaPolicyError, WindowKind
+from daemon.core.quota import ClassScope, QuotaPolicy, QuotaPolicyError, ResetFormat, WindowKind
 from daemon.core.webhook_signature import BadSignatureSpec, SignatureSpec
 from daemon.providers.template import BodyTemplate, PathTemplate, Pointer, TemplateError
 
@@ -77,6 +83,9 @@ class AuthScheme:
 # override it, or name an explicit provider quota key ("provider_key", with `key`).
 QUOTA_SCOPES = ("app_installation", "binding", "org")
 QUOTA_KINDS = ("sliding", "fixed")
+RESET_FORMATS = tuple(f.value for f in ResetFormat)
+# An endpoint class's name (L1 declares them; operations and quota dimensions name them).
+_CLASS_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 @attrs.frozen(kw_only=True)
@@ -98,6 +107,20 @@ class QuotaDimension:
     jitter_s: float = 0.25
     # A response header with the provider's count of requests left (lower-case), if any.
     remaining_header: str = ""
+    # A response header saying when the provider's window resets (lower-case), if any,
+    # and how ("seconds" until it, or an epoch time in "epoch_seconds" / "epoch_ms"):
+    # used when a 429 has no Retry-After, and when a 2xx says none remain.
+    reset_header: str = ""
+    reset_format: str = ""
+    # The endpoint classes this dimension counts (empty: every call), and whether each
+    # class has a budget of its own (the quota key then names the class).
+    endpoint_classes: frozenset[str] = frozenset()
+    per_endpoint_class: bool = False
+
+    def class_scope(self, apart: frozenset[str] = frozenset()) -> ClassScope:
+        """L1's class scope, with the classes an L2 binding gives budgets of their own."""
+        return ClassScope(applies_to=self.endpoint_classes, all_apart=self.per_endpoint_class,
+                          apart=apart)
 
 
 @attrs.frozen(kw_only=True)
@@ -145,8 +168,13 @@ class OperationDefinition:
     response: ResponseDefinition
     contract: OperationContract
     read: ReadDefinition | None = None
-    # The provider's quota dimensions: every call of every operation counts against each.
+    # The provider's quota dimensions: every call of every operation counts against each
+    # (a dimension limited to some endpoint classes: the calls of those classes).
     quotas: tuple[QuotaDimension, ...] = ()
+    # Which group of the provider's endpoints this call belongs to ("": none), and every
+    # class the provider's L1 declares (what an L2 override may name).
+    endpoint_class: str = ""
+    provider_classes: frozenset[str] = frozenset()
 
     @property
     def method(self) -> str:
@@ -157,6 +185,7 @@ _OPERATION_KEYS = frozenset({
     "intent_kinds", "local_object", "remote_object", "allowed_fields", "command_fields",
     "accepted_statuses", "not_applied_statuses", "rejected_statuses", "replay_safe",
     "default_retry_after", "max_in_flight", "max_clock_skew", "request", "response", "read",
+    "endpoint_class",
 })
 _REQUEST_KEYS = frozenset({"method", "path", "content_type", "auth", "body",
                            "idempotency_header"})
@@ -366,9 +395,13 @@ def _read(key: str, raw: Any, default_auth: AuthScheme,
 
 
 def _operation(provider: str, name: str, raw: Any,
-               schemes: Mapping[str, AuthScheme]) -> OperationDefinition:
+               schemes: Mapping[str, AuthScheme],
+               classes: frozenset[str] = frozenset()) -> OperationDefinition:
     key = f"providers.{provider}.operations.{name}"
     table = _table(key, raw, _OPERATION_KEYS)
+    endpoint_class = table.get("endpoint_class", "")
+    if endpoint_class != "" and endpoint_class not in classes:
+        raise CatalogError(f"{key}.endpoint_class", _unknown_class(endpoint_class, classes))
     if "request" not in table:
         raise CatalogError(f"{key}.request", "missing")
     request = _request(f"{key}.request", table["request"], schemes)
@@ -400,7 +433,26 @@ def _operation(provider: str, name: str, raw: Any,
             max_clock_skew_s=_number(key, table, "max_clock_skew", 2.0),
         ),
         read=read,
+        endpoint_class=endpoint_class,
+        provider_classes=classes,
     )
+
+
+def _unknown_class(name: object, classes: frozenset[str]) -> str:
+    return (f"unknown endpoint class {name!r} (the provider's endpoint_classes:"
+            f" {', '.join(sorted(classes)) or 'none'})")
+
+
+def _endpoint_classes(provider: str, raw: Any) -> frozenset[str]:
+    """The top-level ``endpoint_classes``: the groups of endpoints the provider limits."""
+    key = f"providers.{provider}.endpoint_classes"
+    names = _strings(key, raw)
+    for n in names:
+        if not _CLASS_NAME.fullmatch(n):
+            raise CatalogError(key, f"{n!r}: expected a lower-case name ([a-z][a-z0-9_]*)")
+    if len(set(names)) != len(names):
+        raise CatalogError(key, "a class is named twice")
+    return frozenset(names)
 
 
 def _bool(key: str, value: Any) -> bool:
@@ -422,14 +474,17 @@ def parse_provider(doc: Mapping[str, Any], source: str = "") -> dict[str, Operat
     if source and source != f"{provider}.toml":
         raise CatalogError(f"providers/{source}", "provider must match the file name")
     unknown = sorted(set(doc) - {"provider", "auth", "operations", "resources", "quota",
-                                 "webhooks"})
+                                 "webhooks", "endpoint_classes"})
     if unknown:
         raise CatalogError(f"providers.{provider}.{unknown[0]}", "unknown key")
     schemes = _auth_schemes(provider, doc.get("auth", {}))
-    quotas = _quotas(provider, doc.get("quota", {}))
+    classes = (_endpoint_classes(provider, doc["endpoint_classes"])
+               if "endpoint_classes" in doc else frozenset())
+    quotas = _quotas(provider, doc.get("quota", {}), classes)
     operations = _table(f"providers.{provider}.operations", doc.get("operations", {}))
     parse_resources(doc)  # a bad resource is an error of this document too
-    return {name: attrs.evolve(_operation(provider, name, table, schemes), quotas=quotas)
+    return {name: attrs.evolve(_operation(provider, name, table, schemes, classes),
+                               quotas=quotas)
             for name, table in operations.items()}
 
 
@@ -753,16 +808,21 @@ def parse_object_binding(doc: Mapping[str, Any], source: str = "",
                          reconcile=policy)
 
 
-def _quotas(provider: str, raw: Any) -> tuple[QuotaDimension, ...]:
+def _quotas(provider: str, raw: Any,
+            classes: frozenset[str] = frozenset()) -> tuple[QuotaDimension, ...]:
     """``[quota.<name>]`` tables: ``limit`` (a positive integer), ``window`` (seconds,
-    positive), ``scope``, ``kind``, ``burst``, ``offset``, ``remaining_header``. A zero
-    or negative limit could never be enforced: refused, as is any policy the schedule
-    could not keep (daemon/core/quota.py decides)."""
+    positive), ``scope``, ``kind``, ``burst``, ``offset``, ``remaining_header``,
+    ``reset_header`` with ``reset_format``, ``endpoint_classes`` (of the provider's
+    declared ``classes``), ``per_endpoint_class``. A zero or negative limit could never
+    be enforced: refused, as is any policy the schedule could not keep
+    (daemon/core/quota.py decides)."""
     out = []
     for name, fields in _table(f"providers.{provider}.quota", raw).items():
         key = f"providers.{provider}.quota.{name}"
         table = _table(key, fields, frozenset({"limit", "window", "scope", "kind", "burst",
-                                               "offset", "jitter", "remaining_header"}))
+                                               "offset", "jitter", "remaining_header",
+                                               "reset_header", "reset_format",
+                                               "endpoint_classes", "per_endpoint_class"}))
         limit = _req(key, table, "limit", int)
         if isinstance(limit, bool) or limit <= 0:
             raise CatalogError(f"{key}.limit", f"must be a positive integer, got {limit}")
@@ -788,15 +848,37 @@ def _quotas(provider: str, raw: Any) -> tuple[QuotaDimension, ...]:
         header = table.get("remaining_header", "")
         if not isinstance(header, str):
             raise CatalogError(f"{key}.remaining_header", "expected a header name")
+        reset_header = table.get("reset_header", "")
+        if not isinstance(reset_header, str) or (reset_header and not _TOKEN.match(reset_header)):
+            raise CatalogError(f"{key}.reset_header", "expected a header name")
+        reset_format = table.get("reset_format", "")
+        if reset_header and reset_format not in RESET_FORMATS:
+            raise CatalogError(f"{key}.reset_format", f"expected one of"
+                               f" {', '.join(RESET_FORMATS)}, got {reset_format!r}")
+        if reset_format and not reset_header:
+            raise CatalogError(f"{key}.reset_format", "names the format of no reset_header")
+        only = table.get("endpoint_classes", [])
+        if "endpoint_classes" in table:
+            _strings(f"{key}.endpoint_classes", only)
+        for cls in only:
+            if cls not in classes:
+                raise CatalogError(f"{key}.endpoint_classes", _unknown_class(cls, classes))
+        apart = table.get("per_endpoint_class", False)
+        if not isinstance(apart, bool):
+            raise CatalogError(f"{key}.per_endpoint_class", "expected true or false")
         dim = QuotaDimension(name=name, limit=limit, window_s=float(window), scope=scope,
                              kind=kind, burst=burst, offset_s=float(offset),
-                             jitter_s=float(jitter), remaining_header=header.lower())
+                             jitter_s=float(jitter), remaining_header=header.lower(),
+                             reset_header=reset_header.lower(), reset_format=reset_format,
+                             endpoint_classes=frozenset(only), per_endpoint_class=apart)
         try:
             policy_of(dim)
         except QuotaPolicyError as exc:
             raise CatalogError(key, str(exc)) from None
         out.append(dim)
-    return tuple(out)
+    # By name: a stored Catalog revision's content (canonical JSON, keys sorted) parses
+    # back to the same tuple as the TOML file it came from.
+    return tuple(sorted(out, key=lambda d: d.name))
 
 
 def policy_of(dim: QuotaDimension) -> QuotaPolicy:

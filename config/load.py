@@ -507,11 +507,16 @@ def _binding_quota(key: str, value: Any) -> tuple[QuotaScope, ...]:
         k = f"{key}.{name}"
         if not isinstance(table, Mapping):
             raise ConfigError(k, "expected a table with scope (and key)")
-        unknown = sorted(set(table) - {"scope", "key"})
+        unknown = sorted(set(table) - {"scope", "key", "endpoint_classes"})
         if unknown:
             raise ConfigError(f"{k}.{unknown[0]}", "unknown setting")
-        scope = table.get("scope")
-        if scope not in L2_QUOTA_SCOPES:
+        classes = table.get("endpoint_classes", [])
+        if not isinstance(classes, list) or not all(isinstance(c, str) and c for c in classes) \
+                or ("endpoint_classes" in table and not classes):
+            raise ConfigError(f"{k}.endpoint_classes", "expected a list of endpoint classes")
+        # Without a scope, L1's (an override that only names endpoint classes).
+        scope = table.get("scope", "" if classes else None)
+        if scope != "" and scope not in L2_QUOTA_SCOPES:
             raise ConfigError(f"{k}.scope", f"expected one of {', '.join(L2_QUOTA_SCOPES)},"
                               f" got {scope!r}")
         qkey = table.get("key", "")
@@ -520,7 +525,8 @@ def _binding_quota(key: str, value: Any) -> tuple[QuotaScope, ...]:
                               " when scope = \"provider_key\"")
         if qkey and not _QUOTA_KEY_NAME.fullmatch(qkey):
             raise ConfigError(f"{k}.key", "expected letters, digits, '-', '_' or '.'")
-        out.append(QuotaScope(dimension=str(name), scope=scope, key=qkey))
+        out.append(QuotaScope(dimension=str(name), scope=scope, key=qkey,
+                              endpoint_classes=tuple(classes)))
     return tuple(out)
 
 
@@ -696,14 +702,23 @@ def _l2_only_lengthens_l1(bindings: tuple[BindingSettings, ...], definitions_dir
 
 def _quota_dimensions_exist(i: int, b: BindingSettings,
                             operations: Mapping[str, OperationDefinition]) -> None:
-    """An L2 scope override names a dimension its provider's L1 declares."""
-    declared = {q.name for op in operations.values() if op.provider == b.provider
-                for q in op.quotas}
+    """An L2 scope override names a dimension its provider's L1 declares, and only
+    endpoint classes that dimension counts."""
+    dims = {q.name: (q, op.provider_classes) for op in operations.values()
+            if op.provider == b.provider for q in op.quotas}
     for q in b.quota:
-        if q.dimension not in declared:
+        if q.dimension not in dims:
             raise ConfigError(f"bindings[{i}].quota.{q.dimension}",
                               f"{b.provider}'s L1 declares no such quota dimension"
-                              f" (declared: {', '.join(sorted(declared)) or 'none'})")
+                              f" (declared: {', '.join(sorted(dims)) or 'none'})")
+        dim, classes = dims[q.dimension]
+        counted = dim.endpoint_classes or classes
+        for cls in q.endpoint_classes:
+            if cls not in counted:
+                raise ConfigError(
+                    f"bindings[{i}].quota.{q.dimension}.endpoint_classes",
+                    f"unknown endpoint class {cls!r} ({b.provider}'s {q.dimension} counts:"
+                    f" {', '.join(sorted(counted)) or 'no endpoint class'})")
 
 
 def _parse_listen(key: str, value: str) -> tuple[str, int]:

@@ -144,11 +144,14 @@ L2_QUOTA_SCOPES = ("app_installation", "binding", "org", "provider_key")
 
 @attrs.frozen(kw_only=True)
 class QuotaScope:
-    """``[bindings.quota.<dimension>]``: ``scope``, and ``key`` for ``provider_key``."""
+    """``[bindings.quota.<dimension>]``: ``scope`` ("": L1's), ``key`` for
+    ``provider_key``, and ``endpoint_classes``: the classes whose calls count against a
+    budget of their own for this binding (the provider counts them apart)."""
 
     dimension: str
     scope: str
     key: str = ""
+    endpoint_classes: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

@@ -218,18 +218,23 @@ class QuotaLedger:
         return await self.db.transact(body, name="quota.correct")
 
     async def quota_throttle(self, key: str, policy: QuotaPolicy, *, now_us: int,
-                             retry_after_us: int) -> QuotaState:
-        """A provider 429: block ``key`` until ``now + retry_after`` for every replica."""
+                             retry_after_us: int, is_429: bool = True) -> QuotaState:
+        """A provider 429: block ``key`` until ``now + retry_after`` for every replica.
+        ``is_429=False``: the same block from an answer that said none remain (until its
+        reset), not counted as a throttle."""
 
         async def body(tx: SqlTx) -> QuotaState:
             seen = await _read_or_create(tx, key, policy, now_us)
             new = throttled(seen, now_us=now_us, retry_after_us=retry_after_us)
             # One statement moves the shared budget; it never moves a block back.
+            counted = (" last_throttled_at_us = ?, throttles_total = throttles_total + 1,"
+                       if is_429 else "")
             await tx.execute(
                 "UPDATE quota_keys SET blocked_until_us = CASE WHEN blocked_until_us < ?"
-                " THEN ? ELSE blocked_until_us END, last_throttled_at_us = ?,"
-                " throttles_total = throttles_total + 1, updated_at_us = ? WHERE quota_key = ?",
-                (new.blocked_until_us, new.blocked_until_us, now_us, now_us, key))
+                f" THEN ? ELSE blocked_until_us END,{counted} updated_at_us = ?"
+                " WHERE quota_key = ?",
+                (new.blocked_until_us, new.blocked_until_us,
+                 *((now_us,) if is_429 else ()), now_us, key))
             return new
 
         for _ in range(_MAX_CAS_TRIES):

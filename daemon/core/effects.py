@@ -93,8 +93,9 @@ class DispatchObservation:
     # Where the L1 definition says a response names its record: what this one named.
     # None when the definition does not say (nothing to check).
     identity: IdentityEvidence | None = None
-    # The provider's own remaining counts, from the headers L1's quota dimensions name.
-    quota_remaining: tuple[tuple[str, str], ...] = ()
+    # The provider's own quota headers L1's dimensions name (remaining counts, resets),
+    # as (lower-case name, value) pairs.
+    quota_headers: tuple[tuple[str, str], ...] = ()
 
 
 # Today's semantics, the defaults an L1 operation gets when it declares no sets:

@@ -55,12 +55,25 @@ A provider that reports how many requests remain in its window (an L1 header) co
 drift (another client on the same app, a restart that lost in-flight slots): when it says
 fewer remain than the row would grant, :func:`corrected` moves the TAT forward so at most
 that many slots start before new capacity accrues. It never moves the budget backward.
+
+Endpoint classes and reset headers
+----------------------------------
+A provider may limit a group of its endpoints apart from the rest (a CRM's search
+endpoints: a few requests per second per token, beside the app's own limits). L1 names
+each operation's *endpoint class*; a dimension may count only some classes
+(:attr:`ClassScope.applies_to`) and may give each class a budget of its own (its key then
+names the class): :func:`endpoint_class_key` decides which key, if any, a call counts
+against. A provider may also say *when* its window resets (a header L1 names, in seconds
+until the reset or as an epoch time): :func:`reset_at` reads it, and refuses values that
+are malformed, negative, already past or further away than the window could ever be
+(:func:`reset_cap_us`), so a bad header never blocks a key for a day nor crashes.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+import re
 
 import attrs
 
@@ -276,6 +289,79 @@ def available(policy: QuotaPolicy, state: QuotaState, *, now_us: int) -> int:
 def slot_usable(policy: QuotaPolicy, slot_us: int, now_us: int) -> bool:
     """A send may start at ``now`` on this slot: not early, not past its jitter."""
     return slot_us <= now_us < slot_us + max(1, policy.jitter_us)
+
+
+@attrs.frozen
+class ClassScope:
+    """Which endpoint classes a dimension counts (empty: every call, classified or not),
+    and which of them count against a budget of their own (``all_apart``: every class)."""
+
+    applies_to: frozenset[str] = frozenset()
+    all_apart: bool = False
+    apart: frozenset[str] = frozenset()
+
+
+def endpoint_class_key(base: str, endpoint_class: str, scope: ClassScope) -> str | None:
+    """The quota key a call of ``endpoint_class`` ("" : unclassified) counts against for
+    a dimension whose key is ``base`` otherwise; ``None`` when the dimension does not
+    count that call at all."""
+    if scope.applies_to and endpoint_class not in scope.applies_to:
+        return None
+    if endpoint_class and (scope.all_apart or endpoint_class in scope.apart):
+        return f"{base}:class:{endpoint_class}"
+    return base
+
+
+class ResetFormat(enum.StrEnum):
+    """How a provider's reset header says when its window resets (L1 declares it)."""
+
+    SECONDS = "seconds"  # seconds from now (as Retry-After's delta-seconds)
+    EPOCH_SECONDS = "epoch_seconds"  # a Unix time in seconds
+    EPOCH_MS = "epoch_ms"  # a Unix time in milliseconds
+
+
+class ResetIgnored(enum.StrEnum):
+    """Why a reset header's value was not used (counted; the block is left as it was)."""
+
+    MALFORMED = "malformed"  # not a plain decimal number
+    NEGATIVE = "negative"
+    PAST = "past"  # an epoch time already gone
+    BEYOND_CAP = "beyond_cap"  # further away than the provider's window could reset
+
+
+_DECIMAL = re.compile(r"(-?)([0-9]{1,19})(?:\.([0-9]{1,6}))?")
+
+
+def reset_cap_us(policy: QuotaPolicy) -> int:
+    """The furthest a reset can sanely be: one window (plus the jitter and the header's
+    one-second resolution) from now."""
+    return policy.window_us + policy.jitter_us + 1_000_000
+
+
+def reset_at(text: str | None, fmt: ResetFormat, *, now_us: int,
+             cap_us: int) -> int | ResetIgnored | None:
+    """When the provider's window resets (epoch us), from its header's text; ``None``
+    when there is no header, a :class:`ResetIgnored` reason when the value is unusable."""
+    if text is None:
+        return None
+    found = _DECIMAL.fullmatch(text.strip())
+    if found is None:
+        return ResetIgnored.MALFORMED
+    sign, whole, fraction = found.groups()
+    if sign and (int(whole) or int(fraction or "0")):
+        return ResetIgnored.NEGATIVE
+    micro = int(whole) * 1_000_000 + int((fraction or "").ljust(6, "0"))  # value * 10^6
+    if fmt is ResetFormat.SECONDS:
+        at = now_us + micro
+    elif fmt is ResetFormat.EPOCH_SECONDS:
+        at = micro
+    else:
+        at = micro // 1000
+    if at < now_us:
+        return ResetIgnored.PAST
+    if at - now_us > cap_us:
+        return ResetIgnored.BEYOND_CAP
+    return at
 
 
 class ReservationState(enum.StrEnum):

@@ -71,7 +71,8 @@ class PreparedRequest:
     remote_id: str
     auth: AuthScheme
     response: ResponseDefinition
-    # The response headers the provider's quota dimensions name for its remaining count.
+    # The response headers the provider's quota dimensions name (its remaining count,
+    # when its window resets).
     quota_headers: tuple[str, ...] = ()
 
 
@@ -116,8 +117,8 @@ def prepare(
         remote_id=remote_id,
         auth=template.auth,
         response=operation.response,
-        quota_headers=tuple(q.remaining_header for q in operation.quotas
-                            if q.remaining_header),
+        quota_headers=tuple(sorted({h for q in operation.quotas
+                                    for h in (q.remaining_header, q.reset_header) if h})),
     )
 
 
@@ -299,7 +300,7 @@ class HttpExecutor:
                 status=response.status_code,
                 retry_after_s=_retry_after(response.headers.get("retry-after")),
                 identity=identity,
-                quota_remaining=tuple((name, response.headers[name][:32])
+                quota_headers=tuple((name, response.headers[name][:32])
                                       for name in prepared.quota_headers
                                       if name in response.headers),
             ),

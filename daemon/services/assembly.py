@@ -140,6 +140,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     if metrics is not None:
         runner.on_credential_failure = metrics.count_credential_failure
         runner.on_quota = metrics.count_quota
+        runner.on_quota_reset_ignored = metrics.count_quota_reset_ignored
         metrics.quota_declared = declared_keys(catalog.operations.values(), catalog.bindings)
     runtime_client = BoundedHttp.open(16)
 

@@ -17,7 +17,10 @@ sent and its slots come back), sends,
 and :func:`settle_reservations` moves each reservation with the attempt it was used by:
 ``sent`` (a response came), ``released`` (provably never left: capacity comes back) or
 ``spent_unknown`` (a timeout or reset counts as spent). A provider 429 moves every key's
-budget forward for all replicas (:func:`throttle`).
+budget forward for all replicas (:func:`throttle_429`: its Retry-After, else the reset
+header L1 names, else the operation's default), and so does a 2xx saying none remain
+(:func:`block_exhausted`, until the reset). A dimension limited to some endpoint classes
+counts only their calls, and one with a budget per class has a key per class.
 """
 
 from __future__ import annotations
@@ -31,7 +34,17 @@ import trio
 from config.definitions import OperationDefinition, policy_of
 from config.settings import BindingSettings
 from daemon.core.effects import DispatchObservation, Phase
-from daemon.core.quota import QuotaPolicy, ReservationState, Wait, slot_usable
+from daemon.core.quota import (
+    QuotaPolicy,
+    ReservationState,
+    ResetFormat,
+    ResetIgnored,
+    Wait,
+    endpoint_class_key,
+    reset_at,
+    reset_cap_us,
+    slot_usable,
+)
 from daemon.core.work import Fence
 from daemon.services.clock import Clock
 from storage.port import SqlTx
@@ -49,6 +62,9 @@ class QuotaKey:
     dimension: str = ""
     # The response header with the provider's own remaining count (L1), if any.
     remaining_header: str = ""
+    # The response header saying when the provider's window resets, and its format.
+    reset_header: str = ""
+    reset_format: ResetFormat = ResetFormat.SECONDS
 
 
 @attrs.frozen
@@ -95,20 +111,27 @@ def declared_keys(operations: Iterable[OperationDefinition],
 
 
 def quota_keys(op: OperationDefinition, binding: BindingSettings) -> list[QuotaKey]:
-    """One key per L1 dimension, counted against the scope L2 names for it (or L1's)."""
+    """One key per L1 dimension that counts this operation's endpoint class, against the
+    scope L2 names for it (or L1's); a dimension with a budget per endpoint class (L1's
+    ``per_endpoint_class``, or the classes L2 names) has the class in its key."""
     out = []
     for q in op.quotas:
         override = binding.quota_scope(q.name)
-        scope = override.scope if override is not None else q.scope
+        scope = override.scope if override is not None and override.scope else q.scope
         if scope == "provider_key":
             assert override is not None
-            name = f"{op.provider}:{q.name}:key:{override.key}"
+            base = f"{op.provider}:{q.name}:key:{override.key}"
         else:
             value = {"app_installation": binding.app_installation_id,
                      "binding": binding.binding_id, "org": binding.org_id}[scope]
-            name = f"{op.provider}:{q.name}:{binding.org_id}:{value}" if scope != "org" \
+            base = f"{op.provider}:{q.name}:{binding.org_id}:{value}" if scope != "org" \
                 else f"{op.provider}:{q.name}:{binding.org_id}"
-        out.append(QuotaKey(name, policy_of(q), q.name, q.remaining_header))
+        apart = frozenset(override.endpoint_classes) if override is not None else frozenset()
+        name = endpoint_class_key(base, op.endpoint_class, q.class_scope(apart))
+        if name is None:
+            continue  # the dimension does not count this endpoint class
+        out.append(QuotaKey(name, policy_of(q), q.name, q.remaining_header, q.reset_header,
+                            ResetFormat(q.reset_format or ResetFormat.SECONDS)))
     return out
 
 
@@ -238,12 +261,66 @@ async def give_back_unsent(store: WorkStore, reserved: list[Reserved],
     return True
 
 
-async def throttle(store: WorkStore, reserved: list[Reserved], retry_after_s: float,
-                   now_us: int) -> None:
-    """A provider 429: every key this call counted against is blocked for everyone."""
+def _lowered(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in headers.items()}
+
+
+def _reset(r: Reserved, headers: Mapping[str, str], now_us: int
+           ) -> int | ResetIgnored | None:
+    if not r.key.reset_header:
+        return None
+    return reset_at(headers.get(r.key.reset_header), r.key.reset_format, now_us=now_us,
+                    cap_us=reset_cap_us(r.key.policy))
+
+
+async def throttle_429(store: WorkStore, reserved: list[Reserved],
+                       retry_after_s: float | None, default_s: float,
+                       headers: Mapping[str, str], now_us: int,
+                       on_ignored: Callable[[str], None] = lambda reason: None
+                       ) -> float | None:
+    """A provider 429 blocks every key this call counted against, for every replica, in
+    one statement per key: until its ``Retry-After`` when it sent one; otherwise until
+    the reset its L1 reset header names (a value that is malformed, negative, past or
+    beyond the window is ignored and counted) or, failing both, the operation's default.
+    The block never moves backward (:func:`daemon.core.quota.throttled`). Returns the
+    latest delay (seconds) a reset header set, if any: when the work may try again."""
+    lowered = _lowered(headers)
+    latest: int | None = None
     for r in reserved:
+        delay_us = int((retry_after_s if retry_after_s is not None else default_s)
+                       * 1_000_000)
+        if retry_after_s is None:
+            at = _reset(r, lowered, now_us)
+            if isinstance(at, ResetIgnored):
+                on_ignored(at.value)
+            elif at is not None:
+                delay_us = at - now_us
+                latest = max(latest or 0, delay_us)
         await store.quota_throttle(r.key.key, r.key.policy, now_us=now_us,
-                                   retry_after_us=int(retry_after_s * 1_000_000))
+                                   retry_after_us=delay_us)
+    return None if latest is None else latest / 1_000_000
+
+
+async def block_exhausted(store: WorkStore, reserved: list[Reserved],
+                          headers: Mapping[str, str], now_us: int,
+                          on_ignored: Callable[[str], None] = lambda reason: None) -> int:
+    """A 2xx whose remaining count (L1's header) is 0: each such key is blocked until
+    the reset its L1 reset header names, for every replica (never moved backward).
+    Returns how many keys were blocked."""
+    lowered = _lowered(headers)
+    blocked = 0
+    for r in reserved:
+        text = lowered.get(r.key.remaining_header) if r.key.remaining_header else None
+        if text is None or text.strip() != "0":
+            continue
+        at = _reset(r, lowered, now_us)
+        if isinstance(at, ResetIgnored):
+            on_ignored(at.value)
+        elif at is not None and at > now_us:
+            await store.quota_throttle(r.key.key, r.key.policy, now_us=now_us,
+                                       retry_after_us=at - now_us, is_429=False)
+            blocked += 1
+    return blocked
 
 
 async def correct(store: WorkStore, reserved: list[Reserved], headers: Mapping[str, str],

@@ -207,8 +207,11 @@ class EffectRunner:
     credentials: Credentials = attrs.Factory(Credentials)
     # Called with a stable reason when an effect finds no usable token.
     on_credential_failure: Callable[[str], None] = lambda reason: None
-    # Called with a quota event (reserved, waited, throttled, given_back).
+    # Called with a quota event (reserved, waited, throttled, given_back, corrected,
+    # exhausted).
     on_quota: Callable[[str], None] = lambda event: None
+    # A provider reset header that was not used, by reason (malformed, negative, ...).
+    on_quota_reset_ignored: Callable[[str], None] = lambda reason: None
 
     async def _definitions(self, command: Command) -> tuple[
             Catalog | None, OperationDefinition | None, BindingSettings | None]:
@@ -460,13 +463,22 @@ class EffectRunner:
             ctx.on_finalize(quota.settle_reservations(reserved, seen, attempt_id, now))
             if await quota.give_back_unsent(ctx.store, reserved, seen, now):
                 self.on_quota("given_back")
-            if seen.quota_remaining and await quota.correct(
-                    ctx.store, reserved, dict(seen.quota_remaining), now):
+            headers = dict(seen.quota_headers)
+            if headers and await quota.correct(ctx.store, reserved, headers, now):
                 self.on_quota("corrected")
             if seen.status == 429:
                 self.on_quota("throttled")
-                await quota.throttle(ctx.store, reserved, verdict.retry_after_s
-                                     or op.contract.default_retry_after_s, now)
+                # Its Retry-After; without one, the reset header L1 names; else L1's default.
+                reset_s = await quota.throttle_429(
+                    ctx.store, reserved, seen.retry_after_s,
+                    op.contract.default_retry_after_s, headers, now,
+                    self.on_quota_reset_ignored)
+                if reset_s is not None:  # the work comes back when the provider resets
+                    verdict = attrs.evolve(verdict, retry_after_s=reset_s)
+            elif seen.status is not None and 200 <= seen.status < 300 and headers and \
+                    await quota.block_exhausted(ctx.store, reserved, headers, now,
+                                                self.on_quota_reset_ignored):
+                self.on_quota("exhausted")
         step = after_attempt(view, verdict, seen.detail or str(seen.status))
         if isinstance(step, Wait) and step.code == "token_rejected":
             # One refresh now, under this claim's fence; the retry uses the new version.

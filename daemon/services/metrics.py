@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from daemon.core.ingress import QUARANTINE_REASONS
+from daemon.core.quota import ResetIgnored
 from storage.port import DbStats, QueueDepth
 from storage.retention.rules import pruned_tables
 
@@ -62,7 +63,9 @@ RETENTION_RESULTS = ("done", "busy", "failed", "lease_lost", "lease_untrusted")
 
 # Pre-created label values (the alert rules read them before the first event).
 CREDENTIAL_ALERT_REASONS = ("needs_reauthorization", "token_bundle_unauthentic")
-QUOTA_EVENTS = ("reserved", "waited", "throttled", "given_back", "corrected")
+QUOTA_EVENTS = ("reserved", "waited", "throttled", "given_back", "corrected", "exhausted")
+# Why a provider's reset header was not used (daemon/core/quota.py's ResetIgnored).
+QUOTA_RESET_IGNORED = tuple(r.value for r in ResetIgnored)
 # Result labels of integrationd_ingress_deliveries_total (answered 200) and reasons of
 # integrationd_ingress_rejections_total (answered otherwise, before a durable receipt).
 INGRESS_RESULTS = ("stored", "duplicate", "spooled")
@@ -299,12 +302,22 @@ class Metrics:
             "Provider quota before dispatch, by event: reserved (slots bound to a claim),"
             " waited (work rescheduled until the budget allows), throttled (a provider 429"
             " moved the shared budget), given_back (slots that provably never left),"
-            " corrected (a provider's remaining count moved the shared budget forward)",
+            " corrected (a provider's remaining count moved the shared budget forward),"
+            " exhausted (a 2xx said none remain: the key blocked until the provider's reset)",
             ["event"],
             registry=r,
         )
         for event in QUOTA_EVENTS:
             self.quota_events.labels(event)
+        self.quota_reset_ignored = Counter(
+            "integrationd_quota_reset_ignored",
+            "Provider reset-header values not used, by reason: malformed, negative, past"
+            " (an epoch time already gone), beyond_cap (further than the window could reset)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in QUOTA_RESET_IGNORED:
+            self.quota_reset_ignored.labels(reason)
         # Per quota key (sampled by the depth loop; daemon/services/quota_gauges.py).
         self.quota_budget = Gauge(
             "integrationd_quota_budget",
@@ -328,7 +341,8 @@ class Metrics:
             ["quota_key"], registry=r)
         self.quota_blocked_until = Gauge(
             "integrationd_quota_blocked_until_timestamp_seconds",
-            "Until when a provider 429 blocks each quota key for every replica (0: never)",
+            "Until when a provider 429 (or a 2xx saying none remain) blocks each quota key for"
+            " every replica (0: never)",
             ["quota_key"], registry=r)
         self.quota_sampled_at = Gauge(
             "integrationd_quota_sample_timestamp_seconds",
@@ -441,6 +455,11 @@ class Metrics:
         if event not in QUOTA_EVENTS:
             raise ValueError(f"unknown quota event {event!r}")
         self.quota_events.labels(event).inc()
+
+    def count_quota_reset_ignored(self, reason: str) -> None:
+        if reason not in QUOTA_RESET_IGNORED:
+            raise ValueError(f"unknown reset-ignored reason {reason!r}")
+        self.quota_reset_ignored.labels(reason).inc()
 
     def count_receipt(self, result: str) -> None:
         """One receipt delivery, by a :data:`RECEIPT_RESULTS` label."""

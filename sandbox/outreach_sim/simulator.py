@@ -128,6 +128,13 @@ class OutreachSimulator:
     # Other endpoints served on the same port before the provider's own (the S2S token
     # endpoint's ``s2s_routes``): no fault, auth, rate limit or journal of ours applies.
     mounts: list[Route] = attrs.field(factory=list)
+    # The rate headers, for tests of a client reading them: whether a 429 carries
+    # Retry-After (False: only x-ratelimit-reset says when), how x-ratelimit-reset says
+    # it ("seconds" until the reset, or "epoch_seconds"), or a text sent verbatim instead.
+    retry_after_on_429: bool = True
+    reset_format: str = attrs.field(
+        default="seconds", validator=attrs.validators.in_(("seconds", "epoch_seconds")))
+    reset_text: str | None = None
     requests: list[RequestRecord] = attrs.field(factory=list, init=False)
     deliveries: list[DeliveryRecord] = attrs.field(factory=list, init=False)
     _prospects: dict[int, Prospect] = attrs.field(factory=dict, init=False)
@@ -241,6 +248,14 @@ class OutreachSimulator:
 
     def inject(self, fault: Fault) -> None:
         self._faults.push(fault)
+
+    def set_rate(self, limit: int, window_s: float = 3600.0) -> None:
+        """A new rate limit of ``limit`` requests per ``window_s`` per token (counts
+        start again)."""
+        if limit <= 0 or window_s <= 0:
+            raise ValueError("limit and window must be positive")
+        self.rate_limit = limit
+        self._window = RateWindow(limit=limit, window_us=int(window_s * 1_000_000))
 
     def clear_faults(self) -> int:
         return self._faults.clear()
@@ -381,13 +396,22 @@ class OutreachSimulator:
             received_at=received_at,
         ))
 
+    def _reset_header(self, reset_us: int) -> str:
+        """``x-ratelimit-reset`` for a window resetting ``reset_us`` from now."""
+        if self.reset_text is not None:
+            return self.reset_text
+        if self.reset_format == "epoch_seconds":
+            return str(math.ceil((self.clock() + reset_us) / 1_000_000))
+        return str(max(1, math.ceil(reset_us / 1_000_000)))
+
     def _throttled(self, reset_us: int) -> Response:
         reset_s = max(1, math.ceil(reset_us / 1_000_000))
+        retry = (("retry-after", str(reset_s)),) if self.retry_after_on_429 else ()
         return error_response(429, "Too Many Requests", "rate limit exceeded", (
-            ("retry-after", str(reset_s)),
+            *retry,
             ("x-ratelimit-limit", str(self._window.limit)),
             ("x-ratelimit-remaining", "0"),
-            ("x-ratelimit-reset", str(reset_s)),
+            ("x-ratelimit-reset", self._reset_header(reset_us)),
         ))
 
     def _provider(self, request: Request) -> _Outcome:
@@ -413,7 +437,7 @@ class OutreachSimulator:
         outcome = self._route(request)
         limits = (("x-ratelimit-limit", str(self._window.limit)),
                   ("x-ratelimit-remaining", str(remaining)),
-                  ("x-ratelimit-reset", str(max(1, math.ceil(reset_us / 1_000_000)))))
+                  ("x-ratelimit-reset", self._reset_header(reset_us)))
         response = outcome.response
         return _Outcome(Response(response.status, response.body, response.headers + limits),
                         outcome.applied)

@@ -9,14 +9,20 @@ import attrs
 import pytest
 
 from daemon.core.quota import (
+    ClassScope,
     Granted,
     QuotaPolicy,
     QuotaPolicyError,
     QuotaState,
+    ResetFormat,
+    ResetIgnored,
     Wait,
     WindowKind,
     corrected,
+    endpoint_class_key,
     grant,
+    reset_at,
+    reset_cap_us,
     returned,
     slot_usable,
     throttled,
@@ -348,3 +354,86 @@ def test_the_window_check_catches_a_burst_without_the_longer_interval() -> None:
     worst = max(_worst_window(_simulate(policy, seed, _naive_burst), policy)
                 for seed in range(5))
     assert worst > policy.limit
+
+
+# ---- endpoint classes: which key, if any, a call of a class counts against ----
+
+SEARCH_ONLY = ClassScope(applies_to=frozenset({"search"}))
+PER_CLASS = ClassScope(all_apart=True)
+L2_APART = ClassScope(apart=frozenset({"search"}))
+
+
+@pytest.mark.parametrize(("endpoint_class", "scope", "key"), [
+    ("crm_objects", ClassScope(), "p:d:o"),               # no classes: every call, one key
+    ("", ClassScope(), "p:d:o"),                          # unclassified too
+    ("search", SEARCH_ONLY, "p:d:o"),                     # the class it counts
+    ("crm_objects", SEARCH_ONLY, None),                   # negative: another class
+    ("", SEARCH_ONLY, None),                              # negative: an unclassified call
+    ("search", PER_CLASS, "p:d:o:class:search"),          # a budget per class
+    ("crm_objects", PER_CLASS, "p:d:o:class:crm_objects"),
+    ("", PER_CLASS, "p:d:o"),                             # unclassified: the common budget
+    ("search", L2_APART, "p:d:o:class:search"),           # L2 gave search its own
+    ("crm_objects", L2_APART, "p:d:o"),                   # negative: not one L2 named
+    ("search", attrs.evolve(SEARCH_ONLY, all_apart=True), "p:d:o:class:search"),
+    ("crm_objects", attrs.evolve(SEARCH_ONLY, all_apart=True), None),
+])
+def test_endpoint_class_key(endpoint_class: str, scope: ClassScope, key: str | None) -> None:
+    assert endpoint_class_key("p:d:o", endpoint_class, scope) == key
+
+
+def test_two_classes_with_budgets_of_their_own_never_share_a_key() -> None:
+    a = endpoint_class_key("p:d:o", "crm_objects", PER_CLASS)
+    b = endpoint_class_key("p:d:o", "search", PER_CLASS)
+    assert a is not None and b is not None and a != b
+
+
+# ---- the provider's reset header ----
+
+NOW = 1_800_000_000 * S  # an epoch time in us
+CAP = 3601 * S
+
+
+@pytest.mark.parametrize(("text", "fmt", "at"), [
+    (None, ResetFormat.SECONDS, None),                         # no header: nothing said
+    ("30", ResetFormat.SECONDS, NOW + 30 * S),
+    (" 30 ", ResetFormat.SECONDS, NOW + 30 * S),
+    ("1.5", ResetFormat.SECONDS, NOW + 1_500_000),
+    ("0", ResetFormat.SECONDS, NOW),
+    ("3601", ResetFormat.SECONDS, NOW + CAP),                  # exactly the cap
+    ("1800000030", ResetFormat.EPOCH_SECONDS, NOW + 30 * S),
+    ("1800000030000", ResetFormat.EPOCH_MS, NOW + 30 * S),
+    ("1800000000500", ResetFormat.EPOCH_MS, NOW + 500_000),
+    # Negative rows: never a block, a counted reason instead.
+    ("", ResetFormat.SECONDS, ResetIgnored.MALFORMED),
+    ("soon", ResetFormat.SECONDS, ResetIgnored.MALFORMED),
+    ("Tue, 01 Dec 2026 19:00:00 GMT", ResetFormat.SECONDS, ResetIgnored.MALFORMED),
+    ("1e3", ResetFormat.SECONDS, ResetIgnored.MALFORMED),
+    ("NaN", ResetFormat.SECONDS, ResetIgnored.MALFORMED),
+    ("inf", ResetFormat.SECONDS, ResetIgnored.MALFORMED),
+    ("+5", ResetFormat.SECONDS, ResetIgnored.MALFORMED),
+    ("5.", ResetFormat.SECONDS, ResetIgnored.MALFORMED),
+    ("1" * 25, ResetFormat.SECONDS, ResetIgnored.MALFORMED),   # no huge integers
+    ("-5", ResetFormat.SECONDS, ResetIgnored.NEGATIVE),
+    ("-0.5", ResetFormat.EPOCH_SECONDS, ResetIgnored.NEGATIVE),
+    ("-0", ResetFormat.SECONDS, NOW),                          # minus zero is zero
+    ("3602", ResetFormat.SECONDS, ResetIgnored.BEYOND_CAP),
+    ("1800000030", ResetFormat.SECONDS, ResetIgnored.BEYOND_CAP),  # epoch read as seconds
+    ("1799999999", ResetFormat.EPOCH_SECONDS, ResetIgnored.PAST),
+    ("30", ResetFormat.EPOCH_SECONDS, ResetIgnored.PAST),      # seconds read as an epoch
+    ("1800000030", ResetFormat.EPOCH_MS, ResetIgnored.PAST),   # seconds read as ms
+    ("1900000000", ResetFormat.EPOCH_SECONDS, ResetIgnored.BEYOND_CAP),
+])
+def test_reset_at(text: str | None, fmt: ResetFormat, at: int | ResetIgnored | None) -> None:
+    assert reset_at(text, fmt, now_us=NOW, cap_us=CAP) == at
+
+
+def test_the_reset_cap_is_one_window_and_the_headers_resolution() -> None:
+    policy = QuotaPolicy(limit=10_000, window_us=3600 * S, jitter_us=250_000)
+    assert reset_cap_us(policy) == 3600 * S + 250_000 + S
+
+
+def test_a_reset_never_moves_a_block_back() -> None:
+    state = QuotaState(0, NOW + 60 * S)
+    at = reset_at("5", ResetFormat.SECONDS, now_us=NOW, cap_us=CAP)
+    assert isinstance(at, int)
+    assert throttled(state, now_us=NOW, retry_after_us=at - NOW) == state

@@ -160,6 +160,31 @@ async def test_rate_limit_headers_then_429(nursery: trio.Nursery) -> None:
     assert int(third.headers["retry-after"]) > 0
 
 
+async def test_the_rate_headers_a_client_test_can_ask_for(nursery: trio.Nursery) -> None:
+    """A 429 without Retry-After (only x-ratelimit-reset says when), the reset as an
+    epoch time, or a text sent verbatim; and a new limit per window."""
+    clock = [1_800_000_000_000_000]
+    sim = OutreachSimulator(tokens={TOKEN}, retry_after_on_429=False,
+                            reset_format="epoch_seconds", clock=lambda: clock[0])
+    sim.set_rate(1, window_s=30.0)
+    port = await nursery.start(sim.run)
+    sim.put_prospect({}, prospect_id=1)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=AUTH) as c:
+        first = await c.get(f"{PROSPECTS_PATH}/1")
+        second = await c.get(f"{PROSPECTS_PATH}/1")
+        sim.reset_text = "soon"
+        third = await c.get(f"{PROSPECTS_PATH}/1")
+    assert (first.headers["x-ratelimit-remaining"], first.headers["x-ratelimit-reset"]) == (
+        "0", "1800000030")
+    assert second.status_code == 429 and "retry-after" not in second.headers
+    assert second.headers["x-ratelimit-reset"] == "1800000030"
+    assert third.headers["x-ratelimit-reset"] == "soon"
+    with pytest.raises(ValueError, match="must be positive"):
+        sim.set_rate(0)
+    with pytest.raises(ValueError, match="reset_format"):
+        OutreachSimulator(tokens=set(), reset_format="minutes")
+
+
 async def test_injected_rate_limit_and_reset_faults(served: Served,
                                                     client: httpx.AsyncClient) -> None:
     served.sim.put_prospect({"title": "a"}, prospect_id=1)
