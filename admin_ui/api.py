@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from quart import Blueprint, request
 
 from admin_ui import openapi, queries, readmodels
@@ -28,6 +29,8 @@ from admin_ui.quota import quota_json
 from admin_ui.serialize import cancel_json, work_json
 from daemon.core.ids import is_ulid
 from daemon.core.json_input import BadJson, parse_json
+from daemon.core.principals import config_drift
+from daemon.services.principal_bootstrap import bootstrap_facts
 from storage.port import WorkNotFound
 
 bp = Blueprint("api", __name__, url_prefix="/admin/api")
@@ -185,8 +188,13 @@ async def bindings_with_principals(view: Any) -> Json:
     state, token version and last refresh (never a secret)."""
     doc = bindings_json(view.settings)
     facts = await principal_facts(view.store, [b["binding_id"] for b in doc["items"]])
-    for item in doc["items"]:
+    durable = await view.store.binding_get_many([b["binding_id"] for b in doc["items"]])
+    for item, b in zip(doc["items"], view.settings.bindings, strict=True):
         item.update(facts[item["binding_id"]])
+        # Where the TOML disagrees with the durable fact, which wins (docs/identity.md).
+        now = durable.get(b.binding_id)
+        item["drift"] = [] if now is None else [
+            attrs.asdict(d) for d in config_drift(bootstrap_facts(b), now)]
     doc["connected"] = await connected_bindings(view.store,
                                                 {b["binding_id"] for b in doc["items"]})
     return doc

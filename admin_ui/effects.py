@@ -43,21 +43,24 @@ from admin_ui.filters import reason_from
 from admin_ui.render import page
 from admin_ui.view import ReplicaView
 from config.catalog import Catalog
-from config.settings import BindingSettings
 from daemon.core.effects import OperationContract
-from daemon.core.identity import (
-    BadCoordinate,
-    integration_link_key_v2,
-    integration_scope_digest,
-)
+from daemon.core.identity import BadCoordinate, integration_link_key_v2
 from daemon.core.ids import is_ulid
-from daemon.core.principals import BindingState
+from daemon.core.principals import BindingState, scope_digest
 from daemon.core.work import WorkItem
 from daemon.services.operator_api import NotAuthorized
 from storage.command_repair import RepairActor
 from storage.commands import EFFECT_FAMILY
-from storage.effect_values import Command, Disposition, EffectAttempt, ResultReceipt
+from storage.effect_values import (
+    Command,
+    Disposition,
+    EffectAttempt,
+    RemoteLink,
+    ResultReceipt,
+)
 from storage.effects import RECEIPT_FAMILY
+from storage.links import read_link
+from storage.port import SqlTx
 from storage.repair_lineage import blocking_reason
 
 OPERATE = frozenset({"operator", "admin"})
@@ -69,11 +72,6 @@ ACTIONS = {
     "link.adopt": ADMIN,  # binds an identity: admins only
 }
 DISPOSITIONS = {"applied": Disposition.OPERATOR_APPLIED, "absent": Disposition.OPERATOR_ABSENT}
-
-
-def _scope(binding: BindingSettings) -> str:
-    return integration_scope_digest(binding.org_id, binding.app_installation_id,
-                                    binding.provider, binding.remote_account_id)
 
 
 def _attempt_json(a: EffectAttempt) -> dict[str, Any]:
@@ -195,14 +193,19 @@ class EffectConsole:
         command = await self._command_of(view, item)
         if command is None:
             return None
-        op = self.catalog.operation(command.operation)
-        binding = self.catalog.binding(command.binding_id)
-        if op is None or binding is None:
-            return LineageSection("remote_links", "Remote link", (),
-                                  "operation or binding no longer configured")
-        link = await view.store.link_get(_scope(binding), op.local_object, command.local_id)
+        # The link the command pinned at admission (its key names the remote account
+        # of the durable binding then), as it is now.
+        key = command.link_key
+        if key is None:
+            return LineageSection("remote_links", "Remote link", (), "no link pinned")
+
+        async def body(tx: SqlTx) -> RemoteLink | None:
+            return await read_link(tx, key)
+
+        link = await view.store.db.transact(body, name="console.link", write=False)
         if link is None:
-            return LineageSection("remote_links", "Remote link", (), "no remote link")
+            return LineageSection("remote_links", "Remote link", (),
+                                  f"no remote link {key} (none existed at admission)")
         return LineageSection("remote_links", "Remote link", (
             LineageRow("Link", link.link_key),
             LineageRow("Remote", f"{link.remote_object or '-'} {link.remote_id or '-'}"),
@@ -296,11 +299,9 @@ class EffectConsole:
             catalog_digest=self.catalog.digest,
             max_attempts=view.settings.family(EFFECT_FAMILY).max_attempts,
             now_us=view.clock.now_us(),
-            # The repair pins the link the current binding names, as it is now.
-            link_key=integration_link_key_v2(
-                integration_scope_digest(binding.org_id, binding.app_installation_id,
-                                         binding.provider, binding.remote_account_id),
-                command.local_object, command.local_id),
+            # The repair pins the link the durable binding's account names, as it is now.
+            link_key=integration_link_key_v2(scope_digest(principal), command.local_object,
+                                             command.local_id),
         )
 
     async def adopt(self, doc: dict[str, Any], actor: str) -> dict[str, Any]:
@@ -315,9 +316,13 @@ class EffectConsole:
                 raise BadInput(f"{key} must be a non-empty string")
             fields[key] = value
         view = console().view
+        # Adopted into the durable binding's remote account: where new work looks.
+        principal = await view.store.binding_get(binding.binding_id)
+        if principal is None:
+            raise BadInput(f"binding {binding.binding_id} has no durable row yet")
         try:
             link = await view.store.link_adopt(
-                _scope(binding), fields["local_object"], fields["local_id"],
+                scope_digest(principal), fields["local_object"], fields["local_id"],
                 fields["remote_object"], fields["remote_id"], actor=name, role=role,
                 reason=reason_from(doc.get("reason")), now_us=view.clock.now_us(),
             )

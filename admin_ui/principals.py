@@ -52,7 +52,10 @@ async def principal_facts(store: WorkStore, binding_ids: list[str]) -> dict[str,
         out[binding_id] = {
             "durable": None if facts is None else {
                 "generation": facts.generation, "state": facts.state.value,
-                "kind": facts.kind.value, "user_id": facts.user_id or None},
+                "kind": facts.kind.value, "user_id": facts.user_id or None,
+                # The authority for new work (docs/identity.md), not the TOML's value.
+                "remote_account_id": facts.identity.remote_account_id,
+                "installation_id": facts.identity.installation_id or None},
             "grant": None if grant is None else {
                 "state": "refreshing" if refreshing and grant.state.value == "valid"
                 else grant.state.value,

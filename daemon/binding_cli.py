@@ -1,7 +1,10 @@
 """``integrationd binding ...``: PrincipalBinding transitions as audited operator actions.
 
 ``binding list [--org ORG]`` and ``binding show ID`` read the durable facts (``show`` with the
-grant of the current generation: state, token version, key id, expiry). ``binding
+grant of the current generation: state, token version, key id, expiry). ``binding status``
+prints one line per ``[[bindings]]`` entry: its durable generation, state and remote
+account, and where the TOML disagrees with the durable fact (which wins: a rebind or a
+reinstall does not edit the file; docs/identity.md). ``binding
 connect``, ``disconnect``, ``reconnect`` and ``change`` apply one transition (an operator or
 admin, ``--actor`` and ``--reason`` required, the OS user recorded beside the actor); each
 but ``connect`` names the generation the operator saw (``--generation N``), so a binding
@@ -15,7 +18,7 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 
-from config.settings import Settings
+from config.settings import BindingSettings, Settings
 from daemon.admin_cli import record_cli_origin
 from daemon.core.principals import (
     BindingEvent,
@@ -23,10 +26,12 @@ from daemon.core.principals import (
     BindingIdentity,
     BindingRefused,
     PrincipalKind,
+    config_drift,
     connect,
 )
 from daemon.services.clock import WallClock
 from daemon.services.operator_api import BadRequest, NotAuthorized
+from daemon.services.principal_bootstrap import bootstrap_facts
 from storage.migrate import check_schema
 from storage.port import WorkConflict
 from storage.principals import Actor
@@ -43,6 +48,8 @@ def add_binding_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     lst.add_argument("--org", help="only this org")
     show = verbs.add_parser("show", help="one binding")
     show.add_argument("binding_id")
+    verbs.add_parser("status", help="one line per configured binding: the durable facts"
+                     " and any drift of the TOML from them")
     for verb, text in (("connect", "create a binding at generation 1"),
                        ("disconnect", "stop dispatch under the binding (generation kept)"),
                        ("reconnect", "connect again: the generation moves"),
@@ -106,7 +113,7 @@ async def run_binding_command(settings: Settings, args: argparse.Namespace,
                               open_database: Callable[[Settings], Awaitable[WorkStore]]) -> int:
     verb = args.binding_command
     record_cli_origin()  # the OS user (and SUDO_USER) beside --actor in the audit log
-    actor = _actor(settings, args) if verb not in ("list", "show") else None
+    actor = _actor(settings, args) if verb not in ("list", "show", "status") else None
     store = await open_database(settings)
     now = WallClock().now_us()
     try:
@@ -116,6 +123,13 @@ async def run_binding_command(settings: Settings, args: argparse.Namespace,
             if not found:
                 sys.stderr.write("integrationd: no bindings\n")
             _print([binding_json(b) for b in found])
+            return EXIT_OK
+        if verb == "status":
+            durable = await store.binding_get_many([b.binding_id for b in settings.bindings])
+            if not settings.bindings:
+                sys.stderr.write("integrationd: no [[bindings]] configured\n")
+            for b in settings.bindings:
+                sys.stdout.write(status_line(b, durable.get(b.binding_id)) + "\n")
             return EXIT_OK
         if verb == "show":
             one = await store.binding_get(args.binding_id)
@@ -149,6 +163,21 @@ async def run_binding_command(settings: Settings, args: argparse.Namespace,
         return EXIT_OK
     finally:
         await store.db.aclose()
+
+
+def status_line(b: BindingSettings, facts: BindingFacts | None) -> str:
+    """One line: the durable generation, state and account of a configured binding, and
+    each field where its TOML entry disagrees with the durable fact (never a secret)."""
+    if facts is None:
+        return (f"{b.binding_id}: no durable row yet (bootstrapped from the configuration at"
+                " start or first admission)")
+    head = (f"{b.binding_id}: generation {facts.generation} {facts.state.value}, account"
+            f" {facts.identity.remote_account_id}")
+    drift = config_drift(bootstrap_facts(b), facts)
+    if not drift:
+        return f"{head}; the configuration agrees"
+    return f"{head}; drift (the durable value wins): " + ", ".join(
+        f"{d.field} configured {d.configured} durable {d.durable}" for d in drift)
 
 
 def _print(doc: object) -> None:

@@ -54,9 +54,9 @@ from daemon.api.validation import (
 from daemon.core.canonical import NotCanonical, canonical_digest
 from daemon.core.field_ownership import OwnershipRefusal
 from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
-from daemon.core.identity import integration_link_key_v2, integration_scope_digest
+from daemon.core.identity import integration_link_key_v2
 from daemon.core.json_input import BadJson, parse_json
-from daemon.core.principals import BindingFacts, BindingState, PrincipalKind
+from daemon.core.principals import BindingFacts, BindingState, PrincipalKind, scope_digest
 from daemon.core.token_bundle import TokenKey
 from daemon.services import logs
 from daemon.services.catalog_view import CatalogView
@@ -234,10 +234,10 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
             frozen_request=valid.frozen_request,
             max_attempts=ctx.settings.family(EFFECT_FAMILY).max_attempts,
             lane=f"{rc.org_id}:{op.local_object}:{valid.local_id}",
-            link_key=integration_link_key_v2(
-                integration_scope_digest(binding.org_id, binding.app_installation_id,
-                                         binding.provider, binding.remote_account_id),
-                op.local_object, valid.local_id),
+            # The links of the durable principal's remote account (docs/identity.md):
+            # never the TOML's bootstrap account, which a rebind leaves behind.
+            link_key=integration_link_key_v2(scope_digest(principal), op.local_object,
+                                             valid.local_id),
         )
 
     async def quarantine_invalid(rc: RuntimeClient, doc: Any, error: ApiError) -> None:

@@ -33,6 +33,18 @@ provider refuses it. Any added scope moves it. The Runtime's connect flows
 (:mod:`daemon.core.connect_flows`) use the same rule.
 Anything else (a change while disconnected, a reconnect while connected, a second
 ``connect``) is refused with a stable reason.
+
+The durable binding is the authority for new work
+-------------------------------------------------
+Which remote account (and app installation, and issuer) new work reaches is the durable
+fact, never the ``[[bindings]]`` TOML, which bootstraps the row once and afterwards
+supplies only configuration (endpoint, auth kind, quota scopes). So the remote links a
+command may use are those of :func:`scope_digest` of the principal it runs under: after
+a rebind to another account, a record linked only under the old account has no link in
+the new scope, and its command is refused before dispatch (``no_remote_link``) rather
+than sent to the new account with the old account's remote id. :func:`config_drift`
+names what the TOML says differently from the durable fact (logged at start, shown by
+``integrationd binding status``); the durable fact wins.
 """
 
 from __future__ import annotations
@@ -40,6 +52,8 @@ from __future__ import annotations
 import enum
 
 import attrs
+
+from daemon.core.identity import integration_scope_digest
 
 
 class PrincipalKind(enum.StrEnum):
@@ -163,3 +177,33 @@ def dispatchable(facts: BindingFacts | None, pinned_generation: int) -> str | No
     if facts.generation != pinned_generation:
         return "binding_generation"
     return None
+
+
+def scope_digest(facts: BindingFacts) -> str:
+    """The IntegrationScopeDigest of new work under this principal: its durable remote
+    account (docs/identity.md), whatever the configuration's bootstrap value says."""
+    return integration_scope_digest(facts.org_id, facts.app_installation_id, facts.provider,
+                                    facts.identity.remote_account_id)
+
+
+@attrs.frozen
+class Drift:
+    """One identity field the configuration states differently from the durable fact."""
+
+    field: str
+    configured: str
+    durable: str
+
+
+def config_drift(configured: BindingFacts, durable: BindingFacts) -> tuple[Drift, ...]:
+    """Where the bootstrap facts of a ``[[bindings]]`` entry (``configured``) disagree with
+    the durable row: the generation, the remote account, and the installation id when
+    the configuration names one. The issuer is not compared: it bootstraps from the
+    endpoint URL, which stays configuration (moving the endpoint is not a rebind)."""
+    pairs = [("generation", str(configured.generation), str(durable.generation)),
+             ("remote_account_id", configured.identity.remote_account_id,
+              durable.identity.remote_account_id)]
+    if configured.identity.installation_id:
+        pairs.append(("installation_id", configured.identity.installation_id,
+                      durable.identity.installation_id))
+    return tuple(Drift(f, c, d) for f, c, d in pairs if c != d)

@@ -54,7 +54,7 @@ from storage.work_store import WorkStore
 # Reasons no retry can cure: an operator re-authorizes, reconnects or fixes the keys.
 _DEFINITIVE = frozenset({"needs_reauthorization", "revoked", "no_grant", "no_token",
                          "token_bundle_unauthentic", "token_key_missing",
-                         "binding_generation", "binding_disconnected"})
+                         "binding_generation", "binding_disconnected", "no_installation"})
 
 
 def definitive(reason: str) -> bool:
@@ -124,7 +124,12 @@ class Credentials:
         if facts.state is not BindingState.CONNECTED:
             raise TokenUnavailable("binding_disconnected", f"binding {binding.binding_id} is"
                                    f" {facts.state.value}")
-        installation = facts.identity.installation_id or binding.s2s_installation_id
+        # The durable binding's installation, never the TOML's bootstrap value.
+        installation = facts.identity.installation_id
+        if not installation:
+            raise TokenUnavailable("no_installation", f"binding {binding.binding_id} names no"
+                                   " app installation: `integrationd binding change"
+                                   " --installation`")
         assert binding.s2s_private_key is not None  # checked when the config loaded
         if await owner.store.grant_get(binding.binding_id, generation) is None:
             await _install_unminted(owner, binding.binding_id, generation)

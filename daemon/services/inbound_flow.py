@@ -46,7 +46,6 @@ from daemon.core.effects import OutcomeClass
 from daemon.core.identity import (
     integration_link_key_v2,
     integration_remote_locator_hash,
-    integration_scope_digest,
 )
 from daemon.core.inbound_change import BadInboundChange, InboundChange
 from daemon.core.inbound_flow import (
@@ -67,12 +66,14 @@ from daemon.core.inbound_flow import (
 )
 from daemon.core.json_input import NotExact, loads_exact
 from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
+from daemon.core.principals import scope_digest
 from daemon.providers.executor import BoundedHttp
 from daemon.providers.template import identity_text
 from daemon.services import logs
 from daemon.services.catalog_view import CatalogView
 from daemon.services.credentials import Credentials
 from daemon.services.families import Handler, WorkContext
+from daemon.services.principal_bootstrap import bootstrap_facts
 from daemon.services.token_refresh import TokenUnavailable
 from storage.effect_values import AttemptDraft, RemoteLink
 from storage.effects import record_outcome
@@ -166,8 +167,14 @@ class InboundFlow:
         if runtime is None or not runtime.results_url or runtime.results_token is None:
             return (f"no Runtime with a results_url and token serves org {binding.org_id}"
                     f" installation {binding.app_installation_id}")
-        scope = integration_scope_digest(binding.org_id, binding.app_installation_id,
-                                         binding.provider, binding.remote_account_id)
+        # The durable binding's remote account scopes the links (docs/identity.md): the
+        # same scope outbound commands admitted now use, whatever the TOML still says.
+        # (A configured binding with no row yet is bootstrapped from its entry, as at
+        # admission.)
+        principal = (await ctx.store.binding_get(change.binding)
+                     or await ctx.store.binding_bootstrap(bootstrap_facts(current),
+                                                          ctx.clock.now_us()))
+        scope = scope_digest(principal)
         locator = integration_remote_locator_hash(scope, resource.name, change.resource_id)
         return _Resolved(pinned, current, resource, object_binding, runtime, scope, locator)
 

@@ -7,6 +7,15 @@ upgrading deployment keeps the number its queued commands pinned), audited as
 ``binding.bootstrap``. From then on only an operator transition moves it
 (``integrationd binding reconnect|change``); editing ``generation`` in the TOML and
 restarting changes nothing, and says so once at start-up.
+
+The same holds for the identity: the durable row's remote account (and installation id)
+is the authority for new work (docs/identity.md). When the TOML's ``remote_account_id``
+or ``s2s_installation_id`` disagrees with it (after a rebind or a reinstall, before
+anyone edited the file), **the durable fact wins**: start-up logs one warning per field
+naming both values (identifiers, never a secret) and ``integrationd binding status``
+shows the drift. Refusing to start instead would turn an audited online transition into
+an outage of every replica until each host's file is edited, for a value that no longer
+decides anything.
 """
 
 from __future__ import annotations
@@ -14,7 +23,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from config.settings import BindingSettings
-from daemon.core.principals import BindingFacts, BindingIdentity, BindingState, PrincipalKind
+from daemon.core.principals import (
+    BindingFacts,
+    BindingIdentity,
+    BindingState,
+    PrincipalKind,
+    config_drift,
+)
 from daemon.services import logs
 from storage.work_store import WorkStore
 
@@ -38,16 +53,23 @@ async def ensure_config_bindings(store: WorkStore, bindings: Sequence[BindingSet
     found: dict[str, BindingFacts] = {}
     for b in bindings:
         facts = await store.binding_bootstrap(bootstrap_facts(b), now_us)
-        if facts.generation != b.generation:
-            logs.warn("binding_generation_not_from_config", binding_id=b.binding_id,
-                      configured=b.generation, durable=facts.generation,
-                      message="bindings.generation only bootstraps a new binding; the durable"
-                              " one decides (integrationd binding list / reconnect)")
-        if b.s2s_installation_id and facts.identity.installation_id != b.s2s_installation_id:
-            logs.warn("binding_installation_not_from_config", binding_id=b.binding_id,
-                      configured=b.s2s_installation_id,
-                      durable=facts.identity.installation_id,
-                      message="bindings.s2s_installation_id only bootstraps a new binding;"
-                              " a reinstall is `integrationd binding change --installation`")
+        for drift in config_drift(bootstrap_facts(b), facts):
+            event, message = _DRIFT[drift.field]
+            logs.warn(event, binding_id=b.binding_id, configured=drift.configured,
+                      durable=drift.durable, message=message)
         found[b.binding_id] = facts
     return found
+
+
+# What a disagreeing TOML field is told at start-up (event, message).
+_DRIFT = {
+    "generation": ("binding_generation_not_from_config",
+                   "bindings.generation only bootstraps a new binding; the durable"
+                   " one decides (integrationd binding list / reconnect)"),
+    "remote_account_id": ("binding_account_not_from_config",
+                          "bindings.remote_account_id only bootstraps a new binding; new"
+                          " work uses the durable account (integrationd binding status)"),
+    "installation_id": ("binding_installation_not_from_config",
+                        "bindings.s2s_installation_id only bootstraps a new binding;"
+                        " a reinstall is `integrationd binding change --installation`"),
+}

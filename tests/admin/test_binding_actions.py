@@ -11,7 +11,13 @@ import attrs
 import pytest
 
 from config.settings import BindingSettings
-from daemon.core.principals import BindingIdentity, BindingState, PrincipalKind, connect
+from daemon.core.principals import (
+    BindingEvent,
+    BindingIdentity,
+    BindingState,
+    PrincipalKind,
+    connect,
+)
 from storage.principals import Actor
 from tests.admin.support import ConsoleHarness, console_harness, console_settings
 from tests.support.backends import FreshDatabase
@@ -97,3 +103,23 @@ async def test_refusals_write_nothing_and_say_why(bound: ConsoleHarness) -> None
     after = await bound.store.binding_get("crm-main")
     assert after == FACTS
     assert [e for e in await bound.store.audit_list() if e.actor == "otto"] == []
+
+
+async def test_the_bindings_page_shows_the_durable_account_and_the_drift(
+        bound: ConsoleHarness) -> None:
+    viewer, _ = await bound.sign_in("viv")
+    doc = (await (await viewer.get("/admin/api/bindings")).get_json())["items"][0]
+    assert (doc["durable"]["remote_account_id"], doc["drift"]) == ("acct-1", [])
+    # A rebind (the audited transition); the TOML still names acct-1.
+    await bound.store.binding_transition(
+        "crm-main", BindingEvent.CHANGE, Actor("ada", "admin", "the org moved"),
+        expected_generation=1, now_us=T0,
+        identity=attrs.evolve(FACTS.identity, remote_account_id="acct-2"))
+    doc = (await (await viewer.get("/admin/api/bindings")).get_json())["items"][0]
+    assert doc["durable"]["remote_account_id"] == "acct-2"
+    assert doc["drift"] == [
+        {"field": "generation", "configured": "1", "durable": "2"},
+        {"field": "remote_account_id", "configured": "acct-1", "durable": "acct-2"}]
+    page = await (await viewer.get("/admin/bindings")).get_data(as_text=True)
+    assert "remote_account_id: the configuration says acct-1 (the durable acct-2 decides)" in (
+        page)

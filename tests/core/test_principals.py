@@ -5,15 +5,19 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from daemon.core.identity import integration_scope_digest
 from daemon.core.principals import (
     BindingEvent,
     BindingFacts,
     BindingIdentity,
     BindingRefused,
     BindingState,
+    Drift,
     PrincipalKind,
+    config_drift,
     connect,
     dispatchable,
+    scope_digest,
     transition,
 )
 
@@ -124,3 +128,46 @@ def test_per_user_principal() -> None:
 ])
 def test_dispatchable(facts: BindingFacts | None, pinned: int, reason: str | None) -> None:
     assert dispatchable(facts, pinned) == reason
+
+
+def test_new_work_is_scoped_by_the_durable_account() -> None:
+    rebound = transition(BASE, BindingEvent.CHANGE, CHANGES["remote account"])
+    assert scope_digest(BASE) == integration_scope_digest("org-1", "install-1", "p",
+                                                          "portal-1")
+    assert scope_digest(rebound) == integration_scope_digest("org-1", "install-1", "p",
+                                                             "portal-2")
+    # Nothing but the account (of the scope's coordinates) moves it: not the subject,
+    # issuer, installation or scopes, which stay behind the generation.
+    for what in ("issuer", "remote subject", "installation id", "scope added"):
+        assert scope_digest(transition(BASE, BindingEvent.CHANGE, CHANGES[what])) == (
+            scope_digest(BASE)), what
+
+
+DRIFT_ROWS: list[tuple[str, BindingFacts, BindingFacts, tuple[Drift, ...]]] = [
+    # (name, configured (bootstrap facts), durable, drift)
+    ("in step", BASE, BASE, ()),
+    ("rebound", BASE, transition(BASE, BindingEvent.CHANGE, CHANGES["remote account"]),
+     (Drift("generation", "1", "2"), Drift("remote_account_id", "portal-1", "portal-2"))),
+    ("reinstalled", BASE, transition(BASE, BindingEvent.CHANGE, CHANGES["installation id"]),
+     (Drift("generation", "1", "2"), Drift("installation_id", "inst-1", "inst-2"))),
+    ("reconnected only", BASE, transition(OFF, BindingEvent.RECONNECT),
+     (Drift("generation", "1", "2"),)),
+    # The endpoint (the issuer's bootstrap) is configuration: moving it is no drift.
+    ("issuer moved", BASE, transition(BASE, BindingEvent.CHANGE, CHANGES["issuer"]),
+     (Drift("generation", "1", "2"),)),
+    # A configuration naming no installation says nothing about it.
+    ("no configured installation",
+     attrs.evolve(BASE, identity=attrs.evolve(ID, installation_id="")), BASE, ()),
+    # The TOML edited to the rebound account, generation still the bootstrap one.
+    ("file caught up on the account",
+     attrs.evolve(BASE, identity=CHANGES["remote account"]),
+     transition(BASE, BindingEvent.CHANGE, CHANGES["remote account"]),
+     (Drift("generation", "1", "2"),)),
+]
+
+
+@pytest.mark.parametrize(("configured", "durable", "drift"),
+                         [r[1:] for r in DRIFT_ROWS], ids=[r[0] for r in DRIFT_ROWS])
+def test_config_drift_names_what_the_file_says_differently(
+        configured: BindingFacts, durable: BindingFacts, drift: tuple[Drift, ...]) -> None:
+    assert config_drift(configured, durable) == drift

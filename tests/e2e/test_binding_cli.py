@@ -5,6 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
+import pytest
+
+from config.settings import BindingSettings
+from daemon.binding_cli import status_line
+from daemon.core.principals import BindingFacts
+from daemon.services.principal_bootstrap import bootstrap_facts
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.processes import run_cli, write_config
@@ -54,3 +61,25 @@ async def test_binding_lifecycle(database: FreshDatabase, store: WorkStore,
     # Who really acted: the OS user beside --actor.
     assert all(e.origin is not None and '"os_user"' in e.origin
                for e in await store.audit_list(target_id="b1"))
+
+
+_CONFIGURED = BindingSettings(binding_id="b1", provider="p", org_id="org-1",
+                              app_installation_id="i1", remote_account_id="acct-1",
+                              base_url="https://iss")
+
+
+@pytest.mark.parametrize(("durable", "line"), [
+    (None, "b1: no durable row yet (bootstrapped from the configuration at start or first"
+           " admission)"),
+    (bootstrap_facts(_CONFIGURED), "b1: generation 1 connected, account acct-1; the"
+                                   " configuration agrees"),
+    (attrs.evolve(bootstrap_facts(_CONFIGURED), generation=3,
+                  identity=attrs.evolve(bootstrap_facts(_CONFIGURED).identity,
+                                        remote_account_id="acct-2")),
+     "b1: generation 3 connected, account acct-2; drift (the durable value wins):"
+     " generation configured 1 durable 3, remote_account_id configured acct-1 durable"
+     " acct-2"),
+], ids=["no row", "in step", "rebound"])
+def test_binding_status_is_one_line_per_configured_binding(
+        durable: BindingFacts | None, line: str) -> None:
+    assert status_line(_CONFIGURED, durable) == line

@@ -85,7 +85,9 @@ async def test_a_401_refreshes_once_and_the_effect_is_retried_with_the_new_versi
             await client.aclose()
         (b,) = doc["items"]
         assert b["durable"] == {"generation": 1, "state": "connected", "kind": "shared",
-                                "user_id": None}
+                                "user_id": None, "remote_account_id": "portal-1",
+                                "installation_id": None}
+        assert b["drift"] == []
         assert (b["auth"], b["grant"]["state"], b["grant"]["token_version"]) == (
             "grant", "valid", 2)
         served = json.dumps(doc) + page

@@ -19,7 +19,8 @@ import trio
 
 from config.catalog import load_catalog
 from config.settings import BindingSettings, KeysSettings, RuntimeClient, Secret, Settings
-from daemon.core.outcomes import RetryLater, Succeeded
+from daemon.core.outcomes import DeadLetter, RetryLater, Succeeded
+from daemon.core.principals import BindingEvent
 from daemon.core.token_bundle import TokenKey
 from daemon.providers.executor import BoundedHttp
 from daemon.services.catalog_view import CatalogView, publish_current
@@ -32,6 +33,7 @@ from daemon.services.token_refresh import TokenOwner
 from sandbox.outreach_sim import OutreachSimulator
 from sandbox.s2s_token_sim import S2STokenEndpoint, s2s_routes
 from storage.grants import GrantState
+from storage.principals import Actor
 from storage.work_store import WorkStore
 from tests.sandbox_runtime import RESULTS_TOKEN, SCOPE, running_fake, running_runtime
 from tests.services.test_inbound_flow import ACCOUNT, BINDING, Clock, World
@@ -148,3 +150,27 @@ async def test_the_toml_installation_only_bootstraps_the_durable_binding(
     (again,) = (await ensure_config_bindings(store, (moved,), T0)).values()
     assert again.identity.installation_id == INSTALL  # the durable row decides
     assert "binding_installation_not_from_config" in caplog.text
+
+
+@pytest.mark.parametrize("s2s_world", ["good_key"], indirect=True)
+async def test_the_toml_installation_is_never_a_fallback_for_the_durable_one(
+        s2s_world: S2SWorld) -> None:
+    """A durable binding that names no installation mints nothing, even though the TOML
+    still names one: the durable fact alone decides where a token is minted."""
+    world, s2s = s2s_world.world, s2s_world.s2s
+    current = await world.store.binding_get(BINDING)
+    assert current is not None and current.identity.installation_id == INSTALL
+    cleared = await world.store.binding_transition(
+        BINDING, BindingEvent.CHANGE, Actor("ada", "admin", "the app was uninstalled"),
+        expected_generation=current.generation, now_us=T0,
+        identity=attrs.evolve(current.identity, installation_id=""))
+    assert cleared.generation == current.generation + 1
+    await world.lead(Email="ada@example.com")
+    world.sim.put_prospect({"firstName": "Ada", "lastName": "Lovelace",
+                            "emails": ["ada@example.com"]}, prospect_id=9)
+    outcome = await world.run(world.change(kind="created", prospect="9", updated_at=None,
+                                           attributes={"firstName": "Ada"}))
+    assert isinstance(outcome, (RetryLater, DeadLetter))
+    assert outcome.failure_class == "no_installation"
+    assert s2s.journal == []  # no app JWT reached the endpoint for the TOML's installation
+    assert world.sim.requests == []
