@@ -14,6 +14,7 @@ import enum
 
 import attrs
 
+from daemon.core.grant_reasons import GrantReason
 from daemon.core.token_bundle import SealedBundle
 from storage.port import AuditEntry, Database, DuplicateKey, Row, SqlTx, WorkConflict
 from storage.work_admin import append_audit
@@ -35,11 +36,13 @@ class StoredGrant:
     expires_at_us: int
     last_refresh_at_us: int
     updated_at_us: int
+    # Why it needs re-authorization (daemon/core/grant_reasons.py); None when valid.
+    reason: GrantReason | None = None
 
 
 _COLUMNS = (
     "binding_id, generation, token_version, key_id, nonce_hex, ciphertext_b64, state,"
-    " expires_at_us, last_refresh_at_us, updated_at_us"
+    " expires_at_us, last_refresh_at_us, updated_at_us, reason_code, reason_text"
 )
 
 
@@ -50,6 +53,7 @@ def _from_row(row: Row) -> StoredGrant:
                             base64.b64decode(str(row[5]))),
         state=GrantState(row[6]), expires_at_us=int(row[7]), last_refresh_at_us=int(row[8]),
         updated_at_us=int(row[9]),
+        reason=None if row[10] is None else GrantReason(str(row[10]), str(row[11] or "")),
     )
 
 
@@ -66,15 +70,19 @@ async def replace_grant(tx: SqlTx, *, binding_id: str, generation: int, expected
     """Install ``expected_version + 1`` if the row is still at ``expected_version``.
 
     A revoked grant stays revoked (a refresh or rewrap that raced a disconnect must not
-    make it valid again); any other state becomes valid with the new bundle."""
+    make it valid again); any other state becomes valid with the new bundle, and its
+    re-authorization reason is cleared."""
     matched = await tx.execute(
         "UPDATE authorization_grants SET token_version = token_version + 1, key_id = ?,"
         " nonce_hex = ?, ciphertext_b64 = ?,"
+        " reason_code = CASE WHEN state = ? THEN reason_code ELSE NULL END,"
+        " reason_text = CASE WHEN state = ? THEN reason_text ELSE NULL END,"
         " state = CASE WHEN state = ? THEN state ELSE ? END, expires_at_us = ?,"
         " last_refresh_at_us = CASE WHEN ? = 1 THEN ? ELSE last_refresh_at_us END,"
         " updated_at_us = ?"
         " WHERE binding_id = ? AND generation = ? AND token_version = ?",
         (sealed.key_id, sealed.nonce.hex(), base64.b64encode(sealed.ciphertext).decode(),
+         GrantState.REVOKED.value, GrantState.REVOKED.value,
          GrantState.REVOKED.value, GrantState.VALID.value, expires_at_us,
          1 if refreshed else 0, now_us, now_us,
          binding_id, generation, expected_version))
@@ -87,7 +95,7 @@ async def insert_grant(tx: SqlTx, *, binding_id: str, generation: int, sealed: S
     refresh-ownership row (so that racing first refreshes only CAS)."""
     await tx.execute(
         f"INSERT INTO authorization_grants ({_COLUMNS})"
-        " VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, ?)",
+        " VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
         (binding_id, generation, sealed.key_id, sealed.nonce.hex(),
          base64.b64encode(sealed.ciphertext).decode(), GrantState.VALID.value,
          expires_at_us, now_us, now_us))
@@ -100,13 +108,29 @@ async def insert_grant(tx: SqlTx, *, binding_id: str, generation: int, sealed: S
     return found
 
 
+def _reason_params(reason: GrantReason | None) -> tuple[str | None, str | None]:
+    return (None, None) if reason is None else (reason.code, reason.text)
+
+
 async def mark_grant(tx: SqlTx, binding_id: str, generation: int, state: GrantState,
-                     now_us: int) -> bool:
-    """Set the grant's state whatever its version (a disconnect revokes it)."""
+                     now_us: int, reason: GrantReason | None = None) -> bool:
+    """Set the grant's state (and its reason: None clears it) whatever its version (a
+    disconnect revokes it)."""
     return await tx.execute(
-        "UPDATE authorization_grants SET state = ?, updated_at_us = ?"
-        " WHERE binding_id = ? AND generation = ?",
-        (state.value, now_us, binding_id, generation)) == 1
+        "UPDATE authorization_grants SET state = ?, reason_code = ?, reason_text = ?,"
+        " updated_at_us = ? WHERE binding_id = ? AND generation = ?",
+        (state.value, *_reason_params(reason), now_us, binding_id, generation)) == 1
+
+
+async def mark_grant_at(tx: SqlTx, binding_id: str, generation: int, expected_version: int,
+                        state: GrantState, now_us: int, reason: GrantReason | None) -> bool:
+    """Set the grant's state and reason at the token version the caller saw; False when
+    a newer version arrived meanwhile."""
+    return await tx.execute(
+        "UPDATE authorization_grants SET state = ?, reason_code = ?, reason_text = ?,"
+        " updated_at_us = ? WHERE binding_id = ? AND generation = ? AND token_version = ?",
+        (state.value, *_reason_params(reason), now_us, binding_id, generation,
+         expected_version)) == 1
 
 
 class AuthorizationGrants:
@@ -158,14 +182,14 @@ class AuthorizationGrants:
         return await self.db.transact(body, name="grant.replace")
 
     async def grant_mark(self, binding_id: str, generation: int, expected_version: int,
-                         state: GrantState, now_us: int) -> bool:
-        """Set the grant's state at the version the caller saw (e.g. needs re-authorization
-        after ``invalid_grant``); False when a newer version arrived meanwhile."""
+                         state: GrantState, now_us: int,
+                         reason: GrantReason | None = None) -> bool:
+        """Set the grant's state and reason at the version the caller saw (e.g. needs
+        re-authorization after a bundle failed authentication); False when a newer
+        version arrived meanwhile."""
 
         async def body(tx: SqlTx) -> bool:
-            return await tx.execute(
-                "UPDATE authorization_grants SET state = ?, updated_at_us = ?"
-                " WHERE binding_id = ? AND generation = ? AND token_version = ?",
-                (state.value, now_us, binding_id, generation, expected_version)) == 1
+            return await mark_grant_at(tx, binding_id, generation, expected_version, state,
+                                       now_us, reason)
 
         return await self.db.transact(body, name="grant.mark")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from daemon.core.grant_reasons import grant_reason
 from daemon.core.token_bundle import (
     BundleContext,
     SecretText,
@@ -13,7 +14,8 @@ from daemon.core.token_bundle import (
     seal,
 )
 from storage.grants import GrantState
-from storage.port import WorkConflict
+from storage.port import SqlTx, WorkConflict
+from storage.refresh_leases import refresh_lease_acquire
 from storage.work_store import WorkStore
 from tests.support.work import T0
 
@@ -69,3 +71,53 @@ async def test_state_is_marked_only_at_the_version_seen(store: WorkStore) -> Non
     got = await store.grant_get("b1", 2)
     assert got is not None and got.state is GrantState.NEEDS_REAUTHORIZATION
     assert [g.binding_id for g in await store.grant_list()] == ["b1"]
+
+
+async def test_a_reason_is_written_with_the_state_and_cleared_by_a_new_version(
+        store: WorkStore) -> None:
+    await store.grant_install(binding_id="b1", generation=2,
+                              sealed=seal(BUNDLE, KEY, BundleContext("b1", 2, 1)),
+                              expires_at_us=0, now_us=T0)
+    fresh = await store.grant_get("b1", 2)
+    assert fresh is not None and fresh.reason is None
+    why = grant_reason("token_bundle_unauthentic")
+    # At a version nobody saw: nothing written, the reason neither.
+    assert not await store.grant_mark("b1", 2, 7, GrantState.NEEDS_REAUTHORIZATION, T0, why)
+    got = await store.grant_get("b1", 2)
+    assert got is not None and (got.state, got.reason) == (GrantState.VALID, None)
+    assert await store.grant_mark("b1", 2, 1, GrantState.NEEDS_REAUTHORIZATION, T0, why)
+    got = await store.grant_get("b1", 2)
+    assert got is not None and (got.state, got.reason) == (
+        GrantState.NEEDS_REAUTHORIZATION, why)
+    # A new token version (the Runtime's new grant of this generation) clears it.
+    assert await store.grant_replace(binding_id="b1", generation=2, expected_version=1,
+                                     sealed=seal(BUNDLE, KEY, BundleContext("b1", 2, 2)),
+                                     expires_at_us=0, now_us=T0 + 1, refreshed=False)
+    got = await store.grant_get("b1", 2)
+    assert got is not None and (got.state, got.reason, got.token_version) == (
+        GrantState.VALID, None, 2)
+
+
+async def test_a_refused_refresh_writes_its_reason_only_under_the_live_lease(
+        store: WorkStore) -> None:
+    await store.grant_install(binding_id="b1", generation=1,
+                              sealed=seal(BUNDLE, KEY, BundleContext("b1", 1, 1)),
+                              expires_at_us=0, now_us=T0)
+
+    async def lease(tx: SqlTx) -> object:
+        return await refresh_lease_acquire(tx, binding_id="b1", generation=1, seen_version=1,
+                                           lease_token="L", work_id="W", epoch=1,
+                                           ttl_us=60_000_000, now_us=T0)
+
+    await store.db.transact(lease, name="refresh.lease")
+    why = grant_reason("refresh_token_possibly_spent")
+    # Not our lease: nothing marked.
+    await store.refresh_fail(binding_id="b1", generation=1, lease_token="other",
+                             from_version=1, reauthorize=why, now_us=T0 + 1)
+    got = await store.grant_get("b1", 1)
+    assert got is not None and (got.state, got.reason) == (GrantState.VALID, None)
+    await store.refresh_fail(binding_id="b1", generation=1, lease_token="L",
+                             from_version=1, reauthorize=why, now_us=T0 + 2)
+    got = await store.grant_get("b1", 1)
+    assert got is not None and (got.state, got.reason) == (
+        GrantState.NEEDS_REAUTHORIZATION, why)
