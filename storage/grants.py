@@ -157,6 +157,24 @@ class AuthorizationGrants:
 
         return await self.db.transact(body, name="grant.get", write=False)
 
+    async def grant_reauthorization_counts(self) -> dict[str, int]:
+        """How many bindings' *current* grants need re-authorization, by reason code
+        (``unrecorded``: marked before the reason was kept). One read, no bundle."""
+
+        async def body(tx: SqlTx) -> dict[str, int]:
+            rows = await tx.fetchall(
+                "SELECT g.reason_code, COUNT(*) FROM authorization_grants g"
+                " JOIN principal_bindings b ON b.binding_id = g.binding_id"
+                " AND b.generation = g.generation WHERE g.state = ?"
+                " GROUP BY g.reason_code", (GrantState.NEEDS_REAUTHORIZATION.value,))
+            out: dict[str, int] = {}
+            for code, n in rows:
+                name = "unrecorded" if code is None else str(code)
+                out[name] = out.get(name, 0) + int(n)
+            return out
+
+        return await self.db.transact(body, name="grant.reauthorization_counts", write=False)
+
     async def grant_list(self) -> list[StoredGrant]:
         async def body(tx: SqlTx) -> list[StoredGrant]:
             rows = await tx.fetchall(

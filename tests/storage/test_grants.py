@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from daemon.core.connect_flows import Flow
 from daemon.core.grant_reasons import grant_reason
+from daemon.core.principals import BindingIdentity, PrincipalKind, connect
 from daemon.core.token_bundle import (
     BundleContext,
     SecretText,
@@ -15,6 +17,7 @@ from daemon.core.token_bundle import (
 )
 from storage.grants import GrantState
 from storage.port import SqlTx, WorkConflict
+from storage.principals import Actor
 from storage.refresh_leases import refresh_lease_acquire
 from storage.work_store import WorkStore
 from tests.support.work import T0
@@ -121,3 +124,29 @@ async def test_a_refused_refresh_writes_its_reason_only_under_the_live_lease(
     got = await store.grant_get("b1", 1)
     assert got is not None and (got.state, got.reason) == (
         GrantState.NEEDS_REAUTHORIZATION, why)
+
+
+async def test_the_reauthorization_counts_are_of_current_generations_by_reason(
+        store: WorkStore) -> None:
+    who = Actor("setup", "admin", "test")
+    for binding_id in ("b1", "b2", "b3"):
+        await store.binding_connect(connect(
+            binding_id=binding_id, kind=PrincipalKind.SHARED, org_id="o",
+            app_installation_id="i", provider="p",
+            identity=BindingIdentity(issuer="x", remote_account_id="a", remote_subject="s")),
+            who, T0)
+        await store.grant_install(binding_id=binding_id, generation=1,
+                                  sealed=seal(BUNDLE, KEY, BundleContext(binding_id, 1, 1)),
+                                  expires_at_us=0, now_us=T0)
+    assert await store.grant_reauthorization_counts() == {}
+    spent = grant_reason("refresh_token_possibly_spent")
+    assert await store.grant_mark("b1", 1, 1, GrantState.NEEDS_REAUTHORIZATION, T0, spent)
+    assert await store.grant_mark("b2", 1, 1, GrantState.NEEDS_REAUTHORIZATION, T0, spent)
+    assert await store.grant_mark("b3", 1, 1, GrantState.NEEDS_REAUTHORIZATION, T0)
+    assert await store.grant_reauthorization_counts() == {
+        "refresh_token_possibly_spent": 2, "unrecorded": 1}
+    # b2 moves on (an operator's reinstall): its old generation's grant no longer counts.
+    await store.binding_operator_flow("b2", Flow.REINSTALL, who, expected_generation=1,
+                                      now_us=T0 + 1, changes={})
+    assert await store.grant_reauthorization_counts() == {
+        "refresh_token_possibly_spent": 1, "unrecorded": 1}
