@@ -115,6 +115,7 @@ async def test_invalid_grant_fails_the_work_closed_with_needs_reauthorization(
         assert [r.status for r in sl.patches("101")] == [401]
         grant = await store.grant_get("hubspot-main", 1)
         assert grant is not None and grant.state is GrantState.NEEDS_REAUTHORIZATION
+        assert grant.reason is not None and grant.reason.code == "invalid_grant"
         assert sl.replica is not None
         metrics = sl.replica.metrics_text().decode()
         assert ('integrationd_effect_credential_failures_total{reason="needs_reauthorization"}'
