@@ -71,7 +71,8 @@ async def replace_grant(tx: SqlTx, *, binding_id: str, generation: int, expected
 
     A revoked grant stays revoked (a refresh or rewrap that raced a disconnect must not
     make it valid again); any other state becomes valid with the new bundle, and its
-    re-authorization reason is cleared."""
+    re-authorization reason is cleared. (The reason columns are assigned before
+    ``state``: MySQL evaluates SET left to right, later assignments seeing new values.)"""
     matched = await tx.execute(
         "UPDATE authorization_grants SET token_version = token_version + 1, key_id = ?,"
         " nonce_hex = ?, ciphertext_b64 = ?,"
