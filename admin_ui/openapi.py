@@ -123,8 +123,10 @@ PATHS: Json = {
         errors=(400, *READ_ERRORS))},
     "/admin/api/operators": {"get": _get("Configured operators and roles (admin only)",
                                          _ref("Operators"))},
-    "/admin/api/bindings": {"get": _get("Integration bindings with their durable generation"
-                                        " and grant (never a secret)", _ref("NotConfigured"))},
+    "/admin/api/bindings": {"get": _get("Integration bindings with their durable generation,"
+                                        " identity and grant (state, token version, why it"
+                                        " needs re-authorization; never a secret)",
+                                        _ref("NotConfigured"))},
     "/admin/api/quota": {"get": _get("Provider quota keys: budget, reservations in flight,"
                                      " last 429", _ref("NotConfigured"))},
 }

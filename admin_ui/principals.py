@@ -3,7 +3,8 @@
 Each binding, configured (``[[bindings]]``) or connected by the Runtime's connect flows
 (per-user principals among them), with its durable PrincipalBinding (generation, state,
 kind, user), the grant of that generation (state, token version, key id, expiry, last
-refresh; "refreshing" while a refresh or mint holds its lease) and its transition
+refresh; "refreshing" while a refresh or mint holds its lease; why it needs
+re-authorization, a stable code and its sentence) and its transition
 history from the audit log (who, when, which flow, generation before and after, why).
 Never a secret: the bundle's ciphertext is not even read out of the stored value, and
 the audit entries of bindings hold none.
@@ -15,6 +16,8 @@ import json
 import time
 from typing import Any
 
+from daemon.core.principals import BindingFacts
+from storage.grants import StoredGrant
 from storage.work_store import WorkStore
 
 Json = dict[str, Any]
@@ -38,6 +41,19 @@ async def history(store: WorkStore, binding_id: str) -> list[Json]:
             for e in entries if e.target_kind == "principal_binding"]
 
 
+def identity_json(facts: BindingFacts) -> Json:
+    ident = facts.identity
+    return {"issuer": ident.issuer, "remote_account_id": ident.remote_account_id,
+            "remote_subject": ident.remote_subject,
+            "installation_id": ident.installation_id or None, "scopes": list(ident.scopes)}
+
+
+def grant_reason_json(grant: StoredGrant) -> Json | None:
+    """Why the grant needs re-authorization (a stable code and its sentence), or None."""
+    return None if grant.reason is None else {"code": grant.reason.code,
+                                              "text": grant.reason.text}
+
+
 async def principal_facts(store: WorkStore, binding_ids: list[str]) -> dict[str, Json]:
     """binding id -> {"durable", "grant", "history"} (None where there is none)."""
     durable = await store.binding_get_many(binding_ids)
@@ -56,12 +72,15 @@ async def principal_facts(store: WorkStore, binding_ids: list[str]) -> dict[str,
                 # The authority for new work (docs/identity.md), not the TOML's value.
                 "remote_account_id": facts.identity.remote_account_id,
                 "installation_id": facts.identity.installation_id or None},
+            # What the identity flows change (no secret lives on a binding).
+            "identity": None if facts is None else identity_json(facts),
             "grant": None if grant is None else {
                 "state": "refreshing" if refreshing and grant.state.value == "valid"
                 else grant.state.value,
                 "token_version": grant.token_version,
                 "key_id": grant.sealed.key_id, "expires_at_us": grant.expires_at_us,
-                "last_refresh_at_us": grant.last_refresh_at_us},
+                "last_refresh_at_us": grant.last_refresh_at_us,
+                "reason": grant_reason_json(grant)},
             "history": await history(store, binding_id),
         }
     return out

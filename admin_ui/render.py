@@ -33,6 +33,15 @@ NOTICES = {
                           " is reconnected.",
     "binding_reconnect": "Reconnected under a new generation: work admitted under the old"
                          " one fails closed.",
+    **{f"binding_{flow}": f"{what}: the binding moved to a new generation; work admitted"
+                          " under the old one fails closed. A binding with grants has none"
+                          " for the new generation until the Runtime hands one over (an S2S"
+                          " installation mints its own)."
+       for flow, what in (("change_issuer", "Issuer changed"), ("reinstall", "Reinstalled"),
+                          ("rebind", "Rebound"), ("change_scopes", "Scopes changed"))},
+    "binding_generation_kept": "Scopes narrowed: the generation and its grant are kept"
+                               " (a narrower authority cannot retarget queued work).",
+    "binding_unchanged": "Nothing was different: nothing was written.",
     **{f"cutover_{verb}": f"Cutover {verb}: done (see the receipts and the audit log)."
        for verb in ("begin", "commit", "rollback", "re-cutover")},
 }

@@ -1,7 +1,8 @@
 """``integrationd binding ...``: PrincipalBinding transitions as audited operator actions.
 
 ``binding list [--org ORG]`` and ``binding show ID`` read the durable facts (``show`` with the
-grant of the current generation: state, token version, key id, expiry). ``binding status``
+grant of the current generation: state, token version, key id, expiry, last refresh and
+why it needs re-authorization: a stable code and its sentence). ``binding status``
 prints one line per ``[[bindings]]`` entry: its durable generation, state and remote
 account, and where the TOML disagrees with the durable fact (which wins: a rebind or a
 reinstall does not edit the file; docs/identity.md). ``binding
@@ -140,7 +141,9 @@ async def run_binding_command(settings: Settings, args: argparse.Namespace,
             _print({**binding_json(one), "grant": None if grant is None else {
                 "state": grant.state.value, "token_version": grant.token_version,
                 "key_id": grant.sealed.key_id, "expires_at_us": grant.expires_at_us,
-                "last_refresh_at_us": grant.last_refresh_at_us}})
+                "last_refresh_at_us": grant.last_refresh_at_us,
+                "reason": None if grant.reason is None else {
+                    "code": grant.reason.code, "text": grant.reason.text}}})
             return EXIT_OK
         assert actor is not None
         try:

@@ -14,6 +14,7 @@ import enum
 
 import attrs
 
+from daemon.core.grant_reasons import GrantReason
 from daemon.core.token_bundle import SealedBundle
 from storage.port import AuditEntry, Database, DuplicateKey, Row, SqlTx, WorkConflict
 from storage.work_admin import append_audit
@@ -35,11 +36,13 @@ class StoredGrant:
     expires_at_us: int
     last_refresh_at_us: int
     updated_at_us: int
+    # Why it needs re-authorization (daemon/core/grant_reasons.py); None when valid.
+    reason: GrantReason | None = None
 
 
 _COLUMNS = (
     "binding_id, generation, token_version, key_id, nonce_hex, ciphertext_b64, state,"
-    " expires_at_us, last_refresh_at_us, updated_at_us"
+    " expires_at_us, last_refresh_at_us, updated_at_us, reason_code, reason_text"
 )
 
 
@@ -50,6 +53,7 @@ def _from_row(row: Row) -> StoredGrant:
                             base64.b64decode(str(row[5]))),
         state=GrantState(row[6]), expires_at_us=int(row[7]), last_refresh_at_us=int(row[8]),
         updated_at_us=int(row[9]),
+        reason=None if row[10] is None else GrantReason(str(row[10]), str(row[11] or "")),
     )
 
 
@@ -66,15 +70,20 @@ async def replace_grant(tx: SqlTx, *, binding_id: str, generation: int, expected
     """Install ``expected_version + 1`` if the row is still at ``expected_version``.
 
     A revoked grant stays revoked (a refresh or rewrap that raced a disconnect must not
-    make it valid again); any other state becomes valid with the new bundle."""
+    make it valid again); any other state becomes valid with the new bundle, and its
+    re-authorization reason is cleared. (The reason columns are assigned before
+    ``state``: MySQL evaluates SET left to right, later assignments seeing new values.)"""
     matched = await tx.execute(
         "UPDATE authorization_grants SET token_version = token_version + 1, key_id = ?,"
         " nonce_hex = ?, ciphertext_b64 = ?,"
+        " reason_code = CASE WHEN state = ? THEN reason_code ELSE NULL END,"
+        " reason_text = CASE WHEN state = ? THEN reason_text ELSE NULL END,"
         " state = CASE WHEN state = ? THEN state ELSE ? END, expires_at_us = ?,"
         " last_refresh_at_us = CASE WHEN ? = 1 THEN ? ELSE last_refresh_at_us END,"
         " updated_at_us = ?"
         " WHERE binding_id = ? AND generation = ? AND token_version = ?",
         (sealed.key_id, sealed.nonce.hex(), base64.b64encode(sealed.ciphertext).decode(),
+         GrantState.REVOKED.value, GrantState.REVOKED.value,
          GrantState.REVOKED.value, GrantState.VALID.value, expires_at_us,
          1 if refreshed else 0, now_us, now_us,
          binding_id, generation, expected_version))
@@ -87,7 +96,7 @@ async def insert_grant(tx: SqlTx, *, binding_id: str, generation: int, sealed: S
     refresh-ownership row (so that racing first refreshes only CAS)."""
     await tx.execute(
         f"INSERT INTO authorization_grants ({_COLUMNS})"
-        " VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, ?)",
+        " VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
         (binding_id, generation, sealed.key_id, sealed.nonce.hex(),
          base64.b64encode(sealed.ciphertext).decode(), GrantState.VALID.value,
          expires_at_us, now_us, now_us))
@@ -100,13 +109,29 @@ async def insert_grant(tx: SqlTx, *, binding_id: str, generation: int, sealed: S
     return found
 
 
+def _reason_params(reason: GrantReason | None) -> tuple[str | None, str | None]:
+    return (None, None) if reason is None else (reason.code, reason.text)
+
+
 async def mark_grant(tx: SqlTx, binding_id: str, generation: int, state: GrantState,
-                     now_us: int) -> bool:
-    """Set the grant's state whatever its version (a disconnect revokes it)."""
+                     now_us: int, reason: GrantReason | None = None) -> bool:
+    """Set the grant's state (and its reason: None clears it) whatever its version (a
+    disconnect revokes it)."""
     return await tx.execute(
-        "UPDATE authorization_grants SET state = ?, updated_at_us = ?"
-        " WHERE binding_id = ? AND generation = ?",
-        (state.value, now_us, binding_id, generation)) == 1
+        "UPDATE authorization_grants SET state = ?, reason_code = ?, reason_text = ?,"
+        " updated_at_us = ? WHERE binding_id = ? AND generation = ?",
+        (state.value, *_reason_params(reason), now_us, binding_id, generation)) == 1
+
+
+async def mark_grant_at(tx: SqlTx, binding_id: str, generation: int, expected_version: int,
+                        state: GrantState, now_us: int, reason: GrantReason | None) -> bool:
+    """Set the grant's state and reason at the token version the caller saw; False when
+    a newer version arrived meanwhile."""
+    return await tx.execute(
+        "UPDATE authorization_grants SET state = ?, reason_code = ?, reason_text = ?,"
+        " updated_at_us = ? WHERE binding_id = ? AND generation = ? AND token_version = ?",
+        (state.value, *_reason_params(reason), now_us, binding_id, generation,
+         expected_version)) == 1
 
 
 class AuthorizationGrants:
@@ -133,6 +158,24 @@ class AuthorizationGrants:
 
         return await self.db.transact(body, name="grant.get", write=False)
 
+    async def grant_reauthorization_counts(self) -> dict[str, int]:
+        """How many bindings' *current* grants need re-authorization, by reason code
+        (``unrecorded``: marked before the reason was kept). One read, no bundle."""
+
+        async def body(tx: SqlTx) -> dict[str, int]:
+            rows = await tx.fetchall(
+                "SELECT g.reason_code, COUNT(*) FROM authorization_grants g"
+                " JOIN principal_bindings b ON b.binding_id = g.binding_id"
+                " AND b.generation = g.generation WHERE g.state = ?"
+                " GROUP BY g.reason_code", (GrantState.NEEDS_REAUTHORIZATION.value,))
+            out: dict[str, int] = {}
+            for code, n in rows:
+                name = "unrecorded" if code is None else str(code)
+                out[name] = out.get(name, 0) + int(n)
+            return out
+
+        return await self.db.transact(body, name="grant.reauthorization_counts", write=False)
+
     async def grant_list(self) -> list[StoredGrant]:
         async def body(tx: SqlTx) -> list[StoredGrant]:
             rows = await tx.fetchall(
@@ -158,14 +201,14 @@ class AuthorizationGrants:
         return await self.db.transact(body, name="grant.replace")
 
     async def grant_mark(self, binding_id: str, generation: int, expected_version: int,
-                         state: GrantState, now_us: int) -> bool:
-        """Set the grant's state at the version the caller saw (e.g. needs re-authorization
-        after ``invalid_grant``); False when a newer version arrived meanwhile."""
+                         state: GrantState, now_us: int,
+                         reason: GrantReason | None = None) -> bool:
+        """Set the grant's state and reason at the version the caller saw (e.g. needs
+        re-authorization after a bundle failed authentication); False when a newer
+        version arrived meanwhile."""
 
         async def body(tx: SqlTx) -> bool:
-            return await tx.execute(
-                "UPDATE authorization_grants SET state = ?, updated_at_us = ?"
-                " WHERE binding_id = ? AND generation = ? AND token_version = ?",
-                (state.value, now_us, binding_id, generation, expected_version)) == 1
+            return await mark_grant_at(tx, binding_id, generation, expected_version, state,
+                                       now_us, reason)
 
         return await self.db.transact(body, name="grant.mark")

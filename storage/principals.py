@@ -1,6 +1,7 @@
 """PrincipalBinding rows: the durable fact every command's binding generation pins.
 
-The transitions are pure (:mod:`daemon.core.principals`); here each one is a
+The transitions are pure (:mod:`daemon.core.principals`, and the operator's identity
+flows of :mod:`daemon.core.connect_flows`); here each one is a
 compare-and-swap on the (generation, state) the caller read, with its audit entry in the
 same transaction, so two operators (or a connect flow and an operator) racing on one
 binding have one winner and the loser is told the binding changed.
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
+from daemon.core.connect_flows import Flow, FlowPlan, plan_operator_flow
 from daemon.core.principals import (
     BindingEvent,
     BindingFacts,
@@ -212,3 +215,37 @@ class PrincipalBindings:
             return after
 
         return await self.db.transact(body, name="binding.transition")
+
+    async def binding_operator_flow(self, binding_id: str, flow: Flow, actor: Actor, *,
+                                    expected_generation: int, now_us: int,
+                                    changes: dict[str, object]) -> FlowPlan:
+        """An operator's identity flow (change_issuer, reinstall, rebind, change_scopes:
+        :func:`daemon.core.connect_flows.plan_operator_flow`) on the binding as it is read
+        here, ``changes`` applied to its identity: a compare-and-swap on the generation
+        the operator saw, audited as ``binding.<flow>`` with the facts before and after.
+        A refusal (:class:`~daemon.core.principals.BindingRefused`) or a lost race
+        (:class:`~storage.port.WorkConflict`) writes nothing; so does a flow that changes
+        nothing. No grant is handed over or touched (the module doc of
+        :mod:`daemon.core.connect_flows` says what a moved generation then needs)."""
+
+        async def body(tx: SqlTx) -> FlowPlan:
+            current = await read_binding(tx, binding_id)
+            identity = None
+            if current is not None and changes:
+                fields: dict[str, Any] = dict(changes)
+                identity = attrs.evolve(current.identity, **fields)
+            plan = plan_operator_flow(current, flow, binding_id=binding_id,
+                                      expected_generation=expected_generation,
+                                      identity=identity)
+            assert plan.before is not None
+            if plan.before == plan.after and not plan.bumped:
+                return plan
+            if not await update_binding(tx, plan.before, plan.after, now_us):
+                raise WorkConflict(f"binding {binding_id} changed concurrently")
+            after = json.dumps({**json.loads(facts_json(plan.after)), "flow": flow.value},
+                               sort_keys=True)
+            await append_audit(tx, binding_audit(actor, f"binding.{flow.value}", binding_id,
+                                                 facts_json(plan.before), after, now_us))
+            return plan
+
+        return await self.db.transact(body, name="binding.operator_flow")

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import attrs
 
+from daemon.core.grant_reasons import GrantReason
 from daemon.core.token_bundle import SealedBundle
-from storage.grants import GrantState, read_grant, replace_grant
+from storage.grants import GrantState, mark_grant_at, read_grant, replace_grant
 from storage.port import Database, SqlTx
 
 
@@ -138,22 +139,20 @@ class RefreshLeases:
             return False
 
     async def refresh_fail(self, *, binding_id: str, generation: int, lease_token: str,
-                           from_version: int, needs_reauthorization: bool,
+                           from_version: int, reauthorize: GrantReason | None,
                            now_us: int) -> None:
-        """End our lease after a definitive failure, marking the grant when the provider
-        refused the refresh token (``invalid_grant``)."""
+        """End our lease after a definitive failure, marking the grant (with why) when
+        it needs re-authorization: the provider refused the refresh token
+        (``invalid_grant``), or there is none to refresh with."""
 
         async def body(tx: SqlTx) -> None:
             ended = await tx.execute(
                 "UPDATE refresh_leases SET lease_token = NULL, owner_work_id = NULL,"
                 " owner_epoch = NULL WHERE binding_id = ? AND generation = ?"
                 " AND lease_token = ?", (binding_id, generation, lease_token))
-            if ended == 1 and needs_reauthorization:
-                await tx.execute(
-                    "UPDATE authorization_grants SET state = ?, updated_at_us = ?"
-                    " WHERE binding_id = ? AND generation = ? AND token_version = ?",
-                    (GrantState.NEEDS_REAUTHORIZATION.value, now_us, binding_id, generation,
-                     from_version))
+            if ended == 1 and reauthorize is not None:
+                await mark_grant_at(tx, binding_id, generation, from_version,
+                                    GrantState.NEEDS_REAUTHORIZATION, now_us, reauthorize)
 
         await self.db.transact(body, name="refresh.fail")
 

@@ -37,7 +37,15 @@ replacing one with another, moves the generation: work admitted under the smalle
 authority must not run under the larger one.
 
 Every flow but ``connect`` names the generation the Runtime saw (a CAS): a mismatch is
-``stale_generation`` and nothing is written.
+``stale_generation`` and nothing is written. A flow may not empty the issuer, remote
+account or remote subject (``missing_field``).
+
+**Operators** (the console, :func:`plan_operator_flow`) run the four identity flows
+(``change_issuer``, ``reinstall``, ``rebind``, ``change_scopes``) by the same rows, on
+the generation they saw, but hand over no grant: a flow that moves the generation leaves
+the new generation without one (``GrantAction.NONE``; its work fails closed with
+``no_grant``) until the Runtime hands one over or an S2S installation mints it; one that
+keeps it (a narrowing, nothing different) keeps the grant as it is.
 """
 
 from __future__ import annotations
@@ -114,6 +122,12 @@ class FlowPlan:
     grant: GrantAction
 
 
+# The flows an operator runs from the console (disconnect and reconnect are
+# daemon.core.principals.transition, as the CLI runs them).
+OPERATOR_FLOWS = (Flow.CHANGE_ISSUER, Flow.REINSTALL, Flow.REBIND, Flow.CHANGE_SCOPES)
+_REQUIRED = frozenset({"issuer", "remote_account_id", "remote_subject"})
+
+
 def _changed_fields(before: BindingIdentity, after: BindingIdentity) -> set[str]:
     return {name for name in _ALL if getattr(before, name) != getattr(after, name)}
 
@@ -121,12 +135,13 @@ def _changed_fields(before: BindingIdentity, after: BindingIdentity) -> set[str]
 def plan_flow(current: BindingFacts | None, flow: Flow, *, binding_id: str,
               expected_generation: int | None, has_grant: bool,
               identity: BindingIdentity | None = None,
-              new: BindingFacts | None = None) -> FlowPlan:
+              new: BindingFacts | None = None, operator: bool = False) -> FlowPlan:
     """What ``flow`` does to ``current``.
 
     ``new`` is the binding a ``connect`` creates (from
     :func:`daemon.core.principals.connect`); ``identity`` the complete identity after any
-    other flow (None: unchanged); ``has_grant`` whether the Runtime handed over a grant.
+    other flow (None: unchanged); ``has_grant`` whether the Runtime handed over a grant;
+    ``operator``: an operator's flow, which moves the generation without one.
     """
     rule = FLOWS[flow]
     if flow is Flow.CONNECT:
@@ -147,10 +162,14 @@ def plan_flow(current: BindingFacts | None, flow: Flow, *, binding_id: str,
         raise BindingRefused("binding_disconnected", f"binding {binding_id} is"
                              f" {current.state.value}: {flow.value} needs it connected")
     after_identity = identity if identity is not None else current.identity
-    outside = _changed_fields(current.identity, after_identity) - rule.fields
+    changed = _changed_fields(current.identity, after_identity)
+    outside = changed - rule.fields
     if outside:
         raise BindingRefused("field_not_allowed", f"{flow.value} may not change"
                              f" {', '.join(sorted(outside))}")
+    emptied = sorted(n for n in changed & _REQUIRED if not getattr(after_identity, n))
+    if emptied:
+        raise BindingRefused("missing_field", f"{', '.join(emptied)} must not be empty")
     if rule.generation is GenerationRule.KEEP:
         if has_grant:
             raise BindingRefused("grant_not_allowed", f"{flow.value} takes no grant")
@@ -163,8 +182,23 @@ def plan_flow(current: BindingFacts | None, flow: Flow, *, binding_id: str,
                          generation=current.generation + (1 if bump else 0))
     if bump:
         if not has_grant:
+            if operator:
+                return FlowPlan(current, after, True, GrantAction.NONE)
             raise BindingRefused("grant_required", f"{flow.value} moves the generation:"
                                  " hand over the grant of the new authority")
         return FlowPlan(current, after, True, GrantAction.INSTALL)
     return FlowPlan(current, after, False, GrantAction.REPLACE if has_grant
                     else GrantAction.NONE)
+
+
+def plan_operator_flow(current: BindingFacts | None, flow: Flow, *, binding_id: str,
+                       expected_generation: int,
+                       identity: BindingIdentity | None) -> FlowPlan:
+    """An operator's identity flow (the same row as the Runtime's, without a grant)."""
+    if flow not in OPERATOR_FLOWS:
+        raise BindingRefused("flow_not_allowed", f"an operator runs"
+                             f" {', '.join(f.value for f in OPERATOR_FLOWS)} here, not"
+                             f" {flow.value}")
+    return plan_flow(current, flow, binding_id=binding_id,
+                     expected_generation=expected_generation, has_grant=False,
+                     identity=identity, operator=True)

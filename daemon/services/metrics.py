@@ -29,6 +29,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from daemon.core.grant_reasons import REASONS
 from daemon.core.ingress import QUARANTINE_REASONS
 from daemon.core.quota import ResetIgnored
 from storage.port import DbStats, QueueDepth
@@ -63,6 +64,8 @@ RETENTION_RESULTS = ("done", "busy", "failed", "lease_lost", "lease_untrusted")
 
 # Pre-created label values (the alert rules read them before the first event).
 CREDENTIAL_ALERT_REASONS = ("needs_reauthorization", "token_bundle_unauthentic")
+# Label values of integrationd_grants_needing_reauthorization (a fixed set).
+GRANT_REASON_LABELS = (*sorted(REASONS), "unrecorded")
 QUOTA_EVENTS = ("reserved", "waited", "throttled", "given_back", "corrected", "exhausted")
 # Why a provider's reset header was not used (daemon/core/quota.py's ResetIgnored).
 QUOTA_RESET_IGNORED = tuple(r.value for r in ResetIgnored)
@@ -297,6 +300,14 @@ class Metrics:
         )
         for reason in CREDENTIAL_ALERT_REASONS:
             self.credential_failures.labels(reason)
+        self.grants_needing_reauthorization = Gauge(
+            "integrationd_grants_needing_reauthorization",
+            "Bindings whose current grant needs re-authorization, by the stable reason the"
+            " grant row records (daemon/core/grant_reasons.py; unrecorded: marked before"
+            " reasons were kept)",
+            ["reason"], registry=r)
+        for reason in GRANT_REASON_LABELS:
+            self.grants_needing_reauthorization.labels(reason).set(0)
         self.quota_events = Counter(
             "integrationd_quota_events",
             "Provider quota before dispatch, by event: reserved (slots bound to a claim),"
@@ -506,6 +517,15 @@ class Metrics:
             self.oldest_age.labels(*key).set(0)
         self._depth_keys |= seen
         self.depth_sampled_at.set(now_us / 1_000_000)
+
+    def set_grant_reasons(self, counts: dict[str, int]) -> None:
+        """One sample of the grants needing re-authorization (every label set: 0 when
+        none; a code this build does not know counts as unrecorded)."""
+        known = {reason: 0 for reason in GRANT_REASON_LABELS}
+        for reason, n in counts.items():
+            known[reason if reason in known else "unrecorded"] += n
+        for reason, n in known.items():
+            self.grants_needing_reauthorization.labels(reason).set(n)
 
     def set_quota(self, samples: list[QuotaSample], now_us: int) -> None:
         for q in samples:

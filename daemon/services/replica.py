@@ -470,6 +470,8 @@ class Replica:
                 flow = await self.store.flow_sample(previous_us, now_us)
                 self.metrics.set_depths(depths, now_us)
                 self.metrics.effect_unknown_backlog.set(await self.store.effect_unknown_backlog())
+                self.metrics.set_grant_reasons(
+                    await self.store.grant_reauthorization_counts())
                 if self.metrics.quota_declared:
                     self.metrics.set_quota(await sample_quota(
                         self.store, self.metrics.quota_declared, now_us), now_us)

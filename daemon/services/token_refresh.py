@@ -33,8 +33,10 @@ import jwt
 import trio
 
 from config.settings import Secret
+from daemon.core.grant_reasons import GrantReason, grant_reason, refused_refresh
 from daemon.core.token_bundle import (
     BundleContext,
+    BundleRefused,
     SecretText,
     TokenBundle,
     TokenKey,
@@ -44,6 +46,7 @@ from daemon.core.token_bundle import (
 from daemon.core.work import Fence
 from daemon.services import logs
 from daemon.services.clock import Clock
+from storage.grants import GrantState
 from storage.idgen import new_lease_token
 from storage.port import DuplicateKey, SqlTx
 from storage.refresh_leases import (
@@ -123,7 +126,19 @@ class TokenOwner:
                 raise TokenUnavailable(grant.state.value, f"binding {binding_id} generation"
                                        f" {generation}: {grant.state.value}")
             context = BundleContext(binding_id, generation, grant.token_version)
-            bundle = open_bundle(grant.sealed, self.keys, context)
+            try:
+                bundle = open_bundle(grant.sealed, self.keys, context)
+            except BundleRefused as exc:
+                if exc.reason == "token_bundle_unauthentic":
+                    # Never used, by any replica: the grant needs re-authorization, with
+                    # why (at the version seen: a newer one is judged on its own). A key
+                    # this replica lacks (token_key_missing) is its own configuration,
+                    # not the grant's, and marks nothing.
+                    await self.store.grant_mark(
+                        binding_id, generation, grant.token_version,
+                        GrantState.NEEDS_REAUTHORIZATION, self.clock.now_us(),
+                        grant_reason("token_bundle_unauthentic"))
+                raise
             now = self.clock.now_us()
             rejected = rejected_version is not None and grant.token_version <= rejected_version
             if not rejected and bundle.expires_at_us - self.margin_us > now:
@@ -185,7 +200,8 @@ class TokenOwner:
                "from_version": lease.from_version,
                "kind": "mint" if isinstance(endpoint, MintEndpoint) else "refresh"}
         if isinstance(endpoint, RefreshEndpoint) and bundle.refresh_token is None:
-            await self._fail(binding_id, generation, lease, reauthorize=True)
+            await self._fail(binding_id, generation, lease,
+                             reauthorize=grant_reason("no_refresh_token"))
             raise TokenUnavailable("needs_reauthorization", "the grant has no refresh token")
         deadline_s = (lease.until_us - self.call_margin_us - self.clock.now_us()) / 1e6
         answer: httpx.Response | None = None
@@ -211,7 +227,8 @@ class TokenOwner:
             raise TokenUnavailable("refresh_timeout", "the token endpoint did not answer in"
                                    " time; the refresh token may be spent")
         if answer.status_code in (400, 401) and _error(answer) in _DEFINITIVE_ERRORS:
-            await self._fail(binding_id, generation, lease, reauthorize=True)
+            why = refused_refresh(_error(answer), lease.possibly_spent)
+            await self._fail(binding_id, generation, lease, reauthorize=why)
             # The message follows the reason code in str(exc): say why, once.
             reason = ("the token endpoint refused the refresh token, possibly spent by an"
                       " unfinished refresh" if lease.possibly_spent
@@ -249,12 +266,11 @@ class TokenOwner:
                           endpoint.private_key_pem.reveal(), algorithm="RS256")
 
     async def _fail(self, binding_id: str, generation: int, lease: LeaseWon, *,
-                    reauthorize: bool) -> None:
+                    reauthorize: GrantReason) -> None:
         await self.store.refresh_fail(binding_id=binding_id, generation=generation,
                                       lease_token=lease.lease_token,
                                       from_version=lease.from_version,
-                                      needs_reauthorization=reauthorize,
-                                      now_us=self.clock.now_us())
+                                      reauthorize=reauthorize, now_us=self.clock.now_us())
 
 
 # The token endpoint refuses the credential itself: one attempt, then re-authorization.

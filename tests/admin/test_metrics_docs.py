@@ -142,3 +142,20 @@ def test_documented_metrics_match_what_is_served() -> None:
     served = _served_families()
     assert live_rows - served == set()
     assert planned_rows & served == set()
+
+
+def test_grant_reasons_are_a_fixed_label_set_always_present() -> None:
+    metrics = Metrics()
+    text = metrics.render().decode()
+    for reason in ("invalid_grant", "refresh_token_possibly_spent", "no_refresh_token",
+                   "token_bundle_unauthentic", "invalid_jwt", "unrecorded"):
+        assert (f'integrationd_grants_needing_reauthorization{{reason="{reason}"}} 0.0'
+                in text), reason
+    metrics.set_grant_reasons({"invalid_grant": 2, "some_future_code": 1})
+    text = metrics.render().decode()
+    assert 'integrationd_grants_needing_reauthorization{reason="invalid_grant"} 2.0' in text
+    assert 'integrationd_grants_needing_reauthorization{reason="unrecorded"} 1.0' in text
+    assert "some_future_code" not in text  # never a label outside the fixed set
+    metrics.set_grant_reasons({})
+    assert ('integrationd_grants_needing_reauthorization{reason="invalid_grant"} 0.0'
+            in metrics.render().decode())

@@ -5,7 +5,14 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from daemon.core.connect_flows import FLOWS, Flow, GrantAction, plan_flow
+from daemon.core.connect_flows import (
+    FLOWS,
+    OPERATOR_FLOWS,
+    Flow,
+    GrantAction,
+    plan_flow,
+    plan_operator_flow,
+)
 from daemon.core.principals import (
     BindingFacts,
     BindingIdentity,
@@ -128,3 +135,73 @@ def test_connect_starts_at_generation_one_with_a_grant() -> None:
 
 def test_the_table_covers_every_flow() -> None:
     assert set(FLOWS) == set(Flow)
+
+
+OPERATOR_ROWS: list[tuple[str, BindingFacts, Flow, BindingIdentity | None, int | str,
+                          BindingState | None]] = [
+    # (name, from, flow, identity after, generation or refusal, state after)
+    ("issuer change: no grant needed", ON, Flow.CHANGE_ISSUER, ISSUER, 2, BindingState.CONNECTED),
+    ("subject change", ON, Flow.CHANGE_ISSUER, SUBJECT, 2, BindingState.CONNECTED),
+    ("issuer change, nothing different", ON, Flow.CHANGE_ISSUER, ID, 1,
+     BindingState.CONNECTED),
+    ("issuer change that rebinds", ON, Flow.CHANGE_ISSUER, ACCOUNT, "field_not_allowed", None),
+    ("issuer emptied", ON, Flow.CHANGE_ISSUER, attrs.evolve(ID, issuer=""), "missing_field",
+     None),
+    ("issuer change while disconnected", OFF, Flow.CHANGE_ISSUER, ISSUER,
+     "binding_disconnected", None),
+    ("reinstall, new id", ON, Flow.REINSTALL, INSTALL, 2, BindingState.CONNECTED),
+    ("reinstall, same id", ON, Flow.REINSTALL, None, 2, BindingState.CONNECTED),
+    ("reinstall while disconnected connects", OFF, Flow.REINSTALL, INSTALL, 2,
+     BindingState.CONNECTED),
+    ("reinstall that changes scopes", ON, Flow.REINSTALL, WIDE, "field_not_allowed", None),
+    ("rebind to another account", ON, Flow.REBIND, ACCOUNT, 2, BindingState.CONNECTED),
+    ("rebind to an empty account", ON, Flow.REBIND,
+     attrs.evolve(ID, remote_account_id=""), "missing_field", None),
+    ("rebind that changes the issuer", ON, Flow.REBIND, ISSUER, "field_not_allowed", None),
+    ("scopes widened", ON, Flow.CHANGE_SCOPES, WIDE, 2, BindingState.CONNECTED),
+    ("scopes replaced", ON, Flow.CHANGE_SCOPES, SWAP, 2, BindingState.CONNECTED),
+    ("scopes narrowed: same generation", ON, Flow.CHANGE_SCOPES, NARROW, 1,
+     BindingState.CONNECTED),
+    ("scopes change that reinstalls", ON, Flow.CHANGE_SCOPES, INSTALL, "field_not_allowed",
+     None),
+    ("disconnect is not an identity flow", ON, Flow.DISCONNECT, None, "flow_not_allowed",
+     None),
+    ("reconnect is not an identity flow", OFF, Flow.RECONNECT, None, "flow_not_allowed", None),
+    ("connect is not an identity flow", ON, Flow.CONNECT, None, "flow_not_allowed", None),
+]
+
+
+@pytest.mark.parametrize(("name", "start", "flow", "identity", "expect", "state"),
+                         OPERATOR_ROWS, ids=[r[0] for r in OPERATOR_ROWS])
+def test_operator_flows_follow_the_same_rows_without_a_grant(
+        name: str, start: BindingFacts, flow: Flow, identity: BindingIdentity | None,
+        expect: int | str, state: BindingState | None) -> None:
+    if isinstance(expect, str):
+        with pytest.raises(BindingRefused) as info:
+            plan_operator_flow(start, flow, binding_id="b1",
+                               expected_generation=start.generation, identity=identity)
+        assert info.value.reason == expect
+        return
+    plan = plan_operator_flow(start, flow, binding_id="b1",
+                              expected_generation=start.generation, identity=identity)
+    assert (plan.after.generation, plan.after.state, plan.grant) == (
+        expect, state, GrantAction.NONE)
+    assert plan.bumped == (expect != start.generation)
+    assert plan.after.identity == (identity or ID)
+
+
+@pytest.mark.parametrize("flow", OPERATOR_FLOWS)
+def test_operator_flows_are_a_cas_and_need_the_binding(flow: Flow) -> None:
+    with pytest.raises(BindingRefused) as stale:
+        plan_operator_flow(ON, flow, binding_id="b1", expected_generation=2, identity=None)
+    assert stale.value.reason == "stale_generation"
+    with pytest.raises(BindingRefused) as unknown:
+        plan_operator_flow(None, flow, binding_id="b1", expected_generation=1, identity=None)
+    assert unknown.value.reason == "unknown_binding"
+
+
+def test_the_runtime_may_not_empty_an_identity_field_either() -> None:
+    with pytest.raises(BindingRefused) as info:
+        plan_flow(ON, Flow.REBIND, binding_id="b1", expected_generation=1, has_grant=True,
+                  identity=attrs.evolve(ID, remote_subject=""))
+    assert info.value.reason == "missing_field"

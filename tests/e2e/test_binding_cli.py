@@ -10,11 +10,15 @@ import pytest
 
 from config.settings import BindingSettings
 from daemon.binding_cli import status_line
+from daemon.core.grant_reasons import grant_reason
 from daemon.core.principals import BindingFacts
+from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, TokenKey, seal
 from daemon.services.principal_bootstrap import bootstrap_facts
+from storage.grants import GrantState
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.processes import run_cli, write_config
+from tests.support.work import T0
 
 WHO = ("--actor", "alice", "--reason", "onboarding")
 
@@ -83,3 +87,26 @@ _CONFIGURED = BindingSettings(binding_id="b1", provider="p", org_id="org-1",
 def test_binding_status_is_one_line_per_configured_binding(
         durable: BindingFacts | None, line: str) -> None:
     assert status_line(_CONFIGURED, durable) == line
+async def test_binding_show_says_why_the_grant_needs_reauthorization(
+        database: FreshDatabase, store: WorkStore, tmp_path: Path) -> None:
+    cfg = write_config(tmp_path / "c.toml", database.url)
+    made = run_cli(cfg, "binding", "connect", "b1", *WHO, "--org", "org-1",
+                   "--app-installation", "i1", "--provider", "p", "--issuer", "https://iss",
+                   "--remote-account", "acct-1", "--remote-subject", "app-1")
+    assert made.returncode == 0, made.stderr
+    key = TokenKey("k1", bytes(range(32)))
+    bundle = TokenBundle(access_token=SecretText("at-SECRET-7"),
+                         refresh_token=SecretText("rt-SECRET-7"))
+    await store.grant_install(binding_id="b1", generation=1,
+                              sealed=seal(bundle, key, BundleContext("b1", 1, 1)),
+                              expires_at_us=0, now_us=T0)
+    valid = json.loads(run_cli(cfg, "binding", "show", "b1").stdout)
+    assert (valid["grant"]["state"], valid["grant"]["reason"]) == ("valid", None)
+    why = grant_reason("invalid_grant")
+    assert await store.grant_mark("b1", 1, 1, GrantState.NEEDS_REAUTHORIZATION, T0 + 1, why)
+    shown = run_cli(cfg, "binding", "show", "b1")
+    assert shown.returncode == 0, shown.stderr
+    grant = json.loads(shown.stdout)["grant"]
+    assert (grant["state"], grant["reason"]) == (
+        "needs_reauthorization", {"code": "invalid_grant", "text": why.text})
+    assert "SECRET" not in shown.stdout + shown.stderr

@@ -117,6 +117,7 @@ async def test_invalid_grant_fails_the_work_closed_with_needs_reauthorization(
         assert [r.status for r in sl.patches("101")] == [401]
         grant = await store.grant_get("hubspot-main", 1)
         assert grant is not None and grant.state is GrantState.NEEDS_REAUTHORIZATION
+        assert grant.reason is not None and grant.reason.code == "invalid_grant"
         assert sl.replica is not None
         metrics = sl.replica.metrics_text().decode()
         assert ('integrationd_effect_credential_failures_total{reason="needs_reauthorization"}'
@@ -161,6 +162,15 @@ async def test_a_bundle_that_fails_authentication_is_refused_alerted_and_never_u
         assert sl.replica is not None
         assert ('integrationd_effect_credential_failures_total{reason="token_bundle_unauthentic"}'
                 ' 1.0') in sl.replica.metrics_text().decode()
+        # Never used by anyone from now on: the grant needs re-authorization, with why, on
+        # the row and in the gauge the depth loop samples (every 5 s here).
+        grant = await store.grant_get("hubspot-main", 1)
+        assert grant is not None and grant.state is GrantState.NEEDS_REAUTHORIZATION
+        assert grant.reason is not None and grant.reason.code == "token_bundle_unauthentic"
+        replica = sl.replica
+        gauge = ('integrationd_grants_needing_reauthorization{reason="token_bundle_unauthentic"}'
+                 ' 1.0')
+        await wait_for(lambda: gauge in replica.metrics_text().decode(), within_s=30)
 
 
 async def test_a_refresh_that_keeps_failing_defers_the_work_and_burns_no_attempt(

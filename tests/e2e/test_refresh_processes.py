@@ -157,6 +157,8 @@ async def test_a_refresh_owner_killed_before_the_call_or_after_the_answer_is_tak
         # The answered-but-never-activated token was lost with its process: the grant
         # stays at version 1 and needs re-authorization; nobody calls again.
         assert (grant.token_version, grant.state.value) == (1, "needs_reauthorization")
+        assert grant.reason is not None
+        assert grant.reason.code == "refresh_token_possibly_spent"
         await enqueue(store, 1, now=WallClock().now_us())  # a claim for the third racer
         third = await _start(_spec(database, tmp_path, url, "r2", time.time(), lease_s=6.0))
         with trio.fail_after(60):

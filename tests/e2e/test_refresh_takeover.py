@@ -92,12 +92,16 @@ async def test_owner_killed_after_the_answer_the_replica_says_the_token_was_poss
             assert binding.returncode == 0, binding.stderr
             grant = json.loads(binding.stdout)["grant"]
             assert (grant["state"], grant["token_version"]) == ("needs_reauthorization", 1)
+            # Why, durably on the grant (long after the work item and the log line).
+            assert grant["reason"]["code"] == "refresh_token_possibly_spent"
+            assert "possibly spent by an unfinished refresh" in grant["reason"]["text"]
             client = await _signed_in(replica.admin, "viv")
             try:
                 (b,) = (await client.get("/admin/api/bindings")).json()["items"]
             finally:
                 await client.aclose()
             assert b["grant"]["state"] == "needs_reauthorization"
+            assert b["grant"]["reason"] == grant["reason"]
             failed = [e for e in replica.events() if e.get("event") == "token_refresh_failed"]
             assert [(e["reason"], e["possibly_spent"]) for e in failed] == [
                 ("invalid_grant", True)]

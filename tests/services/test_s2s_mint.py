@@ -123,6 +123,7 @@ async def test_a_refused_app_jwt_needs_reauthorization_after_one_call(
     assert [str(e["answer"]).split(":")[0] for e in sim.journal] == ["invalid_jwt"]
     grant = await store.grant_get("b1", 1)
     assert grant is not None and grant.state is GrantState.NEEDS_REAUTHORIZATION
+    assert grant.reason is not None and grant.reason.code == "invalid_jwt"
 
 
 async def test_the_routes_mount_in_another_simulator() -> None:

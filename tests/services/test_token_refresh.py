@@ -10,8 +10,10 @@ import pytest
 import trio
 
 from config.settings import Secret
+from daemon.core.grant_reasons import grant_reason
 from daemon.core.token_bundle import (
     BundleContext,
+    BundleRefused,
     SecretText,
     TokenBundle,
     TokenKey,
@@ -141,6 +143,9 @@ async def test_invalid_grant_needs_reauthorization_after_one_attempt(
     assert len(sim.journal) == 1  # never a retry loop
     grant = await store.grant_get("b1", 1)
     assert grant is not None and grant.state is GrantState.NEEDS_REAUTHORIZATION
+    # Why, durably on the grant (a stable code and its sentence, no secret).
+    assert grant.reason == grant_reason("invalid_grant")
+    assert "SECRET" not in grant.reason.text
 
 
 @pytest.mark.parametrize(("behaviour", "reason"), [("hang", "refresh_timeout"),
@@ -165,6 +170,56 @@ async def test_a_hung_or_malformed_endpoint_fails_closed_and_the_next_owner_is_w
     assert spent.value.reason == "needs_reauthorization"
     assert "possibly spent" in str(spent.value)
     assert "SECRET" not in str(info.value) + str(spent.value)
+    grant = await store.grant_get("b1", 1)
+    assert grant is not None and grant.reason == grant_reason("refresh_token_possibly_spent")
+    assert "possibly spent" in grant.reason.text
+
+
+async def test_an_expired_grant_without_a_refresh_token_says_so_on_the_grant(
+        store: WorkStore, oauth: tuple[OAuthSimulator, str]) -> None:
+    sim, url = oauth
+    (fence,) = await _setup(store, sim, expired=True)
+    now = CLOCK.now_us()
+    bare = TokenBundle(access_token=SecretText("access-SECRET-1"), expires_at_us=now - 1)
+    assert await store.grant_replace(binding_id="b1", generation=1, expected_version=1,
+                                     sealed=seal(bare, KEY, BundleContext("b1", 1, 2)),
+                                     expires_at_us=now - 1, now_us=now, refreshed=False)
+    async with httpx.AsyncClient() as http:
+        with pytest.raises(TokenUnavailable) as info:
+            await _owner(store, http).access_token(fence, "b1", 1, _endpoint(url))
+    assert info.value.reason == "needs_reauthorization"
+    assert sim.journal == []  # nothing to refresh with: the provider is never called
+    grant = await store.grant_get("b1", 1)
+    assert grant is not None and (grant.state, grant.reason, grant.token_version) == (
+        GrantState.NEEDS_REAUTHORIZATION, grant_reason("no_refresh_token"), 2)
+
+
+async def test_a_bundle_that_fails_authentication_marks_the_grant_with_why(
+        store: WorkStore, oauth: tuple[OAuthSimulator, str]) -> None:
+    sim, url = oauth
+    (fence,) = await _setup(store, sim, expired=False)
+    async with httpx.AsyncClient() as http:
+        # A key this replica lacks is its own configuration: the grant is not marked.
+        lacking = TokenOwner(store, {"k2": TokenKey("k2", bytes(32))}, "k2", http, CLOCK)
+        with pytest.raises(BundleRefused) as missing:
+            await lacking.access_token(fence, "b1", 1, _endpoint(url))
+        assert missing.value.reason == "token_key_missing"
+        grant = await store.grant_get("b1", 1)
+        assert grant is not None and (grant.state, grant.reason) == (GrantState.VALID, None)
+        # The same key id with other material: the bundle fails authentication.
+        wrong = TokenOwner(store, {"k1": TokenKey("k1", bytes(range(1, 33)))}, "k1", http,
+                           CLOCK)
+        with pytest.raises(BundleRefused) as refused:
+            await wrong.access_token(fence, "b1", 1, _endpoint(url))
+        assert refused.value.reason == "token_bundle_unauthentic"
+        # Never used by anyone from now on: the grant needs re-authorization, with why.
+        with pytest.raises(TokenUnavailable) as after:
+            await _owner(store, http).access_token(fence, "b1", 1, _endpoint(url))
+    assert after.value.reason == "needs_reauthorization"
+    assert sim.journal == []
+    grant = await store.grant_get("b1", 1)
+    assert grant is not None and (grant.state, grant.reason) == (
+        GrantState.NEEDS_REAUTHORIZATION, grant_reason("token_bundle_unauthentic"))
 
 
 async def test_a_stale_claimant_never_reaches_the_token_endpoint(

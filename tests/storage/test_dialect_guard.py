@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import attrs
 import pytest
 
+from daemon.core.grant_reasons import grant_reason
 from daemon.core.outcomes import (
     CancelAcknowledged,
     DeadLetter,
@@ -277,7 +278,7 @@ async def _credentials_workload(store: WorkStore) -> None:
                                  sealed=seal(bundle, key, BundleContext("b", 1, 2)),
                                  expires_at_us=T0, now_us=T0)
     await store.refresh_fail(binding_id="b", generation=1, lease_token="L", from_version=2,
-                             needs_reauthorization=True, now_us=T0)
+                             reauthorize=grant_reason("invalid_grant"), now_us=T0)
     await store.refresh_count("b", 1)
 
 
