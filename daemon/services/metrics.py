@@ -68,8 +68,8 @@ QUOTA_EVENTS = ("reserved", "waited", "throttled", "given_back", "corrected")
 INGRESS_RESULTS = ("stored", "duplicate", "spooled")
 INGRESS_REJECTIONS = ("unknown_route", "method", "content_type", "too_large", "deadline",
                       "missing_signature", "bad_signature", "missing_timestamp",
-                      "bad_timestamp", "stale_timestamp", "no_secret", "spool_full",
-                      "disconnected")
+                      "bad_timestamp", "stale_timestamp", "no_secret", "retired_secret",
+                      "spool_full", "disconnected")
 
 
 def admission_result(admission: str, created: bool) -> str:
@@ -269,6 +269,14 @@ class Metrics:
             ["binding", "health"],
             registry=r,
         )
+        self.previous_secret_accepted = Gauge(
+            "integrationd_webhook_previous_secret_accepted",
+            "1 while a webhook route's configured previous secret is still accepted by the"
+            " verifier, 0 once it retired itself (the database's state, as this replica"
+            " last read it)",
+            ["route"],
+            registry=r,
+        )
         self.subscription_reconcile_age = Gauge(
             "integrationd_subscription_reconcile_age_seconds",
             "Seconds since a binding's webhook subscriptions were last reconciled here",
@@ -453,6 +461,9 @@ class Metrics:
 
     def count_lost_webhook(self, provider: str, resource: str) -> None:
         self.inbound_lost_webhooks.labels(provider, resource).inc()
+
+    def set_previous_secret(self, route: str, accepted: bool) -> None:
+        self.previous_secret_accepted.labels(route).set(1 if accepted else 0)
 
     def set_subscriptions(self, binding: str, health: dict[str, int], at_s: float) -> None:
         """One subscription reconciliation run's finding; its age grows at scrape time."""
