@@ -39,7 +39,7 @@ QUARANTINED = "quarantined"
 STATES = (RECEIVED, MATERIALIZED, QUARANTINED)
 
 # The verification of a delivery that matched the route's newest secret.
-NEWEST_SECRET = "verified:0"
+NEWEST_VERIFICATION = "verified:0"
 
 _COLUMNS = (
     "receipt_id, dedup_key, route, binding_id, webhook, subscription_generation,"
@@ -170,7 +170,7 @@ def _receipt_params(r: IngressReceipt) -> tuple[Any, ...]:
         r.subscription_generation, r.received_at_us, base64.b64encode(r.body).decode(),
         r.body_sha256, len(r.body), json.dumps(r.headers, sort_keys=True), r.verification,
         r.via, r.replica_id, 0, RECEIVED, None, None, None, 1,
-        r.received_at_us if r.verification != NEWEST_SECRET else None,
+        r.received_at_us if r.verification != NEWEST_VERIFICATION else None,
     )
 
 
@@ -218,7 +218,7 @@ class IngressReceipts:
                 # is how the subscription reconciler sees the provider use a new secret.
                 # A copy verified with an older secret moves previous_secret_at_us: the
                 # provider still signs with it (a retirement waits for a quiet window).
-                old_at = r.received_at_us if r.verification != NEWEST_SECRET else None
+                old_at = r.received_at_us if r.verification != NEWEST_VERIFICATION else None
                 await tx.execute("UPDATE ingress_receipts SET duplicates = duplicates + 1,"
                                  " verification = CASE WHEN verification > ? THEN ?"
                                  " ELSE verification END,"
