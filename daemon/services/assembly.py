@@ -183,6 +183,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     if metrics is not None:
         inbound.on_result = metrics.count_inbound
         inbound.on_lost_webhook = metrics.count_lost_webhook
+        inbound.on_quota = metrics.count_quota
     reconciler = CursorReconciler(
         catalog=catalog, catalogs=catalogs, http=executor.client,
         inbound_max_attempts=settings.family(INBOUND_APPLY_FAMILY).max_attempts,
@@ -190,6 +191,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     if metrics is not None:
         reconciler.on_complete = metrics.set_sync_complete
         reconciler.on_offered = metrics.count_reconcile_offered
+        reconciler.on_quota = metrics.count_quota
     subscriptions = SubscriptionReconciler(
         catalog=catalog, routes=settings.webhook_routes, http=executor.client,
         # Cleanup tokens are sealed with the active token key (none: not kept).
