@@ -109,8 +109,10 @@ async def quota_read(ctx: WorkContext, rq: ReadQuota,
         rq.on_quota("throttled")
         after = retry_after_seconds(response.headers.get("retry-after"))
         after_s = after if after is not None else rq.default_retry_after_s
-        await quota.throttle(ctx.store, reserved, after_s, now)
         until = now + int(after_s * 1_000_000)
+        for r in reserved:  # one statement per key, for every replica
+            await ctx.store.quota_throttle(r.key.key, r.key.policy, now_us=now,
+                                           retry_after_us=until - now)
         return Deferred("quota_throttled", until, quota.waiting_summary(
             reserved[0].key.key, after_s))
     return response
