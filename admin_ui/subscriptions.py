@@ -4,7 +4,9 @@
 ``/admin/subscriptions`` (page) and ``/admin/api/subscriptions`` (JSON) list the desired
 subscriptions (route, resource, action, URL, secret generation) and every observed row:
 provider id, generation, health (active / disabled / missing), secret generation, the
-subscriptions being retired, the last reconciliation's age and outcome. A cleanup token
+subscriptions being retired, the last reconciliation's age and outcome, and each rotated
+route's previous secret (accepted, watching: retires itself after a quiet redelivery
+window, or retired). A cleanup token
 is shown only as "sealed" with its key id. Operators and admins post
 ``/admin/subscriptions/reconcile`` (CSRF, a reason) to queue one run now; it is audited
 as ``subscriptions.reconcile``.
@@ -25,9 +27,11 @@ from admin_ui.extensions import ConsoleExtensions, NavItem
 from admin_ui.filters import reason_from
 from admin_ui.render import page
 from config.catalog import Catalog
+from config.settings import WebhookRoute
 from config.subscription_defs import desired_subscriptions
 from daemon.services.subscriptions import NoSuchBinding, reconcile_now, row_json
 from storage.port import SqlTx
+from storage.secret_retirements import RetirementRow, read_retirements
 from storage.subscriptions import SubscriptionRow, read_subscriptions
 
 ACTIONS = {"subscriptions.read": frozenset({"viewer", "operator", "admin"}),
@@ -38,12 +42,34 @@ async def subscriptions_json(catalog: Catalog) -> dict[str, Any]:
     view = console().view
     routes = view.settings.webhook_routes
 
-    async def body(tx: SqlTx) -> list[SubscriptionRow]:
-        return await read_subscriptions(tx)
+    async def body(tx: SqlTx) -> tuple[list[SubscriptionRow], list[RetirementRow]]:
+        return await read_subscriptions(tx), await read_retirements(tx)
 
-    rows = await view.store.db.transact(body, name="console.subscriptions", write=False)
+    rows, retirements = await view.store.db.transact(body, name="console.subscriptions",
+                                                     write=False)
     now = view.clock.now_us()
     desired = desired_subscriptions(catalog.webhooks, routes)
+    states = {(x.route, x.secret_generation): x for x in retirements}
+
+    def done(route: WebhookRoute) -> bool:
+        mine = [x for x in rows if x.route == route.route]
+        return bool(mine) and all(x.secret_generation == route.secret_generation
+                                  and not x.rotating and not x.retiring for x in mine)
+
+    def window(route: WebhookRoute) -> float | None:
+        hook = catalog.webhooks.get(route.webhook)
+        return None if hook is None else hook.redelivery_window_s()
+
+    def previous(route: WebhookRoute) -> dict[str, Any]:
+        x = states.get((route.route, route.secret_generation))
+        state = x.state if x is not None else "accepted"
+        return {"route": route.route, "secret_generation": route.secret_generation,
+                "state": state, "redelivery_window_s": window(route),
+                "rotation_complete": done(route),
+                "retires_at_earliest_age_s": None if x is None or state != "watching"
+                else round((now - x.check_at_us) / 1e6, 1),
+                "retired_age_s": None if x is None or x.retired_at_us is None
+                else round((now - x.retired_at_us) / 1e6, 1)}
     return {
         "desired": [{"name": d.name, "binding_id": d.binding_id, "route": d.route,
                      "resource": d.resource, "action": d.action, "url": d.url,
@@ -51,13 +77,15 @@ async def subscriptions_json(catalog: Catalog) -> dict[str, Any]:
                      "secret_generation": d.secret_generation} for d in desired],
         "observed": [row_json(r, now) for r in rows],
         "bindings": sorted({d.binding_id for d in desired}),
-        # Routes whose rotation is over (every row on the new secret generation, nothing
-        # retiring) but whose previous secret the verifier still accepts.
+        # Each route with a previous secret configured: accepted (a rotation not yet
+        # over), watching (over: it retires itself after a quiet redelivery window) or
+        # retired (the verifier refuses it, whatever the configuration says).
+        "previous_secrets": [previous(r) for r in routes if r.previous_secret is not None],
+        # Routes whose rotation is over but whose L1 contract declares no redelivery
+        # schedule: the previous secret cannot retire itself; an operator removes it.
         "previous_secret_removable": sorted(
-            r.route for r in routes if r.previous_secret is not None
-            and (mine := [x for x in rows if x.route == r.route])
-            and all(x.secret_generation == r.secret_generation and not x.rotating
-                    and not x.retiring for x in mine)),
+            r.route for r in routes if r.previous_secret is not None and done(r)
+            and window(r) is None),
         "health": {h: sum(1 for r in rows if r.health == h)
                    for h in ("active", "disabled", "missing")},
     }

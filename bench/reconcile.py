@@ -76,7 +76,8 @@ async def bench(url: str, backend: str, records: int, page_size: int) -> list[di
         binding = BindingSettings(binding_id="outreach-main", provider="outreach",
                                   org_id="org-1", app_installation_id="app-1",
                                   remote_account_id="org-77",
-                                  base_url=f"http://127.0.0.1:{port}", token=Secret(TOKEN))
+                                  base_url=f"http://127.0.0.1:{port}", auth="static_token",
+                                  token=Secret(TOKEN))
         _, documents = load_definitions()
         objects = copy.deepcopy(load_object_binding_documents())
         for doc in objects:

@@ -909,12 +909,28 @@ class WebhookDefinition:
     # event) or "until_2xx" (it retries non-2xx answers).
     response_window_s: float
     redelivery: str
+    # How many times, and how far apart, the provider sends a delivery again (0: not
+    # declared). Their product with the response window bounds how long after its first
+    # sending a delivery can still arrive: the window a retired secret must stay quiet
+    # for before the verifier stops accepting it (docs/subscriptions.md).
+    redelivery_attempts: int = 0
+    redelivery_interval_s: float = 0.0
     # How integrationd subscribes a route to these deliveries (None: an operator does).
     subscription: SubscriptionDefinition | None = None
 
+    def redelivery_window_s(self) -> float | None:
+        """Seconds after a delivery's first sending within which a copy of it may still
+        arrive (every attempt waiting the response window, then the interval); None when
+        L1 does not declare the redelivery schedule."""
+        if self.redelivery_attempts <= 0:
+            return None
+        return (self.redelivery_attempts + 1) * self.response_window_s + (
+            self.redelivery_attempts * self.redelivery_interval_s)
+
 
 _WEBHOOK_KEYS = frozenset({"content_types", "payload_version", "response_window",
-                           "redelivery", "signature", "payload", "subscription"})
+                           "redelivery", "redelivery_attempts", "redelivery_interval",
+                           "signature", "payload", "subscription"})
 _SIGNATURE_KEYS = frozenset({"header", "algorithm", "encoding", "signed", "timestamp_header",
                              "timestamp_unit", "tolerance"})
 _PAYLOAD_KEYS = frozenset({"format", "batch", "event_name", "resource_type", "resource_id",
@@ -992,6 +1008,13 @@ def _webhook(provider: str, name: str, raw: Any,
     version = table.get("payload_version", 1)
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise CatalogError(f"{key}.payload_version", "expected a positive integer")
+    attempts = table.get("redelivery_attempts", 0)
+    if not isinstance(attempts, int) or isinstance(attempts, bool) or not 0 <= attempts <= 100:
+        raise CatalogError(f"{key}.redelivery_attempts", "expected an integer from 0 to 100")
+    interval = _number(key, table, "redelivery_interval", 0.0)
+    if interval < 0 or (attempts > 0) != ("redelivery_interval" in table):
+        raise CatalogError(f"{key}.redelivery_interval", "expected a non-negative number of"
+                           " seconds, given exactly when redelivery_attempts is")
     if "signature" not in table:
         raise CatalogError(f"{key}.signature", "missing")
     if "payload" not in table:
@@ -1002,6 +1025,7 @@ def _webhook(provider: str, name: str, raw: Any,
         signature=_signature(f"{key}.signature", table["signature"]),
         payload=_payload(f"{key}.payload", table["payload"]),
         payload_version=version, response_window_s=window, redelivery=redelivery,
+        redelivery_attempts=attempts, redelivery_interval_s=interval,
         subscription=None if "subscription" not in table else parse_subscription(
             f"{key}.subscription", table["subscription"], schemes or {}),
     )

@@ -140,6 +140,11 @@ def _retry_after(value: str | None) -> float | None:
         return None  # an HTTP-date: fall back to the contract's default
 
 
+def retry_after_seconds(value: str | None) -> float | None:
+    """A ``Retry-After`` header in seconds (None: absent, or an HTTP-date)."""
+    return _retry_after(value)
+
+
 def _parse_time_us(text: object) -> int | None:
     if not isinstance(text, str):
         return None
@@ -153,6 +158,8 @@ def _parse_time_us(text: object) -> int | None:
 
 
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+# What a caller outside the executor treats as "provably never sent" (quota give-back).
+NOT_SENT = _NOT_SENT
 
 
 class NoCookies(http.cookiejar.CookieJar):

@@ -35,6 +35,7 @@ from daemon.services.materializer import Materializer
 from daemon.services.metrics import Metrics
 from daemon.services.receipt_sender import ReceiptSender, receipt_handler
 from daemon.services.reconcile import RECONCILE_FAMILY, CursorReconciler, reconcile_handler
+from daemon.services.secret_retirements import SecretRetirements
 from daemon.services.subscriptions import (
     SUBSCRIPTION_FAMILY,
     SubscriptionReconciler,
@@ -43,7 +44,8 @@ from daemon.services.subscriptions import (
 from storage.commands import EFFECT_FAMILY
 from storage.effects import RECEIPT_FAMILY, EffectContextRow
 from storage.ingress.receipts import IngressReceipt, ReceiptInsert
-from storage.port import StorageError
+from storage.port import SqlTx, StorageError
+from storage.secret_retirements import retired_previous_secrets
 from storage.work_store import WorkStore
 
 
@@ -93,6 +95,20 @@ def build_ingress(settings: Settings, store: WorkStore, clock: Clock, metrics: M
                                 clock=clock, metrics=metrics, batch=s.materialize_batch,
                                 interval_s=s.materialize_interval)
     app.on_stored = materializer.wake
+
+    async def load_retired() -> set[tuple[str, int]]:
+        async def body(tx: SqlTx) -> set[tuple[str, int]]:
+            return await retired_previous_secrets(tx)
+
+        found: set[tuple[str, int]] = await store.db.transact(
+            body, name="secret_retirements.read", write=False)
+        return found
+
+    app.retirements = SecretRetirements(
+        load_retired, watched=frozenset((r.route, r.secret_generation)
+                                        for r in settings.webhook_routes
+                                        if r.previous_secret is not None),
+        deadline_s=s.db_deadline, on_state=metrics.set_previous_secret)
     return Ingress(app, spool, forwarder, materializer, receipts)
 
 
@@ -168,6 +184,8 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     if metrics is not None:
         inbound.on_result = metrics.count_inbound
         inbound.on_lost_webhook = metrics.count_lost_webhook
+        inbound.on_quota = metrics.count_quota
+        inbound.on_quota_reset_ignored = metrics.count_quota_reset_ignored
     reconciler = CursorReconciler(
         catalog=catalog, catalogs=catalogs, http=executor.client,
         inbound_max_attempts=settings.family(INBOUND_APPLY_FAMILY).max_attempts,
@@ -175,6 +193,8 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     if metrics is not None:
         reconciler.on_complete = metrics.set_sync_complete
         reconciler.on_offered = metrics.count_reconcile_offered
+        reconciler.on_quota = metrics.count_quota
+        reconciler.on_quota_reset_ignored = metrics.count_quota_reset_ignored
     subscriptions = SubscriptionReconciler(
         catalog=catalog, routes=settings.webhook_routes, http=executor.client,
         # Cleanup tokens are sealed with the active token key (none: not kept).
@@ -209,5 +229,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         if ingress is not None:
             registry.services.extend([ingress.receipts.run, ingress.forwarder.run,
                                       ingress.materializer.run])
+            if ingress.app.retirements is not None:
+                registry.services.append(ingress.app.retirements.run)
     return Assembly(catalog, catalogs, executor, runtime_client, registry, context, app,
                     ingress, credentials)

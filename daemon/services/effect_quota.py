@@ -225,6 +225,12 @@ async def _move(store: WorkStore, fence: Fence, ids: list[str], target: Reservat
     await store.work_fenced(fence, now, body, name="quota.release")
 
 
+async def move_reservations(store: WorkStore, fence: Fence, reserved: list[Reserved],
+                            target: ReservationState, now_us: int) -> None:
+    """Settle reservations that no effect attempt used (a provider read's), fenced."""
+    await _move(store, fence, [r.reservation_id for r in reserved], target, None, now_us)
+
+
 def still_usable(reserved: list[Reserved], now_us: int) -> bool:
     """Every slot may still start a send at ``now`` (re-checked after the checkpoint)."""
     return all(slot_usable(r.key.policy, r.slot_us, now_us) for r in reserved)

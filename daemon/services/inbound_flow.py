@@ -65,7 +65,7 @@ from daemon.core.inbound_flow import (
     remote_time_ns,
 )
 from daemon.core.json_input import NotExact, loads_exact
-from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
+from daemon.core.outcomes import DeadLetter, Deferred, Outcome, RetryLater, Succeeded
 from daemon.core.principals import scope_digest
 from daemon.providers.executor import BoundedHttp
 from daemon.providers.template import identity_text
@@ -74,6 +74,7 @@ from daemon.services.catalog_view import CatalogView
 from daemon.services.credentials import Credentials
 from daemon.services.families import Handler, WorkContext
 from daemon.services.principal_bootstrap import bootstrap_facts
+from daemon.services.read_quota import ReadQuota, quota_read, read_keys
 from daemon.services.token_refresh import TokenUnavailable
 from storage.effect_values import AttemptDraft, RemoteLink
 from storage.effects import record_outcome
@@ -124,6 +125,9 @@ class InboundFlow:
     on_result: Callable[[str, str], None] = lambda origin, result: None
     # Called with (provider, resource) when reconciliation saw a version no webhook did.
     on_lost_webhook: Callable[[str, str], None] = lambda provider, resource: None
+    # Called with a quota event of a hydration GET (reserved, waited, throttled, ...).
+    on_quota: Callable[[str], None] = lambda event: None
+    on_quota_reset_ignored: Callable[[str], None] = lambda reason: None
 
     async def handle(self, ctx: WorkContext) -> Outcome:
         try:
@@ -217,7 +221,7 @@ class InboundFlow:
             assert not isinstance(resolved, str) and mark is not None
             if isinstance(step, Hydrate):
                 snapshot = await self._hydrate(ctx, resolved, change)
-                if isinstance(snapshot, RetryLater):
+                if isinstance(snapshot, RetryLater | Deferred):
                     return snapshot
                 view = attrs.evolve(view, snapshot=snapshot)
             elif isinstance(step, Lookup):
@@ -243,7 +247,7 @@ class InboundFlow:
     # ---- reads ----
 
     async def _hydrate(self, ctx: WorkContext, r: _Resolved,
-                       change: InboundChange) -> Snapshot | RetryLater:
+                       change: InboundChange) -> Snapshot | RetryLater | Deferred:
         get, binding = r.resource.get, r.binding
         try:
             access = await self.credentials.current_token(ctx.store, ctx.fence, binding)
@@ -252,11 +256,19 @@ class InboundFlow:
         url = binding.base_url.rstrip("/") + get.path.render(remote_id=change.resource_id)
         headers = {get.auth.header: f"{get.auth.prefix}{access.token.reveal()}",
                    "Accept": get.accept}
+        keys, retry_after = read_keys(self.catalog.operations.values(), binding)
         try:
-            response = await self.provider_http.request(get.method, url, headers=headers,
-                                                        timeout_s=binding.timeout)
+            # On the binding's shared quota, like its effects (daemon/services/read_quota.py).
+            answer = await quota_read(ctx, ReadQuota(keys, retry_after, self.on_quota,
+                                                      self.on_quota_reset_ignored),
+                                      lambda: self.provider_http.request(
+                                          get.method, url, headers=headers,
+                                          timeout_s=binding.timeout))
         except httpx.HTTPError as exc:
             return RetryLater("hydrate_unreachable", type(exc).__name__)
+        if isinstance(answer, Deferred):
+            return answer
+        response = answer
         if response.status_code in get.absent_statuses:
             return Snapshot(absent=True)
         if response.status_code != 200:

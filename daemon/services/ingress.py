@@ -7,6 +7,7 @@ served by hypercorn on trio on its own listener (``[ingress] listen``)::
 
     request -> route (404) -> method (405) -> content type (415) -> body within
     max_body_bytes (413) and request_deadline (408) -> verify, pure (401)
+    -> a match with a route's previous secret that retired itself (401)
     -> receipt within request_deadline more: the database within db_deadline, else the
     local spool -> 200
     (a duplicate is 200 too); the spool full -> 503
@@ -42,6 +43,7 @@ from daemon.services import logs
 from daemon.services.clock import Clock
 from daemon.services.ingress_spool import IngressSpool, SpoolFull
 from daemon.services.metrics import Metrics
+from daemon.services.secret_retirements import SecretRetirements
 from storage.idgen import new_ulid
 from storage.ingress.receipts import IngressReceipt, ReceiptInsert
 from storage.port import StorageError
@@ -86,6 +88,8 @@ class IngressApp:
     replica_id: str = ""
     # Called after a new receipt is in the database (the materializer's wake-up).
     on_stored: Callable[[], None] = lambda: None
+    # Which routes' previous secrets are retired (None: every configured one accepted).
+    retirements: SecretRetirements | None = None
     # After the database failed to take a receipt in time, receipts go straight to the
     # spool until then (trio time), instead of each waiting db_deadline first.
     _db_suspect_until: float = 0.0
@@ -101,10 +105,11 @@ class IngressApp:
         self.metrics.ingress_seconds.observe(time.monotonic() - started)
 
     async def _answer(self, send: Send, status: int, code: str, message: str,
-                      route: str = "") -> int:
+                      route: str = "", counted: str = "") -> int:
         if status != 200:
-            self.metrics.count_ingress(code)
-            logs.warn("ingress_refused", route=route[:64], status=status, reason=code)
+            self.metrics.count_ingress(counted or code)
+            logs.warn("ingress_refused", route=route[:64], status=status,
+                      reason=counted or code)
         body = (b'{"code":"' + code.encode() + b'","message":"' + message.encode() + b'"}')
         try:
             await send({"type": "http.response.start", "status": status,
@@ -168,6 +173,12 @@ class IngressApp:
         if not verdict.ok:
             return await self._answer(send, 401, verdict.reason, "signature not accepted",
                                       route.route)
+        if verdict.secret_index > 0 and self.retirements is not None and (
+                await self.retirements.retired(route.route, route.secret_generation)):
+            # The previous secret retired itself (docs/subscriptions.md): refused like any
+            # bad signature, counted apart.
+            return await self._answer(send, 401, "bad_signature", "signature not accepted",
+                                      route.route, counted="retired_secret")
         payload = bound.webhook.payload
         delivery_id = headers.get(payload.delivery_id_header, "") if (
             payload.delivery_id_header) else ""

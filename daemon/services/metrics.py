@@ -74,8 +74,8 @@ QUOTA_RESET_IGNORED = tuple(r.value for r in ResetIgnored)
 INGRESS_RESULTS = ("stored", "duplicate", "spooled")
 INGRESS_REJECTIONS = ("unknown_route", "method", "content_type", "too_large", "deadline",
                       "missing_signature", "bad_signature", "missing_timestamp",
-                      "bad_timestamp", "stale_timestamp", "no_secret", "spool_full",
-                      "disconnected")
+                      "bad_timestamp", "stale_timestamp", "no_secret", "retired_secret",
+                      "spool_full", "disconnected")
 
 
 def admission_result(admission: str, created: bool) -> str:
@@ -273,6 +273,14 @@ class Metrics:
             "Observed webhook subscriptions by binding and health (active, disabled,"
             " missing), as the last subscription reconciliation run here found them",
             ["binding", "health"],
+            registry=r,
+        )
+        self.previous_secret_accepted = Gauge(
+            "integrationd_webhook_previous_secret_accepted",
+            "1 while a webhook route's configured previous secret is still accepted by the"
+            " verifier, 0 once it retired itself (the database's state, as this replica"
+            " last read it)",
+            ["route"],
             registry=r,
         )
         self.subscription_reconcile_age = Gauge(
@@ -483,6 +491,9 @@ class Metrics:
 
     def count_lost_webhook(self, provider: str, resource: str) -> None:
         self.inbound_lost_webhooks.labels(provider, resource).inc()
+
+    def set_previous_secret(self, route: str, accepted: bool) -> None:
+        self.previous_secret_accepted.labels(route).set(1 if accepted else 0)
 
     def set_subscriptions(self, binding: str, health: dict[str, int], at_s: float) -> None:
         """One subscription reconciliation run's finding; its age grows at scrape time."""

@@ -21,6 +21,7 @@ move the incremental cursor.
 
 from __future__ import annotations
 
+import functools
 import json
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -42,13 +43,14 @@ from daemon.core.cursor import (
     since_ns,
 )
 from daemon.core.json_input import loads_exact
-from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
+from daemon.core.outcomes import DeadLetter, Deferred, Outcome, RetryLater, Succeeded
 from daemon.core.work import WorkSpec
 from daemon.providers.executor import BoundedHttp
 from daemon.services import logs
 from daemon.services.catalog_view import CatalogView
 from daemon.services.credentials import Credentials
 from daemon.services.families import Handler, WorkContext
+from daemon.services.read_quota import ReadQuota, quota_read, read_keys
 from daemon.services.token_refresh import TokenUnavailable
 from storage.port import SqlTx
 from storage.reconcile import StreamState, read_stream, write_stream
@@ -144,6 +146,9 @@ class CursorReconciler:
     on_complete: Callable[[str, float], None] = lambda stream, through_s: None
     # Called with (stream key, records offered) after each page.
     on_offered: Callable[[str, int], None] = lambda stream, count: None
+    # Called with a quota event of a list request (reserved, waited, throttled, ...).
+    on_quota: Callable[[str], None] = lambda event: None
+    on_quota_reset_ignored: Callable[[str], None] = lambda reason: None
 
     async def _resolve(self, ctx: WorkContext, run: RunPayload) -> _Resolved | str:
         pinned = await self.catalogs.pinned(ctx.item.catalog_revision, ctx.item.catalog_digest)
@@ -213,12 +218,22 @@ class CursorReconciler:
                    "Accept": listing.accept}
         offered = 0
         cursor: Cursor | None = state.cursor
+        # Every page on the binding's shared quota, like its effects (read_quota.py): no
+        # slot now, the run is deferred to the time one is free (the pages checkpointed
+        # so far stay; the next claim lists on from the cursor).
+        keys, retry_after = read_keys(r.catalog.operations.values(), r.binding)
+        rq = ReadQuota(keys, retry_after, self.on_quota,
+                       self.on_quota_reset_ignored)
         for _ in range(_MAX_PAGES):
             try:
-                response = await self.http.request(listing.method, url, headers=headers,
-                                                   timeout_s=r.binding.timeout)
+                answer = await quota_read(ctx, rq, functools.partial(
+                    self.http.request, listing.method, url, headers=headers,
+                    timeout_s=r.binding.timeout))
             except httpx.HTTPError as exc:
                 return RetryLater("list_unreachable", type(exc).__name__)
+            if isinstance(answer, Deferred):
+                return answer
+            response = answer
             if response.status_code != 200:
                 return RetryLater(f"list_{response.status_code}",
                                   f"the list answered {response.status_code}")

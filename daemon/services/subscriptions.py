@@ -48,6 +48,8 @@ from config.subscription_defs import (
 from daemon.core.canonical import canonical_bytes
 from daemon.core.effects import OperationContract, OutcomeClass, classify
 from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
+from daemon.core.secret_retirement import Retire, RetirementView, Unwatch, Wait, Watch
+from daemon.core.secret_retirement import decide as decide_retirement
 from daemon.core.subscriptions import Create, Delete, Desired, Health, Observed, Remote, decide
 from daemon.core.token_bundle import (
     BundleContext,
@@ -67,7 +69,14 @@ from daemon.services.families import WorkContext
 from storage.effect_values import AttemptDraft
 from storage.effects import _INSERT_ATTEMPT_SQL, _attempt_params, record_outcome
 from storage.idgen import new_ulid
-from storage.port import SqlTx
+from storage.port import AuditEntry, SqlTx
+from storage.secret_retirements import (
+    RetirementRow,
+    delete_retirement,
+    last_previous_secret_receipt,
+    read_retirement,
+    write_retirement,
+)
 from storage.subscriptions import (
     Retiring,
     Sealed,
@@ -78,7 +87,7 @@ from storage.subscriptions import (
     read_subscriptions,
     write_subscription,
 )
-from storage.work_admin import insert_work
+from storage.work_admin import append_audit, insert_work
 
 SUBSCRIPTION_FAMILY: Final = "subscription_reconcile"
 PAYLOAD_VERSION: Final = 1
@@ -328,7 +337,9 @@ class SubscriptionReconciler:
                     state = before.health
                 await write_subscription(tx, before, attrs.evolve(
                     before, health=state, last_reconciled_at_us=now), now)
-            await insert_work(tx, [*specs, *([nxt] if nxt else [])], now)
+            checks = await self._retire_previous_secrets(tx, ctx, binding, desired, remote,
+                                                         now)
+            await insert_work(tx, [*specs, *([nxt] if nxt else []), *checks], now)
 
         ctx.on_finalize(write)
         counts = {h: sum(1 for v in health.values() if v == h)
@@ -339,6 +350,97 @@ class SubscriptionReconciler:
                    missing=sum(1 for v in health.values() if v == "missing"),
                    disabled=sum(1 for v in health.values() if v == "disabled"))
         return Succeeded(f"{len(specs)} subscription steps queued")
+
+    # ---- a rotated-out secret retires itself ----
+
+    async def _retire_previous_secrets(
+            self, tx: SqlTx, ctx: WorkContext, binding: BindingSettings,
+            desired: Sequence[DesiredSubscription], remote: Sequence[Remote], now: int
+    ) -> list[WorkSpec]:
+        """In the run's finalization: for each route of the binding with a previous
+        secret, the pure retirement decision (daemon/core/secret_retirement.py) on the
+        rows as they are now and what this run listed; returns the runs to queue at the
+        time to look again."""
+        by_id = {r.provider_id: r for r in remote}
+        rows = await read_subscriptions(tx, binding.binding_id)
+        checks: list[WorkSpec] = []
+        for route in self.routes:
+            hook = self.catalog.webhooks.get(route.webhook)
+            if route.binding_id != binding.binding_id or hook is None:
+                continue
+            names = {x.name for x in desired if x.route == route.route}
+            mine = [r for r in rows if r.route == route.route]
+            named = {pid for r in mine for pid in (r.provider_id,
+                                                   *(x.provider_id for x in r.retiring))}
+            urls = {x.url for x in desired if x.route == route.route} | {
+                r.url for r in mine} | ({route.public_url} if route.public_url else set())
+            current = bool(names) and {r.name for r in mine} == names and all(
+                r.secret_generation == route.secret_generation and not r.rotating
+                and not r.retiring and r.provider_id in by_id
+                and by_id[r.provider_id].active for r in mine) and not any(
+                r.url in urls and r.provider_id not in named for r in remote)
+            window_s = hook.redelivery_window_s()
+            window = None if window_s is None else int(window_s * 1_000_000)
+            gen = route.secret_generation
+            before = await read_retirement(tx, route.route, gen)
+            last = None
+            if window is not None and before is not None and before.state == "watching":
+                last = await last_previous_secret_receipt(tx, route.route, now - window,
+                                                          window)
+            step = decide_retirement(RetirementView(
+                has_previous=route.previous_secret is not None,
+                subscriptions_current=current, window_us=window,
+                state=before.state if before else None,
+                watch_since_us=before.watch_since_us if before else None,
+                last_previous_receipt_us=last), now)
+            evidence: dict[str, object] = {
+                "subscriptions": sorted(names), "window_s": window_s,
+                "run": ctx.item.work_id}
+            if isinstance(step, Unwatch) and before is not None:
+                await delete_retirement(tx, before)
+                logs.event("webhook_secret_watch_dropped", route=route.route,
+                           secret_generation=gen)
+            elif isinstance(step, Watch):
+                await write_retirement(tx, None, RetirementRow(
+                    route=route.route, secret_generation=gen, state="watching",
+                    watch_since_us=step.since_us, check_at_us=step.check_at_us,
+                    evidence=evidence), now)
+                checks.append(self._retire_check(binding, route.route, gen,
+                                                 step.check_at_us))
+            elif isinstance(step, Wait) and before is not None:
+                if step.check_at_us != before.check_at_us:
+                    await write_retirement(tx, before, attrs.evolve(
+                        before, check_at_us=step.check_at_us,
+                        evidence={**evidence, "waiting": step.reason,
+                                  "last_previous_secret_receipt_us": last}), now)
+                checks.append(self._retire_check(binding, route.route, gen,
+                                                 step.check_at_us))
+            elif isinstance(step, Retire) and before is not None:
+                await write_retirement(tx, before, attrs.evolve(
+                    before, state="retired", retired_at_us=now,
+                    evidence={**evidence, "watch_since_us": before.watch_since_us}), now)
+                await append_audit(tx, AuditEntry(
+                    audit_id=new_ulid(now), at_us=now, actor="subscription-reconciler",
+                    role="system", action="webhooks.previous_secret_retired",
+                    target_kind="webhook_route", target_id=route.route,
+                    reason=f"every subscription of the route is active under secret"
+                    f" generation {gen} and no delivery verified with the previous secret"
+                    f" arrived within the {window_s:g} s redelivery window",
+                    before=json.dumps({"state": "watching", "secret_generation": gen,
+                                       "watch_since_us": before.watch_since_us}),
+                    after=json.dumps({"state": "retired", "secret_generation": gen,
+                                      "retired_at_us": now})))
+                logs.event("webhook_secret_retired", route=route.route,
+                           secret_generation=gen, work_id=ctx.item.work_id)
+        return checks
+
+    def _retire_check(self, binding: BindingSettings, route: str, generation: int,
+                      at_us: int) -> WorkSpec:
+        """A one-off run at the time a watch may retire its secret (one per time)."""
+        return item_spec(binding, self.catalog, SubscriptionPayload(
+            kind="run", binding=binding.binding_id, chain=False),
+            key=f"subs:run:{binding.binding_id}:retire:{route}:{generation}:{at_us}",
+            run_after_us=at_us)
 
     # ---- one step: the DoOnce shape ----
 
@@ -686,9 +788,6 @@ async def reconcile_now(store: Any, catalog: Catalog, routes: Sequence[WebhookRo
                         now_us: int) -> str:
     """An operator's "reconcile now": one run queued at once (it queues no next run; the
     chain goes on), audited in the same transaction. Returns the run's WorkItem id."""
-    from storage.port import AuditEntry
-    from storage.work_admin import append_audit
-
     binding = next((b for b in bindings_with_subscriptions(catalog, routes)
                     if b.binding_id == binding_id), None)
     if binding is None:

@@ -38,6 +38,9 @@ MATERIALIZED = "materialized"
 QUARANTINED = "quarantined"
 STATES = (RECEIVED, MATERIALIZED, QUARANTINED)
 
+# The verification of a delivery that matched the route's newest secret.
+NEWEST_VERIFICATION = "verified:0"
+
 _COLUMNS = (
     "receipt_id, dedup_key, route, binding_id, webhook, subscription_generation,"
     " received_at_us, body_b64, body_sha256, body_bytes, headers_json, verification, via,"
@@ -167,6 +170,7 @@ def _receipt_params(r: IngressReceipt) -> tuple[Any, ...]:
         r.subscription_generation, r.received_at_us, base64.b64encode(r.body).decode(),
         r.body_sha256, len(r.body), json.dumps(r.headers, sort_keys=True), r.verification,
         r.via, r.replica_id, 0, RECEIVED, None, None, None, 1,
+        r.received_at_us if r.verification != NEWEST_VERIFICATION else None,
     )
 
 
@@ -193,7 +197,8 @@ class IngressReceipts:
         A COMMIT of unknown outcome is settled by reading each key back (never a blind
         retry): the row is there (ours or an earlier copy's) or the batch is tried again."""
         async def body(tx: SqlTx) -> list[ReceiptInsert]:
-            sql = f"INSERT INTO ingress_receipts ({_COLUMNS}) VALUES ({', '.join('?' * 20)})"
+            sql = (f"INSERT INTO ingress_receipts ({_COLUMNS}, previous_secret_at_us)"
+                   f" VALUES ({', '.join('?' * 21)})")
             try:
                 await tx.executemany(sql, [_receipt_params(r) for r in receipts])
                 return [ReceiptInsert(True, r.receipt_id) for r in receipts]
@@ -211,12 +216,20 @@ class IngressReceipts:
                 # old and the new subscription deliver the same event) is kept on the row:
                 # its verification is the newest secret any copy was verified with, which
                 # is how the subscription reconciler sees the provider use a new secret.
+                # A copy verified with an older secret moves previous_secret_at_us: the
+                # provider still signs with it (a retirement waits for a quiet window).
+                old_at = r.received_at_us if r.verification != NEWEST_VERIFICATION else None
                 await tx.execute("UPDATE ingress_receipts SET duplicates = duplicates + 1,"
                                  " verification = CASE WHEN verification > ? THEN ?"
                                  " ELSE verification END,"
+                                 " previous_secret_at_us = CASE WHEN ? IS NULL THEN"
+                                 " previous_secret_at_us WHEN previous_secret_at_us IS NULL"
+                                 " OR previous_secret_at_us < ? THEN ? ELSE"
+                                 " previous_secret_at_us END,"
                                  " row_version = row_version + 1 WHERE dedup_key = ?"
                                  " AND receipt_id <> ?",
-                                 (r.verification, r.verification, r.dedup_key, r.receipt_id))
+                                 (r.verification, r.verification, old_at, old_at, old_at,
+                                  r.dedup_key, r.receipt_id))
                 rows = await tx.fetchall(
                     "SELECT receipt_id FROM ingress_receipts WHERE dedup_key = ?",
                     (r.dedup_key,))

@@ -16,6 +16,7 @@ from config.catalog import build_catalog, load_definitions, load_object_binding_
 from config.settings import BindingSettings, Secret, WebhookRoute
 from daemon.services.subscriptions import SUBSCRIPTION_FAMILY
 from storage.port import SqlTx, WorkQuery
+from storage.secret_retirements import RetirementRow, read_retirements, write_retirement
 from storage.subscriptions import (
     Sealed,
     SubscriptionRow,
@@ -25,6 +26,7 @@ from storage.subscriptions import (
 from tests.admin.support import ConsoleHarness, console_harness, console_settings
 from tests.admin.test_openapi import _routes
 from tests.support.backends import FreshDatabase
+from tests.support.work import T0
 
 BINDING = BindingSettings(binding_id="outreach-main", provider="outreach", org_id="org-1",
                           app_installation_id="app-1", remote_account_id="org-77",
@@ -133,8 +135,41 @@ async def test_the_page_says_when_a_rotated_routes_previous_secret_may_go(
             (before,) = await read_subscriptions(tx)
             await write_subscription(tx, before, attrs.evolve(before, rotating=False), 2)
 
+        (state,) = doc["previous_secrets"]
+        assert (state["state"], state["rotation_complete"]) == ("accepted", False)
+        assert state["redelivery_window_s"] == 23.0  # Outreach: 4 x 5 s + 3 x 1 s
+
         await console.store.db.transact(done, name="test.done")
         doc = await (await viewer.get("/admin/api/subscriptions")).get_json()
-        assert doc["previous_secret_removable"] == ["outreach"]
+        # Outreach declares its redelivery schedule: the previous secret retires itself,
+        # nothing for the operator to remove.
+        assert doc["previous_secret_removable"] == []
+        (state,) = doc["previous_secrets"]
+        assert (state["state"], state["rotation_complete"]) == ("accepted", True)
         html = await (await viewer.get("/admin/subscriptions")).get_data(as_text=True)
-        assert 'id="previous-secret-outreach"' in html
+        assert "the next reconciliation run starts the previous secret" in html
+
+        async def watch(tx: SqlTx) -> None:
+            await write_retirement(tx, None, RetirementRow(
+                route="outreach", secret_generation=2, state="watching",
+                watch_since_us=T0, check_at_us=T0 + 23_000_000), T0)
+
+        await console.store.db.transact(watch, name="test.watch")
+        (state,) = (await (await viewer.get("/admin/api/subscriptions")).get_json()
+                    )["previous_secrets"]
+        assert state["state"] == "watching"
+        html = await (await viewer.get("/admin/subscriptions")).get_data(as_text=True)
+        assert 'class="notice previous-secret-watching"' in html
+
+        async def retire(tx: SqlTx) -> None:
+            (before,) = await read_retirements(tx)
+            await write_retirement(tx, before, attrs.evolve(
+                before, state="retired", retired_at_us=T0 + 24_000_000), T0)
+
+        await console.store.db.transact(retire, name="test.retire")
+        (state,) = (await (await viewer.get("/admin/api/subscriptions")).get_json()
+                    )["previous_secrets"]
+        assert state["state"] == "retired" and state["retired_age_s"] is not None
+        html = await (await viewer.get("/admin/subscriptions")).get_data(as_text=True)
+        assert 'id="previous-secret-state-outreach"' in html and "retired itself" in html
+        assert "old" not in html.split('id="previous-secret-state-outreach"')[1][:400]

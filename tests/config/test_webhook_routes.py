@@ -108,6 +108,14 @@ def _with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("path", "value", "key"), [
     (("redelivery",), "sometimes", "redelivery"),
+    (("redelivery_attempts",), -1, "redelivery_attempts"),
+    (("redelivery_attempts",), 1.5, "redelivery_attempts"),
+    (("redelivery_attempts",), True, "redelivery_attempts"),
+    (("redelivery_attempts",), 101, "redelivery_attempts"),
+    (("redelivery_interval",), -1.0, "redelivery_interval"),
+    (("redelivery_interval",), "1s", "redelivery_interval"),
+    # Given together or not at all.
+    (("redelivery_interval",), None, "redelivery_interval"),
     (("response_window",), 0, "response_window"),
     (("content_types",), ["not a type"], "content_types"),
     (("payload_version",), 0, "payload_version"),
@@ -138,3 +146,14 @@ def test_stable_delivery_id_needs_its_header() -> None:
     with pytest.raises(CatalogError) as caught:
         parse_webhooks(doc)
     assert caught.value.key.endswith("payload.delivery_id_stable")
+
+
+def test_the_redelivery_window_is_the_l1_schedule_or_none() -> None:
+    (hook,) = parse_webhooks(OUTREACH).values()
+    # 3 redeliveries 1 s apart, each attempt waiting the 5 s response window.
+    assert (hook.redelivery_attempts, hook.redelivery_interval_s) == (3, 1.0)
+    assert hook.redelivery_window_s() == 4 * 5.0 + 3 * 1.0
+    doc = _with(("redelivery_attempts",), None)
+    del doc["webhooks"][NAME]["redelivery_interval"]
+    (undeclared,) = parse_webhooks(doc).values()
+    assert undeclared.redelivery_window_s() is None  # no self-retirement without it

@@ -20,6 +20,7 @@ import pytest
 from config.definitions import OperationDefinition, parse_provider
 from config.settings import BindingSettings, QuotaScope
 from daemon.services.effect_quota import QuotaWait, Reserved, quota_keys, reserve
+from daemon.services.read_quota import read_keys
 from storage.work_store import WorkStore
 from tests.support.retention import FixedClock
 from tests.support.work import T0, claim, enqueue
@@ -52,6 +53,19 @@ def test_each_class_counts_against_its_own_keys_and_the_shared_ones() -> None:
                       "hubspot:per_class:org-acme:install-1:class:search",
                       "hubspot:per_app_10s:org-acme:install-1",
                       "hubspot:per_app_day:org-acme:install-1"}
+
+
+def test_a_provider_read_has_no_endpoint_class() -> None:
+    """Hydration and list reads count against the dimensions that count every call:
+    never a class's own budget (search), never a per-class split, whichever operation
+    of the provider comes first."""
+    ops = _operations()
+    for first in (SEARCH, UPDATE):
+        ordered = [ops[first], *(o for name, o in ops.items() if name != first)]
+        keys, _ = read_keys(ordered, BINDING)
+        assert {k.key for k in keys} == {"hubspot:per_class:org-acme:install-1",
+                                         "hubspot:per_app_10s:org-acme:install-1",
+                                         "hubspot:per_app_day:org-acme:install-1"}, first
 
 
 async def test_calls_of_one_class_never_consume_another_class_budget(

@@ -137,6 +137,7 @@ async def running_outreach_slice(store: WorkStore, url: str, key_dir: Path, *,
                                  operators: tuple[Operator, ...] = (),
                                  installs: tuple[str, ...] = (INSTALL,),
                                  endpoint_app_id: str = APP_ID,
+                                 definitions_dir: str = "",
                                  ) -> AsyncIterator[OutreachSlice]:
     """The slice, its Catalog revision REVISION published; ``installs`` are the
     installations the S2S endpoint knows, ``endpoint_app_id`` the app it expects (another
@@ -157,7 +158,8 @@ async def running_outreach_slice(store: WorkStore, url: str, key_dir: Path, *,
         runtime_url = f"http://127.0.0.1:{runtime_port}"
         settings = slice_settings(api_port=api_port, runtime_url=runtime_url,
                                   hubspot_url=sim_url, url=url, lease_ttl=lease_ttl,
-                                  max_attempts=max_attempts, operators=operators)
+                                  max_attempts=max_attempts, operators=operators,
+                                  definitions_dir=definitions_dir)
         settings = attrs.evolve(settings, bindings=(outreach_binding(sim_url),),
                                 keys=KeysSettings(active="k1", dir=str(key_dir)))
         clock = WallClock()

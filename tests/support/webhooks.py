@@ -22,7 +22,7 @@ from config.load import parse_settings
 from config.settings import Settings
 from daemon.core.webhook_signature import digest, encode_digest, signed_bytes
 from daemon.services.assembly import assemble
-from daemon.services.clock import WallClock
+from daemon.services.clock import Clock, WallClock
 from daemon.services.families import known_family_names
 from daemon.services.metrics import Metrics
 from daemon.services.replica import Replica
@@ -81,14 +81,32 @@ def sign(webhook: WebhookDefinition, secret: str, body: bytes, *, uri: str = "",
     return headers
 
 
+class JumpClock:
+    """The wall clock plus an offset a test moves forward (a real replica's timers wait in
+    real time: trio's MockClock cannot drive one that talks to real sockets and a real
+    database; what the test needs is epoch time that passes a long provider window at
+    once)."""
+
+    def __init__(self) -> None:
+        self.offset_us = 0
+
+    def jump(self, seconds: float) -> None:
+        self.offset_us += int(seconds * 1_000_000)
+
+    def now_us(self) -> int:
+        return WallClock().now_us() + self.offset_us
+
+
 @asynccontextmanager
 async def ingress_replica(store: WorkStore, cfg: Settings,
-                          replica_id: str = "ingress-1") -> AsyncIterator[Replica]:
+                          replica_id: str = "ingress-1", clock: Clock | None = None
+                          ) -> AsyncIterator[Replica]:
     """A real replica (the CLI's assembly) with its ingress listener on a loopback port."""
     metrics = Metrics()
-    parts = assemble(cfg, store, WallClock(), metrics)
+    clock = clock if clock is not None else WallClock()
+    parts = assemble(cfg, store, clock, metrics)
     assert parts.ingress is not None
-    replica = Replica(cfg, store, parts.registry, WallClock(), metrics=metrics,
+    replica = Replica(cfg, store, parts.registry, clock, metrics=metrics,
                       replica_id=replica_id, ingress_app=parts.ingress.app)
     parts.ingress.app.replica_id = replica_id
     try:
