@@ -229,6 +229,14 @@ class RenewResult:
 
 
 @attrs.frozen
+class RenewGroup:
+    """Fences renewed for one lease TTL (one family's flights)."""
+
+    fences: tuple[Fence, ...]
+    lease_ttl_us: int
+
+
+@attrs.frozen
 class FinalizeResult:
     fence: Fence
     applied: bool
@@ -369,6 +377,10 @@ class WorkStorePort(Protocol):
 
     async def work_renew_if_owner(
         self, fences: Sequence[Fence], lease_ttl_us: int, now_us: int
+    ) -> RenewResult: ...
+
+    async def work_renew_groups(
+        self, groups: Sequence[RenewGroup], now_us: int
     ) -> RenewResult: ...
 
     async def work_finalize_if_owner(
