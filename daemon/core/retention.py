@@ -301,8 +301,9 @@ class CommandFacts:
     attempts_exist: bool  # an effect attempt of it
     open_repair: bool  # an open repair command of it
     repair_original_exists: bool  # it is a repair and the command it repairs still exists
-    # An older command of the same binding and local record still exists: this one is
-    # what refuses that one's replay or repair (an older intent never overwrites it).
+    # An older command of the same binding and local record is still stored and may
+    # still be replayed or repaired (open or retired, or with a WorkItem): this one's
+    # success is what refuses that from overwriting it (an older intent never does).
     older_on_record: bool
 
 

@@ -272,18 +272,24 @@ register_rule(RetentionRule(
 _COMMAND_ORDER = 2  # (updated_at_us, command_id), within a settlement partition
 
 
-async def _older_on_record(tx: SqlTx, records: Sequence[tuple[str, str, str]]
+async def _older_on_record(tx: SqlTx, records: dict[tuple[str, str, str], int]
                            ) -> dict[tuple[str, str, str], int]:
-    """The oldest stored command's creation time of each (object, id, binding) record,
-    read on the ``external_commands_local`` index (one range per record)."""
-    unique = sorted(set(records))
-    if not unique:
+    """For each (object, id, binding) record: the creation time of its oldest stored
+    command, older than the given time, that may still be replayed or repaired (open or
+    retired, or with a WorkItem): the newer commands of the record must stay, since a
+    newer success is what refuses that replay or repair (storage/supersede.py). Read on
+    the ``external_commands_local`` index, one range per record."""
+    if not records:
         return {}
-    match = " OR ".join(["(local_object = ? AND local_id = ? AND binding_id = ?)"] * len(unique))
+    keys = sorted(records)
+    match = " OR ".join(["(local_object = ? AND local_id = ? AND binding_id = ?"
+                         " AND created_at_us < ?)"] * len(keys))
     rows = await tx.fetchall(
-        "SELECT local_object, local_id, binding_id, MIN(created_at_us) FROM external_commands"
-        f" WHERE {match} GROUP BY local_object, local_id, binding_id",
-        [v for rec in unique for v in rec])
+        "SELECT local_object, local_id, binding_id, MIN(created_at_us) FROM external_commands c"
+        f" WHERE ({match}) AND (settlement IN ('open', 'retired') OR EXISTS (SELECT 1 FROM"
+        " work_items w WHERE w.subject_id = c.command_id AND w.subject_kind = 'command'))"
+        " GROUP BY local_object, local_id, binding_id",
+        [v for key in keys for v in (*key, records[key])])
     return {(str(a), str(b), str(c)): int(m) for a, b, c, m in rows}
 
 
@@ -307,7 +313,11 @@ async def _command_guard(tx: SqlTx, rows: Sequence[Row], cut: Cutoffs) -> list[V
     originals = await _ids(tx, "SELECT command_id FROM external_commands"
                                " WHERE command_id IN ({marks})",
                            [str(c[1]) for c in cols if c[1] is not None])
-    oldest = await _older_on_record(tx, [(str(c[3]), str(c[4]), str(c[5])) for c in cols])
+    newest: dict[tuple[str, str, str], int] = {}
+    for c in cols:
+        record = (str(c[3]), str(c[4]), str(c[5]))
+        newest[record] = max(newest.get(record, 0), int(c[2]))
+    oldest = await _older_on_record(tx, newest)
     verdicts: list[Verdict] = []
     for row, c, settled in zip(rows, cols, settlement, strict=True):
         command_id = str(row[1])

@@ -11,8 +11,8 @@ from config.catalog import load_catalog
 from config.settings import BindingSettings, CatalogSettings, Settings
 from daemon.core.outcomes import Succeeded
 from daemon.services.catalog_view import CatalogView, publish_current
-from storage.command_repair import RepairActor
 from storage import catalog_revisions
+from storage.command_repair import RepairActor
 from storage.port import (
     PublishParams,
     RevisionConflict,

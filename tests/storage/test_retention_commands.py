@@ -91,11 +91,16 @@ async def test_a_settled_command_goes_with_its_fact_and_the_key_stays_deduplicat
         store: WorkStore) -> None:
     gone = await _command(store, "int-gone", lead="lead-1")
     no_effect = await _command(store, "int-none", lead="lead-2", settlement="no_effect")
+    # An older succeeded command of lead-1 (without work) can be neither replayed nor
+    # repaired: it holds nothing back, and both of lead-1's go in the same pass.
+    older = await _command(store, "int-older", lead="lead-1")
+    await _set(store, "UPDATE external_commands SET created_at_us = ? WHERE command_id = ?",
+               (T0 - SEC, older))
     # Within the commands (and facts) horizon, a repeat of the key still answers with the
     # command: the admission fact deduplicates it.
     metrics = Metrics()
     await prune(store, T0 + 399 * DAY_US)
-    assert await ids(store, "external_commands", "command_id") == {gone, no_effect}
+    assert await ids(store, "external_commands", "command_id") == {gone, no_effect, older}
     again = await store.command_accept(draft("int-gone", lead="lead-1"), T0 + 399 * DAY_US)
     assert (again.admission, again.command_id, again.created) == (
         Admission.COMMAND_ACCEPTED, gone, False)
@@ -104,13 +109,13 @@ async def test_a_settled_command_goes_with_its_fact_and_the_key_stays_deduplicat
     assert await count(store, "external_commands") == 0
     assert await count(store, "handoff_admissions") == 0
     assert await count(store, "work_items") == 0
-    assert summary["tables"]["external_commands"]["pruned"] == 2
+    assert summary["tables"]["external_commands"]["pruned"] == 3
     assert summary["tables"]["external_commands"]["lag_s"] == pytest.approx(86_400, abs=2)
-    assert ('integrationd_retention_pruned_rows_total{table="external_commands"} 2.0'
+    assert ('integrationd_retention_pruned_rows_total{table="external_commands"} 3.0'
             in metrics.render().decode())
     status = await store.retention_status()
     assert status is not None
-    assert status.last_pass["tables"]["external_commands"]["pruned"] == 2
+    assert status.last_pass["tables"]["external_commands"]["pruned"] == 3
 
 
 async def test_each_command_guard_refuses_on_its_own(store: WorkStore) -> None:
@@ -135,6 +140,11 @@ async def test_each_command_guard_refuses_on_its_own(store: WorkStore) -> None:
     newer = await _command(store, "int-newer", lead="lead-owed")
     await _set(store, "UPDATE external_commands SET created_at_us = ? WHERE command_id = ?",
                (T0 + SEC, newer))
+    # A newer intent on the live-work command's record: that succeeded command may still
+    # be replayed (its WorkItem is stored), so this one stays too.
+    newer_than_work = await _command(store, "int-newer-work", lead="lead-work")
+    await _set(store, "UPDATE external_commands SET created_at_us = ? WHERE command_id = ?",
+               (T0 + SEC, newer_than_work))
     # A repair of a retired original, with an open repair of its own.
     original = await _command(store, "int-orig", lead="lead-orig", settlement="retired")
     repair = await _command(store, "int-repair", lead="lead-repair", settlement="open")
@@ -150,7 +160,7 @@ async def test_each_command_guard_refuses_on_its_own(store: WorkStore) -> None:
     # (Open commands are not even scanned: the rule's predicate names settled ones.)
     assert await _kept(store, LATER + DAY_US) == {
         "admission_fact": 1, "work_exists": 1, "attempts_exist": 1,
-        "receipt_unconfirmed": 1, "receipt_owed": 1, "older_intent_on_record": 1,
+        "receipt_unconfirmed": 1, "receipt_owed": 1, "older_intent_on_record": 2,
         "open_repair": 1}
     # The repair settles (its result is the original's receipt, not confirmed yet): the
     # repair waits for its original (one repair per original: pruning it first would let
@@ -161,7 +171,7 @@ async def test_each_command_guard_refuses_on_its_own(store: WorkStore) -> None:
     await prune(store, LATER + DAY_US)  # the repair's own (cancelled) work goes
     assert await _kept(store, LATER + DAY_US) == {
         "admission_fact": 1, "work_exists": 1, "attempts_exist": 1,
-        "receipt_unconfirmed": 2, "receipt_owed": 1, "older_intent_on_record": 1,
+        "receipt_unconfirmed": 2, "receipt_owed": 1, "older_intent_on_record": 2,
         "repair_lineage": 1}
     # The Runtime confirms it: the original goes, then its repair. The receipt, the only
     # proof the retired original was answered, stayed while the original existed; it goes
@@ -176,6 +186,7 @@ async def test_each_command_guard_refuses_on_its_own(store: WorkStore) -> None:
     assert await ids(store, "result_receipts", "command_id") == {pending}
     assert await ids(store, "external_commands", "command_id") == before - {original, repair}
     assert opened and young_fact and live_work and attempted and owed and newer
+    assert newer_than_work
 
 
 async def test_the_quarantine_goes_after_its_own_horizon(store: WorkStore) -> None:
