@@ -2,6 +2,7 @@
 
     python -m bench.bigtables --ready 1000000 --terminal 20000000 [--database NAME]
         [--keep] [--reuse] [--items 20000] [--replicas 4] [--requests 10]
+        [--prune-seconds 60 [--prune-facts-days 400]]
 
 What it does (MariaDB at ``$INTEGRATIOND_BENCH_MYSQL_URL``, default
 ``mysql://root@127.0.0.1:3306/test``):
@@ -375,9 +376,11 @@ def console(database: str, requests: int) -> dict[str, Any]:
     return trio.run(admin_ui.console_figures, _target(database).describe(), requests)
 
 
-def prune_rate(database: str, seconds: float) -> dict[str, Any]:
+def prune_rate(database: str, seconds: float, facts_days: float = 400.0) -> dict[str, Any]:
     """The pruner on the big database for ``seconds`` (defaults: 30-day work horizon,
-    500-row batches): rows deleted per table and per second. Destructive: run last."""
+    500-row batches; ``facts_days``, also the commands horizon, shorter than the loaded
+    year to prune admission facts and commands too): rows deleted per table and per
+    second. Destructive: run last."""
     from config.settings import RetentionSettings
     from daemon.services.clock import WallClock
     from daemon.services.metrics import Metrics
@@ -387,8 +390,9 @@ def prune_rate(database: str, seconds: float) -> dict[str, Any]:
         store = await open_store(_target(database).describe(), pool_size=1,
                                  statement_timeout_s=600)
         metrics = Metrics()
-        pruner = Pruner(store, RetentionSettings(lease_ttl=600.0), WallClock(), metrics,
-                        "bench-pruner")
+        settings = RetentionSettings(lease_ttl=600.0, facts_days=facts_days,
+                                     commands_days=facts_days)
+        pruner = Pruner(store, settings, WallClock(), metrics, "bench-pruner")
         started = time.monotonic()
         with trio.move_on_after(seconds):
             await pruner.pass_once()
@@ -416,6 +420,8 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated: kernel,idle,console")
     parser.add_argument("--prune-seconds", type=float, default=0.0,
                         help="then run the pruner this long (destructive; 0: not at all)")
+    parser.add_argument("--prune-facts-days", type=float, default=400.0,
+                        help="the pruner's facts (and commands) horizon")
     args = parser.parse_args()
     if args.reuse and not args.database:
         parser.error("--reuse needs --database")
@@ -443,7 +449,7 @@ def main() -> None:
             summary["console_ok"] = figures["ok"]
             summary["console_slowest"] = figures["slowest"]
         if args.prune_seconds > 0:
-            pruned = prune_rate(database, args.prune_seconds)
+            pruned = prune_rate(database, args.prune_seconds, args.prune_facts_days)
             print(json.dumps(pruned), flush=True)
             summary["prune"] = pruned
     finally:

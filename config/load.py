@@ -408,6 +408,8 @@ def _retention(raw: Any) -> RetentionSettings:
 def retention_policy(retention: RetentionSettings) -> RetentionPolicy:
     """The pure policy of these settings, validated."""
     return RetentionPolicy(work_days=retention.work_days, facts_days=retention.facts_days,
+                           commands_days=retention.commands_days,
+                           quarantine_days=retention.quarantine_days,
                            batch_rows=retention.batch_rows,
                            batch_bytes=retention.batch_bytes).validate()
 

@@ -293,6 +293,12 @@ class RetentionSettings:
     # windows (seed 6.1): handoff admission facts, rejection tombstones and dedup facts
     # (terminal items with a dedupe_key). Must be longer than work_days.
     facts_days: float = 400.0
+    # Days a settled external command is kept after it settled (and only once its
+    # admission fact, work, attempts and receipt duty are gone). At least facts_days:
+    # the admission fact is what deduplicates a repeated handoff key.
+    commands_days: float = 400.0
+    # Days the evidence of conflicting handoff repeats (handoff_quarantine) is kept.
+    quarantine_days: float = 90.0
     # Seconds between passes; the lease a pass holds (renewed by every batch).
     interval: float = 300.0
     lease_ttl: float = 60.0

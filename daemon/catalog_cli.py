@@ -101,15 +101,20 @@ async def run_catalog_command(store: WorkStore, settings: Settings,
         for rev in await store.catalog_list():
             pins = await store.catalog_pins(rev.revision)
             docs.append(_meta(rev) | {"open_commands": pins.open_commands,
+                                      "open_commands_more": pins.open_commands_more,
                                       "live_work": pins.live_work,
+                                      "live_work_more": pins.live_work_more,
                                       "current": rev.revision == settings.catalog.revision})
         if args.json:
             _print_json({"revisions": docs})
             return
         for d in docs:
+            # Counted up to PIN_COUNT_LIMIT each: "1000+" when there are more.
+            commands = f"{d['open_commands']}{'+' if d['open_commands_more'] else ''}"
+            work = f"{d['live_work']}{'+' if d['live_work_more'] else ''}"
             sys.stdout.write(
                 f"{d['revision']:>6}  {d['digest']}  by {d['published_by']}"
-                f"  open commands {d['open_commands']}, live work {d['live_work']}"
+                f"  open commands {commands}, live work {work}"
                 f"{'  (current)' if d['current'] else ''}\n")
         return
     if verb == "show":

@@ -9,7 +9,10 @@ after a lost response), with another digest it is refused; a row is never
 updated. Every publish and delete is audited in its own transaction.
 
 A revision is deleted only while no work pinned to it is unsettled: no open
-command names it and no WorkItem naming it is outside a terminal state.
+command names it and no WorkItem naming it is outside a terminal state. Both are
+asked of an index (migration 0031) as "is there one" (LIMIT 1); the listing counts
+them up to ``PIN_COUNT_LIMIT`` each and says "more" beyond, never counting a
+revision's whole history.
 Admission does not lock the row it reads (plain reads on every backend), so a
 delete racing an admission can leave a new command pinned to a revision that
 is gone; that command's worker then finds no pinned content and refuses
@@ -21,9 +24,10 @@ from __future__ import annotations
 
 import json
 
-from daemon.core.states import TERMINAL
+from daemon.core.states import TERMINAL, WorkState
 from storage.idgen import new_ulid
 from storage.port import (
+    PIN_COUNT_LIMIT,
     AuditEntry,
     CatalogRevision,
     Database,
@@ -53,14 +57,44 @@ async def read_revision(tx: SqlTx, revision: int) -> CatalogRevision | None:
     return _revision(rows[0]) if rows else None
 
 
+_OPEN_COMMANDS = "FROM external_commands WHERE catalog_revision = ? AND settlement = 'open'"
+# The live states as an IN list: ranges of (catalog_revision, state) that skip the
+# revision's terminal history (a NOT IN would read every entry of the revision).
+_LIVE_WORK = (f"FROM work_items WHERE catalog_revision = ?"
+              f" AND state IN {in_states(set(WorkState) - TERMINAL)}")
+
+
+async def _bounded(tx: SqlTx, where: str, revision: int) -> tuple[int, bool]:
+    """(count up to PIN_COUNT_LIMIT, whether there are more): an index range that stops
+    after PIN_COUNT_LIMIT + 1 entries."""
+    rows = await tx.fetchall(
+        f"SELECT COUNT(*) FROM (SELECT 1 AS pinned {where} LIMIT {PIN_COUNT_LIMIT + 1}) AS t",
+        (revision,))
+    n = int(rows[0][0])
+    return min(n, PIN_COUNT_LIMIT), n > PIN_COUNT_LIMIT
+
+
 async def revision_pins(tx: SqlTx, revision: int) -> RevisionPins:
-    commands = await tx.fetchall(
-        "SELECT COUNT(*) FROM external_commands WHERE catalog_revision = ?"
-        " AND settlement = 'open'", (revision,))
-    work = await tx.fetchall(
-        "SELECT COUNT(*) FROM work_items WHERE catalog_revision = ?"
-        f" AND state NOT IN {in_states(TERMINAL)}", (revision,))
-    return RevisionPins(open_commands=int(commands[0][0]), live_work=int(work[0][0]))
+    """Unsettled work pinned to ``revision``, each counted up to PIN_COUNT_LIMIT."""
+    commands, commands_more = await _bounded(tx, _OPEN_COMMANDS, revision)
+    work, work_more = await _bounded(tx, _LIVE_WORK, revision)
+    return RevisionPins(open_commands=commands, live_work=work,
+                        open_commands_more=commands_more, live_work_more=work_more)
+
+
+async def revision_pinned(tx: SqlTx, revision: int) -> bool:
+    """Whether any unsettled work is pinned to ``revision`` (one index entry each)."""
+    for where in (_OPEN_COMMANDS, _LIVE_WORK):
+        if await tx.fetchall(f"SELECT 1 {where} LIMIT 1", (revision,)):
+            return True
+    return False
+
+
+def pins_text(pins: RevisionPins) -> str:
+    """The refusal's figures, such as ``3 open commands, 1000+ live work items`` (a count
+    that stopped at the limit says so)."""
+    return (f"{pins.open_commands}{'+' if pins.open_commands_more else ''} open commands,"
+            f" {pins.live_work}{'+' if pins.live_work_more else ''} live work items")
 
 
 async def _audit(tx: SqlTx, action: str, revision: int, actor: str, role: str, reason: str,
@@ -151,12 +185,11 @@ class CatalogRevisions:
             existing = await read_revision(tx, revision)
             if existing is None:
                 raise RevisionNotPublished(revision)
-            pins = await revision_pins(tx, revision)
-            if pins.open_commands or pins.live_work:
+            if await revision_pinned(tx, revision):
+                pins = await revision_pins(tx, revision)  # only for the refusal's figures
                 raise RevisionConflict(
                     f"catalog revision {revision} still has unsettled work pinned to it"
-                    f" ({pins.open_commands} open commands, {pins.live_work} live work"
-                    " items); settle or retire them first")
+                    f" ({pins_text(pins)}); settle or retire them first")
             await tx.execute("DELETE FROM catalog_revisions WHERE revision = ? AND digest = ?",
                              (revision, existing.digest))
             await _audit(tx, "catalog.delete", revision, actor, role, reason,

@@ -229,6 +229,14 @@ class RenewResult:
 
 
 @attrs.frozen
+class RenewGroup:
+    """Fences renewed for one lease TTL (one family's flights)."""
+
+    fences: tuple[Fence, ...]
+    lease_ttl_us: int
+
+
+@attrs.frozen
 class FinalizeResult:
     fence: Fence
     applied: bool
@@ -371,6 +379,10 @@ class WorkStorePort(Protocol):
         self, fences: Sequence[Fence], lease_ttl_us: int, now_us: int
     ) -> RenewResult: ...
 
+    async def work_renew_groups(
+        self, groups: Sequence[RenewGroup], now_us: int
+    ) -> RenewResult: ...
+
     async def work_finalize_if_owner(
         self, finalizations: Sequence[Finalization], replica: str, now_us: int
     ) -> list[FinalizeResult]: ...
@@ -450,12 +462,24 @@ class PublishParams:
     reason: str
 
 
+# Pinned work is counted up to this many rows each (an index range that stops there):
+# beyond it the listing says "more", never a count of the revision's whole history.
+PIN_COUNT_LIMIT = 1000
+
+
 @attrs.frozen
 class RevisionPins:
-    """Unsettled work pinned to one revision (a delete needs both at zero)."""
+    """Unsettled work pinned to one revision (a delete needs both at zero), each counted
+    up to :data:`PIN_COUNT_LIMIT`; ``*_more``: there are more than the count says."""
 
     open_commands: int
     live_work: int
+    open_commands_more: bool = False
+    live_work_more: bool = False
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.open_commands or self.live_work)
 
 
 class CatalogRevisionPort(Protocol):

@@ -67,6 +67,7 @@ from storage.port import (
     FinalizeResult,
     LostLease,
     Reclaim,
+    RenewGroup,
     RenewResult,
     SqlTx,
     StorageError,
@@ -386,17 +387,44 @@ class WorkClaims:
     async def work_renew_if_owner(
         self, fences: Sequence[Fence], lease_ttl_us: int, now_us: int
     ) -> RenewResult:
+        return await self.work_renew_groups([RenewGroup(tuple(fences), lease_ttl_us)], now_us)
+
+    async def work_renew_groups(
+        self, groups: Sequence[RenewGroup], now_us: int
+    ) -> RenewResult:
+        """Renew every group's fences (each for its own TTL) in one transaction of one
+        UPDATE: the lease keeper's renewals of all families are one round trip on the
+        reserved ``work.renew`` connection, never one family's after another's."""
+        until: dict[str, int] = {}
+        fences: list[Fence] = []
+        for group in groups:
+            for fence in group.fences:
+                if fence.work_id not in until:
+                    until[fence.work_id] = now_us + group.lease_ttl_us
+                    fences.append(fence)
         if not fences:
             return RenewResult(renewed={}, lost=[], cancel_requested=[])
-        lease_until = now_us + lease_ttl_us
         where, args = fence_predicate(fences)
+        values = sorted(set(until.values()))
+        set_args: list[Any] = []
+        if len(values) == 1:
+            set_until = "?"
+            set_args.extend(values)
+        else:  # one arm per TTL (the WHERE names only these ids: the ELSE is never taken)
+            arms: list[str] = []
+            for value in values:
+                ids = [w for w, u in until.items() if u == value]
+                arms.append(f"WHEN work_id IN ({placeholders(len(ids))}) THEN ?")
+                set_args.extend((*ids, value))
+            set_until = f"CASE {' '.join(arms)} ELSE lease_until_us END"
 
         async def body(tx: SqlTx) -> list[tuple[Any, ...]]:
             await tx.execute(
-                "UPDATE work_items SET lease_until_us = ?, row_version = row_version + 1,"
+                f"UPDATE work_items SET lease_until_us = {set_until},"
+                " row_version = row_version + 1,"
                 f" updated_at_us = ? WHERE {where} AND state = 'processing'"
                 " AND lease_until_us >= ?",
-                (lease_until, now_us, *args, now_us),
+                (*set_args, now_us, *args, now_us),
             )
             return await tx.fetchall(
                 "SELECT work_id, lease_token, ownership_epoch, state, lease_until_us,"
@@ -416,10 +444,11 @@ class WorkClaims:
         cancel: list[Fence] = []
         for fence in fences:
             row = by_id.get(fence.work_id)
-            if row is None or row[3] != "processing" or int(row[4] or 0) != lease_until:
+            expected = until[fence.work_id]
+            if row is None or row[3] != "processing" or int(row[4] or 0) != expected:
                 lost.append(fence)
                 continue
-            renewed[fence.work_id] = lease_until
+            renewed[fence.work_id] = expected
             if row[5]:
                 cancel.append(fence)
         return RenewResult(renewed=renewed, lost=lost, cancel_requested=cancel)

@@ -12,6 +12,14 @@ and dedup facts (a terminal WorkItem that carries a ``dedupe_key``, or a rolled-
 The *ingress* horizon (``ingress.retention_days``) ends webhook receipts and their
 normalized events, and with them exact dedup of a redelivery.
 
+The *commands* horizon (``retention.commands_days``, at least the facts horizon) ends
+settled ``external_commands``. A handoff key stays deduplicated by its admission fact
+(``handoff_admissions``, the facts horizon): that is the window the Runtime may repeat a
+key in, and a command is kept while its admission fact exists, so its
+``handoff_key`` (unique) outlives the fact rather than the other way round. The
+*quarantine* horizon (``retention.quarantine_days``) ends the evidence of conflicting
+handoff repeats (``handoff_quarantine``).
+
 A row is pruned only when every guard of its rule says so; a guard that lacks a fact
 keeps the row (:class:`Keep`). The verdicts below take the facts the shell read and
 answer :class:`Prune` or :class:`Keep` with a reason; they never see a connection.
@@ -46,6 +54,8 @@ class Horizon(enum.StrEnum):
     WORK = "work"
     FACTS = "facts"
     INGRESS = "ingress"
+    COMMANDS = "commands"
+    QUARANTINE = "quarantine"
 
 
 class RetentionConfigError(ValueError):
@@ -63,17 +73,27 @@ class RetentionPolicy:
     batch_rows: int
     batch_bytes: int
     ingress_days: float = 14.0  # ingress.retention_days
+    commands_days: float = 400.0
+    quarantine_days: float = 90.0
 
     def validate(self) -> RetentionPolicy:
         if not self.work_days > 0:
             raise RetentionConfigError("retention.work_days", "must be positive")
         if not self.ingress_days > 0:
             raise RetentionConfigError("ingress.retention_days", "must be positive")
+        if not self.quarantine_days > 0:
+            raise RetentionConfigError("retention.quarantine_days", "must be positive")
         if not self.facts_days > self.work_days:
             raise RetentionConfigError(
                 "retention.facts_days",
                 "must be longer than retention.work_days (admission facts, tombstones and"
                 " dedup facts outlive the work they fenced)")
+        if not self.commands_days >= self.facts_days:
+            raise RetentionConfigError(
+                "retention.commands_days",
+                "must be at least retention.facts_days (the admission dedup window: a"
+                " handed-off command's key must stay deduplicated as long as its admission"
+                " fact)")
         if self.batch_rows < 1:
             raise RetentionConfigError("retention.batch_rows", "must be at least 1")
         if not 0 < self.batch_bytes <= MAX_BATCH_BYTES:
@@ -91,16 +111,21 @@ class Cutoffs:
     work_us: int
     facts_us: int
     ingress_us: int = 0  # 0: no ingress receipt is old enough
+    commands_us: int = 0  # 0: no command is old enough
+    quarantine_us: int = 0  # 0: no quarantine record is old enough
 
     def of(self, horizon: Horizon) -> int:
         return {Horizon.WORK: self.work_us, Horizon.FACTS: self.facts_us,
-                Horizon.INGRESS: self.ingress_us}[horizon]
+                Horizon.INGRESS: self.ingress_us, Horizon.COMMANDS: self.commands_us,
+                Horizon.QUARANTINE: self.quarantine_us}[horizon]
 
 
 def cutoffs(policy: RetentionPolicy, now_us: int) -> Cutoffs:
     return Cutoffs(work_us=now_us - int(policy.work_days * DAY_US),
                    facts_us=now_us - int(policy.facts_days * DAY_US),
-                   ingress_us=now_us - int(policy.ingress_days * DAY_US))
+                   ingress_us=now_us - int(policy.ingress_days * DAY_US),
+                   commands_us=now_us - int(policy.commands_days * DAY_US),
+                   quarantine_us=now_us - int(policy.quarantine_days * DAY_US))
 
 
 # ---------------------------------------------------------------- verdicts
@@ -202,6 +227,10 @@ class ReceiptFacts:
     confirmed_at_us: int | None
     receipt_work_live: bool
     open_repair: bool
+    # Its command is retired and still stored: the receipt (written by a repair's
+    # result) is the only proof the command's Runtime intent was answered, so it stays
+    # until the command goes (the command rule reads it).
+    command_retired: bool = False
 
 
 def receipt_verdict(row: ReceiptFacts, cut: Cutoffs) -> Verdict:
@@ -213,6 +242,8 @@ def receipt_verdict(row: ReceiptFacts, cut: Cutoffs) -> Verdict:
         return Keep("work_live")
     if row.open_repair:
         return Keep("open_repair")
+    if row.command_retired:
+        return Keep("retired_command_proof")
     return PRUNE
 
 
@@ -252,6 +283,72 @@ def admission_verdict(row: AdmissionFacts, cut: Cutoffs) -> Verdict:
         return Keep("command_unreadable")
     if row.command_settlement == "open":
         return Keep("command_unsettled")
+    return PRUNE
+
+
+@attrs.frozen(kw_only=True)
+class CommandFacts:
+    """What the command guard needs about one ``external_commands`` row."""
+
+    settlement: str
+    settled_at_us: int  # updated_at_us: when it was settled
+    handed_off: bool  # it has a handoff_key (a Runtime intent it owes a receipt)
+    admission_exists: bool  # the admission fact of its handoff_key is still stored
+    # Its Runtime receipt row (keyed by its id): None when there is none (never written,
+    # or confirmed and pruned: retention deletes only confirmed receipts).
+    receipt_state: str | None
+    work_exists: bool  # a WorkItem of it (its dispatch or its receipt), in any state
+    attempts_exist: bool  # an effect attempt of it
+    open_repair: bool  # an open repair command of it
+    repair_original_exists: bool  # it is a repair and the command it repairs still exists
+    # An older command of the same binding and local record is still stored and may
+    # still be replayed or repaired (open or retired, or with a WorkItem): this one's
+    # success is what refuses that from overwriting it (an older intent never does).
+    older_on_record: bool
+
+
+# Settlements that wrote the Runtime receipt of a handed-off command in the same
+# transaction (storage.effects.settle): a missing receipt row was confirmed and pruned.
+_RECEIPT_WRITTEN = frozenset({"succeeded", "no_effect"})
+
+
+def command_verdict(row: CommandFacts, cut: Cutoffs) -> Verdict:
+    if row.settlement == "open":
+        return Keep("command_unsettled")
+    if row.settled_at_us >= cut.commands_us:
+        return Keep("within_retention")
+    if row.admission_exists:
+        return Keep("admission_fact")  # the dedup fact goes first (the facts horizon)
+    if row.work_exists:
+        return Keep("work_exists")
+    if row.attempts_exist:
+        return Keep("attempts_exist")
+    if row.open_repair:
+        return Keep("open_repair")
+    if row.repair_original_exists:
+        return Keep("repair_lineage")  # one repair per original: the original goes first
+    if row.handed_off:
+        if row.receipt_state is not None and row.receipt_state != "confirmed":
+            return Keep("receipt_unconfirmed")
+        if row.receipt_state is None and row.settlement not in _RECEIPT_WRITTEN:
+            # Retired without a receipt: the Runtime intent still blocks (a repair may
+            # still answer it); nothing proves it was ever answered.
+            return Keep("receipt_owed")
+    if row.older_on_record:
+        return Keep("older_intent_on_record")
+    return PRUNE
+
+
+@attrs.frozen(kw_only=True)
+class QuarantineFacts:
+    at_us: int
+
+
+def quarantine_verdict(row: QuarantineFacts, cut: Cutoffs) -> Verdict:
+    """Evidence of a conflicting handoff repeat: kept for its own horizon, nothing else
+    refers to it (the admission fact, not the quarantine, is what deduplicates)."""
+    if row.at_us >= cut.quarantine_us:
+        return Keep("within_retention")
     return PRUNE
 
 

@@ -1,9 +1,13 @@
 """Renew the leases of in-flight work, and stop work whose lease is gone.
 
-Every ``tick`` the keeper renews, in one batch per family, each flight whose
-last renewal is older than a third of its TTL. The new trust horizon counts
-from when the renewal was *sent* (conservative: the database may have applied
-it later). Lost leases and operator cancel requests stop their handlers. If
+Every ``tick`` the keeper renews each flight whose last renewal is older than a
+third of its TTL: the due flights of every family in one transaction of one
+UPDATE (each family's TTL its own arm), on the adapter's reserved ``work.renew``
+connection. One renewal a tick, never one family's after another's: on a slow
+database (a loaded Galera cluster) sequential renewals added up, and the last
+family's was sent late enough to lose its trust horizon. The new trust horizon
+counts from when the renewal was *sent* (conservative: the database may have
+applied it later). Lost leases and operator cancel requests stop their handlers. If
 renewals fail (database unreachable), the horizons are left alone and run
 out by themselves: that is what stops a replica cut off from the database.
 """
@@ -17,7 +21,7 @@ from daemon.services import logs
 from daemon.services.clock import Clock
 from daemon.services.metrics import Metrics
 from daemon.services.worker_pool import InFlight, WorkerPool
-from storage.port import StorageError
+from storage.port import RenewGroup, StorageError
 from storage.work_store import WorkStore
 
 
@@ -43,20 +47,23 @@ class LeaseKeeper:
             ttl = flight.family.settings.lease_ttl
             if now - flight.renewed_at >= ttl / 3:
                 due.setdefault(flight.family.name, []).append(flight)
-        for family_name, flights in due.items():
+        if not due:
+            return
+        groups = [RenewGroup(tuple(f.fence for f in flights),
+                             int(flights[0].family.settings.lease_ttl * 1_000_000))
+                  for flights in due.values()]
+        sent_at = trio.current_time()
+        try:
+            result = await self.store.work_renew_groups(groups, self.clock.now_us())
+        except StorageError as exc:
+            self.metrics.db_errors.labels("renew").inc()
+            logs.warn("work_renew_failed", families=",".join(sorted(due)),
+                      items=sum(len(f) for f in due.values()), error=str(exc))
+            return
+        lost = {f.work_id for f in result.lost}
+        cancel = {f.work_id for f in result.cancel_requested}
+        for flights in due.values():
             ttl_s = flights[0].family.settings.lease_ttl
-            sent_at = trio.current_time()
-            try:
-                result = await self.store.work_renew_if_owner(
-                    [f.fence for f in flights], int(ttl_s * 1_000_000), self.clock.now_us()
-                )
-            except StorageError as exc:
-                self.metrics.db_errors.labels("renew").inc()
-                logs.warn("work_renew_failed", family=family_name, items=len(flights),
-                          error=str(exc))
-                continue
-            lost = {f.work_id for f in result.lost}
-            cancel = {f.work_id for f in result.cancel_requested}
             for flight in flights:
                 work_id = flight.item.work_id
                 if work_id in lost:

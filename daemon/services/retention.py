@@ -61,6 +61,8 @@ class Pruner:
     def policy(self) -> core.RetentionPolicy:
         s = self.settings
         return core.RetentionPolicy(work_days=s.work_days, facts_days=s.facts_days,
+                                    commands_days=s.commands_days,
+                                    quarantine_days=s.quarantine_days,
                                     batch_rows=s.batch_rows, batch_bytes=s.batch_bytes,
                                     ingress_days=self.ingress_days).validate()
 

@@ -232,9 +232,11 @@ async def _receipt_guard(tx: SqlTx, rows: Sequence[Row], cut: Cutoffs) -> list[V
     commands = [str(r[1]) for r in rows]
     live = await _live_work_of(tx, "receipt", commands)
     repairs = await _open_repairs(tx, commands)
+    settlements = await _settlements(tx, commands)
     return [core.receipt_verdict(core.ReceiptFacts(
         state=str(r[4]), confirmed_at_us=None if r[0] is None else int(r[0]),
         receipt_work_live=str(r[1]) in live, open_repair=str(r[1]) in repairs,
+        command_retired=settlements.get(str(r[1])) == "retired",
     ), cut) for r in rows]
 
 
@@ -262,6 +264,101 @@ register_rule(RetentionRule(
     age_column="created_at_us", order_columns=("created_at_us", "handoff_key"),
     key_columns=("handoff_key",), guard_columns=("admission", "command_id"),
     size_sql="COALESCE(LENGTH(receipt_json), 0)", where="1 = 1", guard=_admission_guard,
+))
+
+
+# ---------------------------------------------------------------- external_commands
+
+_COMMAND_ORDER = 2  # (updated_at_us, command_id), within a settlement partition
+
+
+async def _older_on_record(tx: SqlTx, records: dict[tuple[str, str, str], int]
+                           ) -> dict[tuple[str, str, str], int]:
+    """For each (object, id, binding) record: the creation time of its oldest stored
+    command, older than the given time, that may still be replayed or repaired (open or
+    retired, or with a WorkItem): the newer commands of the record must stay, since a
+    newer success is what refuses that replay or repair (storage/supersede.py). Read on
+    the ``external_commands_local`` index, one range per record."""
+    if not records:
+        return {}
+    keys = sorted(records)
+    match = " OR ".join(["(local_object = ? AND local_id = ? AND binding_id = ?"
+                         " AND created_at_us < ?)"] * len(keys))
+    rows = await tx.fetchall(
+        "SELECT local_object, local_id, binding_id, MIN(created_at_us) FROM external_commands c"
+        f" WHERE ({match}) AND (settlement IN ('open', 'retired') OR EXISTS (SELECT 1 FROM"
+        " work_items w WHERE w.subject_id = c.command_id AND w.subject_kind = 'command'))"
+        " GROUP BY local_object, local_id, binding_id",
+        [v for key in keys for v in (*key, records[key])])
+    return {(str(a), str(b), str(c)): int(m) for a, b, c, m in rows}
+
+
+async def _command_guard(tx: SqlTx, rows: Sequence[Row], cut: Cutoffs) -> list[Verdict]:
+    # guard columns: settlement, handoff_key, repair_of, created_at_us, local_object,
+    # local_id, binding_id (after the order, age and size columns)
+    cols = [_guard_cols(_COMMAND_ORDER, r)[1:] for r in rows]
+    settlement = [str(_guard_cols(_COMMAND_ORDER, r)[0]) for r in rows]
+    ids = [str(r[1]) for r in rows]
+    keys = [str(c[0]) for c in cols if c[0] is not None]
+    admitted = await _ids(tx, "SELECT handoff_key FROM handoff_admissions"
+                              " WHERE handoff_key IN ({marks})", keys)
+    receipts: dict[str, str] = {str(c): str(st) for c, st in await tx.fetchall(
+        f"SELECT command_id, state FROM result_receipts WHERE command_id IN"
+        f" ({placeholders(len(ids))})", ids)} if ids else {}
+    with_work = await _ids(tx, "SELECT subject_id FROM work_items WHERE subject_id IN"
+                               " ({marks}) AND subject_kind IN ('command', 'receipt')", ids)
+    with_attempts = await _ids(tx, "SELECT command_id FROM effect_attempts"
+                                   " WHERE command_id IN ({marks})", ids)
+    repairs = await _open_repairs(tx, ids)
+    originals = await _ids(tx, "SELECT command_id FROM external_commands"
+                               " WHERE command_id IN ({marks})",
+                           [str(c[1]) for c in cols if c[1] is not None])
+    newest: dict[tuple[str, str, str], int] = {}
+    for c in cols:
+        record = (str(c[3]), str(c[4]), str(c[5]))
+        newest[record] = max(newest.get(record, 0), int(c[2]))
+    oldest = await _older_on_record(tx, newest)
+    verdicts: list[Verdict] = []
+    for row, c, settled in zip(rows, cols, settlement, strict=True):
+        command_id = str(row[1])
+        receipt = receipts.get(command_id)
+        verdicts.append(core.command_verdict(core.CommandFacts(
+            settlement=settled, settled_at_us=int(row[0]),
+            handed_off=c[0] is not None,
+            admission_exists=c[0] is not None and str(c[0]) in admitted,
+            receipt_state=receipt,
+            work_exists=command_id in with_work, attempts_exist=command_id in with_attempts,
+            open_repair=command_id in repairs,
+            repair_original_exists=c[1] is not None and str(c[1]) in originals,
+            older_on_record=oldest.get((str(c[3]), str(c[4]), str(c[5])),
+                                       int(c[2])) < int(c[2]),
+        ), cut))
+    return verdicts
+
+
+register_rule(RetentionRule(
+    name="external_commands", table="external_commands", horizon=Horizon.COMMANDS,
+    age_column="updated_at_us", order_columns=("updated_at_us", "command_id"),
+    key_columns=("command_id",),
+    guard_columns=("settlement", "handoff_key", "repair_of", "created_at_us", "local_object",
+                   "local_id", "binding_id"),
+    size_sql="LENGTH(frozen_request)", where="settlement <> 'open'", guard=_command_guard,
+    # Scanned per settlement on external_commands_retention (migration 0028).
+    partition_column="settlement", partitions=("no_effect", "retired", "succeeded"),
+))
+
+
+# ---------------------------------------------------------------- handoff_quarantine
+
+async def _quarantine_guard(tx: SqlTx, rows: Sequence[Row], cut: Cutoffs) -> list[Verdict]:
+    # order (quarantine_id: a ULID of its time), age at_us
+    return [core.quarantine_verdict(core.QuarantineFacts(at_us=int(r[1])), cut) for r in rows]
+
+
+register_rule(RetentionRule(
+    name="handoff_quarantine", table="handoff_quarantine", horizon=Horizon.QUARANTINE,
+    age_column="at_us", order_columns=("quarantine_id",), key_columns=("quarantine_id",),
+    guard_columns=(), size_sql="0", where="1 = 1", guard=_quarantine_guard, ulid_order=True,
 ))
 
 

@@ -28,7 +28,15 @@ from admin_ui.app import create_app
 from admin_ui.effects import effect_extensions
 from bench import bigtables
 from config.catalog import load_catalog
-from storage.port import Database, DbStats, Row, SqlTx
+from storage.port import (
+    PIN_COUNT_LIMIT,
+    Database,
+    DbStats,
+    PublishParams,
+    RevisionConflict,
+    Row,
+    SqlTx,
+)
 from storage.work_store import WorkStore
 from tests.admin.support import PASSWORDS, console_harness, csrf_from
 from tests.support.backends import FreshDatabase, fresh_database
@@ -214,4 +222,59 @@ async def test_console_reads_are_indexed_and_bounded(mysql_db: FreshDatabase,
         if ("FROM work_items" in text and not limited and not aggregate and not point
                 and not loose):
             problems.append(f"unbounded listing: {where} {plan}")
+    assert problems == [], "\n".join(problems)
+
+
+async def test_catalog_pin_reads_are_bounded_index_ranges(mysql_db: FreshDatabase,
+                                                          tmp_path: Path) -> None:
+    """``catalog list`` and ``catalog delete`` ask about a revision's unsettled work on
+    (catalog_revision, settlement) and (catalog_revision, state) (migration 0031): a
+    range over the open commands and the live items only, bounded by a LIMIT, never the
+    revision's history. Every loaded row is pinned to revision 7 (62,000 items, 60,000 of
+    them terminal); before 0031 the count was ``ref`` on the single-column revision index,
+    over every one of them."""
+    _load(mysql_db, tmp_path)
+    plain = await mysql_db.open_store()
+    recording = _Recording(plain.db)
+    store = WorkStore(recording, plain.dialect)
+    await store.catalog_publish(PublishParams(revision=7, digest="sha256:catalog",
+                                              content="{}", actor="t", role="admin",
+                                              reason="plans"), bigtables.now_us())
+    pins = await store.catalog_pins(7)
+    assert (pins.open_commands, pins.live_work) == (0, PIN_COUNT_LIMIT)
+    assert (pins.open_commands_more, pins.live_work_more) == (False, True)
+    with pytest.raises(RevisionConflict, match=r"0 open commands, 1000\+ live work items"):
+        await store.catalog_delete(7, actor="t", role="admin", reason="plans",
+                                   now_us=bigtables.now_us())
+    await store.catalog_list()
+
+    async def table_rows(tx: SqlTx) -> dict[str, int]:
+        rows = await tx.fetchall(
+            "SELECT table_name, table_rows FROM information_schema.tables"
+            " WHERE table_schema = DATABASE()")
+        return {str(t): int(n or 0) for t, n in rows}
+
+    sizes = await plain.db.transact(table_rows, name="t", write=False)
+    pinned = {"external_commands": "external_commands_revision_settlement",
+              "work_items": "work_items_revision_state"}
+    problems: list[str] = []
+    read: set[str] = set()
+    for sql, params in dict.fromkeys(recording.seen):
+        if "catalog_revision = ?" not in sql:
+            continue
+        if re.search(r"\bLIMIT\b", sql) is None:
+            problems.append(f"unbounded: {sql}")
+        plan = _explain_rows(await plain.db.transact(
+            lambda tx, s=sql, p=params: tx.fetchall("EXPLAIN " + s, p),  # type: ignore[misc]
+            name="t", write=False))
+        for step in plan:
+            table = str(step["table"] or "")
+            if table not in pinned:
+                continue
+            read.add(table)
+            share = int(step["rows"] or 0) / max(1, sizes.get(table, 1))
+            if (step["key"], step["type"]) not in ((pinned[table], "range"),
+                                                   (pinned[table], "ref")) or share > 0.2:
+                problems.append(f"{sql} -> {step}")
+    assert read == set(pinned), recording.seen
     assert problems == [], "\n".join(problems)

@@ -187,6 +187,11 @@ def test_the_auth_kinds_load() -> None:
     ({"facts_days": 30.0}, "retention.facts_days", "must be longer than retention.work_days"),
     ({"work_days": 500.0}, "retention.facts_days", "must be longer than retention.work_days"),
     ({"work_days": 0.0}, "retention.work_days", "must be positive"),
+    # The admission fact deduplicates a handoff key for facts_days: the command (whose
+    # handoff_key is unique) may not be forgotten sooner.
+    ({"commands_days": 100.0}, "retention.commands_days", "at least retention.facts_days"),
+    ({"facts_days": 500.0}, "retention.commands_days", "at least retention.facts_days"),
+    ({"quarantine_days": 0.0}, "retention.quarantine_days", "must be positive"),
     ({"batch_rows": 0}, "retention.batch_rows", "must be at least 1"),
     ({"batch_bytes": 200_000_000}, "retention.batch_bytes", "TiDB's 100 MB"),
     ({"interval": 0.0}, "retention.interval", "must be positive"),
@@ -203,3 +208,4 @@ def test_retention_settings_that_cannot_work_are_refused_by_name(
 def test_retention_defaults_keep_facts_longer_than_work() -> None:
     retention = _parse({}).retention
     assert retention.enabled and retention.facts_days > retention.work_days
+    assert retention.commands_days >= retention.facts_days

@@ -16,7 +16,8 @@ from daemon.core.retention import (
 
 NOW = 1_900_000_000_000_000
 CUT = Cutoffs(work_us=NOW - 30 * DAY_US, facts_us=NOW - 400 * DAY_US,
-              ingress_us=NOW - 14 * DAY_US)
+              ingress_us=NOW - 14 * DAY_US, commands_us=NOW - 400 * DAY_US,
+              quarantine_us=NOW - 90 * DAY_US)
 OLD = CUT.work_us - 1  # past the work horizon, within the facts horizon
 ANCIENT = CUT.facts_us - 1  # past both
 FRESH = CUT.work_us  # exactly at the cutoff: kept (strictly older is pruned)
@@ -98,6 +99,9 @@ def test_execution_verdicts(facts: r.ExecutionFacts, verdict: r.Verdict) -> None
                     open_repair=False), Keep("work_live")),
     (r.ReceiptFacts(state="confirmed", confirmed_at_us=OLD, receipt_work_live=False,
                     open_repair=True), Keep("open_repair")),
+    # Written by a repair's result for a retired command: the command's only proof.
+    (r.ReceiptFacts(state="confirmed", confirmed_at_us=ANCIENT, receipt_work_live=False,
+                    open_repair=False, command_retired=True), Keep("retired_command_proof")),
 ])
 def test_receipt_verdicts(facts: r.ReceiptFacts, verdict: r.Verdict) -> None:
     assert r.receipt_verdict(facts, CUT) == verdict
@@ -146,12 +150,16 @@ def test_ingress_receipt_verdicts(facts: r.IngressReceiptFacts, verdict: r.Verdi
 
 def test_cutoffs_count_days_back_from_now() -> None:
     policy = RetentionPolicy(work_days=30, facts_days=400, batch_rows=10, batch_bytes=1000,
-                             ingress_days=14)
+                             ingress_days=14, commands_days=400, quarantine_days=90)
     assert r.cutoffs(policy, NOW) == CUT
     assert CUT.of(r.Horizon.WORK) == CUT.work_us and CUT.of(r.Horizon.FACTS) == CUT.facts_us
     assert CUT.of(r.Horizon.INGRESS) == CUT.ingress_us
-    # Without an ingress horizon, no receipt is old enough.
+    assert CUT.of(r.Horizon.COMMANDS) == CUT.commands_us
+    assert CUT.of(r.Horizon.QUARANTINE) == CUT.quarantine_us
+    # Without an ingress (commands, quarantine) horizon, no row is old enough.
     assert Cutoffs(work_us=1, facts_us=0).of(r.Horizon.INGRESS) == 0
+    assert Cutoffs(work_us=1, facts_us=0).of(r.Horizon.COMMANDS) == 0
+    assert Cutoffs(work_us=1, facts_us=0).of(r.Horizon.QUARANTINE) == 0
 
 
 @pytest.mark.parametrize(("kw", "key"), [
@@ -164,6 +172,12 @@ def test_cutoffs_count_days_back_from_now() -> None:
     ({"batch_bytes": r.MAX_BATCH_BYTES + 1}, "retention.batch_bytes"),
     ({"ingress_days": 0}, "ingress.retention_days"),
     ({"ingress_days": -2}, "ingress.retention_days"),
+    # Shorter than the admission dedup window (facts_days): a config error naming it.
+    ({"commands_days": 399}, "retention.commands_days"),
+    ({"commands_days": 30}, "retention.commands_days"),
+    ({"facts_days": 401}, "retention.commands_days"),
+    ({"quarantine_days": 0}, "retention.quarantine_days"),
+    ({"quarantine_days": -1}, "retention.quarantine_days"),
 ])
 def test_policy_refuses_settings_that_cannot_work(kw: dict[str, float], key: str) -> None:
     base: dict[str, float] = {"work_days": 30, "facts_days": 400, "batch_rows": 500,
@@ -172,6 +186,59 @@ def test_policy_refuses_settings_that_cannot_work(kw: dict[str, float], key: str
     with pytest.raises(RetentionConfigError) as info:
         RetentionPolicy(**base).validate()  # type: ignore[arg-type]
     assert info.value.key == key
+
+
+def test_a_command_horizon_equal_to_the_facts_horizon_is_allowed() -> None:
+    policy = RetentionPolicy(work_days=30, facts_days=400, commands_days=400,
+                             batch_rows=1, batch_bytes=1)
+    assert policy.validate() is policy
+
+
+CMD_OLD = CUT.commands_us - 1  # past the commands horizon
+CMD_FRESH = CUT.commands_us
+
+
+def _command(**kw: object) -> r.CommandFacts:
+    base: dict[str, object] = {
+        "settlement": "succeeded", "settled_at_us": CMD_OLD, "handed_off": True,
+        "admission_exists": False, "receipt_state": None, "work_exists": False,
+        "attempts_exist": False, "open_repair": False, "repair_original_exists": False,
+        "older_on_record": False}
+    base.update(kw)
+    return r.CommandFacts(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("facts", "verdict"), [
+    (_command(), PRUNE),  # succeeded: its receipt was written, confirmed and pruned
+    (_command(settlement="no_effect"), PRUNE),
+    (_command(receipt_state="confirmed"), PRUNE),
+    (_command(settlement="retired", receipt_state="confirmed"), PRUNE),
+    (_command(handed_off=False, settlement="retired"), PRUNE),  # no receipt duty
+    (_command(settlement="open"), Keep("command_unsettled")),
+    (_command(settlement="open", settled_at_us=0), Keep("command_unsettled")),
+    (_command(settled_at_us=CMD_FRESH), Keep("within_retention")),
+    (_command(settled_at_us=OLD), Keep("within_retention")),  # past work, not commands
+    (_command(admission_exists=True), Keep("admission_fact")),
+    (_command(work_exists=True), Keep("work_exists")),
+    (_command(attempts_exist=True), Keep("attempts_exist")),
+    (_command(open_repair=True, settlement="retired"), Keep("open_repair")),
+    (_command(handed_off=False, repair_original_exists=True), Keep("repair_lineage")),
+    (_command(receipt_state="pending"), Keep("receipt_unconfirmed")),
+    (_command(receipt_state="failed"), Keep("receipt_unconfirmed")),
+    (_command(settlement="retired"), Keep("receipt_owed")),
+    (_command(older_on_record=True), Keep("older_intent_on_record")),
+])
+def test_command_verdicts(facts: r.CommandFacts, verdict: r.Verdict) -> None:
+    assert r.command_verdict(facts, CUT) == verdict
+
+
+@pytest.mark.parametrize(("at_us", "verdict"), [
+    (CUT.quarantine_us - 1, PRUNE),
+    (CUT.quarantine_us, Keep("within_retention")),
+    (OLD, Keep("within_retention")),
+])
+def test_quarantine_verdicts(at_us: int, verdict: r.Verdict) -> None:
+    assert r.quarantine_verdict(r.QuarantineFacts(at_us=at_us), CUT) == verdict
 
 
 def test_the_batch_byte_budget_stays_within_tidb_transaction_limit() -> None:

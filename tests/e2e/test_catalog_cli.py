@@ -52,7 +52,8 @@ async def test_publish_list_show_delete(database: FreshDatabase, tmp_path: Path)
     listed = json.loads(run_cli(cfg, "catalog", "list", "--json", env=env).stdout)
     assert listed == {"revisions": [{
         "revision": 7, "digest": doc["digest"], "published_by": "ada",
-        "published_at_us": doc["published_at_us"], "open_commands": 0, "live_work": 0,
+        "published_at_us": doc["published_at_us"], "open_commands": 0,
+        "open_commands_more": False, "live_work": 0, "live_work_more": False,
         "current": True}]}
     shown = run_cli(cfg, "catalog", "show", "7", "--json", env=env)
     assert shown.returncode == 0, shown.stderr

@@ -44,6 +44,8 @@ def test_bad_config_is_one_line_naming_the_key_and_exit_2(tmp_path: Path) -> Non
         ("[families.nosuch]\nbatch_size = 1\n", "families.nosuch"),
         ("[families.noop]\nlease_ttl = 1.0\n", "families.noop.lease_ttl"),
         ("[work]\nbogus = 1\n", "work.bogus"),
+        # A command horizon shorter than the admission dedup window (facts_days).
+        ("[retention]\ncommands_days = 399.0\n", "retention.commands_days"),
         ("[[operators]]\nname = 'a'\nrole = 'root'\n", "operators[0].role"),
         ("not toml at all [", "--config"),
     ],

@@ -11,8 +11,16 @@ from config.catalog import load_catalog
 from config.settings import BindingSettings, CatalogSettings, Settings
 from daemon.core.outcomes import Succeeded
 from daemon.services.catalog_view import CatalogView, publish_current
+from storage import catalog_revisions
 from storage.command_repair import RepairActor
-from storage.port import PublishParams, RevisionConflict, RevisionNotPublished, SqlTx, WorkConflict
+from storage.port import (
+    PublishParams,
+    RevisionConflict,
+    RevisionNotPublished,
+    RevisionPins,
+    SqlTx,
+    WorkConflict,
+)
 from storage.work_store import WorkStore
 from tests.support.commands import draft
 from tests.support.work import SEC, T0, claim, finalize
@@ -98,6 +106,34 @@ async def test_a_revision_with_unsettled_pinned_work_cannot_be_deleted(
     assert actions == ["catalog.delete", "catalog.publish"]
     with pytest.raises(RevisionNotPublished, match="catalog revision 7 is not published"):
         await store.catalog_delete(7, now_us=T0 + 6 * SEC, **WHO)
+
+
+async def test_pinned_work_is_counted_up_to_a_bound_and_the_delete_asks_only_if_any(
+        store: WorkStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listing counts a revision's unsettled work up to PIN_COUNT_LIMIT (an index
+    range that stops there) and says there is more; the delete refuses on the first
+    pinned row it meets. (3 here, for a small test; 1000 in production.)"""
+    monkeypatch.setattr(catalog_revisions, "PIN_COUNT_LIMIT", 3)
+    digest = await _publish(store, 7)
+    for i in range(5):
+        accepted = await store.command_accept(
+            attrs.evolve(draft(f"int-{i}", lead=f"lead-{i}"), catalog_digest=digest), T0)
+        assert accepted.work_id is not None
+    pins = await store.catalog_pins(7)
+    assert pins == RevisionPins(open_commands=3, live_work=3, open_commands_more=True,
+                                live_work_more=True)
+    with pytest.raises(RevisionConflict, match=r"\(3\+ open commands, 3\+ live work items\)"):
+        await store.catalog_delete(7, now_us=T0, **WHO)
+    # Exactly at the bound is an exact count, not "more".
+    monkeypatch.setattr(catalog_revisions, "PIN_COUNT_LIMIT", 5)
+    assert await store.catalog_pins(7) == RevisionPins(open_commands=5, live_work=5)
+    # Terminal work and settled commands of the revision are not counted at all.
+    await store.db.transact(lambda tx: tx.execute(
+        "UPDATE external_commands SET settlement = 'retired'"), name="test.settle")
+    await store.db.transact(lambda tx: tx.execute(
+        "UPDATE work_items SET state = 'cancelled'"), name="test.cancel")
+    assert await store.catalog_pins(7) == RevisionPins(open_commands=0, live_work=0)
+    assert (await store.catalog_delete(7, now_us=T0, **WHO)).digest == digest
 
 
 async def test_a_repair_pins_the_resolved_current_revision_and_audits_both(

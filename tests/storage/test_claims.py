@@ -18,8 +18,8 @@ from daemon.core.outcomes import (
     Succeeded,
 )
 from daemon.core.states import WorkEvent, WorkState
-from daemon.core.work import Fence
-from storage.port import ClaimParams, LostLease, SqlTx, WorkConflict
+from daemon.core.work import Fence, WorkItem
+from storage.port import ClaimParams, LostLease, RenewGroup, SqlTx, WorkConflict
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.work import SEC, T0, TTL, claim, enqueue, finalization, finalize
@@ -187,6 +187,32 @@ async def test_expired_but_unreclaimed_lease_is_already_lost(store: WorkStore) -
     assert renew.lost == [item.fence]
     with pytest.raises(LostLease):
         await store.work_fenced(item.fence, after, _write_marker, name="t")  # type: ignore[arg-type]
+
+
+async def test_one_renewal_renews_groups_for_their_own_ttls(store: WorkStore) -> None:
+    """The lease keeper's renewal of every family at once: one statement, each group's
+    fences to its own TTL, a stale fence lost without holding back the others."""
+    await enqueue(store, 4)
+    items = (await claim(store, ttl=TTL)).claimed
+    fences = [i.fence for i in items if i.fence is not None]
+    stale = Fence(fences[3].work_id, "not-the-token", fences[3].ownership_epoch)
+    now = T0 + SEC
+    result = await store.work_renew_groups(
+        [RenewGroup((fences[0], fences[1]), 10 * SEC), RenewGroup((fences[2], stale), 40 * SEC)],
+        now)
+    assert result.renewed == {fences[0].work_id: now + 10 * SEC,
+                              fences[1].work_id: now + 10 * SEC,
+                              fences[2].work_id: now + 40 * SEC}
+    assert result.lost == [stale]
+    by_id = {i.work_id: i for i in await _items(store, [f.work_id for f in fences])}
+    assert [by_id[f.work_id].lease_until_us for f in fences] == [
+        now + 10 * SEC, now + 10 * SEC, now + 40 * SEC, T0 + TTL]
+    assert (await store.work_renew_groups([], now)).renewed == {}
+
+
+async def _items(store: WorkStore, ids: list[str]) -> list[WorkItem]:
+    found = [await store.work_get(w) for w in ids]
+    return [i for i in found if i is not None]
 
 
 async def test_fenced_write_commits_with_a_live_fence(store: WorkStore) -> None:

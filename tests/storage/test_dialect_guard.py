@@ -37,6 +37,7 @@ from storage.port import (
     Database,
     DbStats,
     PublishParams,
+    RenewGroup,
     ReplayParams,
     Row,
     SqlTx,
@@ -122,6 +123,10 @@ async def _workload(store: WorkStore) -> None:
         dedupe_key="k")] * 2, T0)
     first = (await claim(store, ttl=SEC)).claimed
     await store.work_renew_if_owner([i.fence for i in first if i.fence], SEC, T0)
+    # The lease keeper's renewal of several families (one TTL each): one CASE UPDATE.
+    fences = [i.fence for i in first if i.fence]
+    await store.work_renew_groups([RenewGroup(tuple(fences[:1]), SEC),
+                                   RenewGroup(tuple(fences[1:]), 2 * SEC)], T0)
     again = (await claim(store, "B", now=T0 + 5 * SEC)).claimed  # reclaims expired leases
     outcomes: list[Outcome] = [
         Succeeded(), RetryLater("x"), DeadLetter("x"), Released(), CancelAcknowledged(),

@@ -207,7 +207,8 @@ async def test_effect_attempts_go_only_when_resolved_and_their_command_settled(
     # The settled command's work went; the unsettled one's stayed, with its fact.
     assert await ids(store, "work_items", "work_id") == {unsettled.work_id}
     assert summary["tables"]["effect_attempts"]["pruned"] == 2
-    assert await count(store, "external_commands") == 2  # commands are never pruned
+    # The settled command keeps an attempt of unknown outcome; the other is open.
+    assert await count(store, "external_commands") == 2
 
 
 async def test_batches_respect_the_byte_budget(store: WorkStore) -> None:
