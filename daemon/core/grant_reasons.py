@@ -17,8 +17,6 @@ code                             when
                                  finished (it may have spent the token)
 ``no_refresh_token``             the access token expired (or was refused) and the grant
                                  holds no refresh token
-``token_bundle_unauthentic``     the sealed bundle failed authentication under its key
-                                 (tampered, rolled back, moved): it is never used
 ===============================  ==========================================================
 """
 
@@ -36,9 +34,6 @@ REASONS: dict[str, str] = {
                                     " owner: re-authorize the binding",
     "no_refresh_token": "the access token expired and the grant has no refresh token:"
                         " re-authorize the binding",
-    "token_bundle_unauthentic": "the sealed token bundle failed authentication (tampered,"
-                                " rolled back or moved) and was not used: re-authorize the"
-                                " binding",
 }
 
 

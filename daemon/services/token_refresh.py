@@ -36,7 +36,6 @@ from config.settings import Secret
 from daemon.core.grant_reasons import GrantReason, grant_reason, refused_refresh
 from daemon.core.token_bundle import (
     BundleContext,
-    BundleRefused,
     SecretText,
     TokenBundle,
     TokenKey,
@@ -46,7 +45,6 @@ from daemon.core.token_bundle import (
 from daemon.core.work import Fence
 from daemon.services import logs
 from daemon.services.clock import Clock
-from storage.grants import GrantState
 from storage.idgen import new_lease_token
 from storage.port import DuplicateKey, SqlTx
 from storage.refresh_leases import (
@@ -126,19 +124,14 @@ class TokenOwner:
                 raise TokenUnavailable(grant.state.value, f"binding {binding_id} generation"
                                        f" {generation}: {grant.state.value}")
             context = BundleContext(binding_id, generation, grant.token_version)
-            try:
-                bundle = open_bundle(grant.sealed, self.keys, context)
-            except BundleRefused as exc:
-                if exc.reason == "token_bundle_unauthentic":
-                    # Never used, by any replica: the grant needs re-authorization, with
-                    # why (at the version seen: a newer one is judged on its own). A key
-                    # this replica lacks (token_key_missing) is its own configuration,
-                    # not the grant's, and marks nothing.
-                    await self.store.grant_mark(
-                        binding_id, generation, grant.token_version,
-                        GrantState.NEEDS_REAUTHORIZATION, self.clock.now_us(),
-                        grant_reason("token_bundle_unauthentic"))
-                raise
+            # A bundle that fails authentication (or whose key this replica lacks) is
+            # refused here and never used (BundleRefused: counted and alerted). It marks
+            # nothing on the shared grant: AES-GCM cannot tell a tampered bundle from this
+            # replica's wrong key under the right id (a swapped key file, a restored
+            # backup), and a tampered bundle fails on every replica by itself, while
+            # marking it would stop every replica's work and ask every user to
+            # re-authorize for one host's configuration error.
+            bundle = open_bundle(grant.sealed, self.keys, context)
             now = self.clock.now_us()
             rejected = rejected_version is not None and grant.token_version <= rejected_version
             if not rejected and bundle.expires_at_us - self.margin_us > now:

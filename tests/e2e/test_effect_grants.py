@@ -162,15 +162,10 @@ async def test_a_bundle_that_fails_authentication_is_refused_alerted_and_never_u
         assert sl.replica is not None
         assert ('integrationd_effect_credential_failures_total{reason="token_bundle_unauthentic"}'
                 ' 1.0') in sl.replica.metrics_text().decode()
-        # Never used by anyone from now on: the grant needs re-authorization, with why, on
-        # the row and in the gauge the depth loop samples (every 5 s here).
+        # Refused by this replica only: the shared grant is not marked (its key file may
+        # be the wrong one; a replica with the right key goes on using the grant).
         grant = await store.grant_get("hubspot-main", 1)
-        assert grant is not None and grant.state is GrantState.NEEDS_REAUTHORIZATION
-        assert grant.reason is not None and grant.reason.code == "token_bundle_unauthentic"
-        replica = sl.replica
-        gauge = ('integrationd_grants_needing_reauthorization{reason="token_bundle_unauthentic"}'
-                 ' 1.0')
-        await wait_for(lambda: gauge in replica.metrics_text().decode(), within_s=30)
+        assert grant is not None and (grant.state, grant.reason) == (GrantState.VALID, None)
 
 
 async def test_a_refresh_that_keeps_failing_defers_the_work_and_burns_no_attempt(

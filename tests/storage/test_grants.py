@@ -83,7 +83,7 @@ async def test_a_reason_is_written_with_the_state_and_cleared_by_a_new_version(
                               expires_at_us=0, now_us=T0)
     fresh = await store.grant_get("b1", 2)
     assert fresh is not None and fresh.reason is None
-    why = grant_reason("token_bundle_unauthentic")
+    why = grant_reason("invalid_grant")
     # At a version nobody saw: nothing written, the reason neither.
     assert not await store.grant_mark("b1", 2, 7, GrantState.NEEDS_REAUTHORIZATION, T0, why)
     got = await store.grant_get("b1", 2)
