@@ -58,6 +58,10 @@ class InboundChange:
     origin: str              # one of ORIGINS
     origin_id: str           # normalized event id, or "<stream>:<page checkpoint>"
     subscription_generation: int | None = None
+    # The remote account the binding named when the change was observed (its durable
+    # fact; None in changes queued before it was kept). The Flow applies it only while
+    # the binding still names that account: a record id means nothing in another one.
+    remote_account: str | None = None
 
     def __attrs_post_init__(self) -> None:
         for name in ("provider", "binding", "resource_type", "resource_id", "origin_id"):
@@ -79,7 +83,10 @@ class InboundChange:
 
     def to_payload(self) -> str:
         """Canonical JSON text (the WorkItem payload)."""
+        # ``remote_account`` only when known, so that a change without it keeps its bytes.
+        account = {} if self.remote_account is None else {"remote_account": self.remote_account}
         return canonical_bytes({
+            **account,
             "version": PAYLOAD_VERSION,
             "provider": self.provider,
             "binding": self.binding,
@@ -113,6 +120,9 @@ class InboundChange:
         updated_at = data.get("remote_updated_at")
         if updated_at is not None and not isinstance(updated_at, str):
             raise BadInboundChange("remote_updated_at: not a string")
+        account = data.get("remote_account")
+        if account is not None and (not isinstance(account, str) or not account):
+            raise BadInboundChange("remote_account: not a non-empty string")
         text_fields = {}
         for name in ("provider", "binding", "resource_type", "resource_id", "kind", "origin",
                      "origin_id"):
@@ -121,7 +131,7 @@ class InboundChange:
                 raise BadInboundChange(f"{name}: not a string")
             text_fields[name] = value
         return cls(attributes=attributes, remote_updated_at=updated_at,
-                   subscription_generation=generation, **text_fields)
+                   subscription_generation=generation, remote_account=account, **text_fields)
 
     def work_spec(self, *, org_id: str, catalog_revision: int, catalog_digest: str,
                   max_attempts: int = 5) -> WorkSpec:

@@ -178,6 +178,12 @@ class InboundFlow:
         principal = (await ctx.store.binding_get(change.binding)
                      or await ctx.store.binding_bootstrap(bootstrap_facts(current),
                                                           ctx.clock.now_us()))
+        account = principal.identity.remote_account_id
+        if change.remote_account is not None and change.remote_account != account:
+            # Observed under the account the binding named before a rebind: its record id
+            # is another account's, and must never be matched, adopted or applied here.
+            return (f"the change was observed under remote account {change.remote_account};"
+                    f" binding {change.binding} now names {account}: it is not applied")
         scope = scope_digest(principal)
         locator = integration_remote_locator_hash(scope, resource.name, change.resource_id)
         return _Resolved(pinned, current, resource, object_binding, runtime, scope, locator)

@@ -62,9 +62,23 @@ class Materializer:
     def _binding(self, route: WebhookRoute) -> BindingSettings | None:
         return self.catalog.binding(route.binding_id)
 
-    def plan(self, receipt: IngressReceipt) -> Materialization | QuarantineParams | None:
+    async def accounts(self, receipts: list[IngressReceipt]) -> dict[str, str]:
+        """The remote account each of these receipts' bindings names now (its durable
+        fact: a rebind moves it; the configured one for a binding with no row yet)."""
+        bindings = {b.binding_id: b for b in (
+            self._binding(route) for route in (self.routes.get(r.route) for r in receipts)
+            if route is not None) if b is not None}
+        found = await self.store.binding_get_many(sorted(bindings))
+        return {binding_id: (found[binding_id].identity.remote_account_id
+                             if binding_id in found else b.remote_account_id)
+                for binding_id, b in bindings.items()}
+
+    def plan(self, receipt: IngressReceipt, accounts: Mapping[str, str] | None = None
+             ) -> Materialization | QuarantineParams | None:
         """What settles one receipt (pure but for the catalog): its events and WorkItems,
-        or its quarantine; None when its route is no longer configured."""
+        or its quarantine; None when its route is no longer configured. ``accounts``: the
+        remote account each binding names now, pinned on the changes (the Flow refuses a
+        change whose binding has since been rebound to another account)."""
         route = self.routes.get(receipt.route)
         webhook: WebhookDefinition | None = self.catalog.webhooks.get(receipt.webhook)
         binding = self._binding(route) if route is not None else None
@@ -84,7 +98,8 @@ class Materializer:
                     resource_type=d.resource_type, resource_id=d.resource_id, kind=d.kind,
                     attributes=d.attributes, remote_updated_at=d.remote_updated_at,
                     origin="webhook", origin_id=event_id,
-                    subscription_generation=receipt.subscription_generation)
+                    subscription_generation=receipt.subscription_generation,
+                    remote_account=(accounts or {}).get(binding.binding_id))
                 specs.append(change.work_spec(
                     org_id=binding.org_id, catalog_revision=self.catalog.revision,
                     catalog_digest=self.catalog.digest, max_attempts=self.max_attempts))
@@ -107,8 +122,9 @@ class Materializer:
         ``materialized``, ``quarantined``, ``settled_elsewhere`` or ``no_route``."""
         plans: list[tuple[IngressReceipt, Materialization | QuarantineParams]] = []
         outcome: dict[str, str] = {}
+        accounts = await self.accounts(receipts)
         for receipt in receipts:
-            plan = self.plan(receipt)
+            plan = self.plan(receipt, accounts)
             if plan is None:
                 logs.warn("ingress_receipt_without_route", receipt=receipt.receipt_id,
                           route=receipt.route[:64])

@@ -196,6 +196,11 @@ class CursorReconciler:
         except TokenUnavailable as exc:
             return RetryLater(exc.reason, str(exc))
         token = access.token
+        # The account the listing reads (the durable binding's; the configured one while
+        # the binding has no row yet).
+        principal = await ctx.store.binding_get(run.binding)
+        account = (principal.identity.remote_account_id if principal is not None
+                   else r.binding.remote_account_id)
         policy = r.object_binding.reconcile
         key = r.stream.key
 
@@ -250,10 +255,12 @@ class CursorReconciler:
                              horizon_ns=horizon, until_ns=run.until_ns,
                              origin="reconcile" if incremental and not initial else "repair",
                              run_id=run.run_id if not initial else "initial")
-            specs = [c.work_spec(org_id=r.binding.org_id,
-                                 catalog_revision=ctx.item.catalog_revision,
-                                 catalog_digest=ctx.item.catalog_digest,
-                                 max_attempts=self.inbound_max_attempts)
+            # Each change pins the account it was listed from (the Flow refuses it after
+            # a rebind to another account).
+            specs = [attrs.evolve(c, remote_account=account).work_spec(
+                         org_id=r.binding.org_id, catalog_revision=ctx.item.catalog_revision,
+                         catalog_digest=ctx.item.catalog_digest,
+                         max_attempts=self.inbound_max_attempts)
                      for c in plan.changes]
             moved = plan.cursor if incremental else None
             state = await ctx.fenced(_checkpoint(specs, state, moved, ctx.clock.now_us()),

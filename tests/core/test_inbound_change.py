@@ -26,6 +26,15 @@ def test_round_trip_is_exact_and_canonical() -> None:
     assert text == json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
 
 
+def test_the_pinned_account_round_trips_and_its_absence_keeps_the_old_bytes() -> None:
+    pinned = change(remote_account="acct-1")
+    assert InboundChange.from_payload(pinned.to_payload()) == pinned
+    assert '"remote_account":"acct-1"' in pinned.to_payload()
+    # A change queued before the account was pinned reads back without one, byte for byte.
+    assert "remote_account" not in change().to_payload()
+    assert InboundChange.from_payload(change().to_payload()).remote_account is None
+
+
 def test_lane_is_the_remote_record_and_dedupe_is_the_origin() -> None:
     a = change(origin_id="evt-1")
     b = change(origin_id="evt-2", kind="destroyed", attributes={})
@@ -69,6 +78,8 @@ def _payload(**edits: object) -> str:
     (_payload(subscription_generation="3"), "subscription_generation"),
     (_payload(subscription_generation=True), "subscription_generation"),
     (_payload(remote_updated_at=5), "remote_updated_at"),
+    (_payload(remote_account=""), "remote_account"),
+    (_payload(remote_account=7), "remote_account"),
     (_payload(resource_id=42), "resource_id"),
     (_payload(kind=KeyError), "kind"),
     (_payload(kind="merged"), "kind"),

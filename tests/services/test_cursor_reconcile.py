@@ -271,3 +271,10 @@ async def test_a_listed_fractional_number_is_offered_as_its_exact_decimal_text(
     assert await rig.run() == Succeeded("2 records offered to the inbound Flow")
     scored = [c for c in await rig.offered() if c.resource_id == "2"]
     assert [c.attributes["engagedScore"] for c in scored] == ["0.1"]
+
+
+async def test_listed_changes_pin_the_account_they_were_listed_from(rig: Rig) -> None:
+    seed(rig.sim, 3)
+    await rig.enqueue(RunPayload(binding=BINDING, resource="prospect"))
+    assert await rig.run() == Succeeded("3 records offered to the inbound Flow")
+    assert {c.remote_account for c in await rig.offered()} == {"org-77"}

@@ -232,6 +232,24 @@ async def test_a_created_prospect_is_hydrated_matched_by_email_and_linked(
     assert "Email" in adopted.reason
 
 
+async def test_a_change_observed_under_another_account_is_never_applied(
+        world: World) -> None:
+    """Materialized (or listed) before a rebind, a change names the old account's record
+    id: after the rebind it is refused before any read or mutation (binding_drift)."""
+    await world.lead(Email="ada@example.com")
+    world.sim.put_prospect({"firstName": "Ada", "emails": ["ada@example.com"]},
+                           prospect_id=9)
+    stale = attrs.evolve(world.change(kind="created", prospect="9", updated_at=None),
+                         remote_account="account-before-the-rebind")
+    outcome = await world.run(stale)
+    assert isinstance(outcome, DeadLetter) and outcome.failure_class == "binding_drift"
+    assert "account-before-the-rebind" in outcome.summary and ACCOUNT in outcome.summary
+    assert world.sim.requests == [] and world.stats()["mutations_applied"] == 0
+    # The same change pinned to the account the binding names is applied.
+    current = attrs.evolve(stale, remote_account=ACCOUNT, origin_id="e2")
+    assert await world.run(current) == Succeeded("applied FirstName")
+
+
 async def test_a_hydrated_prospect_with_a_fractional_score_keeps_its_exact_text(
         world: World) -> None:
     """A provider's number with a fraction (Outreach's scores) is not a float anywhere:
