@@ -263,6 +263,19 @@ async def _cmd_run(settings: Settings) -> int:
             if refusal is not None:
                 raise ConfigError("catalog.revision", refusal)
 
+        async def token_keys_open_their_bundles() -> None:
+            """A loaded token key that opens none of the bundles sealed under its id is a
+            different key under the right id: one line naming it, exit 2 (every grant it
+            seals would be refused here, one use at a time)."""
+            if not settings.keys.active:
+                return
+            from config.keys import load_token_keys
+            from daemon.services.key_rotation import wrong_keys
+
+            keys = load_token_keys(settings.keys, os.environ, settings.base_dir)
+            for key_id, message in await wrong_keys(store, keys):
+                raise ConfigError(f"keys.{key_id}", message)
+
         async def bindings_bootstrapped() -> None:
             """Every [[bindings]] entry has its durable PrincipalBinding row (created
             from the TOML only when missing; a differing TOML generation is logged)."""
@@ -288,8 +301,8 @@ async def _cmd_run(settings: Settings) -> int:
         replica = Replica(settings, store, parts.registry, clock, metrics=metrics,
                           api_app=parts.api_app, admin_app=admin_app,
                           ingress_app=parts.ingress.app if parts.ingress else None,
-                          startup_checks=(catalog_published, bindings_bootstrapped,
-                                          subscription_chains))
+                          startup_checks=(catalog_published, token_keys_open_their_bundles,
+                                          bindings_bootstrapped, subscription_chains))
         if parts.api_context is not None:
             parts.api_context.wake = replica.wake
         if settings.replica.id:

@@ -59,6 +59,36 @@ async def verify_keys(store: AuthorizationGrants, keys: Mapping[str, TokenKey]) 
     return problems
 
 
+# How many of a key id's stored bundles the start-up check tries before it says the key
+# opens none of them (one that opens proves the key; a row that does not is refused at use).
+WRONG_KEY_SAMPLE = 8
+
+
+async def wrong_keys(store: AuthorizationGrants, keys: Mapping[str, TokenKey]
+                     ) -> list[tuple[str, str]]:
+    """Loaded keys that open none of the stored bundles sealed under their id, tried up to
+    ``WRONG_KEY_SAMPLE`` each: (key id, message). That is a different key under the right
+    id (a swapped or mistyped key file, another deployment's), which the start-up refuses
+    in one line; a key that opens any of them is right, and a bundle it does not open was
+    tampered or rolled back (refused when used, never a reason to stop the replica).
+    A key id that seals bundles but is not loaded is not checked here (``keys status``)."""
+    tried: dict[str, int] = {}
+    proven: set[str] = set()
+    for grant in await store.grant_list():
+        key_id = grant.sealed.key_id
+        if key_id not in keys or key_id in proven or tried.get(key_id, 0) >= WRONG_KEY_SAMPLE:
+            continue
+        tried[key_id] = tried.get(key_id, 0) + 1
+        try:
+            open_bundle(grant.sealed, keys, _context(grant))
+        except BundleRefused:
+            continue
+        proven.add(key_id)
+    return [(key_id, f"token key {key_id!r} opens none of the {count} stored bundle(s)"
+                     " sealed under its id that were tried (a different key under that id?)")
+            for key_id, count in sorted(tried.items()) if key_id not in proven]
+
+
 async def rotate_keys(store: AuthorizationGrants, keys: Mapping[str, TokenKey], active: str, *,
                       actor: str, reason: str, now_us: int) -> RotationReport:
     new_key = keys[active]

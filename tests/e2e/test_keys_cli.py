@@ -155,3 +155,28 @@ async def test_run_with_a_malformed_or_missing_previous_key_is_one_line_exit_2(
     (line,) = missing.stderr.strip().splitlines()
     assert line.startswith("integrationd: config error: keys.k1: token key 'k1' not found")
     assert NEW.material.hex() not in missing.stderr + missing.stdout
+
+
+async def test_run_with_a_different_key_under_the_right_id_is_one_line_exit_2(
+        database: FreshDatabase, store: WorkStore, tmp_path: Path) -> None:
+    """The key file holds another key under the id the stored bundles name (a swapped or
+    mistyped file): every grant would be refused at use, so ``run`` stops at start in one
+    line naming the key, exit 2; the key is never printed."""
+    await store.grant_install(binding_id="hubspot-main", generation=1,
+                              sealed=seal(_bundle(0), OLD, BundleContext("hubspot-main", 1, 1)),
+                              expires_at_us=T0, now_us=T0)
+    (tmp_path / "client.secret").write_text("client-SECRET-x\n")
+    (tmp_path / "keys").mkdir()
+    other = bytes(range(7, 39)).hex()
+    (tmp_path / "keys" / "k1.key").write_text(other)
+    cfg = write_config(tmp_path / "g.toml", database.url,
+                       extra=ADMIN + GRANT_BINDING + '\n[keys]\ndir = "keys"\nactive = "k1"\n')
+    published = run_cli(cfg, "catalog", "publish", "--actor", "root", "--reason", "r")
+    assert published.returncode == 0, published.stderr
+    run = run_cli(cfg, "run")
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines()[-1] == (
+        "integrationd: config error: keys.k1: token key 'k1' opens none of the 1 stored"
+        " bundle(s) sealed under its id that were tried (a different key under that id?)")
+    printed = run.stdout + run.stderr
+    assert other not in printed and OLD.material.hex() not in printed and "SECRET" not in printed
