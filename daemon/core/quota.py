@@ -57,7 +57,7 @@ A policy therefore names its window's *kind*, as the provider defines it (L1):
   length ``window + jitter`` would need ``N·I - tau < window + jitter``, so choosing
   ``I = ceil((window + jitter) / (N - B + 1))`` makes that impossible. The price of a
   burst of ``B`` is the sustained rate: ``(N - B + 1) / (window + jitter)``, small when
-  ``B`` is small beside ``N`` (1 % for HubSpot's daily 2,500 of 250,000).
+  ``B`` is small beside ``N`` (1 % for a daily burst of 2,500 of 250,000).
 * ``fixed`` (the provider counts per window aligned to ``offset + k·window``, e.g. a day
   from midnight UTC): a counter per window, so all ``N`` may go at once and the next ``N``
   at the next window's start. A slot whose jitter could carry its arrival past the window's
