@@ -59,15 +59,18 @@ def _worst_window(times: list[float], window_s: float) -> int:
 def _definitions(tmp_path: Path) -> str:
     """The sandbox L1 with only the per-user dimension: the shipped HubSpot dimensions
     count per app installation, which all these users share (they would make the 101
-    keys one)."""
+    keys one), so every ``[quota.*]`` table goes."""
     directory = write_sandbox_definitions(tmp_path / "l1")
     hubspot = directory / "hubspot.toml"
-    text = hubspot.read_text()
-    head, sep, rest = text.partition("[quota.per_app_10s]")
-    assert sep, "the shipped HubSpot L1 no longer declares per_app_10s"
-    _, sep, rest = rest.partition("[operations.")
-    text = head + sep + rest
-    assert "[quota." not in text
+    kept: list[str] = []
+    dropping = False
+    for line in hubspot.read_text().splitlines(keepends=True):
+        if line.startswith("["):
+            dropping = line.startswith("[quota.")
+        if not dropping:
+            kept.append(line)
+    text = "".join(kept)
+    assert "[quota." not in text and "[operations." in text
     # Top-level keys go before the first table.
     head, sep, rest = text.partition("[auth.bearer]")
     hubspot.write_text(head + PER_USER + sep + rest)
