@@ -16,7 +16,9 @@ What it measures, each phase with R ``sandbox.quota_racer`` processes on a fresh
    clock, for ``--use-seconds`` (``--burst``: how many may start at once). ``limit_use`` =
    requests the provider accepted / what its limit allowed between the first and the last
    arrival (goal >= 0.95), ``violations`` = arrivals beyond the limit in any window of the
-   provider's own, ``self_caused_429`` = 429s the provider answered.
+   provider's own, ``self_caused_429`` = 429s the provider answered;
+   ``use_grant_p50_ms`` / ``use_grant_p99_ms``: one grant's latency in this phase (with
+   ``--burst`` above 1 that is the slot log's path: lock, read, decide, conditional write).
 4. **the peer**: phase 3 again with process-local buckets (what a team would otherwise
    write: each replica believes it owns the whole limit), for ``--peer-seconds``.
 
@@ -38,6 +40,7 @@ import httpx
 import trio
 
 from bench.kernel import fresh_url, mysql_admin
+from daemon.core.quota import QuotaPolicy
 from sandbox.quota_meter import QuotaMeter
 from storage.migrate import migrate
 from storage.open import open_store
@@ -105,9 +108,12 @@ async def _limit_use(url: str, replicas: int, *, limit: int, window: float, seco
     # What the provider's limit allowed between the first and the last arrival.
     allowed = limit * max(1.0, report["span_s"] / window)
     accepted = report["arrivals"] - report["throttled"]
+    latencies = [v for r in results for v in r["latency_us"]]
     return {"limit_use": round(accepted / allowed, 3), "violations": report["violations"],
             "self_caused_429": report["throttled"], "sent": report["arrivals"],
-            "dropped_slots": sum(r["dropped"] for r in results)}
+            "dropped_slots": sum(r["dropped"] for r in results),
+            "use_grant_p50_ms": _percentile(latencies, 0.5),
+            "use_grant_p99_ms": _percentile(latencies, 0.99)}
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -130,6 +136,8 @@ async def main(args: argparse.Namespace) -> None:
             if name is not None:
                 mysql_admin(f"DROP DATABASE IF EXISTS {name}")
     latencies = hot_lat + cold_lat
+    use_policy = QuotaPolicy(limit=args.limit, window_us=int(args.window * 1e6),
+                             jitter_us=int(args.jitter * 1e6), burst=args.burst)
     print(json.dumps({
         "bench": "quota", "backend": args.backend, "replicas": args.replicas,
         "block": args.block,
@@ -139,6 +147,7 @@ async def main(args: argparse.Namespace) -> None:
         "limit": f"{args.limit} per {args.window:g} s", "burst": args.burst,
         "use_seconds": args.use_seconds,
         **use,
+        "schedule": ("slot log" if use_policy.uses_slot_log else "gcra"),
         "peer": "process-local buckets", "peer_violations": peer["violations"],
         "peer_self_caused_429": peer["self_caused_429"], "peer_limit_use": peer["limit_use"],
     }))

@@ -16,6 +16,15 @@ the database so that every replica draws from one budget:
 * Fixed windows (:class:`daemon.core.quota.WindowKind`) read the row, decide with the pure
   core and write it back by a compare-and-swap on what was read (a counter per window has
   no single-statement form on both dialects); sliding windows keep the one UPDATE.
+* Sliding windows with a burst keep a *slot log* in the row (``slot_log``, see
+  :func:`daemon.core.quota.encode_log`): the grant takes the key's row lock with a first
+  UPDATE, reads the row, decides with the pure core and writes tat and log in one
+  conditional UPDATE on what it read (``tat``, ``blocked_until``, and the two monotone
+  counters ``granted_total`` and ``returned_total``, so no ABA), judged by matched rows.
+  Under the row lock (InnoDB, SQLite's ``BEGIN IMMEDIATE``) the condition always holds;
+  across Galera nodes, where the lock is per node, it is what refuses the loser (it goes
+  again). Every other grant path writes ``slot_log = NULL``: a key that later keeps a log
+  guesses its history as late as it could have been (never early).
 * reservations: a slot bound to one claim (work id + ownership epoch) and, once the
   request is prepared, to its effect attempt; ``reserved -> sent | released |
   spent_unknown``, each a conditional UPDATE on the current state.
@@ -36,6 +45,8 @@ from daemon.core.quota import (
     Wait,
     WindowKind,
     corrected,
+    decode_log,
+    encode_log,
     grant,
     reservation_transition,
     returned,
@@ -62,12 +73,15 @@ _GRANT_SQL = (
     " THEN (CASE WHEN tat_us > ? THEN tat_us ELSE ? END)"
     " ELSE (CASE WHEN blocked_until_us > ? THEN blocked_until_us ELSE ? END) END) + ?,"
     " granted_total = granted_total + ?, limit_count = ?, window_us = ?, interval_us = ?,"
-    " updated_at_us = ? WHERE quota_key = ? AND tat_us - ? <= ? AND blocked_until_us <= ?"
+    " updated_at_us = ?, slot_log = NULL"
+    " WHERE quota_key = ? AND tat_us - ? <= ? AND blocked_until_us <= ?"
 )
 _KEY_COLUMNS = (
     "quota_key, tat_us, blocked_until_us, last_throttled_at_us, throttles_total,"
-    " granted_total, returned_total, limit_count, window_us, interval_us, updated_at_us"
+    " granted_total, returned_total, limit_count, window_us, interval_us, updated_at_us,"
+    " slot_log"
 )
+_NEW_KEY_VALUES = "?, 0, 0, 0, 0, 0, 0, ?, ?, ?, ?, NULL"
 
 
 class QuotaContention(StorageError):
@@ -102,37 +116,61 @@ class QuotaReservation:
     state: ReservationState
 
 
+def _log(text: object) -> tuple[int, ...]:
+    """The stored slot log; one that cannot be read is taken as none (the core then
+    guesses the history as late as it could have been: slower, never early)."""
+    try:
+        return decode_log(None if text is None else str(text))
+    except ValueError:
+        return ()
+
+
 def _key_from_row(row: Row) -> QuotaKeyView:
     return QuotaKeyView(
-        quota_key=str(row[0]), state=QuotaState(int(row[1]), int(row[2])),
+        quota_key=str(row[0]), state=QuotaState(int(row[1]), int(row[2]), _log(row[11])),
         last_throttled_at_us=int(row[3]), throttles_total=int(row[4]),
         granted_total=int(row[5]), returned_total=int(row[6]), limit_count=int(row[7]),
         window_us=int(row[8]), interval_us=int(row[9]), updated_at_us=int(row[10]),
     )
 
 
-async def _read_or_create(tx: SqlTx, key: str, policy: QuotaPolicy,
-                          now_us: int) -> QuotaState:
+@attrs.frozen
+class _Seen:
+    """A key's row as read: its state and the two monotone counters (for the CAS)."""
+
+    state: QuotaState
+    granted_total: int = 0
+    returned_total: int = 0
+
+
+async def _read_or_create(tx: SqlTx, key: str, policy: QuotaPolicy, now_us: int) -> _Seen:
     rows = await tx.fetchall(
-        "SELECT tat_us, blocked_until_us FROM quota_keys WHERE quota_key = ?", (key,))
+        "SELECT tat_us, blocked_until_us, slot_log, granted_total, returned_total"
+        " FROM quota_keys WHERE quota_key = ?", (key,))
     if rows:
-        return QuotaState(int(rows[0][0]), int(rows[0][1]))
+        r = rows[0]
+        log = _log(r[2]) if policy.uses_slot_log else ()
+        return _Seen(QuotaState(int(r[0]), int(r[1]), log), int(r[3]), int(r[4]))
     await tx.execute(
-        f"INSERT INTO quota_keys ({_KEY_COLUMNS}) VALUES (?, 0, 0, 0, 0, 0, 0, ?, ?, ?, ?)",
+        f"INSERT INTO quota_keys ({_KEY_COLUMNS}) VALUES ({_NEW_KEY_VALUES})",
         (key, policy.limit, policy.window_us, policy.interval_us, now_us))
-    return QuotaState()
+    return _Seen(QuotaState())
 
 
-async def _cas(tx: SqlTx, key: str, seen: QuotaState, new: QuotaState, policy: QuotaPolicy,
+async def _cas(tx: SqlTx, key: str, seen: _Seen, new: QuotaState, policy: QuotaPolicy,
                now_us: int, *, granted: int = 0, returned_count: int = 0) -> bool:
+    """Write ``new`` (its slot log, or NULL when the policy keeps none) while the row is
+    still what was read."""
+    log = encode_log(new.log) if policy.uses_slot_log else None
     matched = await tx.execute(
-        "UPDATE quota_keys SET tat_us = ?, blocked_until_us = ?,"
+        "UPDATE quota_keys SET tat_us = ?, blocked_until_us = ?, slot_log = ?,"
         " granted_total = granted_total + ?, returned_total = returned_total + ?,"
         " limit_count = ?, window_us = ?, interval_us = ?, updated_at_us = ?"
-        " WHERE quota_key = ? AND tat_us = ? AND blocked_until_us = ?",
-        (new.tat_us, new.blocked_until_us, granted, returned_count, policy.limit,
-         policy.window_us, policy.interval_us, now_us, key, seen.tat_us,
-         seen.blocked_until_us))
+        " WHERE quota_key = ? AND tat_us = ? AND blocked_until_us = ?"
+        " AND granted_total = ? AND returned_total = ?",
+        (new.tat_us, new.blocked_until_us, log, granted, returned_count, policy.limit,
+         policy.window_us, policy.interval_us, now_us, key, seen.state.tat_us,
+         seen.state.blocked_until_us, seen.granted_total, seen.returned_total))
     return matched == 1
 
 
@@ -170,13 +208,18 @@ class QuotaLedger:
                 slots = tuple(max(floor, p - tau) for p in positions)
                 return Granted(slots, state, () if tau == 0 else positions)
             seen = await _read_or_create(tx, key, policy, now_us)
-            decision = grant(policy, seen, now_us=now_us, count=count,
+            decision = grant(policy, seen.state, now_us=now_us, count=count,
                              max_wait_us=max_wait_us)
             return decision if isinstance(decision, Wait) else None  # created: go again
 
-        async def body_fixed(tx: SqlTx) -> Granted | Wait | None:
+        async def body_decided(tx: SqlTx) -> Granted | Wait | None:
+            if policy.uses_slot_log:
+                # Take the row lock first, so that grants of one key queue on it rather
+                # than lose the compare-and-swap below.
+                await tx.execute("UPDATE quota_keys SET updated_at_us = ? WHERE quota_key = ?",
+                                 (now_us, key))
             seen = await _read_or_create(tx, key, policy, now_us)
-            decision = grant(policy, seen, now_us=now_us, count=count,
+            decision = grant(policy, seen.state, now_us=now_us, count=count,
                              max_wait_us=max_wait_us)
             if isinstance(decision, Wait):
                 return decision
@@ -184,10 +227,10 @@ class QuotaLedger:
                 return decision
             return None  # another replica moved it first: decide again
 
-        fixed = policy.kind is WindowKind.FIXED
+        decided = policy.kind is WindowKind.FIXED or policy.uses_slot_log
         for _ in range(_MAX_CAS_TRIES):
             try:
-                result = await self.db.transact(body_fixed if fixed else body,
+                result = await self.db.transact(body_decided if decided else body,
                                                 name="quota.grant")
             except DuplicateKey:
                 continue  # two first grants created the row at once; the other won
@@ -224,7 +267,7 @@ class QuotaLedger:
         reset), not counted as a throttle."""
 
         async def body(tx: SqlTx) -> QuotaState:
-            seen = await _read_or_create(tx, key, policy, now_us)
+            seen = (await _read_or_create(tx, key, policy, now_us)).state
             new = throttled(seen, now_us=now_us, retry_after_us=retry_after_us)
             # One statement moves the shared budget; it never moves a block back.
             counted = (" last_throttled_at_us = ?, throttles_total = throttles_total + 1,"
@@ -251,11 +294,15 @@ class QuotaLedger:
 
         async def body(tx: SqlTx) -> bool:
             rows = await tx.fetchall(
-                "SELECT tat_us, blocked_until_us FROM quota_keys WHERE quota_key = ?", (key,))
+                "SELECT tat_us, blocked_until_us, slot_log, granted_total, returned_total"
+                " FROM quota_keys WHERE quota_key = ?", (key,))
             if not rows:
                 return False
-            seen = QuotaState(int(rows[0][0]), int(rows[0][1]))
-            new = returned(policy, seen, unused)
+            r = rows[0]
+            seen = _Seen(QuotaState(int(r[0]), int(r[1]),
+                                    _log(r[2]) if policy.uses_slot_log else ()),
+                         int(r[3]), int(r[4]))
+            new = returned(policy, seen.state, unused)
             if new is None:
                 return False
             return await _cas(tx, key, seen, new, policy, now_us, returned_count=len(unused))

@@ -31,13 +31,33 @@ Bursts
 Even spacing caps a key at its sustained rate: 100 per 10 s could never send 20 at once.
 A policy therefore names its window's *kind*, as the provider defines it (L1):
 
-* ``sliding`` (any interval of length ``window``): GCRA with a burst tolerance. With a
-  burst of ``B`` the tolerance is ``tau = (B - 1)·I`` and a slot may start up to ``tau``
+* ``sliding`` (any interval of length ``window``), up to :data:`SLOT_LOG_MAX` slots per
+  window: GCRA of interval ``I = ceil((window + jitter) / N)`` with a burst tolerance
+  ``tau = (B - 1)·I`` (up to ``B`` slots start at once), *and* a **slot log**: the row keeps
+  an entry for each of the last ``N`` (and a few more) slots, and slot ``n`` may not start
+  before the entry of slot ``n - N`` plus ``window + jitter``. An entry is the slot's
+  position, or its start if that was later (only a guessed entry can cause that, see
+  ``_full_log``), and never less than the entry before it: entries never decrease and
+  each is at or after its slot's start. So slot ``n`` starts at least ``window + jitter``
+  after every slot up to ``n - N`` started; an arrival is within ``jitter`` of its
+  start, so among any ``N + 1`` arrivals the newest slot's is more than ``window`` after
+  the oldest's: no window of the provider's own definition sees more than ``N``, exactly,
+  whatever the burst. The sustained rate is the even spacing's ``N / (window + jitter)``
+  (97.5 % of 100 per 10 s with a 250 ms jitter); the burst comes from idle time (a full
+  burst only once the log's ``N``-th newest entry is a window old), not from the
+  sustained rate. Positions stay evenly spaced (the log only delays a send within
+  ``[p - tau, p]``), so blocks and give-back work as for GCRA; a given-back slot also
+  leaves the log (it was never sent), but only while the log still holds ``N`` entries
+  after it (else it simply expires).
+* ``sliding`` above :data:`SLOT_LOG_MAX` (250,000 per day: a log that long is too big for
+  one row): GCRA with the *stretched* interval. With a burst of ``B`` the tolerance is
+  ``tau = (B - 1)·I`` and a slot may start up to ``tau``
   before its TAT, so up to ``B`` slots start at once. Any ``m`` consecutive slots then
   satisfy ``s_m - s_1 >= (m - 1)·I - tau``; ``N + 1`` of them in an open interval of
   length ``window + jitter`` would need ``N·I - tau < window + jitter``, so choosing
   ``I = ceil((window + jitter) / (N - B + 1))`` makes that impossible. The price of a
-  burst of ``B`` is the sustained rate: ``(N - B + 1) / (window + jitter)``.
+  burst of ``B`` is the sustained rate: ``(N - B + 1) / (window + jitter)``, small when
+  ``B`` is small beside ``N`` (1 % for a daily burst of 2,500 of 250,000).
 * ``fixed`` (the provider counts per window aligned to ``offset + k·window``, e.g. a day
   from midnight UTC): a counter per window, so all ``N`` may go at once and the next ``N``
   at the next window's start. A slot whose jitter could carry its arrival past the window's
@@ -72,10 +92,19 @@ are malformed, negative, already past or further away than the window could ever
 from __future__ import annotations
 
 import enum
+import itertools
 import math
 import re
 
 import attrs
+
+# A sliding window with a burst keeps a slot log up to this many slots per window (the
+# log lives in the key's row: SLOT_LOG_MAX + SLOT_LOG_RESERVE numbers); above it the
+# stretched GCRA (see "Bursts").
+SLOT_LOG_MAX = 1_000
+# Entries kept beyond the limit, so the newest slots of a block can come back.
+SLOT_LOG_RESERVE = 32
+
 
 
 class QuotaPolicyError(ValueError):
@@ -121,13 +150,19 @@ class QuotaPolicy:
                 raise QuotaPolicyError("a fixed window must be longer than the jitter")
 
     @property
+    def uses_slot_log(self) -> bool:
+        """A sliding window with a burst, small enough for a slot log in the row."""
+        return (self.kind is WindowKind.SLIDING and self.burst > 1
+                and self.limit <= SLOT_LOG_MAX)
+
+    @property
     def interval_us(self) -> int:
         """Sliding: the spacing between two slots' positions. Fixed: one position per slot
         (a microsecond of the counted window's TAT)."""
         if self.kind is WindowKind.FIXED:
             return 1
-        return max(1, math.ceil((self.window_us + self.jitter_us)
-                                / (self.limit - self.burst + 1)))
+        spread = self.limit if self.uses_slot_log else self.limit - self.burst + 1
+        return max(1, math.ceil((self.window_us + self.jitter_us) / spread))
 
     @property
     def tolerance_us(self) -> int:
@@ -142,7 +177,7 @@ class QuotaPolicy:
 
     def max_sends_in_window(self) -> int:
         """The most sends any window of the provider's own definition can see (<= limit)."""
-        if self.kind is WindowKind.FIXED:
+        if self.kind is WindowKind.FIXED or self.uses_slot_log:
             return self.limit
         # m slots fit in an open interval of length L iff (m-1)·I - tau < L.
         span = self.window_us + self.jitter_us + self.tolerance_us
@@ -156,6 +191,9 @@ class QuotaState:
     tat_us: int = 0
     # No slot may start before this (a provider 429's Retry-After, for everyone).
     blocked_until_us: int = 0
+    # A slot-log policy (QuotaPolicy.uses_slot_log): the positions of the newest slots,
+    # oldest first (at least `limit` once anything was granted; empty before).
+    log: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -188,6 +226,9 @@ def grant(policy: QuotaPolicy, state: QuotaState, *, now_us: int, count: int = 1
         raise ValueError(f"count must be positive, got {count}")
     if policy.kind is WindowKind.FIXED:
         return _grant_fixed(policy, state, now_us=now_us, count=count, max_wait_us=max_wait_us)
+    if policy.uses_slot_log:
+        return _grant_logged(policy, state, now_us=now_us, count=count,
+                             max_wait_us=max_wait_us)
     step = policy.interval_us
     tau = policy.tolerance_us
     floor = max(now_us, state.blocked_until_us)
@@ -199,6 +240,48 @@ def grant(policy: QuotaPolicy, state: QuotaState, *, now_us: int, count: int = 1
     slots = tuple(max(floor, p - tau) for p in positions)
     new = attrs.evolve(state, tat_us=base + count * step)
     return Granted(slots, new, () if tau == 0 else positions)
+
+
+def _full_log(policy: QuotaPolicy, state: QuotaState, floor_us: int) -> list[int]:
+    """The log with at least ``limit`` entries. Entries it does not hold are taken as late
+    as anything before could have been sent: a new key's as a window before 0 (nothing
+    was ever sent),
+    else as its oldest entry, or ``max(TAT, now)`` when it has none (a key that ran
+    another schedule before, or was only corrected): a guess that can only delay a slot,
+    never move it early."""
+    log = list(state.log)
+    missing = policy.limit - len(log)
+    if missing > 0:
+        fresh = state.tat_us == 0 and not log
+        span = policy.window_us + policy.jitter_us
+        pad = -span if fresh else log[0] if log else max(state.tat_us, floor_us)
+        log = [pad] * missing + log
+    return log
+
+
+def _grant_logged(policy: QuotaPolicy, state: QuotaState, *, now_us: int, count: int,
+                  max_wait_us: int) -> Granted | Wait:
+    step = policy.interval_us
+    tau = policy.tolerance_us
+    span = policy.window_us + policy.jitter_us
+    floor = max(now_us, state.blocked_until_us)
+    log = _full_log(policy, state, floor)
+    first = max(floor, state.tat_us - tau, log[-policy.limit] + span)
+    if first - now_us > max_wait_us:
+        return Wait(first - max_wait_us)
+    base = max(state.tat_us, floor)
+    positions = tuple(base + i * step for i in range(count))
+    slots = []
+    for p in positions:
+        # Every entry is at or after its slot's start, so this one starts at least
+        # window + jitter after the slot `limit` before it started.
+        slot = max(floor, p - tau, log[-policy.limit] + span)
+        slots.append(slot)
+        # The position, unless a guessed entry pushed the start later (never backward).
+        log.append(max(p, slot, log[-1]))
+    kept = tuple(log[-(policy.limit + SLOT_LOG_RESERVE):])
+    new = attrs.evolve(state, tat_us=base + count * step, log=kept)
+    return Granted(tuple(slots), new, positions)
 
 
 def _grant_fixed(policy: QuotaPolicy, state: QuotaState, *, now_us: int, count: int,
@@ -243,6 +326,13 @@ def returned(policy: QuotaPolicy, state: QuotaState, unused: tuple[int, ...]
     expected = tuple(first + i * step for i in range(len(unused)))
     if tuple(sorted(unused)) != expected or state.tat_us != first + len(unused) * step:
         return None
+    if policy.uses_slot_log:
+        # They leave the log too, only while it still holds `limit` entries after them
+        # (an entry it no longer holds could not be put back).
+        kept = len(state.log) - len(unused)
+        if kept < policy.limit or state.log[kept:] != expected:
+            return None
+        return attrs.evolve(state, tat_us=first, log=state.log[:kept])
     return attrs.evolve(state, tat_us=first)
 
 
@@ -280,10 +370,37 @@ def available(policy: QuotaPolicy, state: QuotaState, *, now_us: int) -> int:
         if counted > start:
             return 0
         return policy.limit - (state.tat_us - start if counted == start else 0)
+    if policy.uses_slot_log:
+        got = _grant_logged(policy, state, now_us=now_us, count=policy.burst, max_wait_us=0)
+        return 0 if isinstance(got, Wait) else sum(1 for s in got.slots if s <= now_us)
     if state.tat_us - policy.tolerance_us > now_us:
         return 0
     base = max(state.tat_us, now_us)
     return min(policy.burst, (now_us + policy.tolerance_us - base) // policy.interval_us + 1)
+
+
+def encode_log(log: tuple[int, ...]) -> str:
+    """The slot log as stored: the first position, then each one's distance from the one
+    before (positions never decrease), comma-separated decimal."""
+    if not log:
+        return ""
+    return ",".join([str(log[0]), *(str(b - a) for a, b in itertools.pairwise(log))])
+
+
+def decode_log(text: str | None) -> tuple[int, ...]:
+    """:func:`encode_log`'s inverse; a text that is not one raises ``ValueError``."""
+    if not text:
+        return ()
+    out: list[int] = []
+    for i, part in enumerate(text.split(",")):
+        try:
+            value = int(part)
+        except ValueError:
+            raise ValueError(f"not a slot log: entry {i} is {part[:20]!r}") from None
+        if i and value < 0:
+            raise ValueError(f"not a slot log: entry {i} goes backward")
+        out.append(value if not i else out[-1] + value)
+    return tuple(out)
 
 
 def slot_usable(policy: QuotaPolicy, slot_us: int, now_us: int) -> bool:

@@ -9,6 +9,7 @@ import attrs
 import pytest
 
 from daemon.core.quota import (
+    SLOT_LOG_RESERVE,
     ClassScope,
     Granted,
     QuotaPolicy,
@@ -19,6 +20,8 @@ from daemon.core.quota import (
     Wait,
     WindowKind,
     corrected,
+    decode_log,
+    encode_log,
     endpoint_class_key,
     grant,
     reset_at,
@@ -149,15 +152,19 @@ def test_no_window_ever_sees_more_than_the_limit(seed: int) -> None:
 
 # ------------------------------------------------------------------ bursts
 
+# Up to SLOT_LOG_MAX per window a burst keeps a slot log; above it, the stretched GCRA.
 SLIDING_BURST = QuotaPolicy(limit=100, window_us=10 * S, jitter_us=250_000, burst=20)
+STRETCHED = QuotaPolicy(limit=2_000, window_us=200 * S, jitter_us=250_000, burst=400)
 FIXED = QuotaPolicy(limit=100, window_us=10 * S, jitter_us=250_000, kind=WindowKind.FIXED)
 
 
 @pytest.mark.parametrize(("policy", "interval", "tolerance"), [
-    # (10 s + 0.25 s) / (100 - 20 + 1), rounded up; a burst of 20 starts at once.
-    (SLIDING_BURST, 126_544, 19 * 126_544),
+    # A slot log: the even spacing (10 s + 0.25 s) / 100; a burst of 20 starts at once.
+    (SLIDING_BURST, 102_500, 19 * 102_500),
+    # Above SLOT_LOG_MAX: (200 s + 0.25 s) / (2000 - 400 + 1), rounded up.
+    (STRETCHED, 125_079, 399 * 125_079),
     (QuotaPolicy(limit=100, window_us=10 * S, burst=1), 102_500, 0),  # no burst: as before
-    (QuotaPolicy(limit=5, window_us=10, jitter_us=0, burst=5), 10, 40),  # all at once
+    (QuotaPolicy(limit=5, window_us=10, jitter_us=0, burst=5), 2, 8),  # all at once
     (FIXED, 1, 0),
 ])
 def test_burst_interval_and_tolerance(policy: QuotaPolicy, interval: int,
@@ -181,16 +188,21 @@ def test_burst_policies_that_cannot_be_enforced_are_refused(fields: dict[str, ob
         QuotaPolicy(**{**base, **fields})  # type: ignore[arg-type]
 
 
-def test_a_sliding_burst_starts_at_once_then_the_sustained_rate() -> None:
-    got = grant(SLIDING_BURST, QuotaState(), now_us=5 * S, count=22, max_wait_us=10 * S)
+@pytest.mark.parametrize(("policy", "burst", "step"), [
+    (SLIDING_BURST, 20, 102_500), (STRETCHED, 400, 125_079)])
+def test_a_sliding_burst_starts_at_once_then_the_sustained_rate(policy: QuotaPolicy,
+                                                                burst: int, step: int) -> None:
+    got = grant(policy, QuotaState(), now_us=5 * S, count=burst + 2, max_wait_us=10 * S)
     assert isinstance(got, Granted)
-    step = SLIDING_BURST.interval_us
-    assert got.slots[:20] == (5 * S,) * 20  # the burst
-    assert got.slots[20:] == (5 * S + step, 5 * S + 2 * step)  # then one per interval
-    assert got.positions == tuple(5 * S + i * step for i in range(22))
-    assert got.state == QuotaState(5 * S + 22 * step, 0)
-    # A burst is not a way around max_wait: the 82nd slot from now is a whole window on.
-    full = grant(SLIDING_BURST, got.state, now_us=5 * S, count=1, max_wait_us=0)
+    assert got.slots[:burst] == (5 * S,) * burst  # the burst
+    assert got.slots[burst:] == (5 * S + step, 5 * S + 2 * step)  # then one per interval
+    assert got.positions == tuple(5 * S + i * step for i in range(burst + 2))
+    assert got.state.tat_us == 5 * S + (burst + 2) * step
+    # A slot log: a new key's (all "a window before 0"), then the positions.
+    assert got.state.log == (() if policy is STRETCHED else
+                             (-10_250_000,) * 100 + got.positions)[-132:]
+    # A burst is not a way around max_wait.
+    full = grant(policy, got.state, now_us=5 * S, count=1, max_wait_us=0)
     assert full == Wait(5 * S + 3 * step)
 
 
@@ -235,10 +247,12 @@ def test_a_fixed_window_grant_larger_than_the_limit_is_a_bug() -> None:
 
 
 def test_burst_slots_come_back_by_position() -> None:
-    for policy in (SLIDING_BURST, FIXED):
+    for policy in (SLIDING_BURST, STRETCHED, FIXED):
         got = grant(policy, QuotaState(), now_us=S, count=4)
         assert isinstance(got, Granted)
-        assert returned(policy, got.state, got.places[2:]) == QuotaState(got.places[2], 0)
+        back = returned(policy, got.state, got.places[2:])
+        # A slot log forgets them too.
+        assert back == QuotaState(got.places[2], 0, got.state.log[:-2])
         # Send times of a burst are not positions: they do not come back.
         assert returned(policy, got.state, got.slots[2:]) is None
 
@@ -246,10 +260,13 @@ def test_burst_slots_come_back_by_position() -> None:
 CORRECTIONS = [
     # (policy, state, now, remaining, expected tat or None)
     # Sliding, burst 20: the provider says 5 remain; the row would have granted 20.
-    (SLIDING_BURST, QuotaState(0, 0), 5 * S, 5,
-     5 * S + 19 * 126_544 - 4 * 126_544),
-    (SLIDING_BURST, QuotaState(0, 0), 5 * S, 0, 5 * S + 20 * 126_544),
-    (SLIDING_BURST, QuotaState(0, 0), 5 * S, -3, 5 * S + 20 * 126_544),  # as 0
+    # (A slot log whose last 100 slots are long past.)
+    (SLIDING_BURST, QuotaState(0, 0, (-20 * S,) * 100), 5 * S, 5,
+     5 * S + 19 * 102_500 - 4 * 102_500),
+    (SLIDING_BURST, QuotaState(0, 0, (-20 * S,) * 100), 5 * S, 0, 5 * S + 20 * 102_500),
+    (SLIDING_BURST, QuotaState(0, 0, (-20 * S,) * 100), 5 * S, -3,
+     5 * S + 20 * 102_500),  # as 0
+    (STRETCHED, QuotaState(0, 0), 5 * S, 5, 5 * S + 399 * 125_079 - 4 * 125_079),
     # The row already grants no more: never moved backward.
     (SLIDING_BURST, QuotaState(0, 0), 5 * S, 20, None),
     (SLIDING_BURST, QuotaState(9 * S, 0), 5 * S, 5, None),
@@ -325,7 +342,7 @@ def _simulate(policy: QuotaPolicy, seed: int, schedule: object = grant) -> list[
 @pytest.mark.parametrize("seed", range(30))
 def test_no_window_of_either_kind_ever_sees_more_than_the_limit_with_bursts(seed: int) -> None:
     rng = random.Random(seed)
-    limit = rng.choice([3, 10, 100])
+    limit = rng.choice([3, 10, 100, 1_500])  # 1,500: above SLOT_LOG_MAX, stretched
     policy = QuotaPolicy(limit=limit, window_us=rng.choice([S, 10 * S]),
                          jitter_us=rng.choice([0, 50_000, 250_000]),
                          kind=rng.choice(list(WindowKind)), burst=rng.randint(1, limit),
@@ -437,3 +454,126 @@ def test_a_reset_never_moves_a_block_back() -> None:
     at = reset_at("5", ResetFormat.SECONDS, now_us=NOW, cap_us=CAP)
     assert isinstance(at, int)
     assert throttled(state, now_us=NOW, retry_after_us=at - NOW) == state
+def _log_without_jitter(policy: QuotaPolicy, state: QuotaState, *, now_us: int, count: int,
+                        max_wait_us: int) -> Granted | Wait:
+    """A slot log that forgets the jitter: slot n only a window after slot n - N."""
+    return grant(attrs.evolve(policy, jitter_us=0), state, now_us=now_us, count=count,
+                 max_wait_us=max_wait_us)
+
+
+def test_the_window_check_catches_a_slot_log_without_the_jitter() -> None:
+    """Negative row: a send may start anywhere in its slot's jitter, so a log spacing
+    slot n - N and slot n by the window alone lets a window see N + 1."""
+    policy = QuotaPolicy(limit=10, window_us=S, jitter_us=250_000, burst=5)
+    assert policy.uses_slot_log
+    worst = max(_worst_window(_simulate(policy, seed, _log_without_jitter), policy)
+                for seed in range(5))
+    assert worst > policy.limit
+
+
+# ------------------------------------------------------------------ the slot log
+
+# 4 per second, a burst of 2: positions every 250 ms, a slot may start 250 ms early, and
+# slot n no earlier than slot n - 4's entry + 1 s.
+LOGGED = QuotaPolicy(limit=4, window_us=S, jitter_us=0, burst=2)
+Q = S // 4
+
+LOG_GRANTS = [
+    # (state, now, count, max_wait, expected)
+    # A new key: the burst of 2 at once, then one per interval.
+    (QuotaState(), 10 * S, 4, S,
+     Granted((10 * S, 10 * S, 10 * S + Q, 10 * S + 2 * Q),
+             QuotaState(11 * S, 0, (-S,) * 4 + tuple(10 * S + i * Q for i in range(4))),
+             tuple(10 * S + i * Q for i in range(4)))),
+    # Idle for a window: the burst is back.
+    (QuotaState(8 * S, 0, (7 * S, 7 * S + Q, 7 * S + 2 * Q, 7 * S + 3 * Q)), 10 * S, 2, 0,
+     Granted((10 * S, 10 * S),
+             QuotaState(10 * S + 2 * Q, 0, (7 * S, 7 * S + Q, 7 * S + 2 * Q, 7 * S + 3 * Q,
+                                            10 * S, 10 * S + Q)),
+             (10 * S, 10 * S + Q))),
+    # Busy the whole last window: the GCRA alone would start both now (p - tau); the log
+    # holds the second until slot n - 4's entry + 1 s.
+    (QuotaState(10 * S, 0, (9 * S, 9 * S + Q, 9 * S + 2 * Q, 9 * S + 3 * Q)), 10 * S, 2, S,
+     Granted((10 * S, 10 * S + Q),
+             QuotaState(10 * S + 2 * Q, 0, (9 * S, 9 * S + Q, 9 * S + 2 * Q, 9 * S + 3 * Q,
+                                            10 * S, 10 * S + Q)),
+             (10 * S, 10 * S + Q))),
+    # The log says when to come back (the GCRA alone would grant at once).
+    (QuotaState(10 * S + Q, 0, (9 * S + Q, 9 * S + 2 * Q, 9 * S + 3 * Q, 10 * S)), 10 * S,
+     1, 0, Wait(10 * S + Q)),
+    # A key with a TAT and no log (it ran another schedule, or was only corrected): the
+    # log is guessed as late as max(TAT, now), so its first slot waits a window; the
+    # entry is its start, not its position.
+    (QuotaState(10 * S, 0), 10 * S, 1, 2 * S,
+     Granted((11 * S,), QuotaState(10 * S + Q, 0, (10 * S,) * 4 + (11 * S,)), (10 * S,))),
+    (QuotaState(10 * S, 0), 10 * S, 1, 0, Wait(11 * S)),
+    # A 429's block holds everything, the burst included.
+    (QuotaState(0, 12 * S, (0,) * 4), 10 * S, 2, 3 * S,
+     Granted((12 * S, 12 * S), QuotaState(12 * S + 2 * Q, 12 * S, (0,) * 4 + (12 * S, 12 * S + Q)),
+             (12 * S, 12 * S + Q))),
+]
+
+
+@pytest.mark.parametrize(("state", "now", "count", "max_wait", "expected"), LOG_GRANTS)
+def test_slot_log_grant(state: QuotaState, now: int, count: int, max_wait: int,
+                        expected: Granted | Wait) -> None:
+    assert LOGGED.uses_slot_log and LOGGED.max_sends_in_window() == LOGGED.limit
+    assert grant(LOGGED, state, now_us=now, count=count, max_wait_us=max_wait) == expected
+
+
+def test_slot_log_keeps_the_limit_and_a_reserve_and_gives_back_only_what_it_holds() -> None:
+    got = grant(LOGGED, QuotaState(), now_us=10 * S, count=40, max_wait_us=S)
+    assert isinstance(got, Granted)
+    assert got.state.log == got.positions[-(4 + SLOT_LOG_RESERVE):]
+    # The newest 32 come back (the log still holds 4 after them) ...
+    back = returned(LOGGED, got.state, got.places[-SLOT_LOG_RESERVE:])
+    assert back == QuotaState(got.places[-SLOT_LOG_RESERVE], 0, got.positions[4:8])
+    # ... 33 would leave 3 entries for a limit of 4: they expire instead.
+    assert returned(LOGGED, got.state, got.places[-SLOT_LOG_RESERVE - 1:]) is None
+    # An entry that is a start, not a position (a guessed log), does not come back.
+    guessed = grant(LOGGED, QuotaState(10 * S, 0), now_us=10 * S, count=1, max_wait_us=2 * S)
+    assert isinstance(guessed, Granted)
+    assert returned(LOGGED, guessed.state, guessed.places) is None
+
+
+@pytest.mark.parametrize(("policy", "low", "high"), [
+    # HubSpot's 100 per 10 s with a burst of 10: a slot log, the even spacing's rate.
+    (QuotaPolicy(limit=100, window_us=10 * S, jitter_us=250_000, burst=10), 0.97, 0.976),
+    (QuotaPolicy(limit=100, window_us=10 * S, jitter_us=250_000, burst=1), 0.97, 0.976),
+    (QuotaPolicy(limit=100, window_us=10 * S, jitter_us=250_000, burst=100), 0.97, 0.976),
+    # The stretched GCRA (above SLOT_LOG_MAX) pays for its burst: 1601 / 2000 of it.
+    (STRETCHED, 0.79, 0.81),
+])
+def test_sustained_use_of_the_limit(policy: QuotaPolicy, low: float, high: float) -> None:
+    """Demand that never stops, one slot at a time as soon as granted, for 30 windows:
+    what fraction of the provider's allowance it sends (MockClock-free: the schedule's
+    own arithmetic), and no window exceeds the limit."""
+    state, now = QuotaState(), 1_000 * S
+    sends: list[int] = []
+    end = now + 30 * policy.window_us
+    while now < end:
+        got = grant(policy, state, now_us=now, count=2, max_wait_us=S)
+        if isinstance(got, Wait):
+            now = got.until_us
+            continue
+        state = got.state
+        sends.extend(got.slots)
+        now = max(now, got.slots[-1])
+    sends = [t for t in sends if t < end]
+    assert _worst_window(sends, policy) <= policy.limit
+    use = len(sends) / (30 * policy.limit)
+    assert low <= use <= high, use
+
+
+@pytest.mark.parametrize(("log", "text"), [
+    ((), ""), ((5,), "5"), ((-10, -10, 0, 7), "-10,0,10,7"),
+])
+def test_slot_log_text(log: tuple[int, ...], text: str) -> None:
+    assert encode_log(log) == text
+    assert decode_log(text) == log
+
+
+@pytest.mark.parametrize("text", ["1,-1", "x", "1,,2", "1,2.5"])
+def test_a_slot_log_that_is_not_one_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="not a slot log"):
+        decode_log(text)

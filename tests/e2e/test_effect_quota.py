@@ -246,8 +246,9 @@ async def test_a_providers_remaining_count_moves_the_shared_budget_forward(
         policy = QuotaPolicy(limit=100, window_us=10_000_000, burst=10)
         at = int(patch.received_at * 1_000_000)
         assert available(policy, key.state, now_us=at) <= 4
-        # Without the header the same row would have allowed 9 more at that instant.
-        book_only = QuotaState(at + policy.interval_us, 0)
+        # Without the header the same row (its slot log too) would have allowed 9 more
+        # at that instant.
+        book_only = QuotaState(at + policy.interval_us, 0, key.state.log)
         assert available(policy, book_only, now_us=at) == 9
         # The daily key's header was not sent: its row moved only by its own grant.
         (day,) = await store.quota_keys("hubspot:per_app_day:")

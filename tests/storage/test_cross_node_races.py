@@ -50,6 +50,32 @@ async def test_quota_grants_from_every_store_never_hand_out_one_slot_twice(
         assert (await store.quota_keys("hot"))[0].granted_total == len(slots)
 
 
+async def test_slot_log_grants_from_every_store_never_exceed_a_window(
+        database: FreshDatabase) -> None:
+    """The slot log's compare-and-swap across nodes: on Galera the row lock is per node,
+    so the condition on what was read is what refuses the loser."""
+    stores = await _stores(database)
+    burst = QuotaPolicy(limit=10, window_us=S, jitter_us=0, burst=4)
+    slots: list[int] = []
+
+    async def grab(store: WorkStore) -> None:
+        for _ in range(4):
+            got = await store.quota_grant("hot", burst, now_us=T0, count=2, max_wait_us=60 * S)
+            assert isinstance(got, Granted)
+            slots.extend(got.slots)
+
+    async with trio.open_nursery() as nursery:
+        for store in stores:
+            for _ in range(2):
+                nursery.start_soon(grab, store)
+    ordered = sorted(slots)
+    assert len(ordered) == 4 * 2 * 2 * len(stores)
+    assert max(sum(1 for t in ordered if a <= t < a + S) for a in ordered) <= burst.limit
+    assert max(ordered.count(t) for t in ordered) <= burst.burst
+    for store in stores:
+        assert (await store.quota_keys("hot"))[0].granted_total == len(slots)
+
+
 async def test_refresh_cas_from_every_store_installs_each_version_once(
         database: FreshDatabase) -> None:
     stores = await _stores(database)

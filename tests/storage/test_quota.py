@@ -103,19 +103,68 @@ async def test_concurrent_grants_never_hand_out_one_slot_twice(store: WorkStore,
     assert (await store.quota_keys())[0].granted_total == 160
 
 
-BURST = QuotaPolicy(limit=10, window_us=S, jitter_us=0, burst=4)  # 4 at once, 1 per 142858 us
+# 4 at once, positions 100 ms apart, slot n no earlier than slot n - 10's entry + 1 s.
+BURST = QuotaPolicy(limit=10, window_us=S, jitter_us=0, burst=4)
 FIXED = QuotaPolicy(limit=10, window_us=S, jitter_us=0, kind=WindowKind.FIXED)
 
 
 async def test_a_burst_starts_at_once_and_comes_back_by_position(store: WorkStore) -> None:
     step = BURST.interval_us
     got = await store.quota_grant("b", BURST, now_us=T0, count=5, max_wait_us=S)
-    assert got == Granted((T0,) * 4 + (T0 + step,), QuotaState(T0 + 5 * step, 0),
-                          tuple(T0 + i * step for i in range(5)))
+    positions = tuple(T0 + i * step for i in range(5))
+    # A new key's log: ten entries "a window before 0", then the positions.
+    assert got == Granted((T0,) * 4 + (T0 + step,),
+                          QuotaState(T0 + 5 * step, 0, (-S,) * 10 + positions), positions)
     assert await store.quota_grant("b", BURST, now_us=T0) == Wait(T0 + 2 * step)
     assert await store.quota_return("b", BURST, got.places[3:], now_us=T0)
+    (view,) = await store.quota_keys("b")
+    assert view.state == QuotaState(T0 + 3 * step, 0, (-S,) * 10 + positions[:3])
     again = await store.quota_grant("b", BURST, now_us=T0)
     assert isinstance(again, Granted) and again.slots == (T0,)
+
+
+async def test_the_slot_log_holds_a_burst_until_the_window_allows_it(store: WorkStore) -> None:
+    """A window's worth of slots (a burst of 4, then one per 100 ms): the GCRA alone would
+    start the next 4 at once a second later; the row's log starts each one a whole window
+    after the entry (the position) of the slot 10 before it."""
+    step = BURST.interval_us
+    first = await store.quota_grant("l", BURST, now_us=T0, count=10, max_wait_us=2 * S)
+    assert isinstance(first, Granted)
+    later = T0 + 10 * step  # the TAT: the GCRA's tolerance would allow 4 at once now
+    nxt = await store.quota_grant("l", BURST, now_us=later, count=4, max_wait_us=2 * S)
+    assert isinstance(nxt, Granted)
+    assert first.slots[:4] == (T0,) * 4  # the burst
+    assert nxt.slots == tuple(p + S for p in first.places[:4]) == tuple(
+        later + i * step for i in range(4))
+    everything = [*first.slots, *nxt.slots]
+    assert max(sum(1 for t in everything if a <= t < a + S) for a in everything) <= 10
+
+
+async def test_an_unreadable_or_missing_slot_log_only_delays(store: WorkStore) -> None:
+    """A row whose log cannot be read (or a key that ran without one: the GCRA's path
+    writes NULL) is taken as a history as late as it could have been: the next slot
+    waits a window, never starts early."""
+    plain = QuotaPolicy(limit=10, window_us=S, jitter_us=0)  # no burst: no log
+    got = await store.quota_grant("u", plain, now_us=T0, count=3)
+    assert isinstance(got, Granted) and got.state.log == ()
+    (view,) = await store.quota_keys("u")
+    assert view.state.log == ()
+    tat = view.state.tat_us
+    logged = await store.quota_grant("u", BURST, now_us=T0, max_wait_us=2 * S)
+    assert isinstance(logged, Granted) and logged.slots == (tat + S,)
+
+    async def spoil(tx: SqlTx) -> None:
+        await tx.execute("UPDATE quota_keys SET slot_log = 'not,a,log' WHERE quota_key = ?",
+                         ("u",))
+
+    await store.db.transact(spoil, name="test.spoil")
+    (view,) = await store.quota_keys("u")
+    assert view.state.log == ()
+    again = await store.quota_grant("u", BURST, now_us=T0, max_wait_us=3 * S)
+    assert isinstance(again, Granted)
+    assert again.slots[0] >= max(view.state.tat_us, T0) + S
+    (view,) = await store.quota_keys("u")
+    assert len(view.state.log) == BURST.limit + 1  # readable again
 
 
 async def test_a_fixed_window_counts_per_window(store: WorkStore) -> None:
@@ -129,11 +178,13 @@ async def test_a_fixed_window_counts_per_window(store: WorkStore) -> None:
     assert (await store.quota_keys("f"))[0].granted_total == 11
 
 
-@pytest.mark.parametrize("policy", [BURST, FIXED], ids=["sliding_burst", "fixed"])
+@pytest.mark.parametrize("policy", [
+    BURST, FIXED, QuotaPolicy(limit=1_500, window_us=100 * S, jitter_us=0, burst=40)],
+    ids=["sliding_burst", "fixed", "stretched_burst"])
 async def test_concurrent_grants_with_bursts_never_exceed_a_window(store: WorkStore,
                                                                    policy: QuotaPolicy) -> None:
-    """Eight tasks on one pool race for one key over many windows (both grant paths: the
-    one-statement UPDATE and the fixed window's compare-and-swap)."""
+    """Eight tasks on one pool race for one key over many windows (every grant path: the
+    slot log's and the fixed window's compare-and-swap, the one-statement UPDATE)."""
     slots: list[int] = []
 
     async def grab() -> None:
