@@ -367,7 +367,11 @@ async def chaos(run: Run, sim: HubSpotSimulator, seconds: float) -> None:
     node_killed = False
     next_fault = trio.current_time()
     planned = ["kill", "stop"]
-    while trio.current_time() < deadline or planned:
+    # Until the deadline, and until the planned kill and freeze and (on Galera) the node
+    # kill have happened: a long freeze could carry the loop past the deadline before the
+    # node kill's turn (then a run had no node kill at all).
+    while (trio.current_time() < deadline or planned
+           or (run.cluster is not None and not node_killed)):
         if trio.current_time() >= next_fault:
             sim.inject(random.choice(FAULTS))
             run.counts["faults"] += 1

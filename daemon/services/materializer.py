@@ -124,6 +124,10 @@ class Materializer:
         outcome: dict[str, str] = {}
         accounts = await self.accounts(receipts)
         for receipt in receipts:
+            # Normalizing a batch is CPU on the event loop the ingress listener shares:
+            # yield between receipts, so that a delivery waiting for its 200 is not held
+            # behind the whole batch.
+            await trio.lowlevel.checkpoint()
             plan = self.plan(receipt, accounts)
             if plan is None:
                 logs.warn("ingress_receipt_without_route", receipt=receipt.receipt_id,
