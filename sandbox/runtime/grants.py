@@ -37,6 +37,7 @@ from typing import Any
 
 import attrs
 
+from daemon.core.connect_flows import Flow
 from sandbox.runtime.model import RetryLater
 
 USER_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -44,14 +45,8 @@ PROVIDER_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 MAX_ERROR_CODE_CHARS = 64
 
 
-class FlowName(enum.StrEnum):
-    CONNECT = "connect"
-    DISCONNECT = "disconnect"
-    RECONNECT = "reconnect"
-    CHANGE_ISSUER = "change_issuer"
-    REINSTALL = "reinstall"
-    REBIND = "rebind"
-    CHANGE_SCOPES = "change_scopes"
+# The /v1/ connect flows' names are the protocol's (integrationd's table defines them).
+FlowName = Flow
 
 
 class GrantStatus(enum.StrEnum):
