@@ -297,12 +297,16 @@ class OutreachSimulator:
                                   {**changed, "updatedAt": iso8601(stamp)}, before))
 
     def _announce(self, change: Change) -> None:
+        # One event fans out to every matching subscription at one moment: each copy
+        # carries the same deliveredAt, so copies of one change differ only by signature
+        # (read per subscription, a millisecond tick between two copies made them two
+        # different events, and which one a test saw first depended on the machine's load).
+        delivered_at = iso8601(self.clock())
         for subscription in self._subscriptions.values():
             if not subscription.matches("prospect", change.action):
                 continue
             event_name = f"prospect.{change.action}"
-            body = _payload(subscription.payload_version, change, event_name,
-                            iso8601(self.clock()))
+            body = _payload(subscription.payload_version, change, event_name, delivered_at)
             self._pending += 1
             if self._idle.is_set():
                 self._idle = trio.Event()

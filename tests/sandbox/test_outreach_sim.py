@@ -327,6 +327,23 @@ async def test_signed_partial_version_2_deliveries(served: Served,
     assert [d.outcome for d in served.sim.deliveries] == ["delivered", "delivered"]
 
 
+async def test_one_change_reaches_every_subscription_with_one_delivered_at(
+        served: Served, client: httpx.AsyncClient) -> None:
+    # A clock that moves a millisecond at every reading: the copies of one change must
+    # still be one event (only their signatures differ), however long the fan-out takes.
+    ticks = iter(range(1_767_225_600_000_000, 1_767_225_700_000_000, 1000))
+    served.sim.clock = lambda: next(ticks)
+    await subscribe(client, served.receiver.url, action="updated")
+    served.sim.subscribe_direct(resource="prospect", action="updated",
+                                url=served.receiver.url, secret="another-secret")
+    served.sim.put_prospect({"title": "a"}, prospect_id=1)
+    served.sim.update_prospect(1, {"title": "b"})
+    await served.sim.wait_deliveries_settled()
+    assert len(served.receiver.received) == 2
+    assert len({r.body for r in served.receiver.received}) == 1
+    assert len({r.headers[SIGNATURE_HEADER.lower()] for r in served.receiver.received}) == 2
+
+
 async def test_any_status_is_delivered_network_failures_are_redelivered(
         served: Served, client: httpx.AsyncClient) -> None:
     await subscribe(client, served.receiver.url, action="updated")
