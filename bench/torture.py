@@ -582,9 +582,15 @@ async def drive(run: Run, runtimes: list[ReferenceRuntime], sim: HubSpotSimulato
         await nursery.start(sim.run, "127.0.0.1", sim_port)
         await nursery.start(oauth.run, "127.0.0.1", oauth_port)
         await serve_runtimes(nursery, runtimes, runtime_ports, LEADS)
+        # The contacts existed long before the run, as a CRM's do: seeded "now", a PATCH
+        # that failed with a 5xx within the clock-skew margin of the seeding could never
+        # be proven absent by a read-back (the record was modified too recently), and it
+        # waited for an operator, correctly, past the settle bound.
+        seeded_ms = int((time.time() - 3600) * 1000)
         for r in range(len(runtimes)):
             for i in range(LEADS):
-                sim.add_contact(f"{r * 100000 + i}", jobtitle="Engineer")
+                sim.put_contact(f"{r * 100000 + i}", {"jobtitle": "Engineer"},
+                                modified_ms=seeded_ms)
         for replica in run.replicas:
             await trio.to_thread.run_sync(replica.start)
         nursery.start_soon(scrape_loop, run)

@@ -105,10 +105,13 @@ class HubSpotSimulator:
         """Create or overwrite a contact with exactly ``properties``."""
         self.put_contact(contact_id, properties)
 
-    def put_contact(self, contact_id: str, properties: Properties) -> Contact:
+    def put_contact(self, contact_id: str, properties: Properties, *,
+                    modified_ms: int | None = None) -> Contact:
+        """Create or overwrite a contact; ``modified_ms`` backdates its creation and last
+        modification (a record that existed long before the test, as real ones do)."""
         if not contact_id or "/" in contact_id:
             raise ValueError("a contact id is a non-empty string without '/'")
-        stamp = now_ms()
+        stamp = now_ms() if modified_ms is None else modified_ms
         contact = Contact(contact_id, dict(properties), stamp, stamp)
         self._contacts[contact_id] = contact
         if contact_id.isdigit():

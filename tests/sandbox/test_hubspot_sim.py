@@ -112,6 +112,18 @@ async def test_patch_applies_bumps_updated_at_and_is_journaled(
     assert TOKEN not in repr(served.sim.requests) and TOKEN not in repr(served.sim)
 
 
+async def test_a_seeded_contact_can_be_backdated_and_a_patch_still_moves_it_forward(
+    served: Served, client: httpx.AsyncClient
+) -> None:
+    # 2026-01-01T00:00:00.000Z: a contact last modified long before the test.
+    served.sim.put_contact("7", {"jobtitle": "Engineer"}, modified_ms=1_767_225_600_000)
+    doc = (await client.get(contact_url("7"))).json()
+    assert (doc["createdAt"], doc["updatedAt"]) == ("2026-01-01T00:00:00.000Z",) * 2
+    await patch_jobtitle(client, "7", "CTO")
+    after = (await client.get(contact_url("7"))).json()
+    assert after["updatedAt"] > doc["updatedAt"] and after["createdAt"] == doc["createdAt"]
+
+
 async def test_patch_null_clears_a_property(served: Served, client: httpx.AsyncClient) -> None:
     response = await client.patch(contact_url("1"), json={"properties": {"email": None}})
     assert response.status_code == 200
