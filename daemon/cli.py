@@ -314,7 +314,9 @@ async def _cmd_run(settings: Settings) -> int:
         # process: frozen out of the collector's sight, a full collection no longer walks
         # it. It was the longest pause a replica had, paid inside whichever request or
         # claim triggered it: 150-240 ms under bench.effects, 27-75 ms frozen (README,
-        # Performance). What is frozen is never collected: nothing built here is dropped.
+        # Performance). What is frozen is never collected, so the garbage of start-up is
+        # collected first, once.
+        gc.collect()
         gc.freeze()
         try:
             async with trio.open_nursery() as nursery:
