@@ -14,9 +14,16 @@ with ``retries=0``). :meth:`HttpExecutor.read` performs the definition's
 read-back for reconciliation.
 
 Which exceptions mean "nothing was sent": failing to connect (refused, DNS,
-connect timeout) and waiting for a pooled connection. Anything after that
-(write/read errors and timeouts, a peer that closes without answering) may
-have delivered the request, so it is ``SENT``.
+connect timeout), waiting for a pooled connection, and a caller's *send gate*
+that closed. Anything after that (write/read errors and timeouts, a peer that
+closes without answering) may have delivered the request, so it is ``SENT``.
+
+A send gate is asked at the last moment before the first byte leaves (httpcore's
+``send_request_headers.started`` trace event, on a connection already taken): a
+quota slot is a time window, and the wait for a connection, the connect and the
+event loop's own lag all come after the runner's last check of it. A gate that
+says no raises :class:`SendWindowClosed` there; the connection is closed, never
+reused half-written, and the exchange is ``NOT_CONNECTED``.
 
 Credentials are added at dispatch only, as the definition's auth scheme says
 (header and prefix); the prepared request keeps the headers that are safe to
@@ -34,7 +41,7 @@ import hashlib
 import http.cookiejar
 import ssl
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -157,7 +164,26 @@ def _parse_time_us(text: object) -> int | None:
     return int(moment.timestamp() * 1_000_000)
 
 
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+class SendWindowClosed(Exception):
+    """The caller's send gate closed before the request's first byte: nothing left."""
+
+
+# The detail a closed send gate reports (the runner's own late check reports the same).
+SEND_WINDOW_CLOSED = "quota_slot_expired"
+
+
+def _gated(may_send: Callable[[], bool]) -> Callable[[str, dict[str, Any]], Any]:
+    """An httpcore trace hook that asks ``may_send`` as the request headers start."""
+
+    async def hook(event: str, info: dict[str, Any]) -> None:
+        if event.endswith(".send_request_headers.started") and not may_send():
+            raise SendWindowClosed
+
+    return hook
+
+
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol,
+             SendWindowClosed)
 # What a caller outside the executor treats as "provably never sent" (quota give-back).
 NOT_SENT = _NOT_SENT
 
@@ -242,7 +268,12 @@ class BoundedHttp:
         return shard
 
     async def request(self, method: str, url: str, *, timeout_s: float,
+                      may_send: Callable[[], bool] | None = None,
                       **kwargs: Any) -> httpx.Response:
+        """One exchange; ``may_send`` (if given) is asked just before the first byte
+        and raises :class:`SendWindowClosed` when it says no."""
+        if may_send is not None:
+            kwargs["extensions"] = {"trace": _gated(may_send)}
         with trio.move_on_after(timeout_s) as waiting:
             await self._slots.acquire()
         if waiting.cancelled_caught:
@@ -271,15 +302,20 @@ class HttpExecutor:
         await self.client.aclose()
 
     async def dispatch(
-        self, prepared: PreparedRequest, token: str, timeout_s: float
+        self, prepared: PreparedRequest, token: str, timeout_s: float,
+        may_send: Callable[[], bool] | None = None,
     ) -> tuple[DispatchObservation, dict[str, Any]]:
-        """Exactly one exchange. Returns the observation and safe provider evidence."""
+        """Exactly one exchange. Returns the observation and safe provider evidence.
+
+        ``may_send`` is the send gate (see the module's docstring)."""
         headers = {**prepared.safe_headers, **_credential(prepared.auth, token)}
         try:
             response = await self.client.request(
                 prepared.method, prepared.url, content=prepared.body, headers=headers,
-                timeout_s=timeout_s,
+                timeout_s=timeout_s, may_send=may_send,
             )
+        except SendWindowClosed:
+            return DispatchObservation(Phase.NOT_CONNECTED, detail=SEND_WINDOW_CLOSED), {}
         except _NOT_SENT as exc:
             return DispatchObservation(Phase.NOT_CONNECTED, detail=type(exc).__name__), {}
         except httpx.HTTPError as exc:

@@ -75,6 +75,7 @@ from daemon.core.outcomes import (
 from daemon.core.principals import BindingState
 from daemon.core.work import WorkItem
 from daemon.providers.executor import (
+    SEND_WINDOW_CLOSED,
     BadRequestForOperation,
     HttpExecutor,
     PreparedRequest,
@@ -443,12 +444,16 @@ class EffectRunner:
             # The checkpoint (or the wake-up) outlasted a slot's jitter: sending now could
             # land in a window the schedule did not give it. Nothing leaves; the slots
             # come back.
-            seen = DispatchObservation(Phase.NOT_CONNECTED, detail="quota_slot_expired")
+            seen = DispatchObservation(Phase.NOT_CONNECTED, detail=SEND_WINDOW_CLOSED)
             provider_evidence: dict[str, Any] = {}
         else:
+            # And once more as the first byte is about to leave: a free connection, a
+            # connect and the event loop's lag all come after the check above.
+            may_send = (lambda: quota.still_usable(reserved, ctx.clock.now_us())
+                        ) if reserved else None
             with trio.move_on_after(_client_deadline_s(binding)) as deadline:
                 seen, provider_evidence = await self.executor.dispatch(
-                    prepared, access.token.reveal(), binding.timeout)
+                    prepared, access.token.reveal(), binding.timeout, may_send)
             if deadline.cancelled_caught:
                 seen, provider_evidence = DispatchObservation(Phase.SENT,
                                                               detail="ClientDeadline"), {}

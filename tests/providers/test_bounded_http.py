@@ -7,7 +7,7 @@ import pytest
 import trio
 import trio.testing
 
-from daemon.providers.executor import SHARD_CONNECTIONS, BoundedHttp
+from daemon.providers.executor import SHARD_CONNECTIONS, BoundedHttp, SendWindowClosed
 from sandbox.h11_server import H11Server, Request, Response
 
 
@@ -87,4 +87,72 @@ async def test_a_providers_set_cookie_is_never_sent_back(nursery: trio.Nursery) 
         answer = await http.request("GET", f"http://127.0.0.1:{port}{path}", timeout_s=10.0)
         assert answer.status_code == 200
     assert cookies == [None, None, None]
+    await http.aclose()
+
+
+async def test_a_closed_send_gate_sends_nothing_and_spoils_no_connection(
+    nursery: trio.Nursery,
+) -> None:
+    seen: list[str] = []
+
+    async def ok(request: Request) -> Response:
+        seen.append(request.path)
+        return Response(200, b"ok")
+
+    server = H11Server(ok)
+    port: int = await nursery.start(server.run)
+    http = BoundedHttp.open(1)
+    url = f"http://127.0.0.1:{port}"
+    assert (await http.request("GET", f"{url}/open", timeout_s=10.0,
+                               may_send=lambda: True)).status_code == 200
+    with pytest.raises(SendWindowClosed):
+        await http.request("POST", f"{url}/closed", timeout_s=10.0, content=b"x",
+                           may_send=lambda: False)
+    assert seen == ["/open"]
+    # The connection the gate stopped was closed, not reused half-written: the next
+    # request is answered in full on a new one.
+    after = await http.request("GET", f"{url}/after", timeout_s=10.0)
+    assert after.text == "ok" and seen == ["/open", "/after"]
+    assert server.connections_accepted == 2
+    await http.aclose()
+
+
+async def test_the_send_gate_is_asked_after_the_wait_for_a_connection(
+    nursery: trio.Nursery, mock_clock: trio.testing.MockClock
+) -> None:
+    """A quota slot is a time window: a request that waited for a free connection past
+    its window must not leave, though the window was open when it started waiting."""
+    seen: list[str] = []
+    arrived, release = trio.Event(), trio.Event()
+
+    async def slow(request: Request) -> Response:
+        seen.append(request.path)
+        if request.path == "/first":
+            arrived.set()
+            await release.wait()
+        return Response(200, b"done")
+
+    port: int = await nursery.start(H11Server(slow).run)
+    http = BoundedHttp.open(1)
+    window_closes = trio.current_time() + 0.25
+    outcome: list[BaseException] = []
+
+    async def first() -> None:
+        await http.request("GET", f"http://127.0.0.1:{port}/first", timeout_s=1000.0)
+
+    async def second() -> None:
+        with pytest.raises(SendWindowClosed) as caught:
+            await http.request("PATCH", f"http://127.0.0.1:{port}/second", timeout_s=1000.0,
+                               may_send=lambda: trio.current_time() < window_closes)
+        outcome.append(caught.value)
+
+    async with trio.open_nursery() as both:
+        both.start_soon(first)
+        await arrived.wait()
+        both.start_soon(second)
+        await trio.testing.wait_all_tasks_blocked()
+        assert trio.current_time() < window_closes  # open while it waited
+        mock_clock.jump(1.0)
+        release.set()
+    assert len(outcome) == 1 and seen == ["/first"]
     await http.aclose()

@@ -17,7 +17,7 @@ from config.catalog import load_catalog, load_definitions
 from config.definitions import OperationDefinition
 from config.settings import BindingSettings, Secret
 from daemon.core.canonical import canonical_digest
-from daemon.core.effects import OutcomeClass, classify
+from daemon.core.effects import OutcomeClass, Phase, classify
 from daemon.core.handoff import EffectHandoffKey
 from daemon.core.identity import integration_scope_digest
 from daemon.providers.executor import HttpExecutor, prepare
@@ -99,6 +99,26 @@ async def test_a_json_api_200_naming_another_prospect_is_outcome_unknown(
         verdict = classify(op.contract, seen)
         assert (verdict.outcome, verdict.failure_class) == (OutcomeClass.OUTCOME_UNKNOWN,
                                                             "identity_mismatch")
+    finally:
+        await executor.aclose()
+
+
+async def test_a_closed_send_gate_is_a_dispatch_that_never_left(
+        served: tuple[ProspectApi, str]) -> None:
+    """A quota slot that expired by the last moment before sending: not connected (so the
+    slot is given back and the attempt is retryable before dispatch), nothing arrived."""
+    api, url = served
+    op = operation()
+    executor = HttpExecutor()
+    try:
+        prepared = prepare(op, binding(url), "42", {"attributes": {"title": "CTO"}}, "cmd-1")
+        seen, evidence = await executor.dispatch(prepared, TOKEN, 5.0, lambda: False)
+        assert (seen.phase, seen.detail, evidence) == (Phase.NOT_CONNECTED,
+                                                       "quota_slot_expired", {})
+        assert classify(op.contract, seen).outcome is OutcomeClass.RETRYABLE_PRE_DISPATCH
+        assert api.seen == [] and api.prospects[42]["title"] == "Engineer"
+        seen, _ = await executor.dispatch(prepared, TOKEN, 5.0, lambda: True)
+        assert seen.status == 200 and api.prospects[42]["title"] == "CTO"
     finally:
         await executor.aclose()
 
