@@ -39,7 +39,8 @@ def _operations(definitions_dir: str) -> tuple[OperationDefinition, ...]:
 def _declared(settings: Settings | None) -> dict[str, QuotaKey]:
     if settings is None:
         return {}
-    return declared_keys(_operations(settings.catalog.definitions_dir), settings.bindings)
+    return declared_keys(_operations(settings.catalog.definitions_dir), settings.bindings,
+                         clock_spread_us=settings.work.clock_spread_us)
 
 
 async def quota_json(store: WorkStore, now_us: int, settings: Settings | None = None,

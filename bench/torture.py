@@ -113,9 +113,10 @@ LEADS = 200
 FINAL = ("COMMITTED", "REJECTED", "QUARANTINED")
 # Provider quota, declared in the run's copy of the HubSpot L1 definition: this many PATCHes
 # per window per app installation (one per Runtime here). The ledger spaces slots
-# ceil((window + jitter) / limit) apart, the jitter being 250 ms of sending late plus the
-# replicas' clock spread (each schedules on its own clock): ~9 per second with the default
-# skew, against ~11 title changes per second per Runtime plus the retries the faults cause.
+# ceil((window + jitter + clock spread) / limit) apart: 250 ms of sending late (L1's jitter)
+# plus the replicas' clock spread (work.clock_spread: each replica reads its slots on its
+# own clock): ~9 per second with the default skew, against ~11 title changes per second
+# per Runtime plus the retries the faults cause.
 QUOTA_LIMIT = 20
 QUOTA_WINDOW_S = 1.0
 QUOTA_JITTER_S = 0.25
@@ -240,13 +241,14 @@ class Run:
     quota_on: bool = True
 
 
-def write_definitions(workdir: Path, quota_on: bool, clock_spread_s: float = 0.0) -> Path:
+def write_definitions(workdir: Path, quota_on: bool) -> Path:
     """The run's own copy of the shipped L1 definitions: instead of the providers' real
     limits, one quota dimension on HubSpot's that the run can saturate (unless
-    ``quota_on`` is false). Its jitter covers the replicas' clock spread: each replica
-    schedules slots on its own clock, the simulator counts windows on its one."""
+    ``quota_on`` is false). The replicas' clock spread is not folded into its jitter
+    (that would let a late sender spend it too): each replica's ``work.clock_spread``
+    says it (``replica_config``)."""
     quota = (f'[quota.torture]\nlimit = {QUOTA_LIMIT}\nwindow = {QUOTA_WINDOW_S}\n'
-             f'scope = "app_installation"\njitter = {QUOTA_JITTER_S + clock_spread_s}\n'
+             f'scope = "app_installation"\njitter = {QUOTA_JITTER_S}\n'
              ) if quota_on else ""
     directory = l1_copy(workdir / "l1", quota={"hubspot": quota} if quota else None)
     (workdir / "k1.key").write_text(TOKEN_KEY.material.hex())
@@ -255,10 +257,11 @@ def write_definitions(workdir: Path, quota_on: bool, clock_spread_s: float = 0.0
 
 
 def replica_config(workdir: Path, url: str, i: int, replicas: int, api_ports: list[int],
-                   runtime_ports: list[int], sim_port: int, oauth_port: int, ttl: float
-                   ) -> Path:
-    """bench.effects' configuration, with short leases, the run's L1 copy (quota) and each
-    binding authenticating with a grant refreshed at the OAuth simulator."""
+                   runtime_ports: list[int], sim_port: int, oauth_port: int, ttl: float,
+                   clock_spread_s: float = 0.0) -> Path:
+    """bench.effects' configuration, with short leases, the run's L1 copy (quota), the
+    replicas' clock spread, and each binding authenticating with a grant refreshed at
+    the OAuth simulator."""
     cfg = effects_config(workdir, url, i, replicas, api_ports, runtime_ports, sim_port,
                          definitions=workdir / "l1")
     text = cfg.read_text()
@@ -272,7 +275,7 @@ def replica_config(workdir: Path, url: str, i: int, replicas: int, api_ports: li
     text = (text
             .replace("[work]\npoll_interval = 0.1\n",
                      f"[work]\npoll_interval = 0.1\nlease_margin = {LEASE_MARGIN_S}\n"
-                     "reclaim_interval = 0.5\n")
+                     f"reclaim_interval = 0.5\nclock_spread = {clock_spread_s}\n")
             .replace("[families.external_effect]\n", "[families.external_effect]\n" + short)
             .replace("[families.runtime_receipt]\n", "[families.runtime_receipt]\n" + short)
             .replace("[replica]\ndrain_timeout = 10.0\n",
@@ -644,9 +647,10 @@ def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
                 del env[f"INTEGRATIOND_BINDING_HUBSPOT_{r}_TOKEN"]
             os.environ.update(env)
             skews = skews_ms(replicas, skew)
-            write_definitions(workdir, quota_on, (max(skews) - min(skews)) / 1000)
+            write_definitions(workdir, quota_on)
             configs = [replica_config(workdir, urls[i % len(urls)], i, replicas, api_ports,
-                                      runtime_ports, sim_port, oauth_port, ttl)
+                                      runtime_ports, sim_port, oauth_port, ttl,
+                                      (max(skews) - min(skews)) / 1000)
                        for i in range(replicas)]
             trio.run(publish_catalog, urls[0], configs[0])
             oauth = OAuthSimulator(client_secret=CLIENT_SECRET, lifetime_s=TOKEN_LIFETIME_S)

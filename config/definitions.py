@@ -881,10 +881,12 @@ def _quotas(provider: str, raw: Any,
     return tuple(sorted(out, key=lambda d: d.name))
 
 
-def policy_of(dim: QuotaDimension) -> QuotaPolicy:
-    """The schedule's policy for one L1 dimension."""
+def policy_of(dim: QuotaDimension, clock_spread_us: int = 0) -> QuotaPolicy:
+    """The schedule's policy for one L1 dimension, on replicas whose clocks may be
+    ``clock_spread_us`` apart (``work.clock_spread``)."""
     return QuotaPolicy(limit=dim.limit, window_us=int(dim.window_s * 1_000_000),
-                       jitter_us=int(dim.jitter_s * 1_000_000), kind=WindowKind(dim.kind),
+                       jitter_us=int(dim.jitter_s * 1_000_000),
+                       clock_spread_us=clock_spread_us, kind=WindowKind(dim.kind),
                        burst=dim.burst if dim.kind == "sliding" else 1,
                        offset_us=int(dim.offset_s * 1_000_000))
 

@@ -34,7 +34,7 @@ from config.catalog import (
     load_documents,
     webhooks_from_documents,
 )
-from config.definitions import OperationDefinition
+from config.definitions import OperationDefinition, policy_of
 from config.settings import (
     AUTH_KINDS,
     FAMILY_DEFAULTS,
@@ -58,6 +58,7 @@ from config.settings import (
     WebhookRoute,
     WorkSettings,
 )
+from daemon.core.quota import QuotaPolicyError
 from daemon.core.retention import RetentionConfigError, RetentionPolicy
 
 ENV_PREFIX = "INTEGRATIOND__"
@@ -310,6 +311,8 @@ def parse_settings(
         _positive(f"work.{name}", getattr(work, name))
     if work.lease_margin < 0:
         raise ConfigError("work.lease_margin", "must not be negative")
+    if work.clock_spread < 0:
+        raise ConfigError("work.clock_spread", "must not be negative")
 
     families: dict[str, FamilySettings] = {}
     fam_raw = raw.get("families", {})
@@ -372,6 +375,7 @@ def parse_settings(
     retention = _retention(raw.get("retention", {}))
     bindings = _bindings(raw.get("bindings", []), environ)
     _l2_only_lengthens_l1(bindings, catalog.definitions_dir)
+    _quota_holds_the_clock_spread(bindings, catalog.definitions_dir, work.clock_spread_us)
     ingress = _ingress(raw.get("ingress", {}))
     routes = _webhook_routes(raw.get("webhook_routes", []), environ, bindings, ingress,
                              catalog.definitions_dir)
@@ -700,6 +704,26 @@ def _l2_only_lengthens_l1(bindings: tuple[BindingSettings, ...], definitions_dir
                         f"bindings[{i}].{setting}",
                         f"{value:g} s is shorter than the {floor:g} s L1 declares for"
                         f" {op.name}; L2 may only lengthen it")
+
+
+def _quota_holds_the_clock_spread(bindings: tuple[BindingSettings, ...], definitions_dir: str,
+                                  clock_spread_us: int) -> None:
+    """Every quota dimension a binding's provider declares can be scheduled with the
+    replicas' clock spread (a fixed window must outlast its jitter plus the spread)."""
+    if not bindings or not clock_spread_us:
+        return
+    try:
+        operations, _ = load_definitions(definitions_dir)
+    except CatalogError as exc:
+        raise ConfigError(exc.key, str(exc).partition(": ")[2]) from None
+    providers = {b.provider for b in bindings}
+    for op in sorted(operations.values(), key=lambda o: o.name):
+        for dim in op.quotas if op.provider in providers else ():
+            try:
+                policy_of(dim, clock_spread_us)
+            except QuotaPolicyError as exc:
+                raise ConfigError("work.clock_spread",
+                                  f"{op.provider} quota {dim.name}: {exc}") from None
 
 
 def _quota_dimensions_exist(i: int, b: BindingSettings,

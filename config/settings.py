@@ -68,8 +68,17 @@ class WorkSettings:
     depth_sample_interval: float = 5.0
     concurrency: int = 256
     lease_margin: float = 5.0
+    # How far apart the replicas' wall clocks may be, for the provider quota schedule:
+    # slots are spaced wider by this much, while a send still starts only within its L1
+    # jitter (daemon/core/quota.py, "Replicas' clocks"). 0: clocks agree (NTP keeps them
+    # within milliseconds; set it to what yours guarantees).
+    clock_spread: float = 0.0
     # Idle pause after a database error, doubling up to the cap.
     db_backoff_cap: float = 5.0
+
+    @property
+    def clock_spread_us(self) -> int:
+        return int(self.clock_spread * 1_000_000)
 
 
 @attrs.frozen(kw_only=True)

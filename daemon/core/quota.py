@@ -21,6 +21,17 @@ the number of replicas or how late a sender starts within its slot (the jitter a
 absorbs network arrival jitter). The cost is throughput: ``window / (window + jitter)``
 of the limit (97.5 % for 100 per 10 s with a 250 ms jitter).
 
+Replicas' clocks
+----------------
+Each replica reads its slots on its own clock, and the slots were placed on the clocks of
+whichever replicas granted them. With clocks up to ``clock_spread`` apart, a send that
+starts within its jitter on its own clock may arrive up to ``jitter + clock_spread`` after
+its slot in real time (relative to another replica's slots). Every spacing rule below
+therefore uses that sum (:attr:`QuotaPolicy.arrival_spread_us`) where this text says
+``jitter``, while a send may still start only within the jitter itself: the spread is
+the schedule's margin, never a late sender's. (Folding the spread into the jitter would
+hand it to late senders too, and count it once where it is needed twice.)
+
 A provider 429 with ``Retry-After`` (or a reset time) *blocks* the key until then for
 every replica: no slot starts before it. Slots are never borrowed from the future beyond
 ``max_wait``: work that would have to wait longer is told when to come back, so the
@@ -126,6 +137,11 @@ class QuotaPolicy:
     window_us: int
     # How late a send may start within its slot (and how much arrival jitter is absorbed).
     jitter_us: int = 250_000
+    # How far apart the replicas' wall clocks may be (``work.clock_spread``): each replica
+    # reads its slots on its own clock, so in real time a send may arrive this much later
+    # again. The schedule spaces slots for both (:attr:`arrival_spread_us`); a send itself
+    # may still start only within the jitter (:func:`slot_usable`).
+    clock_spread_us: int = 0
     kind: WindowKind = WindowKind.SLIDING
     # Sliding: how many slots may start at once (1: evenly spaced). Fixed: always `limit`.
     burst: int = 1
@@ -139,6 +155,9 @@ class QuotaPolicy:
             raise QuotaPolicyError(f"window must be positive, got {self.window_us} us")
         if self.jitter_us < 0:
             raise QuotaPolicyError(f"jitter must not be negative, got {self.jitter_us} us")
+        if self.clock_spread_us < 0:
+            raise QuotaPolicyError(
+                f"clock spread must not be negative, got {self.clock_spread_us} us")
         if isinstance(self.burst, bool) or not 1 <= self.burst <= self.limit:
             raise QuotaPolicyError(
                 f"burst must be between 1 and the limit ({self.limit}), got {self.burst}")
@@ -146,8 +165,15 @@ class QuotaPolicy:
             if self.limit >= self.window_us:
                 raise QuotaPolicyError(
                     f"a fixed window's limit must be below its length in us, got {self.limit}")
-            if self.jitter_us >= self.window_us:
-                raise QuotaPolicyError("a fixed window must be longer than the jitter")
+            if self.arrival_spread_us >= self.window_us:
+                raise QuotaPolicyError(
+                    "a fixed window must be longer than the jitter and the clock spread")
+
+    @property
+    def arrival_spread_us(self) -> int:
+        """How long after its slot (on the granting replica's clock) a send may arrive:
+        the jitter, plus the replicas' clock spread. Every spacing rule uses this."""
+        return self.jitter_us + self.clock_spread_us
 
     @property
     def uses_slot_log(self) -> bool:
@@ -162,7 +188,7 @@ class QuotaPolicy:
         if self.kind is WindowKind.FIXED:
             return 1
         spread = self.limit if self.uses_slot_log else self.limit - self.burst + 1
-        return max(1, math.ceil((self.window_us + self.jitter_us) / spread))
+        return max(1, math.ceil((self.window_us + self.arrival_spread_us) / spread))
 
     @property
     def tolerance_us(self) -> int:
@@ -180,7 +206,7 @@ class QuotaPolicy:
         if self.kind is WindowKind.FIXED or self.uses_slot_log:
             return self.limit
         # m slots fit in an open interval of length L iff (m-1)·I - tau < L.
-        span = self.window_us + self.jitter_us + self.tolerance_us
+        span = self.window_us + self.arrival_spread_us + self.tolerance_us
         return (span - 1) // self.interval_us + 1
 
 
@@ -253,7 +279,7 @@ def _full_log(policy: QuotaPolicy, state: QuotaState, floor_us: int) -> list[int
     missing = policy.limit - len(log)
     if missing > 0:
         fresh = state.tat_us == 0 and not log
-        span = policy.window_us + policy.jitter_us
+        span = policy.window_us + policy.arrival_spread_us
         pad = -span if fresh else log[0] if log else max(state.tat_us, floor_us)
         log = [pad] * missing + log
     return log
@@ -263,7 +289,7 @@ def _grant_logged(policy: QuotaPolicy, state: QuotaState, *, now_us: int, count:
                   max_wait_us: int) -> Granted | Wait:
     step = policy.interval_us
     tau = policy.tolerance_us
-    span = policy.window_us + policy.jitter_us
+    span = policy.window_us + policy.arrival_spread_us
     floor = max(now_us, state.blocked_until_us)
     log = _full_log(policy, state, floor)
     first = max(floor, state.tat_us - tau, log[-policy.limit] + span)
@@ -290,7 +316,7 @@ def _grant_fixed(policy: QuotaPolicy, state: QuotaState, *, now_us: int, count: 
         raise ValueError(f"count {count} exceeds the window's limit {policy.limit}")
     at = max(now_us, state.blocked_until_us)
     start = policy.window_start(at)
-    if at + policy.jitter_us > start + policy.window_us:
+    if at + policy.arrival_spread_us > start + policy.window_us:
         # It could arrive in the next window: it counts there, and starts there.
         start += policy.window_us
         at = start
@@ -364,7 +390,7 @@ def available(policy: QuotaPolicy, state: QuotaState, *, now_us: int) -> int:
         return 0
     if policy.kind is WindowKind.FIXED:
         start = policy.window_start(now_us)
-        if now_us + policy.jitter_us > start + policy.window_us:
+        if now_us + policy.arrival_spread_us > start + policy.window_us:
             return 0
         counted = policy.window_start(state.tat_us)
         if counted > start:
@@ -404,7 +430,8 @@ def decode_log(text: str | None) -> tuple[int, ...]:
 
 
 def slot_usable(policy: QuotaPolicy, slot_us: int, now_us: int) -> bool:
-    """A send may start at ``now`` on this slot: not early, not past its jitter."""
+    """A send may start at ``now`` on this slot: not early, not past its jitter (the
+    clock spread is the schedule's to absorb, never a late sender's)."""
     return slot_us <= now_us < slot_us + max(1, policy.jitter_us)
 
 

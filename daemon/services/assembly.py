@@ -151,13 +151,15 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         catalog=catalog, catalogs=catalogs, executor=executor,
         receipt_max_attempts=settings.family(RECEIPT_FAMILY).max_attempts,
         on_attempt=counted, checkpoints=checkpoints, contexts=contexts,
-        credentials=credentials,
+        credentials=credentials, quota_clock_spread_us=settings.work.clock_spread_us,
     )
     if metrics is not None:
         runner.on_credential_failure = metrics.count_credential_failure
         runner.on_quota = metrics.count_quota
         runner.on_quota_reset_ignored = metrics.count_quota_reset_ignored
-        metrics.quota_declared = declared_keys(catalog.operations.values(), catalog.bindings)
+        metrics.quota_declared = declared_keys(
+            catalog.operations.values(), catalog.bindings,
+            clock_spread_us=settings.work.clock_spread_us)
     runtime_client = BoundedHttp.open(16)
 
     async def prove_fences(fences: Sequence[Fence]) -> list[StorageError | None]:
@@ -189,7 +191,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     reconciler = CursorReconciler(
         catalog=catalog, catalogs=catalogs, http=executor.client,
         inbound_max_attempts=settings.family(INBOUND_APPLY_FAMILY).max_attempts,
-        credentials=credentials)
+        credentials=credentials, quota_clock_spread_us=settings.work.clock_spread_us)
     if metrics is not None:
         reconciler.on_complete = metrics.set_sync_complete
         reconciler.on_offered = metrics.count_reconcile_offered

@@ -99,21 +99,25 @@ def waiting_key(summary: str) -> str | None:
 
 
 def declared_keys(operations: Iterable[OperationDefinition],
-                  bindings: Iterable[BindingSettings]) -> dict[str, QuotaKey]:
+                  bindings: Iterable[BindingSettings], *, clock_spread_us: int
+                  ) -> dict[str, QuotaKey]:
     """Every quota key the Catalog's operations and bindings can count against."""
     out: dict[str, QuotaKey] = {}
     ops = list(operations)
     for b in bindings:
         for op in ops:
             if op.provider == b.provider:
-                out.update((k.key, k) for k in quota_keys(op, b))
+                out.update((k.key, k) for k in quota_keys(op, b,
+                                                          clock_spread_us=clock_spread_us))
     return out
 
 
-def quota_keys(op: OperationDefinition, binding: BindingSettings) -> list[QuotaKey]:
+def quota_keys(op: OperationDefinition, binding: BindingSettings, *,
+               clock_spread_us: int) -> list[QuotaKey]:
     """One key per L1 dimension that counts this operation's endpoint class, against the
     scope L2 names for it (or L1's); a dimension with a budget per endpoint class (L1's
-    ``per_endpoint_class``, or the classes L2 names) has the class in its key."""
+    ``per_endpoint_class``, or the classes L2 names) has the class in its key. Each key's
+    schedule is spaced for replicas' clocks up to ``clock_spread_us`` apart."""
     out = []
     for q in op.quotas:
         override = binding.quota_scope(q.name)
@@ -130,7 +134,8 @@ def quota_keys(op: OperationDefinition, binding: BindingSettings) -> list[QuotaK
         name = endpoint_class_key(base, op.endpoint_class, q.class_scope(apart))
         if name is None:
             continue  # the dimension does not count this endpoint class
-        out.append(QuotaKey(name, policy_of(q), q.name, q.remaining_header, q.reset_header,
+        out.append(QuotaKey(name, policy_of(q, clock_spread_us), q.name, q.remaining_header,
+                            q.reset_header,
                             ResetFormat(q.reset_format or ResetFormat.SECONDS)))
     return out
 

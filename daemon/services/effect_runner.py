@@ -213,6 +213,8 @@ class EffectRunner:
     on_quota: Callable[[str], None] = lambda event: None
     # A provider reset header that was not used, by reason (malformed, negative, ...).
     on_quota_reset_ignored: Callable[[str], None] = lambda reason: None
+    # work.clock_spread, in us: the quota schedule's margin for the replicas' clocks.
+    quota_clock_spread_us: int = 0
 
     async def _definitions(self, command: Command) -> tuple[
             Catalog | None, OperationDefinition | None, BindingSettings | None]:
@@ -403,7 +405,9 @@ class EffectRunner:
             return self._no_token(ctx, ec, view, exc, pre_dispatch=True)
         # Then one slot of every quota key the provider declares, bound to this claim.
         reserved = await quota.reserve(ctx.store, ctx.clock, ctx.fence,
-                                       quota.quota_keys(op, binding))
+                                       quota.quota_keys(
+                                           op, binding,
+                                           clock_spread_us=self.quota_clock_spread_us))
         if isinstance(reserved, quota.QuotaWait):
             # Before the checkpoint: nothing was started, so the claim is given back
             # for the exact time the ledger allows, its attempt refunded (no backoff).

@@ -262,7 +262,8 @@ class InboundFlow:
         url = binding.base_url.rstrip("/") + get.path.render(remote_id=change.resource_id)
         headers = {get.auth.header: f"{get.auth.prefix}{access.token.reveal()}",
                    "Accept": get.accept}
-        keys, retry_after = read_keys(self.catalog.operations.values(), binding)
+        keys, retry_after = read_keys(self.catalog.operations.values(), binding,
+                                      clock_spread_us=self.settings.work.clock_spread_us)
         try:
             # On the binding's shared quota, like its effects (daemon/services/read_quota.py).
             answer = await quota_read(ctx, ReadQuota(keys, retry_after, self.on_quota,

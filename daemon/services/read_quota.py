@@ -53,8 +53,8 @@ class ReadQuota:
     on_reset_ignored: Callable[[str], None] = lambda reason: None
 
 
-def read_keys(operations: Iterable[OperationDefinition], binding: BindingSettings
-              ) -> tuple[tuple[quota.QuotaKey, ...], float]:
+def read_keys(operations: Iterable[OperationDefinition], binding: BindingSettings, *,
+              clock_spread_us: int) -> tuple[tuple[quota.QuotaKey, ...], float]:
     """The binding's provider's quota keys (every operation of a provider carries its
     L1 dimensions; the same keys its effects use) and its default Retry-After. A read
     has no endpoint class: it counts against the dimensions that count every call, not
@@ -63,7 +63,8 @@ def read_keys(operations: Iterable[OperationDefinition], binding: BindingSetting
     if op is None:
         return (), DEFAULT_RETRY_AFTER_S
     unclassified = attrs.evolve(op, endpoint_class="")
-    return tuple(quota.quota_keys(unclassified, binding)), op.contract.default_retry_after_s
+    keys = quota.quota_keys(unclassified, binding, clock_spread_us=clock_spread_us)
+    return tuple(keys), op.contract.default_retry_after_s
 
 
 def _state(phase: Phase) -> ReservationState:

@@ -149,6 +149,8 @@ class CursorReconciler:
     # Called with a quota event of a list request (reserved, waited, throttled, ...).
     on_quota: Callable[[str], None] = lambda event: None
     on_quota_reset_ignored: Callable[[str], None] = lambda reason: None
+    # work.clock_spread, in us: the quota schedule's margin for the replicas' clocks.
+    quota_clock_spread_us: int = 0
 
     async def _resolve(self, ctx: WorkContext, run: RunPayload) -> _Resolved | str:
         pinned = await self.catalogs.pinned(ctx.item.catalog_revision, ctx.item.catalog_digest)
@@ -226,7 +228,8 @@ class CursorReconciler:
         # Every page on the binding's shared quota, like its effects (read_quota.py): no
         # slot now, the run is deferred to the time one is free (the pages checkpointed
         # so far stay; the next claim lists on from the cursor).
-        keys, retry_after = read_keys(r.catalog.operations.values(), r.binding)
+        keys, retry_after = read_keys(r.catalog.operations.values(), r.binding,
+                                      clock_spread_us=self.quota_clock_spread_us)
         rq = ReadQuota(keys, retry_after, self.on_quota,
                        self.on_quota_reset_ignored)
         for _ in range(_MAX_PAGES):

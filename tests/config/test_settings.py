@@ -209,3 +209,12 @@ def test_retention_defaults_keep_facts_longer_than_work() -> None:
     retention = _parse({}).retention
     assert retention.enabled and retention.facts_days > retention.work_days
     assert retention.commands_days >= retention.facts_days
+
+
+def test_the_replicas_clock_spread_defaults_to_agreeing_clocks_and_is_never_negative() -> None:
+    assert _parse({}).work.clock_spread_us == 0
+    assert _parse({"work": {"clock_spread": 0.05}}).work.clock_spread_us == 50_000
+    with pytest.raises(ConfigError) as info:
+        _parse({"work": {"clock_spread": -0.01}})
+    assert info.value.key == "work.clock_spread"
+    assert "must not be negative" in str(info.value)

@@ -373,6 +373,75 @@ def test_the_window_check_catches_a_burst_without_the_longer_interval() -> None:
     assert worst > policy.limit
 
 
+# ---- replicas' clocks ----
+
+
+@pytest.mark.parametrize(("jitter", "spread", "interval", "usable_until"), [
+    (250_000, 0, 102_500, S + 250_000),
+    (250_000, 900_000, 111_500, S + 250_000),  # spaced for both, sent within the jitter
+    (0, 50_000, 100_500, S + 1),
+])
+def test_the_clock_spread_widens_the_spacing_but_not_the_send_window(
+        jitter: int, spread: int, interval: int, usable_until: int) -> None:
+    policy = QuotaPolicy(limit=100, window_us=10 * S, jitter_us=jitter, clock_spread_us=spread)
+    assert policy.interval_us == interval
+    assert slot_usable(policy, S, usable_until - 1)
+    assert not slot_usable(policy, S, usable_until)
+
+
+@pytest.mark.parametrize("fields", [
+    {"clock_spread_us": -1},
+    {"kind": WindowKind.FIXED, "jitter_us": 250_000, "clock_spread_us": 750_000},
+])
+def test_a_clock_spread_that_cannot_be_enforced_is_refused(fields: dict[str, object]) -> None:
+    with pytest.raises(QuotaPolicyError):
+        QuotaPolicy(limit=10, window_us=S, **fields)  # type: ignore[arg-type]
+
+
+def _skewed_sends(policy: QuotaPolicy, spread: int, seed: int) -> list[int]:
+    """Replicas whose clocks are up to ``spread`` apart grant on their own clocks and send
+    as a starved machine does: only at wake-ups, in pairs 990 ms apart every 3.1 s (real
+    time), each slot at a wake-up its slot allows on the clock of some replica (the worst
+    the gate lets through: as many sends as it can into one window; a slot no wake-up
+    fits is dropped, never sent late).
+    Returns the real arrival times."""
+    rng = random.Random(seed)
+    state, real = QuotaState(), 0
+    sends: list[int] = []
+    for _ in range(500):
+        real += rng.randrange(0, 2 * policy.interval_us)
+        got = grant(policy, state, now_us=real + rng.choice([0, spread]),
+                    count=rng.randint(1, 3), max_wait_us=S)
+        if isinstance(got, Wait):
+            continue
+        state = got.state
+        for slot in got.slots:
+            pair = slot // 3_100_000 * 3_100_000
+            wakes = [pair + d for d in (-3_100_000, -2_110_000, 0, 990_000, 3_100_000)]
+            # A clock ``offset`` ahead of real time reads real time ``at`` as at + offset;
+            # the sender is the replica whose offset (0 to the spread) fits best.
+            fits = [at for at in wakes
+                    if slot_usable(policy, slot, at + min(max(slot - at, 0), spread))]
+            if fits:
+                sends.append(fits[0])
+    assert sends, "nothing was sent"
+    return sends
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_skewed_replicas_sending_late_never_exceed_the_window(seed: int) -> None:
+    policy = QuotaPolicy(limit=20, window_us=S, jitter_us=250_000, clock_spread_us=900_000)
+    assert _worst_window(_skewed_sends(policy, 900_000, seed), policy) <= policy.limit
+
+
+def test_the_window_check_catches_a_clock_spread_folded_into_the_jitter() -> None:
+    """Negative row: the spread declared as more jitter lets late senders spend it too."""
+    folded = QuotaPolicy(limit=20, window_us=S, jitter_us=250_000 + 900_000)
+    worst = max(_worst_window(_skewed_sends(folded, 900_000, seed), folded)
+                for seed in range(10))
+    assert worst > folded.limit
+
+
 # ---- endpoint classes: which key, if any, a call of a class counts against ----
 
 SEARCH_ONLY = ClassScope(applies_to=frozenset({"search"}))

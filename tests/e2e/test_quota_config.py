@@ -141,7 +141,8 @@ def test_an_l2_scope_override_names_the_key_the_dimension_counts_against(
     settings = load_settings(str(cfg), environ={}, known_families=known_family_names())
     operations, _ = load_definitions(str(Path("config/providers")))
     (binding,) = settings.bindings
-    got = quota_keys(operations["hubspot.contact.update_jobtitle"], binding)
+    got = quota_keys(operations["hubspot.contact.update_jobtitle"], binding,
+                     clock_spread_us=settings.work.clock_spread_us)
     assert [k.key for k in got] == keys
 
 

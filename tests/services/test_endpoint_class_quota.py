@@ -44,8 +44,8 @@ def _operations() -> dict[str, OperationDefinition]:
 
 def test_each_class_counts_against_its_own_keys_and_the_shared_ones() -> None:
     ops = _operations()
-    update = {k.key for k in quota_keys(ops[UPDATE], BINDING)}
-    search = {k.key for k in quota_keys(ops[SEARCH], BINDING)}
+    update = {k.key for k in quota_keys(ops[UPDATE], BINDING, clock_spread_us=0)}
+    search = {k.key for k in quota_keys(ops[SEARCH], BINDING, clock_spread_us=0)}
     assert update == {"hubspot:per_class:org-acme:install-1:class:crm_objects",
                       "hubspot:per_app_10s:org-acme:install-1",
                       "hubspot:per_app_day:org-acme:install-1"}
@@ -62,7 +62,7 @@ def test_a_provider_read_has_no_endpoint_class() -> None:
     ops = _operations()
     for first in (SEARCH, UPDATE):
         ordered = [ops[first], *(o for name, o in ops.items() if name != first)]
-        keys, _ = read_keys(ordered, BINDING)
+        keys, _ = read_keys(ordered, BINDING, clock_spread_us=0)
         assert {k.key for k in keys} == {"hubspot:per_class:org-acme:install-1",
                                          "hubspot:per_app_10s:org-acme:install-1",
                                          "hubspot:per_app_day:org-acme:install-1"}, first
@@ -75,7 +75,7 @@ async def test_calls_of_one_class_never_consume_another_class_budget(
     (item,) = (await claim(store)).claimed
     assert item.fence is not None
     clock = FixedClock(T0)
-    search_keys = quota_keys(ops[SEARCH], BINDING)
+    search_keys = quota_keys(ops[SEARCH], BINDING, clock_spread_us=0)
     # Search calls until the search budget (4 per second; a claim waits up to 1 s) says
     # when to come back.
     granted: list[list[Reserved]] = []
@@ -88,7 +88,8 @@ async def test_calls_of_one_class_never_consume_another_class_budget(
     assert len(granted) == 4 and got.until_us > T0
     # At the same instant a crm_objects call still has its slot, on none of the search
     # keys: its own class's key, and the app's limits every class counts against.
-    update = await reserve(store, clock, item.fence, quota_keys(ops[UPDATE], BINDING))
+    update = await reserve(store, clock, item.fence,
+                           quota_keys(ops[UPDATE], BINDING, clock_spread_us=0))
     assert not isinstance(update, QuotaWait)
     assert all(r.slot_us <= T0 + 1_000_000 for r in update)
     assert {r.key.key for r in update} == {
@@ -115,7 +116,7 @@ def test_an_l2_override_gives_only_the_classes_it_names_their_own_budget(
     binding = attrs.evolve(BINDING, quota=(QuotaScope(dimension="per_app_10s", scope="",
                                                       endpoint_classes=("search",)),))
     op = ops[UPDATE] if endpoint_class == "crm_objects" else ops[SEARCH]
-    keys = {k.key for k in quota_keys(op, binding) if ":per_app_10s:" in k.key}
+    keys = {k.key for k in quota_keys(op, binding, clock_spread_us=0) if ":per_app_10s:" in k.key}
     expected = ("hubspot:per_app_10s:org-acme:install-1:class:search"
                 if endpoint_class == "search" else "hubspot:per_app_10s:org-acme:install-1")
     assert keys == {expected}

@@ -66,8 +66,11 @@ async def _processing(store: WorkStore) -> int:
 
 
 async def _until_the_claimer_won(store: WorkStore) -> None:
+    # The claimer is another OS process: nothing here can signal, so poll its row.
     with trio.fail_after(60):
-        while not await _processing(store):
+        while True:
+            if await _processing(store):
+                return
             await trio.sleep(0.001)
 
 
