@@ -8,13 +8,14 @@ DURATION=600`` is the long run.
 
 The replicas' clocks are skewed as in ``make torture`` (0.9 of the lease margin).
 
-Known to fail on the torture12 branch, on findings outside it (reported to the lead): the
-provider quota's windows are exceeded (34 windows over the limit on MariaDB in one run even
-with unskewed clocks: a slot is checked usable, then the dispatch checkpoint commits, then
-the request leaves, so the send drifts past the slot's 250 ms jitter on a slow database;
-skewed clocks add to it), and on a loaded machine refreshes cut off between the provider's
-rotation and their activation spend the rotating refresh token (``double_refreshes``,
-grants left needing re-authorization, effects never sent)."""
+The provider quota holds under starvation by checking each send slot twice after the
+checkpoint (on waking, and at the first byte: daemon/providers/executor.py's send
+gate) and by the replicas' clock spread kept apart from L1's jitter
+(``work.clock_spread``). Still open
+(issue 12): a refresh owner frozen or killed between the provider's rotation and its own
+activation leaves the rotated refresh token unknown; the next owner's refresh then meets
+``invalid_grant`` and the grant needs re-authorization (``double_refreshes``,
+``grants_not_valid``). Under two CPU hogs one 45 s MariaDB run in three hit it."""
 
 from __future__ import annotations
 
