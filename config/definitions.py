@@ -35,7 +35,8 @@ A document declares (see ``config/providers/*.toml`` for two real ones)::
     [operations."<op>".request]               # what is sent
     method, path, content_type, auth, body, idempotency_header (optional)
     [operations."<op>".response]              # what a response proves
-    identity (pointer, optional), evidence_headers, evidence_fields
+    identity (pointer, optional), evidence_headers, evidence_fields,
+    updated_at (pointer, optional: the record's new last-modified time)
     [operations."<op>".read]                  # the read-back (optional)
     method, path, fields, id, updated_at (pointers), absent_statuses
 
@@ -141,6 +142,11 @@ class ResponseDefinition:
     # Response headers and body values that are safe to keep as evidence.
     evidence_headers: tuple[str, ...] = ()
     evidence_fields: tuple[tuple[str, Pointer], ...] = ()
+    # Where a 2xx names the changed record's new last-modified time (the read-back's
+    # ``updated_at``, same format). Declaring it says the provider gives every change of
+    # a record a strictly later time, so a read-back that still shows this time proves a
+    # later dispatch was not applied (daemon/core/effects.py: reconcile). None: not said.
+    updated_at: Pointer | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -189,7 +195,7 @@ _OPERATION_KEYS = frozenset({
 })
 _REQUEST_KEYS = frozenset({"method", "path", "content_type", "auth", "body",
                            "idempotency_header"})
-_RESPONSE_KEYS = frozenset({"identity", "evidence_headers", "evidence_fields"})
+_RESPONSE_KEYS = frozenset({"identity", "evidence_headers", "evidence_fields", "updated_at"})
 _READ_KEYS = frozenset({"method", "path", "auth", "fields", "id", "updated_at",
                         "absent_statuses"})
 
@@ -374,6 +380,7 @@ def _response(key: str, raw: Any) -> ResponseDefinition:
         identity=_pointer(key, table, "identity", required=False),
         evidence_headers=tuple(h.lower() for h in headers),
         evidence_fields=fields,
+        updated_at=_pointer(key, table, "updated_at", required=False),
     )
 
 

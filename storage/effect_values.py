@@ -182,6 +182,9 @@ class RemoteLink:
     state: LinkState
     generation: int
     updated_at_us: int
+    # The provider's last-modified time of the remote record as our latest accepted
+    # change left it (migration 0033); None: unknown.
+    modified_at_us: int | None = None
 
 
 class ReceiptState(enum.StrEnum):

@@ -32,7 +32,7 @@ from storage.work_admin import append_audit
 
 LINK_COLUMNS = (
     "link_key, scope_digest, local_object, local_id, remote_object, remote_id, locator_hash,"
-    " state, generation, updated_at_us"
+    " state, generation, updated_at_us, modified_at_us"
 )
 
 
@@ -41,6 +41,7 @@ def link_from_row(row: Row) -> RemoteLink:
         link_key=str(row[0]), scope_digest=str(row[1]), local_object=str(row[2]),
         local_id=str(row[3]), remote_object=row[4], remote_id=row[5], locator_hash=row[6],
         state=LinkState(row[7]), generation=int(row[8]), updated_at_us=int(row[9]),
+        modified_at_us=None if row[10] is None else int(row[10]),
     )
 
 
@@ -72,7 +73,8 @@ class RemoteLinks:
             with contextlib.suppress(DuplicateKey):
                 await tx.execute(
                     f"INSERT INTO remote_links ({LINK_COLUMNS}, active_locator, created_at_us)"
-                    " VALUES (?, ?, ?, ?, NULL, NULL, NULL, 'pending_create', 1, ?, NULL, ?)",
+                    " VALUES (?, ?, ?, ?, NULL, NULL, NULL, 'pending_create', 1, ?, NULL, NULL,"
+                    " ?)",
                     (key, scope_digest, local_object, local_id, now_us, now_us),
                 )
             link = await read_link(tx, key)
@@ -174,7 +176,7 @@ async def adopt_link(
         if existing is None:
             await tx.execute(
                 f"INSERT INTO remote_links ({LINK_COLUMNS}, active_locator,"
-                " created_at_us) VALUES (?, ?, ?, ?, ?, ?, ?, 'active', 1, ?, ?, ?)",
+                " created_at_us) VALUES (?, ?, ?, ?, ?, ?, ?, 'active', 1, ?, NULL, ?, ?)",
                 (key, scope_digest, local_object, local_id, remote_object, normalized,
                  locator, now_us, locator, now_us),
             )
@@ -208,12 +210,25 @@ async def retire_link(tx: SqlTx, link_key: str, *, expected_generation: int, act
     return after
 
 
+async def note_modified(tx: SqlTx, link_key: str, *, generation: int, remote_id: str,
+                        modified_at_us: int) -> bool:
+    """Inside an accepted effect's finalization: the provider's last-modified time its
+    answer named for the linked record, kept on the link while it still points at that
+    record (same generation and remote id). False: the link moved on; nothing kept."""
+    return bool(await tx.execute(
+        "UPDATE remote_links SET modified_at_us = ? WHERE link_key = ? AND generation = ?"
+        " AND remote_id = ?",
+        (modified_at_us, link_key, generation, remote_id),
+    ))
+
+
 async def _activate(tx: SqlTx, link_key: str, from_state: str, generation: int,
                     remote_object: str, remote_id: str, locator: str, new_generation: int,
                     now_us: int) -> None:
     if not await tx.execute(
         "UPDATE remote_links SET state = 'active', remote_object = ?, remote_id = ?,"
-        " locator_hash = ?, active_locator = ?, generation = ?, updated_at_us = ?"
+        " locator_hash = ?, active_locator = ?, generation = ?, updated_at_us = ?,"
+        " modified_at_us = NULL"  # another record (or again): nothing known of it
         " WHERE link_key = ? AND state = ? AND generation = ?",
         (remote_object, remote_id, locator, locator, new_generation, now_us, link_key,
          from_state, generation),

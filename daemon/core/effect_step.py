@@ -124,6 +124,9 @@ class AttemptView:
     dispatched_at_us: int
     gave_up_at_us: int | None
     failure_class: str | None = None
+    # The provider's last-modified time of the record as our latest accepted change left
+    # it, known before this dispatch (its pre-dispatch evidence); None: unknown.
+    unchanged_since_us: int | None = None
 
     @property
     def unresolved(self) -> bool:
@@ -319,12 +322,17 @@ def _reconcile(view: ClaimView[R], unresolved: list[AttemptView]) -> Step[R]:
         return Reconcile(ids, tuple(sorted(view.desired)))
     if view.readback.snapshot is None:
         return Wait("reconcile_read_failed", view.readback.error or "read-back failed")
+    # One command's attempts are sequential and none of them was accepted, so each found
+    # the link as the same accepted change left it; differing (or unknown) times prove
+    # nothing.
+    stamps = {a.unchanged_since_us for a in unresolved}
     verdict = reconcile(
         view.desired, view.readback.snapshot,
         earliest_dispatch_us=min(a.dispatched_at_us for a in unresolved),
         latest_dispatch_us=max(_exchange_end_us(a, binding) for a in unresolved),
         now_us=view.now_us, clock_skew_us=int(clock_skew_s(op, binding) * 1_000_000),
         max_in_flight_us=int(in_flight_window_s(op, binding) * 1_000_000),
+        unchanged_since_us=stamps.pop() if len(stamps) == 1 else None,
     )
     if verdict.verdict is Reconciled.APPLIED:
         return SettleSuccess(command.remote_id, ids)

@@ -209,6 +209,7 @@ def reconcile(
     now_us: int,
     clock_skew_us: int,
     max_in_flight_us: int,
+    unchanged_since_us: int | None = None,
 ) -> Reconciliation:
     """Decide what a read-back proves about unresolved dispatches.
 
@@ -216,9 +217,17 @@ def reconcile(
       wrote it, the end state the command asked for holds).
     * Absence needs two things: the provider's documented in-flight window
       has passed since the *latest* unresolved dispatch (a request still in
-      flight could be applied after our read), and the record was last
-      modified before the *earliest* one could have reached the provider
-      (minus the allowed clock skew).
+      flight could be applied after our read), and the record was not
+      modified since the *earliest* one could have reached the provider. That
+      is shown either by time (last modified before that dispatch, minus the
+      allowed clock skew) or by identity: ``unchanged_since_us`` is the
+      provider's own last-modified time of the record as our latest accepted
+      change left it, known before the earliest unresolved dispatch (the
+      change's answer named it). A provider that gives every change a later
+      time (L1 declares it by ``response.updated_at``) shows exactly that
+      time only if nothing changed the record since, our dispatches included.
+      This is what proves a lost PATCH that followed our own change within the
+      skew margin, where the time rule never can.
     * Otherwise nothing is proven; within the in-flight window, ask again
       once it has passed; after it, an operator decides.
     """
@@ -227,10 +236,9 @@ def reconcile(
     settle_at = latest_dispatch_us + max_in_flight_us
     if now_us < settle_at:
         return Reconciliation(Reconciled.UNPROVEN, (settle_at - now_us) / 1_000_000)
-    if (
-        snapshot.exists
-        and snapshot.updated_at_us is not None
-        and snapshot.updated_at_us < earliest_dispatch_us - clock_skew_us
+    if snapshot.exists and snapshot.updated_at_us is not None and (
+        snapshot.updated_at_us < earliest_dispatch_us - clock_skew_us
+        or snapshot.updated_at_us == unchanged_since_us
     ):
         return Reconciliation(Reconciled.ABSENT)
     return Reconciliation(Reconciled.UNPROVEN)

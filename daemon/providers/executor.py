@@ -164,6 +164,11 @@ def _parse_time_us(text: object) -> int | None:
     return int(moment.timestamp() * 1_000_000)
 
 
+# The provider evidence key of the changed record's new last-modified time (epoch us),
+# from L1's ``response.updated_at``.
+MODIFIED_AT = "modified_at_us"
+
+
 class SendWindowClosed(Exception):
     """The caller's send gate closed before the request's first byte: nothing left."""
 
@@ -333,6 +338,10 @@ class HttpExecutor:
             value = _evidence_value(pointer.find(doc))
             if value is not None:
                 evidence[name] = value
+        if spec.updated_at is not None and 200 <= response.status_code < 300:
+            modified = _parse_time_us(spec.updated_at.find(doc))
+            if modified is not None:
+                evidence[MODIFIED_AT] = modified
         identity = None
         if spec.identity is not None:
             identity = IdentityEvidence(expected=prepared.remote_id,

@@ -58,7 +58,13 @@ from daemon.core.effect_step import (
     credential_refusal,
     decide,
 )
-from daemon.core.effects import Classification, DispatchObservation, Phase, classify
+from daemon.core.effects import (
+    Classification,
+    DispatchObservation,
+    OutcomeClass,
+    Phase,
+    classify,
+)
 from daemon.core.handoff import (
     RESULT_FORMAT_NO_EFFECT,
     RESULT_FORMAT_SUCCESS,
@@ -75,6 +81,7 @@ from daemon.core.outcomes import (
 from daemon.core.principals import BindingState
 from daemon.core.work import WorkItem
 from daemon.providers.executor import (
+    MODIFIED_AT,
     SEND_WINDOW_CLOSED,
     BadRequestForOperation,
     HttpExecutor,
@@ -109,7 +116,7 @@ from storage.effects import (
     record_outcome,
     settle,
 )
-from storage.links import read_link
+from storage.links import note_modified, read_link
 from storage.port import SqlTx
 from storage.work_store import WorkStore
 
@@ -162,10 +169,25 @@ def command_view(command: Command) -> CommandView:
         remote_id=command.remote_id)
 
 
+# The pre-dispatch evidence key of the link's last-modified time (see _dispatch).
+LINK_MODIFIED_AT = "link_modified_at_us"
+
+
+def _unchanged_since(pre_dispatch_evidence: str) -> int | None:
+    """The link's last-modified time an attempt's pins recorded, if any."""
+    try:
+        pins = json.loads(pre_dispatch_evidence)
+    except ValueError:
+        return None
+    value = pins.get(LINK_MODIFIED_AT) if isinstance(pins, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def attempt_view(a: EffectAttempt) -> AttemptView:
     return AttemptView(attempt_id=a.attempt_id, outcome=a.outcome, evidence=a.evidence,
                        disposition=a.disposition, dispatched_at_us=a.dispatch_started_at_us,
-                       gave_up_at_us=a.gave_up_at_us, failure_class=a.failure_class)
+                       gave_up_at_us=a.gave_up_at_us, failure_class=a.failure_class,
+                       unchanged_since_us=_unchanged_since(a.pre_dispatch_evidence))
 
 
 def operation_view(op: OperationDefinition) -> OperationView:
@@ -424,6 +446,10 @@ class EffectRunner:
         }
         if reserved:  # the quota slots this attempt is sent on (pre-dispatch evidence)
             pins["quota_reservations"] = [r.reservation_id for r in reserved]
+        if link.modified_at_us is not None:
+            # The record as our latest accepted change left it, known before this
+            # dispatch: a read-back still showing it proves this one absent.
+            pins[LINK_MODIFIED_AT] = link.modified_at_us
         evidence = canonical_bytes(pins).decode()
         if reserved:
             self.on_quota("reserved")
@@ -467,6 +493,9 @@ class EffectRunner:
                    work_id=ctx.item.work_id, epoch=ctx.fence.ownership_epoch,
                    outcome=verdict.outcome.value, status=seen.status, detail=seen.detail)
         self._record(ctx, attempt_id, verdict, seen, provider_evidence)
+        modified = provider_evidence.get(MODIFIED_AT)
+        if verdict.outcome is OutcomeClass.ACCEPTED and isinstance(modified, int):
+            self._note_modified(ctx, link, link.remote_id, modified)
         if reserved:
             now = ctx.clock.now_us()
             ctx.on_finalize(quota.settle_reservations(reserved, seen, attempt_id, now))
@@ -515,6 +544,20 @@ class EffectRunner:
             return Deferred(exc.reason, ctx.clock.now_us() + TOKEN_DEFER_US,
                             f"no access token yet ({exc}); nothing was sent")
         return RetryLater(exc.reason, str(exc), 5.0)
+
+    @staticmethod
+    def _note_modified(ctx: WorkContext, link: RemoteLink, remote_id: str | None,
+                       modified_at_us: int) -> None:
+        """The accepted change's last-modified time goes onto the link, in the same
+        finalization (while the link still points at the record the change was on)."""
+        if remote_id is None:
+            return
+
+        async def write(tx: SqlTx) -> None:
+            await note_modified(tx, link.link_key, generation=link.generation,
+                                remote_id=remote_id, modified_at_us=modified_at_us)
+
+        ctx.on_finalize(write)
 
     def _record(self, ctx: WorkContext, attempt_id: str, verdict: Classification,
                 seen: DispatchObservation, provider_evidence: dict[str, Any]) -> None:

@@ -119,6 +119,14 @@ class HubSpotSimulator:
             self._next_id = max(self._next_id, int(contact_id) + 1)
         return contact
 
+    def change_contact(self, contact_id: str, **properties: str | None) -> None:
+        """Another writer (a person in HubSpot, a workflow) changes a contact: its
+        properties and its last-modified time, not ``patches_applied``."""
+        contact = self._contacts.get(contact_id)
+        if contact is None:
+            raise KeyError(contact_id)
+        contact.apply(properties)
+
     def contact(self, contact_id: str) -> dict[str, Any] | None:
         """The raw stored state of a contact plus ``patches_applied``; None if unknown."""
         contact = self._contacts.get(contact_id)

@@ -146,3 +146,41 @@ def test_absence_counts_from_the_latest_dispatch() -> None:
                         latest_dispatch_us=DISPATCH + 10_000_000, now_us=LATER,
                         clock_skew_us=SKEW, max_in_flight_us=WINDOW)
     assert verdict == Reconciliation(Reconciled.UNPROVEN, 10.0)
+
+
+# Our own accepted change left the record last modified here, within the skew margin of
+# the lost dispatch: the time rule can never prove it absent.
+OURS = DISPATCH - 500_000
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "unchanged_since", "now", "expected"),
+    [
+        # Still exactly as our change left it, the window passed: absent.
+        (RemoteSnapshot(True, {"jobtitle": "old"}, OURS), OURS, LATER,
+         Reconciliation(Reconciled.ABSENT)),
+        # ...never while a request could still be in flight.
+        (RemoteSnapshot(True, {"jobtitle": "old"}, OURS), OURS, LATER - 1_000_000,
+         Reconciliation(Reconciled.UNPROVEN, 1.0)),
+        # Changed since (by the lost PATCH, by anyone): unproven.
+        (RemoteSnapshot(True, {"jobtitle": "other"}, OURS + 1), OURS, LATER,
+         Reconciliation(Reconciled.UNPROVEN)),
+        (RemoteSnapshot(True, {"jobtitle": "old"}, OURS - 1), OURS, LATER,
+         Reconciliation(Reconciled.UNPROVEN)),
+        # Nothing known of our last change, or the read-back names no time: unproven.
+        (RemoteSnapshot(True, {"jobtitle": "old"}, OURS), None, LATER,
+         Reconciliation(Reconciled.UNPROVEN)),
+        (RemoteSnapshot(True, {"jobtitle": "old"}, None), OURS, LATER,
+         Reconciliation(Reconciled.UNPROVEN)),
+        # The record is gone: that proves nothing about the PATCH either.
+        (RemoteSnapshot(False), OURS, LATER, Reconciliation(Reconciled.UNPROVEN)),
+        # The desired value is there: applied, whatever the time says.
+        (RemoteSnapshot(True, {"jobtitle": "CTO"}, OURS), OURS, LATER,
+         Reconciliation(Reconciled.APPLIED)),
+    ],
+)
+def test_reconcile_by_our_own_last_change(snapshot: RemoteSnapshot, unchanged_since: int | None,
+                                          now: int, expected: Reconciliation) -> None:
+    assert reconcile({"jobtitle": "CTO"}, snapshot, earliest_dispatch_us=DISPATCH,
+                     latest_dispatch_us=DISPATCH, now_us=now, clock_skew_us=SKEW,
+                     max_in_flight_us=WINDOW, unchanged_since_us=unchanged_since) == expected
