@@ -374,8 +374,10 @@ def parse_settings(
     keys = _build("keys", KeysSettings, raw.get("keys", {}))
     retention = _retention(raw.get("retention", {}))
     bindings = _bindings(raw.get("bindings", []), environ)
-    _l2_only_lengthens_l1(bindings, catalog.definitions_dir)
-    _quota_holds_the_clock_spread(bindings, catalog.definitions_dir, work.clock_spread_us)
+    if bindings:  # checked against the L1 definitions their providers declare
+        operations = _definitions(catalog.definitions_dir)
+        _l2_only_lengthens_l1(bindings, operations)
+        _quota_holds_the_clock_spread(bindings, operations, work.clock_spread_us)
     ingress = _ingress(raw.get("ingress", {}))
     routes = _webhook_routes(raw.get("webhook_routes", []), environ, bindings, ingress,
                              catalog.definitions_dir)
@@ -679,16 +681,19 @@ def _webhook_routes(value: Any, environ: Mapping[str, str],
 _L1_FLOORS = (("max_in_flight", "max_in_flight_s"), ("max_clock_skew", "max_clock_skew_s"))
 
 
-def _l2_only_lengthens_l1(bindings: tuple[BindingSettings, ...], definitions_dir: str) -> None:
-    """A binding's in-flight window and clock skew may lengthen what L1 declares for
-    its provider's operations, never shorten it: a shorter window would prove an
-    unresolved dispatch absent while it may still be applied (a second PATCH)."""
-    if not bindings:
-        return
+def _definitions(definitions_dir: str) -> Mapping[str, OperationDefinition]:
     try:
         operations, _ = load_definitions(definitions_dir)
     except CatalogError as exc:
         raise ConfigError(exc.key, str(exc).partition(": ")[2]) from None
+    return operations
+
+
+def _l2_only_lengthens_l1(bindings: tuple[BindingSettings, ...],
+                          operations: Mapping[str, OperationDefinition]) -> None:
+    """A binding's in-flight window and clock skew may lengthen what L1 declares for
+    its provider's operations, never shorten it: a shorter window would prove an
+    unresolved dispatch absent while it may still be applied (a second PATCH)."""
     for i, b in enumerate(bindings):
         _quota_dimensions_exist(i, b, operations)
         for setting, contract_field in _L1_FLOORS:
@@ -706,16 +711,11 @@ def _l2_only_lengthens_l1(bindings: tuple[BindingSettings, ...], definitions_dir
                         f" {op.name}; L2 may only lengthen it")
 
 
-def _quota_holds_the_clock_spread(bindings: tuple[BindingSettings, ...], definitions_dir: str,
+def _quota_holds_the_clock_spread(bindings: tuple[BindingSettings, ...],
+                                  operations: Mapping[str, OperationDefinition],
                                   clock_spread_us: int) -> None:
     """Every quota dimension a binding's provider declares can be scheduled with the
     replicas' clock spread (a fixed window must outlast its jitter plus the spread)."""
-    if not bindings or not clock_spread_us:
-        return
-    try:
-        operations, _ = load_definitions(definitions_dir)
-    except CatalogError as exc:
-        raise ConfigError(exc.key, str(exc).partition(": ")[2]) from None
     providers = {b.provider for b in bindings}
     for op in sorted(operations.values(), key=lambda o: o.name):
         for dim in op.quotas if op.provider in providers else ():

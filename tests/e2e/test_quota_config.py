@@ -72,6 +72,29 @@ def test_a_zero_or_negative_shipped_limit_is_a_one_line_error(tmp_path: Path, se
     assert line.startswith(f"integrationd: config error: {key}: {message}"), line
 
 
+def test_a_clock_spread_a_fixed_window_cannot_hold_is_a_one_line_error(tmp_path: Path) -> None:
+    """A fixed window must outlast its jitter plus the replicas' clock spread: a spread
+    that leaves no room is refused at check-config, naming the setting and the dimension,
+    not found at the first dispatch."""
+    l1 = write_sandbox_definitions(tmp_path / "l1")
+    hubspot = l1 / "hubspot.toml"
+    text = hubspot.read_text()
+    sliding = 'window = 1.0\nscope = "binding"\nkind = "sliding"\n'
+    assert text.count(sliding) == 1
+    hubspot.write_text(text.replace(sliding, 'window = 1.0\nscope = "binding"\nkind = "fixed"\n'))
+    cfg = tmp_path / "spread.toml"
+    base = f'[catalog]\ndefinitions_dir = "{l1}"\n' + BINDING
+    cfg.write_text(base)
+    assert run_cli(cfg, "check-config").returncode == 0  # the fixed window itself is fine
+    cfg.write_text("[work]\nclock_spread = 0.8\n" + base)
+    result = run_cli(cfg, "check-config")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("integrationd: config error: work.clock_spread: hubspot quota"
+                           " search: a fixed window must be longer than the jitter and the"
+                           " clock spread"), line
+
+
 @pytest.mark.parametrize(("override", "key", "message"), [
     ('[bindings.quota.per_app_10s]\nscope = "galaxy"\n',
      "bindings[0].quota.per_app_10s.scope",
