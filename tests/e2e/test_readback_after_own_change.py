@@ -12,6 +12,8 @@ record some other writer changed meanwhile shows another time and proves nothing
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.harness import wait_for
 from tests.support.l1 import write_sandbox_definitions
-from tests.support.slice import running_slice
+from tests.support.slice import Slice, running_slice
 
 pytestmark = pytest.mark.slow
 
@@ -31,15 +33,24 @@ pytestmark = pytest.mark.slow
 SKEW_S = 600.0
 
 
-async def test_a_lost_patch_after_our_own_change_is_proven_absent_and_sent_again(
-    database: FreshDatabase, store: WorkStore, tmp_path: Path
-) -> None:
+@asynccontextmanager
+async def _slice_whose_next_patch_is_lost(database: FreshDatabase, store: WorkStore,
+                                          tmp_path: Path) -> AsyncIterator[Slice]:
+    """Lead-1's first title change committed (our own accepted change on contact 101),
+    and a 500 that applies nothing armed for its next PATCH."""
     l1 = write_sandbox_definitions(tmp_path / "l1", max_clock_skew=SKEW_S)
     async with running_slice(store, database.url, definitions_dir=str(l1)) as sl:
         await sl.lead("lead-1", "101")
         first = await sl.set_title("lead-1", "CTO")
         await sl.wait_intent("lead-1", first, "COMMITTED")
         sl.sim.inject(Fault(mode="status", method="PATCH", status=500))
+        yield sl
+
+
+async def test_a_lost_patch_after_our_own_change_is_proven_absent_and_sent_again(
+    database: FreshDatabase, store: WorkStore, tmp_path: Path
+) -> None:
+    async with _slice_whose_next_patch_is_lost(database, store, tmp_path) as sl:
         second = await sl.set_title("lead-1", "CEO")
         await sl.wait_intent("lead-1", second, "COMMITTED", within_s=60)
         patches = [r.status for r in sl.sim.requests if r.method == "PATCH"]
@@ -52,12 +63,7 @@ async def test_a_lost_patch_after_our_own_change_is_proven_absent_and_sent_again
 async def test_a_record_another_writer_changed_meanwhile_proves_nothing(
     database: FreshDatabase, store: WorkStore, tmp_path: Path
 ) -> None:
-    l1 = write_sandbox_definitions(tmp_path / "l1", max_clock_skew=SKEW_S)
-    async with running_slice(store, database.url, definitions_dir=str(l1)) as sl:
-        await sl.lead("lead-1", "101")
-        first = await sl.set_title("lead-1", "CTO")
-        await sl.wait_intent("lead-1", first, "COMMITTED")
-        sl.sim.inject(Fault(mode="status", method="PATCH", status=500))
+    async with _slice_whose_next_patch_is_lost(database, store, tmp_path) as sl:
         # Another writer (a person in HubSpot) changes the contact while the PATCH is lost.
         sl.sim.change_contact("101", email="someone@example.com")
         await sl.set_title("lead-1", "CEO")
