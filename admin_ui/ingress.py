@@ -48,6 +48,7 @@ def receipt_json(r: IngressReceipt) -> dict[str, Any]:
         "received_at": _fmt_us(r.received_at_us), "state": r.state, "via": r.via,
         "replica_id": r.replica_id, "bytes": len(r.body), "body_sha256": r.body_sha256,
         "verification": r.verification, "duplicates": r.duplicates,
+        "duplicate_events": r.duplicate_events,
         "headers": {k: v for k, v in sorted(r.headers.items())},
         "quarantine_reason": r.quarantine_reason, "quarantine_detail": r.quarantine_detail,
         "settled_at": _fmt_us(r.settled_at_us),

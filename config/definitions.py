@@ -945,7 +945,7 @@ _SIGNATURE_KEYS = frozenset({"header", "algorithm", "encoding", "signed", "times
 _PAYLOAD_KEYS = frozenset({"format", "batch", "event_name", "resource_type", "resource_id",
                            "delivered_at", "attributes", "updated_at", "events",
                            "delivery_id_header", "delivery_id_stable", "max_depth",
-                           "resource_type_fixed"})
+                           "resource_type_fixed", "event_identity", "attempt_fields"})
 
 
 def _header_name(key: str, value: Any) -> str:
@@ -989,6 +989,9 @@ def _payload(key: str, raw: Any) -> PayloadSpec:
             kwargs[name] = _bool(f"{key}.{name}", table[name])
     if "max_depth" in table:
         kwargs["max_depth"] = _req(key, table, "max_depth", int)
+    for name in ("event_identity", "attempt_fields"):
+        if name in table:
+            kwargs[name] = _strings(f"{key}.{name}", table[name])
     for event, kind in events.items():
         if not isinstance(kind, str):
             raise CatalogError(f"{key}.events.{event}", "expected created, updated or"

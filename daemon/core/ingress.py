@@ -9,11 +9,22 @@ use the L1 route contract's :class:`PayloadSpec` (where the event name, the reso
 type and id, the delivered-at value and the attributes are: RFC 6901 pointers).
 
 Dedup identity (seed 7, :func:`dedup_key`): the provider's delivery id only when L1
-declares it *stable across redeliveries*; otherwise a digest over the subscription
-generation, event name, resource type, resource id, delivered-at value and the SHA-256
-of the raw body. A redelivery with a new per-request id therefore collapses to the same
-key. The key is computed from a best-effort read of the body (:func:`identity_fields`):
-a body that is not JSON has empty fields and its raw hash still tells it apart.
+declares it *stable across redeliveries*; else, when L1 declares a per-event identity
+(``event_identity``: pointers whose values name one event across redeliveries), a digest
+over the route, the subscription generation and the sorted set of the delivery's event
+identities; otherwise a digest over the subscription generation, event name, resource
+type, resource id, delivered-at value and the SHA-256 of the raw body. A redelivery with
+a new per-request id, or with per-attempt fields changed (``attempt_fields``: a batch
+provider that counts its attempts in every event), therefore collapses to the same key.
+The key is computed from a best-effort read of the body (:func:`identity_fields`,
+:func:`delivery_identities`): a body that is not JSON, or an event without its identity,
+falls back to the raw hash, which still tells it apart (the receipt is kept either way;
+the materializer then quarantines an event without its identity, ``missing_field``).
+
+Event identity (:func:`event_key`): a route that declares ``event_identity`` gives every
+event a key over the route, the subscription generation and the event's identity; the
+materializer keeps one event per key, so a re-batched delivery that repeats events
+already received creates only the new ones (the others are counted as duplicate events).
 
 Normalization (:func:`normalize`) is strict, and everything it refuses has a stable
 reason, so a quarantined receipt says why: ``not_utf8``, ``malformed``, ``too_deep``,
@@ -57,6 +68,21 @@ def _check_pointer(name: str, text: str) -> None:
         raise BadPayloadSpec(f"{name}: malformed JSON pointer {text!r}") from None
 
 
+def _within(inner: str, outer: str) -> bool:
+    """Whether pointer ``inner`` names ``outer`` or something inside it."""
+    return inner == outer or inner.startswith(outer + "/")
+
+
+def _check_event_pointers(name: str, pointers: tuple[str, ...]) -> None:
+    for text in pointers:
+        if not text:
+            raise BadPayloadSpec(f"{name}: the empty pointer names the whole event, not one"
+                                 " field of it")
+        _check_pointer(name, text)
+    if len(set(pointers)) != len(pointers):
+        raise BadPayloadSpec(f"{name}: a pointer is listed twice")
+
+
 @attrs.frozen(kw_only=True)
 class PayloadSpec:
     """Where one provider's webhook body holds what the materializer needs (L1 data)."""
@@ -76,6 +102,12 @@ class PayloadSpec:
     # The provider's delivery id header, and whether a redelivery repeats it.
     delivery_id_header: str = ""
     delivery_id_stable: bool = False
+    # Per event: the pointers whose values together identify one event across
+    # redeliveries (a batch provider's event id); () = the route declares none.
+    event_identity: tuple[str, ...] = ()
+    # Per event: the pointers whose values change from one delivery attempt to the next
+    # (an attempt counter). Never part of the identity; a route declaring them needs one.
+    attempt_fields: tuple[str, ...] = ()
     max_depth: int = MAX_DEPTH
 
     def __attrs_post_init__(self) -> None:
@@ -98,6 +130,16 @@ class PayloadSpec:
                                      " destroyed")
         if self.delivery_id_stable and not self.delivery_id_header:
             raise BadPayloadSpec("delivery_id_stable: needs delivery_id_header")
+        _check_event_pointers("event_identity", self.event_identity)
+        _check_event_pointers("attempt_fields", self.attempt_fields)
+        for identity in self.event_identity:
+            for attempt in self.attempt_fields:
+                if _within(identity, attempt) or _within(attempt, identity):
+                    raise BadPayloadSpec(f"event_identity: {identity} changes per attempt"
+                                         f" (attempt_fields lists {attempt})")
+        if self.attempt_fields and not self.event_identity and not self.delivery_id_stable:
+            raise BadPayloadSpec("attempt_fields: events that change per attempt need"
+                                 " event_identity (a redelivery would never be recognised)")
 
 
 @attrs.frozen
@@ -120,6 +162,8 @@ class EventDraft:
     delivered_at: str
     attributes: dict[str, Any]
     remote_updated_at: str | None
+    # The values at the route's event_identity pointers; () when it declares none.
+    identity: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -203,7 +247,9 @@ def identity_fields(spec: PayloadSpec, raw: bytes) -> IdentityFields:
     except (ValueError, RecursionError):
         return IdentityFields()
     if spec.batch:
-        return IdentityFields()  # a batch is identified by its raw body (and generation)
+        # A batch is identified by its events' identities (delivery_identities) or,
+        # when its route declares none, by its raw body (and generation).
+        return IdentityFields()
     return IdentityFields(
         event_name=_text(_find(doc, spec.event_name)),
         resource_type=_resource_type(spec, doc),
@@ -218,13 +264,52 @@ def _resource_type(spec: PayloadSpec, doc: Any) -> str:
     return _text(_find(doc, spec.resource_type))
 
 
+def event_identity(spec: PayloadSpec, event: Any) -> tuple[str, ...] | None:
+    """The values at the route's ``event_identity`` pointers in one event (integers and
+    strings, as text); None when one is missing or of another type: nothing then tells
+    this event's redelivery apart from a new event."""
+    values = tuple(_text(_find(event, pointer)) for pointer in spec.event_identity)
+    return None if not all(values) else values
+
+
+def delivery_identities(spec: PayloadSpec, raw: bytes) -> list[tuple[str, ...]] | None:
+    """Best-effort: the identity of every event one body carries (read as strictly as
+    :func:`normalize` reads it); None when the route declares none, the body cannot be
+    read, or one event has no identity (the key then falls back to the raw body)."""
+    if not spec.event_identity:
+        return None
+    doc = parse_body(raw, spec.max_depth)
+    if isinstance(doc, Quarantine):
+        return None
+    events = doc if spec.batch else [doc]
+    if not isinstance(events, list) or not events or len(events) > MAX_BATCH_EVENTS:
+        return None
+    identities = [event_identity(spec, e) for e in events]
+    found = [i for i in identities if i is not None]
+    return found if len(found) == len(identities) else None
+
+
+def event_key(*, route: str, subscription_generation: int, identity: tuple[str, ...]) -> str:
+    """The unique key of one event of a route that declares ``event_identity`` (at most
+    100 characters): the same event in any later delivery, re-batched or not, has it."""
+    material = ["event", route, str(subscription_generation), *identity]
+    digest = hashlib.sha256(json.dumps(material).encode()).hexdigest()
+    return f"ev:{route[:30]}:{digest}"
+
+
 def dedup_key(spec: PayloadSpec, *, route: str, subscription_generation: int, raw: bytes,
               delivery_id: str = "") -> str:
     """The unique identity of one delivery (seed 7), at most 100 characters."""
+    identities = None if spec.delivery_id_stable else delivery_identities(spec, raw)
     if spec.delivery_id_stable:
         if not delivery_id:
             raise ValueError("a stable delivery id was declared but none was supplied")
         material = ["id", str(subscription_generation), delivery_id]
+    elif identities is not None:
+        # The set of events, not the bytes: a redelivery whose per-attempt fields (or
+        # whose order of events) changed is the same delivery.
+        material = ["events", route, str(subscription_generation),
+                    *sorted({json.dumps(list(i)) for i in identities})]
     else:
         fields = identity_fields(spec, raw)
         material = ["derived", str(subscription_generation), fields.event_name,
@@ -268,10 +353,15 @@ def _event(spec: PayloadSpec, doc: Any, index: int) -> EventDraft | Quarantine:
     if not isinstance(attributes, dict):
         return Quarantine("missing_field", f"{where}the attributes at {spec.attributes}"
                           " are not an object")
+    identity = event_identity(spec, doc) if spec.event_identity else ()
+    if identity is None:
+        missing = next(p for p in spec.event_identity if not _text(_find(doc, p)))
+        return Quarantine("missing_field", f"{where}no event identity at {missing}")
     updated = _find(doc, spec.updated_at) if spec.updated_at else None
     return EventDraft(
         index=index, event_name=name, kind=kind, attributes=attributes,
-        remote_updated_at=updated if isinstance(updated, str) else None, **values)
+        remote_updated_at=updated if isinstance(updated, str) else None, identity=identity,
+        **values)
 
 
 def normalize(spec: PayloadSpec, raw: bytes) -> list[EventDraft] | Quarantine:

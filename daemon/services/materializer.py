@@ -9,7 +9,11 @@ receipt's state CAS, its immutable events and their WorkItems
 (:class:`daemon.core.inbound_change.InboundChange` with ``origin="webhook"`` and the event
 id, laned by the remote record). Every step is keyed (the state CAS, event ids derived
 from the receipt id, WorkItem dedupe keys by event id), so a crash between any two steps
-or two replicas materializing the same receipt never loses or doubles anything.
+or two replicas materializing the same receipt never loses or doubles anything. A route
+whose L1 contract declares a per-event identity gives each event its key
+(:func:`daemon.core.ingress.event_key`): an event an earlier receipt already brought (a
+provider that batches it again with new ones) is not created again, only counted
+(``integrationd_ingress_duplicate_events_total``, the receipt's ``duplicate_events``).
 
 A body that cannot be normalized is quarantined with its stable reason: the receipt and
 its raw body stay, operators see it on the console, and nothing retries it blindly. A
@@ -30,7 +34,7 @@ from config.catalog import Catalog
 from config.definitions import WebhookDefinition
 from config.settings import BindingSettings, WebhookRoute
 from daemon.core.inbound_change import BadInboundChange, InboundChange
-from daemon.core.ingress import Quarantine, normalize
+from daemon.core.ingress import Quarantine, event_key, normalize
 from daemon.services import logs
 from daemon.services.clock import Clock
 from daemon.services.metrics import Metrics
@@ -110,7 +114,11 @@ class Materializer:
                     resource_id=d.resource_id, delivered_at=d.delivered_at,
                     remote_updated_at=d.remote_updated_at,
                     subscription_generation=receipt.subscription_generation,
-                    attributes=d.attributes))
+                    attributes=d.attributes,
+                    identity_key=event_key(
+                        route=receipt.route,
+                        subscription_generation=receipt.subscription_generation,
+                        identity=d.identity) if d.identity else None))
         except (BadInboundChange, ValueError) as exc:
             return QuarantineParams(receipt_id=receipt.receipt_id, reason="missing_field",
                                     detail=str(exc)[:200])
@@ -136,13 +144,18 @@ class Materializer:
             else:
                 plans.append((receipt, plan))
         if plans:
-            won = await self.store.ingress_settle([p for _, p in plans], self.clock.now_us())
-            for (receipt, plan), ok in zip(plans, won, strict=True):
-                if not ok:
+            settled = await self.store.ingress_settle_counted([p for _, p in plans],
+                                                              self.clock.now_us())
+            for (receipt, plan), done in zip(plans, settled, strict=True):
+                if not done.won:
                     outcome[receipt.receipt_id] = "settled_elsewhere"
                 elif isinstance(plan, Materialization):
                     outcome[receipt.receipt_id] = "materialized"
                     self.metrics.ingress_materialized.labels("materialized").inc()
+                    if done.duplicate_events:
+                        self.metrics.ingress_duplicate_events.inc(done.duplicate_events)
+                        logs.event("ingress_duplicate_events", receipt=receipt.receipt_id,
+                                   route=receipt.route, events=done.duplicate_events)
                 else:
                     outcome[receipt.receipt_id] = "quarantined"
                     self.metrics.ingress_materialized.labels("quarantined").inc()

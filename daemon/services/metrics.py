@@ -450,6 +450,12 @@ class Metrics:
         )
         for reason in sorted(QUARANTINE_REASONS):
             self.ingress_quarantined.labels(reason)
+        self.ingress_duplicate_events = Counter(
+            "integrationd_ingress_duplicate_events",
+            "Events of materialized receipts that an earlier receipt already held (same"
+            " route, subscription generation and L1 event identity): not created again",
+            registry=r,
+        )
 
     def count_ingress(self, result: str) -> None:
         if result in INGRESS_RESULTS:

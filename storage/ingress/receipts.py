@@ -14,6 +14,13 @@ Theory of operation
   NormalizedEvents (ids ``<receipt>:<index>``), and their WorkItems through
   :func:`storage.work_admin.insert_work` (dedupe keys by event id). A crash anywhere before
   COMMIT leaves the receipt ``received``: it is simply materialized again.
+  An event with an ``identity_key`` (its route declares a per-event identity) that an
+  earlier receipt already holds, or that an earlier event of the same settlement holds,
+  is not written again, nor is its WorkItem: it is counted on its receipt
+  (``duplicate_events``). The unique index on ``identity_key`` is the judge; two
+  materializers settling overlapping receipts at once meet there, and the loser's
+  transaction fails (``DuplicateKey``) and is simply tried again, when the read finds the
+  winner's events.
 * ``ingress_quarantine``: ``received -> quarantined`` with a stable reason; the receipt
   and its raw body stay, and nothing retries it.
 
@@ -45,12 +52,12 @@ _COLUMNS = (
     "receipt_id, dedup_key, route, binding_id, webhook, subscription_generation,"
     " received_at_us, body_b64, body_sha256, body_bytes, headers_json, verification, via,"
     " replica_id, duplicates, state, quarantine_reason, quarantine_detail, settled_at_us,"
-    " row_version"
+    " row_version, duplicate_events"
 )
 _EVENT_COLUMNS = (
     "event_id, receipt_id, event_index, provider, binding_id, event_name, kind,"
     " resource_type, resource_id, delivered_at, remote_updated_at, subscription_generation,"
-    " attributes_json, work_id, created_at_us"
+    " attributes_json, work_id, created_at_us, identity_key"
 )
 
 
@@ -80,6 +87,8 @@ class IngressReceipt:
     quarantine_reason: str | None = None
     quarantine_detail: str | None = None
     settled_at_us: int | None = None
+    # Events of this receipt another receipt (or this one, earlier) already held.
+    duplicate_events: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -101,6 +110,9 @@ class NormalizedEvent:
     attributes: dict[str, Any]
     work_id: str = ""
     created_at_us: int = 0
+    # Unique per route, subscription generation and per-event identity (L1
+    # event_identity, daemon.core.ingress.event_key); None: the route declares none.
+    identity_key: str | None = None
 
 
 @attrs.frozen
@@ -114,6 +126,15 @@ class Materialization:
     receipt_id: str
     events: tuple[NormalizedEvent, ...]
     work: tuple[WorkSpec, ...]   # one per event, same order
+
+
+@attrs.frozen
+class Settled:
+    """How one settlement went: ``won`` its receipt's state CAS (False: settled elsewhere,
+    nothing written); ``duplicate_events``: its events that were already there."""
+
+    won: bool
+    duplicate_events: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -149,6 +170,7 @@ def receipt_from_row(row: Row) -> IngressReceipt:
         quarantine_reason=None if row[16] is None else str(row[16]),
         quarantine_detail=None if row[17] is None else str(row[17]),
         settled_at_us=None if row[18] is None else int(row[18]),
+        duplicate_events=int(row[20]),
     )
 
 
@@ -161,6 +183,7 @@ def event_from_row(row: Row) -> NormalizedEvent:
         remote_updated_at=None if row[10] is None else str(row[10]),
         subscription_generation=int(row[11]), attributes=json.loads(str(row[12])),
         work_id=str(row[13]), created_at_us=int(row[14]),
+        identity_key=None if row[15] is None else str(row[15]),
     )
 
 
@@ -169,7 +192,7 @@ def _receipt_params(r: IngressReceipt) -> tuple[Any, ...]:
         r.receipt_id, r.dedup_key, r.route, r.binding_id, r.webhook,
         r.subscription_generation, r.received_at_us, base64.b64encode(r.body).decode(),
         r.body_sha256, len(r.body), json.dumps(r.headers, sort_keys=True), r.verification,
-        r.via, r.replica_id, 0, RECEIVED, None, None, None, 1,
+        r.via, r.replica_id, 0, RECEIVED, None, None, None, 1, 0,
         r.received_at_us if r.verification != NEWEST_VERIFICATION else None,
     )
 
@@ -198,7 +221,7 @@ class IngressReceipts:
         retry): the row is there (ours or an earlier copy's) or the batch is tried again."""
         async def body(tx: SqlTx) -> list[ReceiptInsert]:
             sql = (f"INSERT INTO ingress_receipts ({_COLUMNS}, previous_secret_at_us)"
-                   f" VALUES ({', '.join('?' * 21)})")
+                   f" VALUES ({', '.join('?' * 22)})")
             try:
                 await tx.executemany(sql, [_receipt_params(r) for r in receipts])
                 return [ReceiptInsert(True, r.receipt_id) for r in receipts]
@@ -294,26 +317,66 @@ class IngressReceipts:
         """Settle many receipts in one transaction: each one's state CAS (judged by matched
         rows: one settled elsewhere writes nothing), then every materialized one's events
         and WorkItems. One True/False per settlement, in order."""
+        return [s.won for s in await self.ingress_settle_counted(settlements, now_us)]
+
+    async def ingress_settle_counted(
+            self, settlements: Sequence[Materialization | QuarantineParams], now_us: int
+    ) -> list[Settled]:
+        """:meth:`ingress_settle`, with each materialization's count of events that were
+        already there (by identity key: written by an earlier receipt, or twice in one)."""
         for s in settlements:
             if isinstance(s, Materialization) and len(s.events) != len(s.work):
                 raise ValueError("one WorkSpec per event")
+        duplicates: dict[str, int] = {}
+
+        async def new_events(tx: SqlTx, plans: list[Materialization]
+                             ) -> list[tuple[NormalizedEvent, WorkSpec]]:
+            """The plans' events (with their WorkSpecs) whose identity key no stored event
+            and no earlier event of these plans holds; the others counted per receipt."""
+            keys = sorted({e.identity_key for p in plans for e in p.events
+                           if e.identity_key is not None})
+            seen: set[str] = set()
+            for start in range(0, len(keys), 500):
+                chunk = keys[start:start + 500]
+                rows = await tx.fetchall(
+                    "SELECT identity_key FROM normalized_events WHERE identity_key IN"
+                    f" ({', '.join('?' * len(chunk))})", tuple(chunk))
+                seen.update(str(r[0]) for r in rows)
+            out: list[tuple[NormalizedEvent, WorkSpec]] = []
+            for p in plans:
+                for event, work in zip(p.events, p.work, strict=True):
+                    if event.identity_key is None:
+                        out.append((event, work))
+                    elif event.identity_key in seen:
+                        duplicates[p.receipt_id] = duplicates.get(p.receipt_id, 0) + 1
+                    else:
+                        seen.add(event.identity_key)
+                        out.append((event, work))
+            return out
 
         async def write(tx: SqlTx, plans: list[Materialization]) -> None:
-            events = [e for p in plans for e in p.events]
-            if not events:
+            duplicates.clear()  # a transaction tried again counts afresh
+            fresh = await new_events(tx, plans)
+            counted = sorted(duplicates.items())
+            if counted:
+                await tx.executemany(
+                    "UPDATE ingress_receipts SET duplicate_events = ? WHERE receipt_id = ?",
+                    [(n, receipt_id) for receipt_id, n in counted])
+            if not fresh:
                 return
             # Fresh keys: a WorkItem's dedupe key derives from an event id, and only the
             # winner of its receipt's state CAS (this transaction) writes those.
-            results = await insert_work(tx, [w for p in plans for w in p.work], now_us,
+            results = await insert_work(tx, [w for _, w in fresh], now_us,
                                         fresh_dedupe_keys=True)
             await tx.executemany(
                 f"INSERT INTO normalized_events ({_EVENT_COLUMNS}) VALUES"
-                f" ({', '.join('?' * 15)})",
+                f" ({', '.join('?' * 16)})",
                 [(e.event_id, e.receipt_id, e.event_index, e.provider, e.binding_id,
                   e.event_name, e.kind, e.resource_type, e.resource_id, e.delivered_at,
                   e.remote_updated_at, e.subscription_generation,
-                  json.dumps(e.attributes, sort_keys=True), res.work_id, now_us)
-                 for e, res in zip(events, results, strict=True)])
+                  json.dumps(e.attributes, sort_keys=True), res.work_id, now_us,
+                  e.identity_key)
+                 for (e, _), res in zip(fresh, results, strict=True)])
 
         async def quarantine(tx: SqlTx, q: QuarantineParams) -> bool:
             matched = await tx.execute(
@@ -358,12 +421,23 @@ class IngressReceipts:
             await write(tx, plans)
             return won
 
-        if len({m.receipt_id for m in materialize}) == len(materialize):
+        def counted(won: list[bool]) -> list[Settled]:
+            return [Settled(w, duplicates.get(s.receipt_id, 0) if w else 0)
+                    for s, w in zip(settlements, won, strict=True)]
+
+        for _ in range(2):
             try:
-                return await self.db.transact(bulk, name="ingress.settle")
-            except _Contended:
-                pass
-        return await self.db.transact(one_by_one, name="ingress.settle")
+                if len({m.receipt_id for m in materialize}) == len(materialize):
+                    try:
+                        return counted(await self.db.transact(bulk, name="ingress.settle"))
+                    except _Contended:
+                        pass
+                return counted(await self.db.transact(one_by_one, name="ingress.settle"))
+            except DuplicateKey:
+                # Another materializer committed an event of ours (overlapping receipts)
+                # after our read: rolled back, tried again, the read now finds it.
+                continue
+        return counted(await self.db.transact(one_by_one, name="ingress.settle"))
 
     async def ingress_receipt_get(self, receipt_id: str) -> IngressReceipt | None:
         async def body(tx: SqlTx) -> IngressReceipt | None:

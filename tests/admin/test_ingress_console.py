@@ -81,3 +81,23 @@ async def test_bad_filters_and_unknown_receipts_are_clear(console: ConsoleHarnes
     missing = await client.get("/admin/api/ingress/NOPE")
     assert missing.status_code == 404
     assert (await client.get("/admin/ingress?state=lost")).status_code == 400
+
+
+async def test_a_receipt_shows_the_events_an_earlier_receipt_already_brought(
+        console: ConsoleHarness, tmp_path: object) -> None:
+    _with_ingress(console, tmp_path)
+    first, rebatched = receipt(1), receipt(2)
+    for r in (first, rebatched):
+        await console.store.ingress_receipt_insert(r, T0)
+    await console.store.ingress_materialize(materialization(first, identities=["ev:1"]), T0)
+    await console.store.ingress_materialize(
+        materialization(rebatched, identities=["ev:1", "ev:2"]), T0)
+    client, _ = await console.sign_in("viv")
+    one = await (await client.get(f"/admin/api/ingress/{rebatched.receipt_id}")).get_json()
+    assert one["duplicate_events"] == 1 and len(one["events"]) == 1
+    detail = await (await client.get(f"/admin/ingress/{rebatched.receipt_id}")).get_data(
+        as_text=True)
+    assert 'id="duplicate-events">1 ' in detail
+    plain = await (await client.get(f"/admin/ingress/{first.receipt_id}")).get_data(
+        as_text=True)
+    assert "duplicate-events" not in plain

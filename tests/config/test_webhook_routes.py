@@ -130,6 +130,13 @@ def _with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
     (("payload", "events"), {"prospect.merged": "merged"}, "payload.events.prospect.merged"),
     (("payload", "format"), "xml", "payload.format"),
     (("payload", "max_depth"), "deep", "payload.max_depth"),
+    (("payload", "event_identity"), "/data/id", "payload.event_identity"),
+    (("payload", "event_identity"), [], "payload.event_identity"),
+    (("payload", "event_identity"), ["data/id"], "payload.event_identity"),
+    (("payload", "event_identity"), [""], "payload.event_identity"),
+    (("payload", "attempt_fields"), ["/meta/attempt"], "payload.attempt_fields"),
+    (("payload", "attempt_fields"), [7], "payload.attempt_fields"),
+    (("payload", "event_identiy"), ["/data/id"], "payload.event_identiy"),
 ])
 def test_bad_l1_webhook_contracts_name_the_key(path: tuple[str, ...], value: Any,
                                                key: str) -> None:

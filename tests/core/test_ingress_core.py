@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from config.definitions import parse_webhooks
@@ -18,6 +19,9 @@ from daemon.core.ingress import (
     PayloadSpec,
     Quarantine,
     dedup_key,
+    delivery_identities,
+    event_identity,
+    event_key,
     normalize,
 )
 
@@ -43,6 +47,24 @@ def outreach_body(event: str = "prospect.updated", pid: Any = 42,
                  "relationships": {}},
         "meta": {"eventName": event, "deliveredAt": delivered},
     }).encode()
+
+
+def hubspot_event(event_id: Any = 1001, object_id: int = 101, *, attempt: int = 0,
+                  subscription_type: str = "contact.propertyChange",
+                  **fields: Any) -> dict[str, Any]:
+    """One HubSpot v3 webhook event with every field the v3 payload carries."""
+    return {"eventId": event_id, "subscriptionId": 4711, "portalId": 62515, "appId": 1160452,
+            "occurredAt": 1764580000000 + object_id, "subscriptionType": subscription_type,
+            "attemptNumber": attempt, "objectId": object_id, "changeSource": "CRM_UI",
+            "propertyName": "jobtitle", "propertyValue": "CTO", **fields}
+
+
+def batch(*events: dict[str, Any]) -> bytes:
+    return json.dumps(list(events)).encode()
+
+
+def without(event: dict[str, Any], field: str) -> dict[str, Any]:
+    return {k: v for k, v in event.items() if k != field}
 
 
 def test_outreach_v2_partial_update_normalizes_to_one_event() -> None:
@@ -72,15 +94,22 @@ def test_declared_events_map_to_kinds(event: str, kind: str) -> None:
 
 
 def test_hubspot_batch_yields_one_event_per_element() -> None:
-    body = json.dumps([
-        {"objectId": 101, "subscriptionType": "contact.propertyChange",
-         "occurredAt": 1764580000000, "propertyName": "jobtitle", "propertyValue": "CTO"},
-        {"objectId": 102, "subscriptionType": "contact.deletion", "occurredAt": 1764580000001},
-    ]).encode()
+    body = batch(hubspot_event(1001, 101),
+                 hubspot_event(1002, 102, subscription_type="contact.deletion"))
     drafts = normalize(HUBSPOT, body)
     assert isinstance(drafts, list)
     assert [(d.index, d.resource_type, d.resource_id, d.kind, d.attributes) for d in drafts] \
         == [(0, "contact", "101", "updated", {}), (1, "contact", "102", "destroyed", {})]
+    # The L1 identity: portal, subscription, event id, object, time of the change.
+    assert [d.identity for d in drafts] == [
+        ("62515", "4711", "1001", "101", "1764580000101"),
+        ("62515", "4711", "1002", "102", "1764580000102")]
+
+
+def test_a_route_without_event_identity_has_events_without_one() -> None:
+    (event,) = normalize(OUTREACH, outreach_body())  # type: ignore[misc]
+    assert event.identity == ()
+    assert delivery_identities(OUTREACH, outreach_body()) is None
 
 
 DEEP = b'{"data": {"type": "prospect", "id": 1}, "meta": ' + b"[" * 40 + b"]" * 40 + b"}"
@@ -115,12 +144,21 @@ DEEP = b'{"data": {"type": "prospect", "id": 1}, "meta": ' + b"[" * 40 + b"]" * 
     ("batch not an array", HUBSPOT, b'{"objectId": 1}', "malformed"),
     ("empty batch", HUBSPOT, b"[]", "malformed"),
     ("one bad event quarantines the batch", HUBSPOT,
-     b'[{"objectId": 1, "subscriptionType": "contact.creation", "occurredAt": 1},'
-     b' {"objectId": 2, "subscriptionType": "deal.creation", "occurredAt": 1}]',
+     batch(hubspot_event(1, 1), hubspot_event(2, 2, subscription_type="deal.creation")),
      "unknown_event"),
     ("too many events", HUBSPOT,
-     json.dumps([{"objectId": i, "subscriptionType": "contact.creation", "occurredAt": 1}
-                 for i in range(1001)]).encode(), "too_many_events"),
+     batch(*(hubspot_event(i, i) for i in range(1001))), "too_many_events"),
+    # Without its identity an event's redelivery cannot be told from a new event: the
+    # batch is quarantined (kept, visible), never materialized on a guess.
+    ("an event without its eventId", HUBSPOT,
+     batch(hubspot_event(1, 1), without(hubspot_event(2, 2), "eventId")), "missing_field"),
+    ("an eventId of null", HUBSPOT, batch(hubspot_event(None, 1)), "missing_field"),
+    ("an eventId of true", HUBSPOT, batch(hubspot_event(True, 1)), "missing_field"),
+    ("an eventId that is an object", HUBSPOT, batch(hubspot_event({"id": 1}, 1)),
+     "missing_field"),
+    ("an empty eventId", HUBSPOT, batch(hubspot_event("", 1)), "missing_field"),
+    ("an event without its subscriptionId", HUBSPOT,
+     batch(without(hubspot_event(1, 1), "subscriptionId")), "missing_field"),
 ])
 def test_quarantine_reasons(name: str, spec: PayloadSpec, body: bytes, reason: str) -> None:
     result = normalize(spec, body)
@@ -162,6 +200,93 @@ def test_a_stable_delivery_id_is_the_identity_when_declared() -> None:
         dedup_key(spec, route="r", subscription_generation=1, raw=b"one")
 
 
+def _key(body: bytes, *, route: str = "h", generation: int = 1,
+         spec: PayloadSpec = HUBSPOT) -> str:
+    return dedup_key(spec, route=route, subscription_generation=generation, raw=body)
+
+
+FIRST = batch(hubspot_event(1, 101), hubspot_event(2, 102))
+
+
+@pytest.mark.parametrize(("name", "body"), [
+    ("the next attempt (attemptNumber + 1), re-serialized",
+     batch(hubspot_event(1, 101, attempt=1), hubspot_event(2, 102, attempt=1))),
+    ("the attempt after, other whitespace",
+     json.dumps([hubspot_event(1, 101, attempt=2), hubspot_event(2, 102, attempt=2)],
+                separators=(",", ":")).encode()),
+    ("the same events in another order", batch(hubspot_event(2, 102), hubspot_event(1, 101))),
+    ("a field that is not part of the identity changed",
+     batch(hubspot_event(1, 101, changeSource="API"), hubspot_event(2, 102))),
+])
+def test_a_batch_redelivery_is_the_same_delivery(name: str, body: bytes) -> None:
+    assert _key(body) == _key(FIRST), name
+    assert len(_key(FIRST)) <= 100
+
+
+@pytest.mark.parametrize(("name", "body", "kwargs"), [
+    ("another event id", batch(hubspot_event(1, 101), hubspot_event(3, 102)), {}),
+    ("another portal", batch(hubspot_event(1, 101, portalId=1), hubspot_event(2, 102)), {}),
+    ("another subscription",
+     batch(hubspot_event(1, 101, subscriptionId=1), hubspot_event(2, 102)), {}),
+    ("one event fewer", batch(hubspot_event(1, 101)), {}),
+    ("re-batched with a new event",
+     batch(hubspot_event(1, 101), hubspot_event(2, 102), hubspot_event(3, 103)), {}),
+    ("another subscription generation", FIRST, {"generation": 2}),
+    ("another route", FIRST, {"route": "h2"}),
+])
+def test_batch_keys_tell_deliveries_apart(name: str, body: bytes,
+                                          kwargs: dict[str, Any]) -> None:
+    assert _key(body, **kwargs) != _key(FIRST), name
+
+
+@pytest.mark.parametrize(("name", "body"), [
+    ("an event without its eventId", batch(hubspot_event(1, 101),
+                                           without(hubspot_event(2, 102), "eventId"))),
+    ("not JSON", b"[{not json"),
+    ("not an array", json.dumps(hubspot_event(1, 101)).encode()),
+    ("an empty batch", b"[]"),
+    ("duplicate keys", b'[{"eventId": 1, "eventId": 2}]'),
+    ("an event that is not an object", b"[1]"),
+])
+def test_without_every_identity_the_batch_key_is_its_raw_body(name: str, body: bytes) -> None:
+    """Best effort before the 200: the receipt is kept under the raw-body key (the
+    materializer then quarantines it, missing_field or malformed); nothing is lost."""
+    assert delivery_identities(HUBSPOT, body) is None, name
+    undeclared = attrs.evolve(HUBSPOT, event_identity=(), attempt_fields=())
+    assert _key(body) == _key(body, spec=undeclared), name
+    assert _key(body) != _key(body + b" "), name
+
+
+@pytest.mark.parametrize(("name", "event", "identity"), [
+    ("integers", hubspot_event(7, 101), ("62515", "4711", "7", "101", "1764580000101")),
+    ("a string event id", hubspot_event("e-7", 101),
+     ("62515", "4711", "e-7", "101", "1764580000101")),
+    ("an event id of 0", hubspot_event(0, 101), ("62515", "4711", "0", "101", "1764580000101")),
+    ("no eventId", without(hubspot_event(7, 101), "eventId"), None),
+    ("a null eventId", hubspot_event(None, 101), None),
+    ("a boolean eventId", hubspot_event(False, 101), None),
+    ("a list eventId", hubspot_event([7], 101), None),
+    ("not an object", [7], None),
+])
+def test_event_identity(name: str, event: Any, identity: tuple[str, ...] | None) -> None:
+    assert event_identity(HUBSPOT, event) == identity, name
+
+
+@pytest.mark.parametrize(("name", "kwargs"), [
+    ("another route", {"route": "h2"}),
+    ("a route sharing the first 30 characters", {"route": "h" * 30 + "-other"}),
+    ("another generation", {"subscription_generation": 2}),
+    ("another event id", {"identity": ("62515", "4711", "8", "101", "1")}),
+    ("identity parts shifted", {"identity": ("62515", "4711", "7", "1011", "")}),
+])
+def test_event_keys_tell_events_apart(name: str, kwargs: dict[str, Any]) -> None:
+    base: dict[str, Any] = {"route": "h" * 30, "subscription_generation": 1,
+                            "identity": ("62515", "4711", "7", "101", "1")}
+    assert len(event_key(**base)) <= 100
+    assert event_key(**base) == event_key(**dict(base))
+    assert event_key(**base) != event_key(**{**base, **kwargs}), name
+
+
 def test_an_unparseable_body_still_has_a_key_by_its_hash() -> None:
     a = dedup_key(OUTREACH, route="o", subscription_generation=1, raw=b"\xff")
     assert a != dedup_key(OUTREACH, route="o", subscription_generation=1, raw=b"\xfe")
@@ -175,6 +300,17 @@ def test_an_unparseable_body_still_has_a_key_by_its_hash() -> None:
     ({"delivery_id_stable": True}, "delivery_id_stable"),
     ({"resource_type": ""}, "resource_type"),
     ({"resource_id": ""}, "resource_id"),
+    ({"event_identity": ("eventId",)}, "event_identity"),
+    ({"event_identity": ("/a~2",)}, "event_identity"),
+    ({"event_identity": ("",)}, "event_identity"),
+    ({"event_identity": ("/eventId", "/eventId")}, "event_identity"),
+    ({"event_identity": ("/eventId", "/attemptNumber"), "attempt_fields": ("/attemptNumber",)},
+     "event_identity"),
+    ({"event_identity": ("/meta",), "attempt_fields": ("/meta/attempt",)}, "event_identity"),
+    ({"event_identity": ("/meta/attempt/n",), "attempt_fields": ("/meta/attempt",)},
+     "event_identity"),
+    ({"event_identity": ("/id",), "attempt_fields": ("attempt",)}, "attempt_fields"),
+    ({"attempt_fields": ("/attemptNumber",)}, "attempt_fields"),
 ])
 def test_a_payload_contract_that_cannot_be_used_is_refused(kwargs: dict[str, Any],
                                                            field: str) -> None:

@@ -15,14 +15,15 @@ OP = "outreach.prospect.update_title"
 KEY = f"providers.outreach.operations.{OP}"
 
 
-def providers_dir(tmp_path: Path, replace: tuple[str, str] | None = None) -> Path:
-    """A copy of the shipped definitions, with one text replacement in outreach.toml."""
+def providers_dir(tmp_path: Path, replace: tuple[str, str] | None = None,
+                  file: str = "outreach.toml") -> Path:
+    """A copy of the shipped definitions, with one text replacement in ``file``."""
     folder = tmp_path / "providers"
     folder.mkdir()
     shipped = resources.files("config").joinpath("providers")
     for name in ("hubspot.toml", "outreach.toml"):
         text = shipped.joinpath(name).read_text()
-        if replace is not None and name == "outreach.toml":
+        if replace is not None and name == file:
             assert replace[0] in text
             text = text.replace(replace[0], replace[1], 1)
         (folder / name).write_text(text)
@@ -66,6 +67,34 @@ def test_a_bad_definition_is_one_line_naming_the_key_and_exit_2(
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"integrationd: config error: {key}: "), line
     assert says in line
+    assert "Traceback" not in result.stderr
+
+
+HOOK = "providers.hubspot.webhooks.hubspot.contact_events.payload"
+IDENTITY = 'event_identity = ["/portalId", "/subscriptionId", "/eventId", "/objectId",'
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key", "says"),
+    [
+        (IDENTITY, IDENTITY.replace('"/eventId"', '"eventId"'), "event_identity",
+         "malformed JSON pointer 'eventId'"),
+        (IDENTITY, IDENTITY.replace('"/eventId"', '"/attemptNumber"'), "event_identity",
+         "/attemptNumber changes per attempt"),
+        (IDENTITY, IDENTITY.replace("event_identity", "event_identiy"), "event_identiy",
+         "unknown key"),
+        ('attempt_fields = ["/attemptNumber"]', 'attempt_fields = ["attemptNumber"]',
+         "attempt_fields", "malformed JSON pointer"),
+    ],
+)
+def test_a_bad_event_identity_is_one_line_naming_the_key_and_exit_2(
+        tmp_path: Path, old: str, new: str, key: str, says: str) -> None:
+    folder = providers_dir(tmp_path, (old, new), file="hubspot.toml")
+    result = run_cli(config(tmp_path, folder), "check-config")
+    assert result.returncode == 2, result.stdout
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"integrationd: config error: {HOOK}.{key}: "), line
+    assert says in line, line
     assert "Traceback" not in result.stderr
 
 

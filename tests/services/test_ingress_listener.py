@@ -25,6 +25,7 @@ from tests.support.webhooks import (
     HUBSPOT_SECRET,
     OUTREACH_SECRET,
     hooks_url,
+    hubspot_event,
     ingress_replica,
     ingress_settings,
     post,
@@ -162,8 +163,8 @@ async def test_a_malformed_body_is_kept_and_quarantined_never_retried(
 async def test_hubspot_v3_batch_over_the_public_uri(store: WorkStore, tmp_path: Path) -> None:
     cfg = ingress_settings(tmp_path)
     body = json.dumps([
-        {"objectId": 101, "subscriptionType": "contact.propertyChange", "occurredAt": 1},
-        {"objectId": 102, "subscriptionType": "contact.creation", "occurredAt": 2},
+        hubspot_event(1, 101),
+        hubspot_event(2, 102, subscription_type="contact.creation"),
     ]).encode()
     now_ms = time.time_ns() // 1_000_000
     async with ingress_replica(store, cfg) as replica, httpx.AsyncClient() as client:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import trio
 
 from daemon.core.inbound_change import INBOUND_APPLY_FAMILY
-from storage.ingress.receipts import QuarantineParams, ReceiptQuery
+from storage.ingress.receipts import Materialization, QuarantineParams, ReceiptQuery
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
+from tests.support.backends import FreshDatabase
 from tests.support.ingress import materialization, receipt
 from tests.support.work import T0
 
@@ -138,3 +139,86 @@ async def test_settle_many_in_one_transaction(store: WorkStore) -> None:
     assert won == [True, True, True, False]
     items = await store.work_list(WorkQuery(family=INBOUND_APPLY_FAMILY))
     assert len(items) == 2 + 1 + 1   # rs[3]'s once, from the first settlement only
+
+
+# ------------------------------------------------- events unique by identity (issue 10)
+
+async def _events(store: WorkStore) -> list[tuple[str, str | None]]:
+    found: list[tuple[str, str | None]] = []
+    for r in await store.ingress_receipt_list(ReceiptQuery(limit=500)):
+        found.extend((e.receipt_id, e.identity_key)
+                     for e in await store.ingress_events_of(r.receipt_id))
+    return sorted(found, key=lambda pair: (pair[0], pair[1] or ""))
+
+
+async def test_an_event_an_earlier_receipt_holds_is_not_written_again(
+        store: WorkStore) -> None:
+    """A re-batched delivery (events already received plus new ones) creates only the new
+    ones, and their WorkItems only; the others are counted on its receipt."""
+    first, second = receipt(1), receipt(2)
+    for r in (first, second):
+        await store.ingress_receipt_insert(r, T0)
+    (done,) = await store.ingress_settle_counted(
+        [materialization(first, identities=["ev:1", "ev:2"])], T0)
+    assert (done.won, done.duplicate_events) == (True, 0)
+    (done,) = await store.ingress_settle_counted(
+        [materialization(second, identities=["ev:2", "ev:3"])], T0)
+    assert (done.won, done.duplicate_events) == (True, 1)
+    assert await _events(store) == [(first.receipt_id, "ev:1"), (first.receipt_id, "ev:2"),
+                                     (second.receipt_id, "ev:3")]
+    assert len(await store.work_list(WorkQuery(family=INBOUND_APPLY_FAMILY))) == 3
+    got = {r.receipt_id: (r.state, r.duplicate_events)
+           for r in await store.ingress_receipt_list(ReceiptQuery())}
+    assert got == {first.receipt_id: ("materialized", 0),
+                   second.receipt_id: ("materialized", 1)}
+
+
+async def test_overlapping_receipts_settled_together_write_each_event_once(
+        store: WorkStore) -> None:
+    rs = [receipt(n) for n in range(3)]
+    for r in rs:
+        await store.ingress_receipt_insert(r, T0)
+    settled = await store.ingress_settle_counted([
+        materialization(rs[0], identities=["ev:a", "ev:b"]),
+        # An event twice in one receipt, and one the receipt before holds.
+        materialization(rs[1], identities=["ev:c", "ev:c", "ev:a"]),
+        # Events without an identity (a route that declares none) are never collapsed.
+        materialization(rs[2], identities=[None, None]),
+    ], T0)
+    assert [(s.won, s.duplicate_events) for s in settled] == [(True, 0), (True, 2), (True, 0)]
+    assert await _events(store) == [
+        (rs[0].receipt_id, "ev:a"), (rs[0].receipt_id, "ev:b"), (rs[1].receipt_id, "ev:c"),
+        (rs[2].receipt_id, None), (rs[2].receipt_id, None)]
+    assert len(await store.work_list(WorkQuery(family=INBOUND_APPLY_FAMILY))) == 5
+
+
+async def test_racing_materializers_of_overlapping_receipts_write_each_event_once(
+        database: FreshDatabase) -> None:
+    """Two replicas (two stores) settle two receipts that share events at the same time:
+    the unique identity key judges; the loser's transaction is tried again and finds the
+    winner's events. Both receipts end materialized, every event once."""
+    stores = [await database.open_store(), await database.open_store()]
+    pairs = [(receipt(2 * n), receipt(2 * n + 1)) for n in range(6)]
+    for a, b in pairs:
+        for r in (a, b):
+            await stores[0].ingress_receipt_insert(r, T0)
+    settled: list[int] = []
+
+    async def settle(store: WorkStore, plans: list[Materialization]) -> None:
+        for plan in plans:
+            (done,) = await store.ingress_settle_counted([plan], T0)
+            assert done.won
+            settled.append(done.duplicate_events)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(settle, stores[0], [
+            materialization(a, identities=[f"ev:{n}:1", f"ev:{n}:2"])
+            for n, (a, _) in enumerate(pairs)])
+        nursery.start_soon(settle, stores[1], [
+            materialization(b, identities=[f"ev:{n}:2", f"ev:{n}:1", f"ev:{n}:3"])
+            for n, (_, b) in enumerate(pairs)])
+    events = await _events(stores[0])
+    assert sorted(k or "" for _, k in events) == sorted(
+        f"ev:{n}:{i}" for n in range(len(pairs)) for i in (1, 2, 3))
+    assert sum(settled) == 2 * len(pairs)
+    assert len(await stores[0].work_list(WorkQuery(family=INBOUND_APPLY_FAMILY))) == len(events)

@@ -266,6 +266,45 @@ async def test_one_pruner_at_a_time_and_a_stale_one_deletes_nothing(
 
 # ---------------------------------------------------------------- ingress receipts
 
+async def test_event_dedup_lasts_exactly_as_long_as_the_receipt_that_brought_the_event(
+        store: WorkStore) -> None:
+    """Events unique by L1 identity (issue 10 item 3) are not a cache: an event's identity
+    key is its NormalizedEvent's, deleted only with its receipt, in the transaction that
+    prunes it. So while the first receipt's dedup holds, its events' dedup holds too (a
+    later receipt repeating one creates nothing for it), and neither ends before the
+    other."""
+    first = receipt(1)
+    rebatched = receipt(2, at_us=T0 + 10 * DAY_US)
+    for r in (first, rebatched):
+        await store.ingress_receipt_insert(r, T0)
+    assert await store.ingress_materialize(materialization(first, identities=["ev:1", "ev:2"]),
+                                           T0)
+    items = (await claim(store, family=INBOUND_APPLY_FAMILY, limit=10)).claimed
+    for item in items:
+        assert (await finalize(store, item, Succeeded())).applied
+    # Past the ingress horizon of the first receipt only: it and its events go together.
+    await prune(store, T0 + (INGRESS_DAYS + 1) * DAY_US - 10 * DAY_US)
+    assert await ids(store, "ingress_receipts", "receipt_id") == {
+        first.receipt_id, rebatched.receipt_id}
+    (done,) = await store.ingress_settle_counted(
+        [materialization(rebatched, identities=["ev:2", "ev:3"])], T0)
+    assert done.duplicate_events == 1   # the first receipt is kept: so is ev:2's dedup
+    await prune(store, T0 + (INGRESS_DAYS + 1) * DAY_US)
+    assert await ids(store, "ingress_receipts", "receipt_id") == {rebatched.receipt_id}
+    # Both ended together: the first delivery again is a new receipt, its events new.
+    again = receipt(3, key=first.dedup_key, at_us=T0 + (INGRESS_DAYS + 1) * DAY_US)
+    assert (await store.ingress_receipt_insert(again, T0)).stored
+    (done,) = await store.ingress_settle_counted(
+        [materialization(again, identities=["ev:1", "ev:2"])], T0)
+    assert done.duplicate_events == 0
+    # ev:3 belongs to the re-batched receipt, still kept: still a duplicate.
+    fourth = receipt(4, at_us=T0 + (INGRESS_DAYS + 1) * DAY_US)
+    await store.ingress_receipt_insert(fourth, T0)
+    (done,) = await store.ingress_settle_counted(
+        [materialization(fourth, identities=["ev:3"])], T0)
+    assert done.duplicate_events == 1
+
+
 async def test_ingress_receipts_go_after_their_retention_unless_unsettled_or_their_work_is_live(
         store: WorkStore) -> None:
     """Ingress receipts are pruned by the fenced pruner (issue 12 item 4), under their own

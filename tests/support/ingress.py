@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 from daemon.core.inbound_change import InboundChange
 from storage.ingress.receipts import IngressReceipt, Materialization, NormalizedEvent
@@ -19,9 +20,13 @@ def receipt(n: int, *, key: str | None = None, body: bytes | None = None,
         headers={"content-type": "application/json"}, replica_id="test")
 
 
-def materialization(r: IngressReceipt, events: int = 1) -> Materialization:
+def materialization(r: IngressReceipt, events: int = 1,
+                    identities: Sequence[str | None] | None = None) -> Materialization:
+    """``events`` events of ``r`` (one per identity key when ``identities`` is given: the
+    events of a route that declares a per-event identity; None: an event without one)."""
+    keys = list(identities) if identities is not None else [None] * events
     evs, specs = [], []
-    for i in range(events):
+    for i, identity_key in enumerate(keys):
         event_id = f"{r.receipt_id}:{i}"
         change = InboundChange(provider="p", binding="b", resource_type="thing",
                                resource_id=f"{r.receipt_id}-{i}", kind="updated",
@@ -31,5 +36,6 @@ def materialization(r: IngressReceipt, events: int = 1) -> Materialization:
             event_id=event_id, receipt_id=r.receipt_id, event_index=i, provider="p",
             binding_id="b", event_name="thing.updated", kind="updated",
             resource_type="thing", resource_id=f"{r.receipt_id}-{i}", delivered_at="t",
-            remote_updated_at=None, subscription_generation=1, attributes={"a": i}))
+            remote_updated_at=None, subscription_generation=1, attributes={"a": i},
+            identity_key=identity_key))
     return Materialization(receipt_id=r.receipt_id, events=tuple(evs), work=tuple(specs))

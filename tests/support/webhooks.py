@@ -9,7 +9,8 @@ settings loader (secrets from the environment, as an operator would set them).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,16 @@ def prospect_body(pid: int = 42, event: str = "prospect.updated", title: str = "
     }).encode()
 
 
+def hubspot_event(event_id: int, object_id: int, *, attempt: int = 0,
+                  subscription_type: str = "contact.propertyChange") -> dict[str, Any]:
+    """One HubSpot v3 webhook event (an element of a delivered batch), with every field
+    the v3 payload carries; ``attempt`` is its attemptNumber (0 on the first attempt)."""
+    return {"eventId": event_id, "subscriptionId": 4711, "portalId": 62515, "appId": 1160452,
+            "occurredAt": 1764580000000 + event_id, "subscriptionType": subscription_type,
+            "attemptNumber": attempt, "objectId": object_id, "changeSource": "CRM_UI",
+            "propertyName": "jobtitle", "propertyValue": f"title {event_id}"}
+
+
 def sign(webhook: WebhookDefinition, secret: str, body: bytes, *, uri: str = "",
          timestamp_ms: int = 0, method: str = "POST") -> dict[str, str]:
     spec = webhook.signature
@@ -120,6 +131,17 @@ async def ingress_replica(store: WorkStore, cfg: Settings,
 
 def hooks_url(replica: Replica, route: str) -> str:
     return f"{replica.ingress_address}/hooks/{route}"
+
+
+async def eventually(predicate: Callable[[], Awaitable[bool]], within_s: float = 30.0) -> None:
+    """Wait until a real replica's background tasks made ``predicate`` true (they run in
+    real time: see :class:`JumpClock`); an AssertionError after ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if await predicate():
+            return
+        await trio.sleep(0.05)
+    raise AssertionError("condition not reached")
 
 
 async def post(client: httpx.AsyncClient, replica: Replica, route: str, body: bytes,
