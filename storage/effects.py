@@ -45,7 +45,7 @@ from storage.effect_values import (
     Settlement,
 )
 from storage.idgen import new_ulid
-from storage.links import LINK_COLUMNS, link_from_row
+from storage.links import link_from_row, link_select
 from storage.port import (
     AuditEntry,
     Database,
@@ -195,7 +195,7 @@ async def read_effect_context(tx: SqlTx, command_id: str,
     """The command, how many attempts it has, the link at ``link_key`` and its
     binding's durable generation and state: one read."""
     rows = await tx.fetchall(_CONTEXT_SQL.format(
-        command=_qualified("c", COMMAND_COLUMNS), link=_qualified("l", LINK_COLUMNS)),
+        command=_qualified("c", COMMAND_COLUMNS), link=link_select("l")),
         (link_key, command_id))
     if not rows:
         return None
@@ -231,7 +231,7 @@ async def read_effect_contexts(
     links: dict[str, RemoteLink] = {}
     if keys:
         for r in await tx.fetchall(
-                f"SELECT {LINK_COLUMNS} FROM remote_links"
+                f"SELECT {link_select()} FROM remote_links"
                 f" WHERE link_key IN ({placeholders(len(keys))})", keys):
             link = link_from_row(r)
             links[link.link_key] = link
@@ -542,11 +542,15 @@ async def settle(
     result_digest: str,
     receipt_max_attempts: int,
     now_us: int,
+    modified_at_us: int | None = None,
 ) -> str:
     """Inside the caller's transaction: settle the command and queue its receipt.
 
     ``command`` (its immutable fields, read earlier) saves a read; the
     conditional UPDATE on ``settlement`` is the check that counts.
+    ``modified_at_us``: the remote record's last-modified time the accepted
+    change's answer named, kept with the settlement (see
+    :func:`storage.links.link_select`).
     """
     if command is None:
         command = await read_command(tx, command_id)
@@ -558,9 +562,9 @@ async def settle(
         raise WorkConflict(f"command {command_id} is a {command.intent_kind} intent: only"
                            " UPSERT and DELETE admit a no-effect result")
     if not await tx.execute(
-        "UPDATE external_commands SET settlement = ?, updated_at_us = ?"
+        "UPDATE external_commands SET settlement = ?, updated_at_us = ?, modified_at_us = ?"
         " WHERE command_id = ? AND settlement = 'open'",
-        (settlement.value, now_us, command_id),
+        (settlement.value, now_us, modified_at_us, command_id),
     ):
         raise WorkConflict(f"command {command_id} is already settled")
     # The receipt answers the lineage's root (the handed-off command): a repair

@@ -32,8 +32,23 @@ from storage.work_admin import append_audit
 
 LINK_COLUMNS = (
     "link_key, scope_digest, local_object, local_id, remote_object, remote_id, locator_hash,"
-    " state, generation, updated_at_us, modified_at_us"
+    " state, generation, updated_at_us"
 )
+
+
+def link_select(alias: str = "") -> str:
+    """The columns a link is read with: :data:`LINK_COLUMNS` (qualified by ``alias``)
+    and the record's last-modified time as our latest accepted change on this
+    generation and remote id left it (migration 0035: each settled command keeps the
+    time its answer named; the newest of them, one lookup in the
+    ``external_commands_link_modified`` index). A new generation (a rebind, another
+    record) has no commands yet: nothing is known of the record."""
+    a = f"{alias}." if alias else ""
+    columns = ", ".join(f"{a}{c.strip()}" for c in LINK_COLUMNS.split(","))
+    table = alias or "remote_links"
+    return (f"{columns}, (SELECT MAX(m.modified_at_us) FROM external_commands m"
+            f" WHERE m.link_key = {table}.link_key AND m.link_generation = {table}.generation"
+            f" AND m.remote_id = {table}.remote_id)")
 
 
 def link_from_row(row: Row) -> RemoteLink:
@@ -41,12 +56,12 @@ def link_from_row(row: Row) -> RemoteLink:
         link_key=str(row[0]), scope_digest=str(row[1]), local_object=str(row[2]),
         local_id=str(row[3]), remote_object=row[4], remote_id=row[5], locator_hash=row[6],
         state=LinkState(row[7]), generation=int(row[8]), updated_at_us=int(row[9]),
-        modified_at_us=None if row[10] is None else int(row[10]),
+        modified_at_us=None if len(row) < 11 or row[10] is None else int(row[10]),
     )
 
 
 async def read_link(tx: SqlTx, link_key: str) -> RemoteLink | None:
-    rows = await tx.fetchall(f"SELECT {LINK_COLUMNS} FROM remote_links WHERE link_key = ?",
+    rows = await tx.fetchall(f"SELECT {link_select()} FROM remote_links WHERE link_key = ?",
                              (link_key,))
     return link_from_row(rows[0]) if rows else None
 
@@ -73,8 +88,7 @@ class RemoteLinks:
             with contextlib.suppress(DuplicateKey):
                 await tx.execute(
                     f"INSERT INTO remote_links ({LINK_COLUMNS}, active_locator, created_at_us)"
-                    " VALUES (?, ?, ?, ?, NULL, NULL, NULL, 'pending_create', 1, ?, NULL, NULL,"
-                    " ?)",
+                    " VALUES (?, ?, ?, ?, NULL, NULL, NULL, 'pending_create', 1, ?, NULL, ?)",
                     (key, scope_digest, local_object, local_id, now_us, now_us),
                 )
             link = await read_link(tx, key)
@@ -151,7 +165,7 @@ class RemoteLinks:
 async def read_link_by_locator(tx: SqlTx, locator_hash: str) -> RemoteLink | None:
     """The active link of one remote record (unique among active links), or None."""
     rows = await tx.fetchall(
-        f"SELECT {LINK_COLUMNS} FROM remote_links WHERE active_locator = ?", (locator_hash,))
+        f"SELECT {link_select()} FROM remote_links WHERE active_locator = ?", (locator_hash,))
     return link_from_row(rows[0]) if rows else None
 
 
@@ -176,7 +190,7 @@ async def adopt_link(
         if existing is None:
             await tx.execute(
                 f"INSERT INTO remote_links ({LINK_COLUMNS}, active_locator,"
-                " created_at_us) VALUES (?, ?, ?, ?, ?, ?, ?, 'active', 1, ?, NULL, ?, ?)",
+                " created_at_us) VALUES (?, ?, ?, ?, ?, ?, ?, 'active', 1, ?, ?, ?)",
                 (key, scope_digest, local_object, local_id, remote_object, normalized,
                  locator, now_us, locator, now_us),
             )
@@ -210,25 +224,12 @@ async def retire_link(tx: SqlTx, link_key: str, *, expected_generation: int, act
     return after
 
 
-async def note_modified(tx: SqlTx, link_key: str, *, generation: int, remote_id: str,
-                        modified_at_us: int) -> bool:
-    """Inside an accepted effect's finalization: the provider's last-modified time its
-    answer named for the linked record, kept on the link while it still points at that
-    record (same generation and remote id). False: the link moved on; nothing kept."""
-    return bool(await tx.execute(
-        "UPDATE remote_links SET modified_at_us = ? WHERE link_key = ? AND generation = ?"
-        " AND remote_id = ?",
-        (modified_at_us, link_key, generation, remote_id),
-    ))
-
-
 async def _activate(tx: SqlTx, link_key: str, from_state: str, generation: int,
                     remote_object: str, remote_id: str, locator: str, new_generation: int,
                     now_us: int) -> None:
     if not await tx.execute(
         "UPDATE remote_links SET state = 'active', remote_object = ?, remote_id = ?,"
-        " locator_hash = ?, active_locator = ?, generation = ?, updated_at_us = ?,"
-        " modified_at_us = NULL"  # another record (or again): nothing known of it
+        " locator_hash = ?, active_locator = ?, generation = ?, updated_at_us = ?"
         " WHERE link_key = ? AND state = ? AND generation = ?",
         (remote_object, remote_id, locator, locator, new_generation, now_us, link_key,
          from_state, generation),

@@ -203,6 +203,9 @@ class SettleSuccess:
     remote_id: str
     # Unresolved attempts the read-back proved applied (recorded with the settlement).
     proven_applied: tuple[str, ...] = ()
+    # The record's last-modified time the accepted answer named (kept with the
+    # settlement: a later read-back still showing it proves a lost change absent).
+    modified_at_us: int | None = None
 
 
 @attrs.frozen

@@ -116,7 +116,7 @@ from storage.effects import (
     record_outcome,
     settle,
 )
-from storage.links import note_modified, read_link
+from storage.links import read_link
 from storage.port import SqlTx
 from storage.work_store import WorkStore
 
@@ -367,7 +367,8 @@ class EffectRunner:
                 return DeadLetter(code, sentence)
             case Wait(code=code, sentence=sentence, delay_s=delay):
                 return RetryLater(code, sentence, delay)
-            case SettleSuccess(remote_id=remote_id, proven_applied=ids):
+            case SettleSuccess(remote_id=remote_id, proven_applied=ids,
+                               modified_at_us=modified):
                 assert ec is not None
                 if ids:
                     now = ctx.clock.now_us()
@@ -378,7 +379,8 @@ class EffectRunner:
 
                     ctx.on_finalize(proven)
                 self._settle_on_finalize(ctx, ec.command, Settlement.SUCCEEDED,
-                                         RESULT_FORMAT_SUCCESS, remote_id, "", "")
+                                         RESULT_FORMAT_SUCCESS, remote_id, "", "",
+                                         modified_at_us=modified)
                 return Succeeded("applied; success result sent")
             case SettleNoEffect(code=code, sentence=sentence, reason=reason):
                 assert ec is not None
@@ -493,9 +495,6 @@ class EffectRunner:
                    work_id=ctx.item.work_id, epoch=ctx.fence.ownership_epoch,
                    outcome=verdict.outcome.value, status=seen.status, detail=seen.detail)
         self._record(ctx, attempt_id, verdict, seen, provider_evidence)
-        modified = provider_evidence.get(MODIFIED_AT)
-        if verdict.outcome is OutcomeClass.ACCEPTED and isinstance(modified, int):
-            self._note_modified(ctx, link, link.remote_id, modified)
         if reserved:
             now = ctx.clock.now_us()
             ctx.on_finalize(quota.settle_reservations(reserved, seen, attempt_id, now))
@@ -518,6 +517,10 @@ class EffectRunner:
                                                 self.on_quota_reset_ignored):
                 self.on_quota("exhausted")
         step = after_attempt(view, verdict, seen.detail or str(seen.status))
+        modified = provider_evidence.get(MODIFIED_AT)
+        if isinstance(step, SettleSuccess) and verdict.outcome is OutcomeClass.ACCEPTED \
+                and isinstance(modified, int) and not isinstance(modified, bool):
+            step = attrs.evolve(step, modified_at_us=modified)
         if isinstance(step, Wait) and step.code == "token_rejected":
             # One refresh now, under this claim's fence; the retry uses the new version.
             try:
@@ -545,20 +548,6 @@ class EffectRunner:
                             f"no access token yet ({exc}); nothing was sent")
         return RetryLater(exc.reason, str(exc), 5.0)
 
-    @staticmethod
-    def _note_modified(ctx: WorkContext, link: RemoteLink, remote_id: str | None,
-                       modified_at_us: int) -> None:
-        """The accepted change's last-modified time goes onto the link, in the same
-        finalization (while the link still points at the record the change was on)."""
-        if remote_id is None:
-            return
-
-        async def write(tx: SqlTx) -> None:
-            await note_modified(tx, link.link_key, generation=link.generation,
-                                remote_id=remote_id, modified_at_us=modified_at_us)
-
-        ctx.on_finalize(write)
-
     def _record(self, ctx: WorkContext, attempt_id: str, verdict: Classification,
                 seen: DispatchObservation, provider_evidence: dict[str, Any]) -> None:
         # The exchange is over (answered, or the client gave up on it) now.
@@ -576,7 +565,7 @@ class EffectRunner:
 
     def _settle_on_finalize(self, ctx: WorkContext, command: Command, settlement: Settlement,
                             result_format: int, remote_id: str, canonical: str,
-                            digest: str) -> None:
+                            digest: str, *, modified_at_us: int | None = None) -> None:
         now = ctx.clock.now_us()
 
         async def write(tx: SqlTx) -> None:
@@ -584,7 +573,8 @@ class EffectRunner:
                          settlement=settlement,
                          result_format_version=result_format, remote_id=remote_id,
                          canonical_result=canonical, result_digest=digest,
-                         receipt_max_attempts=self.receipt_max_attempts, now_us=now)
+                         receipt_max_attempts=self.receipt_max_attempts, now_us=now,
+                         modified_at_us=modified_at_us)
 
         ctx.on_finalize(write)
         if command.handoff_key is not None:

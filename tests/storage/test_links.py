@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from daemon.core.identity import integration_scope_digest
-from storage.effect_values import LinkState
-from storage.links import note_modified
+from storage.effect_values import LinkState, RemoteLink, Settlement
+from storage.effects import settle
 from storage.port import SqlTx, WorkConflict
 from storage.work_store import WorkStore
+from tests.support.commands import draft
 from tests.support.work import T0
 
 SCOPE = integration_scope_digest("org-1", "install-1", "hubspot", "portal-1")
@@ -61,30 +63,57 @@ async def test_rebind_and_retire_are_generation_cas(store: WorkStore) -> None:
     assert await store.link_get(SCOPE, "lead", "nobody") is None
 
 
-async def _note(store: WorkStore, link_key: str, generation: int, remote_id: str,
-                modified_at_us: int) -> bool:
-    async def body(tx: SqlTx) -> bool:
-        return await note_modified(tx, link_key, generation=generation, remote_id=remote_id,
-                                   modified_at_us=modified_at_us)
+async def _settled(store: WorkStore, link: RemoteLink, intent_id: str,
+                   modified_at_us: int | None) -> None:
+    """A command pinned to ``link`` as it is now, settled with the last-modified time
+    its accepted answer named (None: the answer named none)."""
+    result = await store.command_accept(
+        attrs.evolve(draft(intent_id), link_key=link.link_key), T0)
+    assert result.command_id is not None
+    await _settle(store, result.command_id, modified_at_us)
 
-    return await store.db.transact(body, name="test.note_modified")
+
+async def _settle(store: WorkStore, command_id: str, modified_at_us: int | None) -> None:
+    async def body(tx: SqlTx) -> str:
+        return await settle(tx, command_id=command_id, settlement=Settlement.SUCCEEDED,
+                            result_format_version=1, remote_id="", canonical_result="",
+                            result_digest="", receipt_max_attempts=5, now_us=T0,
+                            modified_at_us=modified_at_us)
+
+    await store.db.transact(body, name="test.settle")
 
 
-async def test_the_link_keeps_the_records_last_modified_time_only_while_it_points_there(
+async def _modified(store: WorkStore) -> int | None:
+    link = await store.link_get(SCOPE, "lead", "lead-1")
+    assert link is not None
+    return link.modified_at_us
+
+
+async def test_the_link_knows_the_records_last_modified_time_only_while_it_points_there(
         store: WorkStore) -> None:
+    """The time is kept on each settled command (migration 0035); the link reads the
+    newest among the commands pinned to its current generation and remote id."""
     a = await store.link_adopt(SCOPE, "lead", "lead-1", "contact", "101", now_us=T0, **WHO)
     assert a.modified_at_us is None
-    assert await _note(store, a.link_key, 1, "101", 1_700_000_000_123_000)
-    kept = await store.link_get(SCOPE, "lead", "lead-1")
-    assert kept is not None and kept.modified_at_us == 1_700_000_000_123_000
-    # Another generation, or another record: the link moved on, nothing is kept.
-    assert not await _note(store, a.link_key, 2, "101", 5)
-    assert not await _note(store, a.link_key, 1, "202", 5)
+    await _settled(store, a, "int-1", 1_700_000_000_123_000)
+    assert await _modified(store) == 1_700_000_000_123_000
+    await _settled(store, a, "int-2", 1_700_000_000_456_000)
+    assert await _modified(store) == 1_700_000_000_456_000  # the newest change's
+    await _settled(store, a, "int-3", None)  # an answer that named no time
+    assert await _modified(store) == 1_700_000_000_456_000
+    # A command pinned before the rebind settles after it: the link moved on.
+    late = await store.command_accept(attrs.evolve(draft("int-4"), link_key=a.link_key), T0)
+    assert late.command_id is not None
     moved = await store.link_rebind(a.link_key, "contact", "202", expected_generation=1,
                                     now_us=T0, **WHO)
-    # A rebind points at another record: what was known of the old one is dropped.
+    # A rebind points at another record: nothing is known of it.
     assert (moved.generation, moved.modified_at_us) == (2, None)
+    await _settle(store, late.command_id, 1_700_000_000_999_000)
+    assert await _modified(store) is None
+    await _settled(store, moved, "int-5", 1_700_000_001_000_000)
+    assert await _modified(store) == 1_700_000_001_000_000
     retired = await store.link_retire(a.link_key, expected_generation=2, now_us=T0, **WHO)
     again = await store.link_adopt(SCOPE, "lead", "lead-1", "contact", "101", now_us=T0, **WHO)
+    # Back on record 101, generation 3: what generation 1 knew of it is not trusted.
     assert (retired.state, again.generation, again.modified_at_us) == (
         LinkState.RETIRED, 3, None)
