@@ -29,8 +29,10 @@ compared with the authenticated caller's).
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
+
+import attrs
 
 from daemon.core.canonical import canonical_bytes
 from daemon.core.handoff import TrustedRuntimeWorkScope
@@ -358,16 +360,34 @@ async def _insert_command(tx: SqlTx, draft: CommandDraft, command_id: str, now_u
     return work_id
 
 
-async def _link_pins(tx: SqlTx, keys: Sequence[str]) -> dict[str, tuple[int, str | None]]:
-    """The (generation, remote id) of each existing link, read in the admission's
-    own transaction: what the commands pin."""
+@attrs.frozen
+class _LinkNow:
+    """What a command pins of its link, and the lane it runs in, read at admission."""
+
+    generation: int
+    remote_id: str | None
+    target_lane: str
+
+
+async def _links_now(tx: SqlTx, keys: Sequence[str]) -> dict[str, _LinkNow]:
+    """Each named link as it is now, in the admission's own transaction: one read.
+
+    The pins are its generation and remote id. The target lane is the remote record
+    the link names (seed 5.2): an active link's lane is its remote locator (provider
+    scope, remote account, remote object and remote id, hashed), so two commands that
+    write one remote record never run at once, whichever local record they come from;
+    a link not yet active (a create slot) serializes on its own key. A key with no
+    link yet is absent (no pins; its lane is its own key)."""
     wanted = sorted({k for k in keys if k})
     if not wanted:
         return {}
     rows = await tx.fetchall(
-        f"SELECT link_key, generation, remote_id FROM remote_links"
+        "SELECT link_key, generation, remote_id, state, locator_hash FROM remote_links"
         f" WHERE link_key IN ({placeholders(len(wanted))})", wanted)
-    return {str(r[0]): (int(r[1]), None if r[2] is None else str(r[2])) for r in rows}
+    return {str(r[0]): _LinkNow(
+        generation=int(r[1]), remote_id=None if r[2] is None else str(r[2]),
+        target_lane=f"remote:{r[4]}" if r[3] == "active" and r[4] else f"link:{r[0]}")
+        for r in rows}
 
 
 async def _insert_commands(tx: SqlTx, commands: Sequence[tuple[CommandDraft, str]],
@@ -377,7 +397,7 @@ async def _insert_commands(tx: SqlTx, commands: Sequence[tuple[CommandDraft, str
     Each command pins the RemoteLink it targets as it is now (key, generation,
     remote id; no generation when there is no link yet), so a later rebind or
     reconnect cannot retarget it (seed 8.1)."""
-    pins = await _link_pins(tx, [draft.link_key for draft, _ in commands])
+    links = await _links_now(tx, [draft.link_key for draft, _ in commands])
     await tx.executemany(
         f"INSERT INTO external_commands ({COMMAND_COLUMNS}, binding_generation, updated_at_us)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?, ?,"
@@ -387,12 +407,11 @@ async def _insert_commands(tx: SqlTx, commands: Sequence[tuple[CommandDraft, str
           draft.local_id, draft.binding_id, draft.binding_generation, draft.catalog_revision,
           draft.frozen_request, draft.payload_digest, draft.runtime_outbox_id, repair_of,
           now_us, draft.catalog_digest, draft.link_key or None,
-          *pins.get(draft.link_key, (None, None)),
+          *_pins(links.get(draft.link_key)),
           # The legacy column (the TOML generation it once held) gets the same value.
           draft.binding_generation, now_us)
          for draft, command_id in commands],
     )
-    targets = await target_lanes(tx, [draft.link_key for draft, _ in commands])
     # The dedupe key is the new command's own id, so it cannot collide: the
     # WorkItems go in as one multi-row INSERT.
     works = await insert_work(
@@ -409,7 +428,7 @@ async def _insert_commands(tx: SqlTx, commands: Sequence[tuple[CommandDraft, str
             payload=json.dumps({"command_id": command_id, "link_key": draft.link_key}
                                if draft.link_key else {"command_id": command_id}),
             source_lane=draft.lane,
-            target_lane=targets.get(draft.link_key),
+            target_lane=_target_lane(draft.link_key, links),
             max_attempts=draft.max_attempts,
             dedupe_key=f"command:{command_id}",
         ) for draft, command_id in commands],
@@ -419,19 +438,12 @@ async def _insert_commands(tx: SqlTx, commands: Sequence[tuple[CommandDraft, str
     return [w.work_id for w in works]
 
 
-async def target_lanes(tx: SqlTx, link_keys: Sequence[str]) -> dict[str, str]:
-    """Each link key's target lane: the remote record it names (seed 5.2).
+def _pins(link: _LinkNow | None) -> tuple[int | None, str | None]:
+    return (None, None) if link is None else (link.generation, link.remote_id)
 
-    An active link's lane is its remote locator (provider scope, remote account,
-    remote object and remote id, hashed), so two commands that write one remote
-    record never run at once, whichever local record they come from; a link
-    not yet active (a create slot) serializes on its own key. One read.
-    """
-    keys = sorted({k for k in link_keys if k})
-    if not keys:
-        return {}
-    rows = await tx.fetchall(
-        "SELECT link_key, state, locator_hash FROM remote_links"
-        f" WHERE link_key IN ({placeholders(len(keys))})", keys)
-    active = {str(r[0]): str(r[2]) for r in rows if r[1] == "active" and r[2]}
-    return {k: f"remote:{active[k]}" if k in active else f"link:{k}" for k in keys}
+
+def _target_lane(link_key: str, links: Mapping[str, _LinkNow]) -> str | None:
+    if not link_key:
+        return None
+    link = links.get(link_key)
+    return link.target_lane if link is not None else f"link:{link_key}"
