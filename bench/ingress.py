@@ -232,7 +232,10 @@ async def _integrationd(backend: str, url: str, workdir: Path, rates: list[int],
     port = free_port()
     cfg = _config(workdir, url, port)
     await _prepare(cfg, url)
-    proc = _start(["-m", "daemon.cli", "--config", str(cfg), "run"], workdir, "integrationd",
+    profile = os.environ.get("BENCH_PROFILE_DIR")  # profile the replica with cProfile
+    command = (["-m", "bench.profile_replica", f"{profile}/ingress-{backend}.prof"]
+               if profile else ["-m", "daemon.cli"])
+    proc = _start([*command, "--config", str(cfg), "run"], workdir, "integrationd",
                   {"INTEGRATIOND_WEBHOOK_OUTREACH_MAIN_SECRET": SECRET})
     try:
         await _wait_port(port, proc)
