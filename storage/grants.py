@@ -134,6 +134,19 @@ async def mark_grant_at(tx: SqlTx, binding_id: str, generation: int, expected_ve
          expected_version)) == 1
 
 
+async def mark_in_doubt(tx: SqlTx, binding_id: str, generation: int, version: int,
+                        reason: GrantReason, now_us: int) -> bool:
+    """A valid grant at ``version`` needs re-authorization with an in-doubt refresh's
+    reason; False (nothing written) when it moved to another version or is not valid
+    (a revoked grant stays revoked)."""
+    return await tx.execute(
+        "UPDATE authorization_grants SET reason_code = ?, reason_text = ?, state = ?,"
+        " updated_at_us = ? WHERE binding_id = ? AND generation = ? AND token_version = ?"
+        " AND state = ?",
+        (reason.code, reason.text, GrantState.NEEDS_REAUTHORIZATION.value, now_us,
+         binding_id, generation, version, GrantState.VALID.value)) == 1
+
+
 class AuthorizationGrants:
     db: Database
 
