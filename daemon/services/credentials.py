@@ -137,6 +137,13 @@ class Credentials:
                                         urllib.parse.quote(installation, safe=""))
         return MintEndpoint(url, binding.s2s_app_id, binding.s2s_private_key)
 
+    def abandon_at(self, deadline: float) -> None:
+        """A drain's or forced stop's hard deadline (trio time): no unfinished refresh
+        outlives it (its dispatch marker stays: the grant ends in doubt, never refreshed
+        twice)."""
+        if self.owner is not None:
+            self.owner.abandon_at(deadline)
+
     async def aclose(self) -> None:
         if self.http is not None:
             await self.http.aclose()

@@ -135,8 +135,9 @@ class TokenOwner:
     # Refresh when the token expires within this margin.
     margin_us: int = 60_000_000
     # The refresh lease: until its end nobody else refreshes, and the owner must have
-    # sent its call (dispatch marker) ``call_margin`` before it.
+    # written its dispatch marker by then, or not call at all.
     lease_us: int = 30_000_000
+    # Time allowed for each write around the call (the marker, then the outcome).
     call_margin_us: int = 5_000_000
     # How long the owner reads the answer of a call that left, past its lease if need
     # be (the refresh token may be spent: only this answer can heal the grant). A drain
@@ -262,11 +263,10 @@ class TokenOwner:
         # the send itself lies between the marker and the call.
         wait_s = self.answer_wait_us / 1e6
         request = self._request(endpoint, bundle, wait_s)
-        if self.clock.now_us() > lease.until_us - self.call_margin_us or \
-                not await self.store.refresh_dispatch(
-                    binding_id=binding_id, generation=generation,
-                    lease_token=lease.lease_token, now_us=self.clock.now_us()):
-            # Too late to call under this lease (or it was taken over): nothing was sent.
+        if not await self.store.refresh_dispatch(
+                binding_id=binding_id, generation=generation,
+                lease_token=lease.lease_token, now_us=self.clock.now_us()):
+            # Our lease ended (and may have been taken over): nothing was sent.
             # A lease we still hold is ended unspent, so the next owner need not wait.
             await self._fail(binding_id, generation, lease, reauthorize=None)
             logs.warn("token_refresh_failed", reason="lease_ended_before_call", **log)

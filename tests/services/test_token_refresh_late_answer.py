@@ -118,3 +118,78 @@ async def test_an_owner_whose_answer_arrives_after_its_lease_heals_the_grant_and
     assert again == late
     assert len(sim.journal) == 1
     assert await store.refresh_count("b1", 1) == 1
+
+
+async def test_a_forced_stop_abandons_an_unfinished_refresh_and_its_grant_stays_in_doubt(
+        store: WorkStore, mock_clock: trio.testing.MockClock) -> None:
+    """The answer wait is bounded by a forced stop's deadline (``abandon_at``): the
+    exchange ends there, its marker stays, and the next owner does not call."""
+    clock = TrioClock()
+    async with running_oauth(CLIENT_SECRET) as (sim, url):
+        first_fence, second_fence = await _setup(store, sim, clock)
+        endpoint = RefreshEndpoint(url, "client-1", Secret(CLIENT_SECRET))
+        sim.answer_delay_s = 60
+        async with httpx.AsyncClient() as http:
+            first, second = _owner(store, http, clock), _owner(store, http, clock)
+            got: list[TokenUnavailable] = []
+
+            async def first_owner() -> None:
+                with pytest.raises(TokenUnavailable) as info:
+                    await first.access_token(first_fence, "b1", 1, endpoint)
+                got.append(info.value)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(first_owner)
+                await sim.called.wait()
+                first.abandon_at(trio.current_time() + 2)
+                mock_clock.jump(3)
+            (abandoned,) = got
+            assert abandoned.reason == "refresh_abandoned"
+            mock_clock.jump(LEASE_S)
+            with pytest.raises(TokenUnavailable) as doubt:
+                await second.access_token(second_fence, "b1", 1, endpoint)
+    assert doubt.value.reason == "refresh_in_doubt"
+    assert refreshes_per_token(sim.journal) == {token_digest("refresh-SECRET-0"): 1}
+
+
+async def test_an_owner_whose_lease_was_taken_over_before_its_marker_never_calls(
+        store: WorkStore, mock_clock: trio.testing.MockClock) -> None:
+    """Frozen between taking the lease and writing the dispatch marker, past its lease:
+    a successor took the lease over (the token never left, so it may) and refreshed.
+    The first owner cannot write its marker, so it sends nothing."""
+    clock = TrioClock()
+    async with running_oauth(CLIENT_SECRET) as (sim, url):
+        first_fence, second_fence = await _setup(store, sim, clock)
+        endpoint = RefreshEndpoint(url, "client-1", Secret(CLIENT_SECRET))
+        async with httpx.AsyncClient() as http:
+            first, second = _owner(store, http, clock), _owner(store, http, clock)
+            frozen, thawed = trio.Event(), trio.Event()
+            marker = store.refresh_dispatch
+
+            async def frozen_before_marker(**kw: object) -> bool:
+                frozen.set()
+                await thawed.wait()
+                return await marker(**kw)  # type: ignore[arg-type]
+
+            got: list[TokenUnavailable] = []
+
+            async def first_owner() -> None:
+                with pytest.raises(TokenUnavailable) as info:
+                    await first.access_token(first_fence, "b1", 1, endpoint)
+                got.append(info.value)
+
+            async with trio.open_nursery() as nursery:
+                setattr(store, "refresh_dispatch", frozen_before_marker)  # noqa: B010
+                nursery.start_soon(first_owner)
+                await frozen.wait()
+                setattr(store, "refresh_dispatch", marker)  # noqa: B010
+                mock_clock.jump(LEASE_S + 1)
+                token = await second.access_token(second_fence, "b1", 1, endpoint)
+                thawed.set()
+            assert token.token_version == 2
+    (lost,) = got
+    assert lost.reason == "refresh_lease_lost"
+    assert "nothing was sent" in str(lost)
+    assert refreshes_per_token(sim.journal) == {token_digest("refresh-SECRET-0"): 1}
+    grant = await store.grant_get("b1", 1)
+    assert grant is not None and (grant.state, grant.token_version) == (GrantState.VALID, 2)
