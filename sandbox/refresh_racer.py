@@ -95,9 +95,8 @@ async def race(spec: dict[str, Any]) -> dict[str, Any]:
         await trio.sleep(max(0.0, spec["start_at"] - time.time()))
         lease_us = int(spec.get("lease_s", 30) * 1_000_000)
         stall = spec.get("stall")
-        stalling = stall in ("before_call", "after_answer")
-        async with httpx.AsyncClient(timeout=60,
-                                     transport=_Stall(stall) if stalling else None) as http:
+        transport = _Stall(stall) if stall in ("before_call", "after_answer") else None
+        async with httpx.AsyncClient(timeout=60, transport=transport) as http:
             owner = TokenOwner(store, {"k1": key}, "k1", http, clock, lease_us=lease_us,
                                call_margin_us=lease_us // 4, wait_us=lease_us * 4)
             try:

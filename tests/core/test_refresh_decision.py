@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import pytest
 
@@ -15,7 +17,7 @@ SENT = RefreshFacts(grant_valid=True, grant_version=3, seen_version=3, held=True
                     spends_credential=True, now_us=NOW)
 
 D = RefreshDecision
-ROWS: list[tuple[str, dict[str, object], RefreshDecision]] = [
+ROWS: list[tuple[str, dict[str, Any], RefreshDecision]] = [
     ("expired, sent, refresh: in doubt", {}, D.IN_DOUBT),
     ("expired, marker by a build that writes none: in doubt",
      {"marked": False, "call_sent": False}, D.IN_DOUBT),
@@ -41,7 +43,7 @@ ROWS: list[tuple[str, dict[str, object], RefreshDecision]] = [
 
 
 @pytest.mark.parametrize(("why", "change", "expected"), ROWS, ids=[r[0] for r in ROWS])
-def test_the_refresh_decision(why: str, change: dict[str, object],
+def test_the_refresh_decision(why: str, change: dict[str, Any],
                               expected: RefreshDecision) -> None:
     assert decide_refresh(attrs.evolve(SENT, **change)) is expected, why
 

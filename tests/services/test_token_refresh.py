@@ -173,7 +173,8 @@ async def test_a_hung_or_malformed_endpoint_puts_the_grant_in_doubt_and_nobody_c
     assert "SECRET" not in str(info.value) + str(doubt.value)
     assert refreshes_per_token(sim.journal) == {token_digest("refresh-SECRET-0"): 1}
     grant = await store.grant_get("b1", 1)
-    assert grant is not None and (grant.state, grant.token_version, grant.reason) == (
+    assert grant is not None and grant.reason is not None
+    assert (grant.state, grant.token_version, grant.reason) == (
         GrantState.NEEDS_REAUTHORIZATION, 1, grant_reason("refresh_in_doubt"))
     assert "possibly spent" in grant.reason.text
 
