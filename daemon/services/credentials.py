@@ -184,4 +184,6 @@ def build_credentials(settings: Settings, store: WorkStore, clock: Clock,
         return Credentials()  # no grant can be opened: such bindings have no credentials
     keys = load_token_keys(settings.keys, environ, settings.base_dir)
     http = httpx.AsyncClient(timeout=httpx.Timeout(10.0), cookies=NoCookies())
-    return Credentials(TokenOwner(store, keys, settings.keys.active, http, clock), http)
+    owner = TokenOwner(store, keys, settings.keys.active, http, clock,
+                       answer_wait_us=int(settings.replica.refresh_answer_wait * 1_000_000))
+    return Credentials(owner, http)

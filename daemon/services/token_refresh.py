@@ -18,7 +18,8 @@ needs the binding generation's access token:
    token may be spent, so:
 
    * the owner keeps reading the answer past its lease, up to its own ``answer_wait``
-     (and a forced stop's deadline, :meth:`TokenOwner.abandon_at`), fenced by the lease
+     (``replica.refresh_answer_wait``; a drain's or forced stop's hard deadline cuts it,
+     :meth:`TokenOwner.abandon_at`), fenced by the lease
      alone (not by the claim that started it), and activates the next bundle and version
      by a compare-and-swap on (binding, generation, from version, its lease token);
    * a successor that finds the lease expired *with* the marker never presents the old
@@ -140,8 +141,8 @@ class TokenOwner:
     # Time allowed for each write around the call (the marker, then the outcome).
     call_margin_us: int = 5_000_000
     # How long the owner reads the answer of a call that left, past its lease if need
-    # be (the refresh token may be spent: only this answer can heal the grant). A drain
-    # waits up to this long for an unfinished refresh; a forced stop does not.
+    # be (the refresh token may be spent: only this answer can heal the grant;
+    # ``replica.refresh_answer_wait``). A drain's or forced stop's hard deadline cuts it.
     answer_wait_us: int = 90_000_000
     # How long a loser waits for the winner's new version before giving up (closed).
     wait_us: int = 35_000_000
