@@ -281,6 +281,7 @@ def parse_settings(
     _positive("replica.heartbeat_interval", replica.heartbeat_interval)
     if replica.drain_timeout < 0:
         raise ConfigError("replica.drain_timeout", "must not be negative")
+    _positive("replica.refresh_answer_wait", replica.refresh_answer_wait)
 
     admin_raw = raw.get("admin", {})
     if isinstance(admin_raw, Mapping) and "session_secret" in admin_raw:

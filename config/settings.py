@@ -44,6 +44,10 @@ class ReplicaSettings:
     id: str = ""
     heartbeat_interval: float = 5.0
     drain_timeout: float = 30.0
+    # Seconds a token refresh whose call left reads the provider's answer, past its
+    # refresh lease if need be: with rotating refresh tokens only that answer can heal
+    # the grant (docs/quota-and-credentials.md). A drain cuts it at drain_timeout + 2 s.
+    refresh_answer_wait: float = 90.0
 
 
 @attrs.frozen(kw_only=True)

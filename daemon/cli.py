@@ -303,7 +303,8 @@ async def _cmd_run(settings: Settings) -> int:
                           api_app=parts.api_app, admin_app=admin_app,
                           ingress_app=parts.ingress.app if parts.ingress else None,
                           startup_checks=(catalog_published, token_keys_open_their_bundles,
-                                          bindings_bootstrapped, subscription_chains))
+                                          bindings_bootstrapped, subscription_chains),
+                          abandon_hooks=(parts.credentials.abandon_at,))
         if parts.api_context is not None:
             parts.api_context.wake = replica.wake
         if settings.replica.id:

@@ -9,7 +9,9 @@ then on, so a second refresh with it (a double refresh by two replicas) is answe
 
 Control (the test's hands): ``POST /_oauth/grants`` ``{"refresh_token": ...}`` seeds a valid
 refresh token; ``POST /_oauth/behaviour`` ``{"hang": true}`` / ``{"malformed": true}`` /
-``{"revoke_all": true}`` injects faults; ``GET /_oauth/journal`` reads the journal.
+``{"revoke_all": true}`` injects faults, ``{"answer_delay_s": N}`` answers a successful
+refresh N seconds late (trio time, so a test's MockClock drives it) *after* rotating, as a
+provider whose answer is slow on its way back; ``GET /_oauth/journal`` reads the journal.
 Tokens here are test values, but the journal still records only their hashes.
 """
 
@@ -48,6 +50,8 @@ class OAuthSimulator:
     malformed: bool = False
     # False: answer without a new refresh token (the old one stays valid), as some do.
     rotate: bool = True
+    # Seconds between rotating the refresh token and answering (0: at once).
+    answer_delay_s: float = 0.0
     # Set at the first token call (a test waits on it).
     called: trio.Event = attrs.field(factory=trio.Event)
 
@@ -62,6 +66,12 @@ class OAuthSimulator:
             return Response(204)
         if request.path == "/_oauth/behaviour" and request.method == "POST":
             doc = json.loads(request.body)
+            delay = doc.get("answer_delay_s", self.answer_delay_s)
+            if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
+                # Refused whole: no other behaviour of this request is applied.
+                return Response(400, b'{"error":"answer_delay_s must be a number >= 0"}',
+                                _JSON)
+            self.answer_delay_s = float(delay)
             self.hang = bool(doc.get("hang", self.hang))
             self.malformed = bool(doc.get("malformed", self.malformed))
             self.rotate = bool(doc.get("rotate", self.rotate))
@@ -101,6 +111,8 @@ class OAuthSimulator:
             refresh = secrets.token_urlsafe(24)
             self.valid_refresh.add(refresh)
             body["refresh_token"] = refresh
+        if self.answer_delay_s:
+            await trio.sleep(self.answer_delay_s)  # rotated already: the answer is late
         return Response(200, json.dumps(body).encode(), _JSON)
 
     async def run(self, host: str = "127.0.0.1", port: int = 0, *,

@@ -9,10 +9,11 @@ for the shared start instant, asks the token owner for the access token of bindi
 it got, or the stable reason (and message) it got none. It never prints a token.
 
 ``"stall"`` freezes it at one point of the refresh, for a test to SIGKILL it there: it
-prints ``{"stalled": POINT}`` and sleeps (until the token owner's call deadline):
-``"before_call"`` (the lease and its in-flight record are taken, the request has not
-left), ``"after_answer"`` (the provider answered, so a rotating refresh token is spent,
-and the new token was never activated).
+prints ``{"stalled": POINT}`` and sleeps: ``"before_dispatch"`` (the lease and its
+in-flight record are taken, the dispatch marker is not written: the refresh token never
+left), ``"before_call"`` (the marker is written, the request has not left: a successor
+cannot tell this from a call that left), ``"after_answer"`` (the provider answered, so
+a rotating refresh token is spent, and the new token was never activated).
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ async def _stalled(point: str) -> None:
 
 async def race(spec: dict[str, Any]) -> dict[str, Any]:
     store = await open_store(spec["url"], pool_size=2, sqlite_synchronous="NORMAL")
+    if spec.get("stall") == "before_dispatch":
+        async def stalled_dispatch(**_: object) -> bool:
+            await _stalled("before_dispatch")
+            return False
+
+        setattr(store, "refresh_dispatch", stalled_dispatch)  # noqa: B010
     clock = WallClock()
     key = TokenKey("k1", bytes.fromhex(spec["key_hex"]))
     endpoint: RefreshEndpoint | MintEndpoint
@@ -88,8 +95,8 @@ async def race(spec: dict[str, Any]) -> dict[str, Any]:
         await trio.sleep(max(0.0, spec["start_at"] - time.time()))
         lease_us = int(spec.get("lease_s", 30) * 1_000_000)
         stall = spec.get("stall")
-        async with httpx.AsyncClient(timeout=60,
-                                     transport=_Stall(stall) if stall else None) as http:
+        transport = _Stall(stall) if stall in ("before_call", "after_answer") else None
+        async with httpx.AsyncClient(timeout=60, transport=transport) as http:
             owner = TokenOwner(store, {"k1": key}, "k1", http, clock, lease_us=lease_us,
                                call_margin_us=lease_us // 4, wait_us=lease_us * 4)
             try:

@@ -66,13 +66,23 @@ async def read_grant(tx: SqlTx, binding_id: str, generation: int) -> StoredGrant
 
 async def replace_grant(tx: SqlTx, *, binding_id: str, generation: int, expected_version: int,
                         sealed: SealedBundle, expires_at_us: int, now_us: int,
-                        refreshed: bool) -> bool:
+                        refreshed: bool, keep_state: bool = False) -> bool:
     """Install ``expected_version + 1`` if the row is still at ``expected_version``.
 
     A revoked grant stays revoked (a refresh or rewrap that raced a disconnect must not
     make it valid again); any other state becomes valid with the new bundle, and its
     re-authorization reason is cleared. (The reason columns are assigned before
-    ``state``: MySQL evaluates SET left to right, later assignments seeing new values.)"""
+    ``state``: MySQL evaluates SET left to right, later assignments seeing new values.)
+    ``keep_state``: the same credential under another key (a rewrap), which cures
+    nothing: state and reason stay (a grant in doubt, whose refresh token may be spent,
+    must not become valid by being re-encrypted)."""
+    if keep_state:
+        return await tx.execute(
+            "UPDATE authorization_grants SET token_version = token_version + 1, key_id = ?,"
+            " nonce_hex = ?, ciphertext_b64 = ?, expires_at_us = ?, updated_at_us = ?"
+            " WHERE binding_id = ? AND generation = ? AND token_version = ?",
+            (sealed.key_id, sealed.nonce.hex(), base64.b64encode(sealed.ciphertext).decode(),
+             expires_at_us, now_us, binding_id, generation, expected_version)) == 1
     matched = await tx.execute(
         "UPDATE authorization_grants SET token_version = token_version + 1, key_id = ?,"
         " nonce_hex = ?, ciphertext_b64 = ?,"
@@ -134,6 +144,19 @@ async def mark_grant_at(tx: SqlTx, binding_id: str, generation: int, expected_ve
          expected_version)) == 1
 
 
+async def mark_in_doubt(tx: SqlTx, binding_id: str, generation: int, version: int,
+                        reason: GrantReason, now_us: int) -> bool:
+    """A valid grant at ``version`` needs re-authorization with an in-doubt refresh's
+    reason; False (nothing written) when it moved to another version or is not valid
+    (a revoked grant stays revoked)."""
+    return await tx.execute(
+        "UPDATE authorization_grants SET reason_code = ?, reason_text = ?, state = ?,"
+        " updated_at_us = ? WHERE binding_id = ? AND generation = ? AND token_version = ?"
+        " AND state = ?",
+        (reason.code, reason.text, GrantState.NEEDS_REAUTHORIZATION.value, now_us,
+         binding_id, generation, version, GrantState.VALID.value)) == 1
+
+
 class AuthorizationGrants:
     db: Database
 
@@ -186,14 +209,15 @@ class AuthorizationGrants:
 
     async def grant_replace(self, *, binding_id: str, generation: int, expected_version: int,
                             sealed: SealedBundle, expires_at_us: int, now_us: int,
-                            refreshed: bool, audit: AuditEntry | None = None) -> bool:
+                            refreshed: bool, audit: AuditEntry | None = None,
+                            keep_state: bool = False) -> bool:
         """CAS to the next token version; False when another writer got there first."""
 
         async def body(tx: SqlTx) -> bool:
             ok = await replace_grant(tx, binding_id=binding_id, generation=generation,
                                      expected_version=expected_version, sealed=sealed,
                                      expires_at_us=expires_at_us, now_us=now_us,
-                                     refreshed=refreshed)
+                                     refreshed=refreshed, keep_state=keep_state)
             if ok and audit is not None:
                 await append_audit(tx, audit)
             return ok

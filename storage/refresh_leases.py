@@ -1,15 +1,23 @@
 """Refresh ownership: single-winner token refresh per binding generation (seed 8.2).
 
 A refresh is: a live WorkItem fence -> this lease's compare-and-swap -> the in-flight
-record (the lease row itself: owner, token version refreshed from, start) -> one provider
-call under a deadline shorter than the lease -> one transaction that installs the next
-token version *and* clears the lease, only while the lease is still ours and unexpired.
+record (the lease row itself: owner, token version refreshed from, start) -> the dispatch
+marker (``call_sent_at_us``, committed by a compare-and-swap on the live lease token right
+before the provider call) -> one provider call -> one transaction that installs the next
+token version *and* clears the lease, while the lease is still ours.
 
 * ``refresh_lease_acquire`` runs inside the caller's fenced transaction
-  (``WorkStore.work_fenced``): a stale worker cannot even take the lease.
-* A lease whose owner vanished (killed mid-refresh) is taken over once it expires; the new
-  owner is told that the refresh token may already be spent (``possibly_spent``), because
-  the old owner may have presented it.
+  (``WorkStore.work_fenced``): a stale worker cannot even take the lease. What it does
+  with the row it finds is :func:`daemon.core.refresh_decision.decide_refresh`.
+* A lease whose owner vanished before its call left (no marker) is taken over once it
+  expires: the refresh token was never presented.
+* A lease whose call left (marker) and was never activated is *never* taken over for the
+  same version: a rotating refresh token may be spent, and presenting it again is a
+  double refresh (``invalid_grant``; with reuse detection a provider may revoke the whole
+  grant). The successor marks the grant in doubt (``refresh_in_doubt``) and leaves the
+  lease pinned to the unfinished owner, whose late answer still activates by the lease
+  token (:meth:`RefreshLeases.refresh_activate`) and heals the grant. A lease taken by a
+  build that writes no marker (``call_token`` not its lease token) counts as dispatched.
 * Nobody else calls the provider while a lease is live: they wait for the next version.
 """
 
@@ -17,9 +25,16 @@ from __future__ import annotations
 
 import attrs
 
-from daemon.core.grant_reasons import GrantReason
+from daemon.core.grant_reasons import IN_DOUBT, GrantReason, grant_reason, unusable_code
+from daemon.core.refresh_decision import RefreshDecision, RefreshFacts, decide_refresh
 from daemon.core.token_bundle import SealedBundle
-from storage.grants import GrantState, mark_grant_at, read_grant, replace_grant
+from storage.grants import (
+    GrantState,
+    mark_grant_at,
+    mark_in_doubt,
+    read_grant,
+    replace_grant,
+)
 from storage.port import Database, SqlTx
 
 
@@ -28,9 +43,6 @@ class LeaseWon:
     lease_token: str
     from_version: int
     until_us: int
-    # A previous owner's refresh from this same version never finished: its provider call
-    # may have spent the refresh token.
-    possibly_spent: bool
 
 
 @attrs.frozen
@@ -49,39 +61,65 @@ class LeaseBusy:
 
 @attrs.frozen
 class GrantUnusable:
-    reason: str  # "no_grant" | "needs_reauthorization" | "revoked"
+    reason: str  # "no_grant" | "needs_reauthorization" | "revoked" | "refresh_in_doubt"
 
 
 async def refresh_lease_acquire(tx: SqlTx, *, binding_id: str, generation: int,
                                 seen_version: int, lease_token: str, work_id: str,
-                                epoch: int, ttl_us: int, now_us: int
+                                epoch: int, ttl_us: int, now_us: int,
+                                spends_credential: bool = True
                                 ) -> LeaseWon | AlreadyRefreshed | LeaseBusy | GrantUnusable:
+    """``spends_credential``: the call presents a rotating refresh token (False: an S2S
+    mint, whose app JWT spends nothing, so an unfinished mint is simply done again)."""
     grant = await read_grant(tx, binding_id, generation)
     if grant is None:
         return GrantUnusable("no_grant")
     if grant.state is not GrantState.VALID:
-        return GrantUnusable(grant.state.value)
-    if grant.token_version > seen_version:
-        return AlreadyRefreshed(grant.token_version)
+        return GrantUnusable(unusable_code(grant.state.value,
+                                           grant.reason.code if grant.reason else None))
     rows = await tx.fetchall(
-        "SELECT lease_token, until_us, from_version FROM refresh_leases"
-        " WHERE binding_id = ? AND generation = ?", (binding_id, generation))
+        "SELECT lease_token, until_us, from_version, call_token, call_sent_at_us"
+        " FROM refresh_leases WHERE binding_id = ? AND generation = ?",
+        (binding_id, generation))
     if not rows:
         await tx.execute(
             "INSERT INTO refresh_leases (binding_id, generation, lease_token, owner_work_id,"
             " owner_epoch, until_us, from_version, started_at_us, refreshes_total)"
             " VALUES (?, ?, NULL, NULL, NULL, 0, 0, 0, 0)", (binding_id, generation))
-        holder, until, from_version = None, 0, 0
+        holder, until, from_version, call_token, sent_at = None, 0, 0, None, None
     else:
         holder, until, from_version = rows[0][0], int(rows[0][1]), int(rows[0][2])
-    if holder is not None and until >= now_us:
+        call_token, sent_at = rows[0][3], rows[0][4]
+    decision = decide_refresh(RefreshFacts(
+        grant_valid=True, grant_version=grant.token_version, seen_version=seen_version,
+        held=holder is not None, until_us=until, from_version=from_version,
+        marked=holder is not None and call_token == holder, call_sent=sent_at is not None,
+        spends_credential=spends_credential, now_us=now_us))
+    if decision is RefreshDecision.USE:
+        return AlreadyRefreshed(grant.token_version)
+    if decision is RefreshDecision.WAIT:
         return LeaseBusy(until)
+    if decision is RefreshDecision.UNUSABLE:  # (the grant was read valid above)
+        return GrantUnusable(grant.state.value)
+    if decision is RefreshDecision.IN_DOUBT:
+        # The lease stays pinned to its owner (its late answer may still heal the grant);
+        # the grant says why nobody refreshes it. At a version that moved meanwhile (the
+        # owner activated it), nothing is marked: read again.
+        if not await mark_in_doubt(tx, binding_id, generation, grant.token_version,
+                                   grant_reason(IN_DOUBT), now_us):
+            raise RefreshLeaseRaced(binding_id, generation, grant.token_version)
+        return GrantUnusable(IN_DOUBT)
+    # Take it, only as we found it (an owner's marker committed since our read is seen
+    # here: the compare-and-swap names the holder and its marker as read).
     matched = await tx.execute(
         "UPDATE refresh_leases SET lease_token = ?, owner_work_id = ?, owner_epoch = ?,"
-        " until_us = ?, from_version = ?, started_at_us = ?"
-        " WHERE binding_id = ? AND generation = ? AND (lease_token IS NULL OR until_us < ?)",
+        " until_us = ?, from_version = ?, started_at_us = ?, call_token = ?,"
+        " call_sent_at_us = NULL"
+        " WHERE binding_id = ? AND generation = ? AND (lease_token IS NULL OR until_us < ?)"
+        " AND ((lease_token IS NULL AND ? IS NULL) OR lease_token = ?)"
+        " AND ((call_sent_at_us IS NULL AND ? IS NULL) OR call_sent_at_us = ?)",
         (lease_token, work_id, epoch, now_us + ttl_us, grant.token_version, now_us,
-         binding_id, generation, now_us))
+         lease_token, binding_id, generation, now_us, holder, holder, sent_at, sent_at))
     if matched != 1:
         return LeaseBusy(now_us)
     # The grant was read before the lease row was ours: an owner that activated the next
@@ -94,8 +132,7 @@ async def refresh_lease_acquire(tx: SqlTx, *, binding_id: str, generation: int,
         (binding_id, generation, grant.token_version, GrantState.VALID.value))
     if unchanged != 1:
         raise RefreshLeaseRaced(binding_id, generation, grant.token_version)
-    return LeaseWon(lease_token, grant.token_version, now_us + ttl_us,
-                    possibly_spent=holder is not None and from_version == grant.token_version)
+    return LeaseWon(lease_token, grant.token_version, now_us + ttl_us)
 
 
 class RefreshLeaseRaced(Exception):
@@ -112,24 +149,52 @@ class RefreshLeaseRaced(Exception):
 class RefreshLeases:
     db: Database
 
+    async def refresh_dispatch(self, *, binding_id: str, generation: int, lease_token: str,
+                               now_us: int) -> bool:
+        """Record, durably, that our call is about to leave: a compare-and-swap on our
+        live, marked lease (False, nothing written: the lease ended or was taken over,
+        and the caller must not call). From here on nobody presents this version's
+        refresh token again unless this owner ends its lease."""
+
+        async def body(tx: SqlTx) -> bool:
+            return await tx.execute(
+                "UPDATE refresh_leases SET call_sent_at_us = ? WHERE binding_id = ?"
+                " AND generation = ? AND lease_token = ? AND call_token = ?"
+                " AND until_us >= ? AND call_sent_at_us IS NULL",
+                (now_us, binding_id, generation, lease_token, lease_token, now_us)) == 1
+
+        return await self.db.transact(body, name="refresh.dispatch")
+
     async def refresh_activate(self, *, binding_id: str, generation: int, lease_token: str,
                                from_version: int, sealed: SealedBundle, expires_at_us: int,
                                now_us: int) -> bool:
-        """Install ``from_version + 1`` and end the lease, atomically, only while the lease
-        is ours and unexpired; False (nothing written) otherwise."""
+        """Install ``from_version + 1`` and end the lease, atomically; False (nothing
+        written) otherwise. The lease must be ours, and unexpired *or* dispatched: a
+        dispatched lease is never taken over for its version, so a late answer still
+        activates by it, healing a grant marked in doubt meanwhile (as long as nobody
+        installed a newer version: re-authorization, a rewrap). A grant needing
+        re-authorization for another reason, or revoked, is never made valid here."""
 
         async def body(tx: SqlTx) -> bool:
             ended = await tx.execute(
                 "UPDATE refresh_leases SET lease_token = NULL, owner_work_id = NULL,"
-                " owner_epoch = NULL, refreshes_total = refreshes_total + 1"
-                " WHERE binding_id = ? AND generation = ? AND lease_token = ? AND until_us >= ?",
+                " owner_epoch = NULL, call_token = NULL, call_sent_at_us = NULL,"
+                " refreshes_total = refreshes_total + 1"
+                " WHERE binding_id = ? AND generation = ? AND lease_token = ?"
+                " AND (until_us >= ? OR (call_token = lease_token"
+                " AND call_sent_at_us IS NOT NULL))",
                 (binding_id, generation, lease_token, now_us))
             if ended != 1:
                 return False
-            if not await replace_grant(tx, binding_id=binding_id, generation=generation,
-                                       expected_version=from_version, sealed=sealed,
-                                       expires_at_us=expires_at_us, now_us=now_us,
-                                       refreshed=True):
+            grant = await read_grant(tx, binding_id, generation)
+            healable = grant is not None and (
+                grant.state is GrantState.VALID
+                or (grant.state is GrantState.NEEDS_REAUTHORIZATION
+                    and grant.reason is not None and grant.reason.code == IN_DOUBT))
+            if not healable or not await replace_grant(
+                    tx, binding_id=binding_id, generation=generation,
+                    expected_version=from_version, sealed=sealed,
+                    expires_at_us=expires_at_us, now_us=now_us, refreshed=True):
                 raise _Rollback
             return True
 
@@ -138,18 +203,39 @@ class RefreshLeases:
         except _Rollback:
             return False
 
+    async def refresh_in_doubt(self, *, binding_id: str, generation: int, lease_token: str,
+                               from_version: int, now_us: int) -> bool:
+        """Our dispatched call got no usable answer (no answer in time, a broken
+        connection, a malformed one): the refresh token may be spent. Mark the grant in
+        doubt now (a successor would at our lease's end) and keep the lease pinned; False
+        when the lease is not ours and dispatched, or the grant moved."""
+
+        async def body(tx: SqlTx) -> bool:
+            ours = await tx.execute(
+                "UPDATE refresh_leases SET call_sent_at_us = call_sent_at_us"
+                " WHERE binding_id = ? AND generation = ? AND lease_token = ?"
+                " AND call_token = ? AND call_sent_at_us IS NOT NULL",
+                (binding_id, generation, lease_token, lease_token))
+            return ours == 1 and await mark_in_doubt(
+                tx, binding_id, generation, from_version, grant_reason(IN_DOUBT), now_us)
+
+        return await self.db.transact(body, name="refresh.in_doubt")
+
     async def refresh_fail(self, *, binding_id: str, generation: int, lease_token: str,
                            from_version: int, reauthorize: GrantReason | None,
                            now_us: int) -> None:
-        """End our lease after a definitive failure, marking the grant (with why) when
-        it needs re-authorization: the provider refused the refresh token
-        (``invalid_grant``), or there is none to refresh with."""
+        """End our lease after a definitive answer or before anything left, marking the
+        grant (with why) when it needs re-authorization: the provider refused the refresh
+        token (``invalid_grant``), or there is none to refresh with. With
+        ``reauthorize`` None the refresh token is unspent (the call never left, or the
+        endpoint refused the request before using it) and the next owner may refresh."""
 
         async def body(tx: SqlTx) -> None:
             ended = await tx.execute(
                 "UPDATE refresh_leases SET lease_token = NULL, owner_work_id = NULL,"
-                " owner_epoch = NULL WHERE binding_id = ? AND generation = ?"
-                " AND lease_token = ?", (binding_id, generation, lease_token))
+                " owner_epoch = NULL, call_token = NULL, call_sent_at_us = NULL"
+                " WHERE binding_id = ? AND generation = ? AND lease_token = ?",
+                (binding_id, generation, lease_token))
             if ended == 1 and reauthorize is not None:
                 await mark_grant_at(tx, binding_id, generation, from_version,
                                     GrantState.NEEDS_REAUTHORIZATION, now_us, reauthorize)
@@ -178,4 +264,5 @@ class RefreshLeases:
 
 
 class _Rollback(Exception):
-    """The grant moved under a live lease (cannot happen through this module): undo."""
+    """The grant moved under our lease (re-authorization or a rewrap installed another
+    version while our call was out), or it is not one an activation may make valid: undo."""

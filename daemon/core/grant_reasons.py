@@ -15,6 +15,11 @@ code                             when
 ``refresh_token_possibly_spent`` the token endpoint refused the refresh token after an
                                  earlier owner's refresh from the same version never
                                  finished (it may have spent the token)
+``refresh_in_doubt``             an owner's refresh call left and no answer was activated
+                                 (it is frozen, slow, or died): nobody presents that
+                                 refresh token again; the owner's late answer heals the
+                                 grant, and if its process died the binding needs
+                                 re-authorization (effects wait, they do not fail)
 ``no_refresh_token``             the access token expired (or was refused) and the grant
                                  holds no refresh token
 ===============================  ==========================================================
@@ -32,9 +37,18 @@ REASONS: dict[str, str] = {
     "refresh_token_possibly_spent": "the token endpoint refused the refresh token,"
                                     " possibly spent by an unfinished refresh of an earlier"
                                     " owner: re-authorize the binding",
+    "refresh_in_doubt": "a refresh of this token was sent and never finished, so the"
+                        " refresh token is possibly spent by an unfinished refresh: it"
+                        " heals if that refresh's answer arrives, else re-authorize the"
+                        " binding",
     "no_refresh_token": "the access token expired and the grant has no refresh token:"
                         " re-authorize the binding",
 }
+
+
+# The in-doubt reason: a refresh call left and was never activated. Work waits on it (a
+# retry, never a failure): the unfinished owner's late answer may still heal the grant.
+IN_DOUBT = "refresh_in_doubt"
 
 
 @attrs.frozen
@@ -56,3 +70,11 @@ def refused_refresh(provider_error: str, possibly_spent: bool) -> GrantReason:
     if possibly_spent and provider_error == "invalid_grant":
         return grant_reason("refresh_token_possibly_spent")
     return grant_reason(provider_error)
+
+
+def unusable_code(state: str, reason_code: str | None) -> str:
+    """The stable code a caller is refused with for a grant that is not valid: its state,
+    except an in-doubt refresh, which has its own (work waits for it, never fails)."""
+    if state == "needs_reauthorization" and reason_code == IN_DOUBT:
+        return IN_DOUBT
+    return state

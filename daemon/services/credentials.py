@@ -137,6 +137,13 @@ class Credentials:
                                         urllib.parse.quote(installation, safe=""))
         return MintEndpoint(url, binding.s2s_app_id, binding.s2s_private_key)
 
+    def abandon_at(self, deadline: float) -> None:
+        """A drain's or forced stop's hard deadline (trio time): no unfinished refresh
+        outlives it (its dispatch marker stays: the grant ends in doubt, never refreshed
+        twice)."""
+        if self.owner is not None:
+            self.owner.abandon_at(deadline)
+
     async def aclose(self) -> None:
         if self.http is not None:
             await self.http.aclose()
@@ -177,4 +184,6 @@ def build_credentials(settings: Settings, store: WorkStore, clock: Clock,
         return Credentials()  # no grant can be opened: such bindings have no credentials
     keys = load_token_keys(settings.keys, environ, settings.base_dir)
     http = httpx.AsyncClient(timeout=httpx.Timeout(10.0), cookies=NoCookies())
-    return Credentials(TokenOwner(store, keys, settings.keys.active, http, clock), http)
+    owner = TokenOwner(store, keys, settings.keys.active, http, clock,
+                       answer_wait_us=int(settings.replica.refresh_answer_wait * 1_000_000))
+    return Credentials(owner, http)

@@ -118,7 +118,7 @@ async def rotate_keys(store: AuthorizationGrants, keys: Mapping[str, TokenKey], 
                                          generation=grant.generation,
                                          expected_version=grant.token_version, sealed=sealed,
                                          expires_at_us=grant.expires_at_us, now_us=now_us,
-                                         refreshed=False, audit=audit):
+                                         refreshed=False, audit=audit, keep_state=True):
                 rewrapped += 1
                 break
             # A refresh (or another rotation) moved it first: look again.

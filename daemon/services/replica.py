@@ -140,6 +140,9 @@ class Replica:
     # Run once the database answers and the schema is checked, before the replica id is
     # claimed (e.g. the CLI's check that the configured Catalog revision is published).
     startup_checks: tuple[collections.abc.Callable[[], collections.abc.Awaitable[None]], ...] = ()
+    # Told the hard deadline of a drain or a forced stop (trio time), beside the database:
+    # work shielded from cancellation (an unfinished token refresh) must not outlive it.
+    abandon_hooks: tuple[collections.abc.Callable[[float], None], ...] = ()
     # Why the process stopped without a clean drain (None: it did not).
     forced_stop: str | None = None
     _drain: trio.Event = attrs.field(factory=trio.Event)
@@ -324,6 +327,8 @@ class Replica:
         abandon = getattr(self.store.db, "abandon_at", None)
         if abandon is not None:
             abandon(deadline)
+        for hook in self.abandon_hooks:
+            hook(deadline)
 
     async def _drain_watchdog(self, deadline: float) -> None:
         """At the drain's hard deadline: log what is left to lease expiry and stop."""

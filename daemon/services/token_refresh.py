@@ -5,27 +5,54 @@ Theory of operation
 :meth:`TokenOwner.access_token` is called by a handler that holds a live WorkItem fence and
 needs the binding generation's access token:
 
-1. Read the grant. Unusable (none, needs re-authorization, revoked): fail closed with that
-   reason. Not expiring within ``margin``, and not the version a provider 401 rejected:
-   open the bundle and return it.
+1. Read the grant. Unusable (none, needs re-authorization, revoked, a refresh in doubt):
+   fail closed with that reason. Not expiring within ``margin``, and not the version a
+   provider 401 rejected: open the bundle and return it.
 2. Otherwise take the refresh lease *inside the fenced transaction* (a stale claimant can
    change nothing, so it never reaches the provider). Losers wait, bounded, for the next
    token version and use it; nobody else calls the provider while a lease is live.
-3. The winner calls the token endpoint once, under a deadline that ends before its lease
-   (so it can never activate after someone else could have taken over), then installs the
-   next bundle and version and ends the lease in one transaction.
-4. ``invalid_grant``: the grant needs re-authorization (one attempt, never a loop; when a
-   crashed owner's refresh from the same version never finished, the reason says the
-   refresh token was possibly spent). A timeout or a malformed answer leaves the lease to
-   expire, so the next owner knows the token may be spent. A response without a new
-   refresh token keeps the old one.
+   Who may do what with the lease row found is :mod:`daemon.core.refresh_decision`.
+3. The winner commits the **dispatch marker** (a compare-and-swap on its live lease
+   token; an owner whose lease ended or was taken over cannot write it and does not
+   call), then calls the token endpoint once. From the marker on, a rotating refresh
+   token may be spent, so:
+
+   * the owner keeps reading the answer past its lease, up to its own ``answer_wait``
+     (``replica.refresh_answer_wait``; a drain's or forced stop's hard deadline cuts it,
+     :meth:`TokenOwner.abandon_at`), fenced by the lease
+     alone (not by the claim that started it), and activates the next bundle and version
+     by a compare-and-swap on (binding, generation, from version, its lease token);
+   * a successor that finds the lease expired *with* the marker never presents the old
+     refresh token: it marks the grant ``needs_reauthorization`` with the reason
+     ``refresh_in_doubt`` (visible on the console, ``binding show`` and the
+     ``integrationd_grants_needing_reauthorization{reason}`` gauge) and fails closed with
+     ``refresh_in_doubt``, which effects treat as "retry later", never as a failure;
+   * the owner's late answer heals the grant (valid at the new version, reason cleared),
+     no operator needed, unless a newer version was installed meanwhile;
+   * an expired lease *without* the marker means the token never left: the successor
+     refreshes normally.
+
+4. ``invalid_grant``: the grant needs re-authorization (one attempt, never a loop). An
+   answer that does not say what happened to the refresh token (none in time, a broken
+   connection after it was sent, a malformed or 5xx answer) marks the grant in doubt at
+   once. A connection never made, or a request the endpoint refused before using the
+   token (an OAuth error other than ``invalid_grant``), ends the lease unspent. A
+   response without a new refresh token keeps the old one. A mint (S2S) spends nothing:
+   an unfinished mint just ends, and the next owner mints again.
+
+The trade, stated: with strict refresh-token rotation, a process that dies (SIGKILL, OOM,
+power) after its call left and before it activated the answer takes the only copy of the
+rotated refresh token with it; no design can recover a token only the dead process saw.
+The grant then stays in doubt until the binding is re-authorized. The alternative,
+presenting the old token again, is a double refresh: ``invalid_grant`` at best, and under
+refresh-token reuse detection (OAuth 2.1, RFC 9700) the provider revokes the whole grant.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import httpx
@@ -33,7 +60,13 @@ import jwt
 import trio
 
 from config.settings import Secret
-from daemon.core.grant_reasons import GrantReason, grant_reason, refused_refresh
+from daemon.core.grant_reasons import (
+    IN_DOUBT,
+    GrantReason,
+    grant_reason,
+    refused_refresh,
+    unusable_code,
+)
 from daemon.core.token_bundle import (
     BundleContext,
     SecretText,
@@ -102,12 +135,28 @@ class TokenOwner:
     clock: Clock
     # Refresh when the token expires within this margin.
     margin_us: int = 60_000_000
-    # The refresh lease; the provider call's deadline ends ``call_margin`` before it.
+    # The refresh lease: until its end nobody else refreshes, and the owner must have
+    # written its dispatch marker by then, or not call at all.
     lease_us: int = 30_000_000
+    # Time allowed for each write around the call (the marker, then the outcome).
     call_margin_us: int = 5_000_000
+    # How long the owner reads the answer of a call that left, past its lease if need
+    # be (the refresh token may be spent: only this answer can heal the grant;
+    # ``replica.refresh_answer_wait``). A drain's or forced stop's hard deadline cuts it.
+    answer_wait_us: int = 90_000_000
     # How long a loser waits for the winner's new version before giving up (closed).
     wait_us: int = 35_000_000
     poll_s: float = 0.05
+    # A forced stop's deadline (trio time) and the shielded exchanges it bounds.
+    _abandon_at: float = attrs.field(default=math.inf, init=False)
+    _exchanges: set[trio.CancelScope] = attrs.field(factory=set, init=False)
+
+    def abandon_at(self, deadline: float) -> None:
+        """A shutting-down process's hard deadline: no refresh exchange outlives it (an
+        abandoned exchange leaves its dispatch marker, so its grant ends in doubt)."""
+        self._abandon_at = min(self._abandon_at, deadline)
+        for scope in self._exchanges:
+            scope.deadline = min(scope.deadline, deadline)
 
     async def access_token(self, fence: Fence, binding_id: str, generation: int,
                            endpoint: RefreshEndpoint | MintEndpoint, *,
@@ -121,8 +170,9 @@ class TokenOwner:
                 raise TokenUnavailable("no_grant", f"binding {binding_id} generation"
                                        f" {generation} has no grant")
             if grant.state.value != "valid":
-                raise TokenUnavailable(grant.state.value, f"binding {binding_id} generation"
-                                       f" {generation}: {grant.state.value}")
+                code = unusable_code(grant.state.value,
+                                     grant.reason.code if grant.reason else None)
+                raise TokenUnavailable(code, _unusable_text(binding_id, generation, code))
             context = BundleContext(binding_id, generation, grant.token_version)
             # A bundle that fails authentication (or whose key this replica lacks) is
             # refused here and never used (BundleRefused: counted and alerted). It marks
@@ -136,9 +186,16 @@ class TokenOwner:
             rejected = rejected_version is not None and grant.token_version <= rejected_version
             if not rejected and bundle.expires_at_us - self.margin_us > now:
                 return AccessToken(bundle.access_token, grant.token_version)
-            outcome = await self._take_lease(fence, binding_id, generation, grant.token_version)
+            outcome = await self._take_lease(fence, binding_id, generation, grant.token_version,
+                                             spends_credential=isinstance(endpoint,
+                                                                          RefreshEndpoint))
             if isinstance(outcome, GrantUnusable):
-                raise TokenUnavailable(outcome.reason, f"binding {binding_id}: {outcome.reason}")
+                if outcome.reason == IN_DOUBT:
+                    logs.warn("token_refresh_in_doubt", binding_id=binding_id,
+                              generation=generation, from_version=grant.token_version,
+                              found="an expired lease whose call left")
+                raise TokenUnavailable(outcome.reason,
+                                       _unusable_text(binding_id, generation, outcome.reason))
             if isinstance(outcome, AlreadyRefreshed):
                 continue
             if isinstance(outcome, LeaseBusy):
@@ -150,8 +207,8 @@ class TokenOwner:
             return await self._refresh(binding_id, generation, endpoint, bundle, outcome)
 
     async def _take_lease(self, fence: Fence, binding_id: str, generation: int,
-                          seen_version: int) -> LeaseWon | AlreadyRefreshed | LeaseBusy | \
-            GrantUnusable:
+                          seen_version: int, *, spends_credential: bool = True
+                          ) -> LeaseWon | AlreadyRefreshed | LeaseBusy | GrantUnusable:
         token = new_lease_token()
         now = self.clock.now_us()
 
@@ -159,7 +216,7 @@ class TokenOwner:
             return await refresh_lease_acquire(
                 tx, binding_id=binding_id, generation=generation, seen_version=seen_version,
                 lease_token=token, work_id=fence.work_id, epoch=fence.ownership_epoch,
-                ttl_us=self.lease_us, now_us=now)
+                ttl_us=self.lease_us, now_us=now, spends_credential=spends_credential)
 
         try:
             return await self.store.work_fenced(fence, now, body, name="refresh.lease")
@@ -177,64 +234,85 @@ class TokenOwner:
         the claim that started it: once the call may have reached the provider (which
         rotates the refresh token as it answers), a claim that loses its trust must not
         cut the exchange off before activation, or the new token is lost with the old one
-        spent. Only the lease's end bounds it (the call's own deadline ends
-        ``call_margin`` earlier, which leaves activation its time)."""
+        spent. Its own bound is the answer wait (after the call left) plus the time to
+        write the outcome, and a forced stop's deadline."""
+        bound_s = (self.answer_wait_us + 2 * self.call_margin_us) / 1e6
         with trio.CancelScope(shield=True) as fenced:
-            left_s = (lease.until_us - self.clock.now_us()) / 1e6
-            fenced.deadline = trio.current_time() + max(0.0, left_s)
-            return await self._exchange(binding_id, generation, endpoint, bundle, lease)
-        raise TokenUnavailable("refresh_lease_lost", "the refresh lease ended before"
-                               " activation; another owner takes over")
+            fenced.deadline = min(trio.current_time() + bound_s, self._abandon_at)
+            self._exchanges.add(fenced)
+            try:
+                return await self._exchange(binding_id, generation, endpoint, bundle, lease)
+            finally:
+                self._exchanges.discard(fenced)
+        # Abandoned (a forced stop) or past every bound: whatever was written stands (a
+        # dispatched call's lease is never taken over: its grant ends in doubt).
+        raise TokenUnavailable("refresh_abandoned", "the refresh was abandoned before its"
+                               " outcome was recorded")
 
     async def _exchange(self, binding_id: str, generation: int,
                         endpoint: RefreshEndpoint | MintEndpoint,
                         bundle: TokenBundle, lease: LeaseWon) -> AccessToken:
+        refreshing = isinstance(endpoint, RefreshEndpoint)
         log: dict[str, Any] = {"binding_id": binding_id, "generation": generation,
                "from_version": lease.from_version,
-               "kind": "mint" if isinstance(endpoint, MintEndpoint) else "refresh"}
+               "kind": "refresh" if refreshing else "mint"}
         if isinstance(endpoint, RefreshEndpoint) and bundle.refresh_token is None:
             await self._fail(binding_id, generation, lease,
                              reauthorize=grant_reason("no_refresh_token"))
             raise TokenUnavailable("needs_reauthorization", "the grant has no refresh token")
-        deadline_s = (lease.until_us - self.call_margin_us - self.clock.now_us()) / 1e6
+        # The request is built (and a mint's JWT signed) before the marker: nothing but
+        # the send itself lies between the marker and the call.
+        wait_s = self.answer_wait_us / 1e6
+        request = self._request(endpoint, bundle, wait_s)
+        if not await self.store.refresh_dispatch(
+                binding_id=binding_id, generation=generation,
+                lease_token=lease.lease_token, now_us=self.clock.now_us()):
+            # Our lease ended (and may have been taken over): nothing was sent.
+            # A lease we still hold is ended unspent, so the next owner need not wait.
+            await self._fail(binding_id, generation, lease, reauthorize=None)
+            logs.warn("token_refresh_failed", reason="lease_ended_before_call", **log)
+            raise TokenUnavailable("refresh_lease_lost", "the refresh lease ended before the"
+                                   " call; nothing was sent")
         answer: httpx.Response | None = None
-        with trio.move_on_after(max(0.0, deadline_s)):
+        with trio.move_on_after(wait_s):
             try:
-                if isinstance(endpoint, MintEndpoint):
-                    answer = await self.http.post(endpoint.url, headers={
-                        "Authorization": f"Bearer {self._app_jwt(endpoint)}"})
-                else:
-                    assert bundle.refresh_token is not None
-                    answer = await self.http.post(endpoint.url, data={
-                        "grant_type": "refresh_token",
-                        "refresh_token": bundle.refresh_token.reveal(),
-                        "client_id": endpoint.client_id,
-                        "client_secret": endpoint.client_secret.reveal()})
-            except httpx.HTTPError as exc:
+                answer = await self.http.send(request)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                # No connection was made: the refresh token never left.
+                await self._fail(binding_id, generation, lease, reauthorize=None)
                 logs.warn("token_refresh_failed", reason="transport", detail=type(exc).__name__,
-                          **log)
+                          sent=False, **log)
                 raise TokenUnavailable("refresh_transport", "the token endpoint could not be"
-                                       " reached; the lease is left to expire") from None
+                                       " reached; nothing was sent") from None
+            except httpx.HTTPError as exc:
+                await self._unanswered(binding_id, generation, lease, refreshing,
+                                       "refresh_transport", type(exc).__name__, log)
         if answer is None:
-            logs.warn("token_refresh_failed", reason="timeout", **log)
-            raise TokenUnavailable("refresh_timeout", "the token endpoint did not answer in"
-                                   " time; the refresh token may be spent")
-        if answer.status_code in (400, 401) and _error(answer) in _DEFINITIVE_ERRORS:
-            why = refused_refresh(_error(answer), lease.possibly_spent)
+            await self._unanswered(binding_id, generation, lease, refreshing,
+                                   "refresh_timeout", "no answer in time", log)
+        assert answer is not None
+        error = _error(answer) if answer.status_code in (400, 401) else ""
+        if error in _DEFINITIVE_ERRORS:
+            why = refused_refresh(error, False)
             await self._fail(binding_id, generation, lease, reauthorize=why)
+            logs.warn("token_refresh_failed", reason=error, **log)
             # The message follows the reason code in str(exc): say why, once.
-            reason = ("the token endpoint refused the refresh token, possibly spent by an"
-                      " unfinished refresh" if lease.possibly_spent
-                      else f"the token endpoint refused the grant ({_error(answer)})")
-            logs.warn("token_refresh_failed", reason="invalid_grant",
-                      possibly_spent=lease.possibly_spent, **log)
-            raise TokenUnavailable("needs_reauthorization", reason)
+            raise TokenUnavailable("needs_reauthorization", "the token endpoint refused the"
+                                   f" grant ({error})")
+        if error:
+            # An OAuth refusal of the request itself (its client, its form): the endpoint
+            # answered before using the refresh token, which is unspent.
+            await self._fail(binding_id, generation, lease, reauthorize=None)
+            logs.warn("token_refresh_failed", reason="refused", status=answer.status_code,
+                      **log)
+            raise TokenUnavailable("refresh_refused", "the token endpoint refused the"
+                                   f" request ({_safe_code(error)}); the refresh token is"
+                                   " unspent")
         parsed = _parse(answer, self.clock.now_us())
         if parsed is None:
-            logs.warn("token_refresh_failed", reason="malformed", status=answer.status_code,
-                      **log)
-            raise TokenUnavailable("refresh_malformed", "the token endpoint's answer was not"
-                                   " a token; the lease is left to expire")
+            await self._unanswered(binding_id, generation, lease, refreshing,
+                                   "refresh_malformed", f"status {answer.status_code}", log)
+        assert parsed is not None
         access, refresh, expires = parsed
         new_bundle = attrs.evolve(bundle, access_token=access,
                                   refresh_token=refresh or bundle.refresh_token,
@@ -242,14 +320,52 @@ class TokenOwner:
         version = lease.from_version + 1
         sealed = seal(new_bundle, self.keys[self.active_key],
                       BundleContext(binding_id, generation, version))
+        now = self.clock.now_us()
         if not await self.store.refresh_activate(
                 binding_id=binding_id, generation=generation, lease_token=lease.lease_token,
                 from_version=lease.from_version, sealed=sealed, expires_at_us=expires,
-                now_us=self.clock.now_us()):
+                now_us=now):
+            logs.warn("token_refresh_failed", reason="not_activated", **log)
             raise TokenUnavailable("refresh_lease_lost", "the refresh lease ended before"
                                    " activation; another owner takes over")
-        logs.event("token_refreshed", token_version=version, **log)
+        logs.event("token_refreshed", token_version=version,
+                   late=now > lease.until_us, **log)
         return AccessToken(access, version)
+
+    def _request(self, endpoint: RefreshEndpoint | MintEndpoint, bundle: TokenBundle,
+                 wait_s: float) -> httpx.Request:
+        """The exchange's request, read for up to ``wait_s`` (the owner's answer wait,
+        whatever the shared client's own timeout)."""
+        timeout = httpx.Timeout(wait_s)
+        if isinstance(endpoint, MintEndpoint):
+            return self.http.build_request("POST", endpoint.url, timeout=timeout, headers={
+                "Authorization": f"Bearer {self._app_jwt(endpoint)}"})
+        assert bundle.refresh_token is not None
+        return self.http.build_request("POST", endpoint.url, timeout=timeout, data={
+            "grant_type": "refresh_token",
+            "refresh_token": bundle.refresh_token.reveal(),
+            "client_id": endpoint.client_id,
+            "client_secret": endpoint.client_secret.reveal()})
+
+    async def _unanswered(self, binding_id: str, generation: int, lease: LeaseWon,
+                          refreshing: bool, reason: str, detail: str,
+                          log: dict[str, Any]) -> NoReturn:
+        """The call left and its answer says nothing usable. A refresh is in doubt (the
+        provider may have rotated the token): the grant says so now, the lease stays
+        pinned, nobody presents the token again. A mint spends nothing: the lease ends."""
+        if not refreshing:
+            await self._fail(binding_id, generation, lease, reauthorize=None)
+            logs.warn("token_refresh_failed", reason=reason, detail=detail, **log)
+            raise TokenUnavailable(reason, "the mint endpoint gave no usable answer"
+                                   f" ({detail}); the next owner mints again")
+        await self.store.refresh_in_doubt(binding_id=binding_id, generation=generation,
+                                          lease_token=lease.lease_token,
+                                          from_version=lease.from_version,
+                                          now_us=self.clock.now_us())
+        logs.warn("token_refresh_in_doubt", reason=reason, detail=detail, **log)
+        raise TokenUnavailable(IN_DOUBT, f"the refresh call left and got no usable answer"
+                               f" ({detail}): the refresh token is possibly spent, and"
+                               " nobody presents it again; re-authorize the binding")
 
     def _app_jwt(self, endpoint: MintEndpoint) -> str:
         """A short-lived RS256 app JWT: ``iss`` the app's S2S id (never logged)."""
@@ -259,7 +375,7 @@ class TokenOwner:
                           endpoint.private_key_pem.reveal(), algorithm="RS256")
 
     async def _fail(self, binding_id: str, generation: int, lease: LeaseWon, *,
-                    reauthorize: GrantReason) -> None:
+                    reauthorize: GrantReason | None) -> None:
         await self.store.refresh_fail(binding_id=binding_id, generation=generation,
                                       lease_token=lease.lease_token,
                                       from_version=lease.from_version,
@@ -268,6 +384,21 @@ class TokenOwner:
 
 # The token endpoint refuses the credential itself: one attempt, then re-authorization.
 _DEFINITIVE_ERRORS = frozenset({"invalid_grant", "invalid_jwt"})
+
+
+def _unusable_text(binding_id: str, generation: int, code: str) -> str:
+    if code == IN_DOUBT:
+        return (f"binding {binding_id} generation {generation}: a refresh call left and was"
+                " never activated; the refresh token is possibly spent by an unfinished"
+                " refresh, so nobody presents it again (waiting for that refresh's answer,"
+                " or re-authorization)")
+    return f"binding {binding_id} generation {generation}: {code}"
+
+
+def _safe_code(error: str) -> str:
+    """A provider's error code, only if it looks like one (never free text)."""
+    return error if error.isascii() and error.replace("_", "").isalnum() \
+        and len(error) <= 40 else "unrecognised"
 
 
 def _error(answer: httpx.Response) -> str:

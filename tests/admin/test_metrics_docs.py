@@ -147,8 +147,8 @@ def test_documented_metrics_match_what_is_served() -> None:
 def test_grant_reasons_are_a_fixed_label_set_always_present() -> None:
     metrics = Metrics()
     text = metrics.render().decode()
-    for reason in ("invalid_grant", "refresh_token_possibly_spent", "no_refresh_token",
-                   "invalid_jwt", "unrecorded"):
+    for reason in ("invalid_grant", "refresh_token_possibly_spent", "refresh_in_doubt",
+                   "no_refresh_token", "invalid_jwt", "unrecorded"):
         assert (f'integrationd_grants_needing_reauthorization{{reason="{reason}"}} 0.0'
                 in text), reason
     metrics.set_grant_reasons({"invalid_grant": 2, "some_future_code": 1})

@@ -211,6 +211,20 @@ def test_retention_defaults_keep_facts_longer_than_work() -> None:
     assert retention.commands_days >= retention.facts_days
 
 
+@pytest.mark.parametrize(("value", "message"), [
+    (0.0, "must be positive"), (-1.0, "must be positive"),
+    (float("inf"), "expected a number, got inf"), ("90", "expected a number"),
+])
+def test_a_refresh_answer_wait_that_cannot_work_is_refused_by_name(value: object,
+                                                                   message: str) -> None:
+    assert _parse({}).replica.refresh_answer_wait == 90.0
+    assert _parse({"replica": {"refresh_answer_wait": 120}}).replica.refresh_answer_wait == 120
+    with pytest.raises(ConfigError) as info:
+        _parse({"replica": {"refresh_answer_wait": value}})
+    assert info.value.key == "replica.refresh_answer_wait"
+    assert message in str(info.value)
+
+
 def test_the_replicas_clock_spread_defaults_to_agreeing_clocks_and_is_never_negative() -> None:
     assert _parse({}).work.clock_spread_us == 0
     assert _parse({"work": {"clock_spread": 0.05}}).work.clock_spread_us == 50_000

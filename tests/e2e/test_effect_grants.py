@@ -168,14 +168,17 @@ async def test_a_bundle_that_fails_authentication_is_refused_alerted_and_never_u
         assert grant is not None and (grant.state, grant.reason) == (GrantState.VALID, None)
 
 
-async def test_a_refresh_that_keeps_failing_defers_the_work_and_burns_no_attempt(
+async def test_a_refresh_in_doubt_defers_the_work_until_the_grant_heals_and_burns_no_attempt(
         database: FreshDatabase, store: WorkStore, tmp_path: Path,
         oauth: tuple[OAuthSimulator, str]) -> None:
-    """A malformed token answer (or a refresh still running elsewhere, or a timeout) is
-    not the effect's failure: nothing was sent, so the claim is given back unstarted
-    (``Deferred``, journaled with the reason), never charged an attempt. Before, each
-    one was a RetryLater: with ``max_attempts = 2`` two bad answers dead-lettered a
-    command that had never been sent."""
+    """A malformed token answer says nothing of the refresh token the call presented (the
+    provider may have rotated it): the grant is in doubt (``refresh_in_doubt``) and
+    nobody presents that token again. That is not the effect's failure: nothing was
+    sent, so the claim is given back unstarted (``Deferred``, journaled with the reason),
+    never charged an attempt, again and again, until the grant heals; then the effect
+    completes. (Before deferrals, each was a RetryLater: with ``max_attempts = 2`` two
+    bad answers dead-lettered a command that had never been sent. Before the in-doubt
+    state, the next claim presented the possibly spent token again.)"""
     sim, url = oauth
     sim.seed(REFRESH)
     now = WallClock().now_us()
@@ -187,32 +190,45 @@ async def test_a_refresh_that_keeps_failing_defers_the_work_and_burns_no_attempt
     sim.malformed = True
     async with running_slice(store, database.url, grant=_setup(tmp_path, sim, url),
                              max_attempts=2) as sl:
-        assert sl.credentials is not None and sl.credentials.owner is not None
-        # A malformed answer leaves the lease to expire: keep it short for the test.
-        sl.credentials.owner.lease_us = 1_000_000
-        sl.credentials.owner.call_margin_us = 300_000
         await sl.lead("lead-1", "101")
         intent_id = await sl.set_title("lead-1", "CTO")
 
-        async def three_bad_answers_or_dead() -> bool:
+        async def deferred_three_times_or_dead() -> bool:
             items = await store.work_list(WorkQuery(family="external_effect"))
-            return len(sim.journal) >= 3 or any(i.state.value == "dead" for i in items)
+            if not items:
+                return False
+            (item,) = items
+            executions = await store.work_executions(item.work_id)
+            return item.state.value == "dead" or sum(
+                e.outcome == "deferred" for e in executions) >= 3
 
-        await wait_for(three_bad_answers_or_dead, within_s=60)
+        await wait_for(deferred_three_times_or_dead, within_s=60)
         (item,) = await store.work_list(WorkQuery(family="external_effect"))
         assert item.state.value != "dead", (item.failure_class, item.operator_summary)
+        executions = await store.work_executions(item.work_id)
+        assert {e.reason for e in executions if e.outcome == "deferred"} == {
+            "refresh_in_doubt"}
+        assert [e["answer"] for e in sim.journal] == ["malformed"]  # never presented again
+        grant = await store.grant_get("hubspot-main", 1)
+        assert grant is not None and grant.reason is not None
+        assert (grant.state, grant.reason.code) == (GrantState.NEEDS_REAUTHORIZATION,
+                                                    "refresh_in_doubt")
+        # The binding is re-authorized: a new token version of the generation, as the
+        # connect flows install it. The waiting effect completes with it.
         sim.malformed = False
+        fresh = TokenBundle(access_token=SecretText("access-SECRET-fresh"),
+                            refresh_token=SecretText("refresh-SECRET-fresh"),
+                            expires_at_us=WallClock().now_us() + 3_600_000_000)
+        sim.access_tokens.add("access-SECRET-fresh")
+        assert await store.grant_replace(
+            binding_id="hubspot-main", generation=1, expected_version=1,
+            sealed=seal(fresh, KEY, BundleContext("hubspot-main", 1, 2)),
+            expires_at_us=fresh.expires_at_us, now_us=WallClock().now_us(), refreshed=False)
         assert await _settled(sl, store, intent_id) == ("succeeded", "succeeded", "")
         (item,) = await store.work_list(WorkQuery(family="external_effect"))
-        executions = await store.work_executions(item.work_id)
-        deferred = [e for e in executions if e.outcome == "deferred"]
-        assert len(deferred) >= 3
-        assert {e.reason for e in deferred} <= {"refresh_malformed", "refresh_wait_timeout"}
-        assert "refresh_malformed" in {e.reason for e in deferred}
         assert item.attempt == 1  # only the claim that sent
         assert [r.status for r in sl.patches("101")] == [200]
-        answers = [e["answer"] for e in sim.journal]
-        assert answers[-1] == "ok" and set(answers[:-1]) == {"malformed"}
+        assert [e["answer"] for e in sim.journal] == ["malformed"]
 
 
 async def test_a_revoked_grant_fails_the_work_closed_and_nothing_is_called(

@@ -101,6 +101,35 @@ async def test_a_reason_is_written_with_the_state_and_cleared_by_a_new_version(
         GrantState.VALID, None, 2)
 
 
+async def test_a_rewrap_keeps_the_state_and_reason_a_new_grant_clears(
+        store: WorkStore) -> None:
+    """Re-encrypting the same credential cures nothing: a grant in doubt (its refresh
+    token possibly spent) stays in doubt through a key rotation."""
+    await store.grant_install(binding_id="b1", generation=2,
+                              sealed=seal(BUNDLE, KEY, BundleContext("b1", 2, 1)),
+                              expires_at_us=0, now_us=T0)
+    why = grant_reason("refresh_in_doubt")
+    assert await store.grant_mark("b1", 2, 1, GrantState.NEEDS_REAUTHORIZATION, T0, why)
+    assert await store.grant_replace(binding_id="b1", generation=2, expected_version=1,
+                                     sealed=seal(BUNDLE, KEY, BundleContext("b1", 2, 2)),
+                                     expires_at_us=0, now_us=T0 + 1, refreshed=False,
+                                     keep_state=True)
+    got = await store.grant_get("b1", 2)
+    assert got is not None and (got.state, got.reason, got.token_version) == (
+        GrantState.NEEDS_REAUTHORIZATION, why, 2)
+    # At a version nobody saw: nothing written.
+    assert not await store.grant_replace(binding_id="b1", generation=2, expected_version=1,
+                                         sealed=seal(BUNDLE, KEY, BundleContext("b1", 2, 2)),
+                                         expires_at_us=0, now_us=T0 + 2, refreshed=False,
+                                         keep_state=True)
+    assert await store.grant_replace(binding_id="b1", generation=2, expected_version=2,
+                                     sealed=seal(BUNDLE, KEY, BundleContext("b1", 2, 3)),
+                                     expires_at_us=0, now_us=T0 + 3, refreshed=False)
+    got = await store.grant_get("b1", 2)
+    assert got is not None and (got.state, got.reason, got.token_version) == (
+        GrantState.VALID, None, 3)
+
+
 async def test_a_refused_refresh_writes_its_reason_only_under_the_live_lease(
         store: WorkStore) -> None:
     await store.grant_install(binding_id="b1", generation=1,
