@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ import trio
 from daemon.core.identity import integration_scope_digest
 from daemon.core.inbound_change import INBOUND_APPLY_FAMILY
 from daemon.services.ingress_spool import decode_records
-from sandbox.outreach_sim import OutreachSimulator
+from sandbox.outreach_sim import DeliveryRecord, OutreachSimulator
 from storage.open import open_store
 from storage.port import SqlTx
 from storage.work_store import WorkStore
@@ -183,16 +184,57 @@ async def unsettled(store: WorkStore) -> int:
     return int(counts.by_state.get("received", 0))
 
 
-async def invariants(store: WorkStore, hooks: Webhooks) -> dict[str, Any]:
-    """The sender's journal against the database (see the module's docstring)."""
+@attrs.frozen
+class ReceiptRow:
+    receipt_id: str
+    dedup_key: str
+    body_sha256: str
+    state: str
+
+
+def judge(deliveries: Sequence[DeliveryRecord], receipts: Sequence[ReceiptRow],
+          events: Sequence[tuple[str, str]], items: Mapping[str, str],
+          spooled_left: int) -> dict[str, Any]:
+    """The sender's journal against the database's rows (pure: see the module's docstring).
+    ``events``: (receipt id, work id) per NormalizedEvent; ``items``: the ``inbound_apply``
+    WorkItems' states by work id."""
     outcomes: dict[str, list[tuple[str, int | None]]] = collections.defaultdict(list)
-    for d in hooks.osim.deliveries:
+    for d in deliveries:
         outcomes[d.body_sha256].append((d.outcome, d.status))
     answered_200 = {sha for sha, o in outcomes.items() if ("delivered", 200) in o}
     non_200 = {sha for sha, o in outcomes.items()
                if any(k == "delivered" and s != 200 for k, s in o)}
     undelivered = {sha for sha, o in outcomes.items()
                    if all(k == "network_error" for k, _ in o)}
+    by_sha = collections.Counter(r.body_sha256 for r in receipts)
+    by_key = collections.Counter(r.dedup_key for r in receipts)
+    events_of = collections.Counter(receipt_id for receipt_id, _ in events)
+    events_not_once = sum(1 for r in receipts
+                          if r.state != "materialized" or events_of[r.receipt_id] != 1)
+    events_not_once += sum(1 for _, work_id in events if work_id not in items)
+    return {
+        "webhooks_sent": len(outcomes),
+        "webhook_attempts": len(deliveries),
+        "webhooks_answered_200": len(answered_200),
+        "webhooks_answered_non200": len(non_200),
+        "webhook_statuses": dict(collections.Counter(
+            str(d.status if d.outcome == "delivered" else d.outcome) for d in deliveries)),
+        "webhooks_undelivered": len(undelivered),
+        "webhook_receipts": len(receipts),
+        "webhooks_lost": sum(1 for sha in answered_200 if by_sha[sha] == 0),
+        "webhook_receipts_not_once": (
+            sum(1 for sha in answered_200 if by_sha[sha] > 1)
+            + sum(n for sha, n in by_sha.items() if sha not in outcomes)
+            + sum(n - 1 for n in by_key.values() if n > 1)),
+        "webhook_events_not_once": events_not_once,
+        "webhooks_spooled_left": spooled_left,
+        "inbound_items": len(items),
+        "inbound_not_succeeded": sum(1 for state in items.values() if state != "succeeded"),
+    }
+
+
+async def invariants(store: WorkStore, hooks: Webhooks) -> dict[str, Any]:
+    """:func:`judge` on the sender's journal and the database's rows."""
 
     async def rows(tx: SqlTx) -> tuple[list[Any], list[Any], list[Any]]:
         receipts = await tx.fetchall(
@@ -205,30 +247,7 @@ async def invariants(store: WorkStore, hooks: Webhooks) -> dict[str, Any]:
 
     receipts, events, items = await store.db.transact(rows, name="torture.webhooks",
                                                       write=False)
-    by_sha: collections.Counter[str] = collections.Counter(str(r[2]) for r in receipts)
-    by_key: collections.Counter[str] = collections.Counter(str(r[1]) for r in receipts)
-    events_of: collections.Counter[str] = collections.Counter(str(e[0]) for e in events)
-    item_state = {str(i[0]): str(i[1]) for i in items}
-    not_once_events = sum(1 for r in receipts
-                          if r[3] != "materialized" or events_of[str(r[0])] != 1)
-    not_once_events += sum(1 for e in events if str(e[1]) not in item_state)
-    return {
-        "webhooks_sent": len(outcomes),
-        "webhook_attempts": len(hooks.osim.deliveries),
-        "webhooks_answered_200": len(answered_200),
-        "webhooks_answered_non200": len(non_200),
-        "webhook_statuses": dict(collections.Counter(
-            str(d.status if d.outcome == "delivered" else d.outcome)
-            for d in hooks.osim.deliveries)),
-        "webhooks_undelivered": len(undelivered),
-        "webhook_receipts": len(receipts),
-        "webhooks_lost": sum(1 for sha in answered_200 if by_sha[sha] == 0),
-        "webhook_receipts_not_once": (
-            sum(1 for sha in answered_200 if by_sha[sha] > 1)
-            + sum(n for sha, n in by_sha.items() if sha not in outcomes)
-            + sum(n - 1 for n in by_key.values() if n > 1)),
-        "webhook_events_not_once": not_once_events,
-        "webhooks_spooled_left": hooks.spooled_left(),
-        "inbound_items": len(items),
-        "inbound_not_succeeded": sum(1 for s in item_state.values() if s != "succeeded"),
-    }
+    return judge(hooks.osim.deliveries,
+                 [ReceiptRow(*(str(v) for v in r)) for r in receipts],
+                 [(str(e[0]), str(e[1])) for e in events],
+                 {str(i[0]): str(i[1]) for i in items}, hooks.spooled_left())
