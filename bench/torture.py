@@ -1,8 +1,9 @@
 """Torture run (issue 12): replicas killed, frozen and restarted, a database node killed, a
-misbehaving provider, while commands, effects and noop work flow all the while.
+misbehaving provider, while commands, effects, webhooks and noop work flow all the while.
 
     python -m bench.torture --duration 600            # make torture DURATION=600
     python -m bench.torture --duration 60 --backends sqlite,mysql,galera
+    python -m bench.torture --duration 60 --webhook-rate 8    # webhooks per second
 
 For each backend in turn (MariaDB; a 3-node Galera cluster started for the run, replica *i*
 on node *i mod 3*; one SQLite file shared by every replica), for ``duration / backends``
@@ -17,6 +18,11 @@ seconds of chaos:
   once, SIGKILL a database node and restart it (it rejoins by state transfer);
 * the simulator is armed all the while with latency, 5xx, 429 and connection resets before
   and after applying a PATCH;
+* signed Outreach webhook deliveries (``--webhook-rate`` per second, default
+  ``DEFAULT_RATE`` = 4) go to each replica's own ingress listener in turn, from the Outreach
+  simulator's sender (only network failures are redelivered: 3 times, 1 s apart); the
+  receipts become ``inbound_apply`` work that changes the first Runtime's Leads through its
+  inbound mutations;
 * each replica's wall clock is skewed (``bench/skewed_replica.py``): the replicas are
   spread evenly over ``--skew`` (default 0.9) of ``work.lease_margin``, centred on the
   simulators' clock;
@@ -25,7 +31,8 @@ seconds of chaos:
   with grants whose access tokens the OAuth simulator (rotating refresh tokens) issues for
   ``TOKEN_LIFETIME_S``, so every binding's grant is refreshed every ~10 s through the kills;
 * then the chaos stops, every replica runs, and the run waits until every intent is settled
-  and no work is open, at most ``--settle`` seconds (``drained`` says which).
+  and no work is open (with webhooks: the sender idle, the spools forwarded, every receipt
+  materialized), at most ``--settle`` seconds (``drained`` says which).
 
 Invariants are read from the database, the simulator's own journal and each Runtime's own
 store, never from integrationd's word:
@@ -41,10 +48,17 @@ store, never from integrationd's word:
 * ``double_refreshes``: from the OAuth simulator's journal, token calls beyond the first per
   refresh token (a rotating refresh token's second use is ``invalid_grant``);
   ``grants_not_valid``: grants left needing re-authorization;
-* webhooks are not part of the run yet (see ``checks``).
+* webhooks (``bench/torture_webhooks.py``), from the Outreach simulator's delivery journal
+  and the database: ``webhooks_lost`` (answered 200, no receipt: the spools are forwarded
+  first), ``webhook_receipts_not_once`` (answered 200 with more than one receipt, or a
+  receipt of a body never sent), ``webhook_events_not_once`` (a receipt not materialized
+  into exactly one NormalizedEvent and its ``inbound_apply`` item),
+  ``webhooks_spooled_left``, ``inbound_not_succeeded``; deliveries whose every try met a
+  network failure are the provider's loss (``webhooks_undelivered``), not ours.
 
 ``--keep DIR`` keeps each backend's configs, per-incarnation replica logs, the simulators'
-journals and (MariaDB) the database for the post-mortem.
+journals (``outreach_deliveries.jsonl``: every delivery try and its outcome) and (MariaDB)
+the database for the post-mortem.
 
 One JSON line on stdout (per-backend lines on stderr as each finishes); exit status 1 when an
 invariant is broken.
@@ -776,7 +790,7 @@ BROKEN = ("duplicates", "lost", "receipts_not_once", "quota_violations", "double
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--duration", type=float, default=90.0,
                         help="seconds of chaos in all, shared by the backends")
     parser.add_argument("--backends", default="mysql,galera,sqlite")
