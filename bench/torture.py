@@ -844,7 +844,10 @@ def main() -> None:
                                                             "refresh_answers",
                                                             "grant_top_version",
                                                             "webhook_attempts",
-                                                            "webhook_statuses", "stuck")}
+                                                            "webhook_statuses",
+                                                            "webhook_receipts_via_spool",
+                                                            "webhook_duplicates_collapsed",
+                                                            "stuck")}
                            for b in per_backend}
     line["checks"] = dict(CHECKS)
     if args.no_quota:

@@ -190,6 +190,8 @@ class ReceiptRow:
     dedup_key: str
     body_sha256: str
     state: str
+    via: str = "direct"  # or "spool": made durable in a replica's spool first
+    duplicates: int = 0  # deliveries of its key after the first (redeliveries collapsed)
 
 
 def judge(deliveries: Sequence[DeliveryRecord], receipts: Sequence[ReceiptRow],
@@ -221,6 +223,8 @@ def judge(deliveries: Sequence[DeliveryRecord], receipts: Sequence[ReceiptRow],
             str(d.status if d.outcome == "delivered" else d.outcome) for d in deliveries)),
         "webhooks_undelivered": len(undelivered),
         "webhook_receipts": len(receipts),
+        "webhook_receipts_via_spool": sum(1 for r in receipts if r.via == "spool"),
+        "webhook_duplicates_collapsed": sum(r.duplicates for r in receipts),
         "webhooks_lost": sum(1 for sha in answered_200 if by_sha[sha] == 0),
         "webhook_receipts_not_once": (
             sum(1 for sha in answered_200 if by_sha[sha] > 1)
@@ -238,7 +242,8 @@ async def invariants(store: WorkStore, hooks: Webhooks) -> dict[str, Any]:
 
     async def rows(tx: SqlTx) -> tuple[list[Any], list[Any], list[Any]]:
         receipts = await tx.fetchall(
-            "SELECT receipt_id, dedup_key, body_sha256, state FROM ingress_receipts"
+            "SELECT receipt_id, dedup_key, body_sha256, state, via, duplicates"
+            " FROM ingress_receipts"
             " WHERE route = ?", (ROUTE,))
         events = await tx.fetchall("SELECT receipt_id, work_id FROM normalized_events")
         items = await tx.fetchall("SELECT work_id, state FROM work_items WHERE family = ?",
@@ -248,6 +253,7 @@ async def invariants(store: WorkStore, hooks: Webhooks) -> dict[str, Any]:
     receipts, events, items = await store.db.transact(rows, name="torture.webhooks",
                                                       write=False)
     return judge(hooks.osim.deliveries,
-                 [ReceiptRow(*(str(v) for v in r)) for r in receipts],
+                 [ReceiptRow(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]),
+                             int(r[5])) for r in receipts],
                  [(str(e[0]), str(e[1])) for e in events],
                  {str(i[0]): str(i[1]) for i in items}, hooks.spooled_left())

@@ -79,6 +79,14 @@ def test_judge(name: str, journal: list[DeliveryRecord], receipts: list[ReceiptR
     assert {k: got[k] for k in want} == want
 
 
+def test_spooled_receipts_and_collapsed_redeliveries_are_counted() -> None:
+    stored = [ReceiptRow("R1", "k1", A, "materialized", via="spool", duplicates=2),
+              ReceiptRow("R2", "k2", B, "materialized")]
+    got = judge([*tries(A, 200), *tries(B, 200)], stored, *settled(*stored), spooled_left=0)
+    assert (got["webhook_receipts_via_spool"], got["webhook_duplicates_collapsed"]) == (1, 2)
+    assert {k: got[k] for k in BROKEN} == dict.fromkeys(BROKEN, 0)
+
+
 def test_records_left_in_a_spool_count_as_broken() -> None:
     assert judge(tries(A, 200), [ONE], *settled(ONE), spooled_left=2)[
         "webhooks_spooled_left"] == 2
