@@ -834,7 +834,7 @@ def main() -> None:
         log(json.dumps(got))
         per_backend.append(got)
     line: dict[str, Any] = {"torture": "issue 12", "seed": seed, "duration_s": args.duration,
-                            "backends": backends}
+                            "backends": backends, "webhook_rate": args.webhook_rate}
     line.update({k: sum(int(b[k]) for b in per_backend) for k in TOTALS})
     line["per_backend"] = {b["backend"]: {k: b[k] for k in (*TOTALS, "intents", "noop_items",
                                                             "noop_reexecuted", "settle_s",
