@@ -67,9 +67,9 @@ TOKEN = "torture-outreach-token"  # a test value the run makes up
 PROSPECTS = 50
 # Deliveries per second per backend. Each is a receipt write, a materialization and an
 # inbound_apply item with its Runtime mutation, beside about 30 title changes a second: at
-# 4 a second the 60 s run on this shared 2-core machine held every other invariant and every
-# backend drained (settle 22-33 s); at 8 too (settle 26-52 s). 4 keeps the 45 s test's
-# settle well inside its bound; --webhook-rate moves it.
+# 4 a second two 60 s runs on this shared 2-core machine held every other invariant and
+# every backend drained (settle 22-44 s); at 8 too (settle 26-52 s). 4 keeps the 45 s
+# test's settle well inside its bound; --webhook-rate moves it.
 DEFAULT_RATE = 4.0
 ATTRIBUTES = ("firstName", "lastName", "company")
 # Keys that must be 0 (bench.torture's BROKEN takes them).
