@@ -95,8 +95,9 @@ bench: $(BIN)/.installed
 	$(BIN)/python -m bench.ingress
 
 # Issue 12's torture run: replicas SIGKILLed, frozen past their lease and restarted, a
-# Galera node killed, a misbehaving provider; DURATION seconds of chaos shared by MariaDB,
-# Galera and one shared SQLite file. Prints one JSON line; exit 1 if an invariant broke.
+# Galera node killed, a misbehaving provider, effects and webhooks flowing; DURATION seconds
+# of chaos shared by MariaDB, Galera and one shared SQLite file. Prints one JSON line; exit 1
+# if an invariant broke.
 DURATION ?= 90
 torture: $(BIN)/.installed galera
 	$(BIN)/python -m bench.torture --duration $(DURATION)

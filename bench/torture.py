@@ -1,8 +1,9 @@
 """Torture run (issue 12): replicas killed, frozen and restarted, a database node killed, a
-misbehaving provider, while commands, effects and noop work flow all the while.
+misbehaving provider, while commands, effects, webhooks and noop work flow all the while.
 
     python -m bench.torture --duration 600            # make torture DURATION=600
     python -m bench.torture --duration 60 --backends sqlite,mysql,galera
+    python -m bench.torture --duration 60 --webhook-rate 8    # webhooks per second
 
 For each backend in turn (MariaDB; a 3-node Galera cluster started for the run, replica *i*
 on node *i mod 3*; one SQLite file shared by every replica), for ``duration / backends``
@@ -17,6 +18,11 @@ seconds of chaos:
   once, SIGKILL a database node and restart it (it rejoins by state transfer);
 * the simulator is armed all the while with latency, 5xx, 429 and connection resets before
   and after applying a PATCH;
+* signed Outreach webhook deliveries (``--webhook-rate`` per second, default
+  ``DEFAULT_RATE`` = 4) go to each replica's own ingress listener in turn, from the Outreach
+  simulator's sender (only network failures are redelivered: 3 times, 1 s apart); the
+  receipts become ``inbound_apply`` work that changes the first Runtime's Leads through its
+  inbound mutations;
 * each replica's wall clock is skewed (``bench/skewed_replica.py``): the replicas are
   spread evenly over ``--skew`` (default 0.9) of ``work.lease_margin``, centred on the
   simulators' clock;
@@ -25,7 +31,8 @@ seconds of chaos:
   with grants whose access tokens the OAuth simulator (rotating refresh tokens) issues for
   ``TOKEN_LIFETIME_S``, so every binding's grant is refreshed every ~10 s through the kills;
 * then the chaos stops, every replica runs, and the run waits until every intent is settled
-  and no work is open, at most ``--settle`` seconds (``drained`` says which).
+  and no work is open (with webhooks: the sender idle, the spools forwarded, every receipt
+  materialized), at most ``--settle`` seconds (``drained`` says which).
 
 Invariants are read from the database, the simulator's own journal and each Runtime's own
 store, never from integrationd's word:
@@ -41,10 +48,17 @@ store, never from integrationd's word:
 * ``double_refreshes``: from the OAuth simulator's journal, token calls beyond the first per
   refresh token (a rotating refresh token's second use is ``invalid_grant``);
   ``grants_not_valid``: grants left needing re-authorization;
-* webhooks are not part of the run yet (see ``checks``).
+* webhooks (``bench/torture_webhooks.py``), from the Outreach simulator's delivery journal
+  and the database: ``webhooks_lost`` (answered 200, no receipt: the spools are forwarded
+  first), ``webhook_receipts_not_once`` (answered 200 with more than one receipt, or a
+  receipt of a body never sent), ``webhook_events_not_once`` (a receipt not materialized
+  into exactly one NormalizedEvent and its ``inbound_apply`` item),
+  ``webhooks_spooled_left``, ``inbound_not_succeeded``; deliveries whose every try met a
+  network failure are the provider's loss (``webhooks_undelivered``), not ours.
 
 ``--keep DIR`` keeps each backend's configs, per-incarnation replica logs, the simulators'
-journals and (MariaDB) the database for the post-mortem.
+journals (``outreach_deliveries.jsonl``: every delivery try and its outcome) and (MariaDB)
+the database for the post-mortem.
 
 One JSON line on stdout (per-backend lines on stderr as each finishes); exit status 1 when an
 invariant is broken.
@@ -74,9 +88,11 @@ from typing import Any
 import attrs
 import trio
 
+from bench import torture_webhooks as webhooks
 from bench.effects import (
     publish_catalog,
     runtimes_for,
+    scope_of,
     secrets_env,
     seed_links,
     serve_runtimes,
@@ -141,8 +157,7 @@ CHECKS = {
                         " this run declares)",
     "double_refreshes": "OAuth simulator journal: token calls beyond the first per refresh"
                         " token (rotating: a second use is invalid_grant)",
-    "webhooks": "not exercised yet: no Outreach deliveries in the run (issue 12 item 2 is"
-                " open on this point)",
+    "webhooks": webhooks.CHECK,
 }
 FAULTS = (
     Fault(mode="latency", method="PATCH", latency_ms=1500, count=2),
@@ -239,6 +254,7 @@ class Run:
     journal_dir: Path | None = None
     lease_ttl_s: float = LEASE_TTL_S
     quota_on: bool = True
+    webhooks: webhooks.Webhooks | None = None
 
 
 def write_definitions(workdir: Path, quota_on: bool) -> Path:
@@ -258,10 +274,12 @@ def write_definitions(workdir: Path, quota_on: bool) -> Path:
 
 def replica_config(workdir: Path, url: str, i: int, replicas: int, api_ports: list[int],
                    runtime_ports: list[int], sim_port: int, oauth_port: int, ttl: float,
-                   clock_spread_s: float = 0.0) -> Path:
+                   clock_spread_s: float = 0.0, hooks: webhooks.Webhooks | None = None,
+                   outreach_port: int = 0) -> Path:
     """bench.effects' configuration, with short leases, the run's L1 copy (quota), the
-    replicas' clock spread, and each binding authenticating with a grant refreshed at
-    the OAuth simulator."""
+    replicas' clock spread, each binding authenticating with a grant refreshed at
+    the OAuth simulator, and (``hooks``) the Outreach binding in the first Runtime's org
+    with its webhook route, served on this replica's own ingress listener."""
     cfg = effects_config(workdir, url, i, replicas, api_ports, runtime_ports, sim_port,
                          definitions=workdir / "l1")
     text = cfg.read_text()
@@ -283,6 +301,11 @@ def replica_config(workdir: Path, url: str, i: int, replicas: int, api_ports: li
     text += f"\n[families.noop]\nlease_ttl = {ttl}\nbatch_size = 32\n"
     if url.startswith("sqlite"):
         text = text.replace("pool_size = 16\n", 'pool_size = 16\nsqlite_synchronous = "NORMAL"\n')
+    if hooks is not None:
+        first = scope_of(0)
+        text += webhooks.binding_toml(first.org_id, first.app_installation_id, outreach_port,
+                                      workdir / "webhook.secret")
+        text += webhooks.ingress_toml(hooks.ports[i], hooks.spools[i])
     cfg.write_text(text)
     return cfg
 
@@ -421,21 +444,29 @@ async def kill_node(run: Run, cluster: GaleraCluster) -> None:
 async def settle(run: Run, runtimes: list[ReferenceRuntime], within_s: float
                  ) -> tuple[float, bool]:
     """Every replica running, no fault armed; wait, at most ``within_s``, for every intent
-    and item to finish. Returns the seconds waited and whether everything drained."""
+    and item to finish (with webhooks: first for the sender's last redeliveries, then for
+    the spools to be forwarded and every receipt materialized). Returns the seconds waited
+    and whether everything drained."""
     store = await open_store(run.urls[0], sqlite_synchronous="NORMAL")
     t0 = trio.current_time()
     try:
         with trio.move_on_after(within_s) as bound:
+            if run.webhooks is not None:
+                await run.webhooks.osim.wait_deliveries_settled()
             while True:
                 open_intents = sum(
                     n for rt in runtimes
                     for status, n in rt.store.stats()["intents_by_status"].items()
                     if status not in FINAL)
                 try:
+                    # In the pipeline's order (spool -> receipt -> item): what is seen
+                    # gone here cannot come back behind the next count.
+                    unsettled = 0 if run.webhooks is None else (
+                        run.webhooks.spooled_left() + await webhooks.unsettled(store))
                     open_items = await store.work_count_open()
                 except StorageError:  # the database may still be recovering
-                    open_items = -1
-                if open_intents == 0 and open_items == 0:
+                    unsettled = open_items = -1
+                if open_intents == 0 and open_items == 0 and unsettled == 0:
                     break
                 for rt in runtimes:
                     rt.wakeup.set()
@@ -522,6 +553,8 @@ async def invariants(run: Run, sim: HubSpotSimulator, runtimes: list[ReferenceRu
 
         grant_state = await store.db.transact(grants, name="torture.grants", write=False)
         summary = await store.work_execution_summary("noop")
+        hooks = ({} if run.webhooks is None
+                 else await webhooks.invariants(store, run.webhooks))
         stuck = []  # what did not finish, to say where to look
         for state in (WorkState.PENDING, WorkState.PROCESSING, WorkState.RETRY, WorkState.DEAD):
             for item in await store.work_list(WorkQuery(state=state, limit=10)):
@@ -554,6 +587,7 @@ async def invariants(run: Run, sim: HubSpotSimulator, runtimes: list[ReferenceRu
         "noop_items": len(noop),
         "noop_reexecuted": summary.repeated,
         "stuck": stuck[:20],
+        **hooks,
     }
 
 
@@ -580,10 +614,14 @@ async def _why(store: WorkStore, work_id: str) -> dict[str, Any]:
 
 async def drive(run: Run, runtimes: list[ReferenceRuntime], sim: HubSpotSimulator,
                 sim_port: int, runtime_ports: list[int], seconds: float, settle_s: float,
-                oauth: OAuthSimulator, oauth_port: int) -> dict[str, Any]:
+                oauth: OAuthSimulator, oauth_port: int, outreach_port: int = 0
+                ) -> dict[str, Any]:
     async with trio.open_nursery() as nursery:
         await nursery.start(sim.run, "127.0.0.1", sim_port)
         await nursery.start(oauth.run, "127.0.0.1", oauth_port)
+        if run.webhooks is not None:
+            await nursery.start(run.webhooks.osim.run, "127.0.0.1", outreach_port)
+            run.webhooks.seed()
         await serve_runtimes(nursery, runtimes, runtime_ports, LEADS)
         # The contacts existed long before the run, as a CRM's do: seeded "now", a PATCH
         # that failed with a 5xx within the clock-skew margin of the seeding could never
@@ -599,6 +637,8 @@ async def drive(run: Run, runtimes: list[ReferenceRuntime], sim: HubSpotSimulato
         nursery.start_soon(scrape_loop, run)
         async with trio.open_nursery() as load:
             load.start_soon(traffic, run, runtimes)
+            if run.webhooks is not None:
+                load.start_soon(run.webhooks.traffic)
             await chaos(run, sim, seconds)
             load.cancel_scope.cancel()
         sim.clear_faults()
@@ -612,6 +652,9 @@ async def drive(run: Run, runtimes: list[ReferenceRuntime], sim: HubSpotSimulato
             with (run.journal_dir / "hubspot_requests.jsonl").open("w") as out:
                 out.writelines(json.dumps(r.to_json()) + "\n" for r in sim.requests)
             (run.journal_dir / "oauth_journal.json").write_text(json.dumps(oauth.journal))
+            if run.webhooks is not None:
+                with (run.journal_dir / "outreach_deliveries.jsonl").open("w") as out:
+                    out.writelines(json.dumps(d) + "\n" for d in run.webhooks.journal())
         result["settle_s"] = round(settle_seconds, 1)
         result["drained"] = drained
         nursery.cancel_scope.cancel()
@@ -620,7 +663,8 @@ async def drive(run: Run, runtimes: list[ReferenceRuntime], sim: HubSpotSimulato
 
 def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
                 log: Callable[[str], None], keep: Path | None, skew: float,
-                quota_on: bool = True) -> dict[str, Any]:
+                quota_on: bool = True, webhook_rate: float = webhooks.DEFAULT_RATE
+                ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"torture-{backend}-") as tmp:
         workdir = keep / backend if keep else Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -637,20 +681,27 @@ def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
                 url, dbname = fresh_url(backend, workdir)
                 urls = [url]
             trio.run(seed_links, urls[0], replicas, LEADS)
+            first = scope_of(0)
+            trio.run(webhooks.seed_links, urls[0], first.org_id, first.app_installation_id)
             api_ports = [free_port() for _ in range(replicas)]
             runtime_ports = [free_port() for _ in range(replicas)]
             sim_port = free_port()
             oauth_port = free_port()
+            outreach_port = free_port()
+            hooks = webhooks.Webhooks(ports=[free_port() for _ in range(replicas)],
+                                      spools=[workdir / f"spool-{i}" for i in range(replicas)],
+                                      rate=webhook_rate)
+            (workdir / "webhook.secret").write_text(webhooks.SECRET + "\n")
             ttl = LEASE_TTL_FOR.get(backend, LEASE_TTL_S)
             env = secrets_env(replicas)
             for r in range(replicas):  # the bindings authenticate with grants, not these
                 del env[f"INTEGRATIOND_BINDING_HUBSPOT_{r}_TOKEN"]
-            os.environ.update(env)
+            os.environ.update(env, **webhooks.env())
             skews = skews_ms(replicas, skew)
             write_definitions(workdir, quota_on)
             configs = [replica_config(workdir, urls[i % len(urls)], i, replicas, api_ports,
                                       runtime_ports, sim_port, oauth_port, ttl,
-                                      (max(skews) - min(skews)) / 1000)
+                                      (max(skews) - min(skews)) / 1000, hooks, outreach_port)
                        for i in range(replicas)]
             trio.run(publish_catalog, urls[0], configs[0])
             oauth = OAuthSimulator(client_secret=CLIENT_SECRET, lifetime_s=TOKEN_LIFETIME_S)
@@ -658,13 +709,13 @@ def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
             run = Run(backend, [Replica(i, c, skew_ms=s)
                                 for i, (c, s) in enumerate(zip(configs, skews, strict=True))],
                       urls, cluster, log=log, journal_dir=workdir if keep else None,
-                      lease_ttl_s=ttl, quota_on=quota_on)
+                      lease_ttl_s=ttl, quota_on=quota_on, webhooks=hooks)
             # The provider accepts exactly the access tokens the OAuth simulator issued.
             sim = HubSpotSimulator(tokens=oauth.access_tokens)
             runtimes = runtimes_for(replicas, api_ports)
             try:
                 result = trio.run(drive, run, runtimes, sim, sim_port, runtime_ports, seconds,
-                                  settle_s, oauth, oauth_port)
+                                  settle_s, oauth, oauth_port, outreach_port)
             finally:
                 for replica in run.replicas:
                     replica.terminate()
@@ -688,6 +739,7 @@ def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
         "conflicts_retried": int(sum(run.retries.values())),
         "clock_skew_ms": [r.skew_ms for r in run.replicas],
         "lease_ttl_s": run.lease_ttl_s,
+        "webhook_rate": webhook_rate,
         "db_timings": timing_summary(run),
         **result,
     }
@@ -730,13 +782,15 @@ def _log_sandbox_to(path: Path) -> None:
 TOTALS = ("kills", "restarts", "sigstops", "db_node_kills", "faults_injected",
           "conflicts_retried", "effects", "receipts", "duplicates", "lost", "awaiting_operator",
           "receipts_not_once", "quota_violations", "double_refreshes", "refreshes",
-          "grants_not_valid")
+          "grants_not_valid", "webhooks_sent", "webhooks_answered_200",
+          "webhooks_answered_non200", "webhooks_undelivered", "webhook_receipts",
+          "inbound_items", *webhooks.BROKEN)
 BROKEN = ("duplicates", "lost", "receipts_not_once", "quota_violations", "double_refreshes",
-          "grants_not_valid")
+          "grants_not_valid", *webhooks.BROKEN)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--duration", type=float, default=90.0,
                         help="seconds of chaos in all, shared by the backends")
     parser.add_argument("--backends", default="mysql,galera,sqlite")
@@ -750,6 +804,10 @@ def main() -> None:
     parser.add_argument("--skew", type=float, default=0.9,
                         help="the replicas' clocks are spread over this fraction of"
                              f" work.lease_margin ({LEASE_MARGIN_S} s here); at most 1")
+    parser.add_argument("--webhook-rate", type=float, default=webhooks.DEFAULT_RATE,
+                        help="signed Outreach webhook deliveries per second, spread over the"
+                             " replicas' ingress listeners (0: none; the webhook checks then"
+                             " say so)")
     parser.add_argument("--keep", metavar="DIR", type=Path,
                         help="keep configs, logs and the MariaDB database in DIR")
     args = parser.parse_args()
@@ -757,6 +815,9 @@ def main() -> None:
     unknown = set(backends) - {"mysql", "galera", "sqlite"}
     if unknown or not backends:
         parser.error(f"--backends: one or more of mysql, galera, sqlite (got {args.backends})")
+    if args.webhook_rate < 0:
+        parser.error(f"--webhook-rate: deliveries per second, 0 or more (got"
+                     f" {args.webhook_rate})")
     if not 0 <= args.skew <= 1:
         parser.error(f"--skew: a fraction of work.lease_margin, 0 to 1 (got {args.skew})")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
@@ -769,11 +830,11 @@ def main() -> None:
     per_backend = []
     for backend in backends:
         got = run_backend(backend, args.replicas, args.duration / len(backends), args.settle,
-                          log, args.keep, args.skew, not args.no_quota)
+                          log, args.keep, args.skew, not args.no_quota, args.webhook_rate)
         log(json.dumps(got))
         per_backend.append(got)
     line: dict[str, Any] = {"torture": "issue 12", "seed": seed, "duration_s": args.duration,
-                            "backends": backends}
+                            "backends": backends, "webhook_rate": args.webhook_rate}
     line.update({k: sum(int(b[k]) for b in per_backend) for k in TOTALS})
     line["per_backend"] = {b["backend"]: {k: b[k] for k in (*TOTALS, "intents", "noop_items",
                                                             "noop_reexecuted", "settle_s",
@@ -781,11 +842,18 @@ def main() -> None:
                                                             "clock_skew_ms", "db_timings",
                                                             "quota_peak_per_window",
                                                             "refresh_answers",
-                                                            "grant_top_version", "stuck")}
+                                                            "grant_top_version",
+                                                            "webhook_attempts",
+                                                            "webhook_statuses",
+                                                            "webhook_receipts_via_spool",
+                                                            "webhook_duplicates_collapsed",
+                                                            "stuck")}
                            for b in per_backend}
     line["checks"] = dict(CHECKS)
     if args.no_quota:
         line["checks"]["quota_violations"] = "not exercised: --no-quota"
+    if args.webhook_rate == 0:
+        line["checks"]["webhooks"] = "not exercised: --webhook-rate 0"
     print(json.dumps(line), flush=True)
     if any(line[k] for k in BROKEN):
         sys.exit(1)

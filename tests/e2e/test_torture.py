@@ -2,9 +2,11 @@
 one shared SQLite file, each for a few seconds of chaos: replicas SIGKILLed and restarted,
 one frozen past its lease, a Galera node killed and rejoining, the simulator injecting
 latency, 5xx, 429 and resets, effects drawing on a provider quota and on grants whose
-short-lived tokens are refreshed all the while. The invariants come from the HubSpot and
-OAuth simulators' journals, the Runtimes' own stores and the database; ``make torture
-DURATION=600`` is the long run.
+short-lived tokens are refreshed all the while, and signed Outreach webhook deliveries sent
+to every replica's ingress listener in turn (their receipts applied to Leads through the
+Runtime). The invariants come from the HubSpot, OAuth and Outreach simulators' journals,
+the Runtimes' own stores and the database; ``make torture DURATION=600`` is the long
+run.
 
 The replicas' clocks are skewed as in ``make torture`` (0.9 of the lease margin).
 
@@ -53,4 +55,10 @@ async def test_a_short_torture_run_loses_and_duplicates_nothing() -> None:
         # Everything finished within the settle bound; tokens were refreshed on the way.
         assert got["drained"] is True, (backend, got)
         assert got["refreshes"] >= 1, (backend, got)
+        # Webhooks flowed on every backend and were answered 200, so "every delivery
+        # answered 200 has exactly one receipt" had deliveries to look at; each receipt
+        # became inbound work.
+        assert got["webhooks_sent"] > 0 and got["webhooks_answered_200"] > 0, (backend, got)
+        assert got["webhook_receipts"] >= got["webhooks_answered_200"], (backend, got)
+        assert got["inbound_items"] == got["webhook_receipts"], (backend, got)
     assert line["per_backend"]["galera"]["db_node_kills"] == 1, line
