@@ -1,4 +1,4 @@
-"""Conformance: the refresh call's dispatch marker (migration 0034, seed 8.2) on every
+"""Conformance: the refresh call's dispatch marker (migration 0036, seed 8.2) on every
 backend. A rotating refresh token is never presented twice: an expired lease whose call
 left is never taken over for its version (the grant is marked in doubt instead), one
 whose call never left is; only the live lease's owner writes the marker; a late answer
