@@ -24,11 +24,8 @@ from config.settings import Secret
 from daemon.core.grant_reasons import grant_reason
 from daemon.core.token_bundle import (
     BundleContext,
-    SecretText,
-    TokenBundle,
     TokenKey,
     open_bundle,
-    seal,
 )
 from daemon.core.work import Fence
 from daemon.services.clock import TrioClock
@@ -41,7 +38,7 @@ from daemon.services.token_refresh import (
 from sandbox.oauth_sim import OAuthSimulator, refreshes_per_token, running_oauth, token_digest
 from storage.grants import GrantState
 from storage.work_store import WorkStore
-from tests.support.work import claim, enqueue
+from tests.support.grants import expired_grant_and_claims
 
 KEY = TokenKey("k1", bytes(range(32)))
 CLIENT_SECRET = "client-SECRET-late"
@@ -50,16 +47,9 @@ LEASE_S = 30
 
 
 async def _setup(store: WorkStore, sim: OAuthSimulator, clock: TrioClock) -> list[Fence]:
-    now = clock.now_us()
     sim.seed("refresh-SECRET-0")
-    bundle = TokenBundle(access_token=SecretText("access-SECRET-0"),
-                         refresh_token=SecretText("refresh-SECRET-0"), expires_at_us=now - 1)
-    await store.grant_install(binding_id="b1", generation=1,
-                              sealed=seal(bundle, KEY, BundleContext("b1", 1, 1)),
-                              expires_at_us=now - 1, now_us=now)
-    await enqueue(store, 2, now=now)
-    got = await claim(store, now=now, limit=2, ttl=3600 * SEC)
-    return [i.fence for i in got.claimed if i.fence is not None]
+    return await expired_grant_and_claims(store, KEY, clock.now_us(), access="access-SECRET-0",
+                                          refresh="refresh-SECRET-0")
 
 
 def _owner(store: WorkStore, http: httpx.AsyncClient, clock: TrioClock) -> TokenOwner:

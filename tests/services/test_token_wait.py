@@ -21,7 +21,7 @@ from daemon.services.token_refresh import (
 )
 from storage.refresh_leases import LeaseWon
 from storage.work_store import WorkStore
-from tests.support.work import claim, enqueue
+from tests.support.grants import expired_grant_and_claims
 
 
 @pytest.fixture
@@ -38,15 +38,8 @@ SEC = 1_000_000
 
 
 async def _setup(store: WorkStore, clock: TrioClock) -> list[Fence]:
-    now = clock.now_us()
-    bundle = TokenBundle(access_token=SecretText("access-SECRET-1"),
-                         refresh_token=SecretText("refresh-SECRET-1"), expires_at_us=now - 1)
-    await store.grant_install(binding_id="b1", generation=1,
-                              sealed=seal(bundle, KEY, BundleContext("b1", 1, 1)),
-                              expires_at_us=now - 1, now_us=now)
-    await enqueue(store, 2, now=now)
-    got = await claim(store, now=now, limit=2, ttl=3600 * SEC)
-    return [i.fence for i in got.claimed if i.fence is not None]
+    return await expired_grant_and_claims(store, KEY, clock.now_us(), access="access-SECRET-1",
+                                          refresh="refresh-SECRET-1")
 
 
 def _owner(store: WorkStore, http: httpx.AsyncClient, clock: TrioClock, *, lease_s: int,
