@@ -242,13 +242,14 @@ def _text(value: Any) -> str:
 
 def identity_fields(spec: PayloadSpec, raw: bytes) -> IdentityFields:
     """Best-effort: what the dedup key needs, empty where the body does not say."""
+    if spec.batch:
+        # A batch is identified by its events' identities (delivery_identities) or,
+        # when its route declares none, by its raw body (and generation): nothing here
+        # needs parsing it.
+        return IdentityFields()
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):
-        return IdentityFields()
-    if spec.batch:
-        # A batch is identified by its events' identities (delivery_identities) or,
-        # when its route declares none, by its raw body (and generation).
         return IdentityFields()
     return IdentityFields(
         event_name=_text(_find(doc, spec.event_name)),
@@ -300,12 +301,11 @@ def event_key(*, route: str, subscription_generation: int, identity: tuple[str, 
 def dedup_key(spec: PayloadSpec, *, route: str, subscription_generation: int, raw: bytes,
               delivery_id: str = "") -> str:
     """The unique identity of one delivery (seed 7), at most 100 characters."""
-    identities = None if spec.delivery_id_stable else delivery_identities(spec, raw)
     if spec.delivery_id_stable:
         if not delivery_id:
             raise ValueError("a stable delivery id was declared but none was supplied")
         material = ["id", str(subscription_generation), delivery_id]
-    elif identities is not None:
+    elif (identities := delivery_identities(spec, raw)) is not None:
         # The set of events, not the bytes: a redelivery whose per-attempt fields (or
         # whose order of events) changed is the same delivery.
         material = ["events", route, str(subscription_generation),
