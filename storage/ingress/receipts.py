@@ -39,6 +39,7 @@ import attrs
 from daemon.core.work import WorkSpec
 from storage.port import CommitOutcomeUnknown, Database, DuplicateKey, Row, SqlTx, StorageError
 from storage.work_admin import insert_work
+from storage.work_rows import placeholders
 
 RECEIVED = "received"
 MATERIALIZED = "materialized"
@@ -340,7 +341,7 @@ class IngressReceipts:
                 chunk = keys[start:start + 500]
                 rows = await tx.fetchall(
                     "SELECT identity_key FROM normalized_events WHERE identity_key IN"
-                    f" ({', '.join('?' * len(chunk))})", tuple(chunk))
+                    f" ({placeholders(len(chunk))})", tuple(chunk))
                 seen.update(str(r[0]) for r in rows)
             out: list[tuple[NormalizedEvent, WorkSpec]] = []
             for p in plans:
