@@ -76,26 +76,21 @@ async def replace_grant(tx: SqlTx, *, binding_id: str, generation: int, expected
     ``keep_state``: the same credential under another key (a rewrap), which cures
     nothing: state and reason stay (a grant in doubt, whose refresh token may be spent,
     must not become valid by being re-encrypted)."""
-    if keep_state:
-        return await tx.execute(
-            "UPDATE authorization_grants SET token_version = token_version + 1, key_id = ?,"
-            " nonce_hex = ?, ciphertext_b64 = ?, expires_at_us = ?, updated_at_us = ?"
-            " WHERE binding_id = ? AND generation = ? AND token_version = ?",
-            (sealed.key_id, sealed.nonce.hex(), base64.b64encode(sealed.ciphertext).decode(),
-             expires_at_us, now_us, binding_id, generation, expected_version)) == 1
-    matched = await tx.execute(
-        "UPDATE authorization_grants SET token_version = token_version + 1, key_id = ?,"
-        " nonce_hex = ?, ciphertext_b64 = ?,"
+    revoked, valid = GrantState.REVOKED.value, GrantState.VALID.value
+    # A rewrap leaves state and reason as they are; anything else cures all but revoked.
+    cure, cure_params = ("", ()) if keep_state else (
         " reason_code = CASE WHEN state = ? THEN reason_code ELSE NULL END,"
         " reason_text = CASE WHEN state = ? THEN reason_text ELSE NULL END,"
-        " state = CASE WHEN state = ? THEN state ELSE ? END, expires_at_us = ?,"
+        " state = CASE WHEN state = ? THEN state ELSE ? END,",
+        (revoked, revoked, revoked, valid))
+    matched = await tx.execute(
+        "UPDATE authorization_grants SET token_version = token_version + 1, key_id = ?,"
+        " nonce_hex = ?, ciphertext_b64 = ?," + cure + " expires_at_us = ?,"
         " last_refresh_at_us = CASE WHEN ? = 1 THEN ? ELSE last_refresh_at_us END,"
         " updated_at_us = ?"
         " WHERE binding_id = ? AND generation = ? AND token_version = ?",
         (sealed.key_id, sealed.nonce.hex(), base64.b64encode(sealed.ciphertext).decode(),
-         GrantState.REVOKED.value, GrantState.REVOKED.value,
-         GrantState.REVOKED.value, GrantState.VALID.value, expires_at_us,
-         1 if refreshed else 0, now_us, now_us,
+         *cure_params, expires_at_us, 1 if refreshed else 0, now_us, now_us,
          binding_id, generation, expected_version))
     return matched == 1
 

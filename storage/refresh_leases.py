@@ -211,6 +211,8 @@ class RefreshLeases:
         when the lease is not ours and dispatched, or the grant moved."""
 
         async def body(tx: SqlTx) -> bool:
+            # An UPDATE that changes nothing, not a SELECT: it locks the lease row until
+            # the grant is marked, and counts it (the adapters count matched rows).
             ours = await tx.execute(
                 "UPDATE refresh_leases SET call_sent_at_us = call_sent_at_us"
                 " WHERE binding_id = ? AND generation = ? AND lease_token = ?"
