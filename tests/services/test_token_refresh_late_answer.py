@@ -57,6 +57,14 @@ def _owner(store: WorkStore, http: httpx.AsyncClient, clock: TrioClock) -> Token
                       call_margin_us=5 * SEC, wait_us=35 * SEC)
 
 
+async def _refused_into(got: list[TokenUnavailable], owner: TokenOwner, fence: Fence,
+                        endpoint: RefreshEndpoint) -> None:
+    """Ask ``owner`` for b1's token, which must be refused; keep why in ``got``."""
+    with pytest.raises(TokenUnavailable) as info:
+        await owner.access_token(fence, "b1", 1, endpoint)
+    got.append(info.value)
+
+
 async def test_an_owner_whose_answer_arrives_after_its_lease_heals_the_grant_and_nobody_presents_the_token_twice(  # noqa: E501
         store: WorkStore, mock_clock: trio.testing.MockClock) -> None:
     clock = TrioClock()
@@ -123,13 +131,8 @@ async def test_a_forced_stop_abandons_an_unfinished_refresh_and_its_grant_stays_
             first, second = _owner(store, http, clock), _owner(store, http, clock)
             got: list[TokenUnavailable] = []
 
-            async def first_owner() -> None:
-                with pytest.raises(TokenUnavailable) as info:
-                    await first.access_token(first_fence, "b1", 1, endpoint)
-                got.append(info.value)
-
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(first_owner)
+                nursery.start_soon(_refused_into, got, first, first_fence, endpoint)
                 await sim.called.wait()
                 first.abandon_at(trio.current_time() + 2)
                 mock_clock.jump(3)
@@ -163,14 +166,9 @@ async def test_an_owner_whose_lease_was_taken_over_before_its_marker_never_calls
 
             got: list[TokenUnavailable] = []
 
-            async def first_owner() -> None:
-                with pytest.raises(TokenUnavailable) as info:
-                    await first.access_token(first_fence, "b1", 1, endpoint)
-                got.append(info.value)
-
             async with trio.open_nursery() as nursery:
                 setattr(store, "refresh_dispatch", frozen_before_marker)  # noqa: B010
-                nursery.start_soon(first_owner)
+                nursery.start_soon(_refused_into, got, first, first_fence, endpoint)
                 await frozen.wait()
                 setattr(store, "refresh_dispatch", marker)  # noqa: B010
                 mock_clock.jump(LEASE_S + 1)
