@@ -3,24 +3,26 @@
 Theory of operation
 -------------------
 Repairs never edit history: attempts keep their request and classification,
-a retired command stays retired, and a repair command is a *new* command
-(``repair_of`` lineage) with its own WorkItem. Both are audited in their own
-transaction, and every check below is made inside that transaction:
+and a repair command is a *new* command (``repair_of`` lineage) with its own
+WorkItem. Both are audited in their own transaction, and each is decided in
+it by the operator-path table (:mod:`daemon.core.operator_paths`, applied by
+:mod:`storage.command_operator`, which first takes the command's row):
 
 * neither runs while an attempt is unresolved (record a disposition first)
-  or while the command still has live work (cancel it first);
-* **retire** settles the command with a no-effect result, and queues the
-  Runtime receipt, only when the lineage's whole history proves no effect
-  (computed here, in the retiring transaction); otherwise the command is
-  retired without a receipt and its Runtime intent keeps blocking, visibly;
-* **repair** is refused when the command is settled (a success or a
-  no-effect result was persisted), when an attempt is proven applied (settle
-  it by replaying its work item instead: a second call could only repeat the
+  or while the command still has live work (its result settles it);
+* **retire** settles what the lineage's whole history proves, computed here,
+  in the retiring transaction: an attempt proven applied settles the exact
+  success result with the pinned remote id (also for a command retired before
+  this rule), a proof of no effect settles ``NO_EFFECT``; both queue the
+  Runtime receipt. Otherwise the command is retired without a receipt and its
+  Runtime intent keeps blocking, visibly, until a repair command answers it;
+* **repair** is refused when the command is settled, when an attempt is
+  proven applied (retire settles it: a second call could only repeat the
   effect), when it was already repaired (at most one repair per command: a
-  unique key), or when a newer intent for the same record and field already
-  landed (a replay of the older value would overwrite it). The repair
-  command answers the original Runtime intent: its exact success result (or a
-  no-effect result the whole lineage proves) becomes the original's receipt
+  unique key), or when a newer intent for the same record and field exists
+  (a replay of the older value would overwrite it). The repair command answers
+  the original Runtime intent: its exact success result (or a no-effect result
+  the whole lineage proves) becomes the original's receipt
   (:mod:`storage.repair_lineage`).
 """
 
@@ -31,24 +33,17 @@ import json
 import attrs
 
 from daemon.core.handoff import NoEffectResult
-from daemon.core.states import TERMINAL
+from daemon.core.operator_paths import Action, Receipt
 from storage.catalog_revisions import read_revision
+from storage.command_operator import decide
 from storage.commands import _insert_command, read_command
-from storage.effect_values import APPLIED_DISPOSITIONS, Command, CommandDraft, Settlement
-from storage.effects import attempts_of, settle
+from storage.effect_values import Command, CommandDraft, Settlement
+from storage.effects import settle
 from storage.idgen import new_ulid
-from storage.port import (
-    AuditEntry,
-    Database,
-    DuplicateKey,
-    SqlTx,
-    WorkConflict,
-    WorkNotFound,
-)
+from storage.port import AuditEntry, Database, DuplicateKey, SqlTx, WorkConflict
 from storage.repair_lineage import lineage_no_effect, lineage_of, repair_of
 from storage.supersede import superseded_by
 from storage.work_admin import append_audit
-from storage.work_rows import in_states
 
 
 @attrs.frozen(kw_only=True)
@@ -56,23 +51,6 @@ class RepairActor:
     actor: str
     role: str
     reason: str
-
-
-async def _repairable(tx: SqlTx, command_id: str) -> Command:
-    command = await read_command(tx, command_id)
-    if command is None:
-        raise WorkNotFound(command_id)
-    if any(a.unresolved for a in await attempts_of(tx, command_id)):
-        raise WorkConflict(f"command {command_id} has an attempt with an unknown outcome:"
-                           " record a disposition first")
-    live = await tx.fetchall(
-        "SELECT COUNT(*) FROM work_items WHERE subject_kind = 'command' AND subject_id = ?"
-        f" AND state NOT IN {in_states(TERMINAL)}",
-        (command_id,),
-    )
-    if int(live[0][0]):
-        raise WorkConflict(f"command {command_id} still has live work: cancel it first")
-    return command
 
 
 async def _audit(tx: SqlTx, who: RepairActor, action: str, command_id: str,
@@ -112,16 +90,27 @@ class CommandRepair:
 
     async def command_retire(self, command_id: str, who: RepairActor, *,
                              receipt_max_attempts: int, now_us: int) -> Settlement:
-        """Stop a blocked command for good: ``no_effect`` (with the Runtime's
-        receipt) when the lineage's history proves it, else ``retired``
-        without a receipt (the Runtime intent keeps blocking)."""
+        """Stop a blocked command for good, settling what its lineage proves:
+        ``succeeded`` (an attempt proven applied; the exact success receipt),
+        ``no_effect`` (its receipt), else ``retired`` without a receipt (the
+        Runtime intent keeps blocking until a repair command answers it)."""
 
         async def body(tx: SqlTx) -> Settlement:
-            command = await _repairable(tx, command_id)
-            if command.settlement is not Settlement.OPEN:
-                raise WorkConflict(f"command {command_id} is already {command.settlement.value}")
-            reason = await lineage_no_effect(tx, command)
-            if reason is not None:
+            allowed, read = await decide(tx, command_id, Action.RETIRE, with_pins=False)
+            command = read.command
+            after: dict[str, str | int] = {}
+            if allowed.receipt is Receipt.SUCCESS:
+                assert command.remote_id is not None  # the table refuses without one
+                await settle(tx, command_id=command_id, command=command,
+                             settlement=Settlement.SUCCEEDED, result_format_version=1,
+                             remote_id=command.remote_id, canonical_result="",
+                             result_digest="", receipt_max_attempts=receipt_max_attempts,
+                             now_us=now_us, expected=command.settlement)
+                outcome = Settlement.SUCCEEDED
+                after["remote_id"] = command.remote_id
+            elif allowed.receipt is Receipt.NO_EFFECT:
+                reason = await lineage_no_effect(tx, command)
+                assert reason is not None  # the table allows it only with the proof
                 result = NoEffectResult(reason)
                 await settle(tx, command_id=command_id, command=command,
                              settlement=Settlement.NO_EFFECT, result_format_version=2,
@@ -129,14 +118,13 @@ class CommandRepair:
                              result_digest=result.digest,
                              receipt_max_attempts=receipt_max_attempts, now_us=now_us)
                 outcome = Settlement.NO_EFFECT
+                after["no_effect_reason"] = reason.value
             else:
                 await _retire(tx, command_id, now_us)
                 outcome = Settlement.RETIRED
-            after: dict[str, str | int] = {"settlement": outcome.value}
-            if reason is not None:
-                after["no_effect_reason"] = reason.value
             await _audit(tx, who, "command.retire", command_id,
-                         {"settlement": command.settlement.value}, after, now_us)
+                         {"settlement": command.settlement.value},
+                         {**after, "settlement": outcome.value}, now_us)
             return outcome
 
         return await self.db.transact(body, name="command.retire")
@@ -152,20 +140,8 @@ class CommandRepair:
         The audit entry records both revisions."""
 
         async def body(tx: SqlTx) -> str:
-            old = await _repairable(tx, command_id)
-            if old.settlement in (Settlement.SUCCEEDED, Settlement.NO_EFFECT):
-                raise WorkConflict(f"command {command_id} is settled"
-                                   f" ({old.settlement.value}); nothing to repair")
-            if any(a.outcome == "ACCEPTED" or a.disposition in APPLIED_DISPOSITIONS
-                   for a in await attempts_of(tx, command_id)):
-                raise WorkConflict(f"command {command_id}'s effect is proven applied: replay"
-                                   " its work item to settle it (a repair would repeat it)")
-            existing = await repair_of(tx, command_id)
-            if existing is not None:
-                raise WorkConflict(f"command {command_id} was already repaired by {existing}")
-            newer = await superseded_by(tx, old)
-            if newer is not None:
-                raise WorkConflict(f"command {command_id} is superseded: {newer}")
+            _, read = await decide(tx, command_id, Action.REPAIR, with_pins=False)
+            old = read.command
             resolved = await read_revision(tx, catalog_revision)
             if resolved is None or resolved.digest != catalog_digest:
                 raise WorkConflict(

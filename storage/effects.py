@@ -543,6 +543,7 @@ async def settle(
     receipt_max_attempts: int,
     now_us: int,
     modified_at_us: int | None = None,
+    expected: Settlement = Settlement.OPEN,
 ) -> str:
     """Inside the caller's transaction: settle the command and queue its receipt.
 
@@ -550,7 +551,9 @@ async def settle(
     conditional UPDATE on ``settlement`` is the check that counts.
     ``modified_at_us``: the remote record's last-modified time the accepted
     change's answer named, kept with the settlement (see
-    :func:`storage.links.link_select`).
+    :func:`storage.links.link_select`). ``expected``: the settlement it moves
+    from (``retired`` only for an operator's retire of a command proven applied
+    that an earlier build retired without its receipt).
     """
     if command is None:
         command = await read_command(tx, command_id)
@@ -563,8 +566,8 @@ async def settle(
                            " UPSERT and DELETE admit a no-effect result")
     if not await tx.execute(
         "UPDATE external_commands SET settlement = ?, updated_at_us = ?, modified_at_us = ?"
-        " WHERE command_id = ? AND settlement = 'open'",
-        (settlement.value, now_us, modified_at_us, command_id),
+        " WHERE command_id = ? AND settlement = ?",
+        (settlement.value, now_us, modified_at_us, command_id, expected.value),
     ):
         raise WorkConflict(f"command {command_id} is already settled")
     # The receipt answers the lineage's root (the handed-off command): a repair

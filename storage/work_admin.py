@@ -2,7 +2,9 @@
 
 Replay never touches the terminal row it replays: it inserts a new WorkItem
 with ``replay_of`` lineage (unique, so two racing replays of one item have one
-winner) and appends an audit entry in the same transaction.
+winner) and appends an audit entry in the same transaction. The replay of a
+command's work item is guarded in that same transaction, after it took the
+command's row (:mod:`storage.command_operator`): no check-then-act.
 """
 
 from __future__ import annotations
@@ -273,6 +275,8 @@ class WorkAdmin:
             if old.state not in REPLAYABLE:
                 raise WorkConflict(f"work {old.work_id} is {old.state.value}; only terminal work"
                                    " can be replayed")
+            if old.subject_kind == "command":
+                await _command_replay_guard(tx, old.subject_id, params)
             spec = WorkSpec(
                 family=old.family,
                 org_id=old.org_id,
@@ -567,6 +571,18 @@ class WorkAdmin:
             await append_audit(tx, entry)
 
         await self.db.transact(body, name="audit.append")
+
+
+async def _command_replay_guard(tx: SqlTx, command_id: str, params: ReplayParams) -> None:
+    """The replay guard of a command's work item, in the replay's own transaction: it
+    takes the command's row first, then the operator-path table decides on what is
+    committed now (settled, repaired, retired, unresolved, proven applied, superseded by
+    a newer open or settled intent, moved pins: refused, with the reason).
+    (Imported here: the effect journal it reads imports this module.)"""
+    from daemon.core.operator_paths import Action
+    from storage.command_operator import decide
+
+    await decide(tx, command_id, Action.REPLAY, current_catalog=params.resolved_catalog)
 
 
 class CancelRequested(WorkConflict):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from storage.binding_flows import BindingFlows
 from storage.catalog_revisions import CatalogRevisions
+from storage.command_operator import CommandOperator
 from storage.command_repair import CommandRepair
 from storage.commands import CommandInbox
 from storage.cutover.legacy import LegacyOutcomes
@@ -27,7 +28,8 @@ from storage.work_rollback import WorkRollback
 
 class WorkStore(
     WorkClaims, WorkAdmin, WorkExecutions, WorkRollback, CommandInbox, EffectJournal,
-    RemoteLinks, CommandRepair, QuotaLedger, AuthorizationGrants, PrincipalBindings,
+    RemoteLinks, CommandRepair, CommandOperator, QuotaLedger, AuthorizationGrants,
+    PrincipalBindings,
     RefreshLeases, CatalogRevisions, FlowReads, CutoverSteps, LegacyOutcomes,
     IngressReceipts, RetentionStore, BindingFlows,
 ):

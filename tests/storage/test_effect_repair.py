@@ -10,11 +10,11 @@ import pytest
 from daemon.core.handoff import NoEffectReason, parse_no_effect
 from daemon.core.outcomes import DeadLetter
 from daemon.core.work import WorkItem
+from storage.command_operator import ActionRefused
 from storage.command_repair import RepairActor
 from storage.commands import _insert_command
 from storage.effect_values import Disposition, Settlement
 from storage.port import DuplicateKey, SqlTx, WorkConflict, WorkQuery
-from storage.repair_lineage import blocking_reason
 from storage.work_store import WorkStore
 from tests.storage.test_effect_journal import attempt, record, settle_fenced
 from tests.support.commands import draft, publish_test_revision
@@ -85,7 +85,7 @@ async def test_repair_of_an_already_repaired_command_is_refused(store: WorkStore
     command_id = await _accepted(store)
     await _absent(store, await _dead_unknown(store, command_id))
     first = await _repair(store, command_id, LATER)
-    with pytest.raises(WorkConflict, match=f"already repaired by {first}"):
+    with pytest.raises(WorkConflict, match=f"repaired by {first}"):
         await _repair(store, command_id, LATER + 1)
     repairs = [e for e in await store.audit_list(target_id=command_id)
                if e.action == "command.repair"]
@@ -129,7 +129,7 @@ async def test_repair_of_a_command_whose_effect_is_proven_applied_is_refused(
 async def test_repair_with_an_unresolved_attempt_is_refused(store: WorkStore) -> None:
     command_id = await _accepted(store)
     await _dead_unknown(store, command_id)
-    with pytest.raises(WorkConflict, match="record a disposition first"):
+    with pytest.raises(WorkConflict, match=r"\(unresolved\): .*record a disposition"):
         await _repair(store, command_id, LATER)
 
 
@@ -217,21 +217,24 @@ async def test_retire_computes_its_evidence_in_its_own_transaction(store: WorkSt
     assert json.loads(entry.after)["no_effect_reason"] == "REJECTED_BEFORE_DISPATCH"
 
 
-async def test_retire_without_proof_leaves_the_intent_visibly_blocking(
+async def test_retire_of_an_applied_command_without_a_pinned_remote_id_is_refused(
     store: WorkStore,
 ) -> None:
-    # An operator saw the effect applied, and the command is retired instead of
-    # settled: nothing proves no effect, so no receipt, and the reason says why.
+    # An operator saw the effect applied; the command pinned no remote id (admitted
+    # without a link), so no success result can name the record: the retire is refused
+    # with its code and writes nothing (it used to retire the command without a receipt,
+    # stranding the intent: issue 20 item 3).
     command_id = await _accepted(store)
     attempt_id = await _dead_unknown(store, command_id)
     await store.effect_operator_disposition(
         attempt_id=attempt_id, disposition=Disposition.OPERATOR_APPLIED, note="seen",
         actor="otto", role="operator", in_flight_window_us=30 * SEC, now_us=LATER)
-    settlement = await store.command_retire(command_id, WHO, receipt_max_attempts=5,
-                                            now_us=LATER)
-    assert settlement is Settlement.RETIRED
+    with pytest.raises(ActionRefused) as refused:
+        await store.command_retire(command_id, WHO, receipt_max_attempts=5, now_us=LATER)
+    assert refused.value.code == "no_remote_id"
     assert await store.receipt_get(command_id) is None
     command = await store.command_get(command_id)
-    assert command is not None
-    assert "retired without a receipt" in blocking_reason(command, has_receipt=False,
-                                                          repaired_by=None)
+    assert command is not None and command.settlement is Settlement.OPEN
+    assert [e.action for e in await store.audit_list(target_id=command_id)] == []
+
+

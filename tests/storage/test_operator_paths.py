@@ -144,7 +144,7 @@ async def test_a_replay_of_an_older_intent_while_a_newer_one_is_open_is_refused(
     assert await store.work_replays_of(dead.work_id) == []
 
 
-async def test_the_replay_guard_is_in_the_replay_transaction_a_replay_racing_a_retire_has_one_winner(
+async def test_the_replay_guard_is_in_the_replay_transaction_racing_a_retire_one_wins(
     database: FreshDatabase,
 ) -> None:
     """Issue 20 item 6: the guard read the command before the replay's transaction; a
