@@ -16,8 +16,12 @@ Plugged in through :class:`admin_ui.extensions.ConsoleExtensions`:
   (attach provider evidence, mark applied or absent), adopt an existing
   remote record after uniqueness checks, retire a blocked command, or issue a
   new command with repair lineage. None edits an attempt's request or
-  reopens terminal work; after a disposition, replaying the dead item lets
-  the effect runner settle (applied) or dispatch anew (absent). A
+  reopens terminal work. Which of them is allowed from the command's effect
+  state, and what receipt it leads to, is the operator-path table's
+  (:mod:`daemon.core.operator_paths`): the page shows only the forms it
+  allows and the one action it advises (after a disposition of applied,
+  retire settles the success; of absent, retire settles no effect or a
+  replay dispatches anew), and the store refuses from the same table. A
   disposition is fenced by the store (not while the command's work is
   processing, not within the provider's in-flight window, computed here from
   the catalog); retire and repair decide their evidence in their own
@@ -46,9 +50,11 @@ from config.catalog import Catalog
 from daemon.core.effects import OperationContract
 from daemon.core.identity import BadCoordinate, integration_link_key_v2
 from daemon.core.ids import is_ulid
+from daemon.core.operator_paths import Action, Allowed, verdict
 from daemon.core.principals import BindingState, scope_digest
 from daemon.core.work import WorkItem
 from daemon.services.operator_api import NotAuthorized
+from storage.command_operator import FactsRead
 from storage.command_repair import RepairActor
 from storage.commands import EFFECT_FAMILY
 from storage.effect_values import (
@@ -61,7 +67,6 @@ from storage.effect_values import (
 from storage.effects import RECEIPT_FAMILY
 from storage.links import read_link
 from storage.port import SqlTx
-from storage.repair_lineage import blocking_reason
 
 OPERATE = frozenset({"operator", "admin"})
 ADMIN = frozenset({"admin"})
@@ -94,23 +99,42 @@ def _command_json(c: Command) -> dict[str, Any]:
 @attrs.frozen
 class RuntimeStatus:
     """Where a command's Runtime intent stands: the lineage root the Runtime
-    knows, its receipt, the repair issued for this command, and why the intent
-    still blocks ("" once a receipt exists)."""
+    knows, its receipt, the repair issued for this command, the command's operator
+    path (its effect state, which actions the table allows, the one it advises) and
+    why the intent still blocks ("" once a receipt exists)."""
 
     root: Command
     receipt: ResultReceipt | None
     repaired_by: str | None
     blocking: str
+    path: FactsRead | None = None
+
+    def allows(self, action: str) -> bool:
+        """Whether the operator-path table allows ``action`` now (the forms shown)."""
+        if self.path is None:
+            return False
+        return isinstance(verdict(self.path.facts, Action(action)), Allowed)
+
+    def intent_json(self) -> dict[str, Any]:
+        path = self.path.as_json() if self.path is not None else {}
+        return {"answered_by_lineage_of": self.root.command_id,
+                "repaired_by": self.repaired_by, "blocking": self.blocking or None,
+                "effect_state": path.get("effect_state"),
+                "next_action": path.get("next_action"), "advice": path.get("advice")}
 
 
-async def runtime_status(view: ReplicaView, command: Command) -> RuntimeStatus:
+async def runtime_status(view: ReplicaView, command: Command,
+                         current: tuple[int, str]) -> RuntimeStatus:
+    """``current``: the Catalog revision (and digest) this replica serves, against
+    which the table judges the command's pins."""
     lineage = await view.store.command_lineage(command.command_id)
     root = lineage[0] if lineage else command
     receipt = await view.store.receipt_get(root.command_id)
-    repaired_by = await view.store.command_repaired_by(command.command_id)
-    return RuntimeStatus(root, receipt, repaired_by,
-                         blocking_reason(command, has_receipt=receipt is not None,
-                                         repaired_by=repaired_by))
+    path = await view.store.command_operator_path(command.command_id, current)
+    blocking = ""
+    if receipt is None and path is not None:
+        blocking = f"{path.state}; next: {path.advice}"
+    return RuntimeStatus(root, receipt, path.repaired_by if path else None, blocking, path)
 
 
 # The Catalog revision a command pinned, as stored (None: not stored any more).
@@ -150,7 +174,7 @@ class EffectConsole:
         if command.repair_of:
             rows.append(LineageRow("Repair of", command.repair_of,
                                    f"/admin/effects/commands/{command.repair_of}"))
-        status = await runtime_status(view, command)
+        status = await runtime_status(view, command, self.current)
         receipt = status.receipt
         if status.repaired_by:
             rows.append(LineageRow("Repaired by", status.repaired_by,
@@ -167,6 +191,9 @@ class EffectConsole:
             ))
         if status.blocking:
             rows.append(LineageRow("Runtime intent blocking", status.blocking))
+        if status.path is not None:
+            rows.append(LineageRow("Effect state", status.path.state))
+            rows.append(LineageRow("Next action", status.path.advice))
         return LineageSection("commands", "External command", tuple(rows))
 
     async def attempts_section(self, view: ReplicaView,
@@ -229,6 +256,11 @@ class EffectConsole:
                        f" {command.catalog_digest or '(no digest)'} (current:"
                        f" {self.catalog.revision})"),
         ))
+
+    @property
+    def current(self) -> tuple[int, str]:
+        """The Catalog revision this replica serves (what a replay resolves)."""
+        return self.catalog.revision, self.catalog.digest
 
     # ------------------------------------------------------------ actions
 
@@ -410,7 +442,7 @@ def build_blueprint(ec: EffectConsole) -> Blueprint:
         command = await view.store.command_get(_ulid(command_id))
         if command is None:
             raise NotFound(f"no command {command_id}")
-        runtime = await runtime_status(view, command)
+        runtime = await runtime_status(view, command, ec.current)
         return await page(
             "effect_command.html", status=status, error=error, notice=notice,
             command=command, attempts=await view.store.effect_attempts(command_id),
@@ -427,7 +459,7 @@ def build_blueprint(ec: EffectConsole) -> Blueprint:
                                          _principal_name())
         except Exception as exc:
             return await refused(exc, lambda s, m: command_page(command_id, s, m))
-        return await command_page(command_id, notice=f"Retired ({settlement}).")
+        return await command_page(command_id, notice=f"Retired: {settlement}.")
 
     @bp.post("/admin/effects/commands/<command_id>/repair")
     @require("command.repair")
@@ -468,15 +500,13 @@ def build_blueprint(ec: EffectConsole) -> Blueprint:
         command = await view.store.command_get(_ulid(command_id))
         if command is None:
             raise NotFound(f"no command {command_id}")
-        runtime = await runtime_status(view, command)
+        runtime = await runtime_status(view, command, ec.current)
         receipt = runtime.receipt
         return {
             "command": _command_json(command),
             "attempts": [_attempt_json(a) for a in await view.store.effect_attempts(command_id)],
             "receipt": attrs.asdict(receipt) if receipt else None,
-            "runtime_intent": {"answered_by_lineage_of": runtime.root.command_id,
-                               "repaired_by": runtime.repaired_by,
-                               "blocking": runtime.blocking or None},
+            "runtime_intent": runtime.intent_json(),
         }
 
     @bp.post("/admin/api/effects/attempts/<attempt_id>/disposition")
@@ -542,7 +572,10 @@ OPENAPI_PATHS: dict[str, dict[str, Any]] = {
         "Record an operator disposition (applied|absent) with provider evidence", "post",
         body=True, param="attempt_id"),
     "/admin/api/effects/commands/{command_id}/retire": _op(
-        "Retire a blocked command (no-effect receipt when provable)", "post", body=True,
+        "Retire a blocked command: settles what its lineage proves (success when an"
+        " attempt is proven applied, no effect when every attempt is proven effect-free),"
+        " else retired without a receipt; refused (409, with a code) as the operator-path"
+        " table says", "post", body=True,
         param="command_id"),
     "/admin/api/effects/commands/{command_id}/repair": _op(
         "Issue a new command with repair lineage", "post", body=True, param="command_id"),

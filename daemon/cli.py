@@ -44,6 +44,7 @@ from daemon.services.operator_api import (
     cancel,
     enqueue,
     item_json,
+    operator_path_json,
     parse_state,
     replay,
 )
@@ -436,6 +437,9 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
                 raise WorkNotFound(args.work_id)
             doc = item_json(item, await store.work_executions(item.work_id))
             doc["hold"] = registry.hold_reason(item)
+            path = await operator_path_json(store, settings, item)
+            if path is not None:  # a command's item: where its Runtime intent stands
+                doc["operator_path"] = path
             if args.json:
                 _print_json(doc)
             else:

@@ -276,6 +276,11 @@ class WorkAdmin:
                 raise WorkConflict(f"work {old.work_id} is {old.state.value}; only terminal work"
                                    " can be replayed")
             if old.subject_kind == "command":
+                replayed = await tx.fetchall(
+                    "SELECT work_id FROM work_items WHERE replay_of = ?", (old.work_id,))
+                if replayed:  # said first: the unique key below is what holds
+                    raise WorkConflict(f"work {old.work_id} was already replayed"
+                                       f" (as {replayed[0][0]})")
                 await _command_replay_guard(tx, old.subject_id, params)
             spec = WorkSpec(
                 family=old.family,

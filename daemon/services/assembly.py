@@ -172,12 +172,10 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         sender.on_result = metrics.count_receipt
 
     async def effect_replay_guard(store: WorkStore, item: WorkItem) -> str | None:
-        if item.subject_kind == "command":
-            # An older intent replayed after a newer one landed would overwrite it:
-            # said first, as no other change (a repair, a new revision) can cure it.
-            superseded = await store.command_superseded(item.subject_id)
-            if superseded is not None:
-                return superseded
+        # The configuration's half only: the rest is decided in the replay's own
+        # transaction (storage/command_operator.py), after it took the command's row.
+        if item.subject_kind != "command":
+            return None
         return await replay_refusal(catalogs, store, item)
 
     inbound = InboundFlow(settings=settings, catalog=catalog, catalogs=catalogs,

@@ -78,7 +78,6 @@ from daemon.core.outcomes import (
     Skipped,
     Succeeded,
 )
-from daemon.core.principals import BindingState
 from daemon.core.work import WorkItem
 from daemon.providers.executor import (
     MODIFIED_AT,
@@ -583,38 +582,24 @@ class EffectRunner:
 
 async def replay_refusal(catalogs: CatalogView, store: WorkStore,
                          item: WorkItem) -> str | None:
-    """Seed 10: no replay while an outcome is unknown (until reconciliation or an
-    operator's disposition), nor when the pinned binding or Catalog revision
-    is no longer what this service serves (identity/authority ambiguous).
+    """Seed 10, the configuration's half of the replay guard: the command's pinned
+    operation and binding must still be served by the current configuration
+    (identity/authority ambiguous otherwise: issue a repair command).
 
-    The current revision is resolved explicitly (``catalogs.current``, which
-    must be published with the configuration's digest): a replay runs the same
-    command, pinned to its revision, so it is allowed only when that *is* the
-    current revision; otherwise a repair issues a new command pinned to the
-    current one."""
+    It reads only what never changes on a command (its binding id and operation).
+    Everything that does change (settlement, repair, unresolved or applied attempts,
+    a newer intent, the binding generation, the pinned Catalog revision against the
+    current one, which the caller resolved explicitly and passes with the replay) is
+    decided inside the replay's own transaction, after it took the command's row
+    (:mod:`storage.command_operator`): a check here would be advice, not a guard."""
     payload = json.loads(item.payload)
     command = await store.command_get(str(payload.get("command_id", "")))
     if command is None:
         return "its command is missing"
-    if any(a.unresolved for a in await store.effect_attempts(command.command_id)):
-        return ("an effect attempt's outcome is unknown; reconcile it or record an operator"
-                " disposition first")
     current = catalogs.current
-    principal = await store.binding_get(command.binding_id)
-    if (command_binding(current, command, current.operation(command.operation)) is None
-            or principal is None
-            or principal.state is not BindingState.CONNECTED
-            or principal.generation != command.binding_generation):
-        return ("the command's binding generation is no longer current; issue a repair"
-                " command instead")
-    if (command.catalog_revision, command.catalog_digest) != (current.revision, current.digest):
-        return (f"the command is pinned to Catalog revision {command.catalog_revision}"
-                f" ({command.catalog_digest or 'no digest'}); the current revision is"
-                f" {current.revision} ({current.digest}): issue a repair command instead")
-    published = await catalogs.published(current.revision)
-    if published is None or published.digest != current.digest:
-        return (f"the current Catalog revision {current.revision} is not published with this"
-                " configuration's content")
+    if command_binding(current, command, current.operation(command.operation)) is None:
+        return ("the command's binding is not configured for its operation in the current"
+                " Catalog revision; issue a repair command instead")
     return None
 
 

@@ -189,6 +189,20 @@ async def list_items(store: WorkStore, query: WorkQuery) -> list[WorkItem]:
     return await store.work_list(query)
 
 
+async def operator_path_json(store: WorkStore, settings: Settings,
+                             item: WorkItem) -> dict[str, Any] | None:
+    """For a command's work item: the command's effect state and the one action that
+    leads to its Runtime receipt, from the operator-path table, judged against the
+    Catalog revision this configuration serves (``work show``; the console shows the
+    same). None for other items."""
+    if item.subject_kind != "command":
+        return None
+    current = load_catalog(settings)
+    path = await store.command_operator_path(item.subject_id,
+                                             (current.revision, current.digest))
+    return None if path is None else {"command_id": item.subject_id} | path.as_json()
+
+
 def item_json(item: WorkItem, executions: list[Execution] | None = None) -> dict[str, Any]:
     """A WorkItem as JSON for operators. The payload is not included (it may be sensitive)."""
     doc = attrs.asdict(item)

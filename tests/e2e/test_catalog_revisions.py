@@ -168,9 +168,10 @@ async def test_replay_and_repair_resolve_the_current_revision_and_record_both(
             r = await otto.post(f"/admin/api/work/{dead.work_id}/replay",
                                 json={"reason": "again"}, headers=headers)
             assert r.status_code == 409
-            assert (f"pinned to Catalog revision {REVISION} ({rev7.digest}); the current"
-                    f" revision is {REVISION + 1} ({rev8.digest}): issue a repair command"
-                    in r.json()["message"])
+            message = r.json()["message"]
+            assert "(pins_moved)" in message and "Instead: repair." in message
+            assert (f"the command is pinned to Catalog revision {REVISION}; the current one"
+                    f" is {REVISION + 1}" in message)
             r = await otto.post(f"/admin/api/effects/commands/{dead.subject_id}/repair",
                                 json={"reason": "send it under the current revision"},
                                 headers=headers)

@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
-from daemon.core.states import WorkState
 from storage.effect_values import Settlement
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
@@ -89,32 +88,55 @@ async def test_dispositions_need_a_role_and_csrf_and_happen_once(
         "effect.disposition"]
 
 
-async def test_replay_is_refused_until_the_outcome_is_resolved(
+async def test_no_intent_is_stranded_after_an_applied_disposition(
     unknown: tuple[Slice, str], store: WorkStore
 ) -> None:
+    """Issue 20 item 3, from outside: a PATCH applied, its read-back failed, the item
+    dead; the operator records ``applied``. The console advises retire (never a refused
+    action), a replay and a repair are refused naming it, the retire settles the exact
+    success receipt and the Runtime intent is released; nothing is left to advise."""
     sl, attempt_id = unknown
     (dead,) = await store.work_list(WorkQuery(family="external_effect"))
+    command_id = dead.subject_id
     otto, csrf = await signed_in(sl, "otto")
+    headers = {"X-CSRF-Token": csrf}
     async with closing(otto):
         r = await otto.post(f"/admin/api/work/{dead.work_id}/replay",
-                            json={"reason": "again"}, headers={"X-CSRF-Token": csrf})
+                            json={"reason": "again"}, headers=headers)
         assert r.status_code == 409 and "outcome is unknown" in r.json()["message"]
         r = await otto.post(f"/admin/api/effects/attempts/{attempt_id}/disposition",
                             json={"disposition": "applied", "note": "seen in HubSpot"},
-                            headers={"X-CSRF-Token": csrf})
+                            headers=headers)
         assert r.status_code == 200
-        r = await otto.post(f"/admin/api/work/{dead.work_id}/replay",
-                            json={"reason": "settle it"}, headers={"X-CSRF-Token": csrf})
+        doc = (await otto.get(f"/admin/api/effects/commands/{command_id}")).json()
+        assert doc["runtime_intent"]["effect_state"] == "applied"
+        assert doc["runtime_intent"]["next_action"] == "retire"
+        page = await otto.get(f"/admin/work/{dead.work_id}")
+        assert "retire: settles the proven success" in page.text
+        for path, body in ((f"/admin/api/work/{dead.work_id}/replay", {"reason": "settle"}),
+                           (f"/admin/api/effects/commands/{command_id}/repair",
+                            {"reason": "settle"})):
+            r = await otto.post(path, json=body, headers=headers)
+            assert r.status_code == 409, r.text
+            assert "(proven_applied)" in r.json()["message"]
+            assert "Instead: retire." in r.json()["message"]
+        r = await otto.post(f"/admin/api/effects/commands/{command_id}/retire",
+                            json={"reason": "applied, seen in HubSpot"}, headers=headers)
         assert r.status_code == 200, r.text
-        new_id = r.json()["item"]["work_id"]
-
-        async def settled() -> bool:
-            item = await store.work_get(new_id)
-            return item is not None and item.state is WorkState.SUCCEEDED
-
-        await wait_for(settled, within_s=30)
-    command = await store.command_get(dead.subject_id)
-    assert command is not None and command.settlement is Settlement.SUCCEEDED
+        assert r.json()["settlement"] == "succeeded"
+        receipt = await store.receipt_get(command_id)
+        assert receipt is not None and (receipt.result_format_version,
+                                        receipt.remote_id) == (1, "101")
+        command = await store.command_get(command_id)
+        assert command is not None
+        await sl.wait_intent("lead-1", command.intent_id, "COMMITTED", within_s=30)
+        doc = (await otto.get(f"/admin/api/effects/commands/{command_id}")).json()
+        assert doc["runtime_intent"]["blocking"] is None
+        assert doc["runtime_intent"]["next_action"] is None
+        r = await otto.post(f"/admin/api/work/{dead.work_id}/replay",
+                            json={"reason": "again"}, headers=headers)
+        assert r.status_code == 409 and "(settled)" in r.json()["message"]
+    assert command.settlement is Settlement.SUCCEEDED
     # Settled from the operator's evidence: no second PATCH was sent.
     assert len(sl.patches("101")) == 1
 
@@ -128,7 +150,7 @@ async def test_retire_and_repair_commands(unknown: tuple[Slice, str], store: Wor
     async with closing(otto):
         r = await otto.post(f"/admin/api/effects/commands/{command_id}/retire",
                             json={"reason": "give up"}, headers=headers)
-        assert r.status_code == 409 and "record a disposition first" in r.json()["message"]
+        assert r.status_code == 409 and "record a disposition" in r.json()["message"]
         await otto.post(f"/admin/api/effects/attempts/{attempt_id}/disposition",
                         json={"disposition": "absent", "note": "not in HubSpot history"},
                         headers=headers)
@@ -157,12 +179,14 @@ async def test_retire_and_repair_commands(unknown: tuple[Slice, str], store: Wor
         assert original is not None
         await sl.wait_intent("lead-1", original.intent_id, "COMMITTED", within_s=30)
         doc = (await otto.get(f"/admin/api/effects/commands/{command_id}")).json()
-        assert doc["runtime_intent"] == {"answered_by_lineage_of": command_id,
-                                         "repaired_by": new_command, "blocking": None}
+        assert {k: doc["runtime_intent"][k] for k in (
+            "answered_by_lineage_of", "repaired_by", "blocking", "next_action")} == {
+            "answered_by_lineage_of": command_id, "repaired_by": new_command,
+            "blocking": None, "next_action": None}
         # At most one repair per command.
         r = await otto.post(f"/admin/api/effects/commands/{command_id}/repair",
                             json={"reason": "twice"}, headers=headers)
-        assert r.status_code == 409 and "already repaired" in r.json()["message"]
+        assert r.status_code == 409 and "(repaired)" in r.json()["message"]
     actions = [e.action for e in await store.audit_list(target_id=command_id)]
     assert actions.count("command.repair") == 1
     # One PATCH was lost; the repair's one PATCH applied the Title.
