@@ -272,9 +272,6 @@ class WorkAdmin:
             if not rows:
                 raise WorkNotFound(params.work_id)
             old = from_row(rows[0])
-            if old.state not in REPLAYABLE:
-                raise WorkConflict(f"work {old.work_id} is {old.state.value}; only terminal work"
-                                   " can be replayed")
             if old.subject_kind == "command":
                 replayed = await tx.fetchall(
                     "SELECT work_id FROM work_items WHERE replay_of = ?", (old.work_id,))
@@ -282,6 +279,9 @@ class WorkAdmin:
                     raise WorkConflict(f"work {old.work_id} was already replayed"
                                        f" (as {replayed[0][0]})")
                 await _command_replay_guard(tx, old.subject_id, params)
+            if old.state not in REPLAYABLE:
+                raise WorkConflict(f"work {old.work_id} is {old.state.value}; only terminal work"
+                                   " can be replayed")
             spec = WorkSpec(
                 family=old.family,
                 org_id=old.org_id,

@@ -4,16 +4,30 @@ on every backend."""
 
 from __future__ import annotations
 
+import itertools
+
 import attrs
 import pytest
 import trio
 
+from daemon.core.operator_paths import (
+    Action,
+    Allowed,
+    CommandFacts,
+    EffectState,
+    Receipt,
+    Refused,
+    advice,
+    verdict,
+)
 from daemon.core.outcomes import DeadLetter
 from daemon.core.work import WorkItem
 from daemon.services.principal_bootstrap import bootstrap_facts
+from storage.command_operator import ActionRefused
 from storage.command_repair import RepairActor
 from storage.effect_values import Disposition, Settlement
-from storage.port import ReplayParams, StorageError, WorkConflict, WorkQuery
+from storage.port import CancelParams, ReplayParams, SqlTx, StorageError, WorkConflict, WorkQuery
+from storage.work_admin import CancelRefused
 from storage.work_store import WorkStore
 from tests.storage.test_effect_journal import attempt, record
 from tests.support.backends import FreshDatabase
@@ -204,3 +218,172 @@ async def test_concurrent_replays_of_one_item_have_one_winner(database: FreshDat
     assert len(winners) == 1, results
     assert all(isinstance(r, WorkConflict) for r in results if r not in winners), results
     assert len(await stores[0].work_replays_of(dead.work_id)) == 1
+
+
+# ------------------------------------------------ every path from every effect state
+#
+# Each path starts a command of its own record in one effect state, performs a
+# sequence of operator actions through the real store methods, and walks the
+# operator-path table beside it: the store must allow exactly what the table allows
+# (refusing with the table's code where the table decides), leave the state the table
+# names, write nothing when it refuses, and leave at most one receipt, true to what
+# happened at the provider. Then the table's advice is followed to the end: it is
+# never refused.
+
+async def _build(store: WorkStore, state: EffectState, lead: str) -> tuple[str, bool]:
+    """A command of ``lead`` in ``state``; and whether its effect was applied."""
+    command_id = await _accept(store, lead)
+    if state is EffectState.RUNNING:
+        return command_id, False
+    if state in (EffectState.UNPROVEN, EffectState.RETIRED):
+        await _dead_after(store, command_id, outcome="REPLAY_SAFE_RETRY")
+        if state is EffectState.RETIRED:
+            await store.command_retire(command_id, WHO, receipt_max_attempts=5, now_us=LATER)
+        return command_id, False
+    attempt_id = await _dead_after(store, command_id, outcome="OUTCOME_UNKNOWN")
+    if state is EffectState.UNRESOLVED:
+        return command_id, False
+    applied = state in (EffectState.APPLIED, EffectState.RETIRED_APPLIED)
+    await _dispose(store, attempt_id, Disposition.OPERATOR_APPLIED if applied
+                   else Disposition.OPERATOR_ABSENT)
+    if state is EffectState.RETIRED_APPLIED:  # as an earlier build left it
+        async def retired(tx: SqlTx) -> None:
+            await tx.execute("UPDATE external_commands SET settlement = 'retired'"
+                             " WHERE command_id = ?", (command_id,))
+
+        await store.db.transact(retired, name="test.retire_as_before")
+    elif state is EffectState.REPAIRED:
+        await _repair(store, command_id, LATER)
+    elif state is EffectState.ANSWERED:
+        await store.command_retire(command_id, WHO, receipt_max_attempts=5, now_us=LATER)
+    return command_id, applied
+
+
+async def _repair(store: WorkStore, command_id: str, now: int) -> str:
+    return await store.command_repair(command_id, WHO, binding_generation=1,
+                                      catalog_revision=7, catalog_digest="sha256:catalog",
+                                      max_attempts=8, now_us=now)
+
+
+async def _perform(store: WorkStore, command_id: str, action: Action, now: int) -> None:
+    """``action`` through the store method an operator's request reaches."""
+    if action in (Action.DISPOSE_APPLIED, Action.DISPOSE_ABSENT):
+        attempts = await store.effect_attempts(command_id)
+        if not attempts:
+            raise WorkConflict("no attempt to dispose")
+        await _dispose(store, attempts[-1].attempt_id,
+                       Disposition.OPERATOR_APPLIED if action is Action.DISPOSE_APPLIED
+                       else Disposition.OPERATOR_ABSENT, now)
+    elif action is Action.RETIRE:
+        await store.command_retire(command_id, WHO, receipt_max_attempts=5, now_us=now)
+    elif action is Action.REPAIR:
+        await _repair(store, command_id, now)
+    elif action is Action.REPLAY:
+        item = await _work_of(store, command_id)
+        await store.work_replay(ReplayParams(work_id=item.work_id, actor="otto",
+                                             role="operator", reason="again",
+                                             resolved_catalog=CATALOG), now)
+    else:
+        item = await _work_of(store, command_id)
+        await store.work_cancel_audited(CancelParams(work_id=item.work_id, actor="otto",
+                                                     role="operator", reason="stop"), now)
+
+
+async def _refusal(store: WorkStore, command_id: str, action: Action,
+                   now: int) -> WorkConflict | None:
+    """Perform ``action``; the refusal, if it was refused."""
+    try:
+        await _perform(store, command_id, action, now)
+    except WorkConflict as exc:
+        return exc
+    return None
+
+
+async def _snapshot(store: WorkStore, command_id: str) -> tuple[object, ...]:
+    path = await store.command_operator_path(command_id, CATALOG)
+    assert path is not None
+    items = await store.work_list(WorkQuery(subject_id=command_id))
+    return (path.as_json(), path.command.settlement, await store.receipt_get(command_id),
+            len(await store.audit_list(target_id=command_id)),
+            sorted((i.work_id, i.state.value) for i in items))
+
+
+async def _state(store: WorkStore, command_id: str) -> tuple[EffectState, CommandFacts]:
+    path = await store.command_operator_path(command_id, CATALOG)
+    assert path is not None
+    return EffectState(path.state), path.facts
+
+
+# Where the table decides in the store (the disposition and the cancel keep their own
+# rules, which must agree on what is allowed).
+_TABLE_CODED = (Action.RETIRE, Action.REPAIR, Action.REPLAY)
+_ACTIONS = [a for a in Action if a is not Action.DISPOSE]
+_STARTS = [s for s in EffectState]
+
+
+async def _walk(store: WorkStore, state: EffectState, actions: tuple[Action, ...],
+                lead: str) -> None:
+    command_id, applied = await _build(store, state, lead)
+    now = LATER + SEC
+    seen, facts = await _state(store, command_id)
+    assert seen is state
+    for action in actions:
+        now += SEC
+        expected = verdict(facts, action)
+        before = await _snapshot(store, command_id)
+        refusal = await _refusal(store, command_id, action, now)
+        if refusal is not None:
+            assert isinstance(expected, Refused), (state, actions, action, refusal)
+            if action in _TABLE_CODED:
+                assert isinstance(refusal, ActionRefused), (state, actions, action, refusal)
+                assert (refusal.code, refusal.instead) == (expected.code, expected.instead)
+            if isinstance(refusal, CancelRefused):
+                assert refusal.code == expected.code
+            assert await _snapshot(store, command_id) == before  # a refusal writes nothing
+        else:
+            assert isinstance(expected, Allowed), (state, actions, action, expected)
+            if action is Action.DISPOSE_APPLIED:
+                applied = True
+            now_state, facts = await _state(store, command_id)
+            if expected.then is not None:
+                assert now_state is expected.then, (state, actions, action)
+            receipt = await store.receipt_get(command_id)
+            if expected.receipt is Receipt.SUCCESS:
+                assert receipt is not None and receipt.result_format_version == 1
+                assert receipt.remote_id == f"r-{lead}"
+            elif expected.receipt is Receipt.NO_EFFECT:
+                assert receipt is not None and receipt.result_format_version == 2
+        seen, facts = await _state(store, command_id)
+    # Exactly the receipt the truth allows, once, for the intent the Runtime knows.
+    receipt = await store.receipt_get(command_id)
+    if receipt is not None:
+        assert receipt.result_format_version == (1 if applied else 2), (state, actions)
+    # Follow the advice: it is never refused, and it ends in a receipt or in running
+    # work whose own result is the receipt.
+    for _ in range(4):
+        action = advice(facts)
+        if action is None:
+            break
+        if action is Action.DISPOSE:
+            action = Action.DISPOSE_APPLIED if applied else Action.DISPOSE_ABSENT
+        now += SEC
+        await _perform(store, command_id, action, now)  # raises if refused
+        seen, facts = await _state(store, command_id)
+    assert seen in (EffectState.ANSWERED, EffectState.RUNNING, EffectState.REPAIRED), (
+        state, actions, seen)
+    receipt = await store.receipt_get(command_id)
+    if seen is EffectState.ANSWERED:
+        assert receipt is not None
+        assert receipt.result_format_version == (1 if applied else 2), (state, actions)
+    else:
+        assert receipt is None
+
+
+@pytest.mark.parametrize("start", _STARTS, ids=[s.value for s in _STARTS])
+async def test_every_operator_path_from_every_effect_state_ends_in_one_true_receipt(
+    store: WorkStore, start: EffectState,
+) -> None:
+    await _setup(store)
+    paths = [(a,) for a in _ACTIONS] + list(itertools.product(_ACTIONS, repeat=2))
+    for n, actions in enumerate(paths):
+        await _walk(store, start, actions, f"lead-{start.value}-{n}")
