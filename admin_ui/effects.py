@@ -48,15 +48,15 @@ from admin_ui.render import page
 from admin_ui.view import ReplicaView
 from config.catalog import Catalog
 from daemon.core.effects import OperationContract
-from daemon.core.identity import BadCoordinate, integration_link_key_v2
+from daemon.core.identity import BadCoordinate
 from daemon.core.ids import is_ulid
 from daemon.core.operator_paths import Action, Allowed, verdict
-from daemon.core.principals import BindingState, scope_digest
+from daemon.core.principals import scope_digest
 from daemon.core.work import WorkItem
-from daemon.services.operator_api import NotAuthorized
+from daemon.services.command_actions import repair_command, retire_command
+from daemon.services.operator_api import BadRequest, NotAuthorized
 from storage.command_operator import FactsRead
 from storage.command_repair import RepairActor
-from storage.commands import EFFECT_FAMILY
 from storage.effect_values import (
     Command,
     Disposition,
@@ -64,7 +64,6 @@ from storage.effect_values import (
     RemoteLink,
     ResultReceipt,
 )
-from storage.effects import RECEIPT_FAMILY
 from storage.links import read_link
 from storage.port import SqlTx
 
@@ -300,15 +299,13 @@ class EffectConsole:
         return int(window * 1_000_000)
 
     async def retire(self, command_id: str, reason: str, actor: str) -> str:
-        """Retire a blocked command; the store proves (or not) no effect in its
-        own transaction, over the whole repair lineage."""
+        """Retire a blocked command; the store decides from the operator-path table
+        and proves what it settles in its own transaction, over the whole lineage."""
         name, role = authorize_console(actor, "command.repair")
         view = console().view
-        settlement = await view.store.command_retire(
-            command_id, RepairActor(actor=name, role=role, reason=reason),
-            receipt_max_attempts=view.settings.family(RECEIPT_FAMILY).max_attempts,
-            now_us=view.clock.now_us(),
-        )
+        settlement = await retire_command(view.store, view.settings, command_id,
+                                          RepairActor(actor=name, role=role, reason=reason),
+                                          view.clock.now_us())
         return settlement.value
 
     async def repair(self, command_id: str, reason: str, actor: str) -> str:
@@ -317,24 +314,12 @@ class EffectConsole:
         command = await view.store.command_get(command_id)
         if command is None:
             raise NotFound(f"no command {command_id}")
-        binding = self.catalog.binding(command.binding_id)
-        if binding is None:
-            raise BadInput(f"binding {command.binding_id} is no longer configured")
-        # The repair pins the durable binding's generation as it is now.
-        principal = await view.store.binding_get(command.binding_id)
-        if principal is None or principal.state is not BindingState.CONNECTED:
-            raise BadInput(f"binding {command.binding_id} is not connected: reconnect it"
-                           " first (integrationd binding reconnect)")
-        return await view.store.command_repair(
-            command_id, RepairActor(actor=name, role=role, reason=reason),
-            binding_generation=principal.generation, catalog_revision=self.catalog.revision,
-            catalog_digest=self.catalog.digest,
-            max_attempts=view.settings.family(EFFECT_FAMILY).max_attempts,
-            now_us=view.clock.now_us(),
-            # The repair pins the link the durable binding's account names, as it is now.
-            link_key=integration_link_key_v2(scope_digest(principal), command.local_object,
-                                             command.local_id),
-        )
+        try:
+            return await repair_command(view.store, view.settings, self.catalog, command_id,
+                                        RepairActor(actor=name, role=role, reason=reason),
+                                        view.clock.now_us())
+        except BadRequest as exc:
+            raise BadInput(str(exc)) from None
 
     async def adopt(self, doc: dict[str, Any], actor: str) -> dict[str, Any]:
         name, role = authorize_console(actor, "link.adopt")

@@ -32,6 +32,7 @@ from config.settings import Settings
 from config.summary import describe_settings
 from daemon.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
 from daemon.binding_cli import add_binding_commands, run_binding_command
+from daemon.command_cli import add_command_commands, run_command_command
 from daemon.keys_cli import add_keys_commands, run_keys_command
 from daemon.services import logs
 from daemon.services.catalog_view import serving_refusal
@@ -153,6 +154,7 @@ def _parser() -> argparse.ArgumentParser:
     add_admin_commands(sub)
     add_keys_commands(sub)
     add_binding_commands(sub)
+    add_command_commands(sub)
     return parser
 
 
@@ -504,6 +506,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(run_keys_command, settings, args, _open)
         if args.command == "binding":
             return trio.run(run_binding_command, settings, args, _open)
+        if args.command == "command":
+            return trio.run(run_command_command, settings, args, _open)
         if args.command == "run":
             return trio.run(_cmd_run, settings)
         if args.command == "work":

@@ -39,6 +39,8 @@ ACTION_ROLES: dict[str, frozenset[str]] = {
     "work.enqueue": frozenset({"operator", "admin"}),
     "work.cancel": frozenset({"operator", "admin"}),
     "work.replay": frozenset({"operator", "admin"}),
+    # Retire or repair an effect command (the CLI's `command` verbs; the console's own).
+    "command.repair": frozenset({"operator", "admin"}),
     "catalog.read": frozenset({"viewer", "operator", "admin"}),
     "catalog.publish": frozenset({"admin"}),
     "catalog.delete": frozenset({"admin"}),

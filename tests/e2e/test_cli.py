@@ -296,6 +296,42 @@ async def test_work_replay_and_dlq_replay_resolve_every_family(
     assert again.returncode == 1 and "already replayed" in again.stderr
 
 
+async def test_work_show_and_command_verbs_follow_the_operator_path_table(
+    database: FreshDatabase, store: WorkStore, tmp_path: Path
+) -> None:
+    """Issue 20 item 3 through the CLI: ``work show`` and ``command show`` name the effect
+    state and the one next action; a refused action prints the table's code and what to
+    do instead (exit 1) and writes nothing; the advised action settles the receipt."""
+    cfg = write_config(tmp_path / "a.toml", database.url, extra=EFFECT_CATALOG)
+    (dead,) = await _dead_effects(store, 1, cfg)  # no attempt: proven no effect
+    item = await store.work_get(dead)
+    assert item is not None
+    shown = json.loads(run_cli(cfg, "work", "show", dead, "--json").stdout)
+    assert shown["operator_path"]["effect_state"] == "no_effect"
+    assert shown["operator_path"]["next_action"] == "retire"
+    assert "operator_path: " in run_cli(cfg, "work", "show", dead).stdout
+    command = json.loads(run_cli(cfg, "command", "show", item.subject_id).stdout)
+    assert command["operator_path"]["next_action"] == "retire"
+    assert "frozen_request" not in command["command"]
+    viewer = run_cli(cfg, "command", "retire", item.subject_id, "--actor", "nobody",
+                     "--reason", "x")
+    assert viewer.returncode == 1 and "not a configured operator" in viewer.stderr
+    retired = run_cli(cfg, "command", "retire", item.subject_id, "--actor", "alice",
+                      "--reason", "the provider never saw it")
+    assert retired.returncode == 0, retired.stderr
+    assert json.loads(retired.stdout)["settlement"] == "no_effect"
+    receipt = await store.receipt_get(item.subject_id)
+    assert receipt is not None and receipt.result_format_version == 2
+    audit = len(await store.audit_list(target_id=item.subject_id))
+    for args in (("work", "replay", dead), ("command", "retire", item.subject_id),
+                 ("command", "repair", item.subject_id)):
+        refused = run_cli(cfg, *args, "--actor", "alice", "--reason", "again")
+        assert refused.returncode == 1, refused.stderr
+        assert "refused (settled)" in refused.stderr, refused.stderr
+    assert len(await store.audit_list(target_id=item.subject_id)) == audit
+    assert await store.work_replays_of(dead) == []
+
+
 async def test_dlq_replay_refuses_an_unknown_family(
     database: FreshDatabase, store: WorkStore, tmp_path: Path
 ) -> None:
