@@ -19,7 +19,8 @@ the original intent and accepted command"):
   dispatched attempts.
 
 Otherwise no receipt is sent and the root intent stays blocking, which the
-console shows with its reason (:func:`blocking_reason`).
+console shows with the one action that answers it (the operator-path table,
+:mod:`daemon.core.operator_paths`, read by :mod:`storage.command_operator`).
 """
 
 from __future__ import annotations
@@ -101,24 +102,3 @@ async def repair_of(tx: SqlTx, command_id: str) -> str | None:
     rows = await tx.fetchall(
         "SELECT command_id FROM external_commands WHERE repair_of = ?", (command_id,))
     return str(rows[0][0]) if rows else None
-
-
-def blocking_reason(command: Command, *, has_receipt: bool, repaired_by: str | None) -> str:
-    """Why the Runtime intent of ``command``'s lineage is still blocking ("" if it is not)."""
-    if has_receipt:
-        return ""
-    if repaired_by is not None:
-        return (f"superseded by repair command {repaired_by}: the Runtime intent is released"
-                " by that command's result (a success, or a no-effect the whole lineage"
-                " proves)")
-    match command.settlement:
-        case Settlement.OPEN:
-            return "the command is open: its work has not produced a result yet"
-        case Settlement.RETIRED:
-            return ("retired without a receipt: nothing proves the outcome, so the Runtime"
-                    " intent keeps blocking; issue a repair command (its result is sent for"
-                    " this intent)")
-        case Settlement.SUCCEEDED | Settlement.NO_EFFECT if command.handoff_key is None:
-            return ("a repair command's result could not be bound to the Runtime intent"
-                    " (the lineage does not prove it): the intent keeps blocking")
-    return ""
