@@ -37,23 +37,12 @@ from storage.catalog_revisions import read_revision
 from storage.commands import read_command
 from storage.effect_values import Command
 from storage.effects import attempts_of
-from storage.port import Database, SqlTx, WorkConflict, WorkNotFound
+from storage.operator_refusal import ActionRefused
+from storage.port import Database, SqlTx, WorkNotFound
 from storage.principals import read_binding
 from storage.repair_lineage import lineage_no_effect, repair_of
 from storage.supersede import superseded_by
 from storage.work_rows import in_states
-
-
-class ActionRefused(WorkConflict):
-    """An operator action the table refuses: ``code`` is stable, ``instead`` names the
-    one action that leads to the receipt (or None); nothing was written."""
-
-    def __init__(self, command_id: str, action: Action, refused: Refused,
-                 detail: str = "") -> None:
-        more = f" ({detail})" if detail else ""
-        super().__init__(f"command {command_id}: {refused.line(action)}{more}")
-        self.code = refused.code
-        self.instead = refused.instead
 
 
 @attrs.frozen

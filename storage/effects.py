@@ -31,6 +31,7 @@ from daemon.core.handoff import (
     RESULT_FORMAT_NO_EFFECT,
     commit_result_request,
 )
+from daemon.core.operator_paths import Action, Refused
 from daemon.core.work import Fence, WorkSpec
 from storage.commands import COMMAND_COLUMNS, command_from_row, read_command
 from storage.effect_values import (
@@ -46,6 +47,7 @@ from storage.effect_values import (
 )
 from storage.idgen import new_ulid
 from storage.links import link_from_row, link_select
+from storage.operator_refusal import ActionRefused
 from storage.port import (
     AuditEntry,
     Database,
@@ -375,7 +377,9 @@ class EffectJournal:
                 raise WorkConflict(f"no effect attempt {attempt_id}")
             before = attempt_from_row(rows[0])
             if not before.unresolved:
-                raise WorkConflict(f"attempt {attempt_id} is not awaiting a disposition")
+                raise ActionRefused(before.command_id, Action.DISPOSE, Refused(
+                    "no_unresolved_attempt",
+                    f"attempt {attempt_id} is not awaiting a disposition"))
             await _disposition_fence(tx, before.command_id, in_flight_window_us, now_us)
             await dispose(tx, [attempt_id], disposition, note, actor, now_us,
                           unless_processing=True)
@@ -501,19 +505,21 @@ async def _disposition_fence(tx: SqlTx, command_id: str, window_us: int, now_us:
         "SELECT work_id FROM work_items WHERE subject_kind = 'command' AND subject_id = ?"
         " AND state = 'processing'", (command_id,))
     if busy:
-        raise WorkConflict(
-            f"work {busy[0][0]} of command {command_id} is processing: its claimant may still"
-            " record the attempt's real outcome; wait until it finishes (or its lease ends)")
+        raise ActionRefused(command_id, Action.DISPOSE, Refused(
+            "live_work",
+            f"work {busy[0][0]} is processing: its claimant may still record the attempt's"
+            " real outcome; wait until it finishes (or its lease ends)"))
     rows = await tx.fetchall(
         "SELECT MAX(dispatch_started_at_us), MAX(finished_at_us) FROM effect_attempts"
         " WHERE command_id = ?", (command_id,))
     stamps = [int(str(v)) for v in (rows[0] if rows else ()) if v is not None]
     open_until = (max(stamps) if stamps else 0) + max(0, window_us)
     if now_us < open_until:
-        raise WorkConflict(
-            f"command {command_id}: the provider's in-flight window has not passed since the"
-            f" latest dispatch (another {(open_until - now_us + 999_999) // 1_000_000} s): a"
-            " request may still be applied; record the disposition after that")
+        raise ActionRefused(command_id, Action.DISPOSE, Refused(
+            "in_flight_window",
+            "the provider's in-flight window has not passed since the latest dispatch"
+            f" (another {(open_until - now_us + 999_999) // 1_000_000} s): a request may"
+            " still be applied; record the disposition after that"))
 
 
 async def dispose(tx: SqlTx, attempt_ids: list[str], disposition: Disposition, note: str,

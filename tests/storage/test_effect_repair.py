@@ -10,10 +10,10 @@ import pytest
 from daemon.core.handoff import NoEffectReason, parse_no_effect
 from daemon.core.outcomes import DeadLetter
 from daemon.core.work import WorkItem
-from storage.command_operator import ActionRefused
 from storage.command_repair import RepairActor
 from storage.commands import _insert_command
 from storage.effect_values import Disposition, Settlement
+from storage.operator_refusal import ActionRefused
 from storage.port import DuplicateKey, SqlTx, WorkConflict, WorkQuery
 from storage.work_store import WorkStore
 from tests.storage.test_effect_journal import attempt, record, settle_fenced

@@ -23,9 +23,9 @@ from daemon.core.operator_paths import (
 from daemon.core.outcomes import DeadLetter
 from daemon.core.work import WorkItem
 from daemon.services.principal_bootstrap import bootstrap_facts
-from storage.command_operator import ActionRefused
 from storage.command_repair import RepairActor
 from storage.effect_values import Disposition, Settlement
+from storage.operator_refusal import ActionRefused
 from storage.port import CancelParams, ReplayParams, SqlTx, StorageError, WorkConflict, WorkQuery
 from storage.work_admin import CancelRefused
 from storage.work_store import WorkStore
@@ -361,13 +361,13 @@ async def _walk(store: WorkStore, state: EffectState, actions: tuple[Action, ...
     # Follow the advice: it is never refused, and it ends in a receipt or in running
     # work whose own result is the receipt.
     for _ in range(4):
-        action = advice(facts)
-        if action is None:
+        advised = advice(facts)
+        if advised is None:
             break
-        if action is Action.DISPOSE:
-            action = Action.DISPOSE_APPLIED if applied else Action.DISPOSE_ABSENT
+        if advised is Action.DISPOSE:
+            advised = Action.DISPOSE_APPLIED if applied else Action.DISPOSE_ABSENT
         now += SEC
-        await _perform(store, command_id, action, now)  # raises if refused
+        await _perform(store, command_id, advised, now)  # raises if refused
         seen, facts = await _state(store, command_id)
     assert seen in (EffectState.ANSWERED, EffectState.RUNNING, EffectState.REPAIRED), (
         state, actions, seen)
