@@ -196,6 +196,8 @@ _STATE_REFUSAL: Mapping[EffectState, tuple[str, str]] = {
     _S.RETIRED: ("retired", "the command is retired: only a repair command can still answer"
                  " its Runtime intent"),
     _S.APPLIED: ("proven_applied", _APPLIED_SENTENCE),
+    # (Every action but a disposition and a cancel is allowed from these two; those two
+    # have their own refusals below. Listed so that every state has a row.)
     _S.NO_EFFECT: ("no_live_work", "the command has no live work"),
     _S.UNPROVEN: ("no_live_work", "the command has no live work"),
 }
