@@ -430,6 +430,10 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
                         f"{i.work_id}  {i.family:<12} {i.state.value:<24} attempt={i.attempt}"
                         f" epoch={i.ownership_epoch} org={i.org_id}\n"
                     )
+                if len(items) == args.limit:
+                    # A full page may not be all: say so, and how to read on.
+                    sys.stderr.write(f"integrationd: stopped at --limit {args.limit}; more may"
+                                     f" match: next page with --after {items[-1].work_id}\n")
         elif verb == "show":
             item = await store.work_get(args.work_id)
             if item is None:
