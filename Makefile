@@ -6,7 +6,7 @@ CONFIG  ?= config/example.toml
 BIN     := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run secrets test lint typecheck pytest bench torture clean chromium galera
+.PHONY: run secrets test lint typecheck pytest bench torture clean chromium galera prometheus
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -82,7 +82,13 @@ galera:
 	  echo "installing Debian's galera-4 and rsync for the distributed-engine tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq galera-4 rsync; }
 
-pytest: $(BIN)/.installed chromium galera
+# The metrics tests run Debian's Prometheus server and promtool against live replicas.
+prometheus:
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || { \
+	  echo "installing Debian's prometheus for the metrics and alert-rule tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; }
+
+pytest: $(BIN)/.installed chromium galera prometheus
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint typecheck pytest

@@ -38,7 +38,7 @@ from admin_ui.auth import is_api_request, resolve_principal, write_session_cooki
 from admin_ui.context import EXTENSION_KEY, Console, console
 from admin_ui.errors import ConsoleError, DatabaseDown, Unauthenticated, classify
 from admin_ui.extensions import ConsoleExtensions
-from admin_ui.render import age_since, fmt_age, fmt_ts, page
+from admin_ui.render import age_since, fmt_age, fmt_duration_us, fmt_iso, fmt_ts, page
 from admin_ui.view import ReplicaView
 from daemon.services import logs
 from daemon.services.families import UnknownFamily
@@ -100,6 +100,8 @@ def create_app(replica: ReplicaView, extensions: ConsoleExtensions | None = None
     app.add_template_filter(fmt_ts, "ts")
     app.add_template_filter(fmt_age, "age")
     app.add_template_filter(age_since, "since")
+    app.add_template_filter(fmt_duration_us, "duration_us")
+    app.add_template_filter(fmt_iso, "iso")
 
     @app.get("/metrics")
     async def metrics() -> Response:

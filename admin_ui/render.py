@@ -98,6 +98,27 @@ def fmt_age(seconds: float | None) -> str:
     return f"{seconds / 86400:.1f} d"
 
 
+def fmt_duration_us(us: int | None) -> str:
+    """A span of time given in microseconds, as people read it: ``250 ms``, ``10 s``,
+    ``7 min``, ``3.5 h``."""
+    if us is None:
+        return "\u2014"
+    if us < 1_000_000:
+        return f"{us / 1000:.0f} ms" if us >= 1000 else f"{us} \u00b5s"
+    seconds = us / 1_000_000
+    if seconds < 90 and seconds != int(seconds):
+        return f"{seconds:.1f} s"
+    return fmt_age(seconds)
+
+
+def fmt_iso(us: int | None) -> str:
+    """An epoch-microsecond value as an RFC 3339 timestamp (for ``<time datetime>``)."""
+    if us is None:
+        return ""
+    return dt.datetime.fromtimestamp(us / 1_000_000, tz=dt.UTC).isoformat(
+        timespec="microseconds").replace("+00:00", "Z")
+
+
 def age_since(us: int | None) -> str:
     if us is None:
         return "\u2014"

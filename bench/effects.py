@@ -41,6 +41,7 @@ from typing import Any
 import attrs
 import trio
 
+from bench import pairs
 from bench.effects_peer import apply_schema
 from bench.kernel import (
     PG_DSN,
@@ -384,7 +385,12 @@ async def drive_peer(nursery: trio.Nursery, replicas: int, effects: int, leads: 
 
 
 def main() -> None:
+    pairs.delegate("bench.effects")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=int, metavar="N",
+                        help="run as N interleaved pairs against --against (bench.pairs)")
+    parser.add_argument("--against", metavar="REF", default="HEAD",
+                        help="with --pairs: another checkout's directory or a commit")
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--effects", type=int, default=5000)
     parser.add_argument("--leads", type=int, default=500, help="Leads per Runtime")

@@ -40,6 +40,7 @@ from typing import Any
 
 import trio
 
+from bench import pairs
 from bench.kernel import REPO, fresh_url, mysql_admin
 from config.catalog import load_catalog
 from config.load import load_settings
@@ -360,7 +361,12 @@ async def run(backends: list[str], rates: list[int], duration: float,
 
 
 def main() -> None:
+    pairs.delegate("bench.ingress")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=int, metavar="N",
+                        help="run as N interleaved pairs against --against (bench.pairs)")
+    parser.add_argument("--against", metavar="REF", default="HEAD",
+                        help="with --pairs: another checkout's directory or a commit")
     parser.add_argument("--backends", default="sqlite,mysql")
     parser.add_argument("--rates", default="100,250,500,1000")
     parser.add_argument("--duration", type=float, default=10.0)

@@ -46,6 +46,7 @@ from typing import Any
 
 import trio
 
+from bench import pairs
 from daemon.core.work import WorkSpec
 from sandbox.galera import GaleraCluster
 from storage.migrate import migrate
@@ -402,7 +403,12 @@ def bench_procrastinate(workers: int, items: int, concurrency: int) -> dict[str,
 
 
 def main() -> None:
+    pairs.delegate("bench.kernel")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=int, metavar="N",
+                        help="run as N interleaved pairs against --against (bench.pairs)")
+    parser.add_argument("--against", metavar="REF", default="HEAD",
+                        help="with --pairs: another checkout's directory or a commit")
     parser.add_argument("--backend", choices=["mysql", "sqlite", "galera"], default="mysql",
                         help="galera: MariaDB and a 3-node Galera cluster in one run")
     parser.add_argument("--replicas", type=int, default=4)

@@ -39,6 +39,7 @@ from typing import Any
 import httpx
 import trio
 
+from bench import pairs
 from bench.kernel import fresh_url, mysql_admin
 from daemon.core.quota import QuotaPolicy
 from sandbox.quota_meter import QuotaMeter
@@ -154,7 +155,12 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    pairs.delegate("bench.quota")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=int, metavar="N",
+                        help="run as N interleaved pairs against --against (bench.pairs)")
+    parser.add_argument("--against", metavar="REF", default="HEAD",
+                        help="with --pairs: another checkout's directory or a commit")
     parser.add_argument("--backend", choices=["mysql", "sqlite"], default="mysql")
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=5.0, help="each throughput phase")

@@ -186,11 +186,15 @@ def _merge_env(raw: dict[str, Any], environ: Mapping[str, str]) -> None:
         table[path[-1]] = _EnvText(value)
 
 
-def _read_secret_file(key: str, path: str) -> Secret:
+def _read_secret_file(key: str, path: str, owner: str = "") -> Secret:
     try:
         text = Path(path).read_text()
     except OSError as exc:
-        raise ConfigError(key, f"cannot read secret file: {exc.strerror}") from None
+        # Name the file (and whose secret it is): "bindings[0]" alone does not say which
+        # binding, nor where the daemon looked.
+        whose = f" of {owner}" if owner else ""
+        raise ConfigError(key, f"cannot read secret file{whose} {path!r}"
+                               f" ({Path(path).resolve()}): {exc.strerror}") from None
     return Secret(text.strip())
 
 
@@ -201,15 +205,17 @@ def load_secret(
     file_path: Any,
     env_var: str,
     environ: Mapping[str, str],
+    owner: str = "",
 ) -> Secret | None:
     """A secret from, in order: the systemd credential ``credential``
     (``$CREDENTIALS_DIRECTORY``), the file named by the ``key``_file setting,
-    or the environment variable ``env_var``."""
+    or the environment variable ``env_var``. ``owner`` names whose secret it is in
+    an error (``binding "hubspot-main"``)."""
     cred_dir = environ.get("CREDENTIALS_DIRECTORY")
     if cred_dir and (Path(cred_dir) / credential).exists():
-        return _read_secret_file(key, str(Path(cred_dir) / credential))
+        return _read_secret_file(key, str(Path(cred_dir) / credential), owner)
     if file_path:
-        return _read_secret_file(f"{key}_file", str(file_path))
+        return _read_secret_file(f"{key}_file", str(file_path), owner)
     if env_var in environ:
         return Secret(environ[env_var])
     return None
@@ -457,11 +463,13 @@ def _runtimes(value: Any, environ: Mapping[str, str]) -> tuple[RuntimeClient, ..
             rc,
             token=load_secret(key=f"{key}.token", credential=f"runtime-{rc.name}-token",
                               file_path=table.get("token_file"),
-                              env_var=f"INTEGRATIOND_RUNTIME_{env}_TOKEN", environ=environ),
+                              env_var=f"INTEGRATIOND_RUNTIME_{env}_TOKEN", environ=environ,
+                              owner=f"runtime {rc.name!r}"),
             results_token=load_secret(
                 key=f"{key}.results_token", credential=f"runtime-{rc.name}-results-token",
                 file_path=table.get("results_token_file"),
-                env_var=f"INTEGRATIOND_RUNTIME_{env}_RESULTS_TOKEN", environ=environ),
+                env_var=f"INTEGRATIOND_RUNTIME_{env}_RESULTS_TOKEN", environ=environ,
+                owner=f"runtime {rc.name!r}"),
         )
         out.append(rc)
     return tuple(out)
@@ -490,17 +498,17 @@ def _bindings(value: Any, environ: Mapping[str, str]) -> tuple[BindingSettings, 
             token=load_secret(key=f"{key}.token", credential=f"binding-{b.binding_id}-token",
                               file_path=table.get("token_file"),
                               env_var=f"INTEGRATIOND_BINDING_{_env_name(b.binding_id)}_TOKEN",
-                              environ=environ),
+                              environ=environ, owner=f"binding {b.binding_id!r}"),
             client_secret=load_secret(
                 key=f"{key}.client_secret", credential=f"binding-{b.binding_id}-client-secret",
                 file_path=table.get("client_secret_file"),
                 env_var=f"INTEGRATIOND_BINDING_{_env_name(b.binding_id)}_CLIENT_SECRET",
-                environ=environ),
+                environ=environ, owner=f"binding {b.binding_id!r}"),
             s2s_private_key=load_secret(
                 key=f"{key}.s2s_private_key", credential=f"binding-{b.binding_id}-s2s-key",
                 file_path=table.get("s2s_private_key_file"),
                 env_var=f"INTEGRATIOND_BINDING_{_env_name(b.binding_id)}_S2S_KEY",
-                environ=environ),
+                environ=environ, owner=f"binding {b.binding_id!r}"),
         )
         _binding_auth(key, b, declared="auth" in table)
         out.append(b)

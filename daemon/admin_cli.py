@@ -43,7 +43,12 @@ from admin_ui.filters import DLQ_CLASS_SAMPLE, MAX_BULK, BulkReplayRequest, reas
 from admin_ui.passwords import hash_password
 from admin_ui.serialize import audit_json, dead_class_json, work_json
 from config.settings import Settings
-from daemon.catalog_cli import CatalogUsage, add_catalog_command, run_catalog_command
+from daemon.catalog_cli import (
+    CatalogNotFound,
+    CatalogUsage,
+    add_catalog_command,
+    run_catalog_command,
+)
 from daemon.core.ids import is_ulid
 from daemon.cutover_cli import CutoverUsage, add_cutover_command, run_cutover_command
 from daemon.reconcile_cli import ReconcileUsage, add_reconcile_command, run_reconcile_command
@@ -352,7 +357,7 @@ async def run_admin_command(settings: Settings, args: argparse.Namespace) -> int
             ReconcileUsage, CutoverUsage, SubscriptionsUsage) as exc:
         sys.stderr.write(f"integrationd: {exc}\n")
         return EXIT_USAGE
-    except (NotAuthorized, StorageError) as exc:
+    except (NotAuthorized, StorageError, CatalogNotFound) as exc:
         sys.stderr.write(f"integrationd: {exc}\n")
         return EXIT_FAILURE
     raise AssertionError(f"not an admin command: {args.command}")

@@ -1,5 +1,6 @@
 """``integrationd binding ...``: PrincipalBinding transitions as audited operator actions.
 
+Every verb prints plain text, or JSON with ``--json`` (times as epoch microseconds).
 ``binding list [--org ORG]`` and ``binding show ID`` read the durable facts (``show`` with the
 grant of the current generation: state, token version, key id, expiry, last refresh and
 why it needs re-authorization: a stable code and its sentence). ``binding status``
@@ -15,9 +16,10 @@ that changed meanwhile is refused rather than changed twice. A binding holds no 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from config.settings import BindingSettings, Settings
 from daemon.admin_cli import record_cli_origin
@@ -31,7 +33,7 @@ from daemon.core.principals import (
     connect,
 )
 from daemon.services.clock import WallClock
-from daemon.services.operator_api import BadRequest, NotAuthorized
+from daemon.services.operator_api import NotAuthorized
 from daemon.services.principal_bootstrap import bootstrap_facts
 from storage.migrate import check_schema
 from storage.port import WorkConflict
@@ -47,18 +49,25 @@ def add_binding_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     verbs = binding.add_subparsers(dest="binding_command", required=True, metavar="VERB")
     lst = verbs.add_parser("list", help="every binding (generation, state, identity)")
     lst.add_argument("--org", help="only this org")
-    show = verbs.add_parser("show", help="one binding")
+    lst.add_argument("--json", action="store_true", help="print JSON")
+    show = verbs.add_parser("show", help="one binding and its current grant")
     show.add_argument("binding_id")
-    verbs.add_parser("status", help="one line per configured binding: the durable facts"
-                     " and any drift of the TOML from them")
+    show.add_argument("--json", action="store_true",
+                      help="print JSON (times as epoch microseconds)")
+    status = verbs.add_parser("status", help="one line per configured binding: the durable"
+                              " facts and any drift of the TOML from them")
+    status.add_argument("--json", action="store_true", help="print JSON")
     for verb, text in (("connect", "create a binding at generation 1"),
                        ("disconnect", "stop dispatch under the binding (generation kept)"),
                        ("reconnect", "connect again: the generation moves"),
                        ("change", "change its identity or scopes: the generation moves")):
         p = verbs.add_parser(verb, help=text)
         p.add_argument("binding_id")
-        p.add_argument("--actor", required=True, help="operator name (operator or admin)")
+        p.add_argument("--actor", required=True,
+                       help="your operator name, as configured in [[operators]] (role"
+                            " operator or admin)")
         p.add_argument("--reason", required=True, help="why (kept in the audit log)")
+        p.add_argument("--json", action="store_true", help="print the binding as JSON")
         if verb != "connect":
             p.add_argument("--generation", type=int, required=True,
                            help="the generation you saw (refused if it has moved)")
@@ -121,29 +130,47 @@ async def run_binding_command(settings: Settings, args: argparse.Namespace,
         await check_schema(store.db, store.dialect)
         if verb == "list":
             found = await store.binding_list(args.org)
-            if not found:
-                sys.stderr.write("integrationd: no bindings\n")
-            _print([binding_json(b) for b in found])
+            if args.json:
+                _print([binding_json(b) for b in found])
+            elif not found:
+                sys.stdout.write("no bindings" + (f" in org {args.org}" if args.org else "")
+                                 + "\n")
+            else:
+                sys.stdout.write("".join(binding_line(b) + "\n" for b in found))
             return EXIT_OK
         if verb == "status":
             durable = await store.binding_get_many([b.binding_id for b in settings.bindings])
-            if not settings.bindings:
-                sys.stderr.write("integrationd: no [[bindings]] configured\n")
-            for b in settings.bindings:
+            if args.json:
+                _print([{"binding_id": b.binding_id,
+                         "durable": (binding_json(durable[b.binding_id])
+                                     if b.binding_id in durable else None),
+                         "drift": [{"field": d.field, "configured": d.configured,
+                                    "durable": d.durable}
+                                   for d in (config_drift(bootstrap_facts(b),
+                                                          durable[b.binding_id])
+                                             if b.binding_id in durable else [])]}
+                        for b in settings.bindings])
+            elif not settings.bindings:
+                sys.stdout.write("no [[bindings]] configured\n")
+            for b in settings.bindings if not args.json else ():
                 sys.stdout.write(status_line(b, durable.get(b.binding_id)) + "\n")
             return EXIT_OK
         if verb == "show":
             one = await store.binding_get(args.binding_id)
             if one is None:
-                raise BadRequest(f"no binding {args.binding_id}")
+                raise BindingNotFound(f"no binding {args.binding_id}")
             grant = await store.grant_get(one.binding_id, one.generation)
             # The grant of the current generation: its state, never a token.
-            _print({**binding_json(one), "grant": None if grant is None else {
+            grant_doc = None if grant is None else {
                 "state": grant.state.value, "token_version": grant.token_version,
                 "key_id": grant.sealed.key_id, "expires_at_us": grant.expires_at_us,
                 "last_refresh_at_us": grant.last_refresh_at_us,
                 "reason": None if grant.reason is None else {
-                    "code": grant.reason.code, "text": grant.reason.text}}})
+                    "code": grant.reason.code, "text": grant.reason.text}}
+            if args.json:
+                _print({**binding_json(one), "grant": grant_doc})
+            else:
+                sys.stdout.write(show_text(one, grant_doc, now))
             return EXIT_OK
         assert actor is not None
         try:
@@ -162,10 +189,67 @@ async def run_binding_command(settings: Settings, args: argparse.Namespace,
                     expected_generation=args.generation, now_us=now, identity=identity)
         except BindingRefused as exc:
             raise WorkConflict(str(exc)) from None
-        _print(binding_json(result))
+        if args.json:
+            _print(binding_json(result))
+        else:
+            sys.stdout.write(binding_line(result) + "\n")
         return EXIT_OK
     finally:
         await store.db.aclose()
+
+
+class BindingNotFound(Exception):
+    """``binding show`` of an id with no durable binding (exit 1, as every not found)."""
+
+
+def binding_line(b: BindingFacts) -> str:
+    """One binding on one line, as ``binding list`` and the transitions print it."""
+    return (f"{b.binding_id}: generation {b.generation} {b.state.value}, {b.kind.value}"
+            f" {b.provider}, org {b.org_id}, account {b.identity.remote_account_id}")
+
+
+def show_text(b: BindingFacts, grant: Mapping[str, object] | None, now_us: int) -> str:
+    """``binding show`` for people: times as UTC wall time and how long ago or ahead."""
+    ident = b.identity
+    lines = [
+        binding_line(b),
+        f"  app installation {b.app_installation_id}"
+        + (f", user {b.user_id}" if b.user_id else ""),
+        f"  issuer {ident.issuer}, subject {ident.remote_subject}"
+        + (f", installation {ident.installation_id}" if ident.installation_id else "")
+        + f", scopes {' '.join(ident.scopes) or '-'}",
+    ]
+    if grant is None:
+        lines.append("  grant: none for this generation")
+    else:
+        lines.append(f"  grant: {grant['state']}, token version {grant['token_version']},"
+                     f" sealed with key {grant['key_id']}")
+        lines.append(f"  expires {wall_time(grant['expires_at_us'], now_us)}")
+        lines.append(f"  last refresh {wall_time(grant['last_refresh_at_us'], now_us)}")
+        reason = grant["reason"]
+        if isinstance(reason, dict):
+            lines.append(f"  needs attention: {reason['code']}: {reason['text']}")
+    return "\n".join(lines) + "\n"
+
+
+def wall_time(us: object, now_us: int) -> str:
+    """``2026-12-04 18:00:00Z (in 5 min)``; ``never`` for no value."""
+    if not isinstance(us, int) or us <= 0:
+        return "never"
+    moment = dt.datetime.fromtimestamp(us / 1_000_000, tz=dt.UTC).strftime(
+        "%Y-%m-%d %H:%M:%SZ")
+    delta = (us - now_us) / 1_000_000
+    return f"{moment} ({'in ' + span(delta) if delta >= 0 else span(-delta) + ' ago'})"
+
+
+def span(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 36 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
 
 
 def status_line(b: BindingSettings, facts: BindingFacts | None) -> str:

@@ -9,7 +9,8 @@
 * ``delete REV``: remove a revision no unsettled work is pinned to. Audited.
 
 A revision that is not published, named on the command line, is one line
-naming it and exit 2; a refused publish or delete is one line and exit 1.
+naming it and exit 1 (as every "not found"); a malformed revision number is exit 2;
+a refused publish or delete is one line and exit 1.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ from storage.work_store import WorkStore
 
 class CatalogUsage(Exception):
     """Input the operator can fix: one line, exit 2."""
+
+
+class CatalogNotFound(Exception):
+    """The revision named is not published: one line, exit 1 (as every not found)."""
 
 
 def _revision_arg(text: str) -> int:
@@ -120,7 +125,7 @@ async def run_catalog_command(store: WorkStore, settings: Settings,
     if verb == "show":
         found = await store.catalog_get(args.revision)
         if found is None:
-            raise CatalogUsage(f"REV: catalog revision {args.revision} is not published")
+            raise CatalogNotFound(f"REV: catalog revision {args.revision} is not published")
         if args.json:
             _print_json(_meta(found) | {"content": json.loads(found.content)})
         else:
@@ -136,5 +141,5 @@ async def run_catalog_command(store: WorkStore, settings: Settings,
                                           role=operator.role, reason=args.reason,
                                           now_us=now_us)
     except RevisionNotPublished as exc:
-        raise CatalogUsage(f"REV: {exc}") from None
+        raise CatalogNotFound(f"REV: {exc}") from None
     sys.stdout.write(f"deleted catalog revision {gone.revision} ({gone.digest})\n")

@@ -31,7 +31,7 @@ from config.load import ConfigError, load_settings
 from config.settings import Settings
 from config.summary import describe_settings
 from daemon.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
-from daemon.binding_cli import add_binding_commands, run_binding_command
+from daemon.binding_cli import BindingNotFound, add_binding_commands, run_binding_command
 from daemon.command_cli import add_command_commands, run_command_command
 from daemon.keys_cli import add_keys_commands, run_keys_command
 from daemon.services import logs
@@ -433,6 +433,10 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
                         f"{i.work_id}  {i.family:<12} {i.state.value:<24} attempt={i.attempt}"
                         f" epoch={i.ownership_epoch} org={i.org_id}\n"
                     )
+                if len(items) == args.limit:
+                    # A full page may not be all: say so, and how to read on.
+                    sys.stderr.write(f"integrationd: stopped at --limit {args.limit}; more may"
+                                     f" match: next page with --after {items[-1].work_id}\n")
         elif verb == "show":
             item = await store.work_get(args.work_id)
             if item is None:
@@ -551,7 +555,7 @@ def _report(exc: BaseException, settings: Settings) -> int | None:
         line, code = _rejected_line(settings, exc), EXIT_USAGE
     elif isinstance(exc, DatabaseUnavailable):
         line, code = _unreachable_line(settings, exc), EXIT_FAILURE
-    elif isinstance(exc, CliFailure | NotAuthorized | StorageError):
+    elif isinstance(exc, CliFailure | NotAuthorized | StorageError | BindingNotFound):
         line, code = str(exc), EXIT_FAILURE
     elif isinstance(exc, KeyboardInterrupt):
         return EXIT_FAILURE

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from config.keys import load_token_keys
 from config.load import ConfigError
@@ -32,10 +32,14 @@ EXIT_OK, EXIT_FAILURE = 0, 1
 def add_keys_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     keys = sub.add_parser("keys", help="token-bundle encryption keys: status, rotate")
     verbs = keys.add_subparsers(dest="keys_command", required=True, metavar="VERB")
-    verbs.add_parser("status", help="which key seals how many bundles; check they open")
+    status = verbs.add_parser("status", help="which key seals how many bundles; check they"
+                              " open")
+    status.add_argument("--json", action="store_true", help="print JSON")
     rot = verbs.add_parser("rotate", help="rewrap every token bundle under [keys] active")
-    rot.add_argument("--actor", required=True, help="operator name (must be an admin)")
+    rot.add_argument("--actor", required=True,
+                     help="your operator name, as configured in [[operators]] (an admin)")
     rot.add_argument("--reason", required=True, help="why (kept in the audit log)")
+    rot.add_argument("--json", action="store_true", help="print JSON")
 
 
 async def run_keys_command(settings: Settings, args: argparse.Namespace,
@@ -54,21 +58,42 @@ async def run_keys_command(settings: Settings, args: argparse.Namespace,
         if args.keys_command == "status":
             sealing = Counter(g.sealed.key_id for g in await store.grant_list())
             problems = await verify_keys(store, keys)
-            sys.stdout.write(json.dumps({
-                "active": settings.keys.active or None,
-                "loaded": sorted(keys),
-                "bundles_by_key": dict(sorted(sealing.items())),
-                "problems": problems,
-            }, indent=2) + "\n")
+            doc = {"active": settings.keys.active or None, "loaded": sorted(keys),
+                   "bundles_by_key": dict(sorted(sealing.items())), "problems": problems}
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n" if args.json
+                             else status_text(doc))
             return EXIT_FAILURE if problems else EXIT_OK
         report = await rotate_keys(store, keys, settings.keys.active, actor=args.actor,
                                    reason=args.reason, now_us=WallClock().now_us())
-        sys.stdout.write(json.dumps({
-            "active": settings.keys.active, "rewrapped": report.rewrapped,
-            "already_current": report.already_current,
-            "refused": [{"binding_id": b, "generation": g, "reason": r}
-                        for b, g, r in report.refused],
-        }, indent=2) + "\n")
+        refused = [{"binding_id": b, "generation": g, "reason": r}
+                   for b, g, r in report.refused]
+        if args.json:
+            sys.stdout.write(json.dumps({
+                "active": settings.keys.active, "rewrapped": report.rewrapped,
+                "already_current": report.already_current, "refused": refused,
+            }, indent=2) + "\n")
+        else:
+            sys.stdout.write(
+                f"rewrapped {report.rewrapped} bundle(s) under key {settings.keys.active};"
+                f" {report.already_current} already sealed with it; {len(refused)} refused\n"
+                + "".join(f"  refused: {r['binding_id']} generation {r['generation']}:"
+                          f" {r['reason']}\n" for r in refused))
         return EXIT_FAILURE if report.refused else EXIT_OK
     finally:
         await store.db.aclose()
+
+
+def status_text(doc: Mapping[str, object]) -> str:
+    """``keys status`` for people: the active key, what each key seals, any problem."""
+    sealing = doc["bundles_by_key"]
+    loaded = doc["loaded"]
+    problems = doc["problems"]
+    assert isinstance(sealing, dict) and isinstance(loaded, list)
+    assert isinstance(problems, list)
+    lines = [f"active key: {doc['active'] or 'none configured'}",
+             f"loaded keys: {', '.join(loaded) or 'none'}"]
+    if not sealing:
+        lines.append("no token bundles are stored yet")
+    lines += [f"  key {key} seals {count} bundle(s)" for key, count in sealing.items()]
+    lines += [f"problem: {p}" for p in problems] or ["every stored bundle opens"]
+    return "\n".join(lines) + "\n"

@@ -56,16 +56,22 @@ class GaleraNode:
 class GaleraCluster:
     base: Path
     nodes: list[GaleraNode] = attrs.field(factory=list)
+    # Each node gets SIGKILL when the thread that started it dies (setpriv --pdeathsig):
+    # a test run stopped by a signal or a time limit leaves no mariadbd behind. Only for
+    # a caller that starts and restarts nodes from one long-lived thread (the test
+    # session's); the kernel signals on the *thread's* exit, not the process's.
+    die_with_parent: bool = False
 
     @classmethod
-    def create(cls, base: Path | None = None) -> GaleraCluster:
+    def create(cls, base: Path | None = None, *, die_with_parent: bool = False
+               ) -> GaleraCluster:
         if not Path(PROVIDER).exists() or not Path(MARIADBD).exists():
             raise GaleraUnavailable(f"need {PROVIDER} (apt-get install galera-4 rsync) and"
                                     f" {MARIADBD}")
         root = base or Path(tempfile.mkdtemp(prefix="galera-"))
         nodes = [GaleraNode(i, root / f"n{i}", free_port(), free_port(), free_port(),
                             free_port()) for i in range(NODES)]
-        return cls(root, nodes)
+        return cls(root, nodes, die_with_parent)
 
     def _command(self, node: GaleraNode, *, bootstrap: bool) -> list[str]:
         members = ",".join(f"127.0.0.1:{n.gcomm_port}" for n in self.nodes)
@@ -149,7 +155,10 @@ class GaleraCluster:
         # New files and directories readable and writable by the state-transfer daemon
         # (MariaDB reads UMASK and UMASK_DIR as the modes it creates them with).
         env = {**os.environ, "UMASK": "0666", "UMASK_DIR": "0777"}
-        node.proc = subprocess.Popen(self._command(node, bootstrap=bootstrap), stdout=log,
+        command = self._command(node, bootstrap=bootstrap)
+        if self.die_with_parent:
+            command = ["setpriv", "--pdeathsig", "KILL", "--", *command]
+        node.proc = subprocess.Popen(command, stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True, env=env)
         log.close()
 

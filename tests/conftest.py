@@ -21,7 +21,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 def galera_cluster() -> Iterator[GaleraCluster]:
     """One 3-node Galera cluster for the whole session (up in ~20 s), started on first use;
     each test makes its own database on it."""
-    cluster = GaleraCluster.create()
+    cluster = GaleraCluster.create(die_with_parent=True)
     try:
         cluster.start()
         use_galera(cluster)

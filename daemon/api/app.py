@@ -291,7 +291,7 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
                  result: AdmissionResult) -> tuple[dict[str, Any], int]:
         ctx.on_admission("command", result.admission.value, result.created)
         if result.created:
-            logs.event("command_accepted", command_id=result.command_id, work_id=result.work_id,
+            logs.debug("command_accepted", command_id=result.command_id, work_id=result.work_id,
                        runtime=rc.name, operation=draft.operation)
         elif result.admission is Admission.QUARANTINED:
             logs.warn("handoff_quarantined", runtime=rc.name, reason=result.reason)

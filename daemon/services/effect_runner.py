@@ -490,7 +490,7 @@ class EffectRunner:
                                                               detail="ClientDeadline"), {}
         verdict = classify(op.contract, seen)
         self.on_attempt(op.name, verdict.outcome.value)
-        logs.event("effect_attempt", command_id=command.command_id, attempt_id=attempt_id,
+        logs.debug("effect_attempt", command_id=command.command_id, attempt_id=attempt_id,
                    work_id=ctx.item.work_id, epoch=ctx.fence.ownership_epoch,
                    outcome=verdict.outcome.value, status=seen.status, detail=seen.detail)
         self._record(ctx, attempt_id, verdict, seen, provider_evidence)

@@ -417,7 +417,7 @@ class InboundFlow:
         self._record(ctx, attempt_id, outcome, evidence, status, error)
         if status == 200:
             self._observed(ctx, change, mark, WatermarkAdvance(stamps=step.stamps))
-            logs.event("inbound_applied", work_id=ctx.item.work_id, attempt_id=attempt_id,
+            logs.debug("inbound_applied", work_id=ctx.item.work_id, attempt_id=attempt_id,
                        fields=sorted(step.fields), origin=change.origin)
             return Succeeded(f"applied {', '.join(sorted(step.fields))}")
         if status == 410:

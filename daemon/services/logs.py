@@ -51,6 +51,11 @@ def event(name: str, level: int = logging.INFO, **fields: Any) -> None:
         _log.log(level, name, extra={"fields": fields})
 
 
+def debug(name: str, **fields: Any) -> None:
+    """A routine success: DEBUG (the replica's ``activity`` line counts them at INFO)."""
+    event(name, logging.DEBUG, **fields)
+
+
 def warn(name: str, **fields: Any) -> None:
     event(name, logging.WARNING, **fields)
 

@@ -107,7 +107,7 @@ class ReceiptSender:
         self.on_result(receipt_result(status))
         if status == 200:
             self._mark(ctx, command_id, confirmed=True, error=None)
-            logs.event("receipt_confirmed", command_id=command_id, work_id=ctx.item.work_id,
+            logs.debug("receipt_confirmed", command_id=command_id, work_id=ctx.item.work_id,
                        format=request.get("result_format_version"))
             return Succeeded("receipt confirmed by the Runtime")
         await self._note(ctx, command_id, f"http_{status}:{error}")

@@ -57,6 +57,7 @@ from quart_trio import QuartTrio
 from config.settings import Settings
 from daemon.core.replica_identity import Holder, Judgement, Verdict, judge, rejudge
 from daemon.services import legacy_projector, logs, sdnotify
+from daemon.services.activity_log import run_activity_summaries
 from daemon.services.clock import Clock
 from daemon.services.completer import Completer
 from daemon.services.families import FamilyRegistry
@@ -242,6 +243,7 @@ class Replica:
                 return
             await services.start(self._heartbeat_loop)
             await services.start(self._depth_loop)
+            await services.start(run_activity_summaries, self.metrics, self.replica_id)
             await services.start(legacy_projector.run, self.store, self.clock)
             if self.settings.retention.enabled:
                 self.pruner = Pruner(self.store, self.settings.retention, self.clock,

@@ -38,6 +38,7 @@ from daemon.core.outcomes import (
     RetryLater,
     decide,
 )
+from daemon.core.states import WorkState
 from daemon.core.work import Fence, WorkItem
 from daemon.services import logs
 from daemon.services.clock import Clock
@@ -178,6 +179,13 @@ class WorkerPool:
                                                  _combined(ctx.side_writes))
             if result.applied and result.state is not None:
                 self.metrics.finalized.labels(family.name, result.state.value).inc()
+                if result.state in (WorkState.RETRY, WorkState.DEAD):
+                    # Every retry and dead item is one WARNING line an operator can act on.
+                    logs.warn("work_dead" if result.state is WorkState.DEAD else "work_retry",
+                              family=family.name, work_id=item.work_id,
+                              attempt=item.attempt, max_attempts=item.max_attempts,
+                              failure_class=finalization.failure_class or "unclassified",
+                              reason=finalization.summary or "")
                 for name in ctx.wakes:
                     self.wake(name)
             elif result.error is not None:

@@ -113,3 +113,14 @@ def test_check_config_exits_2_with_one_line_for_a_key_that_is_not_rsa(tmp_path: 
     (line,) = result.stderr.strip().splitlines()
     assert KEY in line and "is not an RSA private key" in line
     assert "PRIVATE KEY-----" not in result.stderr + result.stdout
+
+
+def test_an_unreadable_secret_file_names_the_binding_and_the_file(tmp_path: Path) -> None:
+    """Not only ``bindings[0]``: which binding, and the file the daemon tried."""
+    binding = _binding(str(tmp_path / "absent.pem"))
+    with pytest.raises(ConfigError) as raised:
+        _parse(binding, {})
+    message = str(raised.value)
+    assert message.startswith(f"{KEY}: cannot read secret file of binding 'outreach-main' '")
+    assert str(tmp_path / "absent.pem") in message
+    assert message.endswith("No such file or directory")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import attrs
@@ -27,13 +28,14 @@ async def test_binding_lifecycle(database: FreshDatabase, store: WorkStore,
                                  tmp_path: Path) -> None:
     cfg = write_config(tmp_path / "c.toml", database.url)
     empty = run_cli(cfg, "binding", "list")
-    assert empty.returncode == 0 and json.loads(empty.stdout) == []
-    assert "no bindings" in empty.stderr
+    assert (empty.returncode, empty.stdout, empty.stderr) == (0, "no bindings\n", "")
+    empty_json = run_cli(cfg, "binding", "list", "--json")
+    assert empty_json.returncode == 0 and json.loads(empty_json.stdout) == []
 
     made = run_cli(cfg, "binding", "connect", "b1", *WHO, "--org", "org-1",
                    "--app-installation", "i1", "--provider", "p", "--issuer", "https://iss",
                    "--remote-account", "acct-1", "--remote-subject", "app-1",
-                   "--scopes", "write,read")
+                   "--scopes", "write,read", "--json")
     assert made.returncode == 0, made.stderr
     doc = json.loads(made.stdout)
     assert (doc["generation"], doc["state"], doc["scopes"]) == (1, "connected",
@@ -48,17 +50,27 @@ async def test_binding_lifecycle(database: FreshDatabase, store: WorkStore,
     assert viewer.returncode == 1 and "may not change bindings" in viewer.stderr
 
     off = run_cli(cfg, "binding", "disconnect", "b1", *WHO, "--generation", "1")
-    assert json.loads(off.stdout)["state"] == "disconnected"
+    assert off.stdout == ("b1: generation 1 disconnected, shared p, org org-1,"
+                          " account acct-1\n")
     back = run_cli(cfg, "binding", "reconnect", "b1", *WHO, "--generation", "1",
-                   "--remote-account", "acct-2")
+                   "--remote-account", "acct-2", "--json")
     assert back.returncode == 0, back.stderr
     doc = json.loads(back.stdout)
     assert (doc["generation"], doc["remote_account_id"], doc["issuer"]) == (2, "acct-2",
                                                                           "https://iss")
-    shown = json.loads(run_cli(cfg, "binding", "show", "b1").stdout)
+    shown = json.loads(run_cli(cfg, "binding", "show", "b1", "--json").stdout)
     assert shown == {**doc, "grant": None}  # no grant installed for b1
+    text = run_cli(cfg, "binding", "show", "b1")
+    assert text.stdout.splitlines() == [
+        "b1: generation 2 connected, shared p, org org-1, account acct-2",
+        "  app installation i1",
+        "  issuer https://iss, subject app-1, scopes read write",
+        "  grant: none for this generation"]
+    listed = run_cli(cfg, "binding", "list")
+    assert listed.stdout == "b1: generation 2 connected, shared p, org org-1, account acct-2\n"
+    # Not found is exit 1, as everywhere.
     missing = run_cli(cfg, "binding", "show", "nosuch")
-    assert missing.returncode == 2 and "no binding nosuch" in missing.stderr
+    assert missing.returncode == 1 and missing.stderr == "integrationd: no binding nosuch\n"
 
     actions = [e.action for e in await store.audit_list(target_id="b1")]
     assert sorted(actions) == ["binding.connect", "binding.disconnect", "binding.reconnect"]
@@ -100,13 +112,23 @@ async def test_binding_show_says_why_the_grant_needs_reauthorization(
     await store.grant_install(binding_id="b1", generation=1,
                               sealed=seal(bundle, key, BundleContext("b1", 1, 1)),
                               expires_at_us=0, now_us=T0)
-    valid = json.loads(run_cli(cfg, "binding", "show", "b1").stdout)
+    valid = json.loads(run_cli(cfg, "binding", "show", "b1", "--json").stdout)
     assert (valid["grant"]["state"], valid["grant"]["reason"]) == ("valid", None)
     why = grant_reason("invalid_grant")
     assert await store.grant_mark("b1", 1, 1, GrantState.NEEDS_REAUTHORIZATION, T0 + 1, why)
-    shown = run_cli(cfg, "binding", "show", "b1")
+    shown = run_cli(cfg, "binding", "show", "b1", "--json")
     assert shown.returncode == 0, shown.stderr
     grant = json.loads(shown.stdout)["grant"]
     assert (grant["state"], grant["reason"]) == (
         "needs_reauthorization", {"code": "invalid_grant", "text": why.text})
     assert "SECRET" not in shown.stdout + shown.stderr
+    # As text: the state, the reason's code and sentence, and times people read (no
+    # epoch microseconds).
+    text = run_cli(cfg, "binding", "show", "b1")
+    assert text.returncode == 0, text.stderr
+    assert "  grant: needs_reauthorization, token version 1, sealed with key k1" in text.stdout
+    assert f"  needs attention: invalid_grant: {why.text}" in text.stdout
+    assert "  expires never" in text.stdout
+    assert re.search(r"  last refresh 2027-01-15 08:00:00Z \((in .+|.+ ago)\)\n",
+                     text.stdout), text.stdout
+    assert str(T0) not in text.stdout and "SECRET" not in text.stdout

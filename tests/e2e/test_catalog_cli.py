@@ -84,13 +84,13 @@ async def test_publish_list_show_delete(database: FreshDatabase, tmp_path: Path)
         ("catalog.publish", "7", "ada")]
 
 
-async def test_a_revision_that_does_not_exist_is_one_line_naming_it_exit_2(
+async def test_a_revision_that_does_not_exist_is_one_line_naming_it_exit_1(
         database: FreshDatabase, tmp_path: Path) -> None:
     cfg = _config(tmp_path, database.url)
     env = _env()
     for args in (["show", "9"], ["delete", "9", "--actor", "ada", "--reason", "x"]):
         result = run_cli(cfg, "catalog", *args, env=env)
-        assert result.returncode == 2, result.stderr
+        assert result.returncode == 1, result.stderr
         assert result.stderr.strip().splitlines() == [
             "integrationd: REV: catalog revision 9 is not published"]
     bad = run_cli(cfg, "catalog", "show", "zero", env=env)

@@ -117,6 +117,14 @@ async def test_operator_verbs(database: FreshDatabase, store: WorkStore, tmp_pat
     listed = json.loads(run_cli(cfg, "work", "list", "--org", "acme", "--json").stdout)
     assert len(listed) == 3
     assert all("payload" not in i and "lease_token" not in i for i in listed)
+    # A full page says it may not be all, and how to read on; a partial one says nothing.
+    page = run_cli(cfg, "work", "list", "--org", "acme", "--limit", "2")
+    assert page.returncode == 0 and len(page.stdout.splitlines()) == 2
+    newest_two = [i["work_id"] for i in listed[:2]]
+    assert page.stderr == (f"integrationd: stopped at --limit 2; more may match: next page"
+                           f" with --after {newest_two[1]}\n")
+    rest = run_cli(cfg, "work", "list", "--org", "acme", "--after", newest_two[1])
+    assert rest.stderr == "" and rest.stdout.split()[0] == listed[2]["work_id"]
 
     bad_state = run_cli(cfg, "work", "list", "--state", "nosuch")
     assert bad_state.returncode == 2 and "unknown state 'nosuch'" in bad_state.stderr

@@ -44,19 +44,26 @@ async def test_rotate_rewraps_every_bundle_without_changing_authority(
                                   sealed=seal(_bundle(i), OLD, BundleContext(f"b{i}", 1, 1)),
                                   expires_at_us=T0, now_us=T0)
     cfg = _config(tmp_path, database.url, 'active = "k2"\nprevious = "k1"')
-    before = run_cli(cfg, "keys", "status")
+    before = run_cli(cfg, "keys", "status", "--json")
     assert before.returncode == 0, before.stderr
     assert json.loads(before.stdout)["bundles_by_key"] == {"k1": 3}
+    text = run_cli(cfg, "keys", "status")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines() == ["active key: k2", "loaded keys: k1, k2",
+                                        "  key k1 seals 3 bundle(s)",
+                                        "every stored bundle opens"]
 
     denied = run_cli(cfg, "keys", "rotate", "--actor", "alice", "--reason", "r")
     assert denied.returncode == 1 and "admins only" in denied.stderr
 
-    rotated = run_cli(cfg, "keys", "rotate", "--actor", "root", "--reason", "yearly rotation")
+    rotated = run_cli(cfg, "keys", "rotate", "--actor", "root", "--reason", "yearly rotation",
+                      "--json")
     assert rotated.returncode == 0, rotated.stderr
     assert json.loads(rotated.stdout) == {"active": "k2", "rewrapped": 3,
                                            "already_current": 0, "refused": []}
     again = run_cli(cfg, "keys", "rotate", "--actor", "root", "--reason", "again")
-    assert json.loads(again.stdout)["already_current"] == 3
+    assert again.stdout == ("rewrapped 0 bundle(s) under key k2; 3 already sealed with it;"
+                            " 0 refused\n")
 
     for i in range(3):
         grant = await store.grant_get(f"b{i}", 1)
@@ -67,7 +74,7 @@ async def test_rotate_rewraps_every_bundle_without_changing_authority(
 
     # The old key may go now: status is clean with only the new one loaded.
     only_new = _config(tmp_path, database.url, 'active = "k2"')
-    after = run_cli(only_new, "keys", "status")
+    after = run_cli(only_new, "keys", "status", "--json")
     assert after.returncode == 0 and json.loads(after.stdout)["problems"] == []
     printed = "".join(r.stdout + r.stderr for r in (before, denied, rotated, again, after))
     assert "SECRET" not in printed

@@ -101,7 +101,7 @@ async def test_owner_killed_after_the_answer_the_grant_is_in_doubt_and_the_effec
             shown = run_cli(cfg, "work", "show", item.work_id, "--json", env=_env())
             assert shown.returncode == 0, shown.stderr
             assert "refresh_in_doubt" in shown.stdout
-            binding = run_cli(cfg, "binding", "show", "hubspot-main", env=_env())
+            binding = run_cli(cfg, "binding", "show", "hubspot-main", "--json", env=_env())
             assert binding.returncode == 0, binding.stderr
             grant = json.loads(binding.stdout)["grant"]
             assert (grant["state"], grant["token_version"]) == ("needs_reauthorization", 1)

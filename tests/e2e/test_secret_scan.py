@@ -260,7 +260,7 @@ async def test_no_secret_used_in_a_run_appears_in_logs_metrics_console_errors_or
 
             # A key rotation: the bundles still under k1 are rewrapped under k2.
             for args in (("keys", "status"),
-                         ("keys", "rotate", "--actor", "ada", "--reason", "scan"),
+                         ("keys", "rotate", "--actor", "ada", "--reason", "scan", "--json"),
                          ("keys", "status")):
                 done = run_cli(cfg, *args, env=_env())
                 assert done.returncode == 0, done.stderr
@@ -336,7 +336,9 @@ async def test_no_secret_used_in_a_run_appears_in_logs_metrics_console_errors_or
             # The CLI: every listing that shows work, bindings, grants or the audit.
             listings: list[tuple[str, ...]] = [
                 ("work", "list"), ("work", "list", "--json"), ("work", "depths"),
-                ("binding", "list"), ("binding", "show", "hubspot-main"),
+                ("binding", "list"), ("binding", "list", "--json"),
+                ("binding", "show", "hubspot-main"), ("binding", "show", "hubspot-main", "--json"),
+                ("keys", "status", "--json"),
                 ("audit", "list"), ("audit", "list", "--json"), ("dlq", "list"),
                 ("catalog", "list"), ("reconcile", "status"), ("check-config",),
                 *(("work", "show", i.work_id, "--json") for i in items)]

@@ -7,6 +7,7 @@ transaction, never crash and never report a silent success."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -138,3 +139,52 @@ async def test_a_node_that_refuses_queries_is_unavailable_not_a_bug(
         galera.sql(node, "SET GLOBAL wsrep_reject_queries = NONE")
     item = await stores[1].work_get(wid)  # the node serves again, and has seen the claim
     assert item is not None and item.lease_owner == "n2"
+
+
+_NODE_IN_A_CHILD = """
+import subprocess, sys, time
+from pathlib import Path
+from sandbox.galera import GaleraCluster
+cluster = GaleraCluster.create(Path(sys.argv[1]), die_with_parent=True)
+node = cluster.nodes[0]
+subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={node.datadir}",
+                "--user=root", "--skip-test-db"], check=True, capture_output=True)
+cluster._launch(node, bootstrap=True)
+cluster._wait_synced(node, time.monotonic() + 120)
+print(node.proc.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie nobody reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_killed_test_run_leaves_no_galera_node_behind(tmp_path: Path) -> None:
+    """A test run stopped by SIGKILL (a time limit) runs no teardown: the node it started
+    must die with it, as the suite's cluster is made (``die_with_parent``)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    with subprocess.Popen(
+        [sys.executable, "-c", _NODE_IN_A_CHILD, str(tmp_path / "cluster")],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2],
+    ) as child:
+        assert child.stdout is not None
+        node_pid = int(child.stdout.readline())
+        assert _alive(node_pid), "the node is not running"
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while _alive(node_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(node_pid):
+        os.kill(node_pid, signal.SIGKILL)
+        raise AssertionError(f"mariadbd {node_pid} outlived the killed test run")
