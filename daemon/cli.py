@@ -32,7 +32,7 @@ from config.settings import Settings
 from config.summary import describe_settings
 from daemon.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
 from daemon.binding_cli import BindingNotFound, add_binding_commands, run_binding_command
-from daemon.command_cli import add_command_commands, run_command_command
+from daemon.command_cli import CommandNotFound, add_command_commands, run_command_command
 from daemon.keys_cli import add_keys_commands, run_keys_command
 from daemon.services import logs
 from daemon.services.catalog_view import serving_refusal
@@ -555,7 +555,8 @@ def _report(exc: BaseException, settings: Settings) -> int | None:
         line, code = _rejected_line(settings, exc), EXIT_USAGE
     elif isinstance(exc, DatabaseUnavailable):
         line, code = _unreachable_line(settings, exc), EXIT_FAILURE
-    elif isinstance(exc, CliFailure | NotAuthorized | StorageError | BindingNotFound):
+    elif isinstance(exc, CliFailure | NotAuthorized | StorageError | BindingNotFound
+                    | CommandNotFound):
         line, code = str(exc), EXIT_FAILURE
     elif isinstance(exc, KeyboardInterrupt):
         return EXIT_FAILURE

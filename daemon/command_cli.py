@@ -16,6 +16,7 @@ in the console (``/admin/effects``), where its provider evidence is attached.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -43,13 +44,22 @@ def add_command_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     show = verbs.add_parser("show", help="the command, its attempts, its receipt and its"
                             " operator path (effect state, next action)")
     show.add_argument("command_id")
+    show.add_argument("--json", action="store_true",
+                      help="print JSON (times as epoch microseconds)")
     for verb, text in (("retire", "stop the command, settling what its history proves"
                         " (success, no effect) or retiring it without a receipt"),
                        ("repair", "issue a new command with repair lineage, pinned anew")):
         p = verbs.add_parser(verb, help=text)
         p.add_argument("command_id")
-        p.add_argument("--actor", required=True, help="operator name (operator or admin)")
+        p.add_argument("--actor", required=True,
+                       help="your operator name, as configured in [[operators]] (role"
+                            " operator or admin)")
         p.add_argument("--reason", required=True, help="why (kept in the audit log)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+
+class CommandNotFound(Exception):
+    """``command show`` of an id with no command (exit 1, as every not found)."""
 
 
 def _print(doc: Any) -> None:
@@ -74,7 +84,7 @@ async def run_command_command(settings: Settings, args: argparse.Namespace,
         if verb == "show":
             command = await store.command_get(args.command_id)
             if command is None:
-                raise BadRequest(f"no command {args.command_id}")
+                raise CommandNotFound(f"no command {args.command_id}")
             path = await store.command_operator_path(command.command_id,
                                                      (catalog.revision, catalog.digest))
             receipt = await store.receipt_get(command.command_id)
@@ -82,21 +92,68 @@ async def run_command_command(settings: Settings, args: argparse.Namespace,
             doc.pop("frozen_request", None)  # the request body is not shown to operators
             doc["scope"] = command.scope.as_json()
             doc["settlement"] = command.settlement.value
-            _print({"command": doc,
-                    "attempts": [attrs.asdict(a) for a in
-                                 await store.effect_attempts(command.command_id)],
-                    "receipt": None if receipt is None else {
-                        "result_format_version": receipt.result_format_version,
-                        "remote_id": receipt.remote_id, "state": receipt.state.value},
-                    "operator_path": None if path is None else path.as_json()})
+            shown = {"command": doc,
+                     "attempts": [attrs.asdict(a) for a in
+                                  await store.effect_attempts(command.command_id)],
+                     "receipt": None if receipt is None else {
+                         "result_format_version": receipt.result_format_version,
+                         "remote_id": receipt.remote_id, "state": receipt.state.value},
+                     "operator_path": None if path is None else path.as_json()}
+            if args.json:
+                _print(shown)
+            else:
+                sys.stdout.write(show_text(shown))
             return EXIT_OK
         assert who is not None
         if verb == "retire":
             settlement = await retire_command(store, settings, args.command_id, who, now)
-            _print({"command_id": args.command_id, "settlement": settlement.value})
+            if args.json:
+                _print({"command_id": args.command_id, "settlement": settlement.value})
+            else:
+                sys.stdout.write(f"retired {args.command_id}: settlement {settlement.value}\n")
             return EXIT_OK
         new_id = await repair_command(store, settings, catalog, args.command_id, who, now)
-        _print({"repair_of": args.command_id, "command_id": new_id})
+        if args.json:
+            _print({"repair_of": args.command_id, "command_id": new_id})
+        else:
+            sys.stdout.write(f"repaired {args.command_id} as new command {new_id}\n")
         return EXIT_OK
     finally:
         await store.db.aclose()
+
+
+def _when(us: object) -> str:
+    if not isinstance(us, int) or us <= 0:
+        return "-"
+    return dt.datetime.fromtimestamp(us / 1_000_000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def show_text(shown: dict[str, Any]) -> str:
+    """``command show`` for people: the command, each attempt on one line, the receipt and
+    the operator path (its effect state and the one next action)."""
+    command = shown["command"]
+    lines = [f"command {command['command_id']}: settlement {command['settlement']}",
+             f"  {command['operation']} of {command['local_object']} {command['local_id']}"
+             f" (Runtime intent {command['intent_id']})",
+             f"  pinned: binding {command['binding_id']} generation"
+             f" {command['binding_generation']}, Catalog revision {command['catalog_revision']}"
+             + (f", remote id {command['remote_id']}" if command.get("remote_id") else "")]
+    attempts = shown["attempts"]
+    lines.append(f"  attempts: {len(attempts) or 'none'}")
+    for a in attempts:
+        lines.append(
+            f"    {a['attempt_id']}  {a['method']} {a['target_path']}"
+            f"  sent {_when(a['dispatch_started_at_us'])}"
+            f"  status {a['response_status'] if a['response_status'] is not None else '-'}"
+            f"  outcome {a['outcome'] or 'unresolved'}"
+            + (f"  disposition {a['disposition']}" if a.get("disposition") else ""))
+    receipt = shown["receipt"]
+    lines.append("  receipt: none" if receipt is None else
+                 f"  receipt: {receipt['state']}"
+                 f" (result format {receipt['result_format_version']})")
+    path = shown["operator_path"]
+    if path is not None:
+        lines.append(f"  effect state: {path['effect_state']};"
+                     f" next action: {path['next_action'] or 'none'}")
+        lines.append(f"  {path['advice']}")
+    return "\n".join(lines) + "\n"

@@ -318,16 +318,23 @@ async def test_work_show_and_command_verbs_follow_the_operator_path_table(
     assert shown["operator_path"]["effect_state"] == "no_effect"
     assert shown["operator_path"]["next_action"] == "retire"
     assert "operator_path: " in run_cli(cfg, "work", "show", dead).stdout
-    command = json.loads(run_cli(cfg, "command", "show", item.subject_id).stdout)
+    command = json.loads(run_cli(cfg, "command", "show", item.subject_id, "--json").stdout)
     assert command["operator_path"]["next_action"] == "retire"
     assert "frozen_request" not in command["command"]
+    as_text = run_cli(cfg, "command", "show", item.subject_id)
+    assert as_text.returncode == 0, as_text.stderr
+    assert as_text.stdout.startswith(f"command {item.subject_id}: settlement ")
+    assert "  attempts: none\n" in as_text.stdout and "  receipt: none\n" in as_text.stdout
+    assert "  effect state: no_effect; next action: retire\n" in as_text.stdout
+    missing = run_cli(cfg, "command", "show", "nosuch")
+    assert (missing.returncode, missing.stderr) == (1, "integrationd: no command nosuch\n")
     viewer = run_cli(cfg, "command", "retire", item.subject_id, "--actor", "nobody",
                      "--reason", "x")
     assert viewer.returncode == 1 and "not a configured operator" in viewer.stderr
     retired = run_cli(cfg, "command", "retire", item.subject_id, "--actor", "alice",
                       "--reason", "the provider never saw it")
     assert retired.returncode == 0, retired.stderr
-    assert json.loads(retired.stdout)["settlement"] == "no_effect"
+    assert retired.stdout == f"retired {item.subject_id}: settlement no_effect\n"
     receipt = await store.receipt_get(item.subject_id)
     assert receipt is not None and receipt.result_format_version == 2
     audit = len(await store.audit_list(target_id=item.subject_id))
