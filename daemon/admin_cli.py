@@ -62,7 +62,7 @@ from daemon.subscriptions_cli import (
 )
 from storage.migrate import check_schema
 from storage.open import describe_url, open_store
-from storage.port import DeadQuery, StorageError
+from storage.port import DatabaseRejected, DeadQuery, StorageError
 from storage.work_admin import AUDIT_ORIGIN
 from storage.work_store import WorkStore
 
@@ -226,7 +226,10 @@ async def _open(settings: Settings) -> WorkStore:
             # The configured bounds, as for every other verb: a hung database is one line.
             connect_timeout_s=settings.storage.connect_timeout,
             statement_timeout_s=settings.storage.statement_timeout,
+            create=False,  # a read or an action on a missing SQLite file leaves no file
         )
+    except DatabaseRejected as exc:
+        raise _Usage(str(exc)) from None  # exit 2, as the other verbs: fix the setup
     except StorageError as exc:
         raise StorageError(
             f"database unreachable ({describe_url(settings.storage.url)}): {exc}") from None

@@ -162,7 +162,10 @@ def _print_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
-async def _open(settings: Settings, *, connect: bool = True) -> WorkStore:
+async def _open(settings: Settings, *, connect: bool = True, create: bool = False
+                ) -> WorkStore:
+    """The configured store. Only ``migrate`` creates a SQLite file (``create``): any
+    other command on a missing file is one line naming the path, and leaves nothing."""
     password = settings.storage.password.reveal() if settings.storage.password else None
     try:
         return await open_store(
@@ -174,6 +177,7 @@ async def _open(settings: Settings, *, connect: bool = True) -> WorkStore:
             connect_timeout_s=settings.storage.connect_timeout,
             statement_timeout_s=settings.storage.statement_timeout,
             connect=connect,
+            create=create,
         )
     except DatabaseRejected as exc:
         raise CliRefused(_rejected_line(settings, exc)) from None
@@ -221,7 +225,7 @@ async def _with_store(settings: Settings, action: Callable[[WorkStore], Any]) ->
 
 
 async def _cmd_migrate(settings: Settings) -> int:
-    store = await _open(settings, connect=False)
+    store = await _open(settings, connect=False, create=True)
     try:
         await _wait_for_database(settings, store)
         applied = await migrate(store.db, store.dialect, WallClock().now_us())

@@ -37,19 +37,21 @@ async def open_store(
     connect_timeout_s: float = 5.0,
     statement_timeout_s: float = 15.0,
     connect: bool = True,
+    create: bool = True,
 ) -> WorkStore:
     """Connect to ``url`` (``sqlite:///path`` or ``mysql://user@host:port/db``).
 
     ``connect=False`` builds a MySQL-family store without reaching the server
     (its first statement connects; :func:`wait_until_reachable` waits for it).
-    A SQLite file is always opened: it is local, there is nothing to wait for.
+    A SQLite file is always opened: it is local, there is nothing to wait for;
+    ``create=False`` refuses (``DatabaseRejected``) a file that does not exist yet.
     """
     if url.startswith("sqlite:"):
         sqlite_db = SqliteDatabase(
             sqlite_path_from_url(url, base=base_dir), synchronous=sqlite_synchronous,
             retry_budget_s=statement_timeout_s,
         )
-        await sqlite_db.open()
+        await sqlite_db.open(create=create)
         return WorkStore(sqlite_db, sqlite_db.dialect)
     mysql_db = MysqlDatabase(
         MysqlTarget.from_url(url, password), pool_size=pool_size,

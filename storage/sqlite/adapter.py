@@ -38,6 +38,7 @@ import trio
 
 from storage.dialect import SQLITE, Dialect
 from storage.port import (
+    DatabaseRejected,
     DatabaseUnavailable,
     DbStats,
     DuplicateKey,
@@ -140,8 +141,17 @@ class SqliteDatabase:
         self._lock = trio.Lock()
         self._conn: sqlite3.Connection | None = None
 
-    async def open(self) -> SqliteDatabase:
+    async def open(self, *, create: bool = True) -> SqliteDatabase:
+        """Open (``create``: or create) the file. Without ``create``, a missing file is
+        :class:`DatabaseRejected` naming the path: a read-only command must not leave an
+        empty database behind where the operator mistyped the path."""
         if self.path != ":memory:":
+            # Inline, as every statement of this adapter: a local file, no I/O wait.
+            if not create and not Path(self.path).exists():  # noqa: ASYNC240
+                raise DatabaseRejected(
+                    f"no SQLite database at {self.path}: run `integrationd migrate` to create"
+                    " it (storage.url sqlite:///a/b.db is relative to the directory"
+                    " integrationd starts in; sqlite:////a/b.db is absolute)")
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         try:
             conn = sqlite3.connect(

@@ -468,3 +468,24 @@ async def test_the_audit_log_records_the_os_user_beside_the_actor(
     assert "via cli (os_user=" in listed.stdout and "sudo_user=bob" in listed.stdout
     doc = json.loads(run_cli(cfg, "audit", "list", "--json").stdout)
     assert doc["entries"][0]["origin"]["sudo_user"] == "bob"
+
+
+def test_a_missing_sqlite_file_is_named_and_never_created_by_a_read(tmp_path: Path) -> None:
+    """Only ``migrate`` creates the SQLite file. Any other command on a path that holds no
+    database says where it looked (the relative URL resolved) and how to create it, exit 2,
+    and leaves no empty database (or directory) behind a mistyped path."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[storage]\nurl = "sqlite:///data/typo.db"\n')
+    expected = tmp_path / "data" / "typo.db"
+    for argv in (("work", "list"), ("work", "depths"), ("audit", "list"), ("dlq", "list"),
+                 ("binding", "list"), ("check-config", "--connect"), ("run",)):
+        done = run_cli(cfg, *argv)
+        assert done.returncode == 2, (argv, done.stderr)
+        (line,) = done.stderr.splitlines()
+        assert f"no SQLite database at {expected}: run `integrationd migrate`" in line, argv
+        assert "relative to the directory integrationd starts in" in line
+        assert not (tmp_path / "data").exists(), argv
+    made = run_cli(cfg, "migrate")
+    assert made.returncode == 0, made.stderr
+    assert expected.exists()
+    assert run_cli(cfg, "work", "list").returncode == 0
