@@ -15,12 +15,18 @@ $(BIN)/.installed: pyproject.toml
 
 SECRETS := var/secrets/runtime-crm.token var/secrets/runtime-crm-results.token var/secrets/hubspot.token \
            var/secrets/hubspot-webhook.token var/secrets/outreach-webhook.token \
-           var/secrets/sandbox.key var/secrets/outreach-app.pem
+           var/secrets/sandbox.key var/secrets/outreach-app.pem var/secrets/admin-session.secret
 
 # Demo credentials for the sandbox and the console (random, never committed).
 var/secrets/%.token:
 	@mkdir -p var/secrets && chmod 700 var/secrets
 	@$(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(32))' > $@ && chmod 600 $@
+
+# The console's session secret: kept, so a restart keeps operators signed in and every
+# replica of this configuration honours the others' sessions.
+var/secrets/admin-session.secret:
+	@mkdir -p var/secrets && chmod 700 var/secrets
+	@$(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(48))' > $@ && chmod 600 $@
 
 # The token-bundle key ([keys] active = "sandbox": 32 random bytes as hex) and the sandbox
 # Outreach app's RSA private key (its S2S binding signs app JWTs with it; the simulator

@@ -13,7 +13,7 @@ import pytest
 from config.load import load_settings
 from daemon.services.families import known_family_names
 from tests.admin.support import ConsoleHarness, console_harness, csrf_from
-from tests.support.backends import FreshDatabase
+from tests.support.backends import FreshDatabase, fresh_database
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv"
@@ -79,3 +79,28 @@ async def test_a_wrong_password_for_the_example_viewer_is_refused(
         "name": "viewer", "password": "not-it",
         "csrf_token": csrf_from(await form.get_data(as_text=True))})
     assert response.status_code == 401
+
+
+async def test_the_generated_session_secret_keeps_operators_signed_in_across_replicas(
+        made_secrets: Path, tmp_path: Path) -> None:
+    """`make secrets` writes the console's session secret and example.toml reads it: a
+    session made by one replica (or before a restart) is honoured by another."""
+    secret = made_secrets / "var" / "secrets" / "admin-session.secret"
+    assert secret.stat().st_mode & 0o077 == 0 and len(secret.read_text().strip()) >= 48
+    settings = load_settings(str(ROOT / "config" / "example.toml"), environ={},
+                             known_families=known_family_names())
+    password = (made_secrets / "var" / "secrets" / "viewer.password").read_text().strip()
+    async with fresh_database("sqlite", tmp_path) as database, \
+            console_harness(database, settings=settings) as first, \
+            console_harness(database, settings=settings) as second:
+        client = first.client()
+        form = await client.get("/admin/sign-in")
+        signed_in = await client.post("/admin/sign-in", form={
+            "name": "viewer", "password": password,
+            "csrf_token": csrf_from(await form.get_data(as_text=True))})
+        assert signed_in.status_code == 302
+        cookie = signed_in.headers["Set-Cookie"].split(";", 1)[0]
+        other = second.client()
+        session = await other.get("/admin/api/session", headers={"Cookie": cookie})
+        assert session.status_code == 200
+        assert (await session.get_json())["operator"] == "viewer"

@@ -183,7 +183,7 @@ def test_check_config_prints_every_section_with_secrets_as_set_or_unset(
     secrets.mkdir()
     text = example.read_text().replace("var/secrets/", f"{secrets}/")
     for name in ("runtime-crm.token", "runtime-crm-results.token", "hubspot.token",
-                 "hubspot-webhook.token", "outreach-webhook.token"):
+                 "hubspot-webhook.token", "outreach-webhook.token", "admin-session.secret"):
         (secrets / name).write_text(f"value-of-{name}\n")
     # The Outreach binding is an S2S app: its RSA private key (the token key is loaded
     # only when a replica is assembled, not by check-config).
@@ -202,7 +202,7 @@ def test_check_config_prints_every_section_with_secrets_as_set_or_unset(
                     "runtimes", "bindings", "catalog"):
         assert section in doc, section
     assert doc["admin"]["auth"] == "password"
-    assert doc["admin"]["session_secret"] == "unset"
+    assert doc["admin"]["session_secret"] == "set"  # make secrets generates it
     assert doc["api"]["listen"] == "127.0.0.1:8781"
     assert doc["catalog"]["revision"] == 7
     (runtime,) = doc["runtimes"]

@@ -54,6 +54,8 @@ def _example_config(tmp_path: Path, url: str) -> Path:
     var.mkdir(parents=True)
     for name in re.findall(r'"var/secrets/([a-z-]+\.token)"', text):
         (var / name).write_text(secrets.token_urlsafe(32) + "\n")
+    assert '"var/secrets/admin-session.secret"' in text
+    (var / "admin-session.secret").write_text(secrets.token_urlsafe(48) + "\n")
     # [keys] active = "sandbox" and the Outreach S2S app's key, as the Makefile makes them.
     assert 'active = "sandbox"' in text and '"var/secrets/outreach-app.pem"' in text
     (var / "sandbox.key").write_text(secrets.token_hex(32) + "\n")
