@@ -112,9 +112,13 @@ async def claim_one(store: WorkStore, family: str, worker: str, lease_us: int,
     """The legacy claim loop's one step: select a candidate, conditional UPDATE."""
 
     async def body(tx: SqlTx) -> LegacyEvent | None:
+        # Candidates are eligible events only: pending events whose WorkItem
+        # integrationd ran stay pending here for ever, and a window over every
+        # pending event would stall behind them (the conditional UPDATE still
+        # decides, so a candidate that stopped being eligible is skipped).
         rows = await tx.fetchall(
             "SELECT event_id FROM legacy_events WHERE family = ? AND state = 'pending'"
-            " ORDER BY event_id LIMIT 4", (family,))
+            + _ADMITTED + " ORDER BY event_id LIMIT 4", (family,))
         for (event_id,) in rows:
             if await tx.execute(
                 "UPDATE legacy_events SET state = 'processing', claimed_by = ?,"
