@@ -54,7 +54,7 @@ from storage.cutover.values import (
     RECEIPT_COLUMNS,
     CutoverBlocked,
     CutoverReceipt,
-    LegacyProbe,
+    LegacyClaimant,
     OwnerGeneration,
     StepParams,
     StepResult,
@@ -215,7 +215,7 @@ class CutoverSteps:
         return await self.db.transact(body, name=f"cutover.{step.value}")
 
     async def cutover_commit(self, params: StepParams, now_us: int,
-                             legacy: LegacyProbe | None) -> StepResult:
+                             legacy: LegacyClaimant | None) -> StepResult:
         """Admit integrationd: zero legacy claimers, full coverage, re-cutover rules."""
 
         async def prove(tx: SqlTx) -> tuple[Snapshot, str | None, int]:
@@ -239,7 +239,7 @@ class CutoverSteps:
         return await self._open(params, Step.ROLLBACK_COMMIT, now_us, prove)
 
     async def cutover_snapshot(self, family: str, now_us: int,
-                               legacy: LegacyProbe | None) -> tuple[
+                               legacy: LegacyClaimant | None) -> tuple[
                                    OwnerGeneration | None, Snapshot]:
         """The counts a status page shows (a read: the steps count again themselves)."""
 

@@ -33,7 +33,8 @@ async def test_cutover_rollback_and_re_cutover_from_the_cli(
     database: FreshDatabase, store: WorkStore, capsys: pytest.CaptureFixture[str],
 ) -> None:
     settings = Settings(storage=StorageSettings(url=database.url, sqlite_synchronous="NORMAL"),
-                        operators=operators())
+                        operators=operators(),
+                        legacy_claimants=(legacy.claimant_settings("noop"),))
     await legacy.install(store)
     await legacy.add_events(store, "noop", ["{}", "{}"], 1)
     await store.claimant_heartbeat("legacy-1", "legacy", "noop", 0, "running", 1)

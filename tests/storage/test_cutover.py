@@ -9,15 +9,15 @@ import pytest
 from daemon.core.cutover import Claimant, IllegalStep, Phase
 from daemon.core.outcomes import Released
 from sandbox.legacy import store as legacy
-from sandbox.legacy.store import ReferenceLegacyProbe
 from storage.cutover.steps import NotUnderCutover
 from storage.cutover.values import CutoverBlocked
 from storage.port import ReplicaInfo, SqlTx
 from storage.work_store import WorkStore
 from tests.support.cutover import params, states
+from tests.support.legacy import sandbox_claimant
 from tests.support.work import SEC, T0, TTL, claim, enqueue, finalize
 
-PROBE = ReferenceLegacyProbe()
+PROBE = sandbox_claimant()
 
 
 def _codes(exc: pytest.ExceptionInfo[CutoverBlocked]) -> list[str]:
