@@ -38,7 +38,8 @@ def sandbox_imports(source: str, filename: str) -> list[str]:
                     and node.func.attr == "import_module")
                    or (isinstance(node.func, ast.Name) and node.func.id == "__import__"))):
             names = [node.args[0].value]
-        found += [f"{node.lineno}: {n}" for n in names if _is_sandbox(n)]
+        line = getattr(node, "lineno", 0)
+        found += [f"{line}: {n}" for n in names if _is_sandbox(n)]
     return found
 
 
