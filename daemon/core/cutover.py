@@ -123,10 +123,11 @@ class Snapshot:
     started_attempts: int = 0      # effect attempts dispatched without an outcome
     dispatch_history: int = 0      # unstarted rows with any effect attempt on record
     replicas: tuple[str, ...] = ()           # live claim-capable integrationd replicas
-    # Claim transactions of integrationd still open past the claim-transaction bound
-    # (each names its replica and items): a process frozen inside one holds row locks
-    # the fence would wait for.
+    # Claim transactions of integrationd left open by a frozen process (described:
+    # replica, items, the server's connection) and their replicas: the fence would
+    # wait for their row locks.
     open_claims: tuple[str, ...] = ()
+    open_claim_owners: tuple[str, ...] = ()
     legacy_reported: bool = True   # a legacy claimant answered inside the transaction
     legacy_processing: int = 0
     legacy_processes: tuple[str, ...] = ()   # live claim-capable legacy processes
@@ -159,7 +160,7 @@ def blockers(step: Step, snap: Snapshot) -> tuple[Blocker, ...]:
             snap.closed_for_us is None or snap.closed_for_us < snap.claim_tx_bound_us):
         out.append(Blocker("admission_recently_closed", (
             "admission has not been closed for the claim transaction bound"
-            f" ({snap.claim_tx_bound_us // 1_000_000} s): a claim begun before it may still"
+            f" ({snap.claim_tx_bound_us / 1_000_000:g} s): a claim begun before it may still"
             " run; try again later")))
     if step is Step.COMMIT:
         if not snap.legacy_reported:
@@ -198,11 +199,12 @@ def blockers(step: Step, snap: Snapshot) -> tuple[Blocker, ...]:
                 " recorded outcome")))
     elif step is Step.ROLLBACK_COMMIT:
         if snap.open_claims:
-            out.append(Blocker("open_claim_transaction", "a claim transaction is still open"
-                               " past the claim-transaction bound (its process is frozen"
-                               " or hung, holding row locks the fence would wait for): "
+            out.append(Blocker("open_claim_transaction", "an open claim transaction holds"
+                               " rows the fence must move (its process is frozen or hung"
+                               " between its claim and its COMMIT): "
                                + "; ".join(snap.open_claims)
-                               + "; stop that process (its transaction then rolls back)"))
+                               + "; stop that process (SIGKILL: the server then rolls the"
+                               " claim back) or KILL its connection on the server"))
         if snap.processing:
             out.append(Blocker("processing", _n(
                 snap.processing, "items are processing under a live lease; let them"
@@ -218,9 +220,11 @@ def blockers(step: Step, snap: Snapshot) -> tuple[Blocker, ...]:
             out.append(Blocker("dispatch_history", _n(
                 snap.dispatch_history, "unstarted items have dispatch history (prior or"
                 " ambiguous effects); settle or repair them first")))
-        if snap.replicas:
+        # A replica already named by its open claim is not named twice.
+        others = [r for r in snap.replicas if r not in snap.open_claim_owners]
+        if others:
             out.append(Blocker("replicas_live", "claim-capable replicas are live: "
-                               + ", ".join(snap.replicas) + "; stop them (or prove them"
+                               + ", ".join(others) + "; stop them (or prove them"
                                " gone)"))
     return tuple(out)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
+from typing import NoReturn
 
 import attrs
 
@@ -40,6 +41,7 @@ from daemon.core.cutover import (
     blockers,
     next_phase,
 )
+from storage.cutover.open_claims import OpenClaims, find_open_claims
 from storage.cutover.snapshot import (
     attempts_where,
     fence_counts,
@@ -225,7 +227,13 @@ class CutoverSteps:
         return await self._open(params, Step.COMMIT, now_us, prove)
 
     async def cutover_rollback_commit(self, params: StepParams, now_us: int) -> StepResult:
-        """The atomic rollback fence, then the legacy owner's receipt."""
+        """The atomic rollback fence, then the legacy owner's receipt.
+
+        First, claims a frozen process left open (``open_claims``): the fence would
+        wait on their row locks, so the step refuses at once, naming them."""
+        stuck = await find_open_claims(self.db, params.family)
+        if stuck.owners:
+            await self._refuse_open_claims(params, now_us, stuck)
         fence_id = new_ulid(now_us)
 
         async def prove(tx: SqlTx) -> tuple[Snapshot, str | None, int]:
@@ -237,6 +245,28 @@ class CutoverSteps:
             return attrs.evolve(snap, dispatch_history=history), fence_id, moved
 
         return await self._open(params, Step.ROLLBACK_COMMIT, now_us, prove)
+
+    async def _refuse_open_claims(self, params: StepParams, now_us: int,
+                                  stuck: OpenClaims) -> NoReturn:
+        """Raise the rollback commit's blockers, counted by reads that take no lock
+        (a committed read never waits for the open claims' row locks)."""
+
+        async def body(tx: SqlTx) -> tuple[OwnerGeneration | None, Snapshot]:
+            return (await read_generation(tx, params.family),
+                    await integrationd_counts(tx, params.family, now_us))
+
+        gen, snap = await self.db.transact(body, name="cutover.rollback_refusal",
+                                           write=False)
+        if gen is None:
+            raise NotUnderCutover(params.family)
+        next_phase(gen.phase, Step.ROLLBACK_COMMIT)  # an illegal step says so first
+        closed_for = (now_us - gen.admission_closed_at_us
+                      if gen.admission_closed_at_us is not None else None)
+        snap = attrs.evolve(snap, open_claims=stuck.described(),
+                            open_claim_owners=stuck.owners, closed_for_us=closed_for,
+                            claim_tx_bound_us=params.claim_tx_bound_us)
+        raise CutoverBlocked(params.family, Step.ROLLBACK_COMMIT.value,
+                             blockers(Step.ROLLBACK_COMMIT, snap))
 
     async def cutover_snapshot(self, family: str, now_us: int,
                                legacy: LegacyClaimant | None) -> tuple[
