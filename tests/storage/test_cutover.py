@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 
 from daemon.core.cutover import Claimant, IllegalStep, Phase
@@ -189,3 +190,39 @@ async def test_generation_row_is_one_per_family(store: WorkStore) -> None:
         return int(rows[0][0])
 
     assert await store.db.transact(count, name="t", write=False) == 1
+
+
+async def test_an_adapters_own_processes_and_open_claims_block_commit(
+    store: WorkStore,
+) -> None:
+    """The port's optional answers: live processes and open claim transactions the
+    legacy owner's own tables know (beyond claimant_processes heartbeats)."""
+    await legacy.install(store)
+    (event,) = await legacy.add_events(store, "noop", ["{}"], T0)
+    claimant = attrs.evolve(
+        PROBE,
+        processes_sql="SELECT DISTINCT claimed_by FROM legacy_events"
+                      " WHERE family = :family AND state = 'processing'",
+        open_claims_sql="SELECT event_id FROM legacy_events WHERE family = :family"
+                        " AND state = 'processing' AND lease_until_us IS NULL")
+    await claimant.verify(store.db)
+    # A legacy worker that claimed without a lease (an open claim, as its owner reports
+    # it), before admission closed.
+    ev = await legacy.claim_one(store, "noop", "old-worker-7", SEC, T0)
+    assert ev is not None
+    await store.cutover_begin(params(), T0)
+    await legacy.materialize(store, "noop", "org-1", T0)
+
+    async def unleased(tx: SqlTx) -> None:
+        await tx.execute("UPDATE legacy_events SET lease_until_us = NULL WHERE event_id = ?",
+                         (event,))
+
+    await store.db.transact(unleased, name="t.unleased")
+    with pytest.raises(CutoverBlocked) as exc:
+        await store.cutover_commit(params(), T0, claimant)
+    assert _codes(exc) == ["legacy_processing", "legacy_processes", "legacy_open_claims"]
+    sentences = " ".join(b.sentence for b in exc.value.blockers)
+    assert "old-worker-7" in sentences and event in sentences
+    assert await legacy.finish(store, ev, "old-worker-7", "succeeded", T0)
+    done = await store.cutover_commit(params(), T0, claimant)
+    assert done.generation.phase is Phase.INTEGRATIOND_ACTIVE
