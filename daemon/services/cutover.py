@@ -30,7 +30,9 @@ from config.settings import Settings
 from daemon.core.cutover import Blocker, Phase, Step, blockers
 from daemon.services.operator_api import authorize
 from storage.cutover.legacy_sql import SqlLegacyClaimant
+from storage.cutover.snapshot import serves
 from storage.cutover.values import (
+    CutoverBlocked,
     CutoverReceipt,
     LegacyClaimant,
     LegacyClaimantError,
@@ -38,6 +40,7 @@ from storage.cutover.values import (
     StepParams,
     StepResult,
 )
+from storage.port import RetriesExhausted
 from storage.work_store import WorkStore
 
 NEXT_STEP = {
@@ -129,6 +132,40 @@ async def step(store: WorkStore, settings: Settings, verb: str, params: StepPara
     for process in gone:
         if not await store.process_mark_gone(process, params, now_us):
             raise UnknownProcess(process)
+    try:
+        return await _steps(store, settings, verb, params, now_us)
+    except RetriesExhausted:
+        # SQLite: another connection kept the one write lock past the statement
+        # timeout. The database cannot say whose; the heartbeats can say who fell
+        # silent (the MySQL family names open claims itself, storage/cutover/).
+        if store.db.backend != "sqlite":
+            raise
+        raise CutoverBlocked(params.family, verb, (await write_lock_blocker(
+            store, settings, params.family, now_us),)) from None
+
+
+async def write_lock_blocker(store: WorkStore, settings: Settings, family: str,
+                             now_us: int) -> Blocker:
+    """``write_lock_held``: how long the step waited, and the replicas serving
+    ``family`` whose heartbeats stopped (a process frozen inside a write
+    transaction holds the whole SQLite database)."""
+    silent_after_us = int(2 * settings.replica.heartbeat_interval * 1_000_000)
+    silent = [f"{r.replica_id} (last heartbeat {(now_us - r.heartbeat_at_us) // 1_000_000} s"
+              " ago)" for r in await store.replica_list(0)
+              if r.state not in ("stopped", "gone") and serves(r.families, family)
+              and now_us - r.heartbeat_at_us > silent_after_us]
+    return Blocker("write_lock_held", (
+        "another connection held the SQLite write lock for over"
+        f" {settings.storage.statement_timeout:g} s (a process"
+        " frozen inside a write transaction holds the whole database); "
+        + ("claim-capable replicas that stopped heartbeating: " + ", ".join(silent)
+           + "; stop the frozen one (SIGKILL releases the lock)" if silent else
+           "no replica of the family stopped heartbeating: look for another process"
+           " writing to the database file")))
+
+
+async def _steps(store: WorkStore, settings: Settings, verb: str, params: StepParams,
+                 now_us: int) -> list[StepResult]:
     done: list[StepResult] = []
     if verb == "begin":
         done.append(await store.cutover_begin(params, now_us))
