@@ -14,6 +14,7 @@ transaction back), the rollback goes through.
 from __future__ import annotations
 
 import functools
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -125,6 +126,9 @@ async def test_rollback_names_a_replica_frozen_inside_its_claim_transaction(
         (line,) = errors
         assert "[open_claim_transaction]" in line and replica_id in line, line
         assert "holds 1 item claimed but uncommitted" in line, line
+        # ... and the server's view of it: the connection to KILL if the host is gone.
+        assert re.search(r"connection \d+ from 127\.0\.0\.1:\d+ idle in a transaction"
+                         r" for \d+ s", line), line
         assert "no answer" not in result.stderr  # it never waited on the row locks
         gen = await store.owner_generation_get("noop")
         assert gen is not None and gen.phase is Phase.ROLLBACK_DRAINING
