@@ -69,6 +69,15 @@ from storage.work_admin import append_audit
 Prover = Callable[[SqlTx], Awaitable[tuple[Snapshot, str | None, int]]]
 
 
+class _Looked(Exception):
+    """Carries a status snapshot out of its transaction, rolling the transaction back."""
+
+    def __init__(self, generation: OwnerGeneration | None, snapshot: Snapshot) -> None:
+        super().__init__("snapshot taken")
+        self.generation = generation
+        self.snapshot = snapshot
+
+
 class NotUnderCutover(WorkConflict):
     def __init__(self, family: str) -> None:
         super().__init__(f"family {family} has no owner generation: it never had another"
@@ -271,17 +280,26 @@ class CutoverSteps:
     async def cutover_snapshot(self, family: str, now_us: int,
                                legacy: LegacyClaimant | None) -> tuple[
                                    OwnerGeneration | None, Snapshot]:
-        """The counts a status page shows (a read: the steps count again themselves)."""
+        """The counts a status page shows (the steps count again themselves).
 
-        async def body(tx: SqlTx) -> tuple[OwnerGeneration | None, Snapshot]:
+        The legacy claimant's lock statement is an UPDATE: run in a read it would
+        commit on its own (autocommit), so a status look would write to the legacy
+        owner's tables. The snapshot runs in a write transaction that is always
+        rolled back instead."""
+
+        async def body(tx: SqlTx) -> None:
             gen = await read_generation(tx, family)
             snap = await full_snapshot(tx, family, now_us, legacy)
             closed = (now_us - gen.admission_closed_at_us
                       if gen is not None and gen.admission_closed_at_us is not None else None)
-            return gen, attrs.evolve(snap, legacy_reported=legacy is not None,
-                                     closed_for_us=closed)
+            raise _Looked(gen, attrs.evolve(snap, legacy_reported=legacy is not None,
+                                            closed_for_us=closed))
 
-        return await self.db.transact(body, name="cutover.snapshot", write=False)
+        try:
+            await self.db.transact(body, name="cutover.snapshot")
+        except _Looked as looked:
+            return looked.generation, looked.snapshot
+        raise AssertionError("unreachable: the snapshot always rolls back")
 
     async def cutover_families(self) -> list[OwnerGeneration]:
         """Every family under the cutover protocol."""

@@ -226,3 +226,21 @@ async def test_an_adapters_own_processes_and_open_claims_block_commit(
     assert await legacy.finish(store, ev, "old-worker-7", "succeeded", T0)
     done = await store.cutover_commit(params(), T0, claimant)
     assert done.generation.phase is Phase.INTEGRATIOND_ACTIVE
+
+
+async def test_a_status_snapshot_writes_nothing_to_the_legacy_owners_tables(
+    store: WorkStore,
+) -> None:
+    """The adapter's lock statement is for the steps; a status read runs it in a
+    transaction that is rolled back, so looking never changes the legacy rows."""
+    await legacy.install(store)
+    await legacy.add_events(store, "noop", ["{}", "{}"], T0)
+
+    async def versions(tx: SqlTx) -> list[int]:
+        rows = await tx.fetchall("SELECT probe_version FROM legacy_events ORDER BY event_id")
+        return [int(r[0]) for r in rows]
+
+    before = await store.db.transact(versions, name="t.v", write=False)
+    gen, snap = await store.cutover_snapshot("noop", T0, PROBE)
+    assert gen is None and snap.legacy_uncovered == 2  # it did count
+    assert await store.db.transact(versions, name="t.v", write=False) == before
