@@ -66,7 +66,7 @@ run: $(BIN)/.installed secrets
 	@echo "  metrics: http://127.0.0.1:8780/metrics   service API: http://127.0.0.1:8781/v1/openapi.json"
 	@echo "  webhooks in: http://127.0.0.1:8782/hooks/outreach-main (from the Outreach simulator at http://127.0.0.1:8793)"
 	@echo ""
-	@$(BIN)/integrationd --config $(CONFIG) sandbox & SANDBOX=$$!; \
+	@$(BIN)/python -m sandbox --config $(CONFIG) & SANDBOX=$$!; \
 	  trap 'kill $$SANDBOX 2>/dev/null' EXIT INT TERM; \
 	  $(BIN)/integrationd --config $(CONFIG) run
 

@@ -26,7 +26,7 @@ from admin_ui.render import page
 from daemon.core.cutover import IllegalStep
 from daemon.services import cutover as service
 from storage.cutover.steps import NotUnderCutover
-from storage.cutover.values import CutoverBlocked, StepParams
+from storage.cutover.values import CutoverBlocked, LegacyClaimantError, StepParams
 
 bp = Blueprint("cutover_pages", __name__)
 FAMILY = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
@@ -53,7 +53,7 @@ async def cutover_list() -> Response | WerkzeugResponse:
 async def _status(family: str, status: int = 200, error: str | None = None,
                   blockers: list[dict[str, str]] | None = None) -> Response:
     view = console().view
-    doc = await service.status(view.store, family, view.clock.now_us())
+    doc = await service.status(view.store, view.settings, family, view.clock.now_us())
     return await page("cutover.html", status=status, error=error, doc=doc, steps=STEPS,
                       refused=blockers or [])
 
@@ -81,7 +81,7 @@ async def cutover_step(family: str, verb: str) -> Response | WerkzeugResponse:
     except CutoverBlocked as exc:
         return await _status(family, 409, f"cutover {verb} blocked",
                              [{"code": b.code, "sentence": b.sentence} for b in exc.blockers])
-    except (IllegalStep, NotUnderCutover) as exc:
+    except (IllegalStep, NotUnderCutover, LegacyClaimantError) as exc:
         return await _status(family, 409, str(exc))
     except Exception as exc:
         err = classify(exc)

@@ -39,6 +39,7 @@ from config.settings import (
     AUTH_KINDS,
     FAMILY_DEFAULTS,
     L2_QUOTA_SCOPES,
+    LEGACY_ADAPTERS,
     ROLES,
     AdminSettings,
     ApiSettings,
@@ -47,6 +48,7 @@ from config.settings import (
     FamilySettings,
     IngressSettings,
     KeysSettings,
+    LegacyClaimantSettings,
     Operator,
     QuotaScope,
     ReplicaSettings,
@@ -73,7 +75,8 @@ _SECTIONS: dict[str, type[Any]] = {
     "ingress": IngressSettings,
     "retention": RetentionSettings,
 }
-_ARRAYS = ("families", "operators", "runtimes", "bindings", "webhook_routes")
+_ARRAYS = ("families", "operators", "runtimes", "bindings", "webhook_routes",
+           "legacy_claimants")
 
 
 class ConfigError(Exception):
@@ -403,6 +406,7 @@ def parse_settings(
         ingress=ingress,
         webhook_routes=routes,
         retention=retention,
+        legacy_claimants=_legacy_claimants(raw.get("legacy_claimants", []), known_families),
         base_dir=base_dir,
     )
 
@@ -683,6 +687,57 @@ def _webhook_routes(value: Any, environ: Mapping[str, str],
                 env_var=f"INTEGRATIOND_WEBHOOK_{env}_PREVIOUS_SECRET", environ=environ),
         )
         out.append(r)
+    return tuple(out)
+
+
+_SQL_PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+
+def _legacy_sql(key: str, sql: str, first_word: str) -> None:
+    """One statement, ``:family`` its only parameter, beginning with ``first_word``."""
+    words = sql.split()
+    if not words or words[0].upper() != first_word:
+        raise ConfigError(key, f"expected one {first_word} statement")
+    if ";" in sql.rstrip().rstrip(";"):
+        raise ConfigError(key, "expected one statement (no ';' inside)")
+    if "?" in sql:
+        raise ConfigError(key, "write :family where the family goes (no '?' placeholders)")
+    others = sorted({p for p in _SQL_PARAM.findall(sql) if p != "family"})
+    if others:
+        raise ConfigError(key, f"unknown parameter :{others[0]} (only :family is bound)")
+
+
+def _legacy_claimants(value: Any, known_families: Collection[str]
+                      ) -> tuple[LegacyClaimantSettings, ...]:
+    out: list[LegacyClaimantSettings] = []
+    for i, table in enumerate(_array("legacy_claimants", value)):
+        key = f"legacy_claimants[{i}]"
+        c: LegacyClaimantSettings = _build(key, LegacyClaimantSettings, table)
+        if c.family not in known_families:
+            raise ConfigError(f"{key}.family", f"unknown work family {c.family!r} (known:"
+                              f" {', '.join(sorted(known_families))})")
+        if any(o.family == c.family for o in out):
+            raise ConfigError(f"{key}.family", f"duplicate: {c.family!r} already has a legacy"
+                              " claimant")
+        if c.adapter not in LEGACY_ADAPTERS:
+            raise ConfigError(f"{key}.adapter", f"unknown adapter {c.adapter!r} (known:"
+                              f" {', '.join(LEGACY_ADAPTERS)})")
+        for name, first in (("lock_sql", "UPDATE"), ("processing_sql", "SELECT"),
+                            ("uncovered_sql", "SELECT"), ("processes_sql", "SELECT"),
+                            ("open_claims_sql", "SELECT")):
+            sql = getattr(c, name)
+            if not sql.strip():
+                if name in ("processes_sql", "open_claims_sql"):
+                    continue
+                raise ConfigError(f"{key}.{name}", "is required (see docs/operations.md,"
+                                  " \"Your legacy claimant\")")
+            _legacy_sql(f"{key}.{name}", sql, first)
+        if ":family" not in c.lock_sql:
+            raise ConfigError(f"{key}.lock_sql", "must name the family (:family): it locks"
+                              " that family's live legacy rows")
+        out.append(attrs.evolve(c, **{n: getattr(c, n).strip().rstrip(";").strip() for n in (
+            "lock_sql", "processing_sql", "uncovered_sql", "processes_sql",
+            "open_claims_sql")}))
     return tuple(out)
 
 

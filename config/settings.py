@@ -322,6 +322,31 @@ class RetentionSettings:
     sweep_interval: float = 86400.0
 
 
+# Adapter kinds a [[legacy_claimants]] entry may name.
+LEGACY_ADAPTERS = ("sql",)
+
+
+@attrs.frozen(kw_only=True)
+class LegacyClaimantSettings:
+    """The legacy owner of one work family, as the cutover proves it (seed 11.1;
+    docs/operations.md, "Your legacy claimant"). ``adapter = "sql"``: statements
+    over its tables in the same database, ``:family`` where the family goes."""
+
+    family: str = ""
+    adapter: str = "sql"
+    # An UPDATE touching every live (pending or claimed) legacy row: the lock that
+    # makes the counts one decision with the step.
+    lock_sql: str = ""
+    # One row, one count each: its active claims and leases; its eligible items
+    # that no WorkItem covers.
+    processing_sql: str = ""
+    uncovered_sql: str = ""
+    # Optional, one name per row: its live claim-capable processes (besides the
+    # heartbeats in claimant_processes); its claim transactions still open.
+    processes_sql: str = ""
+    open_claims_sql: str = ""
+
+
 @attrs.frozen(kw_only=True)
 class Settings:
     storage: StorageSettings = StorageSettings()
@@ -338,6 +363,7 @@ class Settings:
     ingress: IngressSettings = IngressSettings()
     webhook_routes: tuple[WebhookRoute, ...] = ()
     retention: RetentionSettings = RetentionSettings()
+    legacy_claimants: tuple[LegacyClaimantSettings, ...] = ()
     # Directory that relative paths (the SQLite file) resolve against.
     base_dir: str = "."
 

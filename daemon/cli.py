@@ -37,6 +37,7 @@ from daemon.keys_cli import add_keys_commands, run_keys_command
 from daemon.services import logs
 from daemon.services.catalog_view import serving_refusal
 from daemon.services.clock import WallClock
+from daemon.services.cutover import verified_claimant
 from daemon.services.families import UnknownFamily, build_registry, known_family_names
 from daemon.services.operator_api import (
     BadRequest,
@@ -49,6 +50,7 @@ from daemon.services.operator_api import (
     parse_state,
     replay,
 )
+from storage.cutover.values import LegacyClaimantError
 from storage.migrate import check_schema, migrate
 from storage.open import describe_url, open_store, wait_until_reachable
 from storage.port import (
@@ -100,17 +102,6 @@ def _parser() -> argparse.ArgumentParser:
                            help="validate the configuration and print it (no secrets)")
     check.add_argument("--connect", action="store_true",
                        help="also prove the database is reachable and fully migrated")
-
-    box = sub.add_parser(
-        "sandbox",
-        help="run the provider simulators and the reference Runtime (demo, tests, benchmarks)",
-    )
-    box.add_argument("--leads", type=int, default=5,
-                     help="Leads (and contacts, and Prospects) to seed")
-    box.add_argument("--interval", type=float, default=1.0,
-                     help="seconds between title changes (0: no traffic)")
-    box.add_argument("--inbound-interval", type=float, default=3.0,
-                     help="seconds between remote changes sent as webhooks (0: none)")
 
     work = sub.add_parser("work", help="operate on work items").add_subparsers(
         dest="work_command", required=True, metavar="VERB"
@@ -344,30 +335,16 @@ async def _cmd_check_connect(settings: Settings) -> int:
     store = await _open(settings)
     try:
         await check_schema(store.db, store.dialect)
+        # Each declared legacy claimant's statements run once (rolled back): one the
+        # database refuses is a config error naming its key.
+        for c in settings.legacy_claimants:
+            await verified_claimant(store, settings, c.family)
     finally:
         await store.db.aclose()
     sys.stderr.write(f"integrationd: {describe_url(settings.storage.url)}: reachable,"
-                     " schema current\n")
-    return EXIT_OK
-
-
-async def _cmd_sandbox(settings: Settings, args: argparse.Namespace) -> int:
-    from sandbox.demo import run_sandbox
-
-    store = await _open(settings)
-    try:
-        await check_schema(store.db, store.dialect)
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with trio.open_nursery() as nursery:
-                async def stop_on_signal() -> None:
-                    async for _ in signals:
-                        nursery.cancel_scope.cancel()
-
-                nursery.start_soon(stop_on_signal)
-                await run_sandbox(settings, store, leads=args.leads, interval_s=args.interval,
-                                  inbound_interval_s=args.inbound_interval)
-    finally:
-        await store.db.aclose()
+                     " schema current"
+                     + (", legacy claimants answer" if settings.legacy_claimants else "")
+                     + "\n")
     return EXIT_OK
 
 
@@ -520,8 +497,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(_cmd_run, settings)
         if args.command == "work":
             return trio.run(_cmd_work, settings, args)
-        if args.command == "sandbox":
-            return trio.run(_cmd_sandbox, settings, args)
     except BaseException as exc:  # mapped to one line and an exit code, or re-raised
         code = _report(_leaf(exc), settings)
         if code is None:
@@ -547,7 +522,7 @@ def _report(exc: BaseException, settings: Settings) -> int | None:
 
     line: str
     code: int
-    if isinstance(exc, ConfigError):  # raised late, e.g. by the sandbox
+    if isinstance(exc, ConfigError | LegacyClaimantError):  # found late (at --connect)
         line, code = f"config error: {exc}", EXIT_USAGE
     elif isinstance(exc, ListenerError):
         named = {settings.ingress.listen: "ingress", settings.api.listen: "api",

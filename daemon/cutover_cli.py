@@ -14,8 +14,9 @@
 * ``project``: run the legacy outcome projector once over every receipt.
 
 Every step is authorized (admin) and audited. A blocked step is one line per
-blocker and exit 1; an illegal step, an unknown process or bad input is one
-line and exit 2.
+blocker and exit 1; an illegal step, an unknown process, bad input or a
+statement of the configured legacy claimant that the database refuses (named
+by its key, e.g. ``legacy_claimants[0].uncovered_sql``) is one line and exit 2.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from daemon.services import cutover as service
 from daemon.services.clock import WallClock
 from daemon.services.operator_api import authorize
 from storage.cutover.steps import NotUnderCutover
-from storage.cutover.values import CutoverBlocked, StepParams
+from storage.cutover.values import CutoverBlocked, LegacyClaimantError, StepParams
 from storage.work_store import WorkStore
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -116,7 +117,7 @@ async def run_cutover_command(store: WorkStore, settings: Settings,
     if not family or len(family) > 64 or not family.isprintable():
         raise CutoverUsage("FAMILY must be a work family name (1..64 printable characters)")
     if verb == "status":
-        doc = await service.status(store, family, now_us)
+        doc = await service.status(store, settings, family, now_us)
         if args.json:
             _print_json(doc)
         else:
@@ -139,7 +140,8 @@ async def run_cutover_command(store: WorkStore, settings: Settings,
                 sys.stderr.write(f"integrationd: cutover {verb} {family} blocked: {b.sentence}"
                                  f" [{b.code}]\n")
         return EXIT_FAILURE
-    except (IllegalStep, NotUnderCutover, service.UnknownProcess) as exc:
+    except (IllegalStep, NotUnderCutover, service.UnknownProcess,
+            LegacyClaimantError) as exc:
         raise CutoverUsage(str(exc)) from None
     last = done[-1]
     if args.json:

@@ -1,4 +1,4 @@
-"""``integrationd sandbox``: the HubSpot and Outreach simulators and the reference Runtime,
+"""``python -m sandbox``: the HubSpot and Outreach simulators and the reference Runtime,
 with traffic both ways.
 
 Reads the same configuration as the replica, so the pieces agree: the HubSpot simulator

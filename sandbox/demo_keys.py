@@ -1,7 +1,7 @@
 """Print a new RSA private key (unencrypted PKCS#8 PEM) for the sandbox's S2S app.
 
 ``make run`` keeps it in ``var/secrets/outreach-app.pem``: the Outreach binding signs its
-app JWTs with it, and ``integrationd sandbox`` derives the public key the mounted token
+app JWTs with it, and ``python -m sandbox`` derives the public key the mounted token
 endpoint checks them with from the same file. Never a key for a real app.
 """
 

@@ -25,14 +25,16 @@ Rules, before code:
   prevents the step. ``begin`` and ``rollback_begin`` only close admission,
   so nothing blocks them.
 * ``commit`` (legacy -> integrationd, also abandoning a rollback) needs zero
-  legacy processing rows and zero live legacy claim-capable processes, every
-  eligible legacy item covered by a WorkItem, and the re-cutover rules: no
-  fenced row awaiting or unknown, no conflicting or unprojected legacy
-  receipt.
+  legacy processing rows, open legacy claim transactions and live legacy
+  claim-capable processes, every eligible legacy item covered by a WorkItem,
+  and the re-cutover rules: no fenced row awaiting or unknown, no conflicting
+  or unprojected legacy receipt.
 * ``rollback_commit`` (integrationd -> legacy) needs zero integrationd
   processing rows (active or expired leases), zero ``Started`` effect
-  attempts, zero live claim-capable replicas of the family, and no unstarted
-  item with dispatch history.
+  attempts, zero live claim-capable replicas of the family, no unstarted
+  item with dispatch history, and no claim transaction still open past the
+  claim-transaction bound (a frozen process holding the rows the fence moves:
+  named, instead of the fence waiting on it until a statement timeout).
 * A process counts as live until its own row says it stopped or an operator
   proved it gone: silence is not proof.
 """
@@ -121,10 +123,16 @@ class Snapshot:
     started_attempts: int = 0      # effect attempts dispatched without an outcome
     dispatch_history: int = 0      # unstarted rows with any effect attempt on record
     replicas: tuple[str, ...] = ()           # live claim-capable integrationd replicas
-    legacy_reported: bool = True   # a legacy probe answered inside the transaction
+    # Claim transactions of integrationd left open by a frozen process (described:
+    # replica, items, the server's connection) and their replicas: the fence would
+    # wait for their row locks.
+    open_claims: tuple[str, ...] = ()
+    open_claim_owners: tuple[str, ...] = ()
+    legacy_reported: bool = True   # a legacy claimant answered inside the transaction
     legacy_processing: int = 0
     legacy_processes: tuple[str, ...] = ()   # live claim-capable legacy processes
     legacy_uncovered: int = 0      # eligible legacy items with no WorkItem
+    legacy_open_claims: tuple[str, ...] = ()  # legacy claim transactions still open
     awaiting: int = 0              # rows awaiting_legacy_outcome
     unknown: int = 0               # rows legacy_outcome_unknown
     unprojected_receipts: int = 0
@@ -152,12 +160,13 @@ def blockers(step: Step, snap: Snapshot) -> tuple[Blocker, ...]:
             snap.closed_for_us is None or snap.closed_for_us < snap.claim_tx_bound_us):
         out.append(Blocker("admission_recently_closed", (
             "admission has not been closed for the claim transaction bound"
-            f" ({snap.claim_tx_bound_us // 1_000_000} s): a claim begun before it may still"
+            f" ({snap.claim_tx_bound_us / 1_000_000:g} s): a claim begun before it may still"
             " run; try again later")))
     if step is Step.COMMIT:
         if not snap.legacy_reported:
             out.append(Blocker("legacy_unreported", (
-                "no legacy owner probe answered: its drain and coverage cannot be proven")))
+                "no legacy claimant is declared for this family ([[legacy_claimants]] in the"
+                " configuration): its drain and coverage cannot be proven")))
         if snap.legacy_processing:
             out.append(Blocker("legacy_processing", _n(
                 snap.legacy_processing, "legacy items are still claimed by the legacy owner;"
@@ -166,6 +175,10 @@ def blockers(step: Step, snap: Snapshot) -> tuple[Blocker, ...]:
             out.append(Blocker("legacy_processes", "legacy claim-capable processes are live: "
                                + ", ".join(snap.legacy_processes)
                                + "; stop them (or prove them gone)"))
+        if snap.legacy_open_claims:
+            out.append(Blocker("legacy_open_claims", "legacy claim transactions are open: "
+                               + "; ".join(snap.legacy_open_claims)
+                               + "; let them finish (or stop their processes)"))
         if snap.legacy_uncovered:
             out.append(Blocker("coverage_gap", _n(
                 snap.legacy_uncovered, "eligible legacy items have no WorkItem;"
@@ -185,6 +198,13 @@ def blockers(step: Step, snap: Snapshot) -> tuple[Blocker, ...]:
                 snap.conflicting_receipts, "legacy outcome receipts conflict with the"
                 " recorded outcome")))
     elif step is Step.ROLLBACK_COMMIT:
+        if snap.open_claims:
+            out.append(Blocker("open_claim_transaction", "an open claim transaction holds"
+                               " rows the fence must move (its process is frozen or hung"
+                               " between its claim and its COMMIT): "
+                               + "; ".join(snap.open_claims)
+                               + "; stop that process (SIGKILL: the server then rolls the"
+                               " claim back) or KILL its connection on the server"))
         if snap.processing:
             out.append(Blocker("processing", _n(
                 snap.processing, "items are processing under a live lease; let them"
@@ -200,9 +220,11 @@ def blockers(step: Step, snap: Snapshot) -> tuple[Blocker, ...]:
             out.append(Blocker("dispatch_history", _n(
                 snap.dispatch_history, "unstarted items have dispatch history (prior or"
                 " ambiguous effects); settle or repair them first")))
-        if snap.replicas:
+        # A replica already named by its open claim is not named twice.
+        others = [r for r in snap.replicas if r not in snap.open_claim_owners]
+        if others:
             out.append(Blocker("replicas_live", "claim-capable replicas are live: "
-                               + ", ".join(snap.replicas) + "; stop them (or prove them"
+                               + ", ".join(others) + "; stop them (or prove them"
                                " gone)"))
     return tuple(out)
 

@@ -10,10 +10,13 @@ reclaim admission (it stays closed when the second is blocked, so the drain
 can proceed); the second is the atomic fence. ``re-cutover`` is ``begin`` (when
 the legacy owner is active) followed by ``commit``.
 
-The legacy owner is proven through a :class:`storage.cutover.values.LegacyProbe`.
-The one implemented is the reference legacy claimant's
-(:class:`sandbox.legacy.store.ReferenceLegacyProbe`), used when its table is
-present; without a probe, ``commit`` is blocked (``legacy_unreported``).
+The legacy owner is proven through the port
+:class:`storage.cutover.values.LegacyClaimant`, with the adapter the
+configuration declares for the family (``[[legacy_claimants]]``; the one kind
+today is ``sql``, :class:`storage.cutover.legacy_sql.SqlLegacyClaimant`). Each
+step first runs the adapter's statements once (rolled back), so a mistake in
+them is one line naming its key. A family with no legacy claimant declared
+cannot be committed (``legacy_unreported``): nothing proves its old owner drained.
 """
 
 from __future__ import annotations
@@ -24,16 +27,20 @@ from typing import Any
 import attrs
 
 from config.settings import Settings
-from daemon.core.cutover import Phase, Step, blockers
+from daemon.core.cutover import Blocker, Phase, Step, blockers
 from daemon.services.operator_api import authorize
+from storage.cutover.legacy_sql import SqlLegacyClaimant
+from storage.cutover.snapshot import serves
 from storage.cutover.values import (
+    CutoverBlocked,
     CutoverReceipt,
-    LegacyProbe,
+    LegacyClaimant,
+    LegacyClaimantError,
     OwnerGeneration,
     StepParams,
     StepResult,
 )
-from storage.port import SqlTx
+from storage.port import RetriesExhausted
 from storage.work_store import WorkStore
 
 NEXT_STEP = {
@@ -55,17 +62,25 @@ class UnknownProcess(Exception):
         self.code = "unknown_process"
 
 
-async def legacy_probe_for(store: WorkStore) -> LegacyProbe | None:
-    """The reference legacy claimant's probe when its table exists, else None."""
+def legacy_claimant_for(settings: Settings, family: str) -> SqlLegacyClaimant | None:
+    """The adapter the configuration declares for ``family`` (None: none is)."""
+    for i, c in enumerate(settings.legacy_claimants):
+        if c.family == family:
+            return SqlLegacyClaimant(
+                name=f"legacy_claimants[{i}]", family=c.family, lock_sql=c.lock_sql,
+                processing_sql=c.processing_sql, uncovered_sql=c.uncovered_sql,
+                processes_sql=c.processes_sql, open_claims_sql=c.open_claims_sql)
+    return None
 
-    async def body(tx: SqlTx) -> bool:
-        return bool(await tx.fetchall(store.dialect.table_exists_sql, ("legacy_events",)))
 
-    if not await store.db.transact(body, name="cutover.legacy_table", write=False):
-        return None
-    from sandbox.legacy.store import ReferenceLegacyProbe
-
-    return ReferenceLegacyProbe()
+async def verified_claimant(store: WorkStore, settings: Settings,
+                            family: str) -> LegacyClaimant | None:
+    """The family's legacy claimant, its statements run once first (raises
+    :class:`LegacyClaimantError` naming the key of one that fails)."""
+    claimant = legacy_claimant_for(settings, family)
+    if claimant is not None:
+        await claimant.verify(store.db)
+    return claimant
 
 
 def generation_json(gen: OwnerGeneration | None) -> dict[str, Any] | None:
@@ -82,14 +97,19 @@ def receipt_json(r: CutoverReceipt) -> dict[str, Any]:
     return doc | {"proof": json.loads(r.proof_json)}
 
 
-async def status(store: WorkStore, family: str, now_us: int,
+async def status(store: WorkStore, settings: Settings, family: str, now_us: int,
                  claim_tx_bound_us: int = 60_000_000) -> dict[str, Any]:
     """Owner generation, receipts, fences with projector progress, and what exactly
     blocks the next step (counted now; the step counts again itself)."""
-    probe = await legacy_probe_for(store)
-    gen, snap = await store.cutover_snapshot(family, now_us, probe)
+    misconfigured: tuple[Blocker, ...] = ()
+    try:
+        claimant = await verified_claimant(store, settings, family)
+    except LegacyClaimantError as exc:
+        claimant, misconfigured = None, (Blocker(exc.code, str(exc)),)
+    gen, snap = await store.cutover_snapshot(family, now_us, claimant)
     step = NEXT_STEP[gen.phase if gen is not None else None]
-    found = blockers(step, attrs.evolve(snap, claim_tx_bound_us=claim_tx_bound_us))
+    found = misconfigured + blockers(
+        step, attrs.evolve(snap, claim_tx_bound_us=claim_tx_bound_us))
     fences = await store.legacy_fence_progress(family)
     return {
         "family": family,
@@ -112,11 +132,46 @@ async def step(store: WorkStore, settings: Settings, verb: str, params: StepPara
     for process in gone:
         if not await store.process_mark_gone(process, params, now_us):
             raise UnknownProcess(process)
+    try:
+        return await _steps(store, settings, verb, params, now_us)
+    except RetriesExhausted:
+        # SQLite: another connection kept the one write lock past the statement
+        # timeout. The database cannot say whose; the heartbeats can say who fell
+        # silent (the MySQL family names open claims itself, storage/cutover/).
+        if store.db.backend != "sqlite":
+            raise
+        raise CutoverBlocked(params.family, verb, (await write_lock_blocker(
+            store, settings, params.family, now_us),)) from None
+
+
+async def write_lock_blocker(store: WorkStore, settings: Settings, family: str,
+                             now_us: int) -> Blocker:
+    """``write_lock_held``: how long the step waited, and the replicas serving
+    ``family`` whose heartbeats stopped (a process frozen inside a write
+    transaction holds the whole SQLite database)."""
+    silent_after_us = int(2 * settings.replica.heartbeat_interval * 1_000_000)
+    silent = [f"{r.replica_id} (last heartbeat {(now_us - r.heartbeat_at_us) // 1_000_000} s"
+              " ago)" for r in await store.replica_list(0)
+              if r.state not in ("stopped", "gone") and serves(r.families, family)
+              and now_us - r.heartbeat_at_us > silent_after_us]
+    return Blocker("write_lock_held", (
+        "another connection held the SQLite write lock for over"
+        f" {settings.storage.statement_timeout:g} s (a process"
+        " frozen inside a write transaction holds the whole database); "
+        + ("claim-capable replicas that stopped heartbeating: " + ", ".join(silent)
+           + "; stop the frozen one (SIGKILL releases the lock)" if silent else
+           "no replica of the family stopped heartbeating: look for another process"
+           " writing to the database file")))
+
+
+async def _steps(store: WorkStore, settings: Settings, verb: str, params: StepParams,
+                 now_us: int) -> list[StepResult]:
     done: list[StepResult] = []
     if verb == "begin":
         done.append(await store.cutover_begin(params, now_us))
     elif verb == "commit":
-        done.append(await store.cutover_commit(params, now_us, await legacy_probe_for(store)))
+        done.append(await store.cutover_commit(
+            params, now_us, await verified_claimant(store, settings, params.family)))
     elif verb == "rollback":
         gen = await store.owner_generation_get(params.family)
         if gen is None or gen.phase is not Phase.ROLLBACK_DRAINING:
@@ -126,7 +181,8 @@ async def step(store: WorkStore, settings: Settings, verb: str, params: StepPara
         gen = await store.owner_generation_get(params.family)
         if gen is not None and gen.phase is Phase.LEGACY_ACTIVE:
             done.append(await store.cutover_begin(params, now_us))
-        done.append(await store.cutover_commit(params, now_us, await legacy_probe_for(store)))
+        done.append(await store.cutover_commit(
+            params, now_us, await verified_claimant(store, settings, params.family)))
     else:
         raise ValueError(f"not a cutover step: {verb}")
     return done

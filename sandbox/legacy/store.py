@@ -12,10 +12,10 @@ the event has no WorkItem, or its WorkItem is fenced for the legacy owner
 (``awaiting_legacy_outcome``): work integrationd executed or reconciled is never
 run again here.
 
-:class:`ReferenceLegacyProbe` is integrationd's view of this owner inside a
-cutover step: one guarded UPDATE touches every pending or processing event
-(row-locking them, waiting for any a claim holds), then it counts; so a legacy
-claim cannot commit unseen between the count and the receipt.
+integrationd sees this owner as it sees any legacy claimant: through the SQL
+adapter its configuration declares (:data:`CLAIMANT_SQL`, the
+``[[legacy_claimants]]`` entry of ``config/example.toml``); nothing under
+``daemon/`` or ``storage/`` knows this module.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import secrets
 
 import attrs
 
+from config.settings import LegacyClaimantSettings
 from daemon.core.work import WorkSpec
 from storage.cutover.legacy import LegacyOutcomeReceipt, legacy_receipt_write
-from storage.cutover.values import LegacyProof
 from storage.dialect import Dialect
 from storage.port import SqlTx
 from storage.work_store import WorkStore
@@ -112,9 +112,13 @@ async def claim_one(store: WorkStore, family: str, worker: str, lease_us: int,
     """The legacy claim loop's one step: select a candidate, conditional UPDATE."""
 
     async def body(tx: SqlTx) -> LegacyEvent | None:
+        # Candidates are eligible events only: pending events whose WorkItem
+        # integrationd ran stay pending here for ever, and a window over every
+        # pending event would stall behind them (the conditional UPDATE still
+        # decides, so a candidate that stopped being eligible is skipped).
         rows = await tx.fetchall(
             "SELECT event_id FROM legacy_events WHERE family = ? AND state = 'pending'"
-            " ORDER BY event_id LIMIT 4", (family,))
+            + _ADMITTED + " ORDER BY event_id LIMIT 4", (family,))
         for (event_id,) in rows:
             if await tx.execute(
                 "UPDATE legacy_events SET state = 'processing', claimed_by = ?,"
@@ -193,18 +197,23 @@ async def materialize(store: WorkStore, family: str, org_id: str, now_us: int) -
     return sum(1 for r in results if r.created)
 
 
-class ReferenceLegacyProbe:
-    """integrationd's proof of this legacy owner, inside a cutover step."""
+# The cutover sees this owner through the configured SQL adapter like any other
+# legacy claimant (docs/operations.md, "Your legacy claimant"): these statements are
+# the [[legacy_claimants]] entry of config/example.toml. The lock touches every live
+# event (row-locking them, waiting for any a claim holds), then the counts follow in
+# the step's transaction, so a legacy claim cannot commit unseen between the count
+# and the receipt.
+CLAIMANT_SQL = {
+    "lock_sql": "UPDATE legacy_events SET probe_version = probe_version + 1"
+                " WHERE family = :family AND state IN ('pending', 'processing')",
+    "processing_sql": "SELECT COUNT(*) FROM legacy_events WHERE family = :family"
+                      " AND state = 'processing'",
+    "uncovered_sql": "SELECT COUNT(*) FROM legacy_events e WHERE e.family = :family"
+                     " AND e.state = 'pending' AND NOT EXISTS (SELECT 1 FROM work_items w"
+                     " WHERE w.dedupe_key = e.work_key)",
+}
 
-    async def legacy_proof(self, tx: SqlTx, family: str) -> LegacyProof:
-        await tx.execute(
-            "UPDATE legacy_events SET probe_version = probe_version + 1"
-            " WHERE family = ? AND state IN ('pending', 'processing')", (family,))
-        processing = await tx.fetchall(
-            "SELECT COUNT(*) FROM legacy_events WHERE family = ? AND state = 'processing'",
-            (family,))
-        uncovered = await tx.fetchall(
-            "SELECT COUNT(*) FROM legacy_events e WHERE e.family = ? AND e.state = 'pending'"
-            " AND NOT EXISTS (SELECT 1 FROM work_items w WHERE w.dedupe_key = e.work_key)",
-            (family,))
-        return LegacyProof(processing=int(processing[0][0]), uncovered=int(uncovered[0][0]))
+
+def claimant_settings(family: str) -> LegacyClaimantSettings:
+    """This owner's ``[[legacy_claimants]]`` entry for ``family``."""
+    return LegacyClaimantSettings(family=family, adapter="sql", **CLAIMANT_SQL)

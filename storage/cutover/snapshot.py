@@ -7,7 +7,7 @@ import json
 import attrs
 
 from daemon.core.cutover import Snapshot
-from storage.cutover.values import LEGACY, LegacyProbe
+from storage.cutover.values import LEGACY, LegacyClaimant, LegacyProof
 from storage.port import SqlTx
 
 # Joins from a WorkItem to the effect attempts made for it (its own, and those of
@@ -96,19 +96,21 @@ async def integrationd_counts(tx: SqlTx, family: str, now_us: int) -> Snapshot:
 
 
 async def full_snapshot(tx: SqlTx, family: str, now_us: int,
-                        legacy: LegacyProbe | None) -> Snapshot:
+                        legacy: LegacyClaimant | None) -> Snapshot:
     ours = await integrationd_counts(tx, family, now_us)
     fences = await fence_counts(tx, family)
-    legacy_processing = legacy_uncovered = 0
+    proof = LegacyProof(processing=0, uncovered=0)
     if legacy is not None:
         proof = await legacy.legacy_proof(tx, family)
-        legacy_processing, legacy_uncovered = proof.processing, proof.uncovered
+    # Live legacy processes: the heartbeats in claimant_processes and whatever the
+    # legacy owner's own adapter reports (either one is enough to block).
+    processes = tuple(sorted(set(await live_legacy(tx, family)) | set(proof.processes)))
     return attrs.evolve(
         ours, awaiting=fences.awaiting, unknown=fences.unknown,
         unprojected_receipts=fences.unprojected_receipts,
         conflicting_receipts=fences.conflicting_receipts,
-        legacy_processing=legacy_processing, legacy_uncovered=legacy_uncovered,
-        legacy_processes=await live_legacy(tx, family))
+        legacy_processing=proof.processing, legacy_uncovered=proof.uncovered,
+        legacy_open_claims=proof.open_claims, legacy_processes=processes)
 
 
 def snapshot_json(snap: Snapshot) -> str:

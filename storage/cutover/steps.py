@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
+from typing import NoReturn
 
 import attrs
 
@@ -40,6 +41,7 @@ from daemon.core.cutover import (
     blockers,
     next_phase,
 )
+from storage.cutover.open_claims import OpenClaims, find_open_claims
 from storage.cutover.snapshot import (
     attempts_where,
     fence_counts,
@@ -54,7 +56,7 @@ from storage.cutover.values import (
     RECEIPT_COLUMNS,
     CutoverBlocked,
     CutoverReceipt,
-    LegacyProbe,
+    LegacyClaimant,
     OwnerGeneration,
     StepParams,
     StepResult,
@@ -65,6 +67,15 @@ from storage.work_admin import append_audit
 
 # A step's proof: counts (and, for a fence, its id and the rows it moved).
 Prover = Callable[[SqlTx], Awaitable[tuple[Snapshot, str | None, int]]]
+
+
+class _Looked(Exception):
+    """Carries a status snapshot out of its transaction, rolling the transaction back."""
+
+    def __init__(self, generation: OwnerGeneration | None, snapshot: Snapshot) -> None:
+        super().__init__("snapshot taken")
+        self.generation = generation
+        self.snapshot = snapshot
 
 
 class NotUnderCutover(WorkConflict):
@@ -215,7 +226,7 @@ class CutoverSteps:
         return await self.db.transact(body, name=f"cutover.{step.value}")
 
     async def cutover_commit(self, params: StepParams, now_us: int,
-                             legacy: LegacyProbe | None) -> StepResult:
+                             legacy: LegacyClaimant | None) -> StepResult:
         """Admit integrationd: zero legacy claimers, full coverage, re-cutover rules."""
 
         async def prove(tx: SqlTx) -> tuple[Snapshot, str | None, int]:
@@ -225,7 +236,13 @@ class CutoverSteps:
         return await self._open(params, Step.COMMIT, now_us, prove)
 
     async def cutover_rollback_commit(self, params: StepParams, now_us: int) -> StepResult:
-        """The atomic rollback fence, then the legacy owner's receipt."""
+        """The atomic rollback fence, then the legacy owner's receipt.
+
+        First, claims a frozen process left open (``open_claims``): the fence would
+        wait on their row locks, so the step refuses at once, naming them."""
+        stuck = await find_open_claims(self.db, params.family)
+        if stuck.owners:
+            await self._refuse_open_claims(params, now_us, stuck)
         fence_id = new_ulid(now_us)
 
         async def prove(tx: SqlTx) -> tuple[Snapshot, str | None, int]:
@@ -238,20 +255,51 @@ class CutoverSteps:
 
         return await self._open(params, Step.ROLLBACK_COMMIT, now_us, prove)
 
-    async def cutover_snapshot(self, family: str, now_us: int,
-                               legacy: LegacyProbe | None) -> tuple[
-                                   OwnerGeneration | None, Snapshot]:
-        """The counts a status page shows (a read: the steps count again themselves)."""
+    async def _refuse_open_claims(self, params: StepParams, now_us: int,
+                                  stuck: OpenClaims) -> NoReturn:
+        """Raise the rollback commit's blockers, counted by reads that take no lock
+        (a committed read never waits for the open claims' row locks)."""
 
         async def body(tx: SqlTx) -> tuple[OwnerGeneration | None, Snapshot]:
+            return (await read_generation(tx, params.family),
+                    await integrationd_counts(tx, params.family, now_us))
+
+        gen, snap = await self.db.transact(body, name="cutover.rollback_refusal",
+                                           write=False)
+        if gen is None:
+            raise NotUnderCutover(params.family)
+        next_phase(gen.phase, Step.ROLLBACK_COMMIT)  # an illegal step says so first
+        closed_for = (now_us - gen.admission_closed_at_us
+                      if gen.admission_closed_at_us is not None else None)
+        snap = attrs.evolve(snap, open_claims=stuck.described(),
+                            open_claim_owners=stuck.owners, closed_for_us=closed_for,
+                            claim_tx_bound_us=params.claim_tx_bound_us)
+        raise CutoverBlocked(params.family, Step.ROLLBACK_COMMIT.value,
+                             blockers(Step.ROLLBACK_COMMIT, snap))
+
+    async def cutover_snapshot(self, family: str, now_us: int,
+                               legacy: LegacyClaimant | None) -> tuple[
+                                   OwnerGeneration | None, Snapshot]:
+        """The counts a status page shows (the steps count again themselves).
+
+        The legacy claimant's lock statement is an UPDATE: run in a read it would
+        commit on its own (autocommit), so a status look would write to the legacy
+        owner's tables. The snapshot runs in a write transaction that is always
+        rolled back instead."""
+
+        async def body(tx: SqlTx) -> None:
             gen = await read_generation(tx, family)
             snap = await full_snapshot(tx, family, now_us, legacy)
             closed = (now_us - gen.admission_closed_at_us
                       if gen is not None and gen.admission_closed_at_us is not None else None)
-            return gen, attrs.evolve(snap, legacy_reported=legacy is not None,
-                                     closed_for_us=closed)
+            raise _Looked(gen, attrs.evolve(snap, legacy_reported=legacy is not None,
+                                            closed_for_us=closed))
 
-        return await self.db.transact(body, name="cutover.snapshot", write=False)
+        try:
+            await self.db.transact(body, name="cutover.snapshot")
+        except _Looked as looked:
+            return looked.generation, looked.snapshot
+        raise AssertionError("unreachable: the snapshot always rolls back")
 
     async def cutover_families(self) -> list[OwnerGeneration]:
         """Every family under the cutover protocol."""

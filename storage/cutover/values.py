@@ -67,21 +67,49 @@ RECEIPT_COLUMNS = (
 
 @attrs.frozen
 class LegacyProof:
-    """The legacy owner's side of a proof, counted inside the step's transaction."""
+    """The legacy owner's side of a proof, counted inside the step's transaction.
+
+    What the cutover needs of any legacy claimant (the port, seed 11.1): its
+    active claims and leases (rows it is processing), the eligible items it has
+    that no WorkItem covers, the claim-capable processes it knows to be live, and
+    its claim transactions still open. Terminal-outcome receipts are the other
+    half of the contract: the legacy owner writes them into
+    ``legacy_outcome_receipts`` in the same transaction as each terminal
+    transition of a fenced item (docs/operations.md, "Your legacy claimant").
+    """
 
     processing: int   # legacy items claimed (leased) by the legacy owner now
     uncovered: int    # eligible legacy items with no WorkItem
+    processes: tuple[str, ...] = ()    # live claim-capable processes the owner reports
+    open_claims: tuple[str, ...] = ()  # its claim transactions still open, named
 
 
-class LegacyProbe(Protocol):
-    """How integrationd proves the legacy owner drained and was covered.
+class LegacyClaimant(Protocol):
+    """The port: how integrationd proves the legacy owner drained and was covered.
 
     ``legacy_proof`` runs inside the cutover step's own write transaction and must
     make its count one decision with the step (a guarded statement or locking read
     over the legacy owner's rows), so that no legacy claim can commit unseen.
+    Adapters are declared in configuration (``[[legacy_claimants]]``); a mistake in
+    an adapter's own statements is a :class:`LegacyClaimantError` naming its key.
     """
 
+    @property
+    def name(self) -> str:
+        """The adapter's configuration key (``legacy_claimants[0]``)."""
+        ...
+
     async def legacy_proof(self, tx: SqlTx, family: str) -> LegacyProof: ...
+
+
+class LegacyClaimantError(Exception):
+    """A configured legacy claimant's statement failed or answered out of contract:
+    one line naming the configuration key (the operator fixes the adapter)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.code = "legacy_claimant_misconfigured"
 
 
 @attrs.frozen

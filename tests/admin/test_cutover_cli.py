@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
+import attrs
 import pytest
 
 from config.settings import Settings, StorageSettings
@@ -14,6 +16,7 @@ from storage.work_store import WorkStore
 from tests.admin.support import operators
 from tests.support.backends import FreshDatabase
 from tests.support.cutover import states
+from tests.support.processes import run_cli
 from tests.support.work import claim
 
 
@@ -33,7 +36,8 @@ async def test_cutover_rollback_and_re_cutover_from_the_cli(
     database: FreshDatabase, store: WorkStore, capsys: pytest.CaptureFixture[str],
 ) -> None:
     settings = Settings(storage=StorageSettings(url=database.url, sqlite_synchronous="NORMAL"),
-                        operators=operators())
+                        operators=operators(),
+                        legacy_claimants=(legacy.claimant_settings("noop"),))
     await legacy.install(store)
     await legacy.add_events(store, "noop", ["{}", "{}"], 1)
     await store.claimant_heartbeat("legacy-1", "legacy", "noop", 0, "running", 1)
@@ -115,3 +119,39 @@ async def test_bad_cutover_input_is_one_line_and_exit_2(
         _parse("cutover", "begin", "noop", "--actor", "ada", "--reason", "r",
                "--claim-tx-bound", "soon")
     assert "expected seconds" in capsys.readouterr().err
+
+
+async def test_a_legacy_claimant_statement_the_database_refuses_is_named_exit_2(
+    database: FreshDatabase, store: WorkStore, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    # Valid as configuration, wrong for this database: the column is misspelt.
+    wrong = attrs.evolve(legacy.claimant_settings("noop"), uncovered_sql=(
+        "SELECT COUNT(*) FROM legacy_events WHERE family = :family AND stat = 'pending'"))
+    settings = Settings(storage=StorageSettings(url=database.url, sqlite_synchronous="NORMAL"),
+                        operators=operators(), legacy_claimants=(wrong,))
+    await legacy.install(store)
+    assert await run_admin_command(settings, _step("begin")) == 0
+    capsys.readouterr()
+    assert await run_admin_command(settings, _step("commit")) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("integrationd: legacy_claimants[0].uncovered_sql: ")
+    assert "stat" in line
+    gen = await store.owner_generation_get("noop")
+    assert gen is not None and gen.generation == 0  # nothing moved
+    # status shows it as the blocker it is, rather than failing
+    assert await run_admin_command(settings, _parse("cutover", "status", "noop", "--json")) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["blockers"][0]["code"] == "legacy_claimant_misconfigured"
+    assert "legacy_claimants[0].uncovered_sql" in doc["blockers"][0]["sentence"]
+    # check-config --connect finds it before any step: one line, exit 2.
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[storage]\nurl = "{database.url}"\n\n[[legacy_claimants]]\n'
+                   'family = "noop"\n' + "".join(
+                       f"{k} = {json.dumps(getattr(wrong, k))}\n"
+                       for k in ("lock_sql", "processing_sql", "uncovered_sql")))
+    result = run_cli(cfg, "check-config", "--connect")
+    assert result.returncode == 2, result.stderr
+    errors = [x for x in result.stderr.splitlines() if not x.startswith("{")]
+    assert len(errors) == 1 and errors[0].startswith(
+        "integrationd: config error: legacy_claimants[0].uncovered_sql: "), errors

@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
+import attrs
+import pytest
+
 from sandbox.legacy import store as legacy
-from tests.admin.support import ConsoleHarness
+from tests.admin.support import ConsoleHarness, console_harness, console_settings
+from tests.support.backends import FreshDatabase
 from tests.support.cutover import states
+
+
+@pytest.fixture
+async def console(sqlite_db: FreshDatabase) -> AsyncIterator[ConsoleHarness]:
+    """The console, with the sandbox's legacy claimant declared for ``noop``."""
+    settings = attrs.evolve(console_settings(),
+                            legacy_claimants=(legacy.claimant_settings("noop"),))
+    async with console_harness(sqlite_db, settings=settings) as harness:
+        yield harness
 
 
 async def test_cutover_pages_show_blockers_and_run_audited_steps(

@@ -14,6 +14,7 @@ from config.load import _SECTIONS
 from config.settings import (
     BindingSettings,
     FamilySettings,
+    LegacyClaimantSettings,
     Operator,
     RuntimeClient,
     WebhookRoute,
@@ -24,6 +25,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "example.toml"
 SECTIONS: dict[str, type[Any]] = {
     **_SECTIONS, "families.noop": FamilySettings, "runtimes": RuntimeClient,
     "bindings": BindingSettings, "operators": Operator, "webhook_routes": WebhookRoute,
+    "legacy_claimants": LegacyClaimantSettings,
 }
 _HEADER = re.compile(r"^\[\[?([a-z_.]+)\]\]?\s*$")
 _KEY = re.compile(r"^#?\s*([a-z0-9_]+)\s*=")

@@ -83,6 +83,7 @@ ROWS = [
     (Step.COMMIT, "legacy_processing", 1, "legacy_processing"),
     (Step.COMMIT, "legacy_processes", ("legacy-1",), "legacy_processes"),
     (Step.COMMIT, "legacy_uncovered", 2, "coverage_gap"),
+    (Step.COMMIT, "legacy_open_claims", ("worker-3: event ev-1",), "legacy_open_claims"),
     (Step.COMMIT, "awaiting", 1, "awaiting_legacy_outcome"),
     (Step.COMMIT, "unknown", 1, "legacy_outcome_unknown"),
     (Step.COMMIT, "unprojected_receipts", 1, "receipts_unprojected"),
@@ -93,6 +94,8 @@ ROWS = [
     (Step.ROLLBACK_COMMIT, "started_attempts", 1, "started_attempts"),
     (Step.ROLLBACK_COMMIT, "dispatch_history", 1, "dispatch_history"),
     (Step.ROLLBACK_COMMIT, "replicas", ("replica-a",), "replicas_live"),
+    (Step.ROLLBACK_COMMIT, "open_claims", ("replica r-a holds 2 items",),
+     "open_claim_transaction"),
 ]
 
 
@@ -111,6 +114,8 @@ CROSS = [
     (Step.ROLLBACK_COMMIT, "legacy_processing", 1),
     (Step.ROLLBACK_COMMIT, "legacy_uncovered", 1),
     (Step.ROLLBACK_COMMIT, "legacy_reported", False),
+    (Step.ROLLBACK_COMMIT, "legacy_open_claims", ("worker-3",)),
+    (Step.COMMIT, "open_claims", ("replica r-a holds 2 items",)),
 ]
 
 
@@ -123,3 +128,14 @@ def test_the_other_owners_findings_do_not_block(step: Step, field: str,
 def test_blocker_sentences_name_the_processes() -> None:
     (b,) = blockers(Step.ROLLBACK_COMMIT, attrs.evolve(QUIET, replicas=("r-1", "r-2")))
     assert "r-1, r-2" in b.sentence
+
+
+def test_a_replica_named_by_its_open_claim_is_not_named_again() -> None:
+    frozen = attrs.evolve(QUIET, replicas=("r-a", "r-b"), open_claim_owners=("r-a",),
+                          open_claims=("replica r-a holds 1 item claimed but uncommitted",))
+    found = blockers(Step.ROLLBACK_COMMIT, frozen)
+    assert [b.code for b in found] == ["open_claim_transaction", "replicas_live"]
+    assert "r-a holds 1 item" in found[0].sentence
+    assert "r-b" in found[1].sentence and "r-a" not in found[1].sentence
+    only = attrs.evolve(frozen, replicas=("r-a",))
+    assert [b.code for b in blockers(Step.ROLLBACK_COMMIT, only)] == ["open_claim_transaction"]

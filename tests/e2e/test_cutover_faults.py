@@ -23,7 +23,6 @@ import trio
 from daemon.core.cutover import Phase
 from daemon.core.outcomes import Succeeded
 from sandbox.legacy import store as legacy
-from sandbox.legacy.store import ReferenceLegacyProbe
 from storage.cutover.values import CutoverBlocked
 from storage.port import SqlTx
 from storage.work_store import WorkStore
@@ -31,11 +30,12 @@ from tests.support.backends import FreshDatabase
 from tests.support.cutover import legacy_states, params, spec, states
 from tests.support.cutover_driver import STEPS
 from tests.support.harness import wait_for
+from tests.support.legacy import sandbox_claimant
 from tests.support.processes import cli_env, start_replica, stop_all, write_config
 from tests.support.work import claim, finalize
 
 pytestmark = pytest.mark.slow
-PROBE = ReferenceLegacyProbe()
+PROBE = sandbox_claimant()
 BOUND_US = 500_000  # the claim-transaction bound these tests run with
 
 

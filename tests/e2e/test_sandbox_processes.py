@@ -1,5 +1,5 @@
 """``make run``'s pieces as real processes with config/example.toml (only its ports and
-database changed): ``integrationd sandbox`` starts the Outreach simulator, links its
+database changed): ``python -m sandbox`` starts the Outreach simulator, links its
 Prospects to the sandbox Leads and subscribes the replica's ``outreach-main`` route; its
 live Prospect changes arrive at ``integrationd run`` as signed webhooks, are materialized
 into ``inbound_apply`` work and change the Lead's inbound-owned fields in the Runtime.
@@ -78,7 +78,7 @@ async def _start_sandbox(cfg: Path) -> ReplicaProcess:
     log = cfg.parent / "sandbox.log"
     with log.open("wb") as handle:
         proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "daemon.cli", "--config", str(cfg), "sandbox",
+            [sys.executable, "-m", "sandbox", "--config", str(cfg),
              "--leads", str(LEADS), "--interval", "0.5", "--inbound-interval", "0.3"],
             stdout=subprocess.DEVNULL, stderr=handle, cwd=str(cfg.parent), env=cli_env())
     return ReplicaProcess(proc, log)

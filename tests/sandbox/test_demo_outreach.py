@@ -1,4 +1,4 @@
-"""Where ``integrationd sandbox`` places the Outreach simulator, and the clear errors when
+"""Where ``python -m sandbox`` places the Outreach simulator, and the clear errors when
 the configuration cannot place it (each names the key; no secret in the message)."""
 
 from __future__ import annotations

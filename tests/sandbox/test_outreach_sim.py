@@ -474,7 +474,7 @@ async def test_cli_without_tokens_or_with_a_used_port_exits_2(served: Served) ->
 
 async def test_a_mounted_s2s_token_endpoint_mints_tokens_the_api_accepts(
         nursery: trio.Nursery) -> None:
-    """``integrationd sandbox`` mounts wire9's token endpoint on the simulator's port,
+    """``python -m sandbox`` mounts wire9's token endpoint on the simulator's port,
     sharing the token set: a minted token reads Prospects; a bad JWT mints nothing."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     public = key.public_key().public_bytes(serialization.Encoding.PEM,

@@ -19,6 +19,7 @@ from storage.work_store import WorkStore
 from tests.support.backends import fresh_database
 from tests.support.cutover import params
 from tests.support.harness import wait_for
+from tests.support.legacy import sandbox_claimant
 
 
 @pytest.fixture
@@ -37,7 +38,7 @@ async def test_projector_service_reconciles_receipts_as_they_arrive(
     await legacy.add_events(store, "noop", ["{}"] * 3, clock.now_us())
     await store.cutover_begin(params(), clock.now_us())
     await legacy.materialize(store, "noop", "org-1", clock.now_us())
-    await store.cutover_commit(params(), clock.now_us(), legacy.ReferenceLegacyProbe())
+    await store.cutover_commit(params(), clock.now_us(), sandbox_claimant())
     await store.cutover_rollback_begin(params(), clock.now_us())
     done = await store.cutover_rollback_commit(params(), clock.now_us())
     assert done.receipt is not None and done.receipt.fence_id is not None

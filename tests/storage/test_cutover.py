@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 
 from daemon.core.cutover import Claimant, IllegalStep, Phase
 from daemon.core.outcomes import Released
 from sandbox.legacy import store as legacy
-from sandbox.legacy.store import ReferenceLegacyProbe
 from storage.cutover.steps import NotUnderCutover
 from storage.cutover.values import CutoverBlocked
 from storage.port import ReplicaInfo, SqlTx
 from storage.work_store import WorkStore
 from tests.support.cutover import params, states
+from tests.support.legacy import sandbox_claimant
 from tests.support.work import SEC, T0, TTL, claim, enqueue, finalize
 
-PROBE = ReferenceLegacyProbe()
+PROBE = sandbox_claimant()
 
 
 def _codes(exc: pytest.ExceptionInfo[CutoverBlocked]) -> list[str]:
@@ -189,3 +190,57 @@ async def test_generation_row_is_one_per_family(store: WorkStore) -> None:
         return int(rows[0][0])
 
     assert await store.db.transact(count, name="t", write=False) == 1
+
+
+async def test_an_adapters_own_processes_and_open_claims_block_commit(
+    store: WorkStore,
+) -> None:
+    """The port's optional answers: live processes and open claim transactions the
+    legacy owner's own tables know (beyond claimant_processes heartbeats)."""
+    await legacy.install(store)
+    (event,) = await legacy.add_events(store, "noop", ["{}"], T0)
+    claimant = attrs.evolve(
+        PROBE,
+        processes_sql="SELECT DISTINCT claimed_by FROM legacy_events"
+                      " WHERE family = :family AND state = 'processing'",
+        open_claims_sql="SELECT event_id FROM legacy_events WHERE family = :family"
+                        " AND state = 'processing' AND lease_until_us IS NULL")
+    await claimant.verify(store.db)
+    # A legacy worker that claimed without a lease (an open claim, as its owner reports
+    # it), before admission closed.
+    ev = await legacy.claim_one(store, "noop", "old-worker-7", SEC, T0)
+    assert ev is not None
+    await store.cutover_begin(params(), T0)
+    await legacy.materialize(store, "noop", "org-1", T0)
+
+    async def unleased(tx: SqlTx) -> None:
+        await tx.execute("UPDATE legacy_events SET lease_until_us = NULL WHERE event_id = ?",
+                         (event,))
+
+    await store.db.transact(unleased, name="t.unleased")
+    with pytest.raises(CutoverBlocked) as exc:
+        await store.cutover_commit(params(), T0, claimant)
+    assert _codes(exc) == ["legacy_processing", "legacy_processes", "legacy_open_claims"]
+    sentences = " ".join(b.sentence for b in exc.value.blockers)
+    assert "old-worker-7" in sentences and event in sentences
+    assert await legacy.finish(store, ev, "old-worker-7", "succeeded", T0)
+    done = await store.cutover_commit(params(), T0, claimant)
+    assert done.generation.phase is Phase.INTEGRATIOND_ACTIVE
+
+
+async def test_a_status_snapshot_writes_nothing_to_the_legacy_owners_tables(
+    store: WorkStore,
+) -> None:
+    """The adapter's lock statement is for the steps; a status read runs it in a
+    transaction that is rolled back, so looking never changes the legacy rows."""
+    await legacy.install(store)
+    await legacy.add_events(store, "noop", ["{}", "{}"], T0)
+
+    async def versions(tx: SqlTx) -> list[int]:
+        rows = await tx.fetchall("SELECT probe_version FROM legacy_events ORDER BY event_id")
+        return [int(r[0]) for r in rows]
+
+    before = await store.db.transact(versions, name="t.v", write=False)
+    gen, snap = await store.cutover_snapshot("noop", T0, PROBE)
+    assert gen is None and snap.legacy_uncovered == 2  # it did count
+    assert await store.db.transact(versions, name="t.v", write=False) == before

@@ -192,9 +192,13 @@ async def _cutover_workload(store: WorkStore) -> None:
     from sandbox.legacy import store as legacy
     from storage.cutover.legacy import LegacyOutcomeReceipt
     from tests.support.cutover import params
+    from tests.support.legacy import sandbox_claimant
 
-    probe = legacy.ReferenceLegacyProbe()
+    # The sandbox's configured SQL adapter: its statements, as the operator wrote
+    # them, go through the same guard (and verify runs each of them once).
+    probe = sandbox_claimant("moved")
     await legacy.install(store)
+    await probe.verify(store.db)
     (event,) = await legacy.add_events(store, "moved", ["{}"], T0)
     await store.claimant_heartbeat("l1", "legacy", "moved", 0, "stopped", T0)
     await store.cutover_begin(params("moved"), T0)

@@ -7,16 +7,16 @@ import pytest
 from daemon.core.outcomes import Succeeded
 from daemon.core.states import WorkState
 from sandbox.legacy import store as legacy
-from sandbox.legacy.store import ReferenceLegacyProbe
 from storage.cutover.legacy import LegacyOutcomeReceipt
 from storage.cutover.values import CutoverBlocked
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.cutover import legacy_states, params, states
+from tests.support.legacy import sandbox_claimant
 from tests.support.work import SEC, T0, claim, finalize
 
-PROBE = ReferenceLegacyProbe()
+PROBE = sandbox_claimant()
 
 
 async def _rolled_back(store: WorkStore, events: int = 3) -> tuple[list[str], str]:

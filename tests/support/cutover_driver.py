@@ -20,10 +20,10 @@ import trio
 
 from daemon.core.cutover import Phase
 from sandbox.legacy import store as legacy
-from sandbox.legacy.store import ReferenceLegacyProbe
 from storage.cutover.values import StepParams
 from storage.open import open_store
 from storage.work_store import WorkStore
+from tests.support.legacy import sandbox_claimant
 
 STEPS = ("rollback_begin", "rollback_commit", "legacy_drain", "project", "begin", "commit")
 
@@ -56,7 +56,7 @@ async def run_step(store: WorkStore, family: str, name: str) -> None:
     elif name == "begin" and phase is Phase.LEGACY_ACTIVE:
         await store.cutover_begin(params, _now_us())
     elif name == "commit" and phase is Phase.CUTOVER_DRAINING:
-        await store.cutover_commit(params, _now_us(), ReferenceLegacyProbe())
+        await store.cutover_commit(params, _now_us(), sandbox_claimant())
 
 
 async def main(url: str, family: str, pause: bool) -> None:
