@@ -52,7 +52,7 @@ URL = "https://hooks.example.test/hooks/outreach-main"
 WEBHOOKS = "/api/v2/webhooks"
 # L1's declared in-flight window of a subscription create (config/providers/outreach.toml).
 IN_FLIGHT_S = 30.0
-STATIC_TOKEN = "static-token-subscriptions"  # noqa: S105 (a test credential)
+STATIC_TOKEN = "static-token-subscriptions"
 
 
 @attrs.define
