@@ -42,6 +42,7 @@ from daemon.services.subscriptions import (
     SubscriptionReconciler,
     subscription_handler,
 )
+from daemon.services.subscriptions import replay_refusal as subscription_replay_refusal
 from storage.commands import EFFECT_FAMILY
 from storage.effects import RECEIPT_FAMILY, EffectContextRow
 from storage.ingress.receipts import IngressReceipt, ReceiptInsert
@@ -223,7 +224,8 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
             RECONCILE_FAMILY: reconcile_handler(reconciler),
             SUBSCRIPTION_FAMILY: subscription_handler(subscriptions),
         },
-        {EFFECT_FAMILY: effect_replay_guard},
+        {EFFECT_FAMILY: effect_replay_guard,
+         SUBSCRIPTION_FAMILY: subscription_replay_refusal},
     )
     registry.services.extend([checkpoints.batcher.run, contexts.run, fences.run])
     context = None

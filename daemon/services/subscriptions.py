@@ -77,7 +77,7 @@ from daemon.core.token_bundle import (
     open_bundle,
     seal,
 )
-from daemon.core.work import WorkSpec
+from daemon.core.work import WorkItem, WorkSpec
 from daemon.providers.template import identity_text
 from daemon.services import logs
 from daemon.services.credentials import definitive
@@ -107,9 +107,11 @@ from storage.subscriptions import (
     write_subscription,
 )
 from storage.work_admin import append_audit, insert_work
+from storage.work_store import WorkStore
 
 __all__ = ["SUBSCRIPTION_FAMILY", "NoSuchBinding", "SubscriptionPayload",
-           "SubscriptionReconciler", "item_spec", "reconcile_now", "row_json", "run_spec",
+           "SubscriptionReconciler", "item_spec", "reconcile_now", "replay_refusal", "row_json",
+           "run_spec",
            "start_chains", "subscription_handler"]
 
 _CONTRACT: Final = OperationContract()  # 2xx applied, 429 not applied, other 4xx refused
@@ -681,6 +683,17 @@ class SubscriptionReconciler:
                                ).access_token.reveal()
         except BundleRefused:
             return None
+
+
+async def replay_refusal(store: WorkStore, item: WorkItem) -> str | None:
+    """Seed 10: a step whose attempt's outcome is unknown is not replayed (a replay is a
+    new WorkItem, a new command id in the effect journal: it would send the call again)
+    until its read-back or an operator's disposition settled the attempt."""
+    if any(a.unresolved for a in await store.effect_attempts(item.work_id)):
+        return ("an attempt of this subscription step is unresolved (its outcome is"
+                " unknown): let the step read it back, or record an operator disposition"
+                " first")
+    return None
 
 
 def subscription_handler(reconciler: SubscriptionReconciler) -> Any:

@@ -39,7 +39,7 @@ from sandbox.hubspot_sim.model import Fault
 from sandbox.outreach_sim import OutreachSimulator
 from sandbox.s2s_token_sim import S2STokenEndpoint, s2s_routes
 from storage.effect_values import Disposition
-from storage.port import SqlTx
+from storage.port import SqlTx, WorkQuery
 from storage.principals import Actor
 from storage.work_store import WorkStore
 from tests.support.s2s import private_pem, public_pem
@@ -270,3 +270,28 @@ async def test_every_subscription_call_takes_a_slot_of_the_bindings_quota(rig: R
     assert len(reserved) == len(calls), reserved
     assert {k for k, _ in reserved} == {f"outreach:per_user_hour:org-1:{BINDING}"}
     assert {s for _, s in reserved} == {"sent"}
+
+
+async def test_a_step_whose_outcome_is_unknown_is_not_replayed_as_a_new_call(
+        rig: Rig) -> None:
+    """Seen on main: the family had no replay guard, so an operator's replay of a create
+    whose outcome was unknown made a new WorkItem (a new command id, no attempt in doubt)
+    that sent the create again, a second subscription."""
+    rig.sim.inject(Fault("reset_after", method="POST", path_prefix=WEBHOOKS, count=1))
+    await rig.queue_run()
+    await rig.drain_now()  # the run, then the first create: applied, its answer lost
+    (step,) = [i for i in await rig.store.work_list(WorkQuery(family=SUBSCRIPTION_FAMILY))
+               if '"kind":"create"' in i.payload and i.attempt == 1
+               and i.failure_class == "outcome_unknown"]
+    guard = rig.assembly.registry.get(SUBSCRIPTION_FAMILY).replay_guard
+    assert guard is not None
+    refusal = await guard(rig.store, step)
+    assert refusal is not None and "outcome is unknown" in refusal
+    # Once the read-back has settled it (past the window), a replay is allowed again.
+    for _ in range(10):
+        rig.clock.now += 10 * SEC
+        await rig.drain_now()
+    settled = await rig.store.work_get(step.work_id)
+    assert settled is not None and settled.state.value == "succeeded"
+    assert await guard(rig.store, settled) is None
+    assert len(rig.sim.subscriptions()) == 3
