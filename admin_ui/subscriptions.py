@@ -31,12 +31,8 @@ from admin_ui.render import page
 from config.catalog import Catalog
 from config.settings import WebhookRoute
 from config.subscription_defs import desired_subscriptions
-from daemon.services.subscriptions import (
-    SUBSCRIPTION_FAMILY,
-    NoSuchBinding,
-    reconcile_now,
-    row_json,
-)
+from daemon.services.subscription_items import SUBSCRIPTION_FAMILY
+from daemon.services.subscription_operator import NoSuchBinding, reconcile_now, row_json
 from storage.port import SqlTx
 from storage.secret_retirements import RetirementRow, read_retirements
 from storage.subscriptions import LastItem, SubscriptionRow, last_items, read_subscriptions

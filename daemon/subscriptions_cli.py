@@ -19,7 +19,7 @@ from config.catalog import load_catalog
 from config.settings import Settings
 from daemon.services.clock import WallClock
 from daemon.services.operator_api import authorize
-from daemon.services.subscriptions import NoSuchBinding, reconcile_now, row_json
+from daemon.services.subscription_operator import NoSuchBinding, reconcile_now, row_json
 from storage.port import SqlTx
 from storage.subscriptions import SubscriptionRow, read_subscriptions
 from storage.work_store import WorkStore

@@ -37,12 +37,14 @@ from daemon.services.receipt_sender import ReceiptSender, receipt_handler
 from daemon.services.reconcile import RECONCILE_FAMILY, CursorReconciler, reconcile_handler
 from daemon.services.secret_retirements import SecretRetirements
 from daemon.services.subscription_calls import SubscriptionCalls
+from daemon.services.subscription_operator import (
+    replay_refusal as subscription_replay_refusal,
+)
 from daemon.services.subscriptions import (
     SUBSCRIPTION_FAMILY,
     SubscriptionReconciler,
     subscription_handler,
 )
-from daemon.services.subscriptions import replay_refusal as subscription_replay_refusal
 from storage.commands import EFFECT_FAMILY
 from storage.effects import RECEIPT_FAMILY, EffectContextRow
 from storage.ingress.receipts import IngressReceipt, ReceiptInsert

@@ -14,6 +14,7 @@ module sends it the way effects are sent, with the same services and nothing of 
   the pinned one. No token for a reason no retry cures: the item is dead with it; any
   other reason: the claim is given back unstarted (``Deferred``). A 401 to a token from
   a grant earns one refresh (the rejected version), then a retry;
+* **list**: L1's ``list`` request and pointers (:meth:`SubscriptionCalls.list_subscriptions`);
 * **quota**: the list is a provider read (:func:`daemon.services.read_quota.quota_read`);
   a create or delete reserves one slot of every key before its checkpoint
   (:func:`daemon.services.effect_quota.reserve`), sends only inside it, and settles the
@@ -43,12 +44,14 @@ import trio
 
 from config.definitions import OperationDefinition
 from config.settings import BindingSettings
+from config.subscription_defs import SubscriptionDefinition
 from daemon.core.canonical import canonical_bytes
 from daemon.core.effects import Classification, DispatchObservation, Phase
 from daemon.core.outcomes import DeadLetter, Deferred, Outcome, RetryLater
 from daemon.core.quota import ReservationState
-from daemon.core.subscriptions import StepAttempt
+from daemon.core.subscriptions import Remote, StepAttempt
 from daemon.providers.executor import SEND_WINDOW_CLOSED, BoundedHttp, exchange
+from daemon.providers.template import identity_text
 from daemon.services import effect_quota as quota
 from daemon.services import logs
 from daemon.services.credentials import Credentials, definitive
@@ -73,6 +76,15 @@ def client_deadline_s(binding: BindingSettings) -> float:
     """When the client gives up on an exchange at the latest (a free connection, then the
     request, each within the binding's timeout): as for effects."""
     return 2 * binding.timeout
+
+
+@attrs.frozen
+class Listed:
+    """One subscription the provider lists: its shape, and its id as the provider wrote
+    it."""
+
+    remote: Remote
+    raw_id: str
 
 
 @attrs.frozen
@@ -154,6 +166,47 @@ class SubscriptionCalls:
         return await quota_read(ctx, rq, functools.partial(
             self.http.request, method, url, headers=dict(headers),
             timeout_s=binding.timeout))
+
+    async def list_subscriptions(self, ctx: WorkContext, d: SubscriptionDefinition,
+                                 binding: BindingSettings, generation: int,
+                                 access: AccessToken) -> list[Listed] | Outcome:
+        """The provider's subscriptions, by L1's ``list`` request and pointers (one read
+        on the binding's quota); an outcome when they cannot be had."""
+        headers = {"Accept": d.content_type,
+                   **self.headers(d.auth_header, d.auth_prefix, access)}
+        try:
+            answer = await self.read(ctx, binding, d.list.method,
+                                           binding.base_url.rstrip("/") + d.list.path.text,
+                                           headers)
+        except httpx.HTTPError as exc:
+            return RetryLater("list_unavailable", "the subscription list did not answer"
+                              f" ({type(exc).__name__})")
+        if isinstance(answer, Deferred):
+            return answer
+        if answer.status_code == 401:
+            return await self.after_401(ctx, binding, generation, access)
+        if answer.status_code != 200:
+            return RetryLater("list_unavailable", "the subscription list did not answer 200"
+                              f" ({answer.status_code})")
+        try:
+            doc = answer.json()
+        except ValueError:
+            return DeadLetter("bad_list", "the subscription list is not JSON")
+        items = d.list.items.find(doc)
+        if not isinstance(items, list):
+            return DeadLetter("bad_list", "the subscription list is not what L1 declares")
+        out = []
+        for item in items:
+            pid = identity_text(d.list.item_id.find(item))
+            version = d.list.item_payload_version.find(item)
+            if pid is None or not isinstance(version, int):
+                return DeadLetter("bad_list", "a listed subscription has no id or version")
+            out.append(Listed(Remote(
+                provider_id=pid, resource=str(d.list.item_resource.find(item)),
+                action=str(d.list.item_action.find(item)),
+                url=str(d.list.item_url.find(item)), payload_version=version,
+                active=d.list.item_active.find(item) is not False), pid))
+        return out
 
     # ---- DoOnce ----
 

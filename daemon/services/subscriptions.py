@@ -35,12 +35,10 @@ request is an L1 template.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import attrs
-import httpx
 
 from config.catalog import Catalog
 from config.settings import BindingSettings, WebhookRoute
@@ -60,7 +58,6 @@ from daemon.core.subscriptions import (
     Health,
     Observed,
     ReadBack,
-    Remote,
     Send,
     StepClaim,
     WaitWindow,
@@ -77,7 +74,7 @@ from daemon.core.token_bundle import (
     open_bundle,
     seal,
 )
-from daemon.core.work import WorkItem, WorkSpec
+from daemon.core.work import WorkSpec
 from daemon.providers.template import identity_text
 from daemon.services import logs
 from daemon.services.credentials import definitive
@@ -94,8 +91,7 @@ from daemon.services.subscription_items import (
 )
 from daemon.services.subscription_retirement import retire_previous_secrets
 from daemon.services.token_refresh import AccessToken, TokenUnavailable
-from storage.idgen import new_ulid
-from storage.port import AuditEntry, SqlTx
+from storage.port import SqlTx
 from storage.subscriptions import (
     Retiring,
     Sealed,
@@ -106,21 +102,12 @@ from storage.subscriptions import (
     read_subscriptions,
     write_subscription,
 )
-from storage.work_admin import append_audit, insert_work
-from storage.work_store import WorkStore
+from storage.work_admin import insert_work
 
-__all__ = ["SUBSCRIPTION_FAMILY", "NoSuchBinding", "SubscriptionPayload",
-           "SubscriptionReconciler", "item_spec", "reconcile_now", "replay_refusal", "row_json",
-           "run_spec",
-           "start_chains", "subscription_handler"]
+__all__ = ["SUBSCRIPTION_FAMILY", "SubscriptionPayload", "SubscriptionReconciler",
+           "item_spec", "run_spec", "subscription_handler"]
 
 _CONTRACT: Final = OperationContract()  # 2xx applied, 429 not applied, other 4xx refused
-
-
-@attrs.frozen
-class _Remote:
-    remote: Remote
-    raw_id: str
 
 
 @attrs.frozen
@@ -163,45 +150,6 @@ class SubscriptionReconciler:
                 return hook.subscription
         return None
 
-    async def _list(self, ctx: WorkContext, d: SubscriptionDefinition,
-                    binding: BindingSettings, generation: int, access: AccessToken
-                    ) -> list[_Remote] | Outcome:
-        headers = {"Accept": d.content_type,
-                   **self.calls.headers(d.auth_header, d.auth_prefix, access)}
-        try:
-            answer = await self.calls.read(ctx, binding, d.list.method,
-                                           binding.base_url.rstrip("/") + d.list.path.text,
-                                           headers)
-        except httpx.HTTPError as exc:
-            return RetryLater("list_unavailable", "the subscription list did not answer"
-                              f" ({type(exc).__name__})")
-        if isinstance(answer, Deferred):
-            return answer
-        if answer.status_code == 401:
-            return await self.calls.after_401(ctx, binding, generation, access)
-        if answer.status_code != 200:
-            return RetryLater("list_unavailable", "the subscription list did not answer 200"
-                              f" ({answer.status_code})")
-        try:
-            doc = answer.json()
-        except ValueError:
-            return DeadLetter("bad_list", "the subscription list is not JSON")
-        items = d.list.items.find(doc)
-        if not isinstance(items, list):
-            return DeadLetter("bad_list", "the subscription list is not what L1 declares")
-        out = []
-        for item in items:
-            pid = identity_text(d.list.item_id.find(item))
-            version = d.list.item_payload_version.find(item)
-            if pid is None or not isinstance(version, int):
-                return DeadLetter("bad_list", "a listed subscription has no id or version")
-            out.append(_Remote(Remote(
-                provider_id=pid, resource=str(d.list.item_resource.find(item)),
-                action=str(d.list.item_action.find(item)),
-                url=str(d.list.item_url.find(item)), payload_version=version,
-                active=d.list.item_active.find(item) is not False), pid))
-        return out
-
     def _binding(self, name: str) -> BindingSettings | None:
         return self.catalog.binding(name)
 
@@ -237,7 +185,7 @@ class SubscriptionReconciler:
         access = await self.calls.token(ctx, binding, generation)
         if isinstance(access, TokenUnavailable):
             return self.calls.no_token(ctx, access)
-        listed = await self._list(ctx, d, binding, generation, access)
+        listed = await self.calls.list_subscriptions(ctx, d, binding, generation, access)
         if not isinstance(listed, list):
             return listed
         remote = [r.remote for r in listed]
@@ -421,7 +369,8 @@ class SubscriptionReconciler:
         if isinstance(access, TokenUnavailable):
             return self.calls.no_token(ctx, access)
         if isinstance(claim, ReadBack):
-            listed = await self._list(ctx, d, binding, p.binding_generation, access)
+            listed = await self.calls.list_subscriptions(ctx, d, binding,
+                                                         p.binding_generation, access)
             if not isinstance(listed, list):
                 return listed
 
@@ -575,7 +524,8 @@ class SubscriptionReconciler:
             if cleanup is None:
                 return self.calls.no_token(ctx, access)
         elif isinstance(claim, ReadBack):
-            listed = await self._list(ctx, d, binding, p.binding_generation, access)
+            listed = await self.calls.list_subscriptions(ctx, d, binding,
+                                                         p.binding_generation, access)
             if not isinstance(listed, list):
                 return listed
             if all(x.raw_id != pid for x in listed):
@@ -685,82 +635,8 @@ class SubscriptionReconciler:
             return None
 
 
-async def replay_refusal(store: WorkStore, item: WorkItem) -> str | None:
-    """Seed 10: a step whose attempt's outcome is unknown is not replayed (a replay is a
-    new WorkItem, a new command id in the effect journal: it would send the call again)
-    until its read-back or an operator's disposition settled the attempt."""
-    if any(a.unresolved for a in await store.effect_attempts(item.work_id)):
-        return ("an attempt of this subscription step is unresolved (its outcome is"
-                " unknown): let the step read it back, or record an operator disposition"
-                " first")
-    return None
-
-
 def subscription_handler(reconciler: SubscriptionReconciler) -> Any:
     async def handle(ctx: WorkContext) -> Outcome:
         return await reconciler.handle(ctx)
 
     return handle
-
-
-def bindings_with_subscriptions(catalog: Catalog, routes: Sequence[WebhookRoute]
-                                ) -> list[BindingSettings]:
-    """The bindings some route wants subscriptions for (by id)."""
-    names = sorted({d.binding_id for d in desired_subscriptions(catalog.webhooks, routes)})
-    return [b for b in (catalog.binding(n) for n in names) if b is not None]
-
-
-async def start_chains(store: Any, catalog: Catalog, routes: Sequence[WebhookRoute],
-                       now_us: int, interval_s: float = 300.0) -> int:
-    """At replica start: each binding's run chain (keyed by time slot, so replicas
-    starting together, or a chain already queued for this slot, make one)."""
-    specs = [run_spec(b, catalog, now_us=now_us, interval_s=interval_s)
-             for b in bindings_with_subscriptions(catalog, routes)]
-    if specs:
-        await store.work_enqueue(specs, now_us)
-    return len(specs)
-
-
-class NoSuchBinding(LookupError):
-    pass
-
-
-async def reconcile_now(store: Any, catalog: Catalog, routes: Sequence[WebhookRoute],
-                        binding_id: str, *, actor: str, role: str, reason: str,
-                        now_us: int) -> str:
-    """An operator's "reconcile now": one run queued at once (it queues no next run; the
-    chain goes on), audited in the same transaction. Returns the run's WorkItem id."""
-    binding = next((b for b in bindings_with_subscriptions(catalog, routes)
-                    if b.binding_id == binding_id), None)
-    if binding is None:
-        raise NoSuchBinding(f"binding {binding_id!r} has no route with subscriptions")
-    spec = run_spec(binding, catalog, now_us=now_us, interval_s=300.0, chain=False)
-
-    async def body(tx: SqlTx) -> str:
-        (result,) = await insert_work(tx, [spec], now_us)
-        await append_audit(tx, AuditEntry(
-            audit_id=new_ulid(now_us), at_us=now_us, actor=actor, role=role,
-            action="subscriptions.reconcile", target_kind="binding", target_id=binding_id,
-            reason=reason, before="{}", after=json.dumps({"work_id": result.work_id})))
-        return str(result.work_id)
-
-    work_id: str = await store.db.transact(body, name="subscriptions.reconcile_now")
-    return work_id
-
-
-def row_json(row: SubscriptionRow, now_us: int) -> dict[str, Any]:
-    """What the console and the API show of one observed row (never a token)."""
-    return {
-        "name": row.name, "binding_id": row.binding_id, "route": row.route,
-        "resource": row.resource, "action": row.action, "url": row.url,
-        "payload_version": row.payload_version, "provider_id": row.provider_id,
-        "generation": row.generation, "secret_generation": row.secret_generation,
-        "health": row.health, "cleanup_token": "sealed:" + row.cleanup.key_id
-        if row.cleanup else None,
-        "retiring": [{"provider_id": x.provider_id, "generation": x.generation}
-                     for x in row.retiring],
-        "rotating": row.rotating,
-        "last_reconciled_age_s": None if row.last_reconciled_at_us is None
-        else round((now_us - row.last_reconciled_at_us) / 1e6, 1),
-        "last_outcome": row.last_outcome, "last_reason": row.last_reason,
-    }

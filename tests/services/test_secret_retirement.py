@@ -29,7 +29,7 @@ from config.settings import Settings
 from daemon.services.catalog_view import publish_current
 from daemon.services.families import known_family_names
 from daemon.services.replica import Replica
-from daemon.services.subscriptions import reconcile_now
+from daemon.services.subscription_operator import reconcile_now
 from sandbox.outreach_sim import OutreachSimulator
 from sandbox.ports import free_port
 from storage.port import SqlTx
