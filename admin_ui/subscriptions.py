@@ -30,12 +30,15 @@ from admin_ui.filters import reason_from
 from admin_ui.render import page
 from config.catalog import Catalog
 from config.settings import WebhookRoute
-from config.subscription_defs import desired_subscriptions
-from daemon.services.subscription_items import SUBSCRIPTION_FAMILY
-from daemon.services.subscription_operator import NoSuchBinding, reconcile_now, row_json
+from daemon.services.subscription_operator import (
+    NoSuchBinding,
+    read_status,
+    reconcile_now,
+    status_json,
+)
 from storage.port import SqlTx
 from storage.secret_retirements import RetirementRow, read_retirements
-from storage.subscriptions import LastItem, SubscriptionRow, last_items, read_subscriptions
+from storage.subscriptions import LastItem, SubscriptionRow
 
 ACTIONS = {"subscriptions.read": frozenset({"viewer", "operator", "admin"}),
            "subscriptions.reconcile": frozenset({"operator", "admin"})}
@@ -45,22 +48,14 @@ async def subscriptions_json(catalog: Catalog) -> dict[str, Any]:
     view = console().view
     routes = view.settings.webhook_routes
 
-    desired = desired_subscriptions(catalog.webhooks, routes)
-    bindings = sorted({d.binding_id for d in desired})
+    async def body(tx: SqlTx) -> tuple[list[SubscriptionRow], dict[str, LastItem],
+                                       list[RetirementRow]]:
+        rows, last = await read_status(tx, catalog, routes)
+        return rows, last, await read_retirements(tx)
 
-    async def body(tx: SqlTx) -> tuple[list[SubscriptionRow], list[RetirementRow],
-                                       dict[str, LastItem]]:
-        rows = await read_subscriptions(tx)
-        # The last run of each binding and the last step of each subscription, from the
-        # durable WorkItems (a run's subject is its binding, a step's its row's name).
-        subjects = [*bindings, *sorted({d.name for d in desired} | {r.name for r in rows})]
-        return rows, await read_retirements(tx), await last_items(
-            tx, SUBSCRIPTION_FAMILY, subjects)
-
-    rows, retirements, last = await view.store.db.transact(
+    rows, last, retirements = await view.store.db.transact(
         body, name="console.subscriptions", write=False)
     now = view.clock.now_us()
-    observed = {r.name: r for r in rows}
     states = {(x.route, x.secret_generation): x for x in retirements}
 
     def done(route: WebhookRoute) -> bool:
@@ -82,33 +77,8 @@ async def subscriptions_json(catalog: Catalog) -> dict[str, Any]:
                 else round((now - x.check_at_us) / 1e6, 1),
                 "retired_age_s": None if x is None or x.retired_at_us is None
                 else round((now - x.retired_at_us) / 1e6, 1)}
-    def item(x: LastItem | None) -> dict[str, Any] | None:
-        return None if x is None else {
-            "work_id": x.work_id, "state": x.state, "attempt": x.attempt,
-            "failure_class": x.failure_class, "summary": x.summary,
-            "age_s": round((now - x.updated_at_us) / 1e6, 1)}
-
-    # Each name desired or observed: the provider's state as the last run saw it (a
-    # desired one with no row is missing: nothing of it exists at the provider).
-    health = {**{d.name: "missing" for d in desired},
-              **{r.name: r.health for r in rows}}
     return {
-        "desired": [{"name": d.name, "binding_id": d.binding_id, "route": d.route,
-                     "resource": d.resource, "action": d.action, "url": d.url,
-                     "payload_version": d.payload_version,
-                     "secret_generation": d.secret_generation,
-                     "state": health[d.name],
-                     "observed": None if d.name not in observed else {
-                         "provider_id": observed[d.name].provider_id,
-                         "generation": observed[d.name].generation,
-                         "secret_generation": observed[d.name].secret_generation,
-                         "url": observed[d.name].url},
-                     "last_step": item(last.get(d.name))} for d in desired],
-        "observed": [{**row_json(r, now), "last_step": item(last.get(r.name))}
-                     for r in rows],
-        "runs": [{"binding_id": b, **(item(last.get(b)) or {})} for b in bindings
-                 if b in last],
-        "bindings": bindings,
+        **status_json(catalog, routes, rows, last, now),
         # Each route with a previous secret configured: accepted (a rotation not yet
         # over), watching (over: it retires itself after a quiet redelivery window) or
         # retired (the verifier refuses it, whatever the configuration says).
@@ -118,8 +88,6 @@ async def subscriptions_json(catalog: Catalog) -> dict[str, Any]:
         "previous_secret_removable": sorted(
             r.route for r in routes if r.previous_secret is not None and done(r)
             and window(r) is None),
-        "health": {h: sum(1 for v in health.values() if v == h)
-                   for h in ("active", "disabled", "missing")},
     }
 
 

@@ -12,10 +12,10 @@ from config.catalog import Catalog
 from config.settings import BindingSettings, WebhookRoute
 from config.subscription_defs import desired_subscriptions
 from daemon.core.work import WorkItem
-from daemon.services.subscription_items import run_spec
+from daemon.services.subscription_items import SUBSCRIPTION_FAMILY, run_spec
 from storage.idgen import new_ulid
 from storage.port import AuditEntry, SqlTx
-from storage.subscriptions import SubscriptionRow
+from storage.subscriptions import LastItem, SubscriptionRow, last_items, read_subscriptions
 from storage.work_admin import append_audit, insert_work
 from storage.work_store import WorkStore
 
@@ -91,4 +91,56 @@ def row_json(row: SubscriptionRow, now_us: int) -> dict[str, Any]:
         "last_reconciled_age_s": None if row.last_reconciled_at_us is None
         else round((now_us - row.last_reconciled_at_us) / 1e6, 1),
         "last_outcome": row.last_outcome, "last_reason": row.last_reason,
+    }
+
+
+async def read_status(tx: SqlTx, catalog: Catalog, routes: Sequence[WebhookRoute]
+                      ) -> tuple[list[SubscriptionRow], dict[str, LastItem]]:
+    """The observed rows, and the last run of each binding and the last step of each
+    subscription from the durable WorkItems (a run's subject is its binding, a step's
+    its row's name)."""
+    desired = desired_subscriptions(catalog.webhooks, routes)
+    rows = await read_subscriptions(tx)
+    subjects = [*sorted({d.binding_id for d in desired}),
+                *sorted({d.name for d in desired} | {r.name for r in rows})]
+    return rows, await last_items(tx, SUBSCRIPTION_FAMILY, subjects)
+
+
+def status_json(catalog: Catalog, routes: Sequence[WebhookRoute], rows: list[SubscriptionRow],
+                last: dict[str, LastItem], now_us: int) -> dict[str, Any]:
+    """Desired against observed, each binding's last run, the health counts (the console's
+    Subscriptions page and ``integrationd subscriptions status``)."""
+    desired = desired_subscriptions(catalog.webhooks, routes)
+    bindings = sorted({d.binding_id for d in desired})
+    observed = {r.name: r for r in rows}
+
+    def item(x: LastItem | None) -> dict[str, Any] | None:
+        return None if x is None else {
+            "work_id": x.work_id, "state": x.state, "attempt": x.attempt,
+            "failure_class": x.failure_class, "summary": x.summary,
+            "age_s": round((now_us - x.updated_at_us) / 1e6, 1)}
+
+    # Each name desired or observed: the provider's state as the last run saw it (a
+    # desired one with no row is missing: nothing of it exists at the provider).
+    health = {**{d.name: "missing" for d in desired},
+              **{r.name: r.health for r in rows}}
+    return {
+        "desired": [{"name": d.name, "binding_id": d.binding_id, "route": d.route,
+                     "resource": d.resource, "action": d.action, "url": d.url,
+                     "payload_version": d.payload_version,
+                     "secret_generation": d.secret_generation,
+                     "state": health[d.name],
+                     "observed": None if d.name not in observed else {
+                         "provider_id": observed[d.name].provider_id,
+                         "generation": observed[d.name].generation,
+                         "secret_generation": observed[d.name].secret_generation,
+                         "url": observed[d.name].url},
+                     "last_step": item(last.get(d.name))} for d in desired],
+        "observed": [{**row_json(r, now_us), "last_step": item(last.get(r.name))}
+                     for r in rows],
+        "runs": [{"binding_id": b, **(item(last.get(b)) or {})} for b in bindings
+                 if b in last],
+        "bindings": bindings,
+        "health": {h: sum(1 for v in health.values() if v == h)
+                   for h in ("active", "disabled", "missing")},
     }
