@@ -51,6 +51,28 @@ async def admin_app(config: Path, store: WorkStore) -> QuartTrio:
     return app
 
 
+async def api_app(config: Path, store: WorkStore) -> QuartTrio:
+    """The service API (``/v1/``) exactly as ``integrationd run`` builds it."""
+    settings = load_settings(str(config), known_families=known_family_names())
+    parts = assemble(settings, store, WallClock(), Metrics())
+    await parts.aclose()
+    assert parts.api_app is not None, "no [[runtimes]]: no service API"
+    return parts.api_app
+
+
+def post_routes(app: QuartTrio) -> list[str]:
+    """Every POST path of the app, each parameter filled with an unknown value."""
+    paths: set[str] = set()
+    for rule in app.url_map.iter_rules():
+        if "POST" not in (rule.methods or ()):
+            continue
+        path = rule.rule
+        for arg in rule.arguments:
+            path = path.replace(f"<{arg}>", "01J00000000000000000000000")
+        paths.add(path)
+    return sorted(paths)
+
+
 async def signed_in(base: str, name: str) -> httpx.AsyncClient:
     client = httpx.AsyncClient(base_url=base, timeout=20)
     form = await client.get("/admin/sign-in")
