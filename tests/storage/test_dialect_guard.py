@@ -49,6 +49,7 @@ from storage.principals import Actor
 from storage.quota import reservation_move, reservation_open
 from storage.refresh_leases import refresh_lease_acquire
 from storage.retention.prune import LeaseParams
+from storage.subscriptions import last_items
 from storage.work_rollback import LegacyReceipt
 from storage.work_store import WorkStore
 from tests.support.backends import fresh_database
@@ -207,6 +208,11 @@ async def _subscription_checkpoint_workload(store: WorkStore) -> None:
                                     binding_generation=None)
 
     await store.work_fenced(fence, T0, body, name="subscriptions.checkpoint")
+
+    async def last(tx: SqlTx) -> None:
+        await last_items(tx, "subs", [fence.work_id, "b"])
+
+    await store.db.transact(last, name="subscriptions.status", write=False)
 
 
 async def _cutover_workload(store: WorkStore) -> None:

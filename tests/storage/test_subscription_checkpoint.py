@@ -1,18 +1,20 @@
 """The pinned checkpoint of a subscription step (storage.effects.insert_attempt_pinned), on
 every backend: the binding generation and the unresolved-attempt rule are in the INSERT
-itself, judged by its affected rows (design section 11: "pins live in the statement")."""
+itself, judged by its affected rows (design section 11: "pins live in the statement");
+and the last-run read model the console and the CLI show."""
 
 from __future__ import annotations
 
 import pytest
 
-from daemon.core.outcomes import RetryLater
+from daemon.core.outcomes import DeadLetter, RetryLater, Succeeded
 from daemon.core.principals import BindingEvent, BindingIdentity, PrincipalKind, connect
 from daemon.core.work import Fence
 from storage.effect_values import AttemptDraft, Disposition
 from storage.effects import attempts_of, dispose, insert_attempt_pinned, record_outcome
 from storage.port import SqlTx
 from storage.principals import Actor
+from storage.subscriptions import LastItem, last_items
 from storage.work_store import WorkStore
 from tests.support.work import SEC, T0, claim, enqueue, finalize
 
@@ -103,3 +105,25 @@ async def test_no_second_checkpoint_while_an_attempt_is_unresolved(store: WorkSt
     assert await _insert(store, again.fence, "a2", 1) is True
     assert await _attempts(store, fence) == ["a1", "a2"]
 
+
+
+async def test_the_last_item_of_each_subject_is_the_newest_that_ran(store: WorkStore) -> None:
+    """The console's and the CLI's "last run" / "last step" (storage.subscriptions
+    .last_items): the newest item of the family per subject that is not merely queued."""
+    ran = await enqueue(store, 1, family="subs", subject_id="b1", now=T0)
+    (item,) = (await claim(store, family="subs", now=T0)).claimed
+    await finalize(store, item, DeadLetter("list_unavailable", "did not answer 200 (401)"),
+                   now=T0 + SEC)
+    await enqueue(store, 1, family="subs", subject_id="b1", now=T0 + 2 * SEC)  # only queued
+    await enqueue(store, 1, family="other", subject_id="b1", now=T0 + 3 * SEC)
+    (other,) = (await claim(store, family="other", now=T0 + 3 * SEC)).claimed
+    await finalize(store, other, Succeeded("not ours"), now=T0 + 4 * SEC)
+
+    async def body(tx: SqlTx) -> dict[str, LastItem]:
+        return await last_items(tx, "subs", ["b1", "nobody"])
+
+    last = await store.db.transact(body, name="t", write=False)
+    assert list(last) == ["b1"]
+    got = last["b1"]
+    assert (got.work_id, got.state, got.failure_class, got.summary) == (
+        ran[0], "dead", "list_unavailable", "did not answer 200 (401)")
