@@ -1,5 +1,7 @@
 """Webhook subscriptions in the console: what the Catalog wants, what the provider has
-(the observed ``remote_subscriptions`` rows), and an audited "reconcile now".
+(the observed ``remote_subscriptions`` rows), each binding's last run and each
+subscription's last step (state, outcome class and summary, from the durable WorkItems),
+and an audited "reconcile now".
 
 ``/admin/subscriptions`` (page) and ``/admin/api/subscriptions`` (JSON) list the desired
 subscriptions (route, resource, action, URL, secret generation) and every observed row:
@@ -28,11 +30,15 @@ from admin_ui.filters import reason_from
 from admin_ui.render import page
 from config.catalog import Catalog
 from config.settings import WebhookRoute
-from config.subscription_defs import desired_subscriptions
-from daemon.services.subscriptions import NoSuchBinding, reconcile_now, row_json
+from daemon.services.subscription_operator import (
+    NoSuchBinding,
+    read_status,
+    reconcile_now,
+    status_json,
+)
 from storage.port import SqlTx
 from storage.secret_retirements import RetirementRow, read_retirements
-from storage.subscriptions import SubscriptionRow, read_subscriptions
+from storage.subscriptions import LastItem, SubscriptionRow
 
 ACTIONS = {"subscriptions.read": frozenset({"viewer", "operator", "admin"}),
            "subscriptions.reconcile": frozenset({"operator", "admin"})}
@@ -42,13 +48,14 @@ async def subscriptions_json(catalog: Catalog) -> dict[str, Any]:
     view = console().view
     routes = view.settings.webhook_routes
 
-    async def body(tx: SqlTx) -> tuple[list[SubscriptionRow], list[RetirementRow]]:
-        return await read_subscriptions(tx), await read_retirements(tx)
+    async def body(tx: SqlTx) -> tuple[list[SubscriptionRow], dict[str, LastItem],
+                                       list[RetirementRow]]:
+        rows, last = await read_status(tx, catalog, routes)
+        return rows, last, await read_retirements(tx)
 
-    rows, retirements = await view.store.db.transact(body, name="console.subscriptions",
-                                                     write=False)
+    rows, last, retirements = await view.store.db.transact(
+        body, name="console.subscriptions", write=False)
     now = view.clock.now_us()
-    desired = desired_subscriptions(catalog.webhooks, routes)
     states = {(x.route, x.secret_generation): x for x in retirements}
 
     def done(route: WebhookRoute) -> bool:
@@ -71,12 +78,7 @@ async def subscriptions_json(catalog: Catalog) -> dict[str, Any]:
                 "retired_age_s": None if x is None or x.retired_at_us is None
                 else round((now - x.retired_at_us) / 1e6, 1)}
     return {
-        "desired": [{"name": d.name, "binding_id": d.binding_id, "route": d.route,
-                     "resource": d.resource, "action": d.action, "url": d.url,
-                     "payload_version": d.payload_version,
-                     "secret_generation": d.secret_generation} for d in desired],
-        "observed": [row_json(r, now) for r in rows],
-        "bindings": sorted({d.binding_id for d in desired}),
+        **status_json(catalog, routes, rows, last, now),
         # Each route with a previous secret configured: accepted (a rotation not yet
         # over), watching (over: it retires itself after a quiet redelivery window) or
         # retired (the verifier refuses it, whatever the configuration says).
@@ -86,8 +88,6 @@ async def subscriptions_json(catalog: Catalog) -> dict[str, Any]:
         "previous_secret_removable": sorted(
             r.route for r in routes if r.previous_secret is not None and done(r)
             and window(r) is None),
-        "health": {h: sum(1 for r in rows if r.health == h)
-                   for h in ("active", "disabled", "missing")},
     }
 
 

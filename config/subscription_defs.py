@@ -8,6 +8,10 @@ subscription reconciler (``daemon/services/subscriptions.py``)::
     actions = ["created", "updated"]      # one subscription per action
     auth = "s2s"                          # the definition's auth scheme
     content_type = "application/vnd.api+json"
+    max_in_flight = 30.0                  # s: the provider applies or drops a request
+                                          # within this window (an unknown create is read
+                                          # back only after it; default 30)
+    max_clock_skew = 2.0                  # s, beside it (default 2)
     [create]   method, path, body (placeholders $resource $action $url $secret
                $payload_version), id (pointer), cleanup_token (pointer, optional)
     [list]     method, path, items, item_id, item_resource, item_action, item_url,
@@ -29,8 +33,8 @@ from daemon.providers.template import BodyTemplate, PathTemplate, Pointer
 
 CREATE_PLACEHOLDERS: Final = frozenset({"$resource", "$action", "$url", "$secret",
                                         "$payload_version"})
-_KEYS: Final = frozenset({"resource", "actions", "auth", "content_type", "create", "list",
-                          "delete"})
+_KEYS: Final = frozenset({"resource", "actions", "auth", "content_type", "max_in_flight",
+                          "max_clock_skew", "create", "list", "delete"})
 _CREATE_KEYS: Final = frozenset({"method", "path", "body", "id", "cleanup_token"})
 _LIST_KEYS: Final = frozenset({"method", "path", "items", "item_id", "item_resource",
                                "item_action", "item_url", "item_payload_version",
@@ -78,6 +82,11 @@ class SubscriptionDefinition:
     create: SubscriptionCreate
     list: SubscriptionList
     delete: SubscriptionDelete
+    # The provider's in-flight window and clock skew (seconds): a create or delete whose
+    # outcome is unknown is reconciled by listing only once this long has passed since
+    # the client gave up on it (L2's binding may lengthen it, never shorten it).
+    max_in_flight_s: float = 30.0
+    max_clock_skew_s: float = 2.0
 
 
 def parse_subscription(key: str, raw: Any, auth: Mapping[str, Any]) -> SubscriptionDefinition:
@@ -87,6 +96,7 @@ def parse_subscription(key: str, raw: Any, auth: Mapping[str, Any]) -> Subscript
         CatalogError,
         _compiled,
         _method,
+        _number,
         _pointer,
         _req,
         _statuses,
@@ -137,7 +147,9 @@ def parse_subscription(key: str, raw: Any, auth: Mapping[str, Any]) -> Subscript
         actions=_strings(f"{key}.actions", _req(key, table, "actions", list)),
         auth_header=str(scheme.header), auth_prefix=str(scheme.prefix),
         content_type=_req(key, table, "content_type", str),
-        create=create, list=listing, delete=delete)
+        create=create, list=listing, delete=delete,
+        max_in_flight_s=_number(key, table, "max_in_flight", 30.0),
+        max_clock_skew_s=_number(key, table, "max_clock_skew", 2.0))
 
 
 @attrs.frozen(kw_only=True)

@@ -285,7 +285,7 @@ async def _cmd_run(settings: Settings) -> int:
         async def subscription_chains() -> None:
             """Each binding with subscriptions has its reconciliation chain queued (one per
             time slot: replicas starting together make one)."""
-            from daemon.services.subscriptions import start_chains
+            from daemon.services.subscription_operator import start_chains
 
             if any(r.public_url for r in settings.webhook_routes):
                 await start_chains(store, load_catalog(settings), settings.webhook_routes,

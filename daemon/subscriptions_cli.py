@@ -3,8 +3,10 @@
 * ``reconcile --binding B --actor NAME --reason TEXT``: queue one subscription
   reconciliation run now (as the console's "reconcile now"; it queues no next run, the
   chain goes on). Audited as ``subscriptions.reconcile``.
-* ``status [--json]``: every observed subscription: provider id, generation, health,
-  secret generation, retiring ones, last reconciliation and outcome (never a token).
+* ``status [--json]``: each binding's last run (state, outcome class, summary), every
+  desired subscription the provider does not have, every observed subscription:
+  provider id, generation, health, secret generation, retiring ones, last
+  reconciliation and outcome, and the health counts (never a token).
 
 A binding no route wants subscriptions for is one line and exit 2.
 """
@@ -19,9 +21,14 @@ from config.catalog import load_catalog
 from config.settings import Settings
 from daemon.services.clock import WallClock
 from daemon.services.operator_api import authorize
-from daemon.services.subscriptions import NoSuchBinding, reconcile_now, row_json
+from daemon.services.subscription_operator import (
+    NoSuchBinding,
+    read_status,
+    reconcile_now,
+    status_json,
+)
 from storage.port import SqlTx
-from storage.subscriptions import SubscriptionRow, read_subscriptions
+from storage.subscriptions import LastItem, SubscriptionRow
 from storage.work_store import WorkStore
 
 
@@ -45,22 +52,41 @@ async def run_subscriptions_command(store: WorkStore, settings: Settings,
                                     args: argparse.Namespace) -> None:
     now_us = WallClock().now_us()
     if args.subscriptions_command == "status":
-        async def body(tx: SqlTx) -> list[SubscriptionRow]:
-            return await read_subscriptions(tx)
+        catalog = load_catalog(settings)
 
-        rows = [row_json(r, now_us) for r in
-                await store.db.transact(body, name="subscriptions.status", write=False)]
+        async def body(tx: SqlTx) -> tuple[list[SubscriptionRow], dict[str, LastItem]]:
+            return await read_status(tx, catalog, settings.webhook_routes)
+
+        rows, last = await store.db.transact(body, name="subscriptions.status", write=False)
+        doc = status_json(catalog, settings.webhook_routes, rows, last, now_us)
         if args.json:
-            sys.stdout.write(json.dumps({"subscriptions": rows}, indent=2, sort_keys=True)
-                             + "\n")
+            sys.stdout.write(json.dumps({"subscriptions": doc["observed"],
+                                         "desired": doc["desired"], "runs": doc["runs"],
+                                         "health": doc["health"]},
+                                        indent=2, sort_keys=True) + "\n")
             return
-        for r in rows:
+        for run in doc["runs"]:
+            what = (f"{run['failure_class']}: " if run["failure_class"] else "") + (
+                run["summary"] or "-")
+            sys.stdout.write(f"binding {run['binding_id']}  last run {run['work_id']}"
+                             f"  {run['state']}  {run['age_s']:.0f} s ago  {what}\n")
+        for d in doc["desired"]:
+            if d["observed"] is None:
+                step = d["last_step"]
+                sys.stdout.write(f"{d['name']}  desired, not observed: {d['state']}"
+                                 + (f"  last step {step['state']}"
+                                    f" {step['failure_class'] or ''}".rstrip()
+                                    if step else "") + "\n")
+        for r in doc["observed"]:
             age = ("never" if r["last_reconciled_age_s"] is None
                    else f"{r['last_reconciled_age_s']:.0f} s ago")
             sys.stdout.write(f"{r['name']}  id {r['provider_id']}  generation"
                              f" {r['generation']}  {r['health']}  secret generation"
                              f" {r['secret_generation']}  retiring {len(r['retiring'])}"
                              f"  reconciled {age}  {r['last_outcome'] or '-'}\n")
+        health = doc["health"]
+        sys.stdout.write(f"active {health['active']}  disabled {health['disabled']}"
+                         f"  missing {health['missing']}\n")
         return
     operator = authorize(settings, args.actor, "subscriptions.reconcile")
     if not args.reason.strip():

@@ -623,3 +623,36 @@ async def settle(
         now_us,
     )
     return work.work_id
+
+
+# The checkpoint of a call that is not a command's (a subscription step: ``command_id`` is
+# the step's WorkItem id), with its pins in the statement itself: the durable binding is
+# still connected at the generation the step pinned, and no earlier attempt of the step
+# is unresolved. Inserted only if both hold (judged by the affected rows).
+_INSERT_PINNED_ATTEMPT_SQL = (
+    f"INSERT INTO effect_attempts ({_ATTEMPT_COLUMNS}, lease_token, row_version)"
+    " SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, NULL, NULL, NULL, NULL,"
+    " NULL, NULL, NULL, NULL, ?, ?, 0 FROM {source} WHERE {pin}NOT EXISTS (SELECT 1"
+    " FROM effect_attempts a WHERE a.command_id = ? AND a.disposition IS NULL"
+    " AND (a.outcome IS NULL OR a.outcome = 'OUTCOME_UNKNOWN'))"
+)
+_BINDING_PIN = ("principal_bindings b",
+                "b.binding_id = ? AND b.generation = ? AND b.state = 'connected' AND ")
+# A call whose credential is not the binding's (a subscription's own cleanup token).
+_NO_BINDING_PIN = ("(SELECT 1 AS one) t", "")
+
+
+async def insert_attempt_pinned(tx: SqlTx, attempt_id: str, fence: Fence, draft: AttemptDraft,
+                                now_us: int, *, binding_id: str,
+                                binding_generation: int | None) -> bool:
+    """Inside the caller's fenced transaction: the dispatch-start checkpoint, written only
+    if the binding is connected at ``binding_generation`` (None: the call carries no
+    binding credential) and the same ``command_id`` has no unresolved attempt. False:
+    nothing was written (a pin no longer holds)."""
+    source, pin = _NO_BINDING_PIN if binding_generation is None else _BINDING_PIN
+    pins: tuple[Any, ...] = (() if binding_generation is None
+                             else (binding_id, binding_generation))
+    inserted = await tx.execute(
+        _INSERT_PINNED_ATTEMPT_SQL.format(source=source, pin=pin),
+        (*_attempt_params(attempt_id, fence, draft, now_us), *pins, draft.command_id))
+    return bool(inserted)

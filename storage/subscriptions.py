@@ -161,3 +161,36 @@ async def newest_secret_seen(tx: SqlTx, route: str, since_us: int) -> bool:
         "SELECT receipt_id FROM ingress_receipts WHERE route = ? AND received_at_us >= ?"
         " AND verification = ? LIMIT 1", (route, since_us, "verified:0"))
     return bool(rows)
+
+
+@attrs.frozen(kw_only=True)
+class LastItem:
+    """The newest WorkItem of a subject that has run (or been given back with a reason)."""
+
+    work_id: str
+    subject_kind: str
+    state: str
+    attempt: int
+    failure_class: str | None
+    summary: str | None
+    updated_at_us: int
+
+
+async def last_items(tx: SqlTx, family: str, subjects: Sequence[str]) -> dict[str, LastItem]:
+    """Per subject id, its newest item of ``family`` that is not merely queued (a chain's
+    next run waits ``pending`` with no summary: it is not a last run). Each read is one
+    walk down ``work_items_subject`` (subject_id, work_id): ids are time-ordered."""
+    out: dict[str, LastItem] = {}
+    for subject in subjects:
+        rows = await tx.fetchall(
+            "SELECT work_id, subject_kind, state, attempt, failure_class, operator_summary,"
+            " updated_at_us FROM work_items WHERE subject_id = ? AND family = ?"
+            " AND (state <> 'pending' OR operator_summary IS NOT NULL)"
+            " ORDER BY work_id DESC LIMIT 1", (subject, family))
+        if rows:
+            r = rows[0]
+            out[subject] = LastItem(
+                work_id=str(r[0]), subject_kind=str(r[1]), state=str(r[2]),
+                attempt=int(str(r[3])), failure_class=None if r[4] is None else str(r[4]),
+                summary=None if r[5] is None else str(r[5]), updated_at_us=int(str(r[6])))
+    return out

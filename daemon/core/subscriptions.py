@@ -1,8 +1,7 @@
 """RemoteSubscription reconciliation's decisions (pure; seed 9, issue 10 item 8).
 
-Not wired yet: no handler, table or L1 section uses this module (docs/inbound-flow.md, "Not
-built yet"). It fixes the rules the reconciler's shell will perform, one WorkItem per
-binding, each provider call an effect attempt:
+The rules the reconciler's shell (``daemon/services/subscriptions.py``) performs, each
+provider call an effect attempt:
 
 - The Catalog declares the *desired* subscriptions (name, resource, action, payload
   version, the route URL, the secret generation). Integration's *observed* rows hold, per
@@ -22,6 +21,9 @@ binding, each provider call an effect attempt:
   reconciler never deletes a live subscription.
 - A provider-disabled subscription is reported (health), not recreated blindly: the provider
   re-enables it; a deleted one is recreated.
+- One step (a create or a delete) whose earlier attempt's outcome is unknown is never sent
+  again before the provider's in-flight window has passed since the client gave up on
+  that attempt (:func:`decide_step`); only then is it reconciled by listing.
 """
 
 from __future__ import annotations
@@ -146,3 +148,58 @@ def delete_allowed(step: Delete, current_generation: int | None) -> bool:
     """The fence a delete is performed under: the row it was decided for is still at that
     generation (an orphan's delete needs the row to still not exist)."""
     return step.expected_generation == current_generation
+
+
+# ------------------------------------------------------------------ one step's claim
+
+
+@attrs.frozen(kw_only=True)
+class StepAttempt:
+    """One earlier attempt of the step (its effect-journal row)."""
+
+    attempt_id: str
+    dispatched_at_us: int
+    # When the client gave up on the exchange (None: recorded before give-up times were).
+    gave_up_at_us: int | None
+    # Dispatched with no proven outcome (unknown, or none recorded) and no disposition.
+    unresolved: bool
+
+
+@attrs.frozen
+class Send:
+    """No attempt is in doubt: write the checkpoint, then send."""
+
+
+@attrs.frozen
+class ReadBack:
+    """The in-flight window has passed: list, then record each attempt's disposition."""
+
+    attempt_ids: tuple[str, ...]
+
+
+@attrs.frozen
+class WaitWindow:
+    """An attempt may still be applied: nothing is sent, nor read, before ``until_us``."""
+
+    until_us: int
+
+
+StepClaim = Send | ReadBack | WaitWindow
+
+
+def decide_step(attempts: Sequence[StepAttempt], *, max_in_flight_us: int,
+                clock_skew_us: int, client_deadline_us: int, now_us: int) -> StepClaim:
+    """What one claim of a step may do. An unresolved attempt may be applied by the
+    provider until the in-flight window (plus the clock skew) has passed since the later
+    of its dispatch and the client's give-up (the client's deadline when that was never
+    recorded: a killed claimant). Before then a list proves nothing (a create may land
+    after it) and a new request could be a second effect."""
+    unresolved = [a for a in attempts if a.unresolved]
+    if not unresolved:
+        return Send()
+    end = max(max(a.dispatched_at_us, a.gave_up_at_us if a.gave_up_at_us is not None
+                  else a.dispatched_at_us + client_deadline_us) for a in unresolved)
+    until = end + max(0, max_in_flight_us) + max(0, clock_skew_us)
+    if now_us < until:
+        return WaitWindow(until)
+    return ReadBack(tuple(a.attempt_id for a in unresolved))

@@ -404,14 +404,19 @@ def snapshot_of(read: ReadDefinition, remote_id: str, doc: Any) -> RemoteSnapsho
 
 
 async def exchange(client: BoundedHttp, method: str, url: str, *, headers: Mapping[str, str],
-                   body: bytes | None, timeout_s: float) -> tuple[DispatchObservation, Any]:
+                   body: bytes | None, timeout_s: float,
+                   may_send: Callable[[], bool] | None = None,
+                   quota_headers: tuple[str, ...] = ()) -> tuple[DispatchObservation, Any]:
     """Exactly one exchange of a request an L1 template made outside an operation (a
-    webhook subscription's create, list or delete): how far it got, and the decoded JSON
-    answer (None when there is none). Never retried; the same "nothing was sent" rule as
-    :meth:`HttpExecutor.dispatch`."""
+    webhook subscription's create or delete): how far it got, and the decoded JSON
+    answer (None when there is none). Never retried; the same "nothing was sent" rule and
+    send gate (``may_send``) as :meth:`HttpExecutor.dispatch`; ``quota_headers``: the
+    response headers the provider's quota dimensions name, kept in the observation."""
     try:
         response = await client.request(method, url, content=body, headers=dict(headers),
-                                        timeout_s=timeout_s)
+                                        timeout_s=timeout_s, may_send=may_send)
+    except SendWindowClosed:
+        return DispatchObservation(Phase.NOT_CONNECTED, detail=SEND_WINDOW_CLOSED), None
     except _NOT_SENT as exc:
         return DispatchObservation(Phase.NOT_CONNECTED, detail=type(exc).__name__), None
     except httpx.HTTPError as exc:
@@ -420,6 +425,8 @@ async def exchange(client: BoundedHttp, method: str, url: str, *, headers: Mappi
         doc = response.json() if response.content else None
     except ValueError:
         doc = None
-    return DispatchObservation(Phase.RESPONDED, status=response.status_code,
-                               retry_after_s=_retry_after(response.headers.get("retry-after"))
-                               ), doc
+    return DispatchObservation(
+        Phase.RESPONDED, status=response.status_code,
+        retry_after_s=_retry_after(response.headers.get("retry-after")),
+        quota_headers=tuple((name, response.headers[name][:32]) for name in quota_headers
+                            if name in response.headers)), doc

@@ -36,6 +36,10 @@ from daemon.services.metrics import Metrics
 from daemon.services.receipt_sender import ReceiptSender, receipt_handler
 from daemon.services.reconcile import RECONCILE_FAMILY, CursorReconciler, reconcile_handler
 from daemon.services.secret_retirements import SecretRetirements
+from daemon.services.subscription_calls import SubscriptionCalls
+from daemon.services.subscription_operator import (
+    replay_refusal as subscription_replay_refusal,
+)
 from daemon.services.subscriptions import (
     SUBSCRIPTION_FAMILY,
     SubscriptionReconciler,
@@ -195,13 +199,21 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         reconciler.on_offered = metrics.count_reconcile_offered
         reconciler.on_quota = metrics.count_quota
         reconciler.on_quota_reset_ignored = metrics.count_quota_reset_ignored
+    # Subscription calls go out the way effects do: the same HTTP client, credential
+    # service and quota ledger (daemon/services/subscription_calls.py).
+    calls = SubscriptionCalls(http=executor.client, credentials=credentials,
+                              operations=tuple(catalog.operations.values()),
+                              quota_clock_spread_us=settings.work.clock_spread_us)
     subscriptions = SubscriptionReconciler(
-        catalog=catalog, routes=settings.webhook_routes, http=executor.client,
+        catalog=catalog, routes=settings.webhook_routes, calls=calls,
         # Cleanup tokens are sealed with the active token key (none: not kept).
         keys=load_token_keys(settings.keys, os.environ, settings.base_dir)
         if settings.keys.active else {}, seal_key_id=settings.keys.active or None)
     if metrics is not None:
         subscriptions.on_run = metrics.set_subscriptions
+        calls.on_quota = metrics.count_quota
+        calls.on_quota_reset_ignored = metrics.count_quota_reset_ignored
+        calls.on_credential_failure = metrics.count_credential_failure
     registry = build_registry(
         settings,
         {
@@ -212,7 +224,8 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
             RECONCILE_FAMILY: reconcile_handler(reconciler),
             SUBSCRIPTION_FAMILY: subscription_handler(subscriptions),
         },
-        {EFFECT_FAMILY: effect_replay_guard},
+        {EFFECT_FAMILY: effect_replay_guard,
+         SUBSCRIPTION_FAMILY: subscription_replay_refusal},
     )
     registry.services.extend([checkpoints.batcher.run, contexts.run, fences.run])
     context = None

@@ -12,9 +12,10 @@ import pytest
 from admin_ui.app import create_app
 from admin_ui.extensions import combine
 from admin_ui.subscriptions import subscriptions_extensions
-from config.catalog import build_catalog, load_definitions, load_object_binding_documents
+from config.catalog import Catalog, build_catalog, load_definitions, load_object_binding_documents
 from config.settings import BindingSettings, Secret, WebhookRoute
-from daemon.services.subscriptions import SUBSCRIPTION_FAMILY
+from daemon.core.outcomes import DeadLetter
+from daemon.services.subscriptions import SUBSCRIPTION_FAMILY, run_spec
 from storage.port import SqlTx, WorkQuery
 from storage.secret_retirements import RetirementRow, read_retirements, write_retirement
 from storage.subscriptions import (
@@ -26,7 +27,7 @@ from storage.subscriptions import (
 from tests.admin.support import ConsoleHarness, console_harness, console_settings
 from tests.admin.test_openapi import _routes
 from tests.support.backends import FreshDatabase
-from tests.support.work import T0
+from tests.support.work import T0, claim, finalize
 
 BINDING = BindingSettings(binding_id="outreach-main", provider="outreach", org_id="org-1",
                           app_installation_id="app-1", remote_account_id="org-77",
@@ -35,6 +36,11 @@ ROUTE = WebhookRoute(route="outreach", binding_id="outreach-main",
                      webhook="outreach.prospect_events",
                      public_url="https://hooks.example.test/hooks/outreach",
                      secret=Secret("never-shown-secret"))
+
+
+def console_catalog() -> Catalog:
+    _, documents = load_definitions()
+    return build_catalog(1, documents, (BINDING,), load_object_binding_documents())
 
 
 @pytest.fixture
@@ -69,7 +75,9 @@ async def test_the_page_shows_desired_and_observed_and_never_a_secret(
     (row,) = doc["observed"]
     assert (row["provider_id"], row["generation"], row["health"], row["cleanup_token"]) == (
         "17", 2, "missing", "sealed:k1")
-    assert doc["health"] == {"active": 0, "disabled": 0, "missing": 1}
+    # The observed row is missing at the provider, and the two desired ones with no row
+    # are missing too.
+    assert doc["health"] == {"active": 0, "disabled": 0, "missing": 3}
     assert doc["previous_secret_removable"] == []  # no previous secret configured
     html = await (await viewer.get("/admin/subscriptions")).get_data(as_text=True)
     assert "outreach:updated" in html and 'href="/admin/subscriptions"' in html
@@ -173,3 +181,30 @@ async def test_the_page_says_when_a_rotated_routes_previous_secret_may_go(
         html = await (await viewer.get("/admin/subscriptions")).get_data(as_text=True)
         assert 'id="previous-secret-state-outreach"' in html and "retired itself" in html
         assert "old" not in html.split('id="previous-secret-state-outreach"')[1][:400]
+
+
+async def test_missing_counts_every_desired_subscription_the_provider_does_not_have_and_the_last_run_is_shown(  # noqa: E501
+        subs_console: ConsoleHarness) -> None:
+    """Seen on main after `make run`: 3 desired, 0 observed, and the page said "Missing 0";
+    the run that died ("the subscription list did not answer 200 (401)") was nowhere on
+    it."""
+    console = subs_console
+    store = console.store
+    now = console.replica.clock.now_us()
+    (run,) = await store.work_enqueue([run_spec(BINDING, console_catalog(), now_us=now,
+                                                interval_s=300, chain=False)], now)
+    (item,) = (await claim(store, now=now, family=SUBSCRIPTION_FAMILY)).claimed
+    assert await finalize(store, item, DeadLetter(
+        "list_unavailable", "the subscription list did not answer 200 (401)"), now)
+    viewer, _ = await console.sign_in("viv")
+    doc = await (await viewer.get("/admin/api/subscriptions")).get_json()
+    assert doc["health"] == {"active": 0, "disabled": 0, "missing": 3}
+    assert [(d["name"], d["state"], d["observed"]) for d in doc["desired"]] == [
+        (f"outreach:{a}", "missing", None) for a in ("created", "destroyed", "updated")]
+    (last,) = doc["runs"]
+    assert (last["binding_id"], last["work_id"], last["state"], last["failure_class"],
+            last["summary"]) == ("outreach-main", run.work_id, "dead", "list_unavailable",
+                                 "the subscription list did not answer 200 (401)")
+    html = await (await viewer.get("/admin/subscriptions")).get_data(as_text=True)
+    assert 'id="health-missing">3<' in html
+    assert "did not answer 200 (401)" in html and run.work_id in html

@@ -36,6 +36,7 @@ def test_the_shipped_outreach_contract_declares_its_subscription() -> None:
         "secret": "s", "payloadVersion": 2}}}
     assert sub.delete.path.render(remote_id="17") == "/api/v2/webhooks/17"
     assert sub.delete.cleanup_header == "Outreach-Cleanup-Token"
+    assert (sub.max_in_flight_s, sub.max_clock_skew_s) == (30.0, 2.0)
 
 
 def _drop(*path: str) -> Any:
@@ -73,6 +74,9 @@ def _set(value: Any, *path: str) -> Any:
      "expected a list of HTTP status codes"),
     (_set(7, "delete", "cleanup_header"), f"{SUB}.delete.cleanup_header",
      "expected an HTTP header name"),
+    (_set(-1, "max_in_flight"), f"{SUB}.max_in_flight", "expected a non-negative number"),
+    (_set("30s", "max_clock_skew"), f"{SUB}.max_clock_skew",
+     "expected a non-negative number"),
 ])
 def test_a_bad_subscription_section_names_its_key(change: Any, key: str,
                                                   message: str) -> None:

@@ -13,8 +13,13 @@ from daemon.core.subscriptions import (
     Desired,
     Health,
     Observed,
+    ReadBack,
     Remote,
+    Send,
+    StepAttempt,
+    WaitWindow,
     decide,
+    decide_step,
     delete_allowed,
 )
 
@@ -79,3 +84,45 @@ def test_a_delete_is_fenced_by_the_generation_it_was_decided_under() -> None:
     assert not delete_allowed(step, 4)  # a reinstall moved the row on: refused
     orphan = Delete("99", None, None, "orphan")
     assert delete_allowed(orphan, None) and not delete_allowed(orphan, 1)
+
+
+S = 1_000_000
+WINDOW = 30 * S
+SKEW = 2 * S
+DEADLINE = 20 * S
+
+
+def _attempt(i: int, at: int, gave_up: int | None, unresolved: bool = True) -> StepAttempt:
+    return StepAttempt(attempt_id=f"a{i}", dispatched_at_us=at, gave_up_at_us=gave_up,
+                       unresolved=unresolved)
+
+
+STEP_ROWS: list[tuple[str, list[StepAttempt], int, Any]] = [
+    ("no attempt: send", [], 0, Send()),
+    ("only resolved attempts: send", [_attempt(1, 0, 5 * S, unresolved=False)], 0, Send()),
+    ("unknown, within the window: wait until give-up + window + skew",
+     [_attempt(1, 0, 5 * S)], 10 * S, WaitWindow(5 * S + WINDOW + SKEW)),
+    ("unknown, one microsecond before the window ends: still wait",
+     [_attempt(1, 0, 5 * S)], 5 * S + WINDOW + SKEW - 1, WaitWindow(5 * S + WINDOW + SKEW)),
+    ("unknown, the window has passed: read back", [_attempt(1, 0, 5 * S)],
+     5 * S + WINDOW + SKEW, ReadBack(("a1",))),
+    ("no give-up recorded (a killed claimant): the client's deadline bounds it",
+     [_attempt(1, 0, None)], DEADLINE + WINDOW + SKEW - 1, WaitWindow(DEADLINE + WINDOW + SKEW)),
+    ("a give-up before the dispatch (clock moved back) counts from the dispatch",
+     [_attempt(1, 10 * S, 3 * S)], 10 * S + WINDOW, WaitWindow(10 * S + WINDOW + SKEW)),
+    ("the latest unresolved attempt decides",
+     [_attempt(1, 0, S), _attempt(2, 60 * S, 61 * S)], 61 * S + WINDOW,
+     WaitWindow(61 * S + WINDOW + SKEW)),
+    ("a resolved later attempt does not extend the wait",
+     [_attempt(1, 0, S), _attempt(2, 60 * S, 61 * S, unresolved=False)], S + WINDOW + SKEW,
+     ReadBack(("a1",))),
+    ("every unresolved attempt is read back together",
+     [_attempt(1, 0, S), _attempt(2, 2 * S, 3 * S)], 100 * S, ReadBack(("a1", "a2"))),
+]
+
+
+@pytest.mark.parametrize(("attempts", "now", "expected"),
+                         [pytest.param(a, n, e, id=i) for i, a, n, e in STEP_ROWS])
+def test_decide_step(attempts: list[StepAttempt], now: int, expected: Any) -> None:
+    assert decide_step(attempts, max_in_flight_us=WINDOW, clock_skew_us=SKEW,
+                       client_deadline_us=DEADLINE, now_us=now) == expected

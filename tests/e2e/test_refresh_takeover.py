@@ -42,12 +42,12 @@ from tests.e2e.test_secret_scan import (
     _install,
     _lead,
     _settled,
-    _signed_in,
     _sims,
 )
 from tests.support.backends import FreshDatabase
 from tests.support.harness import wait_for
 from tests.support.processes import cli_env, run_cli, start_replica, stop_all
+from tests.support.secret_scan import signed_in
 from tests.support.work import enqueue
 
 pytestmark = pytest.mark.slow
@@ -108,7 +108,7 @@ async def test_owner_killed_after_the_answer_the_grant_is_in_doubt_and_the_effec
             # Why, durably on the grant (long after the work item and the log line).
             assert grant["reason"]["code"] == "refresh_in_doubt"
             assert "possibly spent by an unfinished refresh" in grant["reason"]["text"]
-            client = await _signed_in(replica.admin, "viv")
+            client = await signed_in(replica.admin, "viv")
             try:
                 (b,) = (await client.get("/admin/api/bindings")).json()["items"]
             finally:

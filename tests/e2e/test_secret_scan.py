@@ -20,26 +20,19 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
-import httpx
 import pytest
 import trio
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from quart_trio import QuartTrio
 
-from config.load import load_settings
-from daemon.cli import admin_extensions
 from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, TokenKey, seal
-from daemon.services.assembly import assemble
 from daemon.services.clock import WallClock
-from daemon.services.families import known_family_names
-from daemon.services.metrics import Metrics
-from daemon.services.replica import Replica
 from sandbox.h11_server import H11Server, Request, Response
 from sandbox.oauth_sim import OAuthSimulator, running_oauth
 from sandbox.s2s_token_sim import S2STokenEndpoint
@@ -55,6 +48,13 @@ from tests.support.processes import (
     run_cli,
     start_replica,
     stop_all,
+)
+from tests.support.secret_scan import (
+    admin_app,
+    get_routes,
+    leaks,
+    session_cookies,
+    signed_in,
 )
 from tests.support.slice import HUBSPOT_TOKEN, LINK_SCOPE, RESULTS_TOKEN, RUNTIME_TOKEN
 from tests.support.work import enqueue
@@ -181,49 +181,9 @@ async def _settled(store: WorkStore, count: int) -> list[tuple[str, str, str]]:
                   for i in items)
 
 
-def _get_routes(app: QuartTrio, values: dict[str, list[str]]) -> list[str]:
-    """Every GET path of the app, each parameter filled with every known value (an
-    unknown value, for a 404 body, where none is known)."""
-    paths: set[str] = set()
-    for rule in app.url_map.iter_rules():
-        if "GET" not in (rule.methods or ()) or rule.rule.startswith("/admin/static"):
-            continue
-        filled = [rule.rule]
-        for arg in rule.arguments:
-            options = values.get(arg) or ["01J00000000000000000000000"]
-            filled = [p.replace(f"<{arg}>", v) for p in filled for v in options]
-        paths.update(filled)
-    return sorted(paths)
-
-
 async def _admin_app(config: Path, store: WorkStore) -> QuartTrio:
-    """The admin app exactly as ``integrationd run`` builds it from this config."""
-    settings = load_settings(str(config), known_families=known_family_names())
     os.environ.pop("INTEGRATIOND_BINDING_HUBSPOT_MAIN_TOKEN", None)
-    clock = WallClock()
-    metrics = Metrics()
-    parts = assemble(settings, store, clock, metrics)
-    from admin_ui.app import create_app
-
-    replica = Replica(settings, store, parts.registry, clock, metrics=metrics)
-    app = create_app(replica, admin_extensions(parts))
-    await parts.aclose()
-    return app
-
-
-async def _signed_in(base: str, name: str) -> httpx.AsyncClient:
-    client = httpx.AsyncClient(base_url=base, timeout=20)
-    form = await client.get("/admin/sign-in")
-    token = form.text.split('name="csrf_token" value="', 1)[1].split('"', 1)[0]
-    r = await client.post("/admin/sign-in", data={"name": name, "password": PASSWORDS[name],
-                                                  "csrf_token": token, "next": "/admin/"})
-    assert r.status_code == 302, r.text
-    return client
-
-
-def _leaks(secrets: dict[str, str], sources: Iterable[tuple[str, str]]) -> list[str]:
-    return [f"{label} in {where}" for where, text in sources
-            for label, secret in secrets.items() if secret and secret in text]
+    return await admin_app(config, store)
 
 
 async def test_no_secret_used_in_a_run_appears_in_logs_metrics_console_errors_or_cli(
@@ -292,10 +252,10 @@ async def test_no_secret_used_in_a_run_appears_in_logs_metrics_console_errors_or
                       "attempt_id": attempts, "binding_id": ["hubspot-main", "spare"],
                       "family": ["external_effect"]}
             app = await _admin_app(cfg, store)
-            routes = _get_routes(app, values)
+            routes = get_routes(app, values)
             api_routes = [r for r in routes if r.startswith("/admin/api/")]
             assert len(api_routes) >= 12, api_routes
-            client = await _signed_in(replica.admin, "viv")
+            client = await signed_in(replica.admin, "viv")
             try:
                 statuses = {}
                 for path in routes:
@@ -315,6 +275,8 @@ async def test_no_secret_used_in_a_run_appears_in_logs_metrics_console_errors_or
                     sources.append((f"error GET {path}", r.text))
                 r = await client.post("/admin/api/work/nope/replay", json={"reason": "x"})
                 sources.append(("error POST replay (no CSRF)", r.text))
+                cookies = session_cookies(client)
+                assert cookies, "signed in: a session cookie"
             finally:
                 await client.aclose()
             # The service API's error bodies: a wrong bearer token, a bad body.
@@ -364,7 +326,9 @@ async def test_no_secret_used_in_a_run_appears_in_logs_metrics_console_errors_or
                    "key k1 (base64)": base64.b64encode(K1.material).decode(),
                    "key k2 (hex)": K2.material.hex(),
                    "key k2 (base64)": base64.b64encode(K2.material).decode(),
-                   "RSA private key": max(PRIVATE_PEM.splitlines(), key=len)}
+                   "RSA private key": max(PRIVATE_PEM.splitlines(), key=len),
+                   **{f"operator password {n}": p for n, p in PASSWORDS.items()},
+                   **cookies}
         secrets |= {f"issued access token {i}": t for i, t in enumerate(issued_access)}
         secrets |= {f"issued refresh token {i}": t for i, t in enumerate(issued_refresh)}
         secrets |= {f"minted S2S token {i}": t
@@ -373,7 +337,7 @@ async def test_no_secret_used_in_a_run_appears_in_logs_metrics_console_errors_or
             secrets[f"app JWT {i}"] = token
             secrets[f"app JWT {i} signature"] = token.rsplit(".", 1)[1]
         assert len(sources) > 40
-        assert _leaks(secrets, sources) == []
+        assert leaks(secrets, sources) == []
 
 
 def _env() -> dict[str, str]:

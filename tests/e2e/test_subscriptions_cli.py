@@ -65,6 +65,14 @@ async def test_reconcile_is_authorized_and_audited_and_status_shows_no_secret(
     assert [(e["actor"], e["target_id"], e["reason"]) for e in entries] == [
         ("otto", "outreach-main", "after the outage")]
     status = run_cli(cfg, "subscriptions", "status", "--json", env=env)
-    assert status.returncode == 0 and json.loads(status.stdout) == {"subscriptions": []}
-    for out in (viewer, unknown, queued, audit, status):
+    assert status.returncode == 0, status.stderr
+    doc = json.loads(status.stdout)
+    # Nothing observed yet: every desired subscription is missing; the queued run has
+    # not run (it is no last run).
+    assert (doc["subscriptions"], doc["runs"], doc["health"]) == (
+        [], [], {"active": 0, "disabled": 0, "missing": 3})
+    assert {(d["state"], d["observed"]) for d in doc["desired"]} == {("missing", None)}
+    text = run_cli(cfg, "subscriptions", "status", env=env)
+    assert text.returncode == 0 and "missing 3" in text.stdout, text.stderr
+    for out in (viewer, unknown, queued, audit, status, text):
         assert "never-shown" not in out.stdout + out.stderr

@@ -98,6 +98,34 @@ def test_a_bad_event_identity_is_one_line_naming_the_key_and_exit_2(
     assert "Traceback" not in result.stderr
 
 
+SUB = "providers.outreach.webhooks.outreach.prospect_events.subscription"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key", "says"),
+    [
+        ("after it has passed.\nmax_in_flight = 30.0", "after it has passed.\nmax_in_flight = -1",
+         f"{SUB}.max_in_flight", "expected a non-negative number"),
+        ("max_clock_skew = 2.0\n\n[webhooks", 'max_clock_skew = "2s"\n\n[webhooks',
+         f"{SUB}.max_clock_skew", "expected a non-negative number"),
+        ('cleanup_token = "/data/meta/cleanupToken"', 'cleanup_token = "data/meta"',
+         f"{SUB}.create.cleanup_token", "malformed JSON pointer"),
+        ('path = "/api/v2/webhooks/{remote_id}"', 'path = "/api/v2/webhooks"',
+         f"{SUB}.delete.path", "must name the subscription"),
+        ('actions = ["created", "updated", "destroyed"]', "actions = []", f"{SUB}.actions",
+         "expected at least one entry"),
+    ],
+)
+def test_a_bad_subscription_definition_is_one_line_naming_the_key_and_exit_2(
+        tmp_path: Path, old: str, new: str, key: str, says: str) -> None:
+    result = run_cli(config(tmp_path, providers_dir(tmp_path, (old, new))), "check-config")
+    assert result.returncode == 2, result.stdout
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"integrationd: config error: {key}: "), line
+    assert says in line, line
+    assert "Traceback" not in result.stderr
+
+
 def test_toml_that_does_not_parse_names_the_file(tmp_path: Path) -> None:
     folder = providers_dir(tmp_path)
     (folder / "broken.toml").write_text("provider = [\n")

@@ -29,13 +29,14 @@ from config.settings import Settings
 from daemon.services.catalog_view import publish_current
 from daemon.services.families import known_family_names
 from daemon.services.replica import Replica
-from daemon.services.subscriptions import reconcile_now
+from daemon.services.subscription_operator import reconcile_now
 from sandbox.outreach_sim import OutreachSimulator
 from sandbox.ports import free_port
 from storage.port import SqlTx
 from storage.secret_retirements import RetirementRow, read_retirements
 from storage.subscriptions import SubscriptionRow, read_subscriptions
 from storage.work_store import WorkStore
+from tests.support.backends import FreshDatabase
 from tests.support.webhooks import JumpClock, ingress_replica, post, prospect_body, sign
 from tests.support.work import T0
 
@@ -113,7 +114,8 @@ def _accepted_gauge(replica: Replica) -> float | None:
 
 
 async def test_the_previous_secret_retires_itself_after_a_quiet_redelivery_window(
-        store: WorkStore, nursery: trio.Nursery, tmp_path: Path) -> None:
+        store: WorkStore, database: FreshDatabase, nursery: trio.Nursery,
+        tmp_path: Path) -> None:
     clock = JumpClock()
     sim = OutreachSimulator(tokens={TOKEN})
     sim_url = f"http://127.0.0.1:{await nursery.start(sim.run)}"
@@ -147,11 +149,11 @@ async def test_the_previous_secret_retires_itself_after_a_quiet_redelivery_windo
         await change(name)
         sim.delete_subscription_behind_back(sid)
 
-    async with ingress_replica(store, before, clock=clock):
+    async with ingress_replica(await database.open_store(), before, clock=clock):
         await reconcile(before)
         await _eventually("three subscriptions with the old secret",
                           lambda: secrets() == [OLD] * 3)
-    async with ingress_replica(store, after, clock=clock) as replica:
+    async with ingress_replica(await database.open_store(), after, clock=clock) as replica:
         await reconcile(after)
         await _eventually("the new subscriptions beside the old ones",
                           lambda: secrets() == sorted([OLD] * 3 + [NEW] * 3))
@@ -215,7 +217,8 @@ async def test_the_previous_secret_retires_itself_after_a_quiet_redelivery_windo
         assert _rejected(replica, "bad_signature") == 0.0
         assert len(await _receipts(store)) == len(receipts) + 1
     # A restart with previous_secret still configured does not resurrect it.
-    async with ingress_replica(store, after, clock=clock, replica_id="ingress-2") as again:
+    async with ingress_replica(await database.open_store(), after, clock=clock,
+                               replica_id="ingress-2") as again:
         body = prospect_body(pid=prospect.id, title="after restart")
         async with httpx.AsyncClient() as client:
             refused = await post(client, again, ROUTE, body, sign(hook, OLD, body))

@@ -19,12 +19,13 @@ from config.load import parse_settings
 from config.settings import Settings
 from daemon.services.catalog_view import publish_current
 from daemon.services.families import known_family_names
-from daemon.services.subscriptions import reconcile_now
+from daemon.services.subscription_operator import reconcile_now
 from sandbox.outreach_sim import OutreachSimulator
 from sandbox.ports import free_port
 from storage.port import SqlTx
 from storage.subscriptions import SubscriptionRow, read_subscriptions
 from storage.work_store import WorkStore
+from tests.support.backends import FreshDatabase
 from tests.support.webhooks import ingress_replica
 from tests.support.work import T0
 
@@ -81,7 +82,8 @@ async def _reconcile(store: WorkStore, cfg: Settings) -> None:
 
 
 async def test_a_secret_rotation_overlaps_old_and_new_with_no_delivery_rejected(
-        store: WorkStore, nursery: trio.Nursery, tmp_path: Path) -> None:
+        store: WorkStore, database: FreshDatabase, nursery: trio.Nursery,
+        tmp_path: Path) -> None:
     sim = OutreachSimulator(tokens={TOKEN})
     sim_url = f"http://127.0.0.1:{await nursery.start(sim.run)}"
     port = free_port()
@@ -98,13 +100,13 @@ async def test_a_secret_rotation_overlaps_old_and_new_with_no_delivery_rejected(
         sim.update_prospect(prospect.id, {"firstName": name})
         await sim.wait_deliveries_settled()
 
-    async with ingress_replica(store, before):
+    async with ingress_replica(await database.open_store(), before):
         await _reconcile(store, before)
         await _eventually("three subscriptions with the old secret",
                           lambda: secrets() == [OLD] * 3)
         await change("Ada1")
     # The operator rotates: the new secret, the old one as previous, generation 2.
-    async with ingress_replica(store, after):
+    async with ingress_replica(await database.open_store(), after):
         await _reconcile(store, after)
         await _eventually("the new subscriptions beside the old ones",
                           lambda: secrets() == sorted([OLD] * 3 + [NEW] * 3))

@@ -19,6 +19,8 @@ from daemon.core.token_bundle import TokenKey
 from daemon.core.work import WorkItem
 from daemon.providers.executor import BoundedHttp
 from daemon.services.families import WorkContext
+from daemon.services.principal_bootstrap import ensure_config_bindings
+from daemon.services.subscription_calls import SubscriptionCalls
 from daemon.services.subscriptions import (
     SUBSCRIPTION_FAMILY,
     SubscriptionPayload,
@@ -119,7 +121,9 @@ async def rig(store: WorkStore, nursery: trio.Nursery) -> AsyncIterator[Rig]:
     port = await nursery.start(sim.run)
     binding = BindingSettings(binding_id=BINDING, provider="outreach", org_id="org-1",
                               app_installation_id="app-1", remote_account_id="org-77",
-                              base_url=f"http://127.0.0.1:{port}", token=Secret(TOKEN))
+                              base_url=f"http://127.0.0.1:{port}", auth="static_token",
+                              token=Secret(TOKEN))
+    await ensure_config_bindings(store, (binding,), T0)
     _, documents = load_definitions()
     catalog = build_catalog(3, documents, (binding,), load_object_binding_documents())
     route = WebhookRoute(route="outreach", binding_id=BINDING,
@@ -127,8 +131,9 @@ async def rig(store: WorkStore, nursery: trio.Nursery) -> AsyncIterator[Rig]:
                          secret=Secret("secret-one"))
     http = BoundedHttp.open(4)
     key = TokenKey("k1", os.urandom(32))
-    reconciler = SubscriptionReconciler(catalog=catalog, routes=(route,), http=http,
-                                        keys={"k1": key}, seal_key_id="k1", timeout_s=2.0)
+    reconciler = SubscriptionReconciler(catalog=catalog, routes=(route,),
+                                        calls=SubscriptionCalls(http), keys={"k1": key},
+                                        seal_key_id="k1")
     try:
         yield Rig(store, sim, reconciler, catalog, binding, Clock())
     finally:
@@ -214,7 +219,7 @@ async def test_an_orphan_is_deleted_and_a_stale_generations_cleanup_is_refused(
     assert rows["outreach:created"].generation == 2
     stale = SubscriptionPayload(kind="delete", binding=BINDING, name="outreach:created",
                                 generation=1, provider_id=rows["outreach:created"].provider_id,
-                                reason="replaced")
+                                reason="replaced", binding_generation=1)
     await rig.store.work_enqueue([item_spec(rig.binding, rig.catalog, stale, key="stale")],
                                  rig.clock.now)
     rig.outcomes.clear()

@@ -30,6 +30,8 @@ from daemon.core.outcomes import (
 from daemon.core.principals import BindingEvent, BindingIdentity, PrincipalKind, connect
 from daemon.core.quota import QuotaPolicy, ReservationState
 from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, TokenKey, seal
+from storage.effect_values import AttemptDraft
+from storage.effects import insert_attempt_pinned
 from storage.grants import GrantState
 from storage.ingress.receipts import QuarantineParams, ReceiptQuery
 from storage.migrate import migrate
@@ -47,6 +49,7 @@ from storage.principals import Actor
 from storage.quota import reservation_move, reservation_open
 from storage.refresh_leases import refresh_lease_acquire
 from storage.retention.prune import LeaseParams
+from storage.subscriptions import last_items
 from storage.work_rollback import LegacyReceipt
 from storage.work_store import WorkStore
 from tests.support.backends import fresh_database
@@ -182,9 +185,34 @@ async def _workload(store: WorkStore) -> None:
     await store.db.transact(reserve, name="quota.reserve")
     await store.quota_reservations("W")
     await _credentials_workload(store)
+    await _subscription_checkpoint_workload(store)
     await _cutover_workload(store)
     await _ingress_workload(store)
     await _retention_workload(store)
+
+
+async def _subscription_checkpoint_workload(store: WorkStore) -> None:
+    """A subscription step's pinned checkpoint, with and without the binding pin."""
+    await enqueue(store, 1, family="subs")
+    (item,) = (await claim(store, family="subs")).claimed
+    assert item.fence is not None
+    fence = item.fence
+    draft = AttemptDraft(command_id=fence.work_id, method="POST", target_path="/x",
+                         safe_headers="{}", body_sha256="sha256:x", idempotency_key="k",
+                         pre_dispatch_evidence="{}")
+
+    async def body(tx: SqlTx) -> None:
+        await insert_attempt_pinned(tx, "P1", fence, draft, T0, binding_id="b",
+                                    binding_generation=1)
+        await insert_attempt_pinned(tx, "P2", fence, draft, T0, binding_id="b",
+                                    binding_generation=None)
+
+    await store.work_fenced(fence, T0, body, name="subscriptions.checkpoint")
+
+    async def last(tx: SqlTx) -> None:
+        await last_items(tx, "subs", [fence.work_id, "b"])
+
+    await store.db.transact(last, name="subscriptions.status", write=False)
 
 
 async def _cutover_workload(store: WorkStore) -> None:

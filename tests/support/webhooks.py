@@ -26,6 +26,7 @@ from daemon.services.assembly import assemble
 from daemon.services.clock import Clock, WallClock
 from daemon.services.families import known_family_names
 from daemon.services.metrics import Metrics
+from daemon.services.principal_bootstrap import ensure_config_bindings
 from daemon.services.replica import Replica
 from storage.work_store import WorkStore
 
@@ -112,9 +113,11 @@ class JumpClock:
 async def ingress_replica(store: WorkStore, cfg: Settings,
                           replica_id: str = "ingress-1", clock: Clock | None = None
                           ) -> AsyncIterator[Replica]:
-    """A real replica (the CLI's assembly) with its ingress listener on a loopback port."""
+    """A real replica (the CLI's assembly) with its ingress listener on a loopback port;
+    the configured bindings' durable rows bootstrapped first, as ``integrationd run`` does."""
     metrics = Metrics()
     clock = clock if clock is not None else WallClock()
+    await ensure_config_bindings(store, cfg.bindings, clock.now_us())
     parts = assemble(cfg, store, clock, metrics)
     assert parts.ingress is not None
     replica = Replica(cfg, store, parts.registry, clock, metrics=metrics,

@@ -22,6 +22,7 @@ from daemon.services.assembly import assemble
 from daemon.services.clock import WallClock
 from daemon.services.families import known_family_names
 from daemon.services.metrics import Metrics
+from daemon.services.principal_bootstrap import ensure_config_bindings
 from daemon.services.replica import Replica
 from sandbox.outreach_sim import OutreachSimulator
 from tests.support.backends import fresh_database
@@ -53,6 +54,9 @@ async def test_operator_reconciles_subscriptions_from_the_console(tmp_path: Path
         cfg = attrs.evolve(cfg, operators=_OPERATORS, admin=AdminSettings(
             listen="127.0.0.1:0", session_secret=Secret("ui-test-session-secret-0123456789")))
         store = await database.open_store()
+        # As `integrationd run` does before its replica starts: the durable binding rows
+        # (the subscription steps pin their generation).
+        await ensure_config_bindings(store, cfg.bindings, WallClock().now_us())
         parts = assemble(cfg, store, WallClock(), Metrics())
         replica = Replica(cfg, store, parts.registry, WallClock(), replica_id="ui-replica",
                           admin_app=console_factory(combine(
