@@ -8,8 +8,14 @@ PYTEST_ARGS ?=
 
 .PHONY: run secrets test lint typecheck pytest bench torture clean chromium galera prometheus
 
-$(BIN)/.installed: pyproject.toml
+# What running needs (`make run`, `make secrets`): the package and its own dependencies.
+$(BIN)/.installed-run: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e .
+	touch $@
+
+# Tests and benchmarks add their extras (pytest, mypy, Playwright, the peers).
+$(BIN)/.installed: $(BIN)/.installed-run
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,bench]'
 	touch $@
 
@@ -35,7 +41,7 @@ var/secrets/sandbox.key:
 	@mkdir -p var/secrets && chmod 700 var/secrets
 	@$(PYTHON) -c 'import secrets; print(secrets.token_hex(32))' > $@ && chmod 600 $@
 
-var/secrets/outreach-app.pem: $(BIN)/.installed
+var/secrets/outreach-app.pem: $(BIN)/.installed-run
 	@mkdir -p var/secrets && chmod 700 var/secrets
 	@$(BIN)/python -m sandbox.demo_keys > $@ && chmod 600 $@
 
@@ -43,7 +49,7 @@ var/secrets/outreach-app.pem: $(BIN)/.installed
 # which config/example.toml reads with password_hash_file.
 OPERATOR_HASHES := var/secrets/admin.password-hash var/secrets/viewer.password-hash
 
-var/secrets/%.password-hash: $(BIN)/.installed
+var/secrets/%.password-hash: $(BIN)/.installed-run
 	@mkdir -p var/secrets && chmod 700 var/secrets
 	@$(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(12))' > var/secrets/$*.password
 	@chmod 600 var/secrets/$*.password
@@ -52,23 +58,32 @@ var/secrets/%.password-hash: $(BIN)/.installed
 # Every file config/example.toml reads; each is made once and kept.
 secrets: $(SECRETS) $(OPERATOR_HASHES)
 
+# Where the configuration listens (for the banner and the readiness wait).
+listen_of = $(shell $(PYTHON) -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb")).get(sys.argv[2], {}).get("listen", sys.argv[3]))' $(CONFIG) $(1) $(2))
+
 # One replica, plus the HubSpot and Outreach simulators and the reference CRM Runtime with a
 # little live traffic both ways: Lead title changes flowing to HubSpot (and receipts back),
 # Prospect changes in Outreach arriving as signed webhooks and applied to the Leads.
-run: $(BIN)/.installed secrets
+# Both run in the background of one shell that waits for them: Ctrl-C, or SIGTERM to make
+# (which make passes to this shell), drains the replica and stops the sandbox, so nothing
+# is left running. The banner comes once the replica answers /readyz.
+run: $(BIN)/.installed-run secrets
 	$(BIN)/integrationd --config $(CONFIG) migrate
 	$(BIN)/integrationd --config $(CONFIG) catalog publish --actor admin --reason "make run"
 	$(BIN)/integrationd --config $(CONFIG) reconcile start --binding outreach-main --resource prospect \
 	  --actor admin --reason "make run"
 	$(BIN)/integrationd --config $(CONFIG) work enqueue noop --count 200
-	@echo ""
-	@echo "  console: http://127.0.0.1:8780/admin/  (sign in as admin or viewer; passwords in var/secrets/admin.password, var/secrets/viewer.password)"
-	@echo "  metrics: http://127.0.0.1:8780/metrics   service API: http://127.0.0.1:8781/v1/openapi.json"
-	@echo "  webhooks in: http://127.0.0.1:8782/hooks/outreach-main (from the Outreach simulator at http://127.0.0.1:8793)"
-	@echo ""
 	@$(BIN)/python -m sandbox --config $(CONFIG) & SANDBOX=$$!; \
-	  trap 'kill $$SANDBOX 2>/dev/null' EXIT INT TERM; \
-	  $(BIN)/integrationd --config $(CONFIG) run
+	  $(BIN)/integrationd --config $(CONFIG) run & REPLICA=$$!; \
+	  trap 'kill -TERM $$REPLICA $$SANDBOX 2>/dev/null; wait $$REPLICA; wait $$SANDBOX; exit 143' INT TERM; \
+	  $(BIN)/python -m sandbox.wait_ready "http://$(call listen_of,admin,127.0.0.1:8780)/readyz" && { \
+	  echo ""; \
+	  echo "  console: http://$(call listen_of,admin,127.0.0.1:8780)/admin/  (sign in as admin or viewer; passwords in var/secrets/admin.password, var/secrets/viewer.password)"; \
+	  echo "  metrics: http://$(call listen_of,admin,127.0.0.1:8780)/metrics   service API: http://$(call listen_of,api,127.0.0.1:8781)/v1/openapi.json"; \
+	  echo "  webhooks in: http://$(call listen_of,ingress,127.0.0.1:8782)/hooks/outreach-main"; \
+	  echo "  stop: Ctrl-C (or SIGTERM to make): the replica drains, the sandbox stops"; \
+	  echo ""; }; \
+	  wait $$REPLICA; STATUS=$$?; kill -TERM $$SANDBOX 2>/dev/null; wait $$SANDBOX; exit $$STATUS
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .

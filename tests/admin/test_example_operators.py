@@ -25,10 +25,10 @@ def secrets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rebuilt); argon2 hashing at the default cost takes a few seconds."""
     tmp_path = tmp_path_factory.mktemp("make-run")
     if not (VENV / "bin" / "integrationd").exists():
-        pytest.fail("the project venv is missing: run `make .venv/bin/.installed` first")
+        pytest.fail("the project venv is missing: run `make .venv/bin/.installed-run` first")
     subprocess.run(
         ["make", "--no-print-directory", "-C", str(tmp_path), "-f", str(ROOT / "Makefile"),
-         f"VENV={VENV}", "-o", f"{VENV}/bin/.installed", "secrets"],
+         f"VENV={VENV}", "-o", f"{VENV}/bin/.installed-run", "secrets"],
         check=True, capture_output=True, timeout=120,
         env={**os.environ, "MAKEFLAGS": ""},
     )
