@@ -59,6 +59,18 @@ class CommitOutcomeUnknown(StorageError):
     """The connection was lost during COMMIT: reconcile by reading, never blind-retry."""
 
 
+class StatementTooLarge(StorageError):
+    """A statement (one row, or the smallest batch of rows) is larger than the database
+    takes in one statement (MariaDB/MySQL ``max_allowed_packet``, read at connect): it was
+    not sent, and sending it again will not help. The connection and the transaction are
+    still usable; a caller with a batch splits it, a single row is refused for good."""
+
+    def __init__(self, message: str, *, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
 class DuplicateKey(StorageError):
     """A unique key already holds this value."""
 
@@ -150,6 +162,13 @@ class Database(Protocol):
 
     @property
     def stats(self) -> DbStats: ...
+
+    @property
+    def max_statement_bytes(self) -> int:
+        """The largest statement the server takes (MariaDB/MySQL: ``max_allowed_packet``
+        as read at the latest connect, less the protocol's own bytes): batched writes
+        are cut to fit it, and a row larger than it raises :class:`StatementTooLarge`."""
+        ...
 
     async def transact(
         self, body: Callable[[SqlTx], Awaitable[T]], *, name: str, write: bool = True
