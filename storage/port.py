@@ -71,6 +71,23 @@ class StatementTooLarge(StorageError):
         self.limit = limit
 
 
+class StorageRefused(StorageError):
+    """The server refused a statement for what it holds (a value too long for its column,
+    a string it cannot store...): sending it again fails the same way. ``code``: the
+    server's error number; the message never carries the values."""
+
+    def __init__(self, message: str, *, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def deterministic(exc: StorageError) -> bool:
+    """Whether this error is the statement's own (it fails again as sent: split a batch to
+    find the row, refuse that row) rather than the database's state (unreachable, an
+    unknown COMMIT, contention: waiting helps, and a batch is tried again whole)."""
+    return isinstance(exc, StatementTooLarge | StorageRefused)
+
+
 class DuplicateKey(StorageError):
     """A unique key already holds this value."""
 

@@ -52,6 +52,9 @@ KEY_PREFIX: Final = "wh"
 QUARANTINE_REASONS: Final = frozenset({
     "not_utf8", "malformed", "too_deep", "duplicate_keys", "not_jsonapi", "unknown_event",
     "missing_field", "unsupported_number", "too_many_events",
+    # Settling, not normalizing: a row of its events/WorkItems the database cannot take
+    # (larger than one statement may be; a value the server refuses).
+    "too_large_to_store", "refused_by_database",
 })
 FORMATS: Final = frozenset({"jsonapi", "json"})
 MAX_BATCH_EVENTS: Final = 1000

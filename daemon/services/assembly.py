@@ -77,7 +77,12 @@ def build_ingress(settings: Settings, store: WorkStore, clock: Clock, metrics: M
         return await store.ingress_receipts_insert(batch, clock.now_us())
 
     # Concurrent deliveries' receipts share one transaction (one fsync / COMMIT).
-    receipts: Batcher[IngressReceipt, ReceiptInsert] = Batcher(flush, max_batch=256)
+    # Bounded by bytes too (a row is the body as base64 plus its columns): a burst of large
+    # bodies is several transactions, each within the database's statement limit.
+    receipts: Batcher[IngressReceipt, ReceiptInsert] = Batcher(
+        flush, max_batch=256, weigh=lambda r: len(r.body) * 4 // 3 + 1024,
+        max_bytes=lambda: store.db.max_statement_bytes,
+        on_split=metrics.batch_splits.labels("ingress_receipt").inc)
 
     async def insert(receipt: IngressReceipt, now_us: int) -> ReceiptInsert:
         return await receipts.submit(receipt)
@@ -145,6 +150,9 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
 
     checkpoints = CheckpointBatcher(store, clock)
     contexts: Batcher[tuple[str, str], EffectContextRow | None] = Batcher(store.effect_contexts)
+    if metrics is not None:
+        checkpoints.batcher.on_split = metrics.batch_splits.labels("effect_checkpoint").inc
+        contexts.on_split = metrics.batch_splits.labels("effect_context").inc
     catalogs = CatalogView(store, catalog)
     credentials = build_credentials(settings, store, clock, os.environ)
     runner = EffectRunner(
@@ -167,6 +175,8 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
 
     # Receipt deliveries prove their claims live in shared transactions.
     fences: Batcher[Fence, None] = Batcher(prove_fences)
+    if metrics is not None:
+        fences.on_split = metrics.batch_splits.labels("receipt_fence").inc
     sender = ReceiptSender(settings=settings, client=runtime_client, fences=fences)
     if metrics is not None:
         sender.on_result = metrics.count_receipt

@@ -79,6 +79,7 @@ from storage.port import (
     SqlTx,
     StatementTooLarge,
     StorageError,
+    StorageRefused,
 )
 
 T = TypeVar("T")
@@ -97,6 +98,9 @@ DEFAULT_MAX_PACKET = 16 * 1024 * 1024
 PACKET_HEADROOM = 1024
 # "Got a packet bigger than 'max_allowed_packet' bytes": the server closes the connection.
 PACKET_TOO_LARGE_CODE = 1153
+# Incorrect string value, incorrect/truncated value, incorrect integer value: the server's
+# text quotes the value.
+QUOTES_VALUE_CODES = frozenset({1366, 1367, 1292, 1411})
 # Transactions that never queue behind the pool's other users: a lease renewal waiting for
 # a connection behind the very handlers whose claims it keeps alive arrives after the
 # lease's local trust horizon on a slow database, every claim is dropped and reclaimed, and
@@ -641,6 +645,12 @@ class MysqlDatabase:
         if code == NOT_READY_CODE:
             return DatabaseUnavailable(f"{name}: the server is not ready for clients ({code})"
                                        " (a cluster node joining, non-primary or refusing)")
+        if code is not None and _server_reported(exc):
+            # Codes whose text quotes the refused value (incorrect string / datetime /
+            # integer value): the value stays out of the message (seed: no payload in
+            # errors); the others name only columns and statements.
+            said = "" if code in QUOTES_VALUE_CODES else f": {message}"
+            return StorageRefused(f"{name}: mysql error {code}{said}", code=code)
         return StorageError(f"{name}: mysql error {code}: {message}")
 
     async def aclose(self) -> None:

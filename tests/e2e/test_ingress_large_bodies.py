@@ -27,7 +27,6 @@ from tests.support.backends import FreshDatabase, backend_params
 from tests.support.processes import run_cli, start_replica, stop_all, write_config
 from tests.support.webhooks import JSONAPI, OUTREACH_SECRET, ingress_settings, sign
 
-
 OUTREACH = load_catalog(ingress_settings(Path("/nonexistent"))).webhooks[
     "outreach.prospect_events"]
 MAX_BODY = 1024 * 1024   # [ingress] max_body_bytes, the shipped default
@@ -81,7 +80,7 @@ def _large_body(pid: int, size: int) -> bytes:
         }).encode()
 
     pad = size - len(body(""))
-    out = body(("t%d-" % pid + "x" * pad)[:pad])
+    out = body((f"t{pid}-" + "x" * pad)[:pad])
     assert len(out) == size
     return out
 
