@@ -56,6 +56,30 @@ QUARANTINE_REASONS: Final = frozenset({
     # (larger than one statement may be; a value the server refuses).
     "too_large_to_store", "refused_by_database",
 })
+# One sentence per reason (the console's legend; each quarantine's own detail says more).
+QUARANTINE_SENTENCES: Final = {
+    "not_utf8": "the body is not valid UTF-8",
+    "malformed": "the body is not one JSON document",
+    "too_deep": "the JSON nests deeper than the limit",
+    "duplicate_keys": "a JSON object repeats a key",
+    "not_jsonapi": "the body is not the JSON:API document the route's contract declares",
+    "unknown_event": "the event name is not one the route's contract maps",
+    "missing_field": "a field the route's contract requires is missing or of the wrong type",
+    "unsupported_number": "a number is longer than its exact decimal text may be",
+    "too_many_events": "the batch holds more events than the limit",
+    "too_large_to_store": "one of its rows is larger than the database takes in one"
+                          " statement (max_allowed_packet)",
+    "refused_by_database": "the database refused a value of its events or WorkItems",
+}
+# Why a settlement left receipts ``received`` (integrationd_ingress_unsettled{reason}),
+# each with what it means, for the console.
+UNSETTLED_SENTENCES: Final = {
+    "database_unavailable": "the database did not answer (they are settled once it does)",
+    "commit_unknown": "the connection was lost during COMMIT (the next pass finds out)",
+    "contention": "other transactions kept conflicting with the settlement",
+    "storage_error": "the database failed the settlement with an error of its own",
+}
+UNSETTLED_REASONS: Final = tuple(UNSETTLED_SENTENCES)
 FORMATS: Final = frozenset({"jsonapi", "json"})
 MAX_BATCH_EVENTS: Final = 1000
 

@@ -20,6 +20,7 @@ from daemon.api.app import ApiContext, create_api_app
 from daemon.core.inbound_change import INBOUND_APPLY_FAMILY
 from daemon.core.work import Fence, WorkItem
 from daemon.providers.executor import BoundedHttp, HttpExecutor
+from daemon.services import logs
 from daemon.services.batcher import Batcher
 from daemon.services.catalog_view import CatalogView
 from daemon.services.checkpoints import CheckpointBatcher
@@ -72,6 +73,12 @@ def build_ingress(settings: Settings, store: WorkStore, clock: Clock, metrics: M
         directory = Path(settings.base_dir) / directory
     spool = IngressSpool(directory, s.spool_max_bytes, on_change=metrics.set_spool)
     spool.open()
+    if s.max_body_bytes * 6 > store.db.max_statement_bytes:
+        # A body's event attributes may take six bytes a character of it (JSON escapes):
+        # such a receipt would be quarantined (too_large_to_store), or refused before its
+        # 200 when even its body does not fit.
+        logs.warn("ingress_body_limit_over_database", max_body_bytes=s.max_body_bytes,
+                  max_statement_bytes=store.db.max_statement_bytes)
 
     async def flush(batch: Sequence[IngressReceipt]) -> Sequence[ReceiptInsert | StorageError]:
         return await store.ingress_receipts_insert(batch, clock.now_us())

@@ -47,10 +47,10 @@ from config.catalog import Catalog
 from config.definitions import WebhookDefinition
 from config.settings import BindingSettings, WebhookRoute
 from daemon.core.inbound_change import BadInboundChange, InboundChange
-from daemon.core.ingress import Quarantine, event_key, normalize
+from daemon.core.ingress import UNSETTLED_REASONS, Quarantine, event_key, normalize
 from daemon.services import logs
 from daemon.services.clock import Clock
-from daemon.services.metrics import UNSETTLED_REASONS, Metrics
+from daemon.services.metrics import Metrics
 from storage.ingress.receipts import (
     IngressReceipt,
     Materialization,
@@ -92,8 +92,8 @@ def unstorable(receipt_id: str, exc: StorageError) -> QuarantineParams:
         return QuarantineParams(
             receipt_id=receipt_id, reason="too_large_to_store",
             detail=("one of its rows (its events and WorkItems) is larger than the database"
-                    f" takes in one statement ({exc.limit} bytes: raise the server's"
-                    " max_allowed_packet, then replay it)"))
+                    f" takes in one statement ({exc.limit} bytes: the server's"
+                    " max_allowed_packet)"))
     code = exc.code if isinstance(exc, StorageRefused) else 0
     return QuarantineParams(
         receipt_id=receipt_id, reason="refused_by_database",

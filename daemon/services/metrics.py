@@ -30,7 +30,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from daemon.core.grant_reasons import REASONS
-from daemon.core.ingress import QUARANTINE_REASONS
+from daemon.core.ingress import QUARANTINE_REASONS, UNSETTLED_REASONS
 from daemon.core.quota import ResetIgnored
 from storage.port import DbStats, QueueDepth
 from storage.retention.rules import pruned_tables
@@ -75,12 +75,11 @@ INGRESS_RESULTS = ("stored", "duplicate", "spooled")
 # Labels of integrationd_db_batch_splits_total: the group-committed writes.
 BATCHED_WRITES = ("ingress_receipt", "ingress_settle", "effect_checkpoint", "effect_context",
                   "receipt_fence")
-# Why receipts stayed ``received`` after a settlement failed (integrationd_ingress_unsettled).
-UNSETTLED_REASONS = ("database_unavailable", "commit_unknown", "contention", "storage_error")
+
 INGRESS_REJECTIONS = ("unknown_route", "method", "content_type", "too_large", "deadline",
                       "missing_signature", "bad_signature", "missing_timestamp",
                       "bad_timestamp", "stale_timestamp", "no_secret", "retired_secret",
-                      "spool_full", "disconnected")
+                      "spool_full", "disconnected", "too_large_to_store")
 
 
 def admission_result(admission: str, created: bool) -> str:
