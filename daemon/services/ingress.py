@@ -107,7 +107,8 @@ class IngressApp:
         self.metrics.ingress_seconds.observe(time.monotonic() - started)
 
     async def _answer(self, send: Send, status: int, code: str, message: str,
-                      route: str = "", counted: str = "") -> int:
+                      route: str = "", counted: str = "",
+                      headers: tuple[tuple[bytes, bytes], ...] = ()) -> int:
         if status != 200:
             self.metrics.count_ingress(counted or code)
             logs.warn("ingress_refused", route=route[:64], status=status,
@@ -116,7 +117,8 @@ class IngressApp:
         try:
             await send({"type": "http.response.start", "status": status,
                         "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(body)).encode())]})
+                                    (b"content-length", str(len(body)).encode()),
+                                    *headers]})
             await send({"type": "http.response.body", "body": body})
         except Exception as exc:  # the server says "the client is gone", in its own way
             # The client went away before its answer (a 200's receipt is durable anyway).
@@ -131,7 +133,8 @@ class IngressApp:
         if bound is None:
             return await self._answer(send, 404, "unknown_route", "no such webhook route")
         if scope.get("method") != "POST":
-            return await self._answer(send, 405, "method", "only POST", route_name)
+            return await self._answer(send, 405, "method", "only POST", route_name,
+                                      headers=((b"allow", b"POST"),))
         headers: dict[str, str] = {}
         for name, value in scope.get("headers", []):
             key = name.decode("latin-1").lower()
