@@ -31,6 +31,7 @@ from urllib.parse import quote
 
 from quart import Response, g, redirect, request
 from quart_trio import QuartTrio
+from werkzeug.exceptions import MethodNotAllowed
 from werkzeug.wrappers import Response as WerkzeugResponse
 
 from admin_ui import api, binding_actions, cutover, pages, pages_work, signin
@@ -147,8 +148,11 @@ def create_app(replica: ReplicaView, extensions: ConsoleExtensions | None = None
         return {"error": "not_found", "message": "no such route"}, 404
 
     @app.errorhandler(405)
-    async def not_allowed(_: Exception) -> tuple[dict[str, object], int]:
-        return {"error": "method_not_allowed", "message": "method not allowed here"}, 405
+    async def not_allowed(exc: Exception) -> tuple[dict[str, object], int, dict[str, str]]:
+        # RFC 9110 section 15.5.6: a 405 names the methods the target supports.
+        allowed = exc.valid_methods if isinstance(exc, MethodNotAllowed) else None
+        return ({"error": "method_not_allowed", "message": "method not allowed here"}, 405,
+                {"Allow": ", ".join(sorted(allowed))} if allowed else {})
 
     @app.errorhandler(413)
     async def too_large(_: Exception) -> tuple[dict[str, object], int]:

@@ -28,6 +28,7 @@ from admin_ui.extensions import ConsoleExtensions, LineageRow, LineageSection, N
 from admin_ui.render import page
 from admin_ui.view import ReplicaView
 from daemon.core.inbound_change import INBOUND_APPLY_FAMILY, InboundChange
+from daemon.core.ingress import QUARANTINE_SENTENCES, UNSETTLED_SENTENCES
 from daemon.core.work import WorkItem
 from storage.ingress.receipts import STATES, IngressReceipt, ReceiptQuery
 
@@ -67,6 +68,19 @@ def spool_json(view: ReplicaView) -> dict[str, Any]:
     }
 
 
+def settlement_json(view: ReplicaView, quarantined: dict[str, int]) -> dict[str, Any]:
+    """Why receipts are not settled: this replica's materializer's latest pass (receipts it
+    left ``received``, by why) and every quarantined receipt by its stable reason."""
+    samples = view.counter_samples("integrationd_ingress_unsettled")
+    unsettled = [{"reason": s.labels.get("reason", ""), "receipts": int(s.value),
+                  "sentence": UNSETTLED_SENTENCES.get(s.labels.get("reason", ""), "")}
+                 for s in samples if s.value]
+    return {"replica_id": view.replica_id, "unsettled": unsettled,
+            "quarantined": [{"reason": reason, "receipts": count,
+                             "sentence": QUARANTINE_SENTENCES.get(reason, "")}
+                            for reason, count in sorted(quarantined.items())]}
+
+
 async def ingress_json(view: ReplicaView, state: str | None, limit: int = 50
                        ) -> dict[str, Any]:
     if state is not None and state not in STATES:
@@ -81,6 +95,7 @@ async def ingress_json(view: ReplicaView, state: str | None, limit: int = 50
         "counts": counts.by_state, "duplicates": counts.duplicates,
         "oldest_waiting": _fmt_us(counts.oldest_received_us),
         "spool": spool_json(view), "state": state,
+        "settlement": settlement_json(view, counts.quarantined_by_reason),
         "items": [receipt_json(r) for r in receipts],
     }
 

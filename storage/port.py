@@ -59,6 +59,35 @@ class CommitOutcomeUnknown(StorageError):
     """The connection was lost during COMMIT: reconcile by reading, never blind-retry."""
 
 
+class StatementTooLarge(StorageError):
+    """A statement (one row, or the smallest batch of rows) is larger than the database
+    takes in one statement (MariaDB/MySQL ``max_allowed_packet``, read at connect): it was
+    not sent, and sending it again will not help. The connection and the transaction are
+    still usable; a caller with a batch splits it, a single row is refused for good."""
+
+    def __init__(self, message: str, *, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+class StorageRefused(StorageError):
+    """The server refused a statement for what it holds (a value too long for its column,
+    a string it cannot store...): sending it again fails the same way. ``code``: the
+    server's error number; the message never carries the values."""
+
+    def __init__(self, message: str, *, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def deterministic(exc: StorageError) -> bool:
+    """Whether this error is the statement's own (it fails again as sent: split a batch to
+    find the row, refuse that row) rather than the database's state (unreachable, an
+    unknown COMMIT, contention: waiting helps, and a batch is tried again whole)."""
+    return isinstance(exc, StatementTooLarge | StorageRefused)
+
+
 class DuplicateKey(StorageError):
     """A unique key already holds this value."""
 
@@ -150,6 +179,13 @@ class Database(Protocol):
 
     @property
     def stats(self) -> DbStats: ...
+
+    @property
+    def max_statement_bytes(self) -> int:
+        """The largest statement the server takes (MariaDB/MySQL: ``max_allowed_packet``
+        as read at the latest connect, less the protocol's own bytes): batched writes
+        are cut to fit it, and a row larger than it raises :class:`StatementTooLarge`."""
+        ...
 
     async def transact(
         self, body: Callable[[SqlTx], Awaitable[T]], *, name: str, write: bool = True

@@ -35,7 +35,7 @@ from typing import Any
 import attrs
 from quart import Response, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException, InternalServerError
+from werkzeug.exceptions import HTTPException, InternalServerError, MethodNotAllowed
 
 from config.catalog import Catalog
 from config.settings import RuntimeClient, Settings
@@ -416,7 +416,11 @@ def create_api_app(ctx: ApiContext) -> QuartTrio:
                           "message": "the request failed inside integrationd; see its log"}, 500)
         code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
             exc.code or 500, "http_error")
-        return _json({"error": code, "message": exc.description or code}, exc.code or 500)
+        response = _json({"error": code, "message": exc.description or code}, exc.code or 500)
+        if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
+            # RFC 9110 section 15.5.6: a 405 names the methods the target supports.
+            response.headers["Allow"] = ", ".join(sorted(exc.valid_methods))
+        return response
 
     guard_app(app, ctx.settings.api.max_body_bytes)
     return app

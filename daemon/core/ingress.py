@@ -29,30 +29,60 @@ already received creates only the new ones (the others are counted as duplicate 
 Normalization (:func:`normalize`) is strict, and everything it refuses has a stable
 reason, so a quarantined receipt says why: ``not_utf8``, ``malformed``, ``too_deep``,
 ``duplicate_keys``, ``not_jsonapi``, ``unknown_event``, ``missing_field``,
-``unsupported_number`` (a number whose exact decimal text would be longer than
-:data:`~daemon.core.json_input.MAX_DECIMAL_CHARS`). A fractional number is kept as its
-exact decimal text, a string: the InboundChange payload is canonical JSON, which has no
-floats (amounts travel as strings or integers). A batch route (a JSON array of events)
-yields one event per element.
+``unsupported_number`` (a number, integer or not, whose exact decimal text would be longer
+than :data:`~daemon.core.json_input.MAX_DECIMAL_CHARS`), ``not_utf8`` also for a lone
+UTF-16 surrogate escape in a string or key (it has no UTF-8 form), ``control_character``
+for a NUL (``\\u0000``) in a string or key (never stored nor applied to a record). A
+fractional number is kept as its exact decimal text, a string: the InboundChange payload
+is canonical JSON, which has no floats (amounts travel as strings or integers). A batch
+route (a JSON array of events) yields one event per element.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 import attrs
 import jsonpointer
 
-from daemon.core.json_input import MAX_DEPTH, NotExact, decimal_text, depth
+from daemon.core.json_input import MAX_DECIMAL_CHARS, MAX_DEPTH, NotExact, decimal_text, depth
 
 KEY_PREFIX: Final = "wh"
 QUARANTINE_REASONS: Final = frozenset({
     "not_utf8", "malformed", "too_deep", "duplicate_keys", "not_jsonapi", "unknown_event",
     "missing_field", "unsupported_number", "too_many_events",
+    # Settling, not normalizing: a row of its events/WorkItems the database cannot take
+    # (larger than one statement may be; a value the server refuses).
+    "too_large_to_store", "refused_by_database", "control_character",
 })
+# One sentence per reason (the console's legend; each quarantine's own detail says more).
+QUARANTINE_SENTENCES: Final = {
+    "not_utf8": "the body is not valid UTF-8",
+    "malformed": "the body is not one JSON document",
+    "too_deep": "the JSON nests deeper than the limit",
+    "duplicate_keys": "a JSON object repeats a key",
+    "not_jsonapi": "the body is not the JSON:API document the route's contract declares",
+    "unknown_event": "the event name is not one the route's contract maps",
+    "missing_field": "a field the route's contract requires is missing or of the wrong type",
+    "unsupported_number": "a number is longer than its exact decimal text may be",
+    "control_character": "a string or key holds a NUL character (\\u0000)",
+    "too_many_events": "the batch holds more events than the limit",
+    "too_large_to_store": "one of its rows is larger than the database takes in one"
+                          " statement (max_allowed_packet)",
+    "refused_by_database": "the database refused a value of its events or WorkItems",
+}
+# Why a settlement left receipts ``received`` (integrationd_ingress_unsettled{reason}),
+# each with what it means, for the console.
+UNSETTLED_SENTENCES: Final = {
+    "database_unavailable": "the database did not answer (they are settled once it does)",
+    "commit_unknown": "the connection was lost during COMMIT (the next pass finds out)",
+    "contention": "other transactions kept conflicting with the settlement",
+    "storage_error": "the database failed the settlement with an error of its own",
+}
+UNSETTLED_REASONS: Final = tuple(UNSETTLED_SENTENCES)
 FORMATS: Final = frozenset({"jsonapi", "json"})
 MAX_BATCH_EVENTS: Final = 1000
 
@@ -200,17 +230,60 @@ class _Inexact(ValueError):
     pass
 
 
+def _integer(literal: str) -> int:
+    # Python's int() refuses more than 4,300 digits with a ValueError of its own (which
+    # read as "malformed"); the documented bound is the exact text's length, as for
+    # fractions.
+    if len(literal) > MAX_DECIMAL_CHARS:
+        raise _Inexact(f"an integer of {len(literal)} characters")
+    return int(literal)
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string of ``value``, object keys included, without recursion."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            yield from item
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _text_problem(value: Any) -> Quarantine | None:
+    """A string that is not text the Flow may apply: a lone UTF-16 surrogate (only a
+    ``\\uD800``-``\\uDFFF`` escape makes one: it has no UTF-8 form, so the body is
+    not UTF-8 text in effect) or a NUL (only ``\\u0000`` makes one: the CRM's records
+    and most stores treat it as an end of string, so it is never applied)."""
+    for text in _strings(value):
+        if "\x00" in text:
+            return Quarantine("control_character",
+                              "a string in the body holds a NUL character (\\u0000)")
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                return Quarantine("not_utf8", "a string in the body holds a lone UTF-16"
+                                  " surrogate escape, which is not text")
+    return None
+
+
 def parse_body(raw: bytes, max_depth: int = MAX_DEPTH) -> Any | Quarantine:
     """The JSON value of a webhook body, or why it is refused (strict: UTF-8, no
-    duplicate keys, bounded nesting; a fractional number becomes its exact decimal text,
-    :func:`daemon.core.json_input.decimal_text`)."""
+    duplicate keys, bounded nesting, no lone surrogate and no NUL in any string or key;
+    a fractional number becomes its exact decimal text,
+    :func:`daemon.core.json_input.decimal_text`; a number, integer or not, whose exact
+    text is longer than :data:`MAX_DECIMAL_CHARS` is ``unsupported_number``)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         return Quarantine("not_utf8", "the body is not valid UTF-8")
     try:
         value = json.loads(text, object_pairs_hook=_pairs, parse_constant=_refuse_constant,
-                           parse_float=_exact)
+                           parse_float=_exact, parse_int=_integer)
     except _DuplicateKey:
         return Quarantine("duplicate_keys", "an object in the body repeats a key")
     except _Inexact:
@@ -222,6 +295,10 @@ def parse_body(raw: bytes, max_depth: int = MAX_DEPTH) -> Any | Quarantine:
         return Quarantine("malformed", "the body is not valid JSON")
     if depth(value) > max_depth:
         return Quarantine("too_deep", f"the body nests deeper than {max_depth} levels")
+    # Both come only from a \\u escape (raw bytes that are not UTF-8 fail the decode, and
+    # JSON refuses a raw control character in a string): most bodies need no walk.
+    if "\\u" in text and (problem := _text_problem(value)) is not None:
+        return problem
     return value
 
 

@@ -20,6 +20,7 @@ from daemon.api.app import ApiContext, create_api_app
 from daemon.core.inbound_change import INBOUND_APPLY_FAMILY
 from daemon.core.work import Fence, WorkItem
 from daemon.providers.executor import BoundedHttp, HttpExecutor
+from daemon.services import logs
 from daemon.services.batcher import Batcher
 from daemon.services.catalog_view import CatalogView
 from daemon.services.checkpoints import CheckpointBatcher
@@ -76,12 +77,23 @@ def build_ingress(settings: Settings, store: WorkStore, clock: Clock, metrics: M
         directory = Path(settings.base_dir) / directory
     spool = IngressSpool(directory, s.spool_max_bytes, on_change=metrics.set_spool)
     spool.open()
+    if s.max_body_bytes * 6 > store.db.max_statement_bytes:
+        # A body's event attributes may take six bytes a character of it (JSON escapes):
+        # such a receipt would be quarantined (too_large_to_store), or refused before its
+        # 200 when even its body does not fit.
+        logs.warn("ingress_body_limit_over_database", max_body_bytes=s.max_body_bytes,
+                  max_statement_bytes=store.db.max_statement_bytes)
 
     async def flush(batch: Sequence[IngressReceipt]) -> Sequence[ReceiptInsert | StorageError]:
         return await store.ingress_receipts_insert(batch, clock.now_us())
 
     # Concurrent deliveries' receipts share one transaction (one fsync / COMMIT).
-    receipts: Batcher[IngressReceipt, ReceiptInsert] = Batcher(flush, max_batch=256)
+    # Bounded by bytes too (a row is the body as base64 plus its columns): a burst of large
+    # bodies is several transactions, each within the database's statement limit.
+    receipts: Batcher[IngressReceipt, ReceiptInsert] = Batcher(
+        flush, max_batch=256, weigh=lambda r: len(r.body) * 4 // 3 + 1024,
+        max_bytes=lambda: store.db.max_statement_bytes,
+        on_split=metrics.batch_splits.labels("ingress_receipt").inc)
 
     async def insert(receipt: IngressReceipt, now_us: int) -> ReceiptInsert:
         return await receipts.submit(receipt)
@@ -149,6 +161,9 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
 
     checkpoints = CheckpointBatcher(store, clock)
     contexts: Batcher[tuple[str, str], EffectContextRow | None] = Batcher(store.effect_contexts)
+    if metrics is not None:
+        checkpoints.batcher.on_split = metrics.batch_splits.labels("effect_checkpoint").inc
+        contexts.on_split = metrics.batch_splits.labels("effect_context").inc
     catalogs = CatalogView(store, catalog)
     credentials = build_credentials(settings, store, clock, os.environ)
     runner = EffectRunner(
@@ -171,6 +186,8 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
 
     # Receipt deliveries prove their claims live in shared transactions.
     fences: Batcher[Fence, None] = Batcher(prove_fences)
+    if metrics is not None:
+        fences.on_split = metrics.batch_splits.labels("receipt_fence").inc
     sender = ReceiptSender(settings=settings, client=runtime_client, fences=fences)
     if metrics is not None:
         sender.on_result = metrics.count_receipt

@@ -22,8 +22,9 @@ before the request body has been received in full:
   the request) or ``drain_timeout_s`` has passed, so the connection is reused
   cleanly; a client that never sends its body loses the connection after the
   timeout, never the answer;
-* otherwise (a declared body over the bound, no response length): answers with
-  ``Connection: close``, and the server closes the connection after the answer.
+* otherwise (a declared body over the bound, no response length, a 408 or a 413):
+  answers with ``Connection: close``, and the server closes the connection after the
+  answer.
 
 In both cases the final send runs shielded from the request's teardown, so the
 server's own bookkeeping (reuse or close) always completes.
@@ -99,7 +100,10 @@ class _Exchange:
             headers = list(message.get("headers", ()))
             has_length = any(k.lower() == b"content-length" for k, _ in headers)
             within = self.declared is None or self.declared <= self.max_drain_bytes
-            self.drain = has_length and within
+            # A 408 (the body is late) or 413 (it is too large) is never drained: waiting
+            # for that body is what the answer refuses. The connection closes, saying so.
+            closing = message.get("status") in (408, 413)
+            self.drain = has_length and within and not closing
             if not self.drain:
                 headers.append((b"connection", b"close"))
                 message = {**message, "headers": headers}

@@ -8,6 +8,9 @@ bound socket is handed to hypercorn as ``fd://``.
 Hypercorn's own log lines (its "Running on ..." banner, connection errors) go
 through a filter that gives them a stable event name and keeps the text as a
 field, so no log line ever uses a server banner as its ``event``.
+
+Every listener's app is served behind :class:`~daemon.services.http_edges.HttpEdges` (the
+head-size bound, ambiguous framing, ``Connection: close`` on 408 and 413).
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ from __future__ import annotations
 import errno
 import logging
 import socket
-from typing import Any
+from typing import Any, cast
 
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 from quart_trio import QuartTrio
+
+from daemon.services.http_edges import DEFAULT_MAX_HEADER_BYTES, AsgiApp, HttpEdges
 
 
 class ListenerError(Exception):
@@ -101,6 +106,10 @@ async def serve_app(
     cancelled. ``max_header_bytes`` bounds the request line and headers;
     ``keep_alive_timeout_s`` also bounds a client that sends its headers slowly."""
     sock = bind_listener(listen, name)
+    # Any ASGI app (Quart's own signature is typed apart from the plain ASGI callable).
+    edges: Any = HttpEdges(cast(AsgiApp, app),
+                           max_header_bytes=max_header_bytes or DEFAULT_MAX_HEADER_BYTES,
+                           listener=name or "http")
     config = Config()
     # Hypercorn adopts the bound socket (and closes it when done).
     config.bind = [f"fd://{sock.detach()}"]
@@ -116,7 +125,7 @@ async def serve_app(
     async def hypercorn_serve(
         *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        await serve(app, config, task_status=task_status)
+        await serve(edges, config, task_status=task_status)
 
     async with trio.open_nursery() as nursery:
         bound: list[str] = await nursery.start(hypercorn_serve)

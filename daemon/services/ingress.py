@@ -9,7 +9,9 @@ served by hypercorn on trio on its own listener (``[ingress] listen``)::
     max_body_bytes (413) and request_deadline (408) -> verify, pure (401)
     -> a match with a route's previous secret that retired itself (401)
     -> receipt within request_deadline more: the database within db_deadline, else the
-    local spool -> 200
+    local spool -> 200; a receipt larger than the database takes in one statement
+    (MariaDB's max_allowed_packet) is refused before its 200 (413, counted
+    too_large_to_store): neither the database nor the spool's forwarder could ever store it
     (a duplicate is 200 too); the spool full -> 503
 
 After the database failed to take a receipt in time, the following ones go straight to the
@@ -46,7 +48,7 @@ from daemon.services.metrics import Metrics
 from daemon.services.secret_retirements import SecretRetirements
 from storage.idgen import new_ulid
 from storage.ingress.receipts import IngressReceipt, ReceiptInsert
-from storage.port import StorageError
+from storage.port import StatementTooLarge, StorageError
 
 PREFIX = "/hooks/"
 # How long receipts skip the database (straight to the spool) after it failed to take one
@@ -105,7 +107,8 @@ class IngressApp:
         self.metrics.ingress_seconds.observe(time.monotonic() - started)
 
     async def _answer(self, send: Send, status: int, code: str, message: str,
-                      route: str = "", counted: str = "") -> int:
+                      route: str = "", counted: str = "",
+                      headers: tuple[tuple[bytes, bytes], ...] = ()) -> int:
         if status != 200:
             self.metrics.count_ingress(counted or code)
             logs.warn("ingress_refused", route=route[:64], status=status,
@@ -114,7 +117,8 @@ class IngressApp:
         try:
             await send({"type": "http.response.start", "status": status,
                         "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(body)).encode())]})
+                                    (b"content-length", str(len(body)).encode()),
+                                    *headers]})
             await send({"type": "http.response.body", "body": body})
         except Exception as exc:  # the server says "the client is gone", in its own way
             # The client went away before its answer (a 200's receipt is durable anyway).
@@ -129,7 +133,8 @@ class IngressApp:
         if bound is None:
             return await self._answer(send, 404, "unknown_route", "no such webhook route")
         if scope.get("method") != "POST":
-            return await self._answer(send, 405, "method", "only POST", route_name)
+            return await self._answer(send, 405, "method", "only POST", route_name,
+                                      headers=((b"allow", b"POST"),))
         headers: dict[str, str] = {}
         for name, value in scope.get("headers", []):
             key = name.decode("latin-1").lower()
@@ -206,6 +211,11 @@ class IngressApp:
             with trio.move_on_at(db_until):
                 try:
                     result = await self.insert(receipt, now_us)
+                except StatementTooLarge:
+                    self._db_suspect_until = 0.0  # the database answered
+                    return await self._answer(
+                        send, 413, "too_large", "the body is too large to be stored",
+                        route.route, counted="too_large_to_store")
                 except StorageError as exc:
                     logs.warn("ingress_database_unavailable", route=route.route,
                               error=str(exc)[:200])

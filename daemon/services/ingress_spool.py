@@ -16,7 +16,10 @@ On disk: ``<spool_dir>/segment-<ulid>.spool`` files, append-only. Each record is
 before :meth:`IngressSpool.append` returns; a new segment's directory entry is fsynced too.
 A torn tail (a crash mid-append, which was never answered 200) fails its checksum and is
 dropped; a bad record before the tail stops the segment, which is renamed ``.bad`` and
-counted, so nothing unreadable is silently deleted.
+counted, so nothing unreadable is silently deleted. A record the database refuses for
+good (larger than one statement may be: never the case for a receipt ingress refused with
+413, but the database's limit may have been lowered since) does not stop the forwarder:
+its segment is kept as ``.held`` and the records after it are forwarded.
 
 The forwarder *seals* the active segment (new appends go to a new one), forwards every
 record of every sealed segment, then unlinks it. A restart finds the segments left and
@@ -44,6 +47,7 @@ import trio
 from daemon.services import logs
 from storage.idgen import new_ulid
 from storage.ingress.receipts import IngressReceipt
+from storage.port import StorageError, deterministic
 
 MAGIC = b"IGS1"
 _HEADER = struct.Struct(">4sI32s")
@@ -248,9 +252,11 @@ class IngressSpool:
             self._pending.pop(r.receipt_id, None)
         self._changed()
 
-    def set_aside(self, segment: Path, size: int, receipts: list[IngressReceipt]) -> None:
-        """A segment with an unreadable record before its end: kept as ``.bad``."""
-        segment.rename(segment.with_suffix(".bad"))
+    def set_aside(self, segment: Path, size: int, receipts: list[IngressReceipt],
+                  suffix: str = ".bad") -> None:
+        """A segment with an unreadable record before its end: kept as ``.bad``; one with a
+        record the database refuses for good (larger than a statement may be): ``.held``."""
+        segment.rename(segment.with_suffix(suffix))
         self.bad_segments += 1
         self._bytes = max(0, self._bytes - size)
         for r in receipts:
@@ -276,9 +282,21 @@ class SpoolForwarder:
         for segment in await self.spool.seal():
             data = await trio.to_thread.run_sync(segment.read_bytes)
             receipts, end = decode_records(data)
+            held = 0
             for receipt in receipts:
-                await self.insert(receipt)
-            if not torn_tail(data, end):
+                try:
+                    await self.insert(receipt)
+                except StorageError as exc:
+                    if not deterministic(exc):
+                        raise
+                    # Answered 200, and the database will never take it as it is: kept on
+                    # disk (the segment is set aside, not deleted), the others go on.
+                    held += 1
+                    logs.warn("ingress_spool_record_unstorable", segment=segment.name,
+                              receipt=receipt.receipt_id, error=str(exc)[:300])
+            if held:
+                self.spool.set_aside(segment, len(data), receipts, suffix=".held")
+            elif not torn_tail(data, end):
                 logs.warn("ingress_spool_bad_segment", segment=segment.name,
                           records=len(receipts), unreadable_bytes=len(data) - end)
                 self.spool.set_aside(segment, len(data), receipts)

@@ -21,6 +21,19 @@ receipt of a route this configuration no longer has stays ``received`` (a route 
 mistake must not quarantine its backlog): the materializer reads only the receipts of its
 configured routes, so such a receipt waits, counted on the console, without blocking the
 others.
+
+Never stalled by one receipt (issue 21): a pass settles its receipts in transactions
+bounded by bytes as well as by rows (a settlement writes each receipt's events and
+WorkItems, about as large as its body: at most ``max_statement_bytes`` of bodies a
+transaction; the adapter cuts each batched INSERT to fit the statement limit). A
+settlement that fails with an error of its own statements (:func:`storage.port.
+deterministic`) is split in halves, down to the one receipt at fault, which is quarantined
+with its stable reason: ``too_large_to_store`` (one of its rows is larger than the
+database takes in one statement: MariaDB's ``max_allowed_packet``) or
+``refused_by_database`` (the server refused a value of it). A failure of the database's
+state (unreachable, an unknown COMMIT, contention) leaves the receipts ``received`` for
+the next pass, counted by why (``integrationd_ingress_unsettled``: the console and the
+IntegrationdIngressUnsettled alert say it).
 """
 
 from __future__ import annotations
@@ -34,7 +47,7 @@ from config.catalog import Catalog
 from config.definitions import WebhookDefinition
 from config.settings import BindingSettings, WebhookRoute
 from daemon.core.inbound_change import BadInboundChange, InboundChange
-from daemon.core.ingress import Quarantine, event_key, normalize
+from daemon.core.ingress import UNSETTLED_REASONS, Quarantine, event_key, normalize
 from daemon.services import logs
 from daemon.services.clock import Clock
 from daemon.services.metrics import Metrics
@@ -43,9 +56,48 @@ from storage.ingress.receipts import (
     Materialization,
     NormalizedEvent,
     QuarantineParams,
+    Settled,
 )
-from storage.port import StorageError
+from storage.port import (
+    CommitOutcomeUnknown,
+    DatabaseUnavailable,
+    RetriesExhausted,
+    RetryableConflict,
+    StatementTooLarge,
+    StorageError,
+    StorageRefused,
+    deterministic,
+)
 from storage.work_store import WorkStore
+
+_Plan = tuple[IngressReceipt, Materialization | QuarantineParams]
+
+
+def unsettled_reason(exc: StorageError) -> str:
+    """Why a settlement left its receipts ``received`` (a label of
+    ``integrationd_ingress_unsettled``)."""
+    if isinstance(exc, CommitOutcomeUnknown):
+        return "commit_unknown"
+    if isinstance(exc, DatabaseUnavailable):
+        return "database_unavailable"
+    if isinstance(exc, RetriesExhausted | RetryableConflict):
+        return "contention"
+    return "storage_error"
+
+
+def unstorable(receipt_id: str, exc: StorageError) -> QuarantineParams:
+    """The quarantine of a receipt whose events or WorkItems the database cannot take:
+    a stable reason and a sentence (sizes and codes, never values)."""
+    if isinstance(exc, StatementTooLarge):
+        return QuarantineParams(
+            receipt_id=receipt_id, reason="too_large_to_store",
+            detail=("one of its rows (its events and WorkItems) is larger than the database"
+                    f" takes in one statement ({exc.limit} bytes: the server's"
+                    " max_allowed_packet)"))
+    code = exc.code if isinstance(exc, StorageRefused) else 0
+    return QuarantineParams(
+        receipt_id=receipt_id, reason="refused_by_database",
+        detail=f"the database refused a value of its events or WorkItems (error {code})")
 
 
 @attrs.define(eq=False)
@@ -59,6 +111,10 @@ class Materializer:
     interval_s: float = 0.5
     max_attempts: int = 8
     _wake: trio.Event = attrs.field(factory=trio.Event)
+    # Receipts of the latest pass left ``received`` by a failed settlement, by why.
+    unsettled: dict[str, int] = attrs.field(factory=dict)
+    # Receipts quarantined instead of the plan they came with (their rows did not fit).
+    _settled_plan: dict[str, Materialization | QuarantineParams] = attrs.field(factory=dict)
 
     def wake(self) -> None:
         self._wake.set()
@@ -126,9 +182,10 @@ class Materializer:
                                work=tuple(specs))
 
     async def settle_many(self, receipts: list[IngressReceipt]) -> list[str]:
-        """Materialize or quarantine receipts in one transaction: per receipt
-        ``materialized``, ``quarantined``, ``settled_elsewhere`` or ``no_route``."""
-        plans: list[tuple[IngressReceipt, Materialization | QuarantineParams]] = []
+        """Materialize or quarantine receipts (transactions bounded by bytes): per receipt
+        ``materialized``, ``quarantined``, ``settled_elsewhere``, ``no_route`` or
+        ``unsettled`` (a failure of the database's state: it stays ``received``)."""
+        plans: list[_Plan] = []
         outcome: dict[str, str] = {}
         accounts = await self.accounts(receipts)
         for receipt in receipts:
@@ -143,10 +200,26 @@ class Materializer:
                 outcome[receipt.receipt_id] = "no_route"
             else:
                 plans.append((receipt, plan))
-        if plans:
-            settled = await self.store.ingress_settle_counted([p for _, p in plans],
-                                                              self.clock.now_us())
-            for (receipt, plan), done in zip(plans, settled, strict=True):
+        unsettled: dict[str, int] = {}
+        for group in self._groups(plans):
+            answers = await self._settle_split(group)
+            failed = [(r, a) for (r, _), a in zip(group, answers, strict=True)
+                      if isinstance(a, StorageError)]
+            for receipt, error in failed:
+                reason = unsettled_reason(error)
+                unsettled[reason] = unsettled.get(reason, 0) + 1
+                outcome[receipt.receipt_id] = "unsettled"
+            if failed:
+                receipt, error = failed[0]
+                if unsettled_reason(error) != "storage_error":
+                    self.metrics.db_errors.labels("ingress_materialize").inc()
+                logs.warn("ingress_materialize_failed", error=str(error)[:300],
+                          reason=unsettled_reason(error), receipts=len(failed),
+                          first_receipt=receipt.receipt_id)
+            for (receipt, plan), done in zip(group, answers, strict=True):
+                if isinstance(done, StorageError):
+                    continue
+                plan = self._settled_plan.pop(receipt.receipt_id, plan)
                 if not done.won:
                     outcome[receipt.receipt_id] = "settled_elsewhere"
                 elif isinstance(plan, Materialization):
@@ -162,7 +235,54 @@ class Materializer:
                     self.metrics.ingress_quarantined.labels(plan.reason).inc()
                     logs.warn("ingress_receipt_quarantined", receipt=receipt.receipt_id,
                               route=receipt.route, reason=plan.reason)
+        self.unsettled = unsettled
+        for reason in UNSETTLED_REASONS:
+            self.metrics.ingress_unsettled.labels(reason).set(unsettled.get(reason, 0))
         return [outcome[r.receipt_id] for r in receipts]
+
+    def _groups(self, plans: list[_Plan]) -> list[list[_Plan]]:
+        """Consecutive plans, at most ``max_statement_bytes`` of bodies each (at least one
+        plan): a settlement writes about its bodies' size in events and WorkItems."""
+        budget = self.store.db.max_statement_bytes
+        groups: list[list[_Plan]] = []
+        size = 0
+        for plan in plans:
+            weight = len(plan[0].body) + 1024
+            if groups and groups[-1] and size + weight <= budget:
+                groups[-1].append(plan)
+                size += weight
+            else:
+                groups.append([plan])
+                size = weight
+        return groups
+
+    async def _settle_split(self, plans: list[_Plan]) -> list[Settled | StorageError]:
+        """Settle ``plans`` in one transaction; a failure of its own statements is split
+        down to the receipt at fault, which is quarantined (or, when even that cannot be
+        written, answered with its error). The database's own failures answer every plan."""
+        try:
+            return list(await self.store.ingress_settle_counted(
+                [p for _, p in plans], self.clock.now_us()))
+        except StorageError as exc:
+            if not deterministic(exc):
+                return [exc] * len(plans)
+            failed = exc
+        if len(plans) > 1:
+            self.metrics.batch_splits.labels("ingress_settle").inc()
+            half = len(plans) // 2
+            return [*await self._settle_split(plans[:half]),
+                    *await self._settle_split(plans[half:])]
+        ((receipt, plan),) = plans
+        if isinstance(plan, QuarantineParams):
+            return [failed]
+        quarantine = unstorable(receipt.receipt_id, failed)
+        try:
+            (done,) = await self.store.ingress_settle_counted([quarantine],
+                                                              self.clock.now_us())
+        except StorageError as exc:
+            return [exc]
+        self._settled_plan[receipt.receipt_id] = quarantine
+        return [done]
 
     async def settle(self, receipt: IngressReceipt) -> str:
         (outcome,) = await self.settle_many([receipt])
@@ -183,7 +303,7 @@ class Materializer:
         while True:
             try:
                 settled = await self.run_once()
-            except StorageError as exc:
+            except StorageError as exc:  # reading the pending receipts failed
                 self.metrics.db_errors.labels("ingress_materialize").inc()
                 logs.warn("ingress_materialize_failed", error=str(exc)[:300])
                 settled = 0

@@ -30,7 +30,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from daemon.core.grant_reasons import REASONS
-from daemon.core.ingress import QUARANTINE_REASONS
+from daemon.core.ingress import QUARANTINE_REASONS, UNSETTLED_REASONS
 from daemon.core.quota import ResetIgnored
 from storage.port import DbStats, QueueDepth
 from storage.retention.rules import pruned_tables
@@ -72,10 +72,14 @@ QUOTA_RESET_IGNORED = tuple(r.value for r in ResetIgnored)
 # Result labels of integrationd_ingress_deliveries_total (answered 200) and reasons of
 # integrationd_ingress_rejections_total (answered otherwise, before a durable receipt).
 INGRESS_RESULTS = ("stored", "duplicate", "spooled")
+# Labels of integrationd_db_batch_splits_total: the group-committed writes.
+BATCHED_WRITES = ("ingress_receipt", "ingress_settle", "effect_checkpoint", "effect_context",
+                  "receipt_fence")
+
 INGRESS_REJECTIONS = ("unknown_route", "method", "content_type", "too_large", "deadline",
                       "missing_signature", "bad_signature", "missing_timestamp",
                       "bad_timestamp", "stale_timestamp", "no_secret", "retired_secret",
-                      "spool_full", "disconnected")
+                      "spool_full", "disconnected", "too_large_to_store")
 
 
 def admission_result(admission: str, created: bool) -> str:
@@ -212,6 +216,16 @@ class Metrics:
             ["operation"],
             registry=r,
         )
+        self.batch_splits = Counter(
+            "integrationd_db_batch_splits",
+            "Batched writes split after failing with an error of their own statements (a"
+            " row larger than the database takes in one statement, a value it refuses):"
+            " each half is written again, and the row at fault alone fails",
+            ["write"],
+            registry=r,
+        )
+        for write in BATCHED_WRITES:
+            self.batch_splits.labels(write)
         self.effect_attempts = Counter(
             "integrationd_effect_attempts",
             "External calls made through DoOnce, by L1 operation and outcome class",
@@ -450,6 +464,15 @@ class Metrics:
         )
         for reason in sorted(QUARANTINE_REASONS):
             self.ingress_quarantined.labels(reason)
+        self.ingress_unsettled = Gauge(
+            "integrationd_ingress_unsettled",
+            "Receipts this replica's materializer tried and could not settle on its latest"
+            " pass (they stay received and are tried again), by why",
+            ["reason"],
+            registry=r,
+        )
+        for reason in UNSETTLED_REASONS:
+            self.ingress_unsettled.labels(reason)
         self.ingress_duplicate_events = Counter(
             "integrationd_ingress_duplicate_events",
             "Events of materialized receipts that an earlier receipt already held (same"

@@ -61,6 +61,7 @@ from daemon.services.activity_log import run_activity_summaries
 from daemon.services.clock import Clock
 from daemon.services.completer import Completer
 from daemon.services.families import FamilyRegistry
+from daemon.services.http_guard import EarlyRefusalGuard
 from daemon.services.http_server import serve_app
 from daemon.services.lease_keeper import LeaseKeeper
 from daemon.services.metrics import Metrics
@@ -224,7 +225,10 @@ class Replica:
                     functools.partial(serve_app, name="ingress",
                                       max_header_bytes=ingress.max_header_bytes,
                                       keep_alive_timeout_s=ingress.request_deadline),
-                    self.ingress_app, ingress.listen,
+                    # An early refusal (404/405/415/413 before the body is read) never
+                    # stalls a kept-alive connection (daemon/services/http_guard.py).
+                    EarlyRefusalGuard(self.ingress_app, ingress.max_body_bytes),
+                    ingress.listen,
                 )
 
             # Start-up: listeners are bound (a port in use has failed by now) and

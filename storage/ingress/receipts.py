@@ -158,6 +158,8 @@ class IngressCounts:
     by_state: dict[str, int]
     oldest_received_us: int | None   # the oldest receipt still waiting to be materialized
     duplicates: int
+    # Quarantined receipts per stable reason.
+    quarantined_by_reason: dict[str, int] = attrs.field(factory=dict)
 
 
 def receipt_from_row(row: Row) -> IngressReceipt:
@@ -493,7 +495,10 @@ class IngressReceipts:
                 "SELECT MIN(received_at_us) FROM ingress_receipts WHERE state = ?",
                 (RECEIVED,))
             oldest = rows[0][0] if rows else None
+            reasons = {str(reason): int(count) for reason, count in await tx.fetchall(
+                "SELECT quarantine_reason, COUNT(*) FROM ingress_receipts WHERE state = ?"
+                " GROUP BY quarantine_reason", (QUARANTINED,))}
             return IngressCounts(by_state, None if oldest is None else int(oldest),
-                                 duplicates)
+                                 duplicates, reasons)
 
         return await self.db.transact(body, name="ingress.counts", write=False)

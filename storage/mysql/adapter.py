@@ -35,6 +35,15 @@ transaction body by ``transaction_timeout_s``. A timeout raises
 connection, no longer in step, is closed. Refusals that waiting cannot fix
 (access denied, unknown database) raise :class:`DatabaseRejected`.
 
+Statement size: the server refuses a statement larger than its ``max_allowed_packet``
+(16 MiB by default) by closing the connection, which the client sees as "connection lost
+(2006)" and would take for an unreachable server. The limit is read at every connect, each
+statement is measured as it will be sent (its parameters escaped) before it is sent, and
+one larger than the limit raises :class:`StatementTooLarge` without being sent (the
+connection and the transaction stay usable). ``executemany`` cuts a multi-row INSERT into
+statements that each fit, so a batch is bounded by bytes as well as by rows; a single row
+that does not fit raises :class:`StatementTooLarge` before any of the batch is sent.
+
 Sessions run at READ COMMITTED (fewer gap locks for the claim path's point
 updates), strict SQL mode, utf8mb4, and ``CLIENT.FOUND_ROWS`` so that the
 affected-row count means *matched* rows, as it does on SQLite.
@@ -68,7 +77,9 @@ from storage.port import (
     RetriesExhausted,
     Row,
     SqlTx,
+    StatementTooLarge,
     StorageError,
+    StorageRefused,
 )
 
 T = TypeVar("T")
@@ -80,6 +91,16 @@ T = TypeVar("T")
 # a batch is one multi-row INSERT, statement-atomic on InnoDB.
 _INSERT_VALUES = re.compile(r"\s*(INSERT\b.+?\bVALUES\s*)(\(.*\))\s*\Z", re.DOTALL)
 MULTI_ROW_CHUNK = 500
+# The server's default max_allowed_packet (MariaDB 10.6+, MySQL 8): the limit assumed until
+# the first connect has read the server's own.
+DEFAULT_MAX_PACKET = 16 * 1024 * 1024
+# A statement's packet also carries the command byte; the rest is margin.
+PACKET_HEADROOM = 1024
+# "Got a packet bigger than 'max_allowed_packet' bytes": the server closes the connection.
+PACKET_TOO_LARGE_CODE = 1153
+# Incorrect string value, incorrect/truncated value, incorrect integer value: the server's
+# text quotes the value.
+QUOTES_VALUE_CODES = frozenset({1366, 1367, 1292, 1411})
 # Transactions that never queue behind the pool's other users: a lease renewal waiting for
 # a connection behind the very handlers whose claims it keeps alive arrives after the
 # lease's local trust horizon on a slow database, every claim is dropped and reclaimed, and
@@ -205,8 +226,9 @@ class _MysqlTx:
     back after it. When it fires, :meth:`timed_out` says which bound it was."""
 
     def __init__(self, conn: Any, stats: DbStats, timeout_s: float, name: str,
-                 bound: trio.CancelScope) -> None:
+                 bound: trio.CancelScope, max_statement_bytes: int = DEFAULT_MAX_PACKET) -> None:
         self._conn = conn
+        self._max_bytes = max_statement_bytes
         self._stats = stats
         self._timeout_s = timeout_s
         self._name = name
@@ -237,10 +259,25 @@ class _MysqlTx:
         """Between statements only the transaction's bound applies."""
         self._bound.deadline = self._tx_deadline
 
+    def _too_large(self, size: int, what: str) -> StatementTooLarge:
+        return StatementTooLarge(
+            f"{self._name}: {what} of {size} bytes is larger than the server takes in one"
+            f" statement ({self._max_bytes} bytes: max_allowed_packet less"
+            f" {PACKET_HEADROOM})", size=size, limit=self._max_bytes)
+
+    def _sized(self, query: str) -> bytes:
+        """The statement as it is sent, or :class:`StatementTooLarge` (nothing sent)."""
+        data = query.encode("utf-8")
+        if len(data) > self._max_bytes:
+            raise self._too_large(len(data), "a statement")
+        return data
+
     async def _run(self, cur: Any, sql: str, params: Sequence[Any]) -> None:
+        # Formatted here (as the driver would) so that its size is known before it is sent.
+        query = self._sized(cur.mogrify(to_pyformat(sql), tuple(params)) if params else sql)
         self._arm("a statement")
         try:
-            await cur.execute(to_pyformat(sql), tuple(params))
+            await cur.execute(query)
         finally:
             self._disarm()
 
@@ -269,23 +306,59 @@ class _MysqlTx:
         insert = _INSERT_VALUES.match(sql)
         if insert is None:  # not a plain INSERT ... VALUES (...): one statement per row
             return sum([await self.execute(sql, row) for row in rows])
-        prefix, values = insert.group(1), insert.group(2)
-        chunks = [rows[i:i + MULTI_ROW_CHUNK] for i in range(0, len(rows), MULTI_ROW_CHUNK)]
-        if len(chunks) == 1:
-            return await self.execute(
-                prefix + ", ".join([values] * len(rows)), [v for row in rows for v in row])
+        statements = self._multi_row(insert.group(1), insert.group(2), rows)
+        if len(statements) == 1:
+            return await self._send(statements[0])
         # Several statements: a savepoint keeps the batch all-or-nothing.
         await self.execute("SAVEPOINT executemany")
         try:
             count = 0
-            for chunk in chunks:
-                count += await self.execute(
-                    prefix + ", ".join([values] * len(chunk)), [v for row in chunk for v in row])
+            for statement in statements:
+                count += await self._send(statement)
         except DuplicateKey:  # other errors end the whole transaction anyway
             await self.execute("ROLLBACK TO SAVEPOINT executemany")
             raise
         await self.execute("RELEASE SAVEPOINT executemany")
         return count
+
+    def _multi_row(self, prefix: str, values: str, rows: Sequence[Sequence[Any]]
+                   ) -> list[bytes]:
+        """Multi-row INSERTs for ``rows``, each within the statement limit and
+        ``MULTI_ROW_CHUNK`` rows; :class:`StatementTooLarge` (before anything is sent)
+        when one row alone does not fit."""
+        head = prefix.encode("utf-8")  # no placeholders before VALUES
+        pattern = to_pyformat(values)
+        literal = self._conn.literal
+        statements: list[bytes] = []
+        parts: list[bytes] = []
+        size = len(head)
+        for row in rows:
+            text = (pattern % tuple(literal(v) for v in row)).encode("utf-8")
+            if len(head) + len(text) > self._max_bytes:
+                raise self._too_large(len(head) + len(text), "one row")
+            if parts and (size + 2 + len(text) > self._max_bytes
+                          or len(parts) == MULTI_ROW_CHUNK):
+                statements.append(head + b", ".join(parts))
+                parts, size = [], len(head)
+            size += len(text) + (2 if parts else 0)
+            parts.append(text)
+        statements.append(head + b", ".join(parts))
+        return statements
+
+    async def _send(self, statement: bytes) -> int:
+        """One statement already formatted and measured."""
+        self._stats.statements += 1
+        cur = self._conn.cursor()
+        self._arm("a statement")
+        try:
+            await cur.execute(statement)
+        except trio_mysql.IntegrityError as exc:
+            if _code(exc) == DUPLICATE_KEY_CODE:
+                raise DuplicateKey(str(exc.args[-1])) from None
+            raise
+        finally:
+            self._disarm()
+        return int(cur.rowcount)
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
         self._stats.statements += 1
@@ -309,6 +382,7 @@ class MysqlDatabase:
         connect_timeout_s: float = 5.0,
         statement_timeout_s: float = 15.0,
         transaction_timeout_s: float = 30.0,
+        max_statement_bytes: int | None = None,
     ) -> None:
         self.target = target
         self.stats = DbStats()
@@ -322,6 +396,19 @@ class MysqlDatabase:
         self._reserved = trio.Semaphore(1)
         self._abandon_at = math.inf
         self._shields: set[trio.CancelScope] = set()
+        # The server's max_allowed_packet less PACKET_HEADROOM, read at every connect (an
+        # operator may change it); ``max_statement_bytes`` (tests, a proxy with a smaller
+        # limit) lowers it further.
+        self._cap = max_statement_bytes
+        self._max_statement_bytes = self._capped(DEFAULT_MAX_PACKET)
+
+    def _capped(self, packet: int) -> int:
+        limit = packet - PACKET_HEADROOM
+        return limit if self._cap is None else min(limit, self._cap)
+
+    @property
+    def max_statement_bytes(self) -> int:
+        return self._max_statement_bytes
 
     def abandon_at(self, deadline: float) -> None:
         """From ``deadline`` (trio time) on, stop waiting for a server that does not answer:
@@ -375,6 +462,10 @@ class MysqlDatabase:
                 stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 stream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
                 await conn.connect(sock=stream)
+                cur = conn.cursor()
+                await cur.execute("SELECT @@max_allowed_packet")
+                (packet,) = await cur.fetchone()
+                self._max_statement_bytes = self._capped(int(packet))
         except trio.TooSlowError:
             _close_half_open(conn, stream)
             raise DatabaseUnavailable(
@@ -457,7 +548,8 @@ class MysqlDatabase:
         conn = pooled.conn
         reusable = False
         bound = trio.CancelScope(deadline=trio.current_time() + self.transaction_timeout_s)
-        tx = _MysqlTx(conn, self.stats, self.statement_timeout_s, name, bound)
+        tx = _MysqlTx(conn, self.stats, self.statement_timeout_s, name, bound,
+                      self._max_statement_bytes)
         try:
             try:
                 with bound:
@@ -541,6 +633,11 @@ class MysqlDatabase:
             return _Retry(code)
         if code == DUPLICATE_KEY_CODE:
             return DuplicateKey(f"{name}: {message}")
+        if code == PACKET_TOO_LARGE_CODE:
+            # Measured before sending, so only when the limit fell since the last connect.
+            return StatementTooLarge(
+                f"{name}: the server refused a statement larger than its max_allowed_packet"
+                f" ({code})", size=0, limit=self._max_statement_bytes)
         if code is not None and 2000 <= code < 3000:
             return DatabaseUnavailable(f"{name}: connection lost ({code})")
         if code in (1053, 1927):  # server shutdown, connection killed
@@ -548,6 +645,12 @@ class MysqlDatabase:
         if code == NOT_READY_CODE:
             return DatabaseUnavailable(f"{name}: the server is not ready for clients ({code})"
                                        " (a cluster node joining, non-primary or refusing)")
+        if code is not None and _server_reported(exc):
+            # Codes whose text quotes the refused value (incorrect string / datetime /
+            # integer value): the value stays out of the message (seed: no payload in
+            # errors); the others name only columns and statements.
+            said = "" if code in QUOTES_VALUE_CODES else f": {message}"
+            return StorageRefused(f"{name}: mysql error {code}{said}", code=code)
         return StorageError(f"{name}: mysql error {code}: {message}")
 
     async def aclose(self) -> None:

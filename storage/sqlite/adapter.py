@@ -45,11 +45,13 @@ from storage.port import (
     RetriesExhausted,
     Row,
     SqlTx,
+    StatementTooLarge,
     StorageError,
 )
 
 T = TypeVar("T")
 
+_TOOBIG = 18  # SQLITE_TOOBIG
 _BUSY_CODES = {
     sqlite3.SQLITE_BUSY,
     sqlite3.SQLITE_LOCKED,
@@ -72,6 +74,16 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return "database is locked" in text or "database table is locked" in text
 
 
+def _too_big(conn: sqlite3.Connection, exc: sqlite3.DataError) -> StorageError:
+    """SQLITE_TOOBIG: a value larger than the connection's length limit (nothing written)."""
+    if getattr(exc, "sqlite_errorcode", None) != _TOOBIG:
+        return StorageError(f"sqlite error: {exc}")
+    limit = conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
+    return StatementTooLarge(
+        f"sqlite: a value is larger than the database takes ({limit} bytes:"
+        " SQLITE_LIMIT_LENGTH)", size=0, limit=limit)
+
+
 class _SqliteTx:
     def __init__(self, conn: sqlite3.Connection, stats: DbStats) -> None:
         self._conn = conn
@@ -81,6 +93,8 @@ class _SqliteTx:
         self._stats.statements += 1
         try:
             return self._conn.execute(sql, params)
+        except sqlite3.DataError as exc:
+            raise _too_big(self._conn, exc) from None
         except sqlite3.IntegrityError as exc:
             if "UNIQUE" in str(exc) or "PRIMARY KEY" in str(exc):
                 raise DuplicateKey(str(exc)) from None
@@ -111,6 +125,8 @@ class _SqliteTx:
                 raise StorageError(f"sqlite integrity error: {exc}") from None
             if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
                 raise _Busy() from exc
+            if isinstance(exc, sqlite3.DataError):
+                raise _too_big(self._conn, exc) from None
             raise StorageError(f"sqlite error: {exc}") from None
         self._conn.execute("RELEASE SAVEPOINT executemany")
         return count
@@ -131,6 +147,7 @@ class SqliteDatabase:
         *,
         synchronous: str = "FULL",
         retry_budget_s: float = 30.0,
+        max_statement_bytes: int | None = None,
     ) -> None:
         if synchronous.upper() not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {_SYNCHRONOUS}")
@@ -140,6 +157,8 @@ class SqliteDatabase:
         self.stats = DbStats()
         self._lock = trio.Lock()
         self._conn: sqlite3.Connection | None = None
+        # Lowers SQLITE_LIMIT_LENGTH (1e9 by default: no body ingress takes comes near it).
+        self._cap = max_statement_bytes
 
     async def open(self, *, create: bool = True) -> SqliteDatabase:
         """Open (``create``: or create) the file. Without ``create``, a missing file is
@@ -163,10 +182,17 @@ class SqliteDatabase:
                 raise DatabaseUnavailable(f"sqlite could not enter WAL mode at {self.path}")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute("PRAGMA foreign_keys = OFF")
+            if self._cap is not None:
+                conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self._cap)
         except sqlite3.Error as exc:
             raise DatabaseUnavailable(f"cannot open sqlite database {self.path}: {exc}") from None
         self._conn = conn
         return self
+
+    @property
+    def max_statement_bytes(self) -> int:
+        """SQLite binds each row of a batch alone: the bound is one value's length."""
+        return self.conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
 
     @property
     def conn(self) -> sqlite3.Connection:

@@ -38,6 +38,7 @@ class _Recorder:
         self.seen = seen
         self.backend = inner.backend
         self.stats: DbStats = inner.stats
+        self.max_statement_bytes = inner.max_statement_bytes
 
     async def transact(self, body: Callable[[SqlTx], Awaitable[T]], *, name: str,
                        write: bool = True) -> T:

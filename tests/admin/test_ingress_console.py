@@ -101,3 +101,32 @@ async def test_a_receipt_shows_the_events_an_earlier_receipt_already_brought(
     plain = await (await client.get(f"/admin/ingress/{first.receipt_id}")).get_data(
         as_text=True)
     assert "duplicate-events" not in plain
+
+
+async def test_the_page_says_what_is_not_settled_and_why(console: ConsoleHarness,
+                                                         tmp_path: object) -> None:
+    """Issue 21, item 1: receipts the materializer could not settle on its latest pass
+    (by why) and quarantined receipts by reason, each with what it means; before, a stall
+    showed only as a growing 'received' count, and the generic database alert."""
+    _with_ingress(console, tmp_path)
+    big = receipt(3)
+    await console.store.ingress_receipt_insert(big, T0)
+    await console.store.ingress_quarantine(QuarantineParams(
+        receipt_id=big.receipt_id, reason="too_large_to_store",
+        detail="one of its rows (its events and WorkItems) is larger than the database takes"
+               " in one statement (16776192 bytes: the server's max_allowed_packet)"), T0)
+    console.replica.metrics.ingress_unsettled.labels("database_unavailable").set(4)
+    client, _ = await console.sign_in("viv")
+    doc = await (await client.get("/admin/api/ingress")).get_json()
+    assert doc["settlement"] == {
+        "replica_id": console.replica.replica_id,
+        "unsettled": [{"reason": "database_unavailable", "receipts": 4,
+                       "sentence": "the database did not answer (they are settled once it"
+                                   " does)"}],
+        "quarantined": [{"reason": "too_large_to_store", "receipts": 1,
+                         "sentence": "one of its rows is larger than the database takes in"
+                                     " one statement (max_allowed_packet)"}]}
+    page = await (await client.get("/admin/ingress")).get_data(as_text=True)
+    assert 'id="ingress-unsettled"' in page
+    assert "<code>database_unavailable</code></td><td class=\"num\">4<" in page
+    assert "<code>too_large_to_store</code></td><td class=\"num\">1<" in page

@@ -68,6 +68,7 @@ class _Recording:
         self.inner = inner
         self.backend = inner.backend
         self.stats: DbStats = inner.stats
+        self.max_statement_bytes = inner.max_statement_bytes
         self.seen: list[tuple[str, tuple[Any, ...]]] = []
 
     async def transact(self, body: Callable[[SqlTx], Awaitable[T]], *, name: str,

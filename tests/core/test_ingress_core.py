@@ -126,6 +126,27 @@ DEEP = b'{"data": {"type": "prospect", "id": 1}, "meta": ' + b"[" * 40 + b"]" * 
      b'{"data": {"type": "prospect", "id": 1, "id": 2}, "meta": {}}', "duplicate_keys"),
     ("a number too long to write out", OUTREACH,
      outreach_body().replace(b'"title"', b'"score": 1e999999, "title"'), "unsupported_number"),
+    # Issue 21, item 2: the reasons the docs give. A 100,000-digit integer was
+    # "malformed" (Python's int() refuses more than 4,300 digits, a ValueError), a lone
+    # surrogate escape normalized fine and failed later as "missing_field" with a Python
+    # error text, a NUL was stored and applied to the Lead.
+    ("a 100,000-digit integer", OUTREACH,
+     outreach_body().replace(b'"title"', b'"score": ' + b"7" * 100_000 + b', "title"'),
+     "unsupported_number"),
+    ("a 49-digit negative integer", OUTREACH,
+     outreach_body().replace(b'"title"', b'"score": -' + b"1" * 49 + b', "title"'),
+     "unsupported_number"),
+    ("a lone surrogate escape in a value", OUTREACH,
+     outreach_body().replace(b'"CTO"', b'"C\\ud800TO"'), "not_utf8"),
+    ("a lone low surrogate escape in a key", OUTREACH,
+     outreach_body().replace(b'"title"', b'"ti\\udc00tle"'), "not_utf8"),
+    ("a NUL escape in a value", OUTREACH,
+     outreach_body().replace(b'"CTO"', b'"C\\u0000TO"'), "control_character"),
+    ("a NUL escape in a key", OUTREACH,
+     outreach_body().replace(b'"title"', b'"ti\\u0000tle"'), "control_character"),
+    ("a NUL escape deep in a batch", HUBSPOT,
+     batch(hubspot_event(1, 1), {**hubspot_event(2, 2), "propertyValue": "a\u0000b"}),
+     "control_character"),
     ("not an object", OUTREACH, b"[1, 2]", "not_jsonapi"),
     ("no data", OUTREACH, b'{"meta": {"eventName": "prospect.updated"}}', "not_jsonapi"),
     ("data without id", OUTREACH, b'{"data": {"type": "prospect"}, "meta": {}}',
@@ -165,6 +186,20 @@ def test_quarantine_reasons(name: str, spec: PayloadSpec, body: bytes, reason: s
     assert isinstance(result, Quarantine), name
     assert result.reason == reason and result.reason in QUARANTINE_REASONS, name
     assert result.detail and "CTO" not in result.detail
+
+
+@pytest.mark.parametrize(("name", "body", "title"), [
+    ("a 48-digit integer is kept exactly", b'"score": ' + b"9" * 48, "CTO"),
+    ("a surrogate pair escape is one character", b'"emoji": "\\ud83d\\ude00"', "CTO"),
+    ("a tab, a newline and U+0001 escapes are text", b'"note": "a\\tb\\nc\\u0001"',
+     "CTO"),
+    ("an escaped backslash before u0000 is not a NUL", b'"note": "\\\\u0000"', "CTO"),
+])
+def test_edge_values_that_are_not_quarantined(name: str, body: bytes, title: str) -> None:
+    result = normalize(OUTREACH, outreach_body().replace(b'"title"', body + b', "title"'))
+    assert not isinstance(result, Quarantine), (name, result)
+    (event,) = result
+    assert event.attributes["title"] == title
 
 
 def test_dedup_key_collapses_a_redelivery_with_a_new_request_id() -> None:

@@ -51,6 +51,10 @@ class SlowRenewals:
     def stats(self) -> DbStats:
         return self.inner.stats
 
+    @property
+    def max_statement_bytes(self) -> int:
+        return self.inner.max_statement_bytes
+
     async def transact(self, body: Callable[[SqlTx], Awaitable[T]], *, name: str,
                        write: bool = True) -> T:
         result = await self.inner.transact(body, name=name, write=write)

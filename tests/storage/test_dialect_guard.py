@@ -104,6 +104,7 @@ class RecordingDatabase:
         self.inner = inner
         self.backend = inner.backend
         self.stats: DbStats = inner.stats
+        self.max_statement_bytes = inner.max_statement_bytes
         self.seen: set[str] = set()
 
     async def transact(self, body: Callable[[SqlTx], Awaitable[T]], *, name: str,

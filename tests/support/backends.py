@@ -104,17 +104,20 @@ class FreshDatabase:
         return url
 
     async def open_store(self, *, pool_size: int = 4, sqlite_synchronous: str = "NORMAL",
-                         url: str | None = None) -> WorkStore:
+                         url: str | None = None,
+                         max_statement_bytes: int | None = None) -> WorkStore:
         """Another independent store (own connections) on the same database (on Galera,
         on the next node in turn)."""
         if self.backend == "sqlite":
             assert self.sqlite_path is not None
-            sdb = await SqliteDatabase(self.sqlite_path, synchronous=sqlite_synchronous).open()
+            sdb = await SqliteDatabase(self.sqlite_path, synchronous=sqlite_synchronous,
+                                       max_statement_bytes=max_statement_bytes).open()
             store = WorkStore(sdb, sdb.dialect)
         else:
             mdb = await MysqlDatabase(
                 MysqlTarget.from_url(url or self.next_url()), pool_size=pool_size,
                 transaction_timeout_s=20 if self.node_urls else 10,
+                max_statement_bytes=max_statement_bytes,
             ).open()
             store = WorkStore(mdb, mdb.dialect)
         self.opened.append(store)

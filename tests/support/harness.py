@@ -75,6 +75,10 @@ class SwitchableDatabase:
     def backend(self) -> str:
         return self.inner.backend
 
+    @property
+    def max_statement_bytes(self) -> int:
+        return self.inner.max_statement_bytes
+
     def _check_up(self, name: str) -> None:
         if self._up_at is not None and trio.current_time() >= self._up_at:
             self.down, self._up_at = False, None
