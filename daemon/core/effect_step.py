@@ -36,6 +36,13 @@ performs the step and nothing else. The rules, in the order they apply:
    it, otherwise blocked for an operator. Never a conversion of ambiguity.
 6. No credentials: wait. Otherwise: **dispatch** the prepared request.
 
+These checks run on the claim's context read. The dispatch checkpoint repeats the pin
+checks of rules 2 and 5 in its own statement (:func:`checkpoint_refusal`, against the
+pins the request was built for: :class:`DispatchPins`), because the claim may wait
+between the two (a token refresh elsewhere, a quota slot): a pin that moved meanwhile
+refuses the checkpoint, and :func:`refused_before_dispatch` settles that refusal as
+rule 5 would.
+
 Windows: L2 may only lengthen what L1 declares (the configuration refuses a
 shorter one); the decision uses the longer of the two, so a binding can
 never shorten a proof of absence.

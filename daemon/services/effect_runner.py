@@ -11,8 +11,11 @@ step :func:`~daemon.core.effect_step.decide` returns:
 
 * ``Reconcile``: read the pinned record back, then decide again with it;
 * ``RecordAbsent``: commit the proven-absent dispositions, re-read, decide again;
-* ``Dispatch``: write the fenced dispatch-start checkpoint and commit it, send
-  exactly one request, classify the observation, and perform the step
+* ``Dispatch``: get the token and the quota slots, write the fenced
+  dispatch-start checkpoint carrying the request's pins and commit it (a pin
+  that moved since the context read refuses it: nothing is written or sent, the
+  slots come back, and the refusal settles as any refusal before dispatch),
+  send exactly one request, classify the observation, and perform the step
   :func:`~daemon.core.effect_step.after_attempt` returns. The classification
   (and, when it is terminal, the settlement and the queued receipt) commit in
   the same transaction that finalizes the WorkItem, only if its fence still
