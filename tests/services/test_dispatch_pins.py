@@ -25,7 +25,7 @@ import trio
 
 from daemon.core.principals import BindingEvent
 from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, TokenKey, seal
-from daemon.services.clock import TrioClock
+from daemon.services.clock import Clock, TrioClock
 from storage.effect_values import Settlement
 from storage.idgen import new_lease_token
 from storage.port import SqlTx, WorkQuery
@@ -48,7 +48,7 @@ def backend() -> str:
     return "sqlite"
 
 
-async def _expired_grant_and_foreign_refresh(store: WorkStore, clock: TrioClock) -> str:
+async def expired_grant_and_foreign_refresh(store: WorkStore, clock: Clock) -> str:
     """Generation 1's grant holds an expired version 1; another claimant (a live claim
     of another family) holds its refresh lease, its refresh in flight. Returns that
     lease's token."""
@@ -73,7 +73,7 @@ async def _expired_grant_and_foreign_refresh(store: WorkStore, clock: TrioClock)
     return token
 
 
-async def _winner_activates(store: WorkStore, clock: TrioClock, lease_token: str) -> None:
+async def winner_activates(store: WorkStore, clock: Clock, lease_token: str) -> None:
     """The other claimant's refresh answers: version 2 of generation 1 is activated."""
     new = TokenBundle(access_token=SecretText(NEW_ACCESS),
                       refresh_token=SecretText("refresh-SECRET-1"),
@@ -95,7 +95,7 @@ async def test_a_pin_moved_while_dispatch_waits_for_a_token_sends_nothing(
 ) -> None:
     clock = TrioClock()
     (tmp_path / "k1.key").write_text(KEY.material.hex())
-    lease_token = await _expired_grant_and_foreign_refresh(store, clock)
+    lease_token = await expired_grant_and_foreign_refresh(store, clock)
     grant = SliceGrant(token_url="http://127.0.0.1:9/oauth/v1/token", client_secret="c",
                        key_dir=str(tmp_path), tokens={NEW_ACCESS})
     async with running_slice(store, database.url, grant=grant, clock=clock) as sl:
@@ -126,7 +126,7 @@ async def test_a_pin_moved_while_dispatch_waits_for_a_token_sends_nothing(
             if change == "binding_reconnect":
                 await store.binding_transition("hubspot-main", BindingEvent.RECONNECT, who,
                                                expected_generation=1, now_us=clock.now_us())
-        await _winner_activates(store, clock, lease_token)
+        await winner_activates(store, clock, lease_token)
         await sl.wait_intent("lead-1", intent_id, "COMMITTED", within_s=120)
         # Nothing left for either identity: neither the old record nor the new one.
         assert [(r.method, r.contact_id) for r in sl.sim.requests] == []
