@@ -9,8 +9,9 @@ Plugged in through :class:`admin_ui.extensions.ConsoleExtensions`:
   receipt or why the Runtime intent still blocks, the remote link and the
   binding summary), never a payload or a token;
 * ``/admin/effects``: attempts awaiting a disposition (outcome unknown, or
-  left with no outcome after their dispatch checkpoint), and the
-  remote-link adoption form;
+  left with no outcome after their dispatch checkpoint), and the form that
+  binds a local record to an existing remote record (adopt, or rebind naming
+  the link generation seen: the CLI's ``link bind``, admins only);
 * repairs, each authorized at request time, CSRF-checked and audited in the
   transaction that makes it: record a disposition on an unresolved attempt
   (attach provider evidence, mark applied or absent), adopt an existing
@@ -54,6 +55,7 @@ from daemon.core.operator_paths import Action, Allowed, verdict
 from daemon.core.principals import scope_digest
 from daemon.core.work import WorkItem
 from daemon.services.command_actions import repair_command, retire_command
+from daemon.services.link_operations import bind_remote_record, bound_json
 from daemon.services.operator_api import BadRequest, NotAuthorized
 from storage.command_operator import FactsRead
 from storage.command_repair import RepairActor
@@ -350,6 +352,34 @@ class EffectConsole:
                 "generation": link.generation}
 
 
+    async def bind(self, doc: dict[str, Any], actor: str) -> dict[str, Any]:
+        """An admin binds a local record to an existing remote record: the CLI's ``link
+        bind`` (adopt, or rebind naming the generation seen; refusals with their code)."""
+        view = console().view
+        raw = doc.get("generation")
+        expected: int | None = None
+        if raw is not None and str(raw).strip():
+            try:
+                expected = int(str(raw).strip())
+            except ValueError:
+                raise BadInput("invalid_input: the generation you saw is a whole number"
+                               " from 1") from None
+
+        def text(key: str, default: str = "") -> str:
+            value = doc.get(key, default)
+            if not isinstance(value, str):
+                raise BadInput(f"invalid_input: {key} must be a string")
+            return value
+
+        bound = await bind_remote_record(
+            view.store, view.settings, view.clock, actor=actor,
+            binding_id=text("binding_id"), local_object=text("local_object", "lead"),
+            local_id=text("local_id"), remote_object=text("remote_object", "contact"),
+            remote_id=text("remote_id"), expected_generation=expected,
+            reason=reason_from(doc.get("reason")))
+        return bound_json(bound)
+
+
 def authorize_console(actor: str, action: str) -> tuple[str, str]:
     """The current settings decide, now: the operator must exist and hold the role."""
     operator = console().view.settings.operator(actor)
@@ -467,6 +497,20 @@ def build_blueprint(ec: EffectConsole) -> Blueprint:
             return await refused(exc, effects_page)
         return await effects_page(notice=f"Linked ({link['link_key']}).")
 
+    @bp.post("/admin/effects/links/bind")
+    @require("link.bind")
+    async def link_bind() -> Response:
+        form = await request.form
+        try:
+            bound = await ec.bind(dict(form.items()), _principal_name())
+        except Exception as exc:
+            return await refused(exc, effects_page)
+        link = bound["link"]
+        return await effects_page(notice=(
+            f"Bound ({bound['outcome']}): {link['local_object']} {link['local_id']} is"
+            f" {link['remote_object']} {link['remote_id']}, link generation"
+            f" {link['generation']}."))
+
     # JSON API (the same actions)
 
     @bp.get("/admin/api/effects/unknown")
@@ -523,6 +567,11 @@ def build_blueprint(ec: EffectConsole) -> Blueprint:
     async def api_adopt() -> dict[str, Any]:
         return await ec.adopt(await json_body(), _principal_name())
 
+    @bp.post("/admin/api/effects/links/bind")
+    @require("link.bind")
+    async def api_bind() -> dict[str, Any]:
+        return await ec.bind(await json_body(), _principal_name())
+
     return bp
 
 
@@ -565,7 +614,12 @@ OPENAPI_PATHS: dict[str, dict[str, Any]] = {
     "/admin/api/effects/commands/{command_id}/repair": _op(
         "Issue a new command with repair lineage", "post", body=True, param="command_id"),
     "/admin/api/effects/links/adopt": _op(
-        "Bind a local record to an existing remote record", "post", body=True),
+        "Adopt an existing remote record for a local record that has no link", "post",
+        body=True),
+    "/admin/api/effects/links/bind": _op(
+        "Bind a local record to an existing remote record: adopt it, or rebind an active"
+        " link naming the generation seen (admins; refusals carry a stable code)", "post",
+        body=True),
 }
 
 

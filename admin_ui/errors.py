@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from daemon.services.families import UnknownFamily
 from daemon.services.operator_api import BadRequest, NotAuthorized
+from storage.links import LinkRefused
 from storage.port import (
     CommitOutcomeUnknown,
     DatabaseUnavailable,
@@ -101,6 +102,8 @@ def classify(exc: Exception) -> ConsoleError | None:
         return Forbidden(str(exc))
     if isinstance(exc, WorkNotFound):
         return NotFound(f"no work item {exc.work_id}")
+    if isinstance(exc, LinkRefused):
+        return Conflict(str(exc), code=exc.code)
     if isinstance(exc, WorkConflict):
         return Conflict(str(exc))
     if isinstance(exc, UnknownFamily):

@@ -34,6 +34,7 @@ from daemon.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_comma
 from daemon.binding_cli import BindingNotFound, add_binding_commands, run_binding_command
 from daemon.command_cli import CommandNotFound, add_command_commands, run_command_command
 from daemon.keys_cli import add_keys_commands, run_keys_command
+from daemon.link_cli import add_link_commands, run_link_command
 from daemon.services import logs
 from daemon.services.catalog_view import serving_refusal
 from daemon.services.clock import WallClock
@@ -146,6 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     add_keys_commands(sub)
     add_binding_commands(sub)
     add_command_commands(sub)
+    add_link_commands(sub)
     return parser
 
 
@@ -493,6 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(run_binding_command, settings, args, _open)
         if args.command == "command":
             return trio.run(run_command_command, settings, args, _open)
+        if args.command == "link":
+            return trio.run(run_link_command, settings, args, _open)
         if args.command == "run":
             return trio.run(_cmd_run, settings)
         if args.command == "work":

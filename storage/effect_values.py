@@ -9,6 +9,7 @@ import enum
 
 import attrs
 
+from daemon.core.effect_step import DispatchPins
 from daemon.core.handoff import TrustedRuntimeWorkScope
 
 
@@ -116,6 +117,9 @@ class AttemptDraft:
     pre_dispatch_evidence: str  # canonical JSON (binding generation, link, checks)
     # The client's deadline for the exchange (its timeout), in microseconds.
     give_up_after_us: int = 0
+    # What the request was built for; the command checkpoint refuses a draft without
+    # them, and one whose pins are not all current (storage.effects).
+    pins: DispatchPins | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -9,8 +9,17 @@ of the item (``WorkContext.on_finalize``) or ``WorkStore.work_fenced``:
 
 * ``effect_checkpoint``: the durable dispatch-start checkpoint, written and
   committed *before* any byte leaves. One attempt per claim epoch (unique
-  ``(work_id, ownership_epoch)``); refused if the command is settled or an
-  earlier attempt is still unresolved (dispatched with no proven outcome).
+  ``(work_id, ownership_epoch)``); refused if the command is settled, an
+  earlier attempt is still unresolved (dispatched with no proven outcome), an
+  operator cancelled its work, or any pin the request was built for is no
+  longer current (:class:`DispatchRefused`, with the stable code of
+  :func:`daemon.core.effect_step.checkpoint_refusal`): the binding's durable
+  generation and state, the link's state, generation and remote id, the
+  pinned Catalog revision as stored. Those are read by the checkpoint's own
+  statement, in its transaction, after the fence locked the item: a
+  reconnect, a reinstall or a link rebind committed at any moment before it
+  stops the attempt, however long the claim waited (for a token refresh, a
+  quota slot) since it read its context.
 * ``record_outcome``: the one terminal classification of that attempt.
 * ``effect_dispose``: reconciliation's (or an operator's) disposition of an
   unresolved attempt: proven applied or proven absent. It never edits the
@@ -26,6 +35,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
+
+from daemon.core.effect_step import CommandView, DispatchPins, LinkView, checkpoint_refusal
 from daemon.core.handoff import (
     NO_EFFECT_INTENT_KINDS,
     RESULT_FORMAT_NO_EFFECT,
@@ -72,17 +84,28 @@ _ATTEMPT_COLUMNS = (
     " disposition, disposition_note, disposition_by, disposition_at_us, evidence,"
     " gave_up_at_us"
 )
-# Each command's settlement, how many of its attempts are unresolved, and whether
-# an operator asked its running WorkItem to stop, in one read. (Read after the
-# fence's UPDATE locked the item's row: a cancel request committed before it is
-# seen, and one made after it finds the checkpoint and is refused.)
+# Each command's settlement, how many of its attempts are unresolved, whether an
+# operator asked its running WorkItem to stop, its pins, and each pinned target as it
+# is now (the binding's generation and state, the link's state, generation and remote
+# id, the stored digest of the pinned Catalog revision), in one read. (Read after the
+# fence's UPDATE locked the item's row: a cancel request committed before it is seen,
+# and one made after it finds the checkpoint and is refused. Every backend reads the
+# latest committed rows here: SQLite's writers are serial, MariaDB runs READ COMMITTED,
+# Galera nodes run with causal reads, wsrep_sync_wait = 1.)
 _DISPATCHABLE_SQL = (
     "SELECT c.command_id, c.settlement, (SELECT COUNT(*) FROM effect_attempts a"
     " WHERE a.command_id = c.command_id AND a.disposition IS NULL"
     " AND (a.outcome IS NULL OR a.outcome = 'OUTCOME_UNKNOWN')),"
     " (SELECT COUNT(*) FROM work_items w WHERE w.subject_kind = 'command'"
-    " AND w.subject_id = c.command_id AND w.state = 'processing' AND w.cancel_requested = 1)"
-    " FROM external_commands c WHERE c.command_id IN ({marks})"
+    " AND w.subject_id = c.command_id AND w.state = 'processing' AND w.cancel_requested = 1),"
+    " c.intent_kind, c.principal_generation, c.link_key, c.link_generation, c.remote_id,"
+    " c.catalog_revision, c.catalog_digest, p.generation, p.state,"
+    " l.state, l.generation, l.remote_id, r.digest"
+    " FROM external_commands c"
+    " LEFT JOIN principal_bindings p ON p.binding_id = c.binding_id"
+    " LEFT JOIN remote_links l ON l.link_key = c.link_key"
+    " LEFT JOIN catalog_revisions r ON r.revision = c.catalog_revision"
+    " WHERE c.command_id IN ({marks})"
 )
 # An attempt left with no outcome after its checkpoint: undisposed, and the claim
 # that made it no longer holds its WorkItem (killed, drained, lease lost, or
@@ -124,19 +147,63 @@ def attempt_from_row(row: Row) -> EffectAttempt:
     )
 
 
-def _dispatch_refusal(command_id: str,
-                      state: tuple[str, int, int] | None) -> WorkConflict | None:
-    """Why no attempt may start, from the command's (settlement, unresolved
-    attempts, cancel requested)."""
-    if state is None:
+class DispatchRefused(WorkConflict):
+    """The dispatch checkpoint refused the attempt because a pin its request was built
+    for is no longer current (or the draft carried none): nothing was written, no byte
+    may leave. ``code`` is stable (:func:`daemon.core.effect_step.checkpoint_refusal`);
+    ``sentence`` says why."""
+
+    def __init__(self, command_id: str, code: str, sentence: str) -> None:
+        super().__init__(f"command {command_id}: {code}: {sentence}")
+        self.code = code
+        self.sentence = sentence
+
+
+@attrs.frozen
+class _Dispatchable:
+    """One command as the checkpoint's statement found it."""
+
+    settlement: str
+    unresolved: int
+    cancel: int
+    command: CommandView
+    binding: BindingNow | None
+    link: LinkView | None
+    stored_digest: str | None
+
+
+def _dispatchable(row: Row) -> _Dispatchable:
+    link = None if row[13] is None else LinkView(
+        state=str(row[13]), generation=int(str(row[14])), remote_id=_str(row[15]))
+    return _Dispatchable(
+        settlement=str(row[1]), unresolved=int(str(row[2])), cancel=int(str(row[3])),
+        command=CommandView(
+            command_id=str(row[0]), settlement=str(row[1]), intent_kind=str(row[4]),
+            binding_generation=_int(row[5]), link_key=_str(row[6]),
+            link_generation=_int(row[7]), remote_id=_str(row[8]),
+            catalog_revision=int(str(row[9])), catalog_digest=str(row[10] or "")),
+        binding=_binding_now(row[11], row[12]), link=link, stored_digest=_str(row[16]))
+
+
+def _dispatch_refusal(command_id: str, found: _Dispatchable | None,
+                      sent: DispatchPins | None) -> WorkConflict | None:
+    """Why no attempt may start, from the command's settlement, unresolved attempts,
+    cancel request and pins as the checkpoint's statement read them."""
+    if found is None:
         return WorkConflict(f"no command {command_id}")
-    settlement, unresolved, cancel = state
-    if settlement != Settlement.OPEN:
-        return WorkConflict(f"command {command_id} is {settlement}; no further dispatch")
-    if unresolved:
+    if found.settlement != Settlement.OPEN:
+        return WorkConflict(f"command {command_id} is {found.settlement}; no further dispatch")
+    if found.unresolved:
         return WorkConflict(f"command {command_id} has an unresolved attempt")
-    if cancel:
+    if found.cancel:
         return CancelRequested(f"command {command_id}: an operator cancelled its work")
+    if sent is None:
+        return DispatchRefused(command_id, "dispatch_unpinned", "the request carries no"
+                               " pins; nothing is sent with an unchecked identity")
+    refusal = checkpoint_refusal(found.command, sent, found.binding, found.link,
+                                 found.stored_digest)
+    if refusal is not None:
+        return DispatchRefused(command_id, *refusal)
     return None
 
 
@@ -292,22 +359,22 @@ class EffectJournal:
             answers: list[str | StorageError] = list(ids)
             live = await fence_lock_many(tx, [fence for fence, _ in requests], now_us)
             wanted = [d.command_id for fence, d in requests if fence.work_id in live]
-            state: dict[str, tuple[str, int, int]] = {}
+            state: dict[str, _Dispatchable] = {}
             if wanted:
                 unique = sorted(set(wanted))
                 rows = await tx.fetchall(
                     _DISPATCHABLE_SQL.format(marks=placeholders(len(unique))), unique)
-                state = {str(r[0]): (str(r[1]), int(r[2]), int(r[3])) for r in rows}
+                state = {str(r[0]): _dispatchable(r) for r in rows}
             inserts = []
             for i, (fence, draft) in enumerate(requests):
                 refusal = (LostLease(fence) if fence.work_id not in live
                            else _dispatch_refusal(draft.command_id,
-                                                  state.get(draft.command_id)))
+                                                  state.get(draft.command_id), draft.pins))
                 if refusal is not None:
                     answers[i] = refusal
                     continue
                 # A second request for one command in one batch finds the first unresolved.
-                state[draft.command_id] = (Settlement.OPEN.value, 1, 0)
+                state[draft.command_id] = attrs.evolve(state[draft.command_id], unresolved=1)
                 inserts.append(_attempt_params(ids[i], fence, draft, now_us))
             await tx.executemany(_INSERT_ATTEMPT_SQL, inserts)
             return answers

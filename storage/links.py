@@ -6,7 +6,12 @@ Transitions, each one conditional UPDATE or INSERT judged by matched rows:
 * ``finalize``: pending-create -> active once the remote id is known;
 * ``adopt``: bind a local record to an existing remote record (active at once);
 * ``rebind``: point an active link at another remote record (generation + 1);
-* ``retire``: active/pending -> retired (the remote record is free again).
+* ``retire``: active/pending -> retired (the remote record is free again);
+* ``bind``: an operator's "this local record is that remote record": adopt or
+  rebind as :func:`daemon.core.link_bind.decide_bind` decides from what its own
+  transaction reads, or a refusal with a stable code (:class:`LinkRefused`).
+  A rebind moves the generation, so commands pinned to the old one are refused at
+  their dispatch checkpoint (``link_generation``) and never reach either record.
 
 Uniqueness: the local side is the primary key (``IntegrationLinkKeyV2``); the
 remote side is unique among *active* links through ``active_locator`` (the
@@ -20,11 +25,14 @@ from __future__ import annotations
 import contextlib
 import json
 
+import attrs
+
 from daemon.core.identity import (
     integration_link_key_v2,
     integration_remote_locator_hash,
     normalize_remote_id,
 )
+from daemon.core.link_bind import BindFacts, BindOutcome, BindRefusal, LinkFacts, decide_bind
 from storage.effect_values import LinkState, RemoteLink
 from storage.idgen import new_ulid
 from storage.port import AuditEntry, Database, DuplicateKey, Row, SqlTx, WorkConflict
@@ -58,6 +66,25 @@ def link_from_row(row: Row) -> RemoteLink:
         state=LinkState(row[7]), generation=int(row[8]), updated_at_us=int(row[9]),
         modified_at_us=None if len(row) < 11 or row[10] is None else int(row[10]),
     )
+
+
+class LinkRefused(WorkConflict):
+    """An operator's bind refused with a stable ``code`` and a ``sentence``; nothing was
+    written."""
+
+    def __init__(self, code: str, sentence: str) -> None:
+        super().__init__(f"{code}: {sentence}")
+        self.code = code
+        self.sentence = sentence
+
+
+@attrs.frozen
+class LinkBound:
+    """What a bind did: the link now, how it got there, and the link before it."""
+
+    link: RemoteLink
+    outcome: BindOutcome
+    before: RemoteLink | None
 
 
 async def read_link(tx: SqlTx, link_key: str) -> RemoteLink | None:
@@ -153,6 +180,20 @@ class RemoteLinks:
 
         return await self.db.transact(body, name="link.rebind")
 
+    async def link_bind(
+        self, scope_digest: str, local_object: str, local_id: str, remote_object: str,
+        remote_id: str, *, expected_generation: int | None, actor: str, role: str,
+        reason: str, now_us: int,
+    ) -> LinkBound:
+        """An operator's bind (see :func:`bind_link`), in its own transaction."""
+
+        async def body(tx: SqlTx) -> LinkBound:
+            return await bind_link(tx, scope_digest, local_object, local_id, remote_object,
+                                   remote_id, expected_generation=expected_generation,
+                                   actor=actor, role=role, reason=reason, now_us=now_us)
+
+        return await self.db.transact(body, name="link.bind")
+
     async def link_retire(self, link_key: str, *, expected_generation: int, actor: str,
                           role: str, reason: str, now_us: int) -> RemoteLink:
         async def body(tx: SqlTx) -> RemoteLink:
@@ -205,6 +246,70 @@ async def adopt_link(
     assert link is not None
     await _audit(tx, "link.adopt", link, actor, role, reason, None, now_us)
     return link
+
+
+# Effect attempts of commands pinned to one link generation with no proven outcome (in
+# flight under a live claim, left without one, or OUTCOME_UNKNOWN), undisposed.
+_UNRESOLVED_ON_GENERATION = (
+    "SELECT COUNT(*) FROM effect_attempts a JOIN external_commands c"
+    " ON c.command_id = a.command_id WHERE c.link_key = ? AND c.link_generation = ?"
+    " AND a.disposition IS NULL AND (a.outcome IS NULL OR a.outcome = 'OUTCOME_UNKNOWN')"
+)
+
+
+async def bind_link(
+    tx: SqlTx, scope_digest: str, local_object: str, local_id: str, remote_object: str,
+    remote_id: str, *, expected_generation: int | None, actor: str, role: str, reason: str,
+    now_us: int,
+) -> LinkBound:
+    """Bind a local record to an existing remote record inside ``tx``: adopt it, rebind
+    the local record's active link to it (generation + 1), or nothing when it is bound
+    already; audited as ``link.bind`` with the link before and after. A refusal
+    (:class:`LinkRefused`) writes nothing. Raises ``BadCoordinate`` for ids that are not
+    valid coordinates."""
+    key = integration_link_key_v2(scope_digest, local_object, local_id)
+    locator = integration_remote_locator_hash(scope_digest, remote_object, remote_id)
+    normalized = normalize_remote_id(remote_id)
+    before = await read_link(tx, key)
+    holder = await read_link_by_locator(tx, locator)
+    unresolved = 0
+    if before is not None and before.state is LinkState.ACTIVE:
+        rows = await tx.fetchall(_UNRESOLVED_ON_GENERATION, (key, before.generation))
+        unresolved = int(str(rows[0][0]))
+    decision = decide_bind(BindFacts(
+        link=None if before is None else LinkFacts(
+            state=before.state.value, generation=before.generation,
+            locator_hash=before.locator_hash),
+        locator_hash=locator, holder_key=None if holder is None else holder.link_key,
+        own_key=key, expected_generation=expected_generation, unresolved_attempts=unresolved))
+    if isinstance(decision, BindRefusal):
+        raise LinkRefused(decision.code, decision.sentence)
+    if decision is BindOutcome.UNCHANGED:
+        assert before is not None
+        return LinkBound(before, decision, before)
+    try:
+        if before is None:
+            await tx.execute(
+                f"INSERT INTO remote_links ({LINK_COLUMNS}, active_locator,"
+                " created_at_us) VALUES (?, ?, ?, ?, ?, ?, ?, 'active', 1, ?, ?, ?)",
+                (key, scope_digest, local_object, local_id, remote_object, normalized,
+                 locator, now_us, locator, now_us))
+        else:
+            await _activate(tx, key, before.state.value, before.generation, remote_object,
+                            normalized, locator, before.generation + 1, now_us)
+    except DuplicateKey:
+        # Taken between the read and the write (another bind, an adopt): the unique
+        # active locator refused it.
+        raise LinkRefused("remote_linked_elsewhere", "the remote record is already linked"
+                          " to another local record; retire or rebind that link first"
+                          ) from None
+    except WorkConflict:
+        raise LinkRefused("generation_moved", "the link changed while it was being bound:"
+                          " look again") from None
+    after = await read_link(tx, key)
+    assert after is not None
+    await _audit(tx, "link.bind", after, actor, role, reason, before, now_us)
+    return LinkBound(after, decision, before)
 
 
 async def retire_link(tx: SqlTx, link_key: str, *, expected_generation: int, actor: str,

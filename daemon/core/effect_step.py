@@ -36,6 +36,13 @@ performs the step and nothing else. The rules, in the order they apply:
    it, otherwise blocked for an operator. Never a conversion of ambiguity.
 6. No credentials: wait. Otherwise: **dispatch** the prepared request.
 
+These checks run on the claim's context read. The dispatch checkpoint repeats the pin
+checks of rules 2 and 5 in its own statement (:func:`checkpoint_refusal`, against the
+pins the request was built for: :class:`DispatchPins`), because the claim may wait
+between the two (a token refresh elsewhere, a quota slot): a pin that moved meanwhile
+refuses the checkpoint, and :func:`refused_before_dispatch` settles that refusal as
+rule 5 would.
+
 Windows: L2 may only lengthen what L1 declares (the configuration refuses a
 shorter one); the decision uses the longer of the two, so a binding can
 never shorten a proof of absence.
@@ -44,7 +51,7 @@ never shorten a proof of absence.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import attrs
 
@@ -78,6 +85,34 @@ class CommandView:
     link_key: str | None
     link_generation: int | None
     remote_id: str | None
+    # The pinned Catalog revision and its digest ("": admitted before digests were pinned).
+    catalog_revision: int = 0
+    catalog_digest: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class DispatchPins:
+    """The identity and revision one request was built for: its command's pins, as the
+    claim used them. The dispatch checkpoint carries them and refuses the attempt unless
+    every one is still current (:func:`checkpoint_refusal`)."""
+
+    binding_generation: int
+    link_key: str
+    link_generation: int
+    remote_id: str
+    catalog_revision: int
+    # The digest of the Catalog content the request was built from.
+    catalog_digest: str
+
+
+class CurrentBinding(Protocol):
+    """A binding's durable generation and state as they are now."""
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def connected(self) -> bool: ...
 
 
 @attrs.frozen(kw_only=True)
@@ -259,7 +294,7 @@ def clock_skew_s(operation: OperationView, binding: BindingView | None) -> float
     return max(operation.max_clock_skew_s, l2)
 
 
-def target_refusal(command: CommandView, binding: BindingView | None,
+def target_refusal(command: CommandView, binding: CurrentBinding | None,
                    link: LinkView | None) -> tuple[str, str] | None:
     """Why the command's pinned targets are no longer current (code, sentence)."""
     if command.link_key is None:
@@ -286,6 +321,43 @@ def target_refusal(command: CommandView, binding: BindingView | None,
     if link.remote_id != command.remote_id:
         return ("remote_id_changed", "the pinned remote record is no longer the linked one")
     return None
+
+
+def checkpoint_refusal(command: CommandView, sent: DispatchPins,
+                       binding: CurrentBinding | None, link: LinkView | None,
+                       stored_digest: str | None) -> tuple[str, str] | None:
+    """Why the dispatch checkpoint refuses a request built for ``sent`` (code, sentence),
+    from what its own transaction reads: the command's pins, the binding and the link as
+    they are now, and the stored digest of the pinned Catalog revision (None: not
+    stored). The same rules as :func:`target_refusal` and the pinned-revision check of
+    :func:`decide`, so a pin that moved after the claim read its context refuses the
+    attempt before any byte leaves, with the reason the next claim would give."""
+    revision, digest = command.catalog_revision, command.catalog_digest
+    if stored_digest is None or (digest and stored_digest != digest):
+        return ("catalog_revision_unavailable", f"the pinned Catalog revision {revision}"
+                f" ({digest or 'no digest'}) is not stored")
+    if (sent.catalog_revision, sent.catalog_digest) != (revision, stored_digest):
+        return ("catalog_revision", f"the request was built from Catalog revision"
+                f" {sent.catalog_revision} ({sent.catalog_digest}), not the pinned revision"
+                f" {revision} ({stored_digest})")
+    refusal = target_refusal(command, binding, link)
+    if refusal is not None:
+        return refusal
+    if (sent.binding_generation, sent.link_key, sent.link_generation, sent.remote_id) != (
+            command.binding_generation, command.link_key, command.link_generation,
+            command.remote_id):
+        return ("dispatch_pins_differ", "the request was built for another binding"
+                " generation, link or remote record than the command pinned")
+    return None
+
+
+def refused_before_dispatch(view: ClaimView[R], code: str, sentence: str) -> Step[R]:
+    """The step after the dispatch checkpoint refused a moved pin (``code``): no attempt
+    of this claim reached provider I/O, so the refusal settles as any refusal before
+    dispatch does (``NO_EFFECT`` when the history proves it, otherwise blocked)."""
+    command = view.command
+    assert command is not None
+    return _refuse(command, [a.facts for a in view.attempts], code, sentence)
 
 
 def _refuse(command: CommandView, history: Sequence[AttemptFacts], code: str,

@@ -272,6 +272,15 @@ async def give_back_unsent(store: WorkStore, reserved: list[Reserved],
     return True
 
 
+async def release_unused(store: WorkStore, fence: Fence, reserved: list[Reserved],
+                         now_us: int) -> None:
+    """Slots reserved for an attempt its checkpoint refused (nothing was written, nothing
+    left): the reservations are released under the claim's fence and the capacity comes
+    back."""
+    await move_reservations(store, fence, reserved, ReservationState.RELEASED, now_us)
+    await _give_back(store, [(r.key, r.slot_us, r.position_us) for r in reserved], now_us)
+
+
 def _lowered(headers: Mapping[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items()}
 

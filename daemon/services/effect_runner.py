@@ -11,8 +11,11 @@ step :func:`~daemon.core.effect_step.decide` returns:
 
 * ``Reconcile``: read the pinned record back, then decide again with it;
 * ``RecordAbsent``: commit the proven-absent dispositions, re-read, decide again;
-* ``Dispatch``: write the fenced dispatch-start checkpoint and commit it, send
-  exactly one request, classify the observation, and perform the step
+* ``Dispatch``: get the token and the quota slots, write the fenced
+  dispatch-start checkpoint carrying the request's pins and commit it (a pin
+  that moved since the context read refuses it: nothing is written or sent, the
+  slots come back, and the refusal settles as any refusal before dispatch),
+  send exactly one request, classify the observation, and perform the step
   :func:`~daemon.core.effect_step.after_attempt` returns. The classification
   (and, when it is terminal, the settlement and the queued receipt) commit in
   the same transaction that finalizes the WorkItem, only if its fence still
@@ -44,6 +47,7 @@ from daemon.core.effect_step import (
     ClaimView,
     CommandView,
     Dispatch,
+    DispatchPins,
     LinkView,
     Nothing,
     OperationView,
@@ -57,6 +61,7 @@ from daemon.core.effect_step import (
     after_attempt,
     credential_refusal,
     decide,
+    refused_before_dispatch,
 )
 from daemon.core.effects import (
     Classification,
@@ -108,6 +113,7 @@ from storage.effect_values import (
 )
 from storage.effects import (
     RECEIPT_FAMILY,
+    DispatchRefused,
     EffectContextRow,
     attempts_of,
     dispose,
@@ -454,7 +460,17 @@ class EffectRunner:
         evidence = canonical_bytes(pins).decode()
         if reserved:
             self.on_quota("reserved")
+        assert ec.pinned is not None and command.binding_generation is not None
+        assert command.link_key is not None and command.remote_id is not None
+        assert command.link_generation is not None
         draft = AttemptDraft(
+            # What this request was built for; the checkpoint refuses it unless every
+            # pin is still current when it commits (a rebind, reconnect or reinstall
+            # during the waits above stops it there).
+            pins=DispatchPins(
+                binding_generation=command.binding_generation, link_key=command.link_key,
+                link_generation=command.link_generation, remote_id=command.remote_id,
+                catalog_revision=ec.pinned.revision, catalog_digest=ec.pinned.digest),
             command_id=command.command_id, method=prepared.method,
             target_path=prepared.path,
             safe_headers=canonical_bytes(prepared.safe_headers).decode(),
@@ -464,10 +480,23 @@ class EffectRunner:
             give_up_after_us=int(_client_deadline_s(binding) * 1_000_000)
             + quota.slot_wait_us(reserved, ctx.clock.now_us()),
         )
-        if self.checkpoints is not None:
-            attempt_id = await self.checkpoints.checkpoint(ctx.fence, draft)
-        else:
-            attempt_id = await ctx.store.effect_checkpoint(ctx.fence, draft, ctx.clock.now_us())
+        try:
+            if self.checkpoints is not None:
+                attempt_id = await self.checkpoints.checkpoint(ctx.fence, draft)
+            else:
+                attempt_id = await ctx.store.effect_checkpoint(ctx.fence, draft,
+                                                               ctx.clock.now_us())
+        except DispatchRefused as refused:
+            # A pin moved after the context read: no attempt was written, nothing left.
+            # Refused before dispatch, as the next claim's decide would refuse it.
+            logs.warn("effect_dispatch_refused", command_id=command.command_id,
+                      work_id=ctx.item.work_id, epoch=ctx.fence.ownership_epoch,
+                      reason=refused.code)
+            if reserved:
+                await quota.release_unused(ctx.store, ctx.fence, reserved,
+                                           ctx.clock.now_us())
+            return self._perform(ctx, ec, refused_before_dispatch(view, refused.code,
+                                                                  refused.sentence))
         # The checkpoint is committed: only now may bytes leave.
         # One deadline for the whole exchange (a free connection, then the request):
         # the give-up bound the checkpoint recorded is then true.

@@ -51,6 +51,10 @@ ACTION_ROLES: dict[str, frozenset[str]] = {
     "cutover.step": frozenset({"admin"}),
     # Disconnect / reconnect a principal binding (the CLI's `binding` verbs, the console).
     "bindings.transition": frozenset({"operator", "admin"}),
+    # RemoteLinks (`integrationd link`, the console's effects page): binding a local
+    # record to a remote one chooses an identity, so admins only.
+    "link.read": frozenset({"viewer", "operator", "admin"}),
+    "link.bind": frozenset({"admin"}),
 }
 
 

@@ -12,8 +12,7 @@ from daemon.core.states import WorkState
 from daemon.services.families import WorkContext, build_registry
 from storage.port import CancelParams
 from storage.work_store import WorkStore
-from tests.storage.test_effect_journal import attempt
-from tests.support.commands import draft
+from tests.support.commands import accept_pinned, attempt, draft
 from tests.support.work import T0, claim, finalization
 
 
@@ -48,7 +47,7 @@ async def test_each_built_in_family_declares_its_cancel_rule() -> None:
 async def test_a_cancel_requested_before_the_checkpoint_is_acknowledged(
     store: WorkStore,
 ) -> None:
-    accepted = await store.command_accept(draft(), T0)
+    accepted = await accept_pinned(store, draft(), T0)
     command_id = str(accepted.command_id)
     (item,) = (await claim(store, family="external_effect")).claimed
     assert item.fence is not None

@@ -10,17 +10,17 @@ from daemon.services.checkpoints import CheckpointBatcher
 from daemon.services.clock import TrioClock
 from storage.port import LostLease, StorageError
 from storage.work_store import WorkStore
-from tests.storage.test_effect_journal import attempt
-from tests.support.commands import draft
+from tests.support.commands import accept_pinned, attempt, draft
 from tests.support.work import claim
 
 
 async def _claimed(store: WorkStore, n: int) -> list[tuple[str, Fence]]:
+    """``n`` commands (for lead-0 .. lead-n-1, every pin real), each claimed."""
     clock = TrioClock()
     ids = []
     for i in range(n):
-        accepted = await store.command_accept(draft(f"int-{i}", lead=f"lead-{i}"),
-                                              clock.now_us())
+        accepted = await accept_pinned(store, draft(f"int-{i}", lead=f"lead-{i}"),
+                                       clock.now_us())
         assert accepted.command_id is not None
         ids.append(accepted.command_id)
     items = {i.subject_id: i for i in (await claim(store, family="external_effect",
@@ -38,9 +38,9 @@ async def test_concurrent_checkpoints_commit_together(store: WorkStore) -> None:
     batcher = CheckpointBatcher(store, TrioClock())
     answers: dict[str, str | StorageError] = {}
 
-    async def one(command_id: str, fence: Fence) -> None:
+    async def one(command_id: str, fence: Fence, lead: str) -> None:
         try:
-            answers[command_id] = await batcher.checkpoint(fence, attempt(command_id))
+            answers[command_id] = await batcher.checkpoint(fence, attempt(command_id, lead))
         except StorageError as exc:
             answers[command_id] = exc
 
@@ -48,10 +48,11 @@ async def test_concurrent_checkpoints_commit_together(store: WorkStore) -> None:
         await nursery.start(batcher.batcher.run)
         commits = store.db.stats.commits
         async with trio.open_nursery() as handlers:
-            for command_id, fence in work[:7]:
-                handlers.start_soon(one, command_id, fence)
-            stale = attempt(work[7][0])
-            handlers.start_soon(one, work[7][0], Fence(work[7][1].work_id, "stale", 1))
+            for i, (command_id, fence) in enumerate(work[:7]):
+                handlers.start_soon(one, command_id, fence, f"lead-{i}")
+            stale = attempt(work[7][0], "lead-7")
+            handlers.start_soon(one, work[7][0], Fence(work[7][1].work_id, "stale", 1),
+                                "lead-7")
         assert store.db.stats.commits - commits <= 2  # not one commit per checkpoint
         nursery.cancel_scope.cancel()
     assert isinstance(answers[work[7][0]], LostLease)
@@ -66,7 +67,7 @@ async def test_a_cancelled_handler_s_queued_checkpoint_is_dropped(store: WorkSto
     batcher = CheckpointBatcher(store, TrioClock())
     batcher.batcher._running = True  # as if started, but not taking batches yet
     async with trio.open_nursery() as handler:
-        handler.start_soon(batcher.checkpoint, fence, attempt(command_id))
+        handler.start_soon(batcher.checkpoint, fence, attempt(command_id, "lead-0"))
         await trio.testing.wait_all_tasks_blocked()  # queued, waiting for its batch
         handler.cancel_scope.cancel()
     async with trio.open_nursery() as nursery:
@@ -79,6 +80,6 @@ async def test_a_cancelled_handler_s_queued_checkpoint_is_dropped(store: WorkSto
 async def test_without_the_service_each_checkpoint_commits_alone(store: WorkStore) -> None:
     [(command_id, fence)] = await _claimed(store, 1)
     attempt_id = await CheckpointBatcher(store, TrioClock()).checkpoint(
-        fence, attempt(command_id))
+        fence, attempt(command_id, "lead-0"))
     (row,) = await store.effect_attempts(command_id)
     assert row.attempt_id == attempt_id

@@ -24,8 +24,16 @@ from storage.command_repair import RepairActor
 from storage.effect_values import Settlement
 from storage.port import ReplayParams, WorkConflict
 from storage.work_store import WorkStore
-from tests.storage.test_effect_journal import attempt, record
-from tests.support.commands import HUBSPOT_MAIN, draft
+from tests.storage.test_effect_journal import record
+from tests.support.commands import (
+    HUBSPOT_MAIN,
+    TARGETS_SCOPE_DIGEST,
+    attempt,
+    dispatch_pins,
+    draft,
+    pinned,
+    target_remote,
+)
 from tests.support.slice import slice_settings
 from tests.support.work import T0, claim, finalize
 from tests.ui.support import _OPERATORS
@@ -53,12 +61,19 @@ async def test_a_retire_between_the_guard_and_the_replay_leaves_no_replay(
     current = load_catalog(settings)
     await publish_current(store, current, actor="t", role="admin", reason="setup", now_us=T0)
     await store.binding_bootstrap(bootstrap_facts(HUBSPOT_MAIN), T0)
-    accepted = await store.command_accept(attrs.evolve(
-        draft(), catalog_revision=current.revision, catalog_digest=current.digest), T0)
+    # Every pin real: the link the command targets, the revision this configuration serves.
+    await store.link_adopt(TARGETS_SCOPE_DIGEST, "lead", "lead-1", "contact",
+                           target_remote("lead-1"), actor="t", role="admin", reason="setup",
+                           now_us=T0)
+    accepted = await store.command_accept(pinned(attrs.evolve(
+        draft(), catalog_revision=current.revision, catalog_digest=current.digest)), T0)
     assert accepted.command_id is not None
     (item,) = (await claim(store, family="external_effect")).claimed
     assert item.fence is not None
-    attempt_id = await store.effect_checkpoint(item.fence, attempt(accepted.command_id), T0)
+    pins = attrs.evolve(dispatch_pins(), catalog_revision=current.revision,
+                        catalog_digest=current.digest)
+    attempt_id = await store.effect_checkpoint(
+        item.fence, attrs.evolve(attempt(accepted.command_id), pins=pins), T0)
     # A replay-safe retry that may have applied: retired without a receipt.
     await record(store, item.fence, attempt_id, T0, outcome="REPLAY_SAFE_RETRY", status=503,
                  effect_evidence="maybe_applied")

@@ -145,18 +145,19 @@ async def test_a_started_attempt_or_dispatch_history_blocks_the_fence(
     store: WorkStore,
 ) -> None:
     from storage.effect_values import AttemptDraft
-    from tests.support.commands import draft
+    from tests.support.commands import accept_pinned, dispatch_pins, draft
 
     await legacy.install(store)
     await store.cutover_begin(params("external_effect"), T0)
     await store.cutover_commit(params("external_effect"), T0, PROBE)
-    accepted = await store.command_accept(draft(), T0)
+    accepted = await accept_pinned(store, draft(), T0)
     assert accepted.command_id is not None
     (item,) = (await claim(store, family="external_effect")).claimed
     assert item.fence is not None
     await store.effect_checkpoint(item.fence, AttemptDraft(
         command_id=accepted.command_id, method="PATCH", target_path="/x", safe_headers="{}",
-        body_sha256="sha256:" + "0" * 64, idempotency_key="k", pre_dispatch_evidence="{}"), T0)
+        body_sha256="sha256:" + "0" * 64, idempotency_key="k", pre_dispatch_evidence="{}",
+        pins=dispatch_pins()), T0)
     await finalize(store, item, Released())
     await store.cutover_rollback_begin(params("external_effect"), T0)
     with pytest.raises(CutoverBlocked) as exc:

@@ -43,6 +43,7 @@ from storage.port import (
     ReplayParams,
     Row,
     SqlTx,
+    WorkConflict,
     WorkQuery,
 )
 from storage.principals import Actor
@@ -187,6 +188,7 @@ async def _workload(store: WorkStore) -> None:
     await store.quota_reservations("W")
     await _credentials_workload(store)
     await _subscription_checkpoint_workload(store)
+    await _effects_workload(store)
     await _cutover_workload(store)
     await _ingress_workload(store)
     await _retention_workload(store)
@@ -214,6 +216,32 @@ async def _subscription_checkpoint_workload(store: WorkStore) -> None:
         await last_items(tx, "subs", [fence.work_id, "b"])
 
     await store.db.transact(last, name="subscriptions.status", write=False)
+
+
+async def _effects_workload(store: WorkStore) -> None:
+    """The dispatch checkpoint with its pins (issue 20 item 2) and an operator's link bind
+    (item 8): every statement they emit, refusals included."""
+    from tests.support.commands import (
+        TARGETS_SCOPE_DIGEST,
+        accept_pinned,
+        attempt,
+        draft,
+    )
+
+    accepted = await accept_pinned(store, draft("int-guard", lead="lead-g"), T0)
+    assert accepted.command_id is not None
+    (item,) = (await claim(store, family="external_effect", ttl=60 * SEC)).claimed
+    assert item.fence is not None
+    await store.effect_checkpoint_many([(item.fence, attempt(accepted.command_id, "lead-g"))],
+                                       T0)
+    who = {"actor": "a", "role": "admin", "reason": "r"}
+    await store.link_bind(TARGETS_SCOPE_DIGEST, "lead", "lead-b", "contact", "b1",
+                          expected_generation=None, now_us=T0, **who)
+    await store.link_bind(TARGETS_SCOPE_DIGEST, "lead", "lead-b", "contact", "b2",
+                          expected_generation=1, now_us=T0, **who)
+    with pytest.raises(WorkConflict):  # the attempt above is in flight: refused
+        await store.link_bind(TARGETS_SCOPE_DIGEST, "lead", "lead-g", "contact", "g2",
+                              expected_generation=1, now_us=T0, **who)
 
 
 async def _cutover_workload(store: WorkStore) -> None:

@@ -15,8 +15,8 @@ from storage.effects import dispose
 from storage.port import CancelParams, SqlTx, WorkConflict, WorkQuery
 from storage.work_admin import CancelRefused, CancelRequested
 from storage.work_store import WorkStore
-from tests.storage.test_effect_journal import attempt, record, settle_fenced
-from tests.support.commands import draft
+from tests.storage.test_effect_journal import record, settle_fenced
+from tests.support.commands import accept_pinned, attempt, draft
 from tests.support.work import SEC, T0, claim, enqueue, finalize
 
 WINDOW = 30 * SEC
@@ -30,7 +30,7 @@ def who(work_id: str) -> CancelParams:
 
 async def _claimed(store: WorkStore, *, ttl: int = 30 * SEC, now: int = T0,
                    max_attempts: int = 8) -> tuple[str, WorkItem]:
-    accepted = await store.command_accept(attrs.evolve(draft(), max_attempts=max_attempts), T0)
+    accepted = await accept_pinned(store, attrs.evolve(draft(), max_attempts=max_attempts), T0)
     assert accepted.command_id is not None
     (item,) = (await claim(store, family="external_effect", ttl=ttl, now=now)).claimed
     assert item.fence is not None
@@ -91,7 +91,7 @@ async def test_the_journal_never_holds_accepted_with_operator_absent(store: Work
     assert (row.outcome, row.disposition) == (None, "operator_absent")
     # And the operator path itself, judged in its UPDATE, refuses a processing item.
     second_id, second = await _second_processing(store)
-    second_attempt = await store.effect_checkpoint(second, attempt(second_id), T0)
+    second_attempt = await store.effect_checkpoint(second, attempt(second_id, "lead-2"), T0)
 
     async def racing(tx: SqlTx) -> None:
         await dispose(tx, [second_attempt], Disposition.OPERATOR_ABSENT, "n", "otto", T0,
@@ -102,7 +102,7 @@ async def test_the_journal_never_holds_accepted_with_operator_absent(store: Work
 
 
 async def _second_processing(store: WorkStore) -> tuple[str, Fence]:
-    accepted = await store.command_accept(draft("int-2", lead="lead-2"), T0)
+    accepted = await accept_pinned(store, draft("int-2", lead="lead-2"), T0)
     assert accepted.command_id is not None
     (item,) = (await claim(store, family="external_effect", ttl=600 * SEC)).claimed
     assert item.fence is not None
@@ -163,12 +163,12 @@ async def test_unknown_and_left_attempts_are_listed_together_oldest_first(
     command_id, item = await _claimed(store, ttl=5 * SEC)
     assert item.fence is not None
     left = await store.effect_checkpoint(item.fence, attempt(command_id), T0)
-    other = await store.command_accept(draft("int-2", lead="lead-2"), T0)
+    other = await accept_pinned(store, draft("int-2", lead="lead-2"), T0)
     assert other.command_id is not None
     (second,) = (await claim(store, family="external_effect", now=T0 + SEC, ttl=60 * SEC,
                              limit=1)).claimed
     assert second.fence is not None and second.subject_id == other.command_id
-    unknown = await store.effect_checkpoint(second.fence, attempt(other.command_id),
+    unknown = await store.effect_checkpoint(second.fence, attempt(other.command_id, "lead-2"),
                                             T0 + 2 * SEC)
     await record(store, second.fence, unknown, T0 + 2 * SEC, outcome="OUTCOME_UNKNOWN",
                  status=None, failure_class="transport")

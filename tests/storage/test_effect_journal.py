@@ -6,8 +6,7 @@ import pytest
 
 from daemon.core.outcomes import RetryLater
 from daemon.core.work import Fence, WorkItem
-from daemon.services.principal_bootstrap import bootstrap_facts
-from storage.effect_values import AttemptDraft, BindingNow, Disposition, ReceiptState, Settlement
+from storage.effect_values import BindingNow, Disposition, ReceiptState, Settlement
 from storage.effects import (
     EffectContextRow,
     mark_receipt,
@@ -17,15 +16,13 @@ from storage.effects import (
 )
 from storage.port import LostLease, SqlTx, WorkConflict, WorkQuery
 from storage.work_store import WorkStore
-from tests.support.commands import HUBSPOT_MAIN, draft
+from tests.support.commands import (
+    TARGETS_SCOPE_DIGEST,
+    accept_pinned,
+    attempt,
+    draft,
+)
 from tests.support.work import SEC, T0, claim, finalize
-
-
-def attempt(command_id: str) -> AttemptDraft:
-    return AttemptDraft(command_id=command_id, method="PATCH",
-                        target_path="/crm/v3/objects/contacts/7", safe_headers="{}",
-                        body_sha256="sha256:" + "0" * 64, idempotency_key=command_id,
-                        pre_dispatch_evidence="{}")
 
 
 async def record(store: WorkStore, fence: Fence, attempt_id: str, now: int, *, outcome: str,
@@ -50,7 +47,7 @@ async def settle_fenced(store: WorkStore, fence: Fence, command_id: str, now: in
 
 
 async def _claimed_command(store: WorkStore, ttl: int = 30 * SEC) -> tuple[str, WorkItem]:
-    result = await store.command_accept(draft(), T0)
+    result = await accept_pinned(store, draft(), T0)
     assert result.command_id is not None
     (item,) = (await claim(store, family="external_effect", ttl=ttl)).claimed
     return result.command_id, item
@@ -147,7 +144,7 @@ async def test_checkpoints_commit_together_and_each_gets_its_own_answer(
 ) -> None:
     ids = []
     for i in range(5):
-        accepted = await store.command_accept(draft(f"int-{i}", lead=f"lead-{i}"), T0)
+        accepted = await accept_pinned(store, draft(f"int-{i}", lead=f"lead-{i}"), T0)
         assert accepted.command_id is not None
         ids.append(accepted.command_id)
     claimed = (await claim(store, family="external_effect", ttl=5 * SEC)).claimed
@@ -156,15 +153,16 @@ async def test_checkpoints_commit_together_and_each_gets_its_own_answer(
     assert all(f is not None for f in fences)
     f0, f1, f2, f3, f4 = (f for f in fences if f is not None)
     # ids[1] already has an unresolved attempt; ids[2] is settled; f3 is a stale fence.
-    await store.effect_checkpoint(f1, attempt(ids[1]), T0)
+    await store.effect_checkpoint(f1, attempt(ids[1], "lead-1"), T0)
     await settle_fenced(store, f2, ids[2], T0, settlement=Settlement.NO_EFFECT,
                         result_format=2, canonical="{}", digest="sha256:" + "1" * 64)
     stale = Fence(f3.work_id, "not-the-token", f3.ownership_epoch)
     commits = store.db.stats.commits
     answers = await store.effect_checkpoint_many([
-        (f0, attempt(ids[0])), (f1, attempt(ids[1])), (f2, attempt(ids[2])),
-        (stale, attempt(ids[3])), (f4, attempt(ids[4])),
-        (f4, attempt(ids[4])),  # the same command twice in one batch
+        (f0, attempt(ids[0], "lead-0")), (f1, attempt(ids[1], "lead-1")),
+        (f2, attempt(ids[2], "lead-2")), (stale, attempt(ids[3], "lead-3")),
+        (f4, attempt(ids[4], "lead-4")),
+        (f4, attempt(ids[4], "lead-4")),  # the same command twice in one batch
     ], T0 + 1)
     assert store.db.stats.commits == commits + 1
     assert isinstance(answers[0], str) and isinstance(answers[4], str)
@@ -176,15 +174,15 @@ async def test_checkpoints_commit_together_and_each_gets_its_own_answer(
     (row,) = await store.effect_attempts(ids[4])
     assert (row.work_id, row.ownership_epoch) == (f4.work_id, f4.ownership_epoch)
     # Past the lease, nothing is written and every answer is LostLease.
-    late = await store.effect_checkpoint_many([(f0, attempt(ids[0]))], T0 + 6 * SEC)
+    late = await store.effect_checkpoint_many([(f0, attempt(ids[0], "lead-0"))], T0 + 6 * SEC)
     assert [type(a) for a in late] == [LostLease]
 
 
 async def test_the_effect_context_is_one_read(store: WorkStore) -> None:
     command_id, item = await _claimed_command(store)
     assert item.fence is not None
-    link = await store.link_adopt("a" * 64, "lead", "lead-1", "contact", "7", actor="t",
-                                  role="admin", reason="seed", now_us=T0)
+    link = await store.link_get(TARGETS_SCOPE_DIGEST, "lead", "lead-1")
+    assert link is not None
 
     async def read(key: str) -> EffectContextRow | None:
         async def body(tx: SqlTx) -> EffectContextRow | None:
@@ -198,8 +196,7 @@ async def test_the_effect_context_is_one_read(store: WorkStore) -> None:
     assert found is not None
     command, attempts, got, binding = found
     assert command == await store.command_get(command_id)
-    assert (attempts, got, binding) == (0, link, None)  # the binding has no durable row
-    await store.binding_bootstrap(bootstrap_facts(HUBSPOT_MAIN), T0)
+    assert (attempts, got, binding) == (0, link, BindingNow(1, True))
     await store.effect_checkpoint(item.fence, attempt(command_id), T0)
     assert await read("no-such-link") == (command, 1, None, BindingNow(1, True))
     assert await read_effect_context_missing(store) is None

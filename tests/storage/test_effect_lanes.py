@@ -11,8 +11,8 @@ from storage.command_repair import RepairActor
 from storage.effect_values import CommandDraft, Settlement
 from storage.port import WorkConflict, WorkQuery
 from storage.work_store import WorkStore
-from tests.storage.test_effect_journal import attempt, record, settle_fenced
-from tests.support.commands import draft, publish_test_revision
+from tests.storage.test_effect_journal import record, settle_fenced
+from tests.support.commands import accept_pinned, attempt, draft, publish_test_revision
 from tests.support.work import SEC, T0, claim, finalize
 
 WHO = RepairActor(actor="otto", role="operator", reason="again")
@@ -60,8 +60,8 @@ async def test_two_commands_for_one_remote_record_never_run_at_once(store: WorkS
 
 async def _settled_newer(store: WorkStore) -> tuple[str, str]:
     """int-1 (Title A) dies before landing; the newer int-2 (Title B) succeeds."""
-    old = await store.command_accept(draft("int-1", title="A"), T0)
-    new = await store.command_accept(draft("int-2", title="B"), T0 + SEC)
+    old = await accept_pinned(store, draft("int-1", title="A"), T0)
+    new = await accept_pinned(store, draft("int-2", title="B"), T0 + SEC)
     assert old.command_id is not None and new.command_id is not None
     (head,) = (await claim(store, family="external_effect", limit=1)).claimed
     assert head.subject_id == old.command_id and head.fence is not None

@@ -16,8 +16,8 @@ from storage.effect_values import Disposition, Settlement
 from storage.operator_refusal import ActionRefused
 from storage.port import DuplicateKey, SqlTx, WorkConflict, WorkQuery
 from storage.work_store import WorkStore
-from tests.storage.test_effect_journal import attempt, record, settle_fenced
-from tests.support.commands import draft, publish_test_revision
+from tests.storage.test_effect_journal import record, settle_fenced
+from tests.support.commands import accept_pinned, attempt, draft, publish_test_revision
 from tests.support.work import SEC, T0, claim, finalize
 
 WHO = RepairActor(actor="otto", role="operator", reason="repair it")
@@ -32,7 +32,7 @@ async def _repair(store: WorkStore, command_id: str, now: int) -> str:
 
 
 async def _accepted(store: WorkStore, intent: str = "int-1") -> str:
-    result = await store.command_accept(draft(intent), T0)
+    result = await accept_pinned(store, draft(intent), T0)
     assert result.command_id is not None
     return result.command_id
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 
-import attrs
 import pytest
 import trio
 
@@ -29,9 +28,15 @@ from storage.operator_refusal import ActionRefused
 from storage.port import CancelParams, ReplayParams, SqlTx, StorageError, WorkConflict, WorkQuery
 from storage.work_admin import CancelRefused
 from storage.work_store import WorkStore
-from tests.storage.test_effect_journal import attempt, record
+from tests.storage.test_effect_journal import record
 from tests.support.backends import FreshDatabase
-from tests.support.commands import HUBSPOT_MAIN, draft, publish_test_revision
+from tests.support.commands import (
+    HUBSPOT_MAIN,
+    accept_pinned,
+    attempt,
+    draft,
+    publish_test_revision,
+)
 from tests.support.work import SEC, T0, claim, finalize
 
 WHO = RepairActor(actor="otto", role="operator", reason="operator path")
@@ -46,14 +51,10 @@ async def _setup(store: WorkStore) -> None:
 
 async def _accept(store: WorkStore, lead: str, *, intent: str | None = None,
                   title: str = "CTO", now: int = T0) -> str:
-    """An UPSERT of the lead's job title, pinned to its (existing) remote link."""
-    link = await store.link_get("c" * 64, "lead", lead)
-    if link is None:
-        link = await store.link_adopt("c" * 64, "lead", lead, "contact", f"r-{lead}",
-                                      actor="t", role="admin", reason="seed", now_us=T0)
-    result = await store.command_accept(
-        attrs.evolve(draft(intent or f"int-{lead}", lead=lead, title=title),
-                     link_key=link.link_key), now)
+    """An UPSERT of the lead's job title, every pin real and current (its remote link
+    r-LEAD among them: tests.support.commands.accept_pinned)."""
+    result = await accept_pinned(
+        store, draft(intent or f"int-{lead}", lead=lead, title=title), now)
     assert result.command_id is not None
     return result.command_id
 
@@ -71,7 +72,10 @@ async def _dead_after(store: WorkStore, command_id: str, *, outcome: str,
     work = await _work_of(store, command_id)
     (item,) = (await claim(store, family="external_effect", now=now)).claimed
     assert item.work_id == work.work_id and item.fence is not None
-    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), now)
+    command = await store.command_get(command_id)
+    assert command is not None
+    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id, command.local_id),
+                                               now)
     await record(store, item.fence, attempt_id, now, outcome=outcome,
                  status=None if outcome == "OUTCOME_UNKNOWN" else 503,
                  failure_class="transport", effect_evidence=evidence)

@@ -51,15 +51,16 @@ async def test_legacy_receipts_reconcile_idempotently(store: WorkStore) -> None:
 
 async def test_dispatch_history_blocks_rollback(store: WorkStore) -> None:
     from storage.effect_values import AttemptDraft
-    from tests.support.commands import draft
+    from tests.support.commands import accept_pinned, dispatch_pins, draft
 
-    accepted = await store.command_accept(draft(), T0)
+    accepted = await accept_pinned(store, draft(), T0)
     assert accepted.command_id is not None
     (item,) = (await claim(store, family="external_effect")).claimed
     assert item.fence is not None
     await store.effect_checkpoint(item.fence, AttemptDraft(
         command_id=accepted.command_id, method="PATCH", target_path="/x", safe_headers="{}",
-        body_sha256="sha256:" + "0" * 64, idempotency_key="k", pre_dispatch_evidence="{}"), T0)
+        body_sha256="sha256:" + "0" * 64, idempotency_key="k", pre_dispatch_evidence="{}",
+        pins=dispatch_pins()), T0)
     await finalize(store, item, Released())  # back to retry, with an attempt on record
     with pytest.raises(WorkConflict, match="dispatch history"):
         await store.work_rollback_fence("external_effect", "fence-1", T0)

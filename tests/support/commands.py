@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from config.settings import BindingSettings
 from daemon.core.canonical import canonical_bytes, canonical_digest
+from daemon.core.effect_step import DispatchPins
 from daemon.core.handoff import EffectHandoffKey, TrustedRuntimeWorkScope
-from storage.effect_values import CommandDraft
+from daemon.core.identity import integration_link_key_v2
+from daemon.services.principal_bootstrap import bootstrap_facts
+from storage.effect_values import AdmissionResult, AttemptDraft, CommandDraft
 from storage.port import PublishParams
 
 if TYPE_CHECKING:
@@ -53,3 +58,54 @@ async def publish_test_revision(store: WorkStore) -> None:
     await store.catalog_publish(PublishParams(revision=7, digest="sha256:catalog",
                                               content="{}", actor="test", role="admin",
                                               reason="test setup"), 0)
+
+
+# The scope digest of the links :func:`pin_targets` adopts.
+TARGETS_SCOPE_DIGEST = "a" * 64
+# What :func:`draft` pins, as :func:`pin_targets` makes it real.
+PINNED_REVISION = (7, "sha256:catalog")
+
+
+def target_key(lead: str) -> str:
+    return integration_link_key_v2(TARGETS_SCOPE_DIGEST, "lead", lead)
+
+
+def target_remote(lead: str) -> str:
+    return f"r-{lead}"
+
+
+async def pin_targets(store: WorkStore, lead: str = "lead-1", now: int = 0) -> None:
+    """Make real what a :func:`pinned` draft pins, as the daemon would have them when it
+    admits a command: the binding hubspot-main (generation 1, connected), Catalog revision
+    7 stored under "sha256:catalog", an active link from ``lead`` to its remote record
+    (each idempotent)."""
+    await store.binding_bootstrap(bootstrap_facts(HUBSPOT_MAIN), now)
+    await publish_test_revision(store)
+    await store.link_adopt(TARGETS_SCOPE_DIGEST, "lead", lead, "contact", target_remote(lead),
+                           actor="test", role="admin", reason="test setup", now_us=now)
+
+
+def pinned(d: CommandDraft) -> CommandDraft:
+    """``d`` targeting its lead's link (pinned at admission when the link exists)."""
+    return attrs.evolve(d, link_key=target_key(d.local_id))
+
+
+async def accept_pinned(store: WorkStore, d: CommandDraft, now: int) -> AdmissionResult:
+    """Admit ``d`` with every pin it names real and current (see :func:`pin_targets`)."""
+    await pin_targets(store, d.local_id, now)
+    return await store.command_accept(pinned(d), now)
+
+
+def dispatch_pins(lead: str = "lead-1") -> DispatchPins:
+    """The pins of a command :func:`accept_pinned` admitted for ``lead``."""
+    return DispatchPins(binding_generation=1, link_key=target_key(lead), link_generation=1,
+                        remote_id=target_remote(lead), catalog_revision=PINNED_REVISION[0],
+                        catalog_digest=PINNED_REVISION[1])
+
+
+def attempt(command_id: str, lead: str = "lead-1") -> AttemptDraft:
+    """A dispatch-start checkpoint's draft for a command :func:`accept_pinned` admitted."""
+    return AttemptDraft(command_id=command_id, method="PATCH",
+                        target_path="/crm/v3/objects/contacts/7", safe_headers="{}",
+                        body_sha256="sha256:" + "0" * 64, idempotency_key=command_id,
+                        pre_dispatch_evidence="{}", pins=dispatch_pins(lead))

@@ -35,7 +35,7 @@ from daemon.core.handoff import TrustedRuntimeWorkScope
 from daemon.core.identity import integration_scope_digest
 from daemon.services.assembly import assemble
 from daemon.services.catalog_view import publish_current
-from daemon.services.clock import WallClock
+from daemon.services.clock import Clock, WallClock
 from daemon.services.credentials import Credentials
 from daemon.services.http_server import serve_app
 from daemon.services.metrics import Metrics
@@ -213,11 +213,13 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                         binding_generation: int = 1,
                         definitions_dir: str = "",
                         drain_timeout: float = 5.0,
-                        grant: SliceGrant | None = None) -> AsyncIterator[Slice]:
+                        grant: SliceGrant | None = None,
+                        clock: Clock | None = None) -> AsyncIterator[Slice]:
     """The slice, its Catalog revision REVISION published. With ``served_documents``
     (L1 definition documents), the replica serves them as current revision
     REVISION + 1 (published too), while the Runtime still builds commands
-    against REVISION."""
+    against REVISION. ``clock``: the replica's clock (a ``TrioClock`` under MockClock;
+    by default the wall clock)."""
     sim = HubSpotSimulator(tokens=grant.tokens if grant is not None else {HUBSPOT_TOKEN})
     api_port = free_port()
     async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=10) as http:
@@ -246,7 +248,7 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                                   definitions_dir=definitions_dir, drain_timeout=drain_timeout)
         if grant is not None:
             settings = with_grant(settings, grant)
-        clock = WallClock()
+        clock = clock if clock is not None else WallClock()
         metrics = Metrics()
         await publish_current(store, load_catalog(settings), actor="test", role="admin",
                               reason="slice setup", now_us=clock.now_us())
