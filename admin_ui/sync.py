@@ -20,6 +20,7 @@ from admin_ui.context import console
 from admin_ui.extensions import ConsoleExtensions, NavItem
 from admin_ui.render import page
 from config.catalog import Catalog
+from daemon.core.cursor import sync_lag_seconds
 from storage.reconcile import StreamState, list_streams
 
 ACTIONS = {"sync.read": frozenset({"viewer", "operator", "admin"})}
@@ -30,9 +31,6 @@ def stream_json(catalog: Catalog, state: StreamState, now_s: float) -> dict[str,
     policy = next((o.reconcile for o in catalog.object_bindings
                    if binding is not None and o.provider == binding.provider
                    and o.resource == state.resource), None)
-    through = None
-    if state.last_run_at_us is not None and policy is not None:
-        through = state.last_run_at_us / 1e6 - policy.safety_lag_s
     cursor = state.cursor
     return {
         "stream": state.stream_key, "binding": state.binding_id, "resource": state.resource,
@@ -40,7 +38,8 @@ def stream_json(catalog: Catalog, state: StreamState, now_s: float) -> dict[str,
         "cursor_updated_at": None if cursor is None else cursor.updated_at,
         "cursor_id": None if cursor is None else cursor.record_id,
         "last_run_at_us": state.last_run_at_us,
-        "lag_seconds": None if through is None else round(max(now_s - through, 0.0), 1),
+        "lag_seconds": sync_lag_seconds(state.last_run_at_us,
+                                        None if policy is None else policy.safety_lag_s, now_s),
         "interval_seconds": None if policy is None else policy.interval_s,
     }
 

@@ -30,6 +30,7 @@ from config.settings import Settings
 from daemon.core.cutover import IllegalStep
 from daemon.services import cutover as service
 from daemon.services.clock import WallClock
+from daemon.services.families import UnknownFamily, known_family_names
 from daemon.services.operator_api import authorize
 from storage.cutover.steps import NotUnderCutover
 from storage.cutover.values import CutoverBlocked, LegacyClaimantError, StepParams
@@ -54,7 +55,7 @@ def _seconds(text: str) -> int:
 
 def add_cutover_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cut = sub.add_parser("cutover", help="move a work family between the legacy owner and"
-                                         " integrationd (seed 11)")
+                                         " integrationd")
     verbs = cut.add_subparsers(dest="cutover_command", required=True, metavar="VERB")
     st = verbs.add_parser("status", help="owner generation, receipts, fences, blockers")
     st.add_argument("family", metavar="FAMILY")
@@ -116,6 +117,10 @@ async def run_cutover_command(store: WorkStore, settings: Settings,
     family = str(args.family)
     if not family or len(family) > 64 or not family.isprintable():
         raise CutoverUsage("FAMILY must be a work family name (1..64 printable characters)")
+    known = known_family_names()
+    if family not in known:
+        # A typo must not read as "not under cutover" (exit 0): refused as everywhere.
+        raise UnknownFamily(family, known)
     if verb == "status":
         doc = await service.status(store, settings, family, now_us)
         if args.json:

@@ -20,9 +20,9 @@ import json
 import sys
 from typing import Any
 
-from config.catalog import load_catalog
+from config.catalog import Catalog, load_catalog
 from config.settings import Settings
-from daemon.core.cursor import lag_seconds
+from daemon.core.cursor import lag_seconds, sync_lag_seconds
 from daemon.core.inbound_flow import remote_time_ns
 from daemon.services.clock import WallClock
 from daemon.services.operator_api import authorize
@@ -65,13 +65,24 @@ def _time(flag: str, text: str) -> int:
     return value
 
 
-def _stream_json(state: StreamState, now_ns: int) -> dict[str, Any]:
+def _safety_lag(catalog: Catalog, state: StreamState) -> float | None:
+    binding = catalog.binding(state.binding_id)
+    return next((o.reconcile.safety_lag_s for o in catalog.object_bindings
+                 if binding is not None and o.provider == binding.provider
+                 and o.resource == state.resource), None)
+
+
+def _stream_json(state: StreamState, now_ns: int, safety_lag_s: float | None
+                 ) -> dict[str, Any]:
+    """``lag_seconds`` is the sync lag, as the console and the gauge give it; the cursor's
+    own age (the newest record seen) is ``cursor_age_seconds``."""
     cursor = state.cursor
     return {"stream": state.stream_key, "binding": state.binding_id,
             "resource": state.resource, "runs": state.runs,
             "cursor": None if cursor is None else {"updated_at": cursor.updated_at,
                                                    "id": cursor.record_id},
-            "lag_seconds": lag_seconds(cursor, now_ns),
+            "lag_seconds": sync_lag_seconds(state.last_run_at_us, safety_lag_s, now_ns / 1e9),
+            "cursor_age_seconds": lag_seconds(cursor, now_ns),
             "last_run_at_us": state.last_run_at_us}
 
 
@@ -81,10 +92,13 @@ async def run_reconcile_command(store: WorkStore, settings: Settings,
     verb = args.reconcile_command
     if verb == "status":
         streams = await store.db.transact(list_streams, name="reconcile.status", write=False)
-        docs = [_stream_json(s, now_us * 1000) for s in streams]
+        catalog = load_catalog(settings)
+        docs = [_stream_json(s, now_us * 1000, _safety_lag(catalog, s)) for s in streams]
         if args.json:
             sys.stdout.write(json.dumps({"streams": docs}, indent=2, sort_keys=True) + "\n")
             return
+        if not docs:
+            sys.stdout.write("no reconciliation streams yet (integrationd reconcile start)\n")
         for d in docs:
             cursor = d["cursor"] or {"updated_at": "-", "id": "-"}
             lag = "-" if d["lag_seconds"] is None else f"{d['lag_seconds']:.0f} s"

@@ -143,8 +143,20 @@ def parse_rows(items: Any, *, id_of: Any, attributes_of: Any, updated_of: Any) -
     return rows
 
 
+def sync_lag_seconds(last_run_at_us: int | None, safety_lag_s: float | None,
+                     now_s: float) -> float | None:
+    """A stream's sync lag: seconds since it was last known complete, i.e. its last run's
+    time less the binding's safety lag (None before a first run or without a policy).
+    The console, ``reconcile status`` and the ``integrationd_sync_lag_seconds`` gauge all
+    mean this, so they agree."""
+    if last_run_at_us is None or safety_lag_s is None:
+        return None
+    return round(max(now_s - (last_run_at_us / 1e6 - safety_lag_s), 0.0), 1)
+
+
 def lag_seconds(cursor: Cursor | None, now_ns: int) -> float | None:
-    """How far the stream's cursor trails now (None before the first record)."""
+    """How far the stream's cursor trails now (None before the first record): the age of
+    the newest record seen, not the sync lag (:func:`sync_lag_seconds`)."""
     if cursor is None:
         return None
     return max(now_ns - cursor.updated_ns, 0) / 1e9

@@ -155,3 +155,20 @@ async def test_a_legacy_claimant_statement_the_database_refuses_is_named_exit_2(
     errors = [x for x in result.stderr.splitlines() if not x.startswith("{")]
     assert len(errors) == 1 and errors[0].startswith(
         "integrationd: config error: legacy_claimants[0].uncovered_sql: "), errors
+
+
+@pytest.mark.parametrize("verb", ["status", "begin", "rollback"])
+async def test_an_unknown_family_is_refused_not_reported_as_never_cut_over(
+    database: FreshDatabase, store: WorkStore, capsys: pytest.CaptureFixture[str], verb: str,
+) -> None:
+    """A typo (``cutover status bogus``) said "not under cutover", exit 0; it is refused
+    as every other verb refuses an unknown family (exit 2), and nothing is written."""
+    settings = Settings(storage=StorageSettings(url=database.url, sqlite_synchronous="NORMAL"),
+                        operators=operators())
+    argv = ("cutover", verb, "bogus") + (
+        () if verb == "status" else ("--actor", "ada", "--reason", "typo"))
+    assert await run_admin_command(settings, _parse(*argv)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("integrationd: unknown work family 'bogus' (known: ")
+    assert "noop" in err
+    assert await store.owner_generation_get("bogus") is None

@@ -12,7 +12,7 @@ from config.catalog import build_catalog, load_definitions, load_object_binding_
 from config.settings import BindingSettings
 from daemon.core.cursor import Cursor
 from storage.port import SqlTx
-from storage.reconcile import read_stream, write_stream
+from storage.reconcile import StreamState, read_stream, write_stream
 from tests.admin.support import ConsoleHarness
 from tests.admin.test_openapi import _routes
 
@@ -45,6 +45,19 @@ async def test_the_sync_page_shows_each_stream_and_its_lag(console: ConsoleHarne
         "outreach-main:prospect", 3, "42")
     # Complete through the last run less the 30 s safety lag: about 130 s behind.
     assert 129 <= stream["lag_seconds"] < 190
+    # `integrationd reconcile status` gives the same lag as the page (it gave the age of
+    # the newest record seen: months, for this stream).
+    from admin_ui.sync import stream_json
+    from daemon.reconcile_cli import _safety_lag, _stream_json
+
+    async def read(tx: SqlTx) -> StreamState:
+        return await read_stream(tx, "outreach-main:prospect", "outreach-main", "prospect")
+
+    state = await console.store.db.transact(read, name="test.read", write=False)
+    now_s = time.time()
+    cli = _stream_json(state, int(now_s * 1e9), _safety_lag(catalog, state))
+    assert cli["lag_seconds"] == stream_json(catalog, state, now_s)["lag_seconds"]
+    assert cli["cursor_age_seconds"] > 86_400
     html = await (await viewer.get("/admin/sync")).get_data(as_text=True)
     assert "outreach-main:prospect" in html and "2026-06-01T00:00:00.000Z / 42" in html
     assert 'href="/admin/sync"' in html  # in the navigation

@@ -16,6 +16,7 @@ from daemon.core.cursor import (
     parse_rows,
     plan_page,
     since_ns,
+    sync_lag_seconds,
 )
 from daemon.core.inbound_flow import remote_time_ns
 
@@ -126,3 +127,16 @@ def test_rows_parse_with_integer_ids() -> None:
                            id_of=_find("id"), attributes_of=_find("attributes"),
                            updated_of=_find("updatedAt"))
     assert (parsed.record_id, parsed.updated_ns) == ("7", at(T5))
+
+
+@pytest.mark.parametrize(("last_run_us", "safety_lag_s", "now_s", "lag"), [
+    (100_000_000, 30.0, 200.0, 130.0),   # complete through 70 s; now 200 s
+    (100_000_000, 0.0, 100.0, 0.0),      # just ran, no safety lag
+    (100_000_000, 30.0, 50.0, 0.0),      # a clock behind the run: never negative
+    (None, 30.0, 200.0, None),           # never ran
+    (100_000_000, None, 200.0, None),    # no reconcile policy for the stream
+])
+def test_sync_lag_is_time_since_last_known_complete(
+        last_run_us: int | None, safety_lag_s: float | None, now_s: float,
+        lag: float | None) -> None:
+    assert sync_lag_seconds(last_run_us, safety_lag_s, now_s) == lag

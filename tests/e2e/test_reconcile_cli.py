@@ -74,6 +74,8 @@ async def test_start_repair_status_are_audited(database: FreshDatabase, tmp_path
     assert repaired["after"]["mode"] == "repair"
     status = run_cli(cfg, "reconcile", "status", "--json", env=env)
     assert status.returncode == 0 and json.loads(status.stdout) == {"streams": []}
+    as_text = run_cli(cfg, "reconcile", "status", env=env)
+    assert as_text.stdout == "no reconciliation streams yet (integrationd reconcile start)\n"
     assert "binding-token-never-shown" not in "".join(
         r.stdout + r.stderr for r in (started, repair, status))
 
