@@ -32,6 +32,7 @@ from argon2 import PasswordHasher
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from admin_ui.app import console_factory
+from admin_ui.extensions import ConsoleExtensions
 from config.settings import (
     AdminSettings,
     FamilySettings,
@@ -131,8 +132,11 @@ def settings() -> Settings:
 
 
 @asynccontextmanager
-async def live_console(database: FreshDatabase) -> AsyncIterator[LiveConsole]:
-    """Run a replica (work + console on loopback) until the block ends, then drain it."""
+async def live_console(database: FreshDatabase,
+                       extensions: ConsoleExtensions | None = None
+                       ) -> AsyncIterator[LiveConsole]:
+    """Run a replica (work + console on loopback, with ``extensions``' pages) until the
+    block ends, then drain it."""
     inner = await database.open_store()
     switch = SwitchableDatabase(inner.db)
     store = WorkStore(switch, inner.dialect)
@@ -140,7 +144,7 @@ async def live_console(database: FreshDatabase) -> AsyncIterator[LiveConsole]:
     cfg = settings()
     registry = build_registry(cfg, {"gated": board.gated, "flaky": board.flaky})
     replica = Replica(cfg, store, registry, WallClock(), replica_id="ui-replica",
-                      admin_app=console_factory())
+                      admin_app=console_factory(extensions))
     async with trio.open_nursery() as nursery:
         address = await nursery.start(replica.run)
         try:
