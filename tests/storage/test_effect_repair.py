@@ -226,6 +226,14 @@ async def test_retire_of_an_applied_command_without_a_pinned_remote_id_is_refuse
     # stranding the intent: issue 20 item 3).
     command_id = await _accepted(store)
     attempt_id = await _dead_unknown(store, command_id)
+    # Today's checkpoint sends nothing without the link pins; such a command is one an
+    # older build admitted without a link and dispatched: take its remote id away.
+
+    async def unpin(tx: SqlTx) -> None:
+        await tx.execute("UPDATE external_commands SET remote_id = NULL WHERE command_id = ?",
+                         (command_id,))
+
+    await store.db.transact(unpin, name="test.unpin")
     await store.effect_operator_disposition(
         attempt_id=attempt_id, disposition=Disposition.OPERATOR_APPLIED, note="seen",
         actor="otto", role="operator", in_flight_window_us=30 * SEC, now_us=LATER)
