@@ -24,6 +24,7 @@ from daemon.services.token_refresh import RefreshEndpoint, TokenOwner
 from sandbox.oauth_sim import refreshes_per_token, running_oauth, token_digest
 from storage.grants import GrantState
 from storage.port import LostLease
+from storage.refresh_leases import MarkerRefused
 from storage.work_store import WorkStore
 from tests.support.work import claim, enqueue
 
@@ -57,7 +58,7 @@ async def test_stale_claimant_reclaimed_before_marker_never_reaches_token_endpoi
             frozen, thawed = trio.Event(), trio.Event()
             marker = store.refresh_dispatch
 
-            async def frozen_before_marker(**kw: object) -> bool:
+            async def frozen_before_marker(**kw: object) -> MarkerRefused | None:
                 frozen.set()
                 await thawed.wait()
                 return await marker(**kw)  # type: ignore[arg-type]
