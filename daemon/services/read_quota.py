@@ -80,7 +80,7 @@ async def quota_read(ctx: WorkContext, rq: ReadQuota,
     keys = list(rq.keys)
     if not keys:
         return await call()
-    reserved = await quota.reserve(ctx.store, ctx.clock, ctx.fence, keys)
+    reserved = await quota.reserve(ctx.store, ctx.clock, ctx.fence, keys, read=True)
     if isinstance(reserved, quota.QuotaWait):
         rq.on_quota("waited")
         delay = max(0.0, (reserved.until_us - ctx.clock.now_us()) / 1_000_000)
