@@ -8,7 +8,14 @@ the database so that every replica draws from one budget:
 * ``quota_grant``: one conditional UPDATE judged by matched rows moves the key's row by
   the schedule's own arithmetic; the row lock it takes serializes grants of one key on
   every backend, so a slot is never handed out twice, and a grant may cover a small
-  block of slots, so a hot key costs one row update per block.
+  block of slots, so a hot key costs one row update per block. It binds no claim: the
+  racer's and the bench's arithmetic.
+* ``quota_reserve``: a claim's slot, fenced (seed 5.1): in one transaction the claim's
+  live WorkItem fence, the same grant, and the reservation binding the slot to the claim.
+  A stale claimant moves nothing; no slot is ever granted without a reservation naming
+  its claim. ``quota_release`` gives a live claim's unused slots back, fenced.
+* ``quota_return_lost``: the quota sweep; a lost claim's ``reserved`` slot, once its
+  in-flight window has passed, is refunded or spent (:mod:`daemon.core.lost_slots`).
 * ``quota_throttle``: a provider 429 blocks the key for every replica in one statement.
 * ``quota_return``: unused slots come back when nothing was granted after them.
 * ``quota_correct``: a provider's remaining count moves the budget forward (never back)
