@@ -404,6 +404,10 @@ class QuotaLedger:
                 " LEFT JOIN effect_attempts a ON a.work_id = r.work_id"
                 " AND a.ownership_epoch = r.ownership_epoch"
                 " WHERE r.state = ? AND r.expires_at_us <= ?"
+                # Live claims settle their own slots: leave them out here, so that many
+                # slow live sends never crowd a lost claim's slot out of the batch.
+                " AND (w.work_id IS NULL OR w.state <> 'processing'"
+                " OR w.ownership_epoch <> r.ownership_epoch)"
                 " ORDER BY r.expires_at_us LIMIT ?",
                 (ReservationState.RESERVED.value, now_us - margin_us, limit))
 

@@ -6,10 +6,13 @@ Every quota dimension the pinned operation's L1 definition declares (``[quota.<n
 ``limit`` per ``window``, counted per app installation or per binding) is one shared
 quota key, ``<provider>:<dimension>:<org>:<scope value>``. Before the dispatch
 checkpoint, :func:`reserve` takes one send slot of each key from the shared ledger
-(:meth:`storage.quota.QuotaLedger.quota_grant`: one conditional UPDATE per grant) and
-binds it to this claim in a fenced transaction (``quota_reservations``: ``reserved``).
-When a key has no slot within ``max_wait`` the work is told the exact time one will be
-free (:class:`QuotaWait`), and slots already taken for other keys are given back.
+(:meth:`storage.quota.QuotaLedger.quota_reserve`: under the claim's live fence, one
+conditional UPDATE per grant, and the reservation binding it to this claim
+(``quota_reservations``: ``reserved``), all in one transaction: a stale claimant moves
+no budget). When a key has no slot within ``max_wait`` the work is told the exact time
+one will be free (:class:`QuotaWait`), and slots already taken for other keys are given
+back (fenced). A claim lost before it settles its slots leaves them to the quota sweep
+(:func:`return_lost_slots`, :mod:`daemon.core.lost_slots`).
 
 The runner checkpoints, then waits for the latest slot and checks every slot again (a
 slot whose jitter has passed by then is not sent on: the attempt is recorded as not
