@@ -37,7 +37,7 @@ import trio
 from config.definitions import OperationDefinition, policy_of
 from config.settings import BindingSettings
 from daemon.core.effects import DispatchObservation, Phase
-from daemon.core.lost_slots import SendGate
+from daemon.core.lost_slots import LostSlot, SendGate
 from daemon.core.quota import (
     QuotaPolicy,
     ReservationState,
@@ -361,6 +361,10 @@ async def correct(store: WorkStore, reserved: list[Reserved], headers: Mapping[s
                                      remaining=int(text.strip())):
             moved += 1
     return moved
+
+
+# The quota event each settled lost slot counts as (integrationd_quota_events_total).
+LOST_SLOT_EVENTS = {LostSlot.REFUND: "lost_refunded", LostSlot.SPEND: "lost_spent"}
 
 
 async def return_lost_slots(store: WorkStore, declared: Mapping[str, QuotaKey], *,
