@@ -326,18 +326,22 @@ class QuotaLedger:
         return await self._granting(key, body, name="quota.grant")
 
     async def quota_reserve(self, key: str, policy: QuotaPolicy, *, fence: Fence,
-                            gate: SendGate, now_us: int, max_wait_us: int = 0
-                            ) -> SlotReserved | Wait:
+                            gate: SendGate, now_us: int, max_wait_us: int = 0,
+                            claim_now_us: int | None = None) -> SlotReserved | Wait:
         """One slot of ``key`` for the claim ``fence``, or when to come back: in one
         transaction, the live WorkItem fence (``LostLease``, rolled back: a stale
         claimant moves no shared budget, seed 5.1), the grant
         (:meth:`quota_grant`'s statement) and the reservation binding the slot to the
         claim, with its position and its :class:`~daemon.core.lost_slots.SendGate`. A
         slot is thus never granted without a reservation naming its claim: a claim lost
-        later leaves it ``reserved``, for the quota sweep (:meth:`quota_return_lost`)."""
+        later leaves it ``reserved``, for the quota sweep (:meth:`quota_return_lost`).
+        ``now_us`` is the time the slot is asked from (a later key of several is asked
+        from the latest slot so far); ``claim_now_us`` the clock's reading, which the
+        fence and the reservation's record use (default ``now_us``)."""
+        at = now_us if claim_now_us is None else claim_now_us
 
         async def body(tx: SqlTx) -> SlotReserved | Wait | None:
-            await fence_lock(tx, fence, now_us)  # first: it takes the item's row lock
+            await fence_lock(tx, fence, at)  # first: it takes the item's row lock
             got = await _grant_in(tx, key, policy, now_us=now_us, count=1,
                                   max_wait_us=max_wait_us)
             if not isinstance(got, Granted):
@@ -347,7 +351,7 @@ class QuotaLedger:
             rid = await reservation_open(tx, quota_key=key, slot_at_us=slot,
                                          expires_at_us=expires, work_id=fence.work_id,
                                          ownership_epoch=fence.ownership_epoch,
-                                         now_us=now_us, position_us=place, gate=gate)
+                                         now_us=at, position_us=place, gate=gate)
             return SlotReserved(rid, slot, place, expires)
 
         return await self._granting(key, body, name="quota.reserve")

@@ -202,7 +202,7 @@ async def _common_instant(store: WorkStore, fence: Fence, keys: list[QuotaKey], 
         granted: list[Reserved] = []
         for k in ordered:
             got = await store.quota_reserve(k.key, k.policy, fence=fence, gate=gate,
-                                            now_us=target,
+                                            now_us=target, claim_now_us=now,
                                             max_wait_us=max(0, now + MAX_WAIT_US - target))
             if isinstance(got, Wait):
                 await _release(store, fence, granted, now)
