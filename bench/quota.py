@@ -19,6 +19,11 @@ What it measures, each phase with R ``sandbox.quota_racer`` processes on a fresh
    provider's own, ``self_caused_429`` = 429s the provider answered;
    ``use_grant_p50_ms`` / ``use_grant_p99_ms``: one grant's latency in this phase (with
    ``--burst`` above 1 that is the slot log's path: lock, read, decide, conditional write).
+``--fenced``: phases 1 to 3 take every slot as the daemon does, each under its own
+claim's live fence with its reservation (``quota_reserve``, one slot per grant; each
+racer claims a ``noop`` WorkItem first), instead of the ledger's bare arithmetic
+(``quota_grant``): the fence's cost, compared with ``--block 1`` without it.
+
 4. **the peer**: phase 3 again with process-local buckets (what a team would otherwise
    write: each replica believes it owns the whole limit), for ``--peer-seconds``.
 
@@ -42,6 +47,7 @@ import trio
 from bench import pairs
 from bench.kernel import fresh_url, mysql_admin
 from daemon.core.quota import QuotaPolicy
+from daemon.core.work import WorkSpec
 from sandbox.quota_meter import QuotaMeter
 from storage.migrate import migrate
 from storage.open import open_store
@@ -53,6 +59,17 @@ async def _migrated(url: str) -> None:
     store = await open_store(url, sqlite_synchronous="NORMAL")
     try:
         await migrate(store.db, store.dialect, time.time_ns() // 1000)
+    finally:
+        await store.db.aclose()
+
+
+async def _claimable(url: str, n: int) -> None:
+    """``n`` noop WorkItems, one for each fenced racer to claim."""
+    store = await open_store(url, sqlite_synchronous="NORMAL")
+    try:
+        await store.work_enqueue([WorkSpec(family="noop", org_id="bench",
+                                           subject_kind="racer", subject_id=f"r{i}")
+                                  for i in range(n)], time.time_ns() // 1000)
     finally:
         await store.db.aclose()
 
@@ -81,11 +98,11 @@ def _percentile(values: list[int], q: float) -> float:
 
 
 async def _throughput(url: str, replicas: int, keys: list[str], seconds: float,
-                      block: int) -> tuple[float, list[int]]:
+                      block: int, fenced: bool = False) -> tuple[float, list[int]]:
     start_at = time.time() + 2.0
     specs = [{"url": url, "owner": f"r{i}", "start_at": start_at, "duration": seconds,
               "keys": keys, "limit": 1_000_000_000, "window": 1.0, "jitter": 0.0,
-              "block": block, "max_wait": 60.0} for i in range(replicas)]
+              "block": block, "max_wait": 60.0, "fenced": fenced} for i in range(replicas)]
     results = await _racers(specs)
     slots = sum(r["slots"] for r in results)
     latencies = [v for r in results for v in r["latency_us"]]
@@ -93,7 +110,8 @@ async def _throughput(url: str, replicas: int, keys: list[str], seconds: float,
 
 
 async def _limit_use(url: str, replicas: int, *, limit: int, window: float, seconds: float,
-                     jitter: float, block: int, local: bool, burst: int = 1) -> dict[str, Any]:
+                     jitter: float, block: int, local: bool, burst: int = 1,
+                     fenced: bool = False) -> dict[str, Any]:
     meter = QuotaMeter(limit, window)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(meter.run)
@@ -101,6 +119,7 @@ async def _limit_use(url: str, replicas: int, *, limit: int, window: float, seco
         specs = [{"url": url, "owner": f"r{i}", "start_at": start_at, "duration": seconds,
                   "keys": ["provider"], "limit": limit, "window": window, "jitter": jitter,
                   "block": block, "max_wait": 1.0, "local": local, "burst": burst,
+                  "fenced": fenced and not local,
                   "meter": f"http://127.0.0.1:{port}"} for i in range(replicas)]
         results = await _racers(specs)
         async with httpx.AsyncClient() as client:
@@ -122,14 +141,16 @@ async def main(args: argparse.Namespace) -> None:
         url, name = fresh_url(args.backend, Path(tmp))
         try:
             await _migrated(url)
+            if args.fenced:
+                await _claimable(url, 3 * args.replicas)
             hot, hot_lat = await _throughput(url, args.replicas, ["hot"], args.seconds,
-                                             args.block)
+                                             args.block, args.fenced)
             cold, cold_lat = await _throughput(
                 url, args.replicas, [f"cold{i}" for i in range(100)], args.seconds,
-                args.block)
+                args.block, args.fenced)
             use = await _limit_use(url, args.replicas, limit=args.limit, window=args.window,
                                    seconds=args.use_seconds, jitter=args.jitter, block=2,
-                                   local=False, burst=args.burst)
+                                   local=False, burst=args.burst, fenced=args.fenced)
             peer = await _limit_use(url, args.replicas, limit=args.limit, window=args.window,
                                     seconds=args.peer_seconds, jitter=args.jitter, block=2,
                                     local=True, burst=args.burst)
@@ -141,7 +162,7 @@ async def main(args: argparse.Namespace) -> None:
                              jitter_us=int(args.jitter * 1e6), burst=args.burst)
     print(json.dumps({
         "bench": "quota", "backend": args.backend, "replicas": args.replicas,
-        "block": args.block,
+        "block": 1 if args.fenced else args.block, "fenced": args.fenced,
         "hot_grants_per_s": round(hot, 1), "cold_grants_per_s": round(cold, 1),
         "hot_cold_ratio": round(hot / cold, 3) if cold else 0.0,
         "grant_p50_ms": _percentile(latencies, 0.5), "grant_p99_ms": _percentile(latencies, 0.99),
@@ -172,4 +193,6 @@ if __name__ == "__main__":
                         help="slots that may start at once (a sliding window's burst)")
     parser.add_argument("--use-seconds", type=float, default=60.0)
     parser.add_argument("--peer-seconds", type=float, default=20.0)
+    parser.add_argument("--fenced", action="store_true",
+                        help="every slot under a claim's live fence (the daemon's path)")
     trio.run(main, parser.parse_args())

@@ -9,6 +9,11 @@ request per slot at its slot time (a slot missed by more than the jitter is drop
 sent late). It prints one JSON line: grants, slots, sends, dropped slots, statuses and every
 grant's latency in microseconds.
 
+With ``"fenced": true`` every slot is a claim's (the daemon's path): the racer claims one
+``noop`` WorkItem (the bench enqueues them) and takes each slot with
+``QuotaLedger.quota_reserve``, the grant under that claim's live fence with its
+reservation, one slot per grant (``block`` is ignored).
+
 With ``"local": true`` it is the peer a team would otherwise write: the same schedule kept
 in a process-local bucket per key (no database), so every replica believes it owns the
 whole provider limit.
@@ -25,8 +30,13 @@ from typing import Any
 import httpx
 import trio
 
+from daemon.core.lost_slots import SendGate
 from daemon.core.quota import Granted, QuotaPolicy, QuotaState, Wait, grant
+from daemon.core.work import Fence
 from storage.open import open_store
+from storage.port import ClaimParams
+from storage.quota import SlotReserved
+from storage.work_store import WorkStore
 
 
 def _now_us() -> int:
@@ -48,16 +58,46 @@ class LocalBuckets:
         return got
 
 
+class FencedLedger:
+    """The daemon's path: each slot granted under one claim's live fence, with its
+    reservation (``quota_reserve``), one slot per grant."""
+
+    def __init__(self, store: WorkStore, fence: Fence) -> None:
+        self.store, self.fence = store, fence
+
+    async def quota_grant(self, key: str, policy: QuotaPolicy, *, now_us: int, count: int,
+                          max_wait_us: int) -> Granted | Wait:
+        got = await self.store.quota_reserve(key, policy, fence=self.fence,
+                                             gate=SendGate.CHECKPOINT, now_us=now_us,
+                                             max_wait_us=max_wait_us)
+        if isinstance(got, SlotReserved):
+            return Granted((got.slot_us,), QuotaState(), (got.position_us,))
+        return got
+
+
+async def _claimed(store: WorkStore, owner: str) -> Fence:
+    """One noop WorkItem of the racer's own, claimed for ten minutes."""
+    while True:
+        got = await store.work_claim(
+            ClaimParams(family="noop", owner=owner, limit=1, lease_ttl_us=600_000_000,
+                        window=64), _now_us())
+        if got.claimed and got.claimed[0].fence is not None:
+            return got.claimed[0].fence
+        await trio.sleep(0.05)
+
+
 async def race(spec: dict[str, Any]) -> dict[str, Any]:
     local = bool(spec.get("local"))
     store = None if local else await open_store(spec["url"], pool_size=1,
                                                 sqlite_synchronous="NORMAL")
     ledger: Any = LocalBuckets() if store is None else store
+    if store is not None and spec.get("fenced"):
+        ledger = FencedLedger(store, await _claimed(store, spec["owner"]))
     policy = QuotaPolicy(limit=int(spec["limit"]), window_us=int(spec["window"] * 1e6),
                          jitter_us=int(spec.get("jitter", 0.25) * 1e6),
                          burst=int(spec.get("burst", 1)))
     keys: list[str] = list(spec["keys"])
-    block = int(spec.get("block", 1))
+    block = 1 if spec.get("fenced") else int(spec.get("block", 1))
     max_wait_us = int(spec.get("max_wait", 0) * 1e6)
     rng = random.Random(spec["owner"])
     out: dict[str, Any] = {"owner": spec["owner"], "grants": 0, "slots": 0, "sends": 0,

@@ -8,10 +8,14 @@ for the shared start instant, asks the token owner for the access token of bindi
 ``binding_id`` (default ``b1``) generation 1, and prints one JSON line: the token version
 it got, or the stable reason (and message) it got none. It never prints a token.
 
+``claim_s`` is its WorkItem lease (default 600 s).
+
 ``"stall"`` freezes it at one point of the refresh, for a test to SIGKILL it there: it
 prints ``{"stalled": POINT}`` and sleeps: ``"before_dispatch"`` (the lease and its
 in-flight record are taken, the dispatch marker is not written: the refresh token never
-left), ``"before_call"`` (the marker is written, the request has not left: a successor
+left), ``"sigstop_before_dispatch"`` (the same point, but the process stops itself with
+SIGSTOP, a real freeze, until the test sends SIGCONT; then it goes on to the marker),
+``"before_call"`` (the marker is written, the request has not left: a successor
 cannot tell this from a call that left), ``"after_answer"`` (the provider answered, so
 a rotating refresh token is spent, and the new token was never activated).
 """
@@ -19,6 +23,8 @@ a rotating refresh token is spent, and the new token was never activated).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -37,7 +43,8 @@ from daemon.services.token_refresh import (
     TokenUnavailable,
 )
 from storage.open import open_store
-from storage.port import ClaimParams
+from storage.port import ClaimParams, LostLease
+from storage.refresh_leases import MarkerRefused
 
 
 class _Stall(httpx.AsyncBaseTransport):
@@ -74,6 +81,16 @@ async def race(spec: dict[str, Any]) -> dict[str, Any]:
             return False
 
         setattr(store, "refresh_dispatch", stalled_dispatch)  # noqa: B010
+    elif spec.get("stall") == "sigstop_before_dispatch":
+        marker = store.refresh_dispatch
+
+        async def frozen_dispatch(**kw: Any) -> MarkerRefused | None:
+            sys.stdout.write(json.dumps({"stalled": "sigstop_before_dispatch"}) + "\n")
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGSTOP)  # frozen here until SIGCONT
+            return await marker(**kw)
+
+        setattr(store, "refresh_dispatch", frozen_dispatch)  # noqa: B010
     clock = WallClock()
     key = TokenKey("k1", bytes.fromhex(spec["key_hex"]))
     endpoint: RefreshEndpoint | MintEndpoint
@@ -88,7 +105,8 @@ async def race(spec: dict[str, Any]) -> dict[str, Any]:
         while fence is None:
             got = await store.work_claim(
                 ClaimParams(family="noop", owner=spec["owner"], limit=1,
-                            lease_ttl_us=600_000_000, window=64), clock.now_us())
+                            lease_ttl_us=int(spec.get("claim_s", 600) * 1_000_000),
+                            window=64), clock.now_us())
             fence = got.claimed[0].fence if got.claimed else None
             if fence is None:
                 await trio.sleep(0.05)
@@ -106,6 +124,8 @@ async def race(spec: dict[str, Any]) -> dict[str, Any]:
             except TokenUnavailable as exc:
                 out["reason"] = exc.reason
                 out["message"] = str(exc)  # stable text, never a token
+            except LostLease:
+                out["reason"] = "lease_lost"  # the claim is gone: it stopped, as a handler
     finally:
         await store.db.aclose()
     return out

@@ -8,7 +8,14 @@ the database so that every replica draws from one budget:
 * ``quota_grant``: one conditional UPDATE judged by matched rows moves the key's row by
   the schedule's own arithmetic; the row lock it takes serializes grants of one key on
   every backend, so a slot is never handed out twice, and a grant may cover a small
-  block of slots, so a hot key costs one row update per block.
+  block of slots, so a hot key costs one row update per block. It binds no claim: the
+  racer's and the bench's arithmetic.
+* ``quota_reserve``: a claim's slot, fenced (seed 5.1): in one transaction the claim's
+  live WorkItem fence, the same grant, and the reservation binding the slot to the claim.
+  A stale claimant moves nothing; no slot is ever granted without a reservation naming
+  its claim. ``quota_release`` gives a live claim's unused slots back, fenced.
+* ``quota_return_lost``: the quota sweep; a lost claim's ``reserved`` slot, once its
+  in-flight window has passed, is refunded or spent (:mod:`daemon.core.lost_slots`).
 * ``quota_throttle``: a provider 429 blocks the key for every replica in one statement.
 * ``quota_return``: unused slots come back when nothing was granted after them.
 * ``quota_correct``: a provider's remaining count moves the budget forward (never back)
@@ -35,8 +42,12 @@ the latest one for operators only.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
+
 import attrs
 
+from daemon.core.lost_slots import LostSlot, LostSlotFacts, SendGate, decide_lost_slot
 from daemon.core.quota import (
     Granted,
     QuotaPolicy,
@@ -52,6 +63,7 @@ from daemon.core.quota import (
     returned,
     throttled,
 )
+from daemon.core.work import Fence
 from storage.idgen import new_ulid
 from storage.port import (
     CommitOutcomeUnknown,
@@ -62,6 +74,11 @@ from storage.port import (
     StorageError,
     WorkConflict,
 )
+from storage.work_claims import fence_lock
+from storage.work_rows import placeholders
+
+_T = TypeVar("_T")
+_GATES = frozenset(g.value for g in SendGate)
 
 # Bounded retries of a grant (first grants racing to create the row, unknown COMMITs).
 _MAX_CAS_TRIES = 200
@@ -174,12 +191,124 @@ async def _cas(tx: SqlTx, key: str, seen: _Seen, new: QuotaState, policy: QuotaP
     return matched == 1
 
 
+async def _grant_in(tx: SqlTx, key: str, policy: QuotaPolicy, *, now_us: int, count: int,
+                    max_wait_us: int) -> Granted | Wait | None:
+    """One try of a grant inside ``tx``: granted, a wait, or None (go again: the row was
+    just created, or another replica moved it first)."""
+    if policy.kind is WindowKind.FIXED or policy.uses_slot_log:
+        return await _grant_decided(tx, key, policy, now_us=now_us, count=count,
+                                    max_wait_us=max_wait_us)
+    step = policy.interval_us
+    tau = policy.tolerance_us
+    horizon = now_us + max_wait_us
+    matched = await tx.execute(_GRANT_SQL, (
+        now_us, now_us, now_us, now_us, count * step, count, policy.limit,
+        policy.window_us, step, now_us, key, tau, horizon, horizon))
+    if matched == 1:
+        rows = await tx.fetchall(
+            "SELECT tat_us, blocked_until_us FROM quota_keys WHERE quota_key = ?", (key,))
+        state = QuotaState(int(rows[0][0]), int(rows[0][1]))
+        base = state.tat_us - count * step
+        positions = tuple(base + i * step for i in range(count))
+        floor = max(now_us, state.blocked_until_us)
+        slots = tuple(max(floor, p - tau) for p in positions)
+        return Granted(slots, state, () if tau == 0 else positions)
+    seen = await _read_or_create(tx, key, policy, now_us)
+    decision = grant(policy, seen.state, now_us=now_us, count=count, max_wait_us=max_wait_us)
+    return decision if isinstance(decision, Wait) else None  # created: go again
+
+
+async def _grant_decided(tx: SqlTx, key: str, policy: QuotaPolicy, *, now_us: int,
+                         count: int, max_wait_us: int) -> Granted | Wait | None:
+    if policy.uses_slot_log:
+        # Take the row lock first, so that grants of one key queue on it rather than
+        # lose the compare-and-swap below.
+        await tx.execute("UPDATE quota_keys SET updated_at_us = ? WHERE quota_key = ?",
+                         (now_us, key))
+    seen = await _read_or_create(tx, key, policy, now_us)
+    decision = grant(policy, seen.state, now_us=now_us, count=count, max_wait_us=max_wait_us)
+    if isinstance(decision, Wait):
+        return decision
+    if await _cas(tx, key, seen, decision.state, policy, now_us, granted=count):
+        return decision
+    return None  # another replica moved it first: decide again
+
+
+async def _return_in(tx: SqlTx, key: str, policy: QuotaPolicy, unused: tuple[int, ...],
+                     now_us: int) -> bool:
+    """Give back ``unused`` positions of ``key`` inside ``tx`` (False: they cannot come
+    back, and simply expire unused)."""
+    rows = await tx.fetchall(
+        "SELECT tat_us, blocked_until_us, slot_log, granted_total, returned_total"
+        " FROM quota_keys WHERE quota_key = ?", (key,))
+    if not rows:
+        return False
+    r = rows[0]
+    seen = _Seen(QuotaState(int(r[0]), int(r[1]), _log(r[2]) if policy.uses_slot_log else ()),
+                 int(r[3]), int(r[4]))
+    new = returned(policy, seen.state, unused)
+    if new is None:
+        return False
+    return await _cas(tx, key, seen, new, policy, now_us, returned_count=len(unused))
+
+
+@attrs.frozen
+class SlotReserved:
+    """One granted slot, bound to the claim that asked, in the transaction that granted
+    it (:meth:`QuotaLedger.quota_reserve`)."""
+
+    reservation_id: str
+    slot_us: int
+    position_us: int
+    expires_at_us: int
+
+
+@attrs.frozen
+class SlotRelease:
+    """A reserved slot to give back: its reservation, key, policy and position."""
+
+    reservation_id: str
+    key: str
+    policy: QuotaPolicy
+    position_us: int
+
+
+@attrs.frozen
+class LostSlotSettled:
+    """What the quota sweep did with one lost claim's reservation."""
+
+    reservation_id: str
+    quota_key: str
+    work_id: str
+    ownership_epoch: int
+    decision: LostSlot
+    returned: bool  # given back on the key's line (a refund whose slot was the newest)
+
+
 class QuotaLedger:
     db: Database
 
+    async def _granting(self, key: str, body: Callable[[SqlTx], Awaitable[_T | None]],
+                        *, name: str) -> _T:
+        for _ in range(_MAX_CAS_TRIES):
+            try:
+                result = await self.db.transact(body, name=name)
+            except DuplicateKey:
+                continue  # two first grants created the row at once; the other won
+            except CommitOutcomeUnknown:
+                # If it did commit, those slots are simply never used: capacity lost,
+                # never exceeded (a reservation it bound to a claim is settled by the
+                # quota sweep once that claim ends). Ask again.
+                continue
+            if result is not None:
+                return result
+        raise QuotaContention(f"quota key {key}: could not grant")
+
     async def quota_grant(self, key: str, policy: QuotaPolicy, *, now_us: int, count: int = 1,
                           max_wait_us: int = 0) -> Granted | Wait:
-        """Up to ``count`` slots of ``key``'s shared budget, or when to come back.
+        """Up to ``count`` slots of ``key``'s shared budget, or when to come back: the
+        ledger's arithmetic alone, bound to no claim (the quota racer and bench; a
+        claim's send slot is :meth:`quota_reserve`, fenced).
 
         One conditional UPDATE, judged by matched rows, moves the budget by exactly the
         arithmetic of :func:`daemon.core.quota.grant` (``start = max(tat, blocked, now)``,
@@ -189,58 +318,141 @@ class QuotaLedger:
         """
         if count <= 0:
             raise ValueError(f"count must be positive, got {count}")
-        step = policy.interval_us
-        tau = policy.tolerance_us
-        horizon = now_us + max_wait_us
 
         async def body(tx: SqlTx) -> Granted | Wait | None:
-            matched = await tx.execute(_GRANT_SQL, (
-                now_us, now_us, now_us, now_us, count * step, count, policy.limit,
-                policy.window_us, step, now_us, key, tau, horizon, horizon))
-            if matched == 1:
-                rows = await tx.fetchall(
-                    "SELECT tat_us, blocked_until_us FROM quota_keys WHERE quota_key = ?",
-                    (key,))
-                state = QuotaState(int(rows[0][0]), int(rows[0][1]))
-                base = state.tat_us - count * step
-                positions = tuple(base + i * step for i in range(count))
-                floor = max(now_us, state.blocked_until_us)
-                slots = tuple(max(floor, p - tau) for p in positions)
-                return Granted(slots, state, () if tau == 0 else positions)
-            seen = await _read_or_create(tx, key, policy, now_us)
-            decision = grant(policy, seen.state, now_us=now_us, count=count,
-                             max_wait_us=max_wait_us)
-            return decision if isinstance(decision, Wait) else None  # created: go again
+            return await _grant_in(tx, key, policy, now_us=now_us, count=count,
+                                   max_wait_us=max_wait_us)
 
-        async def body_decided(tx: SqlTx) -> Granted | Wait | None:
-            if policy.uses_slot_log:
-                # Take the row lock first, so that grants of one key queue on it rather
-                # than lose the compare-and-swap below.
-                await tx.execute("UPDATE quota_keys SET updated_at_us = ? WHERE quota_key = ?",
-                                 (now_us, key))
-            seen = await _read_or_create(tx, key, policy, now_us)
-            decision = grant(policy, seen.state, now_us=now_us, count=count,
-                             max_wait_us=max_wait_us)
-            if isinstance(decision, Wait):
-                return decision
-            if await _cas(tx, key, seen, decision.state, policy, now_us, granted=count):
-                return decision
-            return None  # another replica moved it first: decide again
+        return await self._granting(key, body, name="quota.grant")
 
-        decided = policy.kind is WindowKind.FIXED or policy.uses_slot_log
-        for _ in range(_MAX_CAS_TRIES):
-            try:
-                result = await self.db.transact(body_decided if decided else body,
-                                                name="quota.grant")
-            except DuplicateKey:
-                continue  # two first grants created the row at once; the other won
-            except CommitOutcomeUnknown:
-                # If it did commit, those slots are simply never used: capacity lost,
-                # never exceeded. Ask again.
+    async def quota_reserve(self, key: str, policy: QuotaPolicy, *, fence: Fence,
+                            gate: SendGate, now_us: int, max_wait_us: int = 0,
+                            claim_now_us: int | None = None) -> SlotReserved | Wait:
+        """One slot of ``key`` for the claim ``fence``, or when to come back: in one
+        transaction, the live WorkItem fence (``LostLease``, rolled back: a stale
+        claimant moves no shared budget, seed 5.1), the grant
+        (:meth:`quota_grant`'s statement) and the reservation binding the slot to the
+        claim, with its position and its :class:`~daemon.core.lost_slots.SendGate`. A
+        slot is thus never granted without a reservation naming its claim: a claim lost
+        later leaves it ``reserved``, for the quota sweep (:meth:`quota_return_lost`).
+        ``now_us`` is the time the slot is asked from (a later key of several is asked
+        from the latest slot so far); ``claim_now_us`` the clock's reading, which the
+        fence and the reservation's record use (default ``now_us``)."""
+        at = now_us if claim_now_us is None else claim_now_us
+
+        async def body(tx: SqlTx) -> SlotReserved | Wait | None:
+            await fence_lock(tx, fence, at)  # first: it takes the item's row lock
+            got = await _grant_in(tx, key, policy, now_us=now_us, count=1,
+                                  max_wait_us=max_wait_us)
+            if not isinstance(got, Granted):
+                return got
+            slot, place = got.slots[0], got.places[0]
+            expires = slot + policy.jitter_us
+            rid = await reservation_open(tx, quota_key=key, slot_at_us=slot,
+                                         expires_at_us=expires, work_id=fence.work_id,
+                                         ownership_epoch=fence.ownership_epoch,
+                                         now_us=at, position_us=place, gate=gate)
+            return SlotReserved(rid, slot, place, expires)
+
+        return await self._granting(key, body, name="quota.reserve")
+
+    async def quota_release(self, fence: Fence, slots: Sequence[SlotRelease], *,
+                            now_us: int) -> None:
+        """Give back slots the live claim ``fence`` reserved and will not use (nothing
+        was sent on them): each reservation ``reserved -> released`` and its position
+        returned, in one fenced transaction. ``LostLease``: nothing written; the quota
+        sweep returns them once their window has passed."""
+
+        async def body(tx: SqlTx) -> None:
+            await fence_lock(tx, fence, now_us)
+            for s in sorted(slots, key=lambda s: (s.key, s.position_us)):
+                await reservation_move(tx, s.reservation_id, ReservationState.RELEASED,
+                                       now_us=now_us)
+                await _return_in(tx, s.key, s.policy, (s.position_us,), now_us)
+
+        await self.db.transact(body, name="quota.release")
+
+    async def quota_hand_out(self, fence: Fence, reservation_ids: Sequence[str], *,
+                             now_us: int) -> None:
+        """A read's slots leave :func:`~daemon.services.effect_quota.reserve` (its request
+        may leave from here on, with no checkpoint to say so): ``granted -> handed``,
+        fenced. ``LostLease``: nothing handed out, nothing sent."""
+
+        async def body(tx: SqlTx) -> None:
+            await fence_lock(tx, fence, now_us)
+            await tx.execute(
+                f"UPDATE quota_reservations SET send_gate = ?, updated_at_us = ?"
+                f" WHERE reservation_id IN ({placeholders(len(reservation_ids))})"
+                " AND state = ? AND send_gate = ?",
+                (SendGate.HANDED.value, now_us, *reservation_ids,
+                 ReservationState.RESERVED.value, SendGate.GRANTED.value))
+
+        await self.db.transact(body, name="quota.hand_out")
+
+    async def quota_return_lost(self, policies: Mapping[str, QuotaPolicy], *, now_us: int,
+                                margin_us: int, limit: int = 100) -> list[LostSlotSettled]:
+        """The quota sweep: reservations still ``reserved`` whose in-flight window
+        (``expires_at`` plus ``margin``, the replicas' clock spread) has passed and whose
+        claim is lost are refunded (``released``, given back by position when nothing was
+        granted after them) or spent (``spent_unknown``) as
+        :func:`daemon.core.lost_slots.decide_lost_slot` says; each by one compare-and-swap
+        out of ``reserved``, in its own transaction with its give-back, so no slot comes
+        back twice. A key ``policies`` does not name is settled without a give-back."""
+
+        async def candidates(tx: SqlTx) -> list[Row]:
+            return await tx.fetchall(
+                "SELECT r.reservation_id, r.quota_key, r.work_id, r.ownership_epoch,"
+                " r.position_us, r.send_gate, w.state, w.ownership_epoch, a.attempt_id"
+                " FROM quota_reservations r"
+                " LEFT JOIN work_items w ON w.work_id = r.work_id"
+                " LEFT JOIN effect_attempts a ON a.work_id = r.work_id"
+                " AND a.ownership_epoch = r.ownership_epoch"
+                " WHERE r.state = ? AND r.expires_at_us <= ?"
+                # Live claims settle their own slots: leave them out here, so that many
+                # slow live sends never crowd a lost claim's slot out of the batch.
+                " AND (w.work_id IS NULL OR w.state <> 'processing'"
+                " OR w.ownership_epoch <> r.ownership_epoch)"
+                " ORDER BY r.expires_at_us LIMIT ?",
+                (ReservationState.RESERVED.value, now_us - margin_us, limit))
+
+        out = []
+        for row in await self.db.transact(candidates, name="quota.lost_candidates",
+                                          write=False):
+            facts = LostSlotFacts(
+                claim_live=row[6] == "processing" and row[7] is not None
+                and int(row[7]) == int(row[3]),
+                window_passed=True,  # selected so
+                gate=SendGate(row[5]) if row[5] in _GATES else None,
+                checkpointed=row[8] is not None)
+            decision = decide_lost_slot(facts)
+            if decision is LostSlot.KEEP:
                 continue
-            if result is not None:
-                return result
-        raise QuotaContention(f"quota key {key}: could not grant")
+            settled = await self._settle_lost(row, decision, policies, now_us)
+            if settled is not None:
+                out.append(settled)
+        return out
+
+    async def _settle_lost(self, row: Row, decision: LostSlot,
+                           policies: Mapping[str, QuotaPolicy], now_us: int
+                           ) -> LostSlotSettled | None:
+        rid, key = str(row[0]), str(row[1])
+        target = (ReservationState.RELEASED if decision is LostSlot.REFUND
+                  else ReservationState.SPENT_UNKNOWN)
+        policy = policies.get(key)
+
+        async def body(tx: SqlTx) -> LostSlotSettled | None:
+            moved = await tx.execute(
+                "UPDATE quota_reservations SET state = ?, updated_at_us = ?"
+                " WHERE reservation_id = ? AND state = ?",
+                (target.value, now_us, rid, ReservationState.RESERVED.value))
+            if moved != 1:
+                return None  # another replica's sweep (or the claim itself) settled it
+            gave_back = (decision is LostSlot.REFUND and policy is not None
+                         and row[4] is not None
+                         and await _return_in(tx, key, policy, (int(row[4]),), now_us))
+            return LostSlotSettled(rid, key, str(row[2]), int(row[3]), decision, gave_back)
+
+        return await self.db.transact(body, name="quota.return_lost")
 
     async def quota_correct(self, key: str, policy: QuotaPolicy, *, now_us: int,
                             remaining: int) -> bool:
@@ -293,19 +505,7 @@ class QuotaLedger:
         cannot come back (they expire unused)."""
 
         async def body(tx: SqlTx) -> bool:
-            rows = await tx.fetchall(
-                "SELECT tat_us, blocked_until_us, slot_log, granted_total, returned_total"
-                " FROM quota_keys WHERE quota_key = ?", (key,))
-            if not rows:
-                return False
-            r = rows[0]
-            seen = _Seen(QuotaState(int(r[0]), int(r[1]),
-                                    _log(r[2]) if policy.uses_slot_log else ()),
-                         int(r[3]), int(r[4]))
-            new = returned(policy, seen.state, unused)
-            if new is None:
-                return False
-            return await _cas(tx, key, seen, new, policy, now_us, returned_count=len(unused))
+            return await _return_in(tx, key, policy, unused, now_us)
 
         return await self.db.transact(body, name="quota.return")
 
@@ -365,14 +565,18 @@ def _reservation_from_row(row: Row) -> QuotaReservation:
 
 
 async def reservation_open(tx: SqlTx, *, quota_key: str, slot_at_us: int, expires_at_us: int,
-                           work_id: str, ownership_epoch: int, now_us: int) -> str:
+                           work_id: str, ownership_epoch: int, now_us: int,
+                           position_us: int | None = None,
+                           gate: SendGate | None = None) -> str:
     """Bind one granted slot to one claim, inside that claim's fenced transaction."""
     reservation_id = new_ulid(now_us)
     await tx.execute(
         f"INSERT INTO quota_reservations ({_RESERVATION_COLUMNS}, created_at_us,"
-        " updated_at_us) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
+        " updated_at_us, position_us, send_gate)"
+        " VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?, ?)",
         (reservation_id, quota_key, slot_at_us, expires_at_us, work_id, ownership_epoch,
-         ReservationState.RESERVED.value, now_us, now_us))
+         ReservationState.RESERVED.value, now_us, now_us, position_us,
+         None if gate is None else gate.value))
     return reservation_id
 
 

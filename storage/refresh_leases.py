@@ -2,9 +2,17 @@
 
 A refresh is: a live WorkItem fence -> this lease's compare-and-swap -> the in-flight
 record (the lease row itself: owner, token version refreshed from, start) -> the dispatch
-marker (``call_sent_at_us``, committed by a compare-and-swap on the live lease token right
-before the provider call) -> one provider call -> one transaction that installs the next
-token version *and* clears the lease, while the lease is still ours.
+marker (``call_sent_at_us``, committed right before the provider call by one transaction
+that holds the live WorkItem fence *again* and compare-and-swaps the live lease token) ->
+one provider call -> one transaction that installs the next token version *and* clears
+the lease, while the lease is still ours.
+
+* The claim is fenced twice, at the lease and at the marker, because the refresh lease
+  may outlive the claim that took it: a claimant frozen (SIGSTOP, a stalled host) between
+  the two, past its WorkItem lease, wakes to a live refresh lease on an item another
+  replica reclaimed. Its marker is refused (:attr:`MarkerRefused.CLAIM_LOST`), so it never
+  reaches the token endpoint. Only from the marker on does the call run on the refresh
+  lease alone (its answer must be activated even if the claim ends meanwhile).
 
 * ``refresh_lease_acquire`` runs inside the caller's fenced transaction
   (``WorkStore.work_fenced``): a stale worker cannot even take the lease. What it does
@@ -23,11 +31,14 @@ token version *and* clears the lease, while the lease is still ours.
 
 from __future__ import annotations
 
+import enum
+
 import attrs
 
 from daemon.core.grant_reasons import IN_DOUBT, GrantReason, grant_reason, unusable_code
 from daemon.core.refresh_decision import RefreshDecision, RefreshFacts, decide_refresh
 from daemon.core.token_bundle import SealedBundle
+from daemon.core.work import Fence
 from storage.grants import (
     GrantState,
     mark_grant_at,
@@ -35,7 +46,8 @@ from storage.grants import (
     read_grant,
     replace_grant,
 )
-from storage.port import Database, SqlTx
+from storage.port import Database, LostLease, SqlTx
+from storage.work_claims import fence_lock
 
 
 @attrs.frozen
@@ -146,24 +158,42 @@ class RefreshLeaseRaced(Exception):
         self.seen_version = seen_version
 
 
+class MarkerRefused(enum.StrEnum):
+    """Why the dispatch marker was not written (stable reason codes): the call must not
+    leave."""
+
+    CLAIM_LOST = "claim_lost_before_call"  # the WorkItem fence is gone (seed 5.1)
+    LEASE_LOST = "lease_ended_before_call"  # the refresh lease ended or was taken over
+
+
 class RefreshLeases:
     db: Database
 
-    async def refresh_dispatch(self, *, binding_id: str, generation: int, lease_token: str,
-                               now_us: int) -> bool:
-        """Record, durably, that our call is about to leave: a compare-and-swap on our
-        live, marked lease (False, nothing written: the lease ended or was taken over,
-        and the caller must not call). From here on nobody presents this version's
-        refresh token again unless this owner ends its lease."""
+    async def refresh_dispatch(self, *, fence: Fence, binding_id: str, generation: int,
+                               lease_token: str, now_us: int) -> MarkerRefused | None:
+        """Record, durably, that our call is about to leave: in one transaction, the live
+        WorkItem fence of the claim that took the lease (seed 5.1: a stale claimant never
+        reaches the token endpoint), then a compare-and-swap on our live, marked lease.
+        None: written, the call may leave. Otherwise nothing is written and the caller
+        must not call: :attr:`MarkerRefused.CLAIM_LOST` (the claim's lease ended or the
+        item was reclaimed while the refresh lease was still ours) or
+        :attr:`MarkerRefused.LEASE_LOST` (the refresh lease ended or was taken over).
+        From the marker on, the call runs on the refresh lease alone, and nobody presents
+        this version's refresh token again unless this owner ends its lease."""
 
-        async def body(tx: SqlTx) -> bool:
-            return await tx.execute(
+        async def body(tx: SqlTx) -> MarkerRefused | None:
+            await fence_lock(tx, fence, now_us)  # first: it locks the item, as acquire does
+            marked = await tx.execute(
                 "UPDATE refresh_leases SET call_sent_at_us = ? WHERE binding_id = ?"
                 " AND generation = ? AND lease_token = ? AND call_token = ?"
                 " AND until_us >= ? AND call_sent_at_us IS NULL",
-                (now_us, binding_id, generation, lease_token, lease_token, now_us)) == 1
+                (now_us, binding_id, generation, lease_token, lease_token, now_us))
+            return None if marked == 1 else MarkerRefused.LEASE_LOST
 
-        return await self.db.transact(body, name="refresh.dispatch")
+        try:
+            return await self.db.transact(body, name="refresh.dispatch")
+        except LostLease:
+            return MarkerRefused.CLAIM_LOST  # rolled back: nothing was written
 
     async def refresh_activate(self, *, binding_id: str, generation: int, lease_token: str,
                                from_version: int, sealed: SealedBundle, expires_at_us: int,

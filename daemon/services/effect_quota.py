@@ -6,10 +6,13 @@ Every quota dimension the pinned operation's L1 definition declares (``[quota.<n
 ``limit`` per ``window``, counted per app installation or per binding) is one shared
 quota key, ``<provider>:<dimension>:<org>:<scope value>``. Before the dispatch
 checkpoint, :func:`reserve` takes one send slot of each key from the shared ledger
-(:meth:`storage.quota.QuotaLedger.quota_grant`: one conditional UPDATE per grant) and
-binds it to this claim in a fenced transaction (``quota_reservations``: ``reserved``).
-When a key has no slot within ``max_wait`` the work is told the exact time one will be
-free (:class:`QuotaWait`), and slots already taken for other keys are given back.
+(:meth:`storage.quota.QuotaLedger.quota_reserve`: under the claim's live fence, one
+conditional UPDATE per grant, and the reservation binding it to this claim
+(``quota_reservations``: ``reserved``), all in one transaction: a stale claimant moves
+no budget). When a key has no slot within ``max_wait`` the work is told the exact time
+one will be free (:class:`QuotaWait`), and slots already taken for other keys are given
+back (fenced). A claim lost before it settles its slots leaves them to the quota sweep
+(:func:`return_lost_slots`, :mod:`daemon.core.lost_slots`).
 
 The runner checkpoints, then waits for the latest slot and checks every slot again (a
 slot whose jitter has passed by then is not sent on: the attempt is recorded as not
@@ -34,6 +37,7 @@ import trio
 from config.definitions import OperationDefinition, policy_of
 from config.settings import BindingSettings
 from daemon.core.effects import DispatchObservation, Phase
+from daemon.core.lost_slots import LostSlot, SendGate
 from daemon.core.quota import (
     QuotaPolicy,
     ReservationState,
@@ -46,9 +50,10 @@ from daemon.core.quota import (
     slot_usable,
 )
 from daemon.core.work import Fence
+from daemon.services import logs
 from daemon.services.clock import Clock
 from storage.port import SqlTx
-from storage.quota import reservation_move, reservation_open
+from storage.quota import LostSlotSettled, SlotRelease, reservation_move
 from storage.work_store import WorkStore
 
 # How long a claim may wait for its slot before it is rescheduled for later instead.
@@ -141,31 +146,27 @@ def quota_keys(op: OperationDefinition, binding: BindingSettings, *,
 
 
 async def reserve(store: WorkStore, clock: Clock, fence: Fence,
-                  keys: list[QuotaKey]) -> list[Reserved] | QuotaWait:
-    """One slot of every key, bound to this claim, waited for; or when to come back."""
+                  keys: list[QuotaKey], *, read: bool = False) -> list[Reserved] | QuotaWait:
+    """One slot of every key, bound to this claim as it is granted (one fenced
+    transaction per slot: a stale claimant moves no budget, ``LostLease``), or when to
+    come back. ``read``: the slots are a provider read's, which sends with no dispatch
+    checkpoint, so they are marked handed out (fenced) before they are returned; an
+    effect's slots are gated by its checkpoint instead (:mod:`daemon.core.lost_slots`)."""
     if not keys:
         return []
     now = clock.now_us()
-    granted = await _common_instant(store, keys, now)
+    gate = SendGate.GRANTED if read else SendGate.CHECKPOINT
+    granted = await _common_instant(store, fence, keys, now, gate)
     if isinstance(granted, QuotaWait):
         return granted
-
-    async def bind(tx: SqlTx) -> list[str]:
-        return [await reservation_open(tx, quota_key=k.key, slot_at_us=slot,
-                                       expires_at_us=slot + k.policy.jitter_us,
-                                       work_id=fence.work_id,
-                                       ownership_epoch=fence.ownership_epoch, now_us=now)
-                for k, slot, _ in granted]
-
-    ids = await store.work_fenced(fence, now, bind, name="quota.reserve")
     at = clock.now_us()
-    if at >= min(slot + max(1, k.policy.jitter_us) for k, slot, _ in granted):
+    if at >= min(r.slot_us + max(1, r.key.policy.jitter_us) for r in granted):
         # Too late for one of them already: nothing is sent on it, and it may come back.
-        await _give_back(store, granted, at)
-        await _move(store, fence, ids, ReservationState.RELEASED, None, at)
-        return QuotaWait(granted[0][0].key, at)
-    return [Reserved(k, slot, rid, place)
-            for (k, slot, place), rid in zip(granted, ids, strict=True)]
+        await _release(store, fence, granted, at)
+        return QuotaWait(granted[0].key.key, at)
+    if read:
+        await store.quota_hand_out(fence, [r.reservation_id for r in granted], now_us=at)
+    return granted
 
 
 def slot_wait_us(reserved: list[Reserved], now_us: int) -> int:
@@ -185,8 +186,8 @@ async def wait_for_slots(clock: Clock, reserved: list[Reserved]) -> bool:
 _ROUNDS = 4
 
 
-async def _common_instant(store: WorkStore, keys: list[QuotaKey], now: int
-                          ) -> list[tuple[QuotaKey, int, int]] | QuotaWait:
+async def _common_instant(store: WorkStore, fence: Fence, keys: list[QuotaKey], now: int,
+                          gate: SendGate) -> list[Reserved] | QuotaWait:
     """One slot of every key such that some instant lies within all of them: a key with
     a burst may grant one for now while another's is later, and a slot is only valid for
     its jitter, so a later slot makes the earlier ones ask again from its time (the
@@ -198,21 +199,32 @@ async def _common_instant(store: WorkStore, keys: list[QuotaKey], now: int
     # not come back: under contention someone has been granted after them).
     ordered = sorted(keys, key=lambda k: -k.policy.interval_us)
     for _ in range(_ROUNDS):
-        granted: list[tuple[QuotaKey, int, int]] = []
+        granted: list[Reserved] = []
         for k in ordered:
-            got = await store.quota_grant(k.key, k.policy, now_us=target,
-                                          max_wait_us=max(0, now + MAX_WAIT_US - target))
+            got = await store.quota_reserve(k.key, k.policy, fence=fence, gate=gate,
+                                            now_us=target, claim_now_us=now,
+                                            max_wait_us=max(0, now + MAX_WAIT_US - target))
             if isinstance(got, Wait):
-                await _give_back(store, granted, now)
+                await _release(store, fence, granted, now)
                 return QuotaWait(k.key, got.until_us - (target - now))
-            granted.append((k, got.slots[0], got.places[0]))
-            target = max(target, got.slots[0])
-        latest = max(slot for _, slot, _ in granted)
-        if all(latest < slot + max(1, k.policy.jitter_us) for k, slot, _ in granted):
+            granted.append(Reserved(k, got.slot_us, got.reservation_id, got.position_us))
+            target = max(target, got.slot_us)
+        latest = max(r.slot_us for r in granted)
+        if all(latest < r.slot_us + max(1, r.key.policy.jitter_us) for r in granted):
             return granted
-        await _give_back(store, granted, now)
+        await _release(store, fence, granted, now)
         target = latest
     return QuotaWait(keys[0].key, target)
+
+
+async def _release(store: WorkStore, fence: Fence, reserved: list[Reserved],
+                   now: int) -> None:
+    """Give back slots this live claim reserved and will not send on (fenced: a claim
+    lost meanwhile leaves them to the quota sweep, ``LostLease``)."""
+    if reserved:
+        await store.quota_release(fence, [
+            SlotRelease(r.reservation_id, r.key.key, r.key.policy, r.position_us)
+            for r in reserved], now_us=now)
 
 
 async def _give_back(store: WorkStore, granted: list[tuple[QuotaKey, int, int]],
@@ -358,3 +370,21 @@ async def correct(store: WorkStore, reserved: list[Reserved], headers: Mapping[s
                                      remaining=int(text.strip())):
             moved += 1
     return moved
+
+
+# The quota event each settled lost slot counts as (integrationd_quota_events_total).
+LOST_SLOT_EVENTS = {LostSlot.REFUND: "lost_refunded", LostSlot.SPEND: "lost_spent"}
+
+
+async def return_lost_slots(store: WorkStore, declared: Mapping[str, QuotaKey], *,
+                            now_us: int, clock_spread_us: int) -> list[LostSlotSettled]:
+    """The quota sweep (each replica's depth loop): a lost claim's reservations, once
+    their in-flight window has passed, refunded when no request can have left on them,
+    else spent (:mod:`daemon.core.lost_slots`). Returns what it settled (logged)."""
+    margin = max([clock_spread_us, *(k.policy.clock_spread_us for k in declared.values())])
+    settled = await store.quota_return_lost(
+        {name: k.policy for name, k in declared.items()}, now_us=now_us, margin_us=margin)
+    for s in settled:
+        logs.event("quota_lost_slot_settled", quota_key=s.quota_key, work_id=s.work_id,
+                   epoch=s.ownership_epoch, decision=s.decision.value, returned=s.returned)
+    return settled

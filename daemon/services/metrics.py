@@ -66,7 +66,8 @@ RETENTION_RESULTS = ("done", "busy", "failed", "lease_lost", "lease_untrusted")
 CREDENTIAL_ALERT_REASONS = ("needs_reauthorization", "token_bundle_unauthentic")
 # Label values of integrationd_grants_needing_reauthorization (a fixed set).
 GRANT_REASON_LABELS = (*sorted(REASONS), "unrecorded")
-QUOTA_EVENTS = ("reserved", "waited", "throttled", "given_back", "corrected", "exhausted")
+QUOTA_EVENTS = ("reserved", "waited", "throttled", "given_back", "corrected", "exhausted",
+                "lost_refunded", "lost_spent")
 # Why a provider's reset header was not used (daemon/core/quota.py's ResetIgnored).
 QUOTA_RESET_IGNORED = tuple(r.value for r in ResetIgnored)
 # Result labels of integrationd_ingress_deliveries_total (answered 200) and reasons of
@@ -336,7 +337,9 @@ class Metrics:
             " waited (work rescheduled until the budget allows), throttled (a provider 429"
             " moved the shared budget), given_back (slots that provably never left),"
             " corrected (a provider's remaining count moved the shared budget forward),"
-            " exhausted (a 2xx said none remain: the key blocked until the provider's reset)",
+            " exhausted (a 2xx said none remain: the key blocked until the provider's reset),"
+            " lost_refunded / lost_spent (a lost claim's reserved slot, settled by the quota"
+            " sweep once its window passed: released, or spent as its request may have left)",
             ["event"],
             registry=r,
         )

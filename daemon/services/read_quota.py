@@ -6,8 +6,10 @@ binding's effects (:func:`read_keys`: the provider's L1 dimensions, scoped by L2
 its operations), through the same reservation:
 
 1. :func:`daemon.services.effect_quota.reserve`: one slot of every key from the shared
-   ledger (one conditional statement per grant) bound to this claim in a fenced
-   transaction (a ``quota_reservations`` record, ``reserved``); no slot within
+   ledger (one conditional statement per grant) bound to this claim in the same fenced
+   transaction (a ``quota_reservations`` record, ``reserved``), then marked handed out
+   (a read sends with no checkpoint, so a lost claim's handed-out slot counts as spent);
+   no slot within
    ``MAX_WAIT_US``: the item is deferred to the exact time the ledger names
    (:class:`~daemon.core.outcomes.Deferred`: not a failure, no attempt charged);
 2. wait for the slot; one that expired meanwhile is not sent on (given back, deferred);
@@ -80,7 +82,7 @@ async def quota_read(ctx: WorkContext, rq: ReadQuota,
     keys = list(rq.keys)
     if not keys:
         return await call()
-    reserved = await quota.reserve(ctx.store, ctx.clock, ctx.fence, keys)
+    reserved = await quota.reserve(ctx.store, ctx.clock, ctx.fence, keys, read=True)
     if isinstance(reserved, quota.QuotaWait):
         rq.on_quota("waited")
         delay = max(0.0, (reserved.until_us - ctx.clock.now_us()) / 1_000_000)

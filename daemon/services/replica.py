@@ -60,6 +60,7 @@ from daemon.services import legacy_projector, logs, sdnotify
 from daemon.services.activity_log import run_activity_summaries
 from daemon.services.clock import Clock
 from daemon.services.completer import Completer
+from daemon.services.effect_quota import LOST_SLOT_EVENTS, return_lost_slots
 from daemon.services.families import FamilyRegistry
 from daemon.services.http_guard import EarlyRefusalGuard
 from daemon.services.http_server import serve_app
@@ -484,6 +485,11 @@ class Replica:
                 self.metrics.set_grant_reasons(
                     await self.store.grant_reauthorization_counts())
                 if self.metrics.quota_declared:
+                    # Lost claims' slots first: what comes back shows in this sample.
+                    for lost in await return_lost_slots(
+                            self.store, self.metrics.quota_declared, now_us=now_us,
+                            clock_spread_us=self.settings.work.clock_spread_us):
+                        self.metrics.count_quota(LOST_SLOT_EVENTS[lost.decision])
                     self.metrics.set_quota(await sample_quota(
                         self.store, self.metrics.quota_declared, now_us), now_us)
                 self.history.append(

@@ -12,10 +12,15 @@ needs the binding generation's access token:
    change nothing, so it never reaches the provider). Losers wait, bounded, for the next
    token version and use it; nobody else calls the provider while a lease is live.
    Who may do what with the lease row found is :mod:`daemon.core.refresh_decision`.
-3. The winner commits the **dispatch marker** (a compare-and-swap on its live lease
-   token; an owner whose lease ended or was taken over cannot write it and does not
-   call), then calls the token endpoint once. From the marker on, a rotating refresh
-   token may be spent, so:
+3. The winner commits the **dispatch marker**, in one transaction that holds the live
+   WorkItem fence again and compare-and-swaps its live lease token, then calls the token
+   endpoint once. An owner whose lease ended or was taken over cannot write it and does
+   not call (``lease_ended_before_call``: ``refresh_lease_lost``); nor does a claimant
+   frozen past its WorkItem lease whose item another replica reclaimed meanwhile, though
+   its refresh lease still lives (``claim_lost_before_call``: it stops with
+   ``LostLease``, its lease ended unspent for the item's new owner). From the marker on,
+   and only from there, the exchange runs on the refresh lease alone; a rotating
+   refresh token may be spent, so:
 
    * the owner keeps reading the answer past its lease, up to its own ``answer_wait``
      (``replica.refresh_answer_wait``; a drain's or forced stop's hard deadline cuts it,
@@ -79,12 +84,13 @@ from daemon.core.work import Fence
 from daemon.services import logs
 from daemon.services.clock import Clock
 from storage.idgen import new_lease_token
-from storage.port import DuplicateKey, SqlTx
+from storage.port import DuplicateKey, LostLease, SqlTx
 from storage.refresh_leases import (
     AlreadyRefreshed,
     GrantUnusable,
     LeaseBusy,
     LeaseWon,
+    MarkerRefused,
     RefreshLeaseRaced,
     refresh_lease_acquire,
 )
@@ -204,7 +210,8 @@ class TokenOwner:
                                            "another replica's refresh did not finish in time")
                 await trio.sleep(self.poll_s)
                 continue
-            return await self._refresh(binding_id, generation, endpoint, bundle, outcome)
+            return await self._refresh(fence, binding_id, generation, endpoint, bundle,
+                                       outcome)
 
     async def _take_lease(self, fence: Fence, binding_id: str, generation: int,
                           seen_version: int, *, spends_credential: bool = True
@@ -227,21 +234,23 @@ class TokenOwner:
             # back, nothing taken; read the grant again and use its version.
             return AlreadyRefreshed(raced.seen_version + 1)
 
-    async def _refresh(self, binding_id: str, generation: int,
+    async def _refresh(self, fence: Fence, binding_id: str, generation: int,
                        endpoint: RefreshEndpoint | MintEndpoint,
                        bundle: TokenBundle, lease: LeaseWon) -> AccessToken:
-        """One refresh (or mint) under the won lease. It is fenced by that lease, not by
-        the claim that started it: once the call may have reached the provider (which
-        rotates the refresh token as it answers), a claim that loses its trust must not
-        cut the exchange off before activation, or the new token is lost with the old one
-        spent. Its own bound is the answer wait (after the call left) plus the time to
-        write the outcome, and a forced stop's deadline."""
+        """One refresh (or mint) under the won lease. Up to the dispatch marker it is
+        fenced by the claim that started it too (the marker's transaction holds the live
+        WorkItem fence); from the marker on by the lease alone: once the call may have
+        reached the provider (which rotates the refresh token as it answers), a claim
+        that loses its trust must not cut the exchange off before activation, or the new
+        token is lost with the old one spent. Its own bound is the answer wait (after
+        the call left) plus the time to write the outcome, and a forced stop's deadline."""
         bound_s = (self.answer_wait_us + 2 * self.call_margin_us) / 1e6
         with trio.CancelScope(shield=True) as fenced:
             fenced.deadline = min(trio.current_time() + bound_s, self._abandon_at)
             self._exchanges.add(fenced)
             try:
-                return await self._exchange(binding_id, generation, endpoint, bundle, lease)
+                return await self._exchange(fence, binding_id, generation, endpoint,
+                                            bundle, lease)
             finally:
                 self._exchanges.discard(fenced)
         # Abandoned (a forced stop) or past every bound: whatever was written stands (a
@@ -249,7 +258,7 @@ class TokenOwner:
         raise TokenUnavailable("refresh_abandoned", "the refresh was abandoned before its"
                                " outcome was recorded")
 
-    async def _exchange(self, binding_id: str, generation: int,
+    async def _exchange(self, fence: Fence, binding_id: str, generation: int,
                         endpoint: RefreshEndpoint | MintEndpoint,
                         bundle: TokenBundle, lease: LeaseWon) -> AccessToken:
         refreshing = isinstance(endpoint, RefreshEndpoint)
@@ -264,13 +273,18 @@ class TokenOwner:
         # the send itself lies between the marker and the call.
         wait_s = self.answer_wait_us / 1e6
         request = self._request(endpoint, bundle, wait_s)
-        if not await self.store.refresh_dispatch(
-                binding_id=binding_id, generation=generation,
-                lease_token=lease.lease_token, now_us=self.clock.now_us()):
-            # Our lease ended (and may have been taken over): nothing was sent.
-            # A lease we still hold is ended unspent, so the next owner need not wait.
+        refused = await self.store.refresh_dispatch(
+            fence=fence, binding_id=binding_id, generation=generation,
+            lease_token=lease.lease_token, now_us=self.clock.now_us())
+        if refused is not None:
+            # Nothing was sent. A lease we still hold is ended unspent, so the next owner
+            # (the claim's new owner, when ours was lost) need not wait for it.
             await self._fail(binding_id, generation, lease, reauthorize=None)
-            logs.warn("token_refresh_failed", reason="lease_ended_before_call", **log)
+            logs.warn("token_refresh_failed", reason=refused.value, **log)
+            if refused is MarkerRefused.CLAIM_LOST:
+                # Frozen past the WorkItem lease while the refresh lease lived on: a
+                # stale claimant stops here, as at any other fenced write (seed 5.1).
+                raise LostLease(fence)
             raise TokenUnavailable("refresh_lease_lost", "the refresh lease ended before the"
                                    " call; nothing was sent")
         answer: httpx.Response | None = None

@@ -14,15 +14,18 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
+from config.settings import Secret
 from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, TokenKey, seal
 from daemon.services.clock import WallClock
+from daemon.services.token_refresh import RefreshEndpoint, TokenOwner
 from sandbox.oauth_sim import OAuthSimulator, running_oauth
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
-from tests.support.work import enqueue
+from tests.support.work import claim, enqueue
 
 KEY = TokenKey("k1", bytes(range(32)))
 CLIENT_SECRET = "client-SECRET-proc"
@@ -173,3 +176,56 @@ async def test_a_refresh_owner_killed_before_or_after_its_call_left(
         again = await _result(third)
     assert again["reason"] == "refresh_in_doubt", again
     assert [e["answer"] for e in sim.journal] == journal
+
+
+def _stopped(pid: int) -> bool:
+    """The process is stopped by a signal (``T`` in /proc/PID/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
+@pytest.mark.slow
+async def test_stale_claimant_sigstopped_past_its_lease_never_reaches_token_endpoint(
+        database: FreshDatabase, store: WorkStore, tmp_path: Path,
+        oauth: tuple[OAuthSimulator, str]) -> None:
+    """Issue 20 item 1 with a real freeze: the racer takes the refresh lease (60 s) under
+    its claim (a 3 s WorkItem lease) and SIGSTOPs itself before the dispatch marker; this
+    process reclaims the item once its lease is over, then sends SIGCONT. Before: the
+    woken racer wrote the marker (its refresh lease still lived), called the provider and
+    activated version 2. Now: it stops with a lost lease, nothing reaches the provider,
+    and the item's new owner refreshes once."""
+    sim, url = oauth
+    await _seed(store, sim, 1)
+    spec = json.loads(_spec(database, tmp_path, url, "r0", time.time(), lease_s=60.0))
+    first = await _start(json.dumps({**spec, "claim_s": 3, "stall": "sigstop_before_dispatch"}))
+    try:
+        with trio.fail_after(60):
+            assert await _stalled(first) == "sigstop_before_dispatch"
+            while True:  # polled: a stop is seen only in /proc, no event says so
+                if _stopped(first.pid):
+                    break
+                await trio.sleep(0.05)
+        reclaimed = None
+        with trio.fail_after(60):
+            while reclaimed is None:  # the racer's WorkItem lease ends while it is frozen
+                got = await claim(store, owner="r1", now=WallClock().now_us(),
+                                  ttl=600 * 1_000_000)
+                reclaimed = got.claimed[0].fence if got.claimed else None
+                await trio.sleep(0.1)
+        assert await store.refresh_in_flight("b1", 1, WallClock().now_us())
+    finally:
+        first.send_signal(signal.SIGCONT)
+    with trio.fail_after(60):
+        result = await _result(first)
+    assert result == {"owner": "r0", "reason": "lease_lost"}, result
+    assert sim.journal == []  # the frozen claimant never reached the token endpoint
+    grant = await store.grant_get("b1", 1)
+    assert grant is not None and (grant.token_version, grant.state.value) == (1, "valid")
+    # Its refresh lease ended unspent: the item's new owner refreshes now, once.
+    assert not await store.refresh_in_flight("b1", 1, WallClock().now_us())
+    async with httpx.AsyncClient() as http:
+        owner = TokenOwner(store, {"k1": KEY}, "k1", http, WallClock())
+        token = await owner.access_token(reclaimed, "b1", 1, RefreshEndpoint(
+            url, "client-1", Secret(CLIENT_SECRET)))
+    assert token.token_version == 2
+    assert [e["answer"] for e in sim.journal] == ["ok"]

@@ -37,6 +37,7 @@ from daemon.services.token_refresh import (
 )
 from sandbox.oauth_sim import OAuthSimulator, refreshes_per_token, running_oauth, token_digest
 from storage.grants import GrantState
+from storage.refresh_leases import MarkerRefused
 from storage.work_store import WorkStore
 from tests.support.grants import expired_grant_and_claims
 
@@ -159,7 +160,7 @@ async def test_an_owner_whose_lease_was_taken_over_before_its_marker_never_calls
             frozen, thawed = trio.Event(), trio.Event()
             marker = store.refresh_dispatch
 
-            async def frozen_before_marker(**kw: object) -> bool:
+            async def frozen_before_marker(**kw: object) -> MarkerRefused | None:
                 frozen.set()
                 await thawed.wait()
                 return await marker(**kw)  # type: ignore[arg-type]

@@ -9,13 +9,16 @@ import itertools
 
 import trio
 
+from daemon.core.lost_slots import SendGate
 from daemon.core.quota import Granted, QuotaPolicy
 from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, TokenKey, seal
-from storage.port import SqlTx
+from daemon.core.work import Fence
+from storage.port import LostLease, SqlTx
+from storage.quota import SlotReserved
 from storage.refresh_leases import AlreadyRefreshed, LeaseBusy, LeaseWon, refresh_lease_acquire
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
-from tests.support.work import T0
+from tests.support.work import T0, claim, enqueue
 
 S = 1_000_000
 KEY = TokenKey("k1", bytes(range(32)))
@@ -48,6 +51,48 @@ async def test_quota_grants_from_every_store_never_hand_out_one_slot_twice(
     assert all(b - a >= roomy.interval_us for a, b in itertools.pairwise(ordered))
     for store in stores:  # every store (node) reads the same ledger
         assert (await store.quota_keys("hot"))[0].granted_total == len(slots)
+
+
+async def test_fenced_quota_reserves_from_every_store_never_hand_out_one_slot_twice(
+        database: FreshDatabase) -> None:
+    """The claim-fenced grant (issue 20 item 6) across nodes: the fence, the grant and the
+    reservation certify together; a stale claimant racing them moves nothing."""
+    stores = await _stores(database)
+    roomy = QuotaPolicy(limit=1000, window_us=S, jitter_us=0)
+    await enqueue(stores[0], 7, now=T0)
+    stale = (await claim(stores[0], owner="A", now=T0, ttl=S, limit=1)).claimed[0].fence
+    live = [i.fence for i in (await claim(stores[0], owner="B", now=T0 + 2 * S,
+                                          ttl=600 * S, limit=7)).claimed]
+    assert stale is not None and stale.work_id in {f.work_id for f in live if f}
+    slots: list[int] = []
+    refused: list[LostLease] = []
+
+    async def grab(store: WorkStore, fence: Fence) -> None:
+        for _ in range(4):
+            try:
+                got = await store.quota_reserve("hot", roomy, fence=fence,
+                                                gate=SendGate.CHECKPOINT,
+                                                now_us=T0 + 2 * S, max_wait_us=60 * S)
+            except LostLease as exc:
+                refused.append(exc)
+                continue
+            assert isinstance(got, SlotReserved)
+            slots.append(got.slot_us)
+
+    async with trio.open_nursery() as nursery:
+        for i, fence in enumerate(live):
+            assert fence is not None
+            nursery.start_soon(grab, stores[i % len(stores)], fence)
+        nursery.start_soon(grab, stores[-1], stale)
+    assert len(refused) == 4  # every one of the stale claimant's tries
+    assert len(slots) == len(set(slots)) == 4 * len(live)
+    assert all(b - a >= roomy.interval_us for a, b in itertools.pairwise(sorted(slots)))
+    for store in stores:
+        assert (await store.quota_keys("hot"))[0].granted_total == len(slots)
+    for fence in live:
+        assert fence is not None
+        bound = await stores[0].quota_reservations(fence.work_id)
+        assert [r.ownership_epoch for r in bound] == [fence.ownership_epoch] * 4
 
 
 async def test_slot_log_grants_from_every_store_never_exceed_a_window(

@@ -11,11 +11,17 @@ import pytest
 
 from daemon.core.grant_reasons import grant_reason
 from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, TokenKey, seal
+from daemon.core.work import Fence
 from storage.grants import GrantState
 from storage.port import SqlTx
-from storage.refresh_leases import GrantUnusable, LeaseWon, refresh_lease_acquire
+from storage.refresh_leases import (
+    GrantUnusable,
+    LeaseWon,
+    MarkerRefused,
+    refresh_lease_acquire,
+)
 from storage.work_store import WorkStore
-from tests.support.work import T0
+from tests.support.work import T0, claim, enqueue
 
 S = 1_000_000
 TTL = 30 * S
@@ -24,10 +30,15 @@ BUNDLE = TokenBundle(access_token=SecretText("at-SECRET"), refresh_token=SecretT
                      expires_at_us=0)
 
 
-async def _grant(store: WorkStore) -> None:
+async def _grant(store: WorkStore) -> Fence:
+    """The grant, and the live claim (an hour's lease) whose handler refreshes it."""
     await store.grant_install(binding_id="b1", generation=1,
                               sealed=seal(BUNDLE, KEY, BundleContext("b1", 1, 1)),
                               expires_at_us=0, now_us=T0)
+    await enqueue(store, 1, now=T0)
+    (item,) = (await claim(store, now=T0, ttl=3600 * S)).claimed
+    assert item.fence is not None
+    return item.fence
 
 
 async def _acquire(store: WorkStore, token: str, now: int, *, seen: int = 1,
@@ -40,9 +51,9 @@ async def _acquire(store: WorkStore, token: str, now: int, *, seen: int = 1,
     return await store.db.transact(body, name="test.lease")
 
 
-async def _dispatch(store: WorkStore, token: str, now: int) -> bool:
-    return await store.refresh_dispatch(binding_id="b1", generation=1, lease_token=token,
-                                        now_us=now)
+async def _dispatch(store: WorkStore, token: str, now: int, fence: Fence) -> bool:
+    return await store.refresh_dispatch(fence=fence, binding_id="b1", generation=1,
+                                        lease_token=token, now_us=now) is None
 
 
 async def _activate(store: WorkStore, token: str, now: int, from_version: int = 1) -> bool:
@@ -59,19 +70,19 @@ async def _state(store: WorkStore) -> tuple[GrantState, int, str | None]:
 
 
 async def test_only_the_live_lease_owner_writes_the_marker_once(store: WorkStore) -> None:
-    await _grant(store)
+    fence = await _grant(store)
     assert isinstance(await _acquire(store, "A", T0), LeaseWon)
-    assert not await _dispatch(store, "other", T0 + 1)  # not our lease
-    assert not await _dispatch(store, "A", T0 + TTL + 1)  # our lease is over
-    assert await _dispatch(store, "A", T0 + 1)
-    assert not await _dispatch(store, "A", T0 + 2)  # once
+    assert not await _dispatch(store, "other", T0 + 1, fence)  # not our lease
+    assert not await _dispatch(store, "A", T0 + TTL + 1, fence)  # our lease is over
+    assert await _dispatch(store, "A", T0 + 1, fence)
+    assert not await _dispatch(store, "A", T0 + 2, fence)  # once
 
 
 async def test_an_expired_lease_whose_call_left_puts_the_grant_in_doubt_never_refreshes(
         store: WorkStore) -> None:
-    await _grant(store)
+    fence = await _grant(store)
     assert isinstance(await _acquire(store, "A", T0), LeaseWon)
-    assert await _dispatch(store, "A", T0 + 1)
+    assert await _dispatch(store, "A", T0 + 1, fence)
     assert await _acquire(store, "B", T0 + TTL + 1) == GrantUnusable("refresh_in_doubt")
     assert await _state(store) == (GrantState.NEEDS_REAUTHORIZATION, 1, "refresh_in_doubt")
     # Pinned: nobody takes the lease, nobody refreshes, however often they ask.
@@ -86,21 +97,21 @@ async def test_an_expired_lease_whose_call_left_puts_the_grant_in_doubt_never_re
 
 
 async def test_an_expired_lease_whose_call_never_left_is_taken_over(store: WorkStore) -> None:
-    await _grant(store)
+    fence = await _grant(store)
     assert isinstance(await _acquire(store, "A", T0), LeaseWon)
     won = await _acquire(store, "B", T0 + TTL + 1)
     assert isinstance(won, LeaseWon) and won.from_version == 1
     assert await _state(store) == (GrantState.VALID, 1, None)
     # The owner it was taken from can neither mark its call nor activate.
-    assert not await _dispatch(store, "A", T0 + TTL + 2)
+    assert not await _dispatch(store, "A", T0 + TTL + 2, fence)
     assert not await _activate(store, "A", T0 + TTL + 2)
-    assert await _dispatch(store, "B", T0 + TTL + 2)
+    assert await _dispatch(store, "B", T0 + TTL + 2, fence)
 
 
 async def test_a_mint_whose_call_left_is_simply_done_again(store: WorkStore) -> None:
-    await _grant(store)
+    fence = await _grant(store)
     assert isinstance(await _acquire(store, "A", T0, spends=False), LeaseWon)
-    assert await _dispatch(store, "A", T0 + 1)
+    assert await _dispatch(store, "A", T0 + 1, fence)
     assert isinstance(await _acquire(store, "B", T0 + TTL + 1, spends=False), LeaseWon)
     assert await _state(store) == (GrantState.VALID, 1, None)
     assert not await _activate(store, "A", T0 + TTL + 2)  # taken over: too late
@@ -129,9 +140,9 @@ async def test_a_lease_from_a_build_without_the_marker_counts_as_dispatched(
 async def test_a_late_answer_heals_only_its_own_in_doubt_version(
         store: WorkStore, meanwhile: str, expected: tuple[GrantState, int, str | None]
         ) -> None:
-    await _grant(store)
+    fence = await _grant(store)
     assert isinstance(await _acquire(store, "A", T0), LeaseWon)
-    assert await _dispatch(store, "A", T0 + 1)
+    assert await _dispatch(store, "A", T0 + 1, fence)
     assert await _acquire(store, "B", T0 + TTL + 1) == GrantUnusable("refresh_in_doubt")
     if meanwhile == "reauthorized":
         assert await store.grant_replace(
@@ -149,12 +160,12 @@ async def test_a_late_answer_heals_only_its_own_in_doubt_version(
 
 
 async def test_the_owner_marks_its_own_unanswered_call_in_doubt(store: WorkStore) -> None:
-    await _grant(store)
+    fence = await _grant(store)
     assert isinstance(await _acquire(store, "A", T0), LeaseWon)
     # Not dispatched yet: there is nothing in doubt (the token never left).
     assert not await store.refresh_in_doubt(binding_id="b1", generation=1, lease_token="A",
                                             from_version=1, now_us=T0 + 1)
-    assert await _dispatch(store, "A", T0 + 1)
+    assert await _dispatch(store, "A", T0 + 1, fence)
     assert not await store.refresh_in_doubt(binding_id="b1", generation=1,
                                             lease_token="other", from_version=1,
                                             now_us=T0 + 2)
@@ -169,12 +180,38 @@ async def test_the_owner_marks_its_own_unanswered_call_in_doubt(store: WorkStore
 
 async def test_ending_a_lease_unspent_clears_the_marker_for_the_next_owner(
         store: WorkStore) -> None:
-    await _grant(store)
+    fence = await _grant(store)
     assert isinstance(await _acquire(store, "A", T0), LeaseWon)
-    assert await _dispatch(store, "A", T0 + 1)
+    assert await _dispatch(store, "A", T0 + 1, fence)
     # The endpoint refused the request before using the token (or never connected).
     await store.refresh_fail(binding_id="b1", generation=1, lease_token="A",
                              from_version=1, reauthorize=None, now_us=T0 + 2)
     won = await _acquire(store, "B", T0 + 3)
+    assert isinstance(won, LeaseWon) and won.from_version == 1
+    assert await _state(store) == (GrantState.VALID, 1, None)
+
+
+@pytest.mark.parametrize("spends", [True, False], ids=["refresh", "mint"])
+@pytest.mark.parametrize("reclaimed", [True, False], ids=["reclaimed", "lease_expired"])
+async def test_stale_claimant_reclaimed_before_marker_writes_no_marker(
+        store: WorkStore, spends: bool, reclaimed: bool) -> None:
+    """A claimant took the refresh lease, then its WorkItem lease ended (and the item was
+    reclaimed, or not yet) while the refresh lease lived on: the marker is refused for
+    the claim, not the lease, and nothing is written (issue 20 item 1; seed 5.1)."""
+    await _grant(store)
+    await enqueue(store, 1, now=T0)
+    (item,) = (await claim(store, owner="A", now=T0, ttl=10 * S)).claimed
+    assert item.fence is not None
+    assert isinstance(await _acquire(store, "A", T0 + 1, spends=spends), LeaseWon)
+    if reclaimed:
+        (again,) = (await claim(store, owner="B", now=T0 + 12 * S)).claimed
+        assert again.work_id == item.work_id
+    refused = await store.refresh_dispatch(fence=item.fence, binding_id="b1", generation=1,
+                                           lease_token="A", now_us=T0 + 13 * S)
+    assert refused is MarkerRefused.CLAIM_LOST
+    assert refused.value == "claim_lost_before_call"
+    # No marker: once the lease expires, the next owner takes it over and refreshes
+    # (with a marker, a refresh would be in doubt instead).
+    won = await _acquire(store, "C", T0 + TTL + 2)
     assert isinstance(won, LeaseWon) and won.from_version == 1
     assert await _state(store) == (GrantState.VALID, 1, None)
