@@ -20,8 +20,7 @@ from daemon.core.work import Fence, WorkItem
 from daemon.services.effect_quota import QuotaKey, QuotaWait, reserve, return_lost_slots
 from storage.port import LostLease
 from storage.work_store import WorkStore
-from tests.storage.test_effect_journal import attempt
-from tests.support.commands import draft
+from tests.support.commands import accept_pinned, attempt, draft
 from tests.support.work import SEC, T0, claim, enqueue
 
 KEY = "hubspot:burst:org-1:install-1"
@@ -114,7 +113,7 @@ async def test_lost_claim_unused_slot_returns_once_its_in_flight_window_has_pass
 
 async def test_lost_claim_slot_whose_request_may_have_left_is_spent_not_refunded(
         store: WorkStore) -> None:
-    accepted = await store.command_accept(draft(), T0)
+    accepted = await accept_pinned(store, draft(), T0)  # every pin the checkpoint checks
     assert accepted.command_id is not None
     lost = await _reserving(store, family="external_effect")
     assert lost.fence is not None
