@@ -45,6 +45,7 @@ from daemon.services.operator_api import (
     EnqueueRequest,
     NotAuthorized,
     cancel,
+    command_facts_json,
     enqueue,
     item_json,
     operator_path_json,
@@ -429,6 +430,7 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
             path = await operator_path_json(store, settings, item)
             if path is not None:  # a command's item: where its Runtime intent stands
                 doc["operator_path"] = path
+                doc.update(await command_facts_json(store, item.subject_id))
             if args.json:
                 _print_json(doc)
             else:

@@ -209,6 +209,34 @@ async def operator_path_json(store: WorkStore, settings: Settings,
     return None if path is None else {"command_id": item.subject_id} | path.as_json()
 
 
+async def command_facts_json(store: WorkStore, command_id: str) -> dict[str, Any]:
+    """For a command's work item, what the console's item page shows beside it: the
+    command (its settlement and pins, never its request body), each effect attempt (what
+    was sent and what came back, safe fields only) and the Runtime receipt's state."""
+    command = await store.command_get(command_id)
+    if command is None:
+        return {}
+    receipt = await store.receipt_get(command_id)
+    return {
+        "command": {"command_id": command.command_id, "settlement": command.settlement.value,
+                    "operation": command.operation, "intent_id": command.intent_id,
+                    "binding_id": command.binding_id,
+                    "binding_generation": command.binding_generation,
+                    "catalog_revision": command.catalog_revision,
+                    "remote_id": command.remote_id, "repair_of": command.repair_of},
+        "effect_attempts": [
+            {"attempt_id": a.attempt_id, "ownership_epoch": a.ownership_epoch,
+             "method": a.method, "target_path": a.target_path,
+             "dispatch_started_at_us": a.dispatch_started_at_us,
+             "response_status": a.response_status, "outcome": a.outcome,
+             "failure_class": a.failure_class, "evidence": a.evidence,
+             "disposition": a.disposition, "finished_at_us": a.finished_at_us}
+            for a in await store.effect_attempts(command_id)],
+        "receipt": None if receipt is None else {
+            "state": receipt.state.value, "result_format_version": receipt.result_format_version},
+    }
+
+
 def item_json(item: WorkItem, executions: list[Execution] | None = None) -> dict[str, Any]:
     """A WorkItem as JSON for operators. The payload is not included (it may be sensitive)."""
     doc = attrs.asdict(item)

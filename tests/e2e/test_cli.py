@@ -317,6 +317,11 @@ async def test_work_show_and_command_verbs_follow_the_operator_path_table(
     shown = json.loads(run_cli(cfg, "work", "show", dead, "--json").stdout)
     assert shown["operator_path"]["effect_state"] == "no_effect"
     assert shown["operator_path"]["next_action"] == "retire"
+    # The item's command and its attempts, as the console's item page shows them.
+    assert shown["command"]["command_id"] == item.subject_id
+    assert shown["command"]["settlement"] == "open"
+    assert shown["effect_attempts"] == [] and shown["receipt"] is None
+    assert "frozen_request" not in json.dumps(shown)
     assert "operator_path: " in run_cli(cfg, "work", "show", dead).stdout
     command = json.loads(run_cli(cfg, "command", "show", item.subject_id, "--json").stdout)
     assert command["operator_path"]["next_action"] == "retire"
