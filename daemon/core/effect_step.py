@@ -35,6 +35,9 @@ performs the step and nothing else. The rules, in the order they apply:
    ``NO_EFFECT`` when :func:`daemon.core.no_effect.no_effect_proof` proves
    it, otherwise blocked for an operator. Never a conversion of ambiguity.
 6. No credentials: wait. Otherwise: **dispatch** the prepared request.
+7. After the exchange (:func:`after_attempt`): a request our own quota or send gate
+   held back (nothing left, nothing failed) is given back unstarted, charging no
+   attempt (``Requeue``); every other class takes its step from the outcome table.
 
 Windows: L2 may only lengthen what L1 declares (the configuration refuses a
 shorter one); the decision uses the longer of the two, so a binding can
@@ -235,6 +238,16 @@ class Wait:
 
 
 @attrs.frozen
+class Requeue:
+    """Nothing left and nothing failed: our own quota or send gate held the request back
+    (its send slot expired waiting, say, for a free connection). The claim is given
+    back unstarted at once, charging no attempt: contention never kills work."""
+
+    code: str
+    sentence: str
+
+
+@attrs.frozen
 class Dispatch(Generic[R]):
     """Write the checkpoint, then send exactly this request."""
 
@@ -242,7 +255,7 @@ class Dispatch(Generic[R]):
 
 
 Step = Nothing | Reconcile | RecordAbsent | SettleSuccess | SettleNoEffect | Blocked | Wait \
-    | Dispatch[R]
+    | Requeue | Dispatch[R]
 
 
 # ------------------------------------------------------------------ rules
@@ -411,6 +424,9 @@ def after_attempt(view: ClaimView[R], verdict: Classification, what: str) -> Ste
     earlier one is a definitive authorization failure and settles like any rejection."""
     command = view.command
     assert command is not None and view.operation is not None
+    if verdict.held:
+        return Requeue(verdict.failure_class, f"held back before sending ({what}): nothing"
+                       " was sent; no attempt is charged")
     if (verdict.outcome is OutcomeClass.REJECTED and verdict.failure_class == UNAUTHENTICATED
             and view.binding is not None and view.binding.refreshable
             and not any(a.failure_class == UNAUTHENTICATED for a in view.attempts)):

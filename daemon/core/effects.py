@@ -15,7 +15,9 @@ other 4xx), and whether the effect is replay-safe.
 ``ACCEPTED``                an accepted status naming the pinned record
                             (where the definition says responses name one)
 ``REJECTED``                a declared rejected status (by default a 4xx)
-``RETRYABLE_PRE_DISPATCH``  proven to fail before any byte left
+``RETRYABLE_PRE_DISPATCH``  proven to fail before any byte left (or held
+                            back by our own quota or send gate: not a
+                            failure, and no attempt is charged for it)
 ``REPLAY_SAFE_RETRY``       the contract proves a retry cannot double the
                             effect (e.g. 429, or 503 declared not-applied)
 ``OUTCOME_UNKNOWN``         bytes may have left and nothing proves the
@@ -62,9 +64,21 @@ class Evidence(enum.StrEnum):
 
 
 class Phase(enum.StrEnum):
-    NOT_CONNECTED = "not_connected"  # connect refused/timed out, pool exhausted: nothing sent
+    # Our own side held the request back before any byte left: its quota send slot
+    # expired while it waited (for a free connection, the checkpoint, the event loop),
+    # or no free connection of ours came within the timeout. Nothing was sent and
+    # nothing failed: contention, never a failed attempt (see HELD_CLASSES).
+    HELD = "held"
+    NOT_CONNECTED = "not_connected"  # connect refused/timed out: nothing sent
     SENT = "sent"  # bytes may have left; no (complete) response
     RESPONDED = "responded"
+
+
+# The details a HELD observation carries, and the failure class each is shown with.
+SLOT_EXPIRED = "quota_slot_expired"  # a quota send slot's window passed unused
+CONNECTION_WAIT = "connection_wait"  # no free connection of ours within the timeout
+HELD_CLASSES: Mapping[str, str] = {SLOT_EXPIRED: "quota_slot_expired",
+                                   CONNECTION_WAIT: "quota_connection_wait"}
 
 
 @attrs.frozen
@@ -134,10 +148,16 @@ class Classification:
     evidence: Evidence
     retry_after_s: float | None = None
     failure_class: str = ""
+    # Our own side held the request back (Phase.HELD): nothing left and nothing failed,
+    # so the claim is given back charging no attempt (daemon.core.effect_step).
+    held: bool = False
 
 
 def classify(contract: OperationContract, seen: DispatchObservation) -> Classification:
     """Exactly one outcome class, and the evidence, for one observed exchange."""
+    if seen.phase is Phase.HELD:
+        return Classification(OutcomeClass.RETRYABLE_PRE_DISPATCH, Evidence.NOT_SENT, None,
+                              HELD_CLASSES.get(seen.detail, "quota_held"), held=True)
     if seen.phase is Phase.NOT_CONNECTED:
         return Classification(OutcomeClass.RETRYABLE_PRE_DISPATCH, Evidence.NOT_SENT, None,
                               "connect")

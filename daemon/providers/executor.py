@@ -15,8 +15,10 @@ read-back for reconciliation.
 
 Which exceptions mean "nothing was sent": failing to connect (refused, DNS,
 connect timeout), waiting for a pooled connection, and a caller's *send gate*
-that closed. Anything after that (write/read errors and timeouts, a peer that
-closes without answering) may have delivered the request, so it is ``SENT``.
+that closed. The last two are our own side holding the request back
+(``Phase.HELD``: contention, never a failed attempt); the first is
+``NOT_CONNECTED``. Anything after that (write/read errors and timeouts, a peer
+that closes without answering) may have delivered the request, so it is ``SENT``.
 
 A send gate is asked at the last moment before the first byte leaves (httpcore's
 ``send_request_headers.started`` trace event, on a connection already taken): a
@@ -56,7 +58,14 @@ from config.definitions import (
 )
 from config.settings import BindingSettings
 from daemon.core.canonical import canonical_bytes
-from daemon.core.effects import DispatchObservation, IdentityEvidence, Phase, RemoteSnapshot
+from daemon.core.effects import (
+    CONNECTION_WAIT,
+    SLOT_EXPIRED,
+    DispatchObservation,
+    IdentityEvidence,
+    Phase,
+    RemoteSnapshot,
+)
 from daemon.providers.template import RenderError, field_map, identity_text
 
 
@@ -174,7 +183,7 @@ class SendWindowClosed(Exception):
 
 
 # The detail a closed send gate reports (the runner's own late check reports the same).
-SEND_WINDOW_CLOSED = "quota_slot_expired"
+SEND_WINDOW_CLOSED = SLOT_EXPIRED
 
 
 def _gated(may_send: Callable[[], bool]) -> Callable[[str, dict[str, Any]], Any]:
@@ -320,7 +329,10 @@ class HttpExecutor:
                 timeout_s=timeout_s, may_send=may_send,
             )
         except SendWindowClosed:
-            return DispatchObservation(Phase.NOT_CONNECTED, detail=SEND_WINDOW_CLOSED), {}
+            return DispatchObservation(Phase.HELD, detail=SEND_WINDOW_CLOSED), {}
+        except httpx.PoolTimeout:
+            # Our own connection limit (BoundedHttp's wait), not the provider's.
+            return DispatchObservation(Phase.HELD, detail=CONNECTION_WAIT), {}
         except _NOT_SENT as exc:
             return DispatchObservation(Phase.NOT_CONNECTED, detail=type(exc).__name__), {}
         except httpx.HTTPError as exc:

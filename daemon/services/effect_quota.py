@@ -242,8 +242,9 @@ def still_usable(reserved: list[Reserved], now_us: int) -> bool:
 
 
 def outcome_state(seen: DispatchObservation) -> ReservationState:
-    """What the exchange did with the slot: only a refused connect provably never left."""
-    if seen.phase is Phase.NOT_CONNECTED:
+    """What the exchange did with the slot: only a request held back or a refused
+    connect provably never left."""
+    if seen.phase in (Phase.HELD, Phase.NOT_CONNECTED):
         return ReservationState.RELEASED
     if seen.phase is Phase.SENT:
         return ReservationState.SPENT_UNKNOWN

@@ -21,7 +21,9 @@ step :func:`~daemon.core.effect_step.decide` returns:
   dispatch and queue the receipt for the Runtime, with the finalization; the
   item *completes* (a settled command leaves nothing for an operator);
 * ``Blocked``: the item is dead with the step's reason, for an operator;
-* ``Wait``: retry later; ``Nothing``: skipped.
+* ``Wait``: retry later; ``Nothing``: skipped;
+* ``Requeue``: our own quota or send gate held the request back (nothing left):
+  the claim is given back unstarted at once, its attempt refunded (a deferral).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from daemon.core.effect_step import (
     Readback,
     Reconcile,
     RecordAbsent,
+    Requeue,
     SettleNoEffect,
     SettleSuccess,
     Step,
@@ -367,6 +370,9 @@ class EffectRunner:
                 return DeadLetter(code, sentence)
             case Wait(code=code, sentence=sentence, delay_s=delay):
                 return RetryLater(code, sentence, delay)
+            case Requeue(code=code, sentence=sentence):
+                # Contention of ours, not a failure: back unstarted, its attempt refunded.
+                return Deferred(code, ctx.clock.now_us(), sentence)
             case SettleSuccess(remote_id=remote_id, proven_applied=ids,
                                modified_at_us=modified):
                 assert ec is not None
@@ -476,7 +482,7 @@ class EffectRunner:
             # The checkpoint (or the wake-up) outlasted a slot's jitter: sending now could
             # land in a window the schedule did not give it. Nothing leaves; the slots
             # come back.
-            seen = DispatchObservation(Phase.NOT_CONNECTED, detail=SEND_WINDOW_CLOSED)
+            seen = DispatchObservation(Phase.HELD, detail=SEND_WINDOW_CLOSED)
             provider_evidence: dict[str, Any] = {}
         else:
             # And once more as the first byte is about to leave: a free connection, a

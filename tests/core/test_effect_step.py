@@ -18,6 +18,7 @@ from daemon.core.effect_step import (
     Readback,
     Reconcile,
     RecordAbsent,
+    Requeue,
     SettleNoEffect,
     SettleSuccess,
     Step,
@@ -267,6 +268,19 @@ AFTER: list[tuple[str, OperationContract, DispatchObservation, ClaimView[str], S
      VIEW, Wait("http_429", "not applied (429)", 7.0)),
     ("not connected retries", CONTRACT, DispatchObservation(Phase.NOT_CONNECTED), VIEW,
      Wait("connect", "not applied (connect)", None)),
+    # --- our own quota or send gate held the request back: requeued, never charged
+    ("a slot that expired waiting is requeued, charging nothing", CONTRACT,
+     DispatchObservation(Phase.HELD, detail="quota_slot_expired"), VIEW,
+     Requeue("quota_slot_expired", "held back before sending (quota_slot_expired): nothing"
+             " was sent; no attempt is charged")),
+    ("no free connection of ours is requeued, charging nothing", REPLAY_SAFE,
+     DispatchObservation(Phase.HELD, detail="connection_wait"),
+     attrs.evolve(VIEW, attempts=(att("RETRYABLE_PRE_DISPATCH", "not_sent"),)),
+     Requeue("quota_connection_wait", "held back before sending (connection_wait): nothing"
+             " was sent; no attempt is charged")),
+    ("a refused connect is no hold: it is a failed attempt", CONTRACT,
+     DispatchObservation(Phase.NOT_CONNECTED, detail="ConnectError"), VIEW,
+     Wait("connect", "not applied (ConnectError)", None)),
     ("replay-safe timeout retries, as maybe applied", REPLAY_SAFE,
      DispatchObservation(Phase.SENT), VIEW,
      Wait("transport", "maybe applied (transport); the contract proves a replay safe", None)),

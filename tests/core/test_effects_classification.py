@@ -31,6 +31,16 @@ NS, NA, MA, AP = (Evidence.NOT_SENT, Evidence.NOT_APPLIED, Evidence.MAYBE_APPLIE
     [
         (PATCH, DispatchObservation(Phase.NOT_CONNECTED), Classification(
             OC.RETRYABLE_PRE_DISPATCH, NS, None, "connect")),
+        # Held back by our own quota or send gate: not sent, and not a failure.
+        (PATCH, DispatchObservation(Phase.HELD, detail="quota_slot_expired"), Classification(
+            OC.RETRYABLE_PRE_DISPATCH, NS, None, "quota_slot_expired", held=True)),
+        (SAFE, DispatchObservation(Phase.HELD, detail="connection_wait"), Classification(
+            OC.RETRYABLE_PRE_DISPATCH, NS, None, "quota_connection_wait", held=True)),
+        (PATCH, DispatchObservation(Phase.HELD), Classification(
+            OC.RETRYABLE_PRE_DISPATCH, NS, None, "quota_held", held=True)),
+        # A refused connect is the provider's side: a failed attempt, never held.
+        (PATCH, DispatchObservation(Phase.NOT_CONNECTED, detail="quota_slot_expired"),
+         Classification(OC.RETRYABLE_PRE_DISPATCH, NS, None, "connect")),
         (PATCH, DispatchObservation(Phase.SENT), Classification(
             OC.OUTCOME_UNKNOWN, MA, None, "transport")),
         (SAFE, DispatchObservation(Phase.SENT), Classification(

@@ -130,6 +130,7 @@ REPLAY_SAFE = OperationContract(not_applied_statuses=frozenset({429}), replay_sa
 
 @pytest.mark.parametrize(("seen", "proven"), [
     (DispatchObservation(Phase.NOT_CONNECTED), True),
+    (DispatchObservation(Phase.HELD, detail="quota_slot_expired"), True),
     (DispatchObservation(Phase.RESPONDED, 429), True),
     (DispatchObservation(Phase.RESPONDED, 404), True),
     # timeout / reset after sending, 5xx: never, although the contract says replay-safe

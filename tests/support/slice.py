@@ -33,9 +33,10 @@ from config.settings import (
 )
 from daemon.core.handoff import TrustedRuntimeWorkScope
 from daemon.core.identity import integration_scope_digest
+from daemon.providers.executor import BoundedHttp
 from daemon.services.assembly import assemble
 from daemon.services.catalog_view import publish_current
-from daemon.services.clock import WallClock
+from daemon.services.clock import Clock, WallClock
 from daemon.services.credentials import Credentials
 from daemon.services.http_server import serve_app
 from daemon.services.metrics import Metrics
@@ -213,11 +214,15 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                         binding_generation: int = 1,
                         definitions_dir: str = "",
                         drain_timeout: float = 5.0,
-                        grant: SliceGrant | None = None) -> AsyncIterator[Slice]:
+                        grant: SliceGrant | None = None,
+                        clock: Clock | None = None,
+                        provider_connections: int | None = None) -> AsyncIterator[Slice]:
     """The slice, its Catalog revision REVISION published. With ``served_documents``
     (L1 definition documents), the replica serves them as current revision
     REVISION + 1 (published too), while the Runtime still builds commands
-    against REVISION."""
+    against REVISION. ``clock``: the replica's clock (a ``TrioClock`` under MockClock;
+    default the wall clock); ``provider_connections``: the effect executor's connection
+    limit (default the production one)."""
     sim = HubSpotSimulator(tokens=grant.tokens if grant is not None else {HUBSPOT_TOKEN})
     api_port = free_port()
     async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=10) as http:
@@ -246,7 +251,7 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                                   definitions_dir=definitions_dir, drain_timeout=drain_timeout)
         if grant is not None:
             settings = with_grant(settings, grant)
-        clock = WallClock()
+        clock = clock if clock is not None else WallClock()
         metrics = Metrics()
         await publish_current(store, load_catalog(settings), actor="test", role="admin",
                               reason="slice setup", now_us=clock.now_us())
@@ -258,6 +263,9 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
             await publish_current(store, served, actor="test", role="admin",
                                   reason="slice: a newer revision", now_us=clock.now_us())
         parts = assemble(settings, store, clock, metrics, catalog=served)
+        if provider_connections is not None:
+            await parts.executor.client.aclose()
+            parts.executor.client = BoundedHttp.open(provider_connections)
         the_slice = Slice(sim, runtime, f"http://127.0.0.1:{runtime_port}",
                           f"http://127.0.0.1:{api_port}", store, settings, http,
                           hubspot_port=sim_port, credentials=parts.credentials)
