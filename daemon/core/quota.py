@@ -429,6 +429,19 @@ def decode_log(text: str | None) -> tuple[int, ...]:
     return tuple(out)
 
 
+def waiting_turn(cursor_us: int, until_us: int, interval_us: int) -> tuple[int, int]:
+    """When a claim that found no slot within its wait should come back, and the next
+    cursor: ``(turn, cursor)``. Every claim told "no slot before ``until``" would
+    otherwise come back at that same instant, all but a few to be told the same again
+    (a herd of claims, grants and deferrals that slows every commit, the checkpoints
+    included, until granted slots expire unused). Turns are handed out one slot
+    interval apart from the later of ``until`` and the cursor, so the waiters come back
+    about as fast as the key can serve them. A turn is only a time to ask again: it
+    reserves nothing, so a turn nobody uses costs no capacity."""
+    turn = max(until_us, cursor_us)
+    return turn, turn + max(1, interval_us)
+
+
 def slot_usable(policy: QuotaPolicy, slot_us: int, now_us: int) -> bool:
     """A send may start at ``now`` on this slot: not early, not past its jitter (the
     clock spread is the schedule's to absorb, never a late sender's)."""

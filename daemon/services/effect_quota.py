@@ -44,6 +44,7 @@ from daemon.core.quota import (
     reset_at,
     reset_cap_us,
     slot_usable,
+    waiting_turn,
 )
 from daemon.core.work import Fence
 from daemon.services.clock import Clock
@@ -82,6 +83,23 @@ class QuotaWait:
 
     key: str
     until_us: int
+    # The key's slot interval (how fast it serves waiters; 0: unknown).
+    interval_us: int = 0
+
+
+@attrs.define
+class WaitingTurns:
+    """This process's turns for claims that found no slot, per quota key
+    (:func:`daemon.core.quota.waiting_turn`): the deferred claims come back one slot
+    interval apart instead of all at once. Process-local advice, never the quota
+    authority: the ledger still grants every slot."""
+
+    _cursors: dict[str, int] = attrs.field(factory=dict)
+
+    def turn(self, wait: QuotaWait) -> int:
+        at, self._cursors[wait.key] = waiting_turn(self._cursors.get(wait.key, 0),
+                                                   wait.until_us, wait.interval_us)
+        return at
 
 
 _WAITING = re.compile(r"quota key (\S+) has no send slot")
@@ -204,7 +222,7 @@ async def _common_instant(store: WorkStore, keys: list[QuotaKey], now: int
                                           max_wait_us=max(0, now + MAX_WAIT_US - target))
             if isinstance(got, Wait):
                 await _give_back(store, granted, now)
-                return QuotaWait(k.key, got.until_us - (target - now))
+                return QuotaWait(k.key, got.until_us - (target - now), k.policy.interval_us)
             granted.append((k, got.slots[0], got.places[0]))
             target = max(target, got.slots[0])
         latest = max(slot for _, slot, _ in granted)

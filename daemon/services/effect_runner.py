@@ -240,6 +240,8 @@ class EffectRunner:
     on_quota_reset_ignored: Callable[[str], None] = lambda reason: None
     # work.clock_spread, in us: the quota schedule's margin for the replicas' clocks.
     quota_clock_spread_us: int = 0
+    # When claims that found no send slot come back (one slot interval apart).
+    quota_turns: quota.WaitingTurns = attrs.Factory(quota.WaitingTurns)
 
     async def _definitions(self, command: Command) -> tuple[
             Catalog | None, OperationDefinition | None, BindingSettings | None]:
@@ -440,11 +442,12 @@ class EffectRunner:
                                            clock_spread_us=self.quota_clock_spread_us))
         if isinstance(reserved, quota.QuotaWait):
             # Before the checkpoint: nothing was started, so the claim is given back
-            # for the exact time the ledger allows, its attempt refunded (no backoff).
+            # for its turn (the earliest time the ledger allows, or after the claims
+            # already told that time: quota.WaitingTurns), its attempt refunded.
             self.on_quota("waited")
-            delay = max(0.0, (reserved.until_us - ctx.clock.now_us()) / 1_000_000)
-            return Deferred("quota_wait", reserved.until_us,
-                            quota.waiting_summary(reserved.key, delay))
+            turn = self.quota_turns.turn(reserved)
+            delay = max(0.0, (turn - ctx.clock.now_us()) / 1_000_000)
+            return Deferred("quota_wait", turn, quota.waiting_summary(reserved.key, delay))
         pins: dict[str, Any] = {
             "binding_generation": ec.principal.generation,
             "catalog_revision": command.catalog_revision,

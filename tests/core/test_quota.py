@@ -29,6 +29,7 @@ from daemon.core.quota import (
     returned,
     slot_usable,
     throttled,
+    waiting_turn,
 )
 
 S = 1_000_000
@@ -646,3 +647,15 @@ def test_slot_log_text(log: tuple[int, ...], text: str) -> None:
 def test_a_slot_log_that_is_not_one_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match="not a slot log"):
         decode_log(text)
+
+
+@pytest.mark.parametrize(("cursor", "until", "interval", "expected"), [
+    (0, 5_000, 100, (5_000, 5_100)),  # the first waiter: at the time the ledger said
+    (5_100, 5_000, 100, (5_100, 5_200)),  # the next one told the same: one interval on
+    (9_000, 5_000, 100, (9_000, 9_100)),  # behind many waiters: after them
+    (4_000, 5_000, 100, (5_000, 5_100)),  # negative: a stale cursor never brings one early
+    (0, 5_000, 0, (5_000, 5_001)),  # negative: an unknown interval still moves the cursor
+])
+def test_waiting_turns_come_back_one_interval_apart(cursor: int, until: int, interval: int,
+                                                    expected: tuple[int, int]) -> None:
+    assert waiting_turn(cursor, until, interval) == expected
