@@ -237,7 +237,8 @@ def provider_figures(arrivals: list[float], limit: int, window_s: float = 1.0
     fullest one, and the longest gap between two arrivals (a stall)."""
     times = sorted(arrivals)
     if not times:
-        return {"limit_use": 0.0, "windows_over": 0, "worst_window": 0, "longest_gap_s": 0.0}
+        return {"limit_use": 0.0, "windows_over": 0, "worst_window": 0, "longest_gap_s": 0.0,
+                "span_s": 0.0}
     span = times[-1] - times[0]
     worst, over, j = 0, 0, 0
     for i, start in enumerate(times):

@@ -22,7 +22,9 @@ performs the step and nothing else. The rules, in the order they apply:
    (``remote_id_changed``). A failed check is a refusal *before any call*,
    for dispatch and read-back alike: nothing is ever sent with a new identity.
 3. An unresolved attempt (unknown outcome, or no outcome after the
-   checkpoint): **reconcile**. With a failed target check, read-back is
+   checkpoint, or a maybe-applied replay-safe retry whose replay is no longer
+   proven: the provider's retention of its idempotency key has passed):
+   **reconcile**. With a failed target check, read-back is
    refused too and an operator decides (blocked). Otherwise the shell reads
    the record back and asks again: the desired values are there: settle
    success; proven absent: record it, then decide again; unproven: wait.
@@ -91,6 +93,9 @@ class OperationView:
     intent_kinds: frozenset[str]
     max_in_flight_s: float  # L1
     max_clock_skew_s: float = 0.0  # L1
+    # How long the provider honours an idempotency key (L1's replay proof; None: no
+    # proof). A maybe-applied attempt is replayed only within it.
+    replay_retention_s: float | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -374,6 +379,18 @@ def credential_refusal(view: ClaimView[R], code: str, sentence: str,
     return _refuse(command, history, code, sentence)
 
 
+def replay_unproven(a: AttemptView, operation: OperationView | None, now_us: int) -> bool:
+    """A replay-safe retry that may have been applied, whose replay is no longer proven
+    safe: the pinned operation declares no proof any more, or the provider's retention
+    of the idempotency key has passed since that dispatch. It is reconciled, never
+    replayed blindly."""
+    if a.disposition is not None or a.outcome != OutcomeClass.REPLAY_SAFE_RETRY \
+            or a.evidence != Evidence.MAYBE_APPLIED:
+        return False
+    retention = operation.replay_retention_s if operation is not None else None
+    return retention is None or now_us >= a.dispatched_at_us + int(retention * 1_000_000)
+
+
 def decide(view: ClaimView[R]) -> Step[R]:
     """The one step this claim performs (see the module's rules)."""
     command = view.command
@@ -381,7 +398,8 @@ def decide(view: ClaimView[R]) -> Step[R]:
         return Blocked("missing_command", "the command is missing")
     if command.settlement != "open":
         return Nothing(f"command already {command.settlement}")
-    unresolved = [a for a in view.attempts if a.unresolved]
+    unresolved = [a for a in view.attempts
+                  if a.unresolved or replay_unproven(a, view.operation, view.now_us)]
     if unresolved:
         return _reconcile(view, unresolved)
     history = [a.facts for a in view.attempts]

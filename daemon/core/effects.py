@@ -7,8 +7,10 @@ exchange got (never connected, request bytes may have left, a response
 arrived) and, if a response arrived, its status and ``Retry-After``. The
 frozen :class:`OperationContract` (from the L1 definition) declares the
 operation's status semantics: which statuses mean "accepted", "not applied"
-and "rejected" (three disjoint sets; by default every 2xx, 429, and every
-other 4xx), and whether the effect is replay-safe.
+and "rejected" (three disjoint sets, each declared: L0 assumes no meaning for
+any status, a 429 included), and how a replay is proven safe (a
+:class:`ReplayProof`: the idempotency header the provider honours, and for how
+long), if it is.
 :func:`classify` maps the two to exactly one outcome class:
 
 ==========================  ============================================
@@ -18,8 +20,9 @@ other 4xx), and whether the effect is replay-safe.
 ``RETRYABLE_PRE_DISPATCH``  proven to fail before any byte left (or held
                             back by our own quota or send gate: not a
                             failure, and no attempt is charged for it)
-``REPLAY_SAFE_RETRY``       the contract proves a retry cannot double the
-                            effect (e.g. 429, or 503 declared not-applied)
+``REPLAY_SAFE_RETRY``       a declared not-applied status (e.g. 429), or a
+                            maybe-applied exchange whose request carried the
+                            idempotency header the contract's proof names
 ``OUTCOME_UNKNOWN``         bytes may have left and nothing proves the
                             outcome (including a 2xx that names another
                             record, or none): reconcile or ask an operator
@@ -110,33 +113,53 @@ class DispatchObservation:
     # The provider's own quota headers L1's dimensions name (remaining counts, resets),
     # as (lower-case name, value) pairs.
     quota_headers: tuple[tuple[str, str], ...] = ()
+    # The header the request carried the command's idempotency key in ("": none).
+    idempotency_header: str = ""
 
 
-# Today's semantics, the defaults an L1 operation gets when it declares no sets:
-# every 2xx accepted, every other 4xx (not declared not-applied) rejected.
-ACCEPTED_DEFAULT: frozenset[int] = frozenset(range(200, 300))
-REJECTED_DEFAULT: frozenset[int] = frozenset(range(400, 500)) - {429}
+# The provider's in-flight window an operation gets when L1 does not declare one.
+DEFAULT_MAX_IN_FLIGHT_S = 30.0
+
+
+@attrs.frozen(kw_only=True)
+class ReplayProof:
+    """How the provider proves that a repeat of a call cannot repeat its effect (seed 6:
+    a replay-safe retry is a declared proof, not a flag). The request carries the
+    command's idempotency key in ``header``, and the provider honours it for
+    ``retention_s``: a repeat with the same key within that time applies nothing again.
+    L0 checks both: a request that did not carry the header proves nothing
+    (:func:`classify`), and a replay later than the retention after the first maybe
+    applied dispatch is no longer proven safe (it is reconciled instead:
+    :mod:`daemon.core.effect_step`)."""
+
+    header: str = attrs.field(validator=attrs.validators.min_len(1))
+    retention_s: float = attrs.field(validator=attrs.validators.gt(0))
+
+    def carried_by(self, seen: DispatchObservation) -> bool:
+        return seen.idempotency_header.lower() == self.header.lower()
 
 
 @attrs.frozen(kw_only=True)
 class OperationContract:
-    """What the frozen L1 operation definition promises about one call."""
+    """What the frozen L1 operation definition promises about one call.
 
-    # The operation's declared status semantics (three disjoint sets; the L1 loader
-    # refuses a status in two of them). A response status in none of them is
-    # treated as "maybe applied" (a 5xx, say): reconciled, or retried when replay-safe.
+    Each status's meaning is the operation's own declaration (three disjoint sets;
+    the L1 loader requires all three and refuses a status in two of them): L0
+    assumes nothing, not even that a 429 was not applied. A response status in none of
+    them is "maybe applied" (a 5xx, say): reconciled, or retried when replay is proven
+    safe."""
+
     # Statuses that mean the call was applied (subject to the identity check).
-    accepted_statuses: frozenset[int] = ACCEPTED_DEFAULT
+    accepted_statuses: frozenset[int]
     # Statuses the provider documents as "not applied" (safe to try again).
-    not_applied_statuses: frozenset[int] = frozenset({429})
+    not_applied_statuses: frozenset[int]
     # Statuses that mean the provider refused the call for good, and applied nothing.
-    rejected_statuses: frozenset[int] = REJECTED_DEFAULT
-    # True only if the provider proves a repeated call cannot repeat the effect
-    # (an idempotency key it honours, or a conditional request).
-    replay_safe: bool = False
+    rejected_statuses: frozenset[int]
+    # The declared proof that a repeated call cannot repeat the effect (None: none).
+    replay: ReplayProof | None = None
     default_retry_after_s: float = 5.0
     # The provider processes or drops a request within this window.
-    max_in_flight_s: float = 30.0
+    max_in_flight_s: float = DEFAULT_MAX_IN_FLIGHT_S
     # The largest clock difference the provider's last-modified times may have
     # against ours (a read-back's proof of absence subtracts it).
     max_clock_skew_s: float = 2.0
@@ -161,8 +184,10 @@ def classify(contract: OperationContract, seen: DispatchObservation) -> Classifi
     if seen.phase is Phase.NOT_CONNECTED:
         return Classification(OutcomeClass.RETRYABLE_PRE_DISPATCH, Evidence.NOT_SENT, None,
                               "connect")
+    # Replay is proven safe only by the declared mechanism, carried by this very request.
+    replay_safe = contract.replay is not None and contract.replay.carried_by(seen)
     if seen.phase is Phase.SENT:
-        if contract.replay_safe:
+        if replay_safe:
             return Classification(OutcomeClass.REPLAY_SAFE_RETRY, Evidence.MAYBE_APPLIED, None,
                                   "transport")
         return Classification(OutcomeClass.OUTCOME_UNKNOWN, Evidence.MAYBE_APPLIED, None,
@@ -190,7 +215,7 @@ def classify(contract: OperationContract, seen: DispatchObservation) -> Classifi
                               f"http_{status}")
     # A status the operation does not declare (5xx, say) after sending: the provider
     # may have applied it.
-    if contract.replay_safe:
+    if replay_safe:
         return Classification(OutcomeClass.REPLAY_SAFE_RETRY, Evidence.MAYBE_APPLIED, None,
                               f"http_{status}")
     return Classification(OutcomeClass.OUTCOME_UNKNOWN, Evidence.MAYBE_APPLIED, None,

@@ -90,6 +90,9 @@ class PreparedRequest:
     # The response headers the provider's quota dimensions name (its remaining count,
     # when its window resets).
     quota_headers: tuple[str, ...] = ()
+    # The header that carries ``idempotency_key`` ("": none is sent). Every observation
+    # of this request names it: a replay proof holds only for a request that carried it.
+    idempotency_header: str = ""
 
 
 def desired_fields(operation: OperationDefinition, request: Any) -> dict[str, str | None]:
@@ -135,6 +138,7 @@ def prepare(
         response=operation.response,
         quota_headers=tuple(sorted({h for q in operation.quotas
                                     for h in (q.remaining_header, q.reset_header) if h})),
+        idempotency_header=template.idempotency_header,
     )
 
 
@@ -336,7 +340,8 @@ class HttpExecutor:
         except _NOT_SENT as exc:
             return DispatchObservation(Phase.NOT_CONNECTED, detail=type(exc).__name__), {}
         except httpx.HTTPError as exc:
-            return DispatchObservation(Phase.SENT, detail=type(exc).__name__), {}
+            return DispatchObservation(Phase.SENT, detail=type(exc).__name__,
+                                       idempotency_header=prepared.idempotency_header), {}
         spec = prepared.response
         evidence: dict[str, Any] = {"status": response.status_code}
         for name in spec.evidence_headers:
@@ -367,6 +372,7 @@ class HttpExecutor:
                 quota_headers=tuple((name, response.headers[name][:32])
                                       for name in prepared.quota_headers
                                       if name in response.headers),
+                idempotency_header=prepared.idempotency_header,
             ),
             evidence,
         )

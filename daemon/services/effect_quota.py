@@ -89,17 +89,41 @@ class QuotaWait:
 
 @attrs.define
 class WaitingTurns:
-    """This process's turns for claims that found no slot, per quota key
-    (:func:`daemon.core.quota.waiting_turn`): the deferred claims come back one slot
-    interval apart instead of all at once. Process-local advice, never the quota
-    authority: the ledger still grants every slot."""
+    """This process's admission hints for one hot quota key (the seed allows process-
+    local hints; the ledger stays the only authority and still grants every slot):
+
+    * one grant at a time per set of keys from this process: hundreds of claims of one
+      key asking the ledger at once queue on its one row, and every grant (and with
+      it the bind and the checkpoint) then waits behind all of them, until the slots
+      granted expire before they can be used: no send at all for seconds while work
+      waits (a congestion collapse, measured with ``bench.effects --provider-limit``);
+    * what the ledger last said: once it answered "no slot within the wait before
+      ``until``", a claim of that key before then is told so without asking again;
+    * turns (:func:`daemon.core.quota.waiting_turn`): the claims given back come back
+      one slot interval apart instead of all at once."""
 
     _cursors: dict[str, int] = attrs.field(factory=dict)
+    _no_slot: dict[str, QuotaWait] = attrs.field(factory=dict)
+    _asking: dict[tuple[str, ...], trio.Lock] = attrs.field(factory=dict)
 
     def turn(self, wait: QuotaWait) -> int:
         at, self._cursors[wait.key] = waiting_turn(self._cursors.get(wait.key, 0),
                                                    wait.until_us, wait.interval_us)
         return at
+
+    def known_wait(self, keys: list[QuotaKey], now_us: int) -> QuotaWait | None:
+        """The ledger's last "no slot before then" for one of ``keys``, still in force."""
+        for k in keys:
+            wait = self._no_slot.get(k.key)
+            if wait is not None and now_us < wait.until_us:
+                return wait
+        return None
+
+    def learn(self, wait: QuotaWait) -> None:
+        self._no_slot[wait.key] = wait
+
+    def asking(self, keys: list[QuotaKey]) -> trio.Lock:
+        return self._asking.setdefault(tuple(sorted(k.key for k in keys)), trio.Lock())
 
 
 _WAITING = re.compile(r"quota key (\S+) has no send slot")
@@ -159,12 +183,25 @@ def quota_keys(op: OperationDefinition, binding: BindingSettings, *,
 
 
 async def reserve(store: WorkStore, clock: Clock, fence: Fence,
-                  keys: list[QuotaKey]) -> list[Reserved] | QuotaWait:
-    """One slot of every key, bound to this claim, waited for; or when to come back."""
+                  keys: list[QuotaKey], hints: WaitingTurns | None = None
+                  ) -> list[Reserved] | QuotaWait:
+    """One slot of every key, bound to this claim, waited for; or when to come back.
+    With ``hints``, this process asks the ledger once at a time per set of keys, and
+    not at all while its last answer ("no slot before then") holds."""
     if not keys:
         return []
-    now = clock.now_us()
-    granted = await _common_instant(store, keys, now)
+    if hints is None:
+        now = clock.now_us()
+        granted = await _common_instant(store, keys, now)
+    else:
+        async with hints.asking(keys):
+            now = clock.now_us()
+            known = hints.known_wait(keys, now)
+            if known is not None:
+                return known
+            granted = await _common_instant(store, keys, now)
+            if isinstance(granted, QuotaWait):
+                hints.learn(granted)
     if isinstance(granted, QuotaWait):
         return granted
 

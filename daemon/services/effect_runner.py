@@ -194,9 +194,11 @@ def attempt_view(a: EffectAttempt) -> AttemptView:
 
 
 def operation_view(op: OperationDefinition) -> OperationView:
+    replay = op.contract.replay
     return OperationView(name=op.name, intent_kinds=op.intent_kinds,
                          max_in_flight_s=op.contract.max_in_flight_s,
-                         max_clock_skew_s=op.contract.max_clock_skew_s)
+                         max_clock_skew_s=op.contract.max_clock_skew_s,
+                         replay_retention_s=replay.retention_s if replay is not None else None)
 
 
 def binding_view(b: BindingSettings, now: BindingNow, *, grants: bool = False) -> BindingView:
@@ -240,7 +242,8 @@ class EffectRunner:
     on_quota_reset_ignored: Callable[[str], None] = lambda reason: None
     # work.clock_spread, in us: the quota schedule's margin for the replicas' clocks.
     quota_clock_spread_us: int = 0
-    # When claims that found no send slot come back (one slot interval apart).
+    # This process's quota admission hints (one grant at a time per key, the ledger's
+    # last "no slot before then", and when claims given back come back).
     quota_turns: quota.WaitingTurns = attrs.Factory(quota.WaitingTurns)
 
     async def _definitions(self, command: Command) -> tuple[
@@ -439,7 +442,8 @@ class EffectRunner:
         reserved = await quota.reserve(ctx.store, ctx.clock, ctx.fence,
                                        quota.quota_keys(
                                            op, binding,
-                                           clock_spread_us=self.quota_clock_spread_us))
+                                           clock_spread_us=self.quota_clock_spread_us),
+                                       self.quota_turns)
         if isinstance(reserved, quota.QuotaWait):
             # Before the checkpoint: nothing was started, so the claim is given back
             # for its turn (the earliest time the ledger allows, or after the claims
@@ -496,8 +500,9 @@ class EffectRunner:
                 seen, provider_evidence = await self.executor.dispatch(
                     prepared, access.token.reveal(), binding.timeout, may_send)
             if deadline.cancelled_caught:
-                seen, provider_evidence = DispatchObservation(Phase.SENT,
-                                                              detail="ClientDeadline"), {}
+                seen, provider_evidence = DispatchObservation(
+                    Phase.SENT, detail="ClientDeadline",
+                    idempotency_header=prepared.idempotency_header), {}
         verdict = classify(op.contract, seen)
         self.on_attempt(op.name, verdict.outcome.value)
         logs.event("effect_attempt", command_id=command.command_id, attempt_id=attempt_id,

@@ -216,14 +216,17 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                         drain_timeout: float = 5.0,
                         grant: SliceGrant | None = None,
                         clock: Clock | None = None,
-                        provider_connections: int | None = None) -> AsyncIterator[Slice]:
+                        provider_connections: int | None = None,
+                        honour_idempotency_keys: bool = False) -> AsyncIterator[Slice]:
     """The slice, its Catalog revision REVISION published. With ``served_documents``
     (L1 definition documents), the replica serves them as current revision
     REVISION + 1 (published too), while the Runtime still builds commands
     against REVISION. ``clock``: the replica's clock (a ``TrioClock`` under MockClock;
     default the wall clock); ``provider_connections``: the effect executor's connection
-    limit (default the production one)."""
-    sim = HubSpotSimulator(tokens=grant.tokens if grant is not None else {HUBSPOT_TOKEN})
+    limit (default the production one); ``honour_idempotency_keys``: the simulator
+    honours the Idempotency-Key (for an L1 that declares it as a replay proof)."""
+    sim = HubSpotSimulator(tokens=grant.tokens if grant is not None else {HUBSPOT_TOKEN},
+                           honour_idempotency_keys=honour_idempotency_keys)
     api_port = free_port()
     async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=10) as http:
         # A second slice on the same database reuses the first one's simulator
