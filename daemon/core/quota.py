@@ -106,6 +106,7 @@ import enum
 import itertools
 import math
 import re
+from collections.abc import Sequence
 
 import attrs
 
@@ -440,6 +441,19 @@ def waiting_turn(cursor_us: int, until_us: int, interval_us: int) -> tuple[int, 
     reserves nothing, so a turn nobody uses costs no capacity."""
     turn = max(until_us, cursor_us)
     return turn, turn + max(1, interval_us)
+
+
+def send_lead_us(prepare_us: Sequence[int], cap_us: int) -> int:
+    """How far ahead of now a claim should ask for its slot: the 90th percentile of the
+    recent times from a grant to being ready to send (binding the slot, committing the
+    dispatch checkpoint), at most ``cap_us``. A slot granted for "now" expires unused
+    whenever that preparation outlasts its jitter; one granted this far ahead is met
+    on time. Asking from a later time is still a grant by the schedule's own
+    arithmetic: it costs only the lead's latency when the key is idle."""
+    if not prepare_us:
+        return 0
+    ordered = sorted(prepare_us)
+    return max(0, min(cap_us, ordered[min(len(ordered) - 1, (len(ordered) * 9) // 10)]))
 
 
 def slot_usable(policy: QuotaPolicy, slot_us: int, now_us: int) -> bool:

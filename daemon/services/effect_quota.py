@@ -25,6 +25,7 @@ counts only their calls, and one with a budget per class has a key per class.
 
 from __future__ import annotations
 
+import collections
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
@@ -43,6 +44,7 @@ from daemon.core.quota import (
     endpoint_class_key,
     reset_at,
     reset_cap_us,
+    send_lead_us,
     slot_usable,
     waiting_turn,
 )
@@ -75,6 +77,9 @@ class Reserved:
     reservation_id: str
     # Its place on the key's TAT line (what comes back when it is not used).
     position_us: int
+    # When the ledger granted it (this process's clock): the preparation that follows
+    # (bind, checkpoint) is measured from here (WaitingTurns.prepared).
+    granted_at_us: int = 0
 
 
 @attrs.frozen
@@ -105,6 +110,18 @@ class WaitingTurns:
     _cursors: dict[str, int] = attrs.field(factory=dict)
     _no_slot: dict[str, QuotaWait] = attrs.field(factory=dict)
     _asking: dict[tuple[str, ...], trio.Lock] = attrs.field(factory=dict)
+    # The recent preparation times, grant to ready (see lead_us).
+    _prepare_us: collections.deque[int] = attrs.field(
+        factory=lambda: collections.deque(maxlen=64))
+
+    def prepared(self, reserved: list[Reserved], ready_us: int) -> None:
+        """A claim is ready to send on ``reserved`` at ``ready_us``."""
+        if reserved:
+            self._prepare_us.append(max(0, ready_us - min(r.granted_at_us for r in reserved)))
+
+    def lead_us(self) -> int:
+        """How far ahead to ask for a slot (:func:`daemon.core.quota.send_lead_us`)."""
+        return send_lead_us(self._prepare_us, MAX_WAIT_US // 2)
 
     def turn(self, wait: QuotaWait) -> int:
         at, self._cursors[wait.key] = waiting_turn(self._cursors.get(wait.key, 0),
@@ -199,11 +216,12 @@ async def reserve(store: WorkStore, clock: Clock, fence: Fence,
             known = hints.known_wait(keys, now)
             if known is not None:
                 return known
-            granted = await _common_instant(store, keys, now)
+            granted = await _common_instant(store, keys, now, hints.lead_us())
             if isinstance(granted, QuotaWait):
                 hints.learn(granted)
     if isinstance(granted, QuotaWait):
         return granted
+    granted_at = clock.now_us()
 
     async def bind(tx: SqlTx) -> list[str]:
         return [await reservation_open(tx, quota_key=k.key, slot_at_us=slot,
@@ -219,7 +237,7 @@ async def reserve(store: WorkStore, clock: Clock, fence: Fence,
         await _give_back(store, granted, at)
         await _move(store, fence, ids, ReservationState.RELEASED, None, at)
         return QuotaWait(granted[0][0].key, at)
-    return [Reserved(k, slot, rid, place)
+    return [Reserved(k, slot, rid, place, granted_at)
             for (k, slot, place), rid in zip(granted, ids, strict=True)]
 
 
@@ -240,14 +258,15 @@ async def wait_for_slots(clock: Clock, reserved: list[Reserved]) -> bool:
 _ROUNDS = 4
 
 
-async def _common_instant(store: WorkStore, keys: list[QuotaKey], now: int
+async def _common_instant(store: WorkStore, keys: list[QuotaKey], now: int, lead_us: int = 0
                           ) -> list[tuple[QuotaKey, int, int]] | QuotaWait:
     """One slot of every key such that some instant lies within all of them: a key with
     a burst may grant one for now while another's is later, and a slot is only valid for
     its jitter, so a later slot makes the earlier ones ask again from its time (the
     early ones are given back). A grant "from" a later time is still a grant by the
-    schedule's own arithmetic (never more than the limit in any window)."""
-    target = now
+    schedule's own arithmetic (never more than the limit in any window), and so is one
+    asked ``lead_us`` ahead (the time this process needs to be ready to send on it)."""
+    target = now + max(0, min(lead_us, MAX_WAIT_US))
     # The slowest key first: its slot is usually the latest, and every later key is asked
     # from it, so one round normally suffices (a round that fails costs slots that may
     # not come back: under contention someone has been granted after them).

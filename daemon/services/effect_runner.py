@@ -483,6 +483,7 @@ class EffectRunner:
         else:
             attempt_id = await ctx.store.effect_checkpoint(ctx.fence, draft, ctx.clock.now_us())
         # The checkpoint is committed: only now may bytes leave.
+        self.quota_turns.prepared(reserved, ctx.clock.now_us())
         # One deadline for the whole exchange (a free connection, then the request):
         # the give-up bound the checkpoint recorded is then true.
         if reserved and not await quota.wait_for_slots(ctx.clock, reserved):

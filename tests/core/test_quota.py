@@ -27,6 +27,7 @@ from daemon.core.quota import (
     reset_at,
     reset_cap_us,
     returned,
+    send_lead_us,
     slot_usable,
     throttled,
     waiting_turn,
@@ -659,3 +660,16 @@ def test_a_slot_log_that_is_not_one_is_refused(text: str) -> None:
 def test_waiting_turns_come_back_one_interval_apart(cursor: int, until: int, interval: int,
                                                     expected: tuple[int, int]) -> None:
     assert waiting_turn(cursor, until, interval) == expected
+
+
+@pytest.mark.parametrize(("samples", "cap", "expected"), [
+    ([], 500_000, 0),  # nothing measured yet: ask for now
+    ([100_000], 500_000, 100_000),
+    (list(range(1, 11)), 500_000, 10),  # the 90th percentile of ten: the largest
+    ([5] * 9 + [900_000], 500_000, 500_000),  # one slow preparation, capped
+    ([10_000] * 19 + [900_000], 500_000, 10_000),  # negative: one outlier in twenty is not p90
+    ([-5, -1], 500_000, 0),  # negative: a clock step back never asks for the past
+])
+def test_the_send_lead_is_the_recent_p90_of_preparation(samples: list[int], cap: int,
+                                                        expected: int) -> None:
+    assert send_lead_us(samples, cap) == expected
