@@ -21,6 +21,14 @@ budget forward for all replicas (:func:`throttle_429`: its Retry-After, else the
 header L1 names, else the operation's default), and so does a 2xx saying none remain
 (:func:`block_exhausted`, until the reset). A dimension limited to some endpoint classes
 counts only their calls, and one with a budget per class has a key per class.
+
+Waiting never costs an attempt: a key with no slot within ``max_wait`` defers the claim
+(:class:`QuotaWait`), and a slot that expires while the request waits on our side (for a
+connection, the checkpoint, the event loop) holds it back unsent (``Phase.HELD``), and
+the claim is requeued uncharged. :class:`QuotaHints` keeps one process from stampeding a
+hot key's row (one grant at a time, the ledger's last "no slot before then", turns one
+interval apart for the claims it turns away) and asks for each slot as far ahead as its
+preparation takes; they are hints: only the ledger grants.
 """
 
 from __future__ import annotations
@@ -78,7 +86,7 @@ class Reserved:
     # Its place on the key's TAT line (what comes back when it is not used).
     position_us: int
     # When the ledger granted it (this process's clock): the preparation that follows
-    # (bind, checkpoint) is measured from here (WaitingTurns.prepared).
+    # (bind, checkpoint) is measured from here (QuotaHints.prepared).
     granted_at_us: int = 0
 
 
@@ -93,8 +101,8 @@ class QuotaWait:
 
 
 @attrs.define
-class WaitingTurns:
-    """This process's admission hints for one hot quota key (the seed allows process-
+class QuotaHints:
+    """This process's admission hints for its hot quota keys (the seed allows process-
     local hints; the ledger stays the only authority and still grants every slot):
 
     * one grant at a time per set of keys from this process: hundreds of claims of one
@@ -200,7 +208,7 @@ def quota_keys(op: OperationDefinition, binding: BindingSettings, *,
 
 
 async def reserve(store: WorkStore, clock: Clock, fence: Fence,
-                  keys: list[QuotaKey], hints: WaitingTurns | None = None
+                  keys: list[QuotaKey], hints: QuotaHints | None = None
                   ) -> list[Reserved] | QuotaWait:
     """One slot of every key, bound to this claim, waited for; or when to come back.
     With ``hints``, this process asks the ledger once at a time per set of keys, and

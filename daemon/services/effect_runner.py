@@ -244,7 +244,7 @@ class EffectRunner:
     quota_clock_spread_us: int = 0
     # This process's quota admission hints (one grant at a time per key, the ledger's
     # last "no slot before then", and when claims given back come back).
-    quota_turns: quota.WaitingTurns = attrs.Factory(quota.WaitingTurns)
+    quota_hints: quota.QuotaHints = attrs.Factory(quota.QuotaHints)
 
     async def _definitions(self, command: Command) -> tuple[
             Catalog | None, OperationDefinition | None, BindingSettings | None]:
@@ -443,13 +443,13 @@ class EffectRunner:
                                        quota.quota_keys(
                                            op, binding,
                                            clock_spread_us=self.quota_clock_spread_us),
-                                       self.quota_turns)
+                                       self.quota_hints)
         if isinstance(reserved, quota.QuotaWait):
             # Before the checkpoint: nothing was started, so the claim is given back
             # for its turn (the earliest time the ledger allows, or after the claims
-            # already told that time: quota.WaitingTurns), its attempt refunded.
+            # already told that time: quota.QuotaHints), its attempt refunded.
             self.on_quota("waited")
-            turn = self.quota_turns.turn(reserved)
+            turn = self.quota_hints.turn(reserved)
             delay = max(0.0, (turn - ctx.clock.now_us()) / 1_000_000)
             return Deferred("quota_wait", turn, quota.waiting_summary(reserved.key, delay))
         pins: dict[str, Any] = {
@@ -483,7 +483,7 @@ class EffectRunner:
         else:
             attempt_id = await ctx.store.effect_checkpoint(ctx.fence, draft, ctx.clock.now_us())
         # The checkpoint is committed: only now may bytes leave.
-        self.quota_turns.prepared(reserved, ctx.clock.now_us())
+        self.quota_hints.prepared(reserved, ctx.clock.now_us())
         # One deadline for the whole exchange (a free connection, then the request):
         # the give-up bound the checkpoint recorded is then true.
         if reserved and not await quota.wait_for_slots(ctx.clock, reserved):
