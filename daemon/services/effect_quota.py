@@ -64,6 +64,9 @@ from storage.work_store import WorkStore
 
 # How long a claim may wait for its slot before it is rescheduled for later instead.
 MAX_WAIT_US = 1_000_000
+# How far ahead a claim asks for its slot at most: the time it needs to be ready to send
+# (bind, checkpoint; QuotaHints.lead_us). Spent preparing, not waiting.
+MAX_LEAD_US = 2_000_000
 
 
 @attrs.frozen
@@ -129,7 +132,7 @@ class QuotaHints:
 
     def lead_us(self) -> int:
         """How far ahead to ask for a slot (:func:`daemon.core.quota.send_lead_us`)."""
-        return send_lead_us(self._prepare_us, MAX_WAIT_US // 2)
+        return send_lead_us(self._prepare_us, MAX_LEAD_US)
 
     def turn(self, wait: QuotaWait) -> int:
         at, self._cursors[wait.key] = waiting_turn(self._cursors.get(wait.key, 0),
@@ -274,7 +277,10 @@ async def _common_instant(store: WorkStore, keys: list[QuotaKey], now: int, lead
     early ones are given back). A grant "from" a later time is still a grant by the
     schedule's own arithmetic (never more than the limit in any window), and so is one
     asked ``lead_us`` ahead (the time this process needs to be ready to send on it)."""
-    target = now + max(0, min(lead_us, MAX_WAIT_US))
+    lead = max(0, min(lead_us, MAX_LEAD_US))
+    target = now + lead
+    # The claim may wait MAX_WAIT_US in process beyond its preparation (the lead).
+    horizon = target + MAX_WAIT_US
     # The slowest key first: its slot is usually the latest, and every later key is asked
     # from it, so one round normally suffices (a round that fails costs slots that may
     # not come back: under contention someone has been granted after them).
@@ -283,7 +289,7 @@ async def _common_instant(store: WorkStore, keys: list[QuotaKey], now: int, lead
         granted: list[tuple[QuotaKey, int, int]] = []
         for k in ordered:
             got = await store.quota_grant(k.key, k.policy, now_us=target,
-                                          max_wait_us=max(0, now + MAX_WAIT_US - target))
+                                          max_wait_us=max(0, horizon - target))
             if isinstance(got, Wait):
                 await _give_back(store, granted, now)
                 return QuotaWait(k.key, got.until_us - (target - now), k.policy.interval_us)
