@@ -62,7 +62,7 @@ from daemon.core.effects import (
     reconcile,
 )
 from daemon.core.handoff import NoEffectReason
-from daemon.core.no_effect import AttemptFacts, no_effect_proof
+from daemon.core.no_effect import AttemptFacts, evidence_of, no_effect_proof
 
 R = TypeVar("R")
 
@@ -385,7 +385,7 @@ def replay_unproven(a: AttemptView, operation: OperationView | None, now_us: int
     of the idempotency key has passed since that dispatch. It is reconciled, never
     replayed blindly."""
     if a.disposition is not None or a.outcome != OutcomeClass.REPLAY_SAFE_RETRY \
-            or a.evidence != Evidence.MAYBE_APPLIED:
+            or evidence_of(a.outcome, a.evidence) != Evidence.MAYBE_APPLIED:
         return False
     retention = operation.replay_retention_s if operation is not None else None
     return retention is None or now_us >= a.dispatched_at_us + int(retention * 1_000_000)
