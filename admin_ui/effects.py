@@ -48,7 +48,7 @@ from admin_ui.filters import reason_from
 from admin_ui.render import page
 from admin_ui.view import ReplicaView
 from config.catalog import Catalog
-from daemon.core.effects import OperationContract
+from daemon.core.effects import DEFAULT_MAX_IN_FLIGHT_S
 from daemon.core.identity import BadCoordinate
 from daemon.core.ids import is_ulid
 from daemon.core.operator_paths import Action, Allowed, verdict
@@ -289,7 +289,7 @@ class EffectConsole:
         window reconciliation uses, from the command's pinned revision (the longer of
         L1's and the binding's, as L2 may only lengthen it); with the definition gone,
         the longest default, never a shorter one."""
-        default = OperationContract().max_in_flight_s
+        default = DEFAULT_MAX_IN_FLIGHT_S
         if command is None:
             return int(default * 1_000_000)
         source = await self.pinned(command.catalog_revision, command.catalog_digest) \

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import secrets
@@ -93,12 +94,28 @@ def scope_of(i: int) -> TrustedRuntimeWorkScope:
     return TrustedRuntimeWorkScope(f"org-{i}", f"install-{i}", "cap.leads", f"sha256:bench-{i}")
 
 
+# --provider-limit: one L1 dimension of that many requests a second, counted against one
+# provider key that every replica's binding shares (one provider app, R replicas).
+PROVIDER_DIMENSION = "per_second"
+PROVIDER_KEY = "bench-app"
+
+
+def provider_quota(limit: int, jitter_s: float) -> str:
+    """The L1 table of ``--provider-limit``: ``limit`` requests per second."""
+    return (f"[quota.{PROVIDER_DIMENSION}]\nlimit = {limit}\nwindow = 1.0\n"
+            f'scope = "app_installation"\nkind = "sliding"\njitter = {jitter_s}\n')
+
+
 def write_config(workdir: Path, url: str, i: int, replicas: int, api_ports: list[int],
                  runtime_ports: list[int], sim_port: int,
-                 definitions: Path | None = None) -> Path:
+                 definitions: Path | None = None, *, provider_limit: int = 0,
+                 provider_jitter_s: float = 0.25, max_attempts: int = 0) -> Path:
     """Replica ``i``'s configuration; ``definitions``: the L1 copy to serve (default: the
-    shipped definitions without their providers' quota)."""
-    l1 = definitions if definitions is not None else l1_copy(workdir / "l1")
+    shipped definitions without their providers' quota, or with only ``provider_limit``
+    requests a second shared by every binding when that is set)."""
+    quota = {"hubspot": provider_quota(provider_limit, provider_jitter_s)} \
+        if provider_limit else None
+    l1 = definitions if definitions is not None else l1_copy(workdir / "l1", quota=quota)
     lines = [
         f'[storage]\nurl = "{url}"\npool_size = 16\n',
         '[admin]\nlisten = "127.0.0.1:0"\n',
@@ -108,7 +125,8 @@ def write_config(workdir: Path, url: str, i: int, replicas: int, api_ports: list
         # HubSpot's request limit (bench.quota measures quota; the peer has none either).
         f'[catalog]\nrevision = {REVISION}\ndefinitions_dir = "{l1}"\n',
         "[work]\npoll_interval = 0.1\n",
-        "[families.external_effect]\nbatch_size = 64\nconcurrency = 128\n",
+        "[families.external_effect]\nbatch_size = 64\nconcurrency = 128\n"
+        + (f"max_attempts = {max_attempts}\n" if max_attempts else ""),
         "[families.runtime_receipt]\nbatch_size = 64\nconcurrency = 128\n",
     ]
     for r in range(replicas):
@@ -126,6 +144,8 @@ def write_config(workdir: Path, url: str, i: int, replicas: int, api_ports: list
             f'remote_account_id = "portal-{r}"\nbase_url = "http://127.0.0.1:{sim_port}"\n'
             # Its token comes from the environment (secrets_env): a declared static token.
             'auth = "static_token"\n'
+            + (f'[bindings.quota.{PROVIDER_DIMENSION}]\nscope = "provider_key"\n'
+               f'key = "{PROVIDER_KEY}"\n' if provider_limit else "")
         )
     cfg = workdir / f"replica-{i}.toml"
     cfg.write_text("\n".join(lines))
@@ -183,8 +203,11 @@ async def serve_runtimes(nursery: trio.Nursery, runtimes: list[ReferenceRuntime]
             rt.store.create_lead({"lead_id": f"lead-{i}", "title": "Engineer"})
 
 
-async def run_workload(runtimes: list[ReferenceRuntime], effects: int, leads: int) -> float:
-    """Every Runtime changes effects/R titles at once; seconds until all are COMMITTED."""
+async def run_workload(runtimes: list[ReferenceRuntime], effects: int, leads: int,
+                       stall_s: float = 0.0) -> float:
+    """Every Runtime changes effects/R titles at once; seconds until all are COMMITTED.
+    ``stall_s``: give up (and return) once no intent was committed for that long (an
+    intent whose work went dead never is); 0 waits up to 900 s."""
     per_runtime = effects // len(runtimes)
     total = per_runtime * len(runtimes)
     t0 = time.monotonic()
@@ -192,14 +215,62 @@ async def run_workload(runtimes: list[ReferenceRuntime], effects: int, leads: in
         for n in range(per_runtime):
             rt.store.update_lead(f"lead-{n % leads}", {"title": f"Title {n}"})
         rt.wakeup.set()
+    last, progress_at = -1, time.monotonic()
     with trio.fail_after(900):
         while True:
             done = sum(rt.store.stats()["intents_by_status"].get("COMMITTED", 0)
                        for rt in runtimes)
             if done >= total:
                 break
+            if done != last:
+                last, progress_at = done, time.monotonic()
+            elif stall_s and time.monotonic() - progress_at > stall_s:
+                break
             await trio.sleep(0.05)
     return time.monotonic() - t0
+
+
+def provider_figures(arrivals: list[float], limit: int, window_s: float = 1.0
+                     ) -> dict[str, Any]:
+    """What the provider saw of its limit while the backlog lasted (first to last
+    arrival): ``limit_use`` = arrivals / what the limit allowed in that span, the windows
+    of its own length (one starting at each arrival) that held more than the limit, the
+    fullest one, and the longest gap between two arrivals (a stall)."""
+    times = sorted(arrivals)
+    if not times:
+        return {"limit_use": 0.0, "windows_over": 0, "worst_window": 0, "longest_gap_s": 0.0,
+                "span_s": 0.0}
+    span = times[-1] - times[0]
+    worst, over, j = 0, 0, 0
+    for i, start in enumerate(times):
+        while j < len(times) and times[j] < start + window_s:
+            j += 1
+        worst = max(worst, j - i)
+        over += (j - i) > limit
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    return {"limit_use": round(len(times) / (limit * max(1.0, span / window_s)), 3),
+            "windows_over": over, "worst_window": worst,
+            "longest_gap_s": round(max(gaps, default=0.0), 3), "span_s": round(span, 3)}
+
+
+async def work_journal(url: str) -> dict[str, Any]:
+    """The effects' end states and their executions by outcome and reason."""
+    store = await open_store(url)
+
+    async def read(tx: Any) -> dict[str, Any]:
+        states = await tx.fetchall("SELECT state, COUNT(*) FROM work_items WHERE family = ?"
+                                   " GROUP BY state", ("external_effect",))
+        runs = await tx.fetchall(
+            "SELECT e.outcome, COALESCE(e.reason, ''), COUNT(*) FROM work_executions e"
+            " WHERE e.family = ? GROUP BY e.outcome, COALESCE(e.reason, '')",
+            ("external_effect",))
+        return {"items_by_state": {str(s): int(n) for s, n in states},
+                "executions": {f"{o}:{r}" if r else str(o): int(n) for o, r, n in runs}}
+
+    try:
+        return dict(await store.db.transact(read, name="bench.journal", write=False))
+    finally:
+        await store.db.aclose()
 
 
 def postgres_cpu() -> dict[int, float]:
@@ -218,7 +289,7 @@ def postgres_cpu() -> dict[int, float]:
 async def drive(replicas: int, effects: int, leads: int, api_ports: list[int],
                 runtime_ports: list[int], sim: HubSpotSimulator, sim_port: int,
                 start_replicas: Any, stop_replicas: Any, peer: PeerPlan | None,
-                results: dict[str, Any]) -> None:
+                results: dict[str, Any], provider_limit: int = 0, url: str = "") -> None:
     runtimes = runtimes_for(replicas, api_ports)
     async with trio.open_nursery() as nursery:
         await nursery.start(sim.run, "127.0.0.1", sim_port)
@@ -231,10 +302,23 @@ async def drive(replicas: int, effects: int, leads: int, api_ports: list[int],
         db_pid = mariadb_pid()
         cpu_before = ([cpu_seconds(p) for p in pids], cpu_seconds(os.getpid()),
                       cpu_seconds(db_pid) if db_pid else 0.0)
-        elapsed = await run_workload(runtimes, effects, leads)
+        # Under a provider limit, an intent whose work went dead is never committed: the
+        # run ends once nothing was committed for a minute, and says so.
+        elapsed = await run_workload(runtimes, effects, leads,
+                                     stall_s=60.0 if provider_limit else 0.0)
         total = (effects // replicas) * replicas
         cpu_after = ([cpu_seconds(p) for p in pids], cpu_seconds(os.getpid()),
                      cpu_seconds(db_pid) if db_pid else 0.0)
+        if provider_limit:
+            committed = sum(rt.store.stats()["intents_by_status"].get("COMMITTED", 0)
+                            for rt in runtimes)
+            results["provider_limit"] = {
+                "limit": f"{provider_limit} per 1 s, one key shared by {replicas} replicas",
+                "committed": committed,
+                **provider_figures([r.received_at for r in sim.requests
+                                    if r.method == "PATCH"], provider_limit),
+                **await work_journal(url),
+            }
         after = [await trio.to_thread.run_sync(scrape, a) for a in admins]
         patches = [r for r in sim.requests if r.method == "PATCH"]
         results.update({
@@ -401,6 +485,14 @@ def main() -> None:
                         help="procrastinate worker concurrency per peer process")
     parser.add_argument("--no-peer", action="store_true",
                         help="skip the naive procrastinate peer")
+    parser.add_argument("--provider-limit", type=int, default=0, metavar="N",
+                        help="the provider allows N requests a second, one key shared by"
+                        " every replica (0: no quota); reports what it saw of its limit")
+    parser.add_argument("--provider-jitter", type=float, default=0.25,
+                        help="that dimension's L1 jitter (s): the schedule's ceiling is"
+                        " 1 / (1 + jitter) of the limit")
+    parser.add_argument("--max-attempts", type=int, default=0,
+                        help="external_effect max_attempts (0: the default)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-effects-") as tmp:
         workdir = Path(args.keep or tmp)
@@ -415,7 +507,10 @@ def main() -> None:
             env = secrets_env(args.replicas)
             os.environ.update(env)
             configs = [write_config(workdir, url, i, args.replicas, api_ports, runtime_ports,
-                                    sim_port) for i in range(args.replicas)]
+                                    sim_port, provider_limit=args.provider_limit,
+                                    provider_jitter_s=args.provider_jitter,
+                                    max_attempts=args.max_attempts)
+                       for i in range(args.replicas)]
             trio.run(publish_catalog, url, configs[0])
 
             def start_all() -> tuple[list[str], list[int]]:
@@ -438,7 +533,8 @@ def main() -> None:
                                        "replicas": args.replicas}
             peer = None if args.no_peer else PeerPlan(workdir, args.peer_concurrency, sim_port)
             trio.run(drive, args.replicas, args.effects, args.leads, api_ports, runtime_ports,
-                     sim, sim_port, start_all, stop_all, peer, results)
+                     sim, sim_port, start_all, stop_all, peer, results, args.provider_limit,
+                     url)
             results["peak_rss_mb_per_replica"] = rss
         finally:
             for p, _ in procs:

@@ -29,9 +29,13 @@ A document declares (see ``config/providers/*.toml`` for two real ones)::
     [operations."<op>"]
     intent_kinds, local_object, remote_object, allowed_fields,
     command_fields = "/properties"            # where the command's request holds them
-    accepted_statuses, not_applied_statuses, rejected_statuses,   # status semantics
+    accepted_statuses, not_applied_statuses, rejected_statuses,   # status semantics,
+                                              # each required ([] for none)
     replay_safe, default_retry_after, max_in_flight, max_clock_skew
     endpoint_class = "crm_objects"            # optional: one of the declared classes
+    [operations."<op>".replay_proof]          # required exactly when replay_safe = true
+    idempotency_header = "Idempotency-Key"    # the provider honours it (the request's
+    key_retention = 86400.0                   # idempotency_header); seconds it does
     [operations."<op>".request]               # what is sent
     method, path, content_type, auth, body, idempotency_header (optional)
     [operations."<op>".response]              # what a response proves
@@ -53,7 +57,7 @@ from typing import Any
 import attrs
 
 from config.subscription_defs import SubscriptionDefinition, parse_subscription
-from daemon.core.effects import OperationContract
+from daemon.core.effects import OperationContract, ReplayProof
 from daemon.core.ingress import BadPayloadSpec, PayloadSpec
 from daemon.core.quota import ClassScope, QuotaPolicy, QuotaPolicyError, ResetFormat, WindowKind
 from daemon.core.webhook_signature import BadSignatureSpec, SignatureSpec
@@ -190,9 +194,10 @@ class OperationDefinition:
 _OPERATION_KEYS = frozenset({
     "intent_kinds", "local_object", "remote_object", "allowed_fields", "command_fields",
     "accepted_statuses", "not_applied_statuses", "rejected_statuses", "replay_safe",
-    "default_retry_after", "max_in_flight", "max_clock_skew", "request", "response", "read",
-    "endpoint_class",
+    "replay_proof", "default_retry_after", "max_in_flight", "max_clock_skew", "request",
+    "response", "read", "endpoint_class",
 })
+_REPLAY_PROOF_KEYS = frozenset({"idempotency_header", "key_retention"})
 _REQUEST_KEYS = frozenset({"method", "path", "content_type", "auth", "body",
                            "idempotency_header"})
 _RESPONSE_KEYS = frozenset({"identity", "evidence_headers", "evidence_fields", "updated_at"})
@@ -237,13 +242,11 @@ def _statuses(key: str, value: Any) -> frozenset[int]:
 # An operation's declared status semantics: three disjoint sets, each a list of
 # status codes (429) and status classes ("4xx"). An exact code wins over a class
 # ("4xx" in rejected_statuses with 429 in not_applied_statuses rejects every 4xx
-# but 429); the same code, or the same class, in two sets is an error. The
-# defaults are the semantics every operation had before they were declared.
-_STATUS_SETS: tuple[tuple[str, list[int | str]], ...] = (
-    ("accepted_statuses", ["2xx"]),
-    ("not_applied_statuses", [429]),
-    ("rejected_statuses", ["4xx"]),
-)
+# but 429); the same code, or the same class, in two sets is an error. Each set is
+# required (an empty list says "none"): what a status means is the operation's
+# contract, and L0 assumes no meaning for any status, not even a 429 (seed 6, 8).
+_STATUS_SETS: tuple[str, ...] = ("accepted_statuses", "not_applied_statuses",
+                                 "rejected_statuses")
 _STATUS_CLASS = re.compile(r"^[1-5]xx$")
 
 
@@ -266,8 +269,13 @@ def _status_entries(key: str, value: Any) -> tuple[set[int], set[int]]:
 
 
 def _status_semantics(key: str, table: Mapping[str, Any]) -> dict[str, frozenset[int]]:
-    declared = {name: _status_entries(f"{key}.{name}", table.get(name, default))
-                for name, default in _STATUS_SETS}
+    for name in _STATUS_SETS:
+        if name not in table:
+            raise CatalogError(f"{key}.{name}", "missing: an operation declares what each"
+                               " status means to it (accepted_statuses, not_applied_statuses,"
+                               " rejected_statuses; [] for none); L0 assumes no meaning for"
+                               " any status, a 429 included")
+    declared = {name: _status_entries(f"{key}.{name}", table[name]) for name in _STATUS_SETS}
     exact: dict[int, str] = {}
     by_class: dict[int, str] = {}
     for name, (codes, classes) in declared.items():
@@ -434,7 +442,7 @@ def _operation(provider: str, name: str, raw: Any,
             accepted_statuses=statuses["accepted_statuses"],
             not_applied_statuses=statuses["not_applied_statuses"],
             rejected_statuses=statuses["rejected_statuses"],
-            replay_safe=_bool(f"{key}.replay_safe", table.get("replay_safe", False)),
+            replay=_replay_proof(key, table, request),
             default_retry_after_s=_number(key, table, "default_retry_after", 5.0),
             max_in_flight_s=_number(key, table, "max_in_flight", 30.0),
             max_clock_skew_s=_number(key, table, "max_clock_skew", 2.0),
@@ -466,6 +474,41 @@ def _bool(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise CatalogError(key, "expected true or false")
     return value
+
+
+def _replay_proof(key: str, table: Mapping[str, Any],
+                  request: RequestDefinition) -> ReplayProof | None:
+    """``replay_safe = true`` is a claim; ``[operations."<op>".replay_proof]`` is the
+    mechanism that proves it, which L0 checks on every exchange: the idempotency
+    header the provider honours (the request must carry it) and how long it honours
+    a key. A claim without its mechanism, or a mechanism without the claim, is an
+    error naming the key."""
+    claimed = _bool(f"{key}.replay_safe", table.get("replay_safe", False))
+    if "replay_proof" not in table:
+        if claimed:
+            raise CatalogError(f"{key}.replay_safe", "claims replay safety without a"
+                               " mechanism L0 can check: declare replay_proof with the"
+                               " idempotency_header the provider honours and its"
+                               " key_retention (seconds)")
+        return None
+    where = f"{key}.replay_proof"
+    proof = _table(where, table["replay_proof"], _REPLAY_PROOF_KEYS)
+    if not claimed:
+        raise CatalogError(where, "a replay proof without replay_safe = true: declare"
+                           " both, or neither")
+    header = _req(where, proof, "idempotency_header", str)
+    if not _TOKEN.match(header):
+        raise CatalogError(f"{where}.idempotency_header", "expected an HTTP header name")
+    if request.idempotency_header.lower() != header.lower():
+        raise CatalogError(f"{key}.request.idempotency_header", f"the replay proof names"
+                           f" {header}; the request must carry the command's idempotency"
+                           f" key in it (it carries {request.idempotency_header or 'none'})")
+    retention = proof.get("key_retention")
+    if not isinstance(retention, int | float) or isinstance(retention, bool) \
+            or retention <= 0:
+        raise CatalogError(f"{where}.key_retention", "expected a positive number of seconds"
+                           " (how long the provider honours an idempotency key)")
+    return ReplayProof(header=header, retention_s=float(retention))
 
 
 def parse_provider(doc: Mapping[str, Any], source: str = "") -> dict[str, OperationDefinition]:

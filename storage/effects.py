@@ -591,13 +591,19 @@ async def _disposition_fence(tx: SqlTx, command_id: str, window_us: int, now_us:
 
 async def dispose(tx: SqlTx, attempt_ids: list[str], disposition: Disposition, note: str,
                   actor: str, now_us: int, *, unless_processing: bool = False) -> None:
+    """Record a disposition of attempts whose effect nothing proved: an unknown outcome,
+    none after the checkpoint, or a replay-safe retry that may have been applied (which
+    reconciliation resolves once its replay proof has lapsed: the provider's retention
+    of its idempotency key; rows without evidence read as maybe applied)."""
     guard = _NOT_PROCESSING if unless_processing else ""
     for attempt_id in attempt_ids:
         if not await tx.execute(
             "UPDATE effect_attempts SET disposition = ?, disposition_note = ?,"
             " disposition_by = ?, disposition_at_us = ?, row_version = row_version + 1"
             " WHERE attempt_id = ? AND disposition IS NULL"
-            " AND (outcome IS NULL OR outcome = 'OUTCOME_UNKNOWN')" + guard,
+            " AND (outcome IS NULL OR outcome = 'OUTCOME_UNKNOWN'"
+            " OR (outcome = 'REPLAY_SAFE_RETRY'"
+            " AND (evidence IS NULL OR evidence = 'maybe_applied')))" + guard,
             (disposition.value, note[:500], actor, now_us, attempt_id),
         ):
             raise WorkConflict(f"attempt {attempt_id} is not awaiting a disposition")

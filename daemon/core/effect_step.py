@@ -22,7 +22,9 @@ performs the step and nothing else. The rules, in the order they apply:
    (``remote_id_changed``). A failed check is a refusal *before any call*,
    for dispatch and read-back alike: nothing is ever sent with a new identity.
 3. An unresolved attempt (unknown outcome, or no outcome after the
-   checkpoint): **reconcile**. With a failed target check, read-back is
+   checkpoint, or a maybe-applied replay-safe retry whose replay is no longer
+   proven: the provider's retention of its idempotency key has passed):
+   **reconcile**. With a failed target check, read-back is
    refused too and an operator decides (blocked). Otherwise the shell reads
    the record back and asks again: the desired values are there: settle
    success; proven absent: record it, then decide again; unproven: wait.
@@ -35,6 +37,9 @@ performs the step and nothing else. The rules, in the order they apply:
    ``NO_EFFECT`` when :func:`daemon.core.no_effect.no_effect_proof` proves
    it, otherwise blocked for an operator. Never a conversion of ambiguity.
 6. No credentials: wait. Otherwise: **dispatch** the prepared request.
+7. After the exchange (:func:`after_attempt`): a request our own quota or send gate
+   held back (nothing left, nothing failed) is given back unstarted, charging no
+   attempt (``Requeue``); every other class takes its step from the outcome table.
 
 These checks run on the claim's context read. The dispatch checkpoint repeats the pin
 checks of rules 2 and 5 in its own statement (:func:`checkpoint_refusal`, against the
@@ -64,7 +69,7 @@ from daemon.core.effects import (
     reconcile,
 )
 from daemon.core.handoff import NoEffectReason
-from daemon.core.no_effect import AttemptFacts, no_effect_proof
+from daemon.core.no_effect import AttemptFacts, evidence_of, no_effect_proof
 
 R = TypeVar("R")
 
@@ -123,6 +128,9 @@ class OperationView:
     intent_kinds: frozenset[str]
     max_in_flight_s: float  # L1
     max_clock_skew_s: float = 0.0  # L1
+    # How long the provider honours an idempotency key (L1's replay proof; None: no
+    # proof). A maybe-applied attempt is replayed only within it.
+    replay_retention_s: float | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -270,6 +278,16 @@ class Wait:
 
 
 @attrs.frozen
+class Requeue:
+    """Nothing left and nothing failed: our own quota or send gate held the request back
+    (its send slot expired waiting, say, for a free connection). The claim is given
+    back unstarted at once, charging no attempt: contention never kills work."""
+
+    code: str
+    sentence: str
+
+
+@attrs.frozen
 class Dispatch(Generic[R]):
     """Write the checkpoint, then send exactly this request."""
 
@@ -277,7 +295,7 @@ class Dispatch(Generic[R]):
 
 
 Step = Nothing | Reconcile | RecordAbsent | SettleSuccess | SettleNoEffect | Blocked | Wait \
-    | Dispatch[R]
+    | Requeue | Dispatch[R]
 
 
 # ------------------------------------------------------------------ rules
@@ -433,6 +451,18 @@ def credential_refusal(view: ClaimView[R], code: str, sentence: str,
     return _refuse(command, history, code, sentence)
 
 
+def replay_unproven(a: AttemptView, operation: OperationView | None, now_us: int) -> bool:
+    """A replay-safe retry that may have been applied, whose replay is no longer proven
+    safe: the pinned operation declares no proof any more, or the provider's retention
+    of the idempotency key has passed since that dispatch. It is reconciled, never
+    replayed blindly."""
+    if a.disposition is not None or a.outcome != OutcomeClass.REPLAY_SAFE_RETRY \
+            or evidence_of(a.outcome, a.evidence) != Evidence.MAYBE_APPLIED:
+        return False
+    retention = operation.replay_retention_s if operation is not None else None
+    return retention is None or now_us >= a.dispatched_at_us + int(retention * 1_000_000)
+
+
 def decide(view: ClaimView[R]) -> Step[R]:
     """The one step this claim performs (see the module's rules)."""
     command = view.command
@@ -440,7 +470,8 @@ def decide(view: ClaimView[R]) -> Step[R]:
         return Blocked("missing_command", "the command is missing")
     if command.settlement != "open":
         return Nothing(f"command already {command.settlement}")
-    unresolved = [a for a in view.attempts if a.unresolved]
+    unresolved = [a for a in view.attempts
+                  if a.unresolved or replay_unproven(a, view.operation, view.now_us)]
     if unresolved:
         return _reconcile(view, unresolved)
     history = [a.facts for a in view.attempts]
@@ -483,6 +514,9 @@ def after_attempt(view: ClaimView[R], verdict: Classification, what: str) -> Ste
     earlier one is a definitive authorization failure and settles like any rejection."""
     command = view.command
     assert command is not None and view.operation is not None
+    if verdict.held:
+        return Requeue(verdict.failure_class, f"held back before sending ({what}): nothing"
+                       " was sent; no attempt is charged")
     if (verdict.outcome is OutcomeClass.REJECTED and verdict.failure_class == UNAUTHENTICATED
             and view.binding is not None and view.binding.refreshable
             and not any(a.failure_class == UNAUTHENTICATED for a in view.attempts)):

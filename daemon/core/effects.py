@@ -7,17 +7,22 @@ exchange got (never connected, request bytes may have left, a response
 arrived) and, if a response arrived, its status and ``Retry-After``. The
 frozen :class:`OperationContract` (from the L1 definition) declares the
 operation's status semantics: which statuses mean "accepted", "not applied"
-and "rejected" (three disjoint sets; by default every 2xx, 429, and every
-other 4xx), and whether the effect is replay-safe.
+and "rejected" (three disjoint sets, each declared: L0 assumes no meaning for
+any status, a 429 included), and how a replay is proven safe (a
+:class:`ReplayProof`: the idempotency header the provider honours, and for how
+long), if it is.
 :func:`classify` maps the two to exactly one outcome class:
 
 ==========================  ============================================
 ``ACCEPTED``                an accepted status naming the pinned record
                             (where the definition says responses name one)
 ``REJECTED``                a declared rejected status (by default a 4xx)
-``RETRYABLE_PRE_DISPATCH``  proven to fail before any byte left
-``REPLAY_SAFE_RETRY``       the contract proves a retry cannot double the
-                            effect (e.g. 429, or 503 declared not-applied)
+``RETRYABLE_PRE_DISPATCH``  proven to fail before any byte left (or held
+                            back by our own quota or send gate: not a
+                            failure, and no attempt is charged for it)
+``REPLAY_SAFE_RETRY``       a declared not-applied status (e.g. 429), or a
+                            maybe-applied exchange whose request carried the
+                            idempotency header the contract's proof names
 ``OUTCOME_UNKNOWN``         bytes may have left and nothing proves the
                             outcome (including a 2xx that names another
                             record, or none): reconcile or ask an operator
@@ -62,9 +67,21 @@ class Evidence(enum.StrEnum):
 
 
 class Phase(enum.StrEnum):
-    NOT_CONNECTED = "not_connected"  # connect refused/timed out, pool exhausted: nothing sent
+    # Our own side held the request back before any byte left: its quota send slot
+    # expired while it waited (for a free connection, the checkpoint, the event loop),
+    # or no free connection of ours came within the timeout. Nothing was sent and
+    # nothing failed: contention, never a failed attempt (see HELD_CLASSES).
+    HELD = "held"
+    NOT_CONNECTED = "not_connected"  # connect refused/timed out: nothing sent
     SENT = "sent"  # bytes may have left; no (complete) response
     RESPONDED = "responded"
+
+
+# The details a HELD observation carries, and the failure class each is shown with.
+SLOT_EXPIRED = "quota_slot_expired"  # a quota send slot's window passed unused
+CONNECTION_WAIT = "connection_wait"  # no free connection of ours within the timeout
+HELD_CLASSES: Mapping[str, str] = {SLOT_EXPIRED: "quota_slot_expired",
+                                   CONNECTION_WAIT: "quota_connection_wait"}
 
 
 @attrs.frozen
@@ -96,33 +113,53 @@ class DispatchObservation:
     # The provider's own quota headers L1's dimensions name (remaining counts, resets),
     # as (lower-case name, value) pairs.
     quota_headers: tuple[tuple[str, str], ...] = ()
+    # The header the request carried the command's idempotency key in ("": none).
+    idempotency_header: str = ""
 
 
-# Today's semantics, the defaults an L1 operation gets when it declares no sets:
-# every 2xx accepted, every other 4xx (not declared not-applied) rejected.
-ACCEPTED_DEFAULT: frozenset[int] = frozenset(range(200, 300))
-REJECTED_DEFAULT: frozenset[int] = frozenset(range(400, 500)) - {429}
+# The provider's in-flight window an operation gets when L1 does not declare one.
+DEFAULT_MAX_IN_FLIGHT_S = 30.0
+
+
+@attrs.frozen(kw_only=True)
+class ReplayProof:
+    """How the provider proves that a repeat of a call cannot repeat its effect (seed 6:
+    a replay-safe retry is a declared proof, not a flag). The request carries the
+    command's idempotency key in ``header``, and the provider honours it for
+    ``retention_s``: a repeat with the same key within that time applies nothing again.
+    L0 checks both: a request that did not carry the header proves nothing
+    (:func:`classify`), and a replay later than the retention after the first maybe
+    applied dispatch is no longer proven safe (it is reconciled instead:
+    :mod:`daemon.core.effect_step`)."""
+
+    header: str = attrs.field(validator=attrs.validators.min_len(1))
+    retention_s: float = attrs.field(validator=attrs.validators.gt(0))
+
+    def carried_by(self, seen: DispatchObservation) -> bool:
+        return seen.idempotency_header.lower() == self.header.lower()
 
 
 @attrs.frozen(kw_only=True)
 class OperationContract:
-    """What the frozen L1 operation definition promises about one call."""
+    """What the frozen L1 operation definition promises about one call.
 
-    # The operation's declared status semantics (three disjoint sets; the L1 loader
-    # refuses a status in two of them). A response status in none of them is
-    # treated as "maybe applied" (a 5xx, say): reconciled, or retried when replay-safe.
+    Each status's meaning is the operation's own declaration (three disjoint sets;
+    the L1 loader requires all three and refuses a status in two of them): L0
+    assumes nothing, not even that a 429 was not applied. A response status in none of
+    them is "maybe applied" (a 5xx, say): reconciled, or retried when replay is proven
+    safe."""
+
     # Statuses that mean the call was applied (subject to the identity check).
-    accepted_statuses: frozenset[int] = ACCEPTED_DEFAULT
+    accepted_statuses: frozenset[int]
     # Statuses the provider documents as "not applied" (safe to try again).
-    not_applied_statuses: frozenset[int] = frozenset({429})
+    not_applied_statuses: frozenset[int]
     # Statuses that mean the provider refused the call for good, and applied nothing.
-    rejected_statuses: frozenset[int] = REJECTED_DEFAULT
-    # True only if the provider proves a repeated call cannot repeat the effect
-    # (an idempotency key it honours, or a conditional request).
-    replay_safe: bool = False
+    rejected_statuses: frozenset[int]
+    # The declared proof that a repeated call cannot repeat the effect (None: none).
+    replay: ReplayProof | None = None
     default_retry_after_s: float = 5.0
     # The provider processes or drops a request within this window.
-    max_in_flight_s: float = 30.0
+    max_in_flight_s: float = DEFAULT_MAX_IN_FLIGHT_S
     # The largest clock difference the provider's last-modified times may have
     # against ours (a read-back's proof of absence subtracts it).
     max_clock_skew_s: float = 2.0
@@ -134,15 +171,23 @@ class Classification:
     evidence: Evidence
     retry_after_s: float | None = None
     failure_class: str = ""
+    # Our own side held the request back (Phase.HELD): nothing left and nothing failed,
+    # so the claim is given back charging no attempt (daemon.core.effect_step).
+    held: bool = False
 
 
 def classify(contract: OperationContract, seen: DispatchObservation) -> Classification:
     """Exactly one outcome class, and the evidence, for one observed exchange."""
+    if seen.phase is Phase.HELD:
+        return Classification(OutcomeClass.RETRYABLE_PRE_DISPATCH, Evidence.NOT_SENT, None,
+                              HELD_CLASSES.get(seen.detail, "quota_held"), held=True)
     if seen.phase is Phase.NOT_CONNECTED:
         return Classification(OutcomeClass.RETRYABLE_PRE_DISPATCH, Evidence.NOT_SENT, None,
                               "connect")
+    # Replay is proven safe only by the declared mechanism, carried by this very request.
+    replay_safe = contract.replay is not None and contract.replay.carried_by(seen)
     if seen.phase is Phase.SENT:
-        if contract.replay_safe:
+        if replay_safe:
             return Classification(OutcomeClass.REPLAY_SAFE_RETRY, Evidence.MAYBE_APPLIED, None,
                                   "transport")
         return Classification(OutcomeClass.OUTCOME_UNKNOWN, Evidence.MAYBE_APPLIED, None,
@@ -170,7 +215,7 @@ def classify(contract: OperationContract, seen: DispatchObservation) -> Classifi
                               f"http_{status}")
     # A status the operation does not declare (5xx, say) after sending: the provider
     # may have applied it.
-    if contract.replay_safe:
+    if replay_safe:
         return Classification(OutcomeClass.REPLAY_SAFE_RETRY, Evidence.MAYBE_APPLIED, None,
                               f"http_{status}")
     return Classification(OutcomeClass.OUTCOME_UNKNOWN, Evidence.MAYBE_APPLIED, None,

@@ -106,6 +106,7 @@ import enum
 import itertools
 import math
 import re
+from collections.abc import Sequence
 
 import attrs
 
@@ -427,6 +428,32 @@ def decode_log(text: str | None) -> tuple[int, ...]:
             raise ValueError(f"not a slot log: entry {i} goes backward")
         out.append(value if not i else out[-1] + value)
     return tuple(out)
+
+
+def waiting_turn(cursor_us: int, until_us: int, interval_us: int) -> tuple[int, int]:
+    """When a claim that found no slot within its wait should come back, and the next
+    cursor: ``(turn, cursor)``. Every claim told "no slot before ``until``" would
+    otherwise come back at that same instant, all but a few to be told the same again
+    (a herd of claims, grants and deferrals that slows every commit, the checkpoints
+    included, until granted slots expire unused). Turns are handed out one slot
+    interval apart from the later of ``until`` and the cursor, so the waiters come back
+    about as fast as the key can serve them. A turn is only a time to ask again: it
+    reserves nothing, so a turn nobody uses costs no capacity."""
+    turn = max(until_us, cursor_us)
+    return turn, turn + max(1, interval_us)
+
+
+def send_lead_us(prepare_us: Sequence[int], cap_us: int) -> int:
+    """How far ahead of now a claim should ask for its slot: the 90th percentile of the
+    recent times from a grant to being ready to send (binding the slot, committing the
+    dispatch checkpoint), at most ``cap_us``. A slot granted for "now" expires unused
+    whenever that preparation outlasts its jitter; one granted this far ahead is met
+    on time. Asking from a later time is still a grant by the schedule's own
+    arithmetic: it costs only the lead's latency when the key is idle."""
+    if not prepare_us:
+        return 0
+    ordered = sorted(prepare_us)
+    return max(0, min(cap_us, ordered[min(len(ordered) - 1, (len(ordered) * 9) // 10)]))
 
 
 def slot_usable(policy: QuotaPolicy, slot_us: int, now_us: int) -> bool:

@@ -15,8 +15,10 @@ read-back for reconciliation.
 
 Which exceptions mean "nothing was sent": failing to connect (refused, DNS,
 connect timeout), waiting for a pooled connection, and a caller's *send gate*
-that closed. Anything after that (write/read errors and timeouts, a peer that
-closes without answering) may have delivered the request, so it is ``SENT``.
+that closed. The last two are our own side holding the request back
+(``Phase.HELD``: contention, never a failed attempt); the first is
+``NOT_CONNECTED``. Anything after that (write/read errors and timeouts, a peer
+that closes without answering) may have delivered the request, so it is ``SENT``.
 
 A send gate is asked at the last moment before the first byte leaves (httpcore's
 ``send_request_headers.started`` trace event, on a connection already taken): a
@@ -56,7 +58,14 @@ from config.definitions import (
 )
 from config.settings import BindingSettings
 from daemon.core.canonical import canonical_bytes
-from daemon.core.effects import DispatchObservation, IdentityEvidence, Phase, RemoteSnapshot
+from daemon.core.effects import (
+    CONNECTION_WAIT,
+    SLOT_EXPIRED,
+    DispatchObservation,
+    IdentityEvidence,
+    Phase,
+    RemoteSnapshot,
+)
 from daemon.providers.template import RenderError, field_map, identity_text
 
 
@@ -81,6 +90,9 @@ class PreparedRequest:
     # The response headers the provider's quota dimensions name (its remaining count,
     # when its window resets).
     quota_headers: tuple[str, ...] = ()
+    # The header that carries ``idempotency_key`` ("": none is sent). Every observation
+    # of this request names it: a replay proof holds only for a request that carried it.
+    idempotency_header: str = ""
 
 
 def desired_fields(operation: OperationDefinition, request: Any) -> dict[str, str | None]:
@@ -126,6 +138,7 @@ def prepare(
         response=operation.response,
         quota_headers=tuple(sorted({h for q in operation.quotas
                                     for h in (q.remaining_header, q.reset_header) if h})),
+        idempotency_header=template.idempotency_header,
     )
 
 
@@ -174,7 +187,7 @@ class SendWindowClosed(Exception):
 
 
 # The detail a closed send gate reports (the runner's own late check reports the same).
-SEND_WINDOW_CLOSED = "quota_slot_expired"
+SEND_WINDOW_CLOSED = SLOT_EXPIRED
 
 
 def _gated(may_send: Callable[[], bool]) -> Callable[[str, dict[str, Any]], Any]:
@@ -320,11 +333,15 @@ class HttpExecutor:
                 timeout_s=timeout_s, may_send=may_send,
             )
         except SendWindowClosed:
-            return DispatchObservation(Phase.NOT_CONNECTED, detail=SEND_WINDOW_CLOSED), {}
+            return DispatchObservation(Phase.HELD, detail=SEND_WINDOW_CLOSED), {}
+        except httpx.PoolTimeout:
+            # Our own connection limit (BoundedHttp's wait), not the provider's.
+            return DispatchObservation(Phase.HELD, detail=CONNECTION_WAIT), {}
         except _NOT_SENT as exc:
             return DispatchObservation(Phase.NOT_CONNECTED, detail=type(exc).__name__), {}
         except httpx.HTTPError as exc:
-            return DispatchObservation(Phase.SENT, detail=type(exc).__name__), {}
+            return DispatchObservation(Phase.SENT, detail=type(exc).__name__,
+                                       idempotency_header=prepared.idempotency_header), {}
         spec = prepared.response
         evidence: dict[str, Any] = {"status": response.status_code}
         for name in spec.evidence_headers:
@@ -355,6 +372,7 @@ class HttpExecutor:
                 quota_headers=tuple((name, response.headers[name][:32])
                                       for name in prepared.quota_headers
                                       if name in response.headers),
+                idempotency_header=prepared.idempotency_header,
             ),
             evidence,
         )

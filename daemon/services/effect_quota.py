@@ -24,10 +24,19 @@ budget forward for all replicas (:func:`throttle_429`: its Retry-After, else the
 header L1 names, else the operation's default), and so does a 2xx saying none remain
 (:func:`block_exhausted`, until the reset). A dimension limited to some endpoint classes
 counts only their calls, and one with a budget per class has a key per class.
+
+Waiting never costs an attempt: a key with no slot within ``max_wait`` defers the claim
+(:class:`QuotaWait`), and a slot that expires while the request waits on our side (for a
+connection, the checkpoint, the event loop) holds it back unsent (``Phase.HELD``), and
+the claim is requeued uncharged. :class:`QuotaHints` keeps one process from stampeding a
+hot key's row (one grant at a time, the ledger's last "no slot before then", turns one
+interval apart for the claims it turns away) and asks for each slot as far ahead as its
+preparation takes; they are hints: only the ledger grants.
 """
 
 from __future__ import annotations
 
+import collections
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
@@ -47,7 +56,9 @@ from daemon.core.quota import (
     endpoint_class_key,
     reset_at,
     reset_cap_us,
+    send_lead_us,
     slot_usable,
+    waiting_turn,
 )
 from daemon.core.work import Fence
 from daemon.services import logs
@@ -58,6 +69,9 @@ from storage.work_store import WorkStore
 
 # How long a claim may wait for its slot before it is rescheduled for later instead.
 MAX_WAIT_US = 1_000_000
+# How far ahead a claim asks for its slot at most: the time it needs to be ready to send
+# (bind, checkpoint; QuotaHints.lead_us). Spent preparing, not waiting.
+MAX_LEAD_US = 2_000_000
 
 
 @attrs.frozen
@@ -79,6 +93,9 @@ class Reserved:
     reservation_id: str
     # Its place on the key's TAT line (what comes back when it is not used).
     position_us: int
+    # When the ledger granted it (this process's clock): the preparation that follows
+    # (bind, checkpoint) is measured from here (QuotaHints.prepared).
+    granted_at_us: int = 0
 
 
 @attrs.frozen
@@ -87,6 +104,59 @@ class QuotaWait:
 
     key: str
     until_us: int
+    # The key's slot interval (how fast it serves waiters; 0: unknown).
+    interval_us: int = 0
+
+
+@attrs.define
+class QuotaHints:
+    """This process's admission hints for its hot quota keys (the seed allows process-
+    local hints; the ledger stays the only authority and still grants every slot):
+
+    * one grant at a time per set of keys from this process: hundreds of claims of one
+      key asking the ledger at once queue on its one row, and every grant (and with
+      it the bind and the checkpoint) then waits behind all of them, until the slots
+      granted expire before they can be used: no send at all for seconds while work
+      waits (a congestion collapse, measured with ``bench.effects --provider-limit``);
+    * what the ledger last said: once it answered "no slot within the wait before
+      ``until``", a claim of that key before then is told so without asking again;
+    * turns (:func:`daemon.core.quota.waiting_turn`): the claims given back come back
+      one slot interval apart instead of all at once."""
+
+    _cursors: dict[str, int] = attrs.field(factory=dict)
+    _no_slot: dict[str, QuotaWait] = attrs.field(factory=dict)
+    _asking: dict[tuple[str, ...], trio.Lock] = attrs.field(factory=dict)
+    # The recent preparation times, grant to ready (see lead_us).
+    _prepare_us: collections.deque[int] = attrs.field(
+        factory=lambda: collections.deque(maxlen=64))
+
+    def prepared(self, reserved: list[Reserved], ready_us: int) -> None:
+        """A claim is ready to send on ``reserved`` at ``ready_us``."""
+        if reserved:
+            self._prepare_us.append(max(0, ready_us - min(r.granted_at_us for r in reserved)))
+
+    def lead_us(self) -> int:
+        """How far ahead to ask for a slot (:func:`daemon.core.quota.send_lead_us`)."""
+        return send_lead_us(self._prepare_us, MAX_LEAD_US)
+
+    def turn(self, wait: QuotaWait) -> int:
+        at, self._cursors[wait.key] = waiting_turn(self._cursors.get(wait.key, 0),
+                                                   wait.until_us, wait.interval_us)
+        return at
+
+    def known_wait(self, keys: list[QuotaKey], now_us: int) -> QuotaWait | None:
+        """The ledger's last "no slot before then" for one of ``keys``, still in force."""
+        for k in keys:
+            wait = self._no_slot.get(k.key)
+            if wait is not None and now_us < wait.until_us:
+                return wait
+        return None
+
+    def learn(self, wait: QuotaWait) -> None:
+        self._no_slot[wait.key] = wait
+
+    def asking(self, keys: list[QuotaKey]) -> trio.Lock:
+        return self._asking.setdefault(tuple(sorted(k.key for k in keys)), trio.Lock())
 
 
 _WAITING = re.compile(r"quota key (\S+) has no send slot")
@@ -146,19 +216,34 @@ def quota_keys(op: OperationDefinition, binding: BindingSettings, *,
 
 
 async def reserve(store: WorkStore, clock: Clock, fence: Fence,
-                  keys: list[QuotaKey], *, read: bool = False) -> list[Reserved] | QuotaWait:
+                  keys: list[QuotaKey], hints: QuotaHints | None = None, *,
+                  read: bool = False) -> list[Reserved] | QuotaWait:
     """One slot of every key, bound to this claim as it is granted (one fenced
     transaction per slot: a stale claimant moves no budget, ``LostLease``), or when to
     come back. ``read``: the slots are a provider read's, which sends with no dispatch
     checkpoint, so they are marked handed out (fenced) before they are returned; an
-    effect's slots are gated by its checkpoint instead (:mod:`daemon.core.lost_slots`)."""
+    effect's slots are gated by its checkpoint instead (:mod:`daemon.core.lost_slots`).
+    With ``hints``, this process asks the ledger once at a time per set of keys, and
+    not at all while its last answer ("no slot before then") holds."""
     if not keys:
         return []
-    now = clock.now_us()
     gate = SendGate.GRANTED if read else SendGate.CHECKPOINT
-    granted = await _common_instant(store, fence, keys, now, gate)
+    if hints is None:
+        now = clock.now_us()
+        granted = await _common_instant(store, fence, keys, now, gate)
+    else:
+        async with hints.asking(keys):
+            now = clock.now_us()
+            known = hints.known_wait(keys, now)
+            if known is not None:
+                return known
+            granted = await _common_instant(store, fence, keys, now, gate, hints.lead_us())
+            if isinstance(granted, QuotaWait):
+                hints.learn(granted)
     if isinstance(granted, QuotaWait):
         return granted
+    granted_at = clock.now_us()
+    granted = [attrs.evolve(r, granted_at_us=granted_at) for r in granted]
     at = clock.now_us()
     if at >= min(r.slot_us + max(1, r.key.policy.jitter_us) for r in granted):
         # Too late for one of them already: nothing is sent on it, and it may come back.
@@ -187,13 +272,17 @@ _ROUNDS = 4
 
 
 async def _common_instant(store: WorkStore, fence: Fence, keys: list[QuotaKey], now: int,
-                          gate: SendGate) -> list[Reserved] | QuotaWait:
+                          gate: SendGate, lead_us: int = 0) -> list[Reserved] | QuotaWait:
     """One slot of every key such that some instant lies within all of them: a key with
     a burst may grant one for now while another's is later, and a slot is only valid for
     its jitter, so a later slot makes the earlier ones ask again from its time (the
     early ones are given back). A grant "from" a later time is still a grant by the
-    schedule's own arithmetic (never more than the limit in any window)."""
-    target = now
+    schedule's own arithmetic (never more than the limit in any window), and so is one
+    asked ``lead_us`` ahead (the time this process needs to be ready to send on it)."""
+    lead = max(0, min(lead_us, MAX_LEAD_US))
+    target = now + lead
+    # The claim may wait MAX_WAIT_US in process beyond its preparation (the lead).
+    horizon = target + MAX_WAIT_US
     # The slowest key first: its slot is usually the latest, and every later key is asked
     # from it, so one round normally suffices (a round that fails costs slots that may
     # not come back: under contention someone has been granted after them).
@@ -203,10 +292,10 @@ async def _common_instant(store: WorkStore, fence: Fence, keys: list[QuotaKey], 
         for k in ordered:
             got = await store.quota_reserve(k.key, k.policy, fence=fence, gate=gate,
                                             now_us=target, claim_now_us=now,
-                                            max_wait_us=max(0, now + MAX_WAIT_US - target))
+                                            max_wait_us=max(0, horizon - target))
             if isinstance(got, Wait):
                 await _release(store, fence, granted, now)
-                return QuotaWait(k.key, got.until_us - (target - now))
+                return QuotaWait(k.key, got.until_us - (target - now), k.policy.interval_us)
             granted.append(Reserved(k, got.slot_us, got.reservation_id, got.position_us))
             target = max(target, got.slot_us)
         latest = max(r.slot_us for r in granted)
@@ -254,8 +343,9 @@ def still_usable(reserved: list[Reserved], now_us: int) -> bool:
 
 
 def outcome_state(seen: DispatchObservation) -> ReservationState:
-    """What the exchange did with the slot: only a refused connect provably never left."""
-    if seen.phase is Phase.NOT_CONNECTED:
+    """What the exchange did with the slot: only a request held back or a refused
+    connect provably never left."""
+    if seen.phase in (Phase.HELD, Phase.NOT_CONNECTED):
         return ReservationState.RELEASED
     if seen.phase is Phase.SENT:
         return ReservationState.SPENT_UNKNOWN
@@ -289,8 +379,7 @@ async def release_unused(store: WorkStore, fence: Fence, reserved: list[Reserved
     """Slots reserved for an attempt its checkpoint refused (nothing was written, nothing
     left): the reservations are released under the claim's fence and the capacity comes
     back."""
-    await move_reservations(store, fence, reserved, ReservationState.RELEASED, now_us)
-    await _give_back(store, [(r.key, r.slot_us, r.position_us) for r in reserved], now_us)
+    await _release(store, fence, reserved, now_us)
 
 
 def _lowered(headers: Mapping[str, str]) -> dict[str, str]:

@@ -24,7 +24,9 @@ step :func:`~daemon.core.effect_step.decide` returns:
   dispatch and queue the receipt for the Runtime, with the finalization; the
   item *completes* (a settled command leaves nothing for an operator);
 * ``Blocked``: the item is dead with the step's reason, for an operator;
-* ``Wait``: retry later; ``Nothing``: skipped.
+* ``Wait``: retry later; ``Nothing``: skipped;
+* ``Requeue``: our own quota or send gate held the request back (nothing left):
+  the claim is given back unstarted at once, its attempt refunded (a deferral).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from daemon.core.effect_step import (
     Readback,
     Reconcile,
     RecordAbsent,
+    Requeue,
     SettleNoEffect,
     SettleSuccess,
     Step,
@@ -196,9 +199,11 @@ def attempt_view(a: EffectAttempt) -> AttemptView:
 
 
 def operation_view(op: OperationDefinition) -> OperationView:
+    replay = op.contract.replay
     return OperationView(name=op.name, intent_kinds=op.intent_kinds,
                          max_in_flight_s=op.contract.max_in_flight_s,
-                         max_clock_skew_s=op.contract.max_clock_skew_s)
+                         max_clock_skew_s=op.contract.max_clock_skew_s,
+                         replay_retention_s=replay.retention_s if replay is not None else None)
 
 
 def binding_view(b: BindingSettings, now: BindingNow, *, grants: bool = False) -> BindingView:
@@ -242,6 +247,9 @@ class EffectRunner:
     on_quota_reset_ignored: Callable[[str], None] = lambda reason: None
     # work.clock_spread, in us: the quota schedule's margin for the replicas' clocks.
     quota_clock_spread_us: int = 0
+    # This process's quota admission hints (one grant at a time per key, the ledger's
+    # last "no slot before then", and when claims given back come back).
+    quota_hints: quota.QuotaHints = attrs.Factory(quota.QuotaHints)
 
     async def _definitions(self, command: Command) -> tuple[
             Catalog | None, OperationDefinition | None, BindingSettings | None]:
@@ -372,6 +380,9 @@ class EffectRunner:
                 return DeadLetter(code, sentence)
             case Wait(code=code, sentence=sentence, delay_s=delay):
                 return RetryLater(code, sentence, delay)
+            case Requeue(code=code, sentence=sentence):
+                # Contention of ours, not a failure: back unstarted, its attempt refunded.
+                return Deferred(code, ctx.clock.now_us(), sentence)
             case SettleSuccess(remote_id=remote_id, proven_applied=ids,
                                modified_at_us=modified):
                 assert ec is not None
@@ -436,14 +447,16 @@ class EffectRunner:
         reserved = await quota.reserve(ctx.store, ctx.clock, ctx.fence,
                                        quota.quota_keys(
                                            op, binding,
-                                           clock_spread_us=self.quota_clock_spread_us))
+                                           clock_spread_us=self.quota_clock_spread_us),
+                                       self.quota_hints)
         if isinstance(reserved, quota.QuotaWait):
             # Before the checkpoint: nothing was started, so the claim is given back
-            # for the exact time the ledger allows, its attempt refunded (no backoff).
+            # for its turn (the earliest time the ledger allows, or after the claims
+            # already told that time: quota.QuotaHints), its attempt refunded.
             self.on_quota("waited")
-            delay = max(0.0, (reserved.until_us - ctx.clock.now_us()) / 1_000_000)
-            return Deferred("quota_wait", reserved.until_us,
-                            quota.waiting_summary(reserved.key, delay))
+            turn = self.quota_hints.turn(reserved)
+            delay = max(0.0, (turn - ctx.clock.now_us()) / 1_000_000)
+            return Deferred("quota_wait", turn, quota.waiting_summary(reserved.key, delay))
         pins: dict[str, Any] = {
             "binding_generation": ec.principal.generation,
             "catalog_revision": command.catalog_revision,
@@ -498,13 +511,14 @@ class EffectRunner:
             return self._perform(ctx, ec, refused_before_dispatch(view, refused.code,
                                                                   refused.sentence))
         # The checkpoint is committed: only now may bytes leave.
+        self.quota_hints.prepared(reserved, ctx.clock.now_us())
         # One deadline for the whole exchange (a free connection, then the request):
         # the give-up bound the checkpoint recorded is then true.
         if reserved and not await quota.wait_for_slots(ctx.clock, reserved):
             # The checkpoint (or the wake-up) outlasted a slot's jitter: sending now could
             # land in a window the schedule did not give it. Nothing leaves; the slots
             # come back.
-            seen = DispatchObservation(Phase.NOT_CONNECTED, detail=SEND_WINDOW_CLOSED)
+            seen = DispatchObservation(Phase.HELD, detail=SEND_WINDOW_CLOSED)
             provider_evidence: dict[str, Any] = {}
         else:
             # And once more as the first byte is about to leave: a free connection, a
@@ -515,8 +529,9 @@ class EffectRunner:
                 seen, provider_evidence = await self.executor.dispatch(
                     prepared, access.token.reveal(), binding.timeout, may_send)
             if deadline.cancelled_caught:
-                seen, provider_evidence = DispatchObservation(Phase.SENT,
-                                                              detail="ClientDeadline"), {}
+                seen, provider_evidence = DispatchObservation(
+                    Phase.SENT, detail="ClientDeadline",
+                    idempotency_header=prepared.idempotency_header), {}
         verdict = classify(op.contract, seen)
         self.on_attempt(op.name, verdict.outcome.value)
         logs.debug("effect_attempt", command_id=command.command_id, attempt_id=attempt_id,

@@ -107,7 +107,12 @@ from storage.work_admin import insert_work
 __all__ = ["SUBSCRIPTION_FAMILY", "SubscriptionPayload", "SubscriptionReconciler",
            "item_spec", "run_spec", "subscription_handler"]
 
-_CONTRACT: Final = OperationContract()  # 2xx applied, 429 not applied, other 4xx refused
+# The status semantics of a subscription call (create, list, delete), stated here rather
+# than assumed by L0: every 2xx applied, 429 not applied, every other 4xx refused; no
+# replay proof (an unknown outcome is settled by listing the provider's subscriptions).
+_CONTRACT: Final = OperationContract(
+    accepted_statuses=frozenset(range(200, 300)), not_applied_statuses=frozenset({429}),
+    rejected_statuses=frozenset(range(400, 500)) - {429})
 
 
 @attrs.frozen

@@ -82,6 +82,13 @@ class HubSpotSimulator:
     # Arrival times of the journal's requests, sorted, for the rate-limit headers (counted
     # with two bisections: scanning the journal made every answer cost O(requests/min)).
     _arrivals: list[float] = attrs.field(factory=list, init=False)
+    # Honour the Idempotency-Key header on PATCH, as a provider whose L1 declares a
+    # replay proof does (HubSpot itself ignores the header: off by default, as the
+    # shipped L1 says). A PATCH repeating a key that was applied within
+    # `idempotency_retention_s` is answered as the first one was and applies nothing.
+    honour_idempotency_keys: bool = False
+    idempotency_retention_s: float = 86_400.0
+    _applied_keys: dict[str, tuple[float, Response]] = attrs.field(factory=dict, init=False)
 
     async def run(
         self,
@@ -257,7 +264,7 @@ class HubSpotSimulator:
         if request.method == "GET":
             return _Outcome(self._read(request, contact_id), contact_id, applied=False)
         if request.method == "PATCH":
-            return self._update(request, contact_id)
+            return self._update_once(request, contact_id)
         return _Outcome(_not_allowed("GET, PATCH"), contact_id, applied=False)
 
     def _authorized(self, request: Request) -> bool:
@@ -275,6 +282,18 @@ class HubSpotSimulator:
             if wanted:
                 names = [n for v in wanted for n in v.split(",") if n]
         return json_response(200, contact.to_json(names))
+
+    def _update_once(self, request: Request, contact_id: str) -> _Outcome:
+        """A PATCH, once per idempotency key when keys are honoured."""
+        key = request.headers.get("idempotency-key") if self.honour_idempotency_keys else None
+        if key:
+            seen = self._applied_keys.get(key)
+            if seen is not None and time.time() - seen[0] < self.idempotency_retention_s:
+                return _Outcome(seen[1], contact_id, applied=False)
+        outcome = self._update(request, contact_id)
+        if key and outcome.applied:
+            self._applied_keys[key] = (time.time(), outcome.response)
+        return outcome
 
     def _update(self, request: Request, contact_id: str) -> _Outcome:
         changes = _json_properties(request)

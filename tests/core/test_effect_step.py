@@ -18,6 +18,7 @@ from daemon.core.effect_step import (
     Readback,
     Reconcile,
     RecordAbsent,
+    Requeue,
     SettleNoEffect,
     SettleSuccess,
     Step,
@@ -37,6 +38,7 @@ from daemon.core.effects import (
     classify,
 )
 from daemon.core.handoff import NoEffectReason
+from tests.support.contracts import PROOF, contract
 
 S = 1_000_000
 NOW = 1_000 * S
@@ -72,7 +74,28 @@ APPLIED_SNAPSHOT = RemoteSnapshot(True, {"jobtitle": "CTO"}, updated_at_us=905 *
 OLD_SNAPSHOT = RemoteSnapshot(True, {"jobtitle": "Engineer"}, updated_at_us=100 * S)
 PARTIAL = RemoteSnapshot(True, {"jobtitle": "CT"}, updated_at_us=905 * S)
 
+# The pinned operation declares a replay proof whose key the provider honours a day.
+SAFE_VIEW = attrs.evolve(VIEW, operation=attrs.evolve(OP, replay_retention_s=86_400.0))
+MAYBE = att("REPLAY_SAFE_RETRY", "maybe_applied")  # dispatched at 900 s
+
 ROWS: list[tuple[str, ClaimView[str], Step[str]]] = [
+    # --- a replay-safe retry is replayed only while its proof holds
+    ("a maybe-applied replay-safe retry within the key's retention: replayed",
+     attrs.evolve(SAFE_VIEW, attempts=(MAYBE,)), Dispatch(REQUEST)),
+    ("...after the key's retention: reconciled, never replayed",
+     attrs.evolve(SAFE_VIEW, attempts=(MAYBE,), now_us=(900 + 86_400) * S),
+     Reconcile(("a1",), ("jobtitle",))),
+    ("...when the pinned operation declares no proof: reconciled",
+     attrs.evolve(VIEW, attempts=(MAYBE,)), Reconcile(("a1",), ("jobtitle",))),
+    ("...a legacy row without evidence reads as maybe applied: reconciled",
+     attrs.evolve(SAFE_VIEW, attempts=(att("REPLAY_SAFE_RETRY"),), now_us=(900 + 86_400) * S),
+     Reconcile(("a1",), ("jobtitle",))),
+    ("...a 429 (proven not applied) needs no proof: dispatched again",
+     attrs.evolve(VIEW, attempts=(att("REPLAY_SAFE_RETRY", "not_applied"),),
+                  now_us=(900 + 86_400) * S), Dispatch(REQUEST)),
+    ("...once an operator disposed of it: dispatched again",
+     attrs.evolve(VIEW, attempts=(att("REPLAY_SAFE_RETRY", "maybe_applied", "proven_absent"),)),
+     Dispatch(REQUEST)),
     # --- settled / missing
     ("missing command", attrs.evolve(VIEW, command=None),
      Blocked("missing_command", "the command is missing")),
@@ -139,7 +162,7 @@ ROWS: list[tuple[str, ClaimView[str], Step[str]]] = [
                     " current (4)", DEFINITIVE)),
     # --- pins: refused without proof -> blocked
     ("rebind after a replay-safe timeout: blocked",
-     attrs.evolve(VIEW, link=attrs.evolve(LINK, generation=4),
+     attrs.evolve(SAFE_VIEW, link=attrs.evolve(LINK, generation=4),
                   attempts=(att("REPLAY_SAFE_RETRY", "maybe_applied"),)),
      Blocked("link_generation", "the pinned remote link generation 3 is no longer current (4);"
              " no no-effect result: an attempt may have been applied (timeout, reset or server"
@@ -248,9 +271,8 @@ REJECTED_401 = AttemptView(attempt_id="a-401", outcome="REJECTED", evidence="not
                            disposition=None, dispatched_at_us=0, gave_up_at_us=1,
                            failure_class="http_401")
 
-CONTRACT = OperationContract(not_applied_statuses=frozenset({429}), replay_safe=False,
-                             default_retry_after_s=5.0)
-REPLAY_SAFE = attrs.evolve(CONTRACT, replay_safe=True)
+CONTRACT = contract(default_retry_after_s=5.0)
+REPLAY_SAFE = attrs.evolve(CONTRACT, replay=PROOF)
 
 AFTER: list[tuple[str, OperationContract, DispatchObservation, ClaimView[str], Step[str]]] = [
     ("2xx settles success", CONTRACT, DispatchObservation(Phase.RESPONDED, 200), VIEW,
@@ -267,9 +289,25 @@ AFTER: list[tuple[str, OperationContract, DispatchObservation, ClaimView[str], S
      VIEW, Wait("http_429", "not applied (429)", 7.0)),
     ("not connected retries", CONTRACT, DispatchObservation(Phase.NOT_CONNECTED), VIEW,
      Wait("connect", "not applied (connect)", None)),
+    # --- our own quota or send gate held the request back: requeued, never charged
+    ("a slot that expired waiting is requeued, charging nothing", CONTRACT,
+     DispatchObservation(Phase.HELD, detail="quota_slot_expired"), VIEW,
+     Requeue("quota_slot_expired", "held back before sending (quota_slot_expired): nothing"
+             " was sent; no attempt is charged")),
+    ("no free connection of ours is requeued, charging nothing", REPLAY_SAFE,
+     DispatchObservation(Phase.HELD, detail="connection_wait"),
+     attrs.evolve(VIEW, attempts=(att("RETRYABLE_PRE_DISPATCH", "not_sent"),)),
+     Requeue("quota_connection_wait", "held back before sending (connection_wait): nothing"
+             " was sent; no attempt is charged")),
+    ("a refused connect is no hold: it is a failed attempt", CONTRACT,
+     DispatchObservation(Phase.NOT_CONNECTED, detail="ConnectError"), VIEW,
+     Wait("connect", "not applied (ConnectError)", None)),
     ("replay-safe timeout retries, as maybe applied", REPLAY_SAFE,
-     DispatchObservation(Phase.SENT), VIEW,
+     DispatchObservation(Phase.SENT, idempotency_header="Idempotency-Key"), VIEW,
      Wait("transport", "maybe applied (transport); the contract proves a replay safe", None)),
+    ("a proof the request did not carry proves nothing: reconciled", REPLAY_SAFE,
+     DispatchObservation(Phase.SENT), VIEW,
+     Wait("outcome_unknown", "dispatch outcome unknown (transport); reconciling", 30.0)),
     ("timeout waits out the window to reconcile", CONTRACT, DispatchObservation(Phase.SENT),
      VIEW, Wait("outcome_unknown", "dispatch outcome unknown (transport); reconciling", 30.0)),
     ("5xx waits out the window to reconcile", CONTRACT,

@@ -17,10 +17,11 @@ from daemon.core.effects import (
     classify,
     reconcile,
 )
+from tests.support.contracts import IDEMPOTENCY_HEADER, PROOF, contract
 
-PATCH = OperationContract(not_applied_statuses=frozenset({429}), replay_safe=False,
-                          default_retry_after_s=5.0)
-SAFE = OperationContract(not_applied_statuses=frozenset({429, 503}), replay_safe=True)
+PATCH = contract(default_retry_after_s=5.0)
+SAFE = contract(not_applied_statuses=frozenset({429, 503}), replay=PROOF)
+H = IDEMPOTENCY_HEADER
 OC = OutcomeClass
 NS, NA, MA, AP = (Evidence.NOT_SENT, Evidence.NOT_APPLIED, Evidence.MAYBE_APPLIED,
                   Evidence.APPLIED)
@@ -31,10 +32,33 @@ NS, NA, MA, AP = (Evidence.NOT_SENT, Evidence.NOT_APPLIED, Evidence.MAYBE_APPLIE
     [
         (PATCH, DispatchObservation(Phase.NOT_CONNECTED), Classification(
             OC.RETRYABLE_PRE_DISPATCH, NS, None, "connect")),
+        # Held back by our own quota or send gate: not sent, and not a failure.
+        (PATCH, DispatchObservation(Phase.HELD, detail="quota_slot_expired"), Classification(
+            OC.RETRYABLE_PRE_DISPATCH, NS, None, "quota_slot_expired", held=True)),
+        (SAFE, DispatchObservation(Phase.HELD, detail="connection_wait"), Classification(
+            OC.RETRYABLE_PRE_DISPATCH, NS, None, "quota_connection_wait", held=True)),
+        (PATCH, DispatchObservation(Phase.HELD), Classification(
+            OC.RETRYABLE_PRE_DISPATCH, NS, None, "quota_held", held=True)),
+        # A refused connect is the provider's side: a failed attempt, never held.
+        (PATCH, DispatchObservation(Phase.NOT_CONNECTED, detail="quota_slot_expired"),
+         Classification(OC.RETRYABLE_PRE_DISPATCH, NS, None, "connect")),
         (PATCH, DispatchObservation(Phase.SENT), Classification(
             OC.OUTCOME_UNKNOWN, MA, None, "transport")),
-        (SAFE, DispatchObservation(Phase.SENT), Classification(
+        (SAFE, DispatchObservation(Phase.SENT, idempotency_header=H), Classification(
             OC.REPLAY_SAFE_RETRY, MA, None, "transport")),
+        # Negative rows: a proof holds only for a request that carried its header.
+        (SAFE, DispatchObservation(Phase.SENT), Classification(
+            OC.OUTCOME_UNKNOWN, MA, None, "transport")),
+        (SAFE, DispatchObservation(Phase.SENT, idempotency_header="X-Request-Id"),
+         Classification(OC.OUTCOME_UNKNOWN, MA, None, "transport")),
+        (SAFE, DispatchObservation(Phase.RESPONDED, 502), Classification(
+            OC.OUTCOME_UNKNOWN, MA, None, "http_502")),
+        # The header's name is matched as HTTP matches it: without regard to case.
+        (SAFE, DispatchObservation(Phase.SENT, idempotency_header="idempotency-key"),
+         Classification(OC.REPLAY_SAFE_RETRY, MA, None, "transport")),
+        # No proof declared: carrying a header proves nothing.
+        (PATCH, DispatchObservation(Phase.SENT, idempotency_header=H), Classification(
+            OC.OUTCOME_UNKNOWN, MA, None, "transport")),
         (PATCH, DispatchObservation(Phase.RESPONDED, 200), Classification(OC.ACCEPTED, AP)),
         (PATCH, DispatchObservation(Phase.RESPONDED, 204), Classification(OC.ACCEPTED, AP)),
         (PATCH, DispatchObservation(Phase.RESPONDED, 429, 7.0), Classification(
@@ -51,8 +75,8 @@ NS, NA, MA, AP = (Evidence.NOT_SENT, Evidence.NOT_APPLIED, Evidence.MAYBE_APPLIE
             OC.OUTCOME_UNKNOWN, MA, None, "http_503")),
         (SAFE, DispatchObservation(Phase.RESPONDED, 503), Classification(
             OC.REPLAY_SAFE_RETRY, NA, 5.0, "http_503")),
-        (SAFE, DispatchObservation(Phase.RESPONDED, 502), Classification(
-            OC.REPLAY_SAFE_RETRY, MA, None, "http_502")),
+        (SAFE, DispatchObservation(Phase.RESPONDED, 502, idempotency_header=H),
+         Classification(OC.REPLAY_SAFE_RETRY, MA, None, "http_502")),
     ],
 )
 def test_classify(contract: OperationContract, seen: DispatchObservation,
@@ -64,10 +88,14 @@ def test_classify(contract: OperationContract, seen: DispatchObservation,
 # rejected_statuses): classify reads the sets, not the 2xx/4xx ranges.
 STRICT = OperationContract(accepted_statuses=frozenset({200}),
                            not_applied_statuses=frozenset({429, 409}),
-                           rejected_statuses=frozenset({400, 422}), replay_safe=False)
+                           rejected_statuses=frozenset({400, 422}))
 LENIENT = OperationContract(accepted_statuses=frozenset({200, 202, 302}),
                             not_applied_statuses=frozenset({503}),
-                            rejected_statuses=frozenset({404, 410}), replay_safe=True)
+                            rejected_statuses=frozenset({404, 410}), replay=PROOF)
+# Nothing declared about 429: L0 gives it no meaning of its own (maybe applied).
+SILENT_429 = OperationContract(accepted_statuses=frozenset({200}),
+                               not_applied_statuses=frozenset(),
+                               rejected_statuses=frozenset({400}))
 
 
 @pytest.mark.parametrize(
@@ -83,6 +111,7 @@ LENIENT = OperationContract(accepted_statuses=frozenset({200, 202, 302}),
         (STRICT, 204, Classification(OC.OUTCOME_UNKNOWN, MA, None, "http_204")),
         (STRICT, 404, Classification(OC.OUTCOME_UNKNOWN, MA, None, "http_404")),
         (STRICT, 429, Classification(OC.REPLAY_SAFE_RETRY, NA, 5.0, "http_429")),
+        (SILENT_429, 429, Classification(OC.OUTCOME_UNKNOWN, MA, None, "http_429")),
         (STRICT, 302, Classification(OC.OUTCOME_UNKNOWN, MA, None, "http_302")),
         (LENIENT, 302, Classification(OC.ACCEPTED, AP)),
         (LENIENT, 202, Classification(OC.ACCEPTED, AP)),
@@ -96,7 +125,15 @@ LENIENT = OperationContract(accepted_statuses=frozenset({200, 202, 302}),
 )
 def test_classify_reads_the_declared_status_semantics(
         contract: OperationContract, status: int, expected: Classification) -> None:
-    assert classify(contract, DispatchObservation(Phase.RESPONDED, status)) == expected
+    seen = DispatchObservation(Phase.RESPONDED, status, idempotency_header=IDEMPOTENCY_HEADER)
+    assert classify(contract, seen) == expected
+
+
+def test_a_contract_declares_every_status_set() -> None:
+    """L0 has no default meaning for any status: a contract must declare all three."""
+    with pytest.raises(TypeError, match="not_applied_statuses"):
+        OperationContract(accepted_statuses=frozenset({200}),  # type: ignore[call-arg]
+                          rejected_statuses=frozenset({400}))
 
 
 def test_a_response_needs_a_status() -> None:

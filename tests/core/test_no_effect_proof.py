@@ -9,13 +9,13 @@ import pytest
 from daemon.core.effects import (
     DispatchObservation,
     Evidence,
-    OperationContract,
     OutcomeClass,
     Phase,
     classify,
 )
 from daemon.core.handoff import NoEffectReason
 from daemon.core.no_effect import AttemptFacts, Refusal, evidence_of, no_effect_proof
+from tests.support.contracts import PROOF, contract
 
 OC = OutcomeClass
 EV = Evidence
@@ -125,11 +125,12 @@ def test_a_history_is_proven_exactly_when_every_attempt_is() -> None:
         assert no_effect_proof("UPSERT", [first, second]).proven is all(alone)
 
 
-REPLAY_SAFE = OperationContract(not_applied_statuses=frozenset({429}), replay_safe=True)
+REPLAY_SAFE = contract(replay=PROOF)
 
 
 @pytest.mark.parametrize(("seen", "proven"), [
     (DispatchObservation(Phase.NOT_CONNECTED), True),
+    (DispatchObservation(Phase.HELD, detail="quota_slot_expired"), True),
     (DispatchObservation(Phase.RESPONDED, 429), True),
     (DispatchObservation(Phase.RESPONDED, 404), True),
     # timeout / reset after sending, 5xx: never, although the contract says replay-safe

@@ -27,8 +27,10 @@ from daemon.core.quota import (
     reset_at,
     reset_cap_us,
     returned,
+    send_lead_us,
     slot_usable,
     throttled,
+    waiting_turn,
 )
 
 S = 1_000_000
@@ -646,3 +648,28 @@ def test_slot_log_text(log: tuple[int, ...], text: str) -> None:
 def test_a_slot_log_that_is_not_one_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match="not a slot log"):
         decode_log(text)
+
+
+@pytest.mark.parametrize(("cursor", "until", "interval", "expected"), [
+    (0, 5_000, 100, (5_000, 5_100)),  # the first waiter: at the time the ledger said
+    (5_100, 5_000, 100, (5_100, 5_200)),  # the next one told the same: one interval on
+    (9_000, 5_000, 100, (9_000, 9_100)),  # behind many waiters: after them
+    (4_000, 5_000, 100, (5_000, 5_100)),  # negative: a stale cursor never brings one early
+    (0, 5_000, 0, (5_000, 5_001)),  # negative: an unknown interval still moves the cursor
+])
+def test_waiting_turns_come_back_one_interval_apart(cursor: int, until: int, interval: int,
+                                                    expected: tuple[int, int]) -> None:
+    assert waiting_turn(cursor, until, interval) == expected
+
+
+@pytest.mark.parametrize(("samples", "cap", "expected"), [
+    ([], 500_000, 0),  # nothing measured yet: ask for now
+    ([100_000], 500_000, 100_000),
+    (list(range(1, 11)), 500_000, 10),  # the 90th percentile of ten: the largest
+    ([5] * 9 + [900_000], 500_000, 500_000),  # one slow preparation, capped
+    ([10_000] * 19 + [900_000], 500_000, 10_000),  # negative: one outlier in twenty is not p90
+    ([-5, -1], 500_000, 0),  # negative: a clock step back never asks for the past
+])
+def test_the_send_lead_is_the_recent_p90_of_preparation(samples: list[int], cap: int,
+                                                        expected: int) -> None:
+    assert send_lead_us(samples, cap) == expected

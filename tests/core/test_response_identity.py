@@ -18,11 +18,11 @@ from daemon.core.effects import (
     Phase,
     classify,
 )
+from tests.support.contracts import PROOF, contract
 
 EV = Evidence
-PATCH = OperationContract(not_applied_statuses=frozenset({429}), replay_safe=False,
-                          default_retry_after_s=5.0)
-SAFE = OperationContract(not_applied_statuses=frozenset({429}), replay_safe=True)
+PATCH = contract(default_retry_after_s=5.0)
+SAFE = contract(replay=PROOF)
 OC = OutcomeClass
 SAME = IdentityEvidence(expected="101", named="101")
 OTHER = IdentityEvidence(expected="101", named="202")

@@ -33,7 +33,8 @@ async def test_a_replay_safe_5xx_then_a_rejection_is_never_no_effect(
     database: FreshDatabase, store: WorkStore, tmp_path: Path
 ) -> None:
     l1 = write_sandbox_definitions(tmp_path / "l1", replay_safe=True)
-    async with running_slice(store, database.url, definitions_dir=str(l1)) as sl:
+    async with running_slice(store, database.url, definitions_dir=str(l1),
+                             honour_idempotency_keys=True) as sl:
         await sl.lead("lead-1", "101")
         sl.sim.inject(Fault(mode="status", method="PATCH", status=503))
         sl.sim.inject(Fault(mode="status", method="PATCH", status=400))
@@ -65,7 +66,7 @@ async def test_the_operator_retire_uses_the_same_proof(
     """Retiring that command cannot claim NO_EFFECT either: retired, no receipt."""
     l1 = write_sandbox_definitions(tmp_path / "l1", replay_safe=True)
     async with running_slice(store, database.url, definitions_dir=str(l1),
-                             operators=_OPERATORS) as sl:
+                             operators=_OPERATORS, honour_idempotency_keys=True) as sl:
         await sl.lead("lead-1", "101")
         sl.sim.inject(Fault(mode="status", method="PATCH", status=503))
         sl.sim.inject(Fault(mode="status", method="PATCH", status=400))

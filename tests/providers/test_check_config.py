@@ -70,6 +70,34 @@ def test_a_bad_definition_is_one_line_naming_the_key_and_exit_2(
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "key", "says"),
+    [
+        # A bare claim: nothing L0 can check proves that a replay cannot repeat the effect.
+        ("replay_safe = false", "replay_safe = true", f"{KEY}.replay_safe",
+         "without a mechanism L0 can check"),
+        # The meaning of a 429 (and of every status) is the operation's declaration; L0
+        # assumes none.
+        ("not_applied_statuses = [429]\n", "", f"{KEY}.not_applied_statuses",
+         "missing: an operation declares what each status means"),
+        ('accepted_statuses = ["2xx"]\n', "", f"{KEY}.accepted_statuses",
+         "missing: an operation declares what each status means"),
+        ('rejected_statuses = ["4xx"]\n', "", f"{KEY}.rejected_statuses",
+         "missing: an operation declares what each status means"),
+    ],
+)
+def test_a_replay_safe_claim_or_a_status_meaning_l1_does_not_declare_is_exit_2(
+        tmp_path: Path, old: str, new: str, key: str, says: str) -> None:
+    """Issue 20 item 7 (seed 6): replay safety is a declared proof L0 can check, and each
+    status's meaning is the operation contract's declaration, not an L0 default."""
+    result = run_cli(config(tmp_path, providers_dir(tmp_path, (old, new))), "check-config")
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"integrationd: config error: {key}: "), line
+    assert says in line, line
+    assert "Traceback" not in result.stderr
+
+
 HOOK = "providers.hubspot.webhooks.hubspot.contact_events.payload"
 IDENTITY = 'event_identity = ["/portalId", "/subscriptionId", "/eventId", "/objectId",'
 

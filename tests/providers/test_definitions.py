@@ -25,6 +25,8 @@ def base() -> dict[str, Any]:
         "operations": {OP: {
             "intent_kinds": ["UPSERT"], "local_object": "lead", "remote_object": "thing",
             "command_fields": "/fields", "allowed_fields": ["name"],
+            "accepted_statuses": ["2xx"], "not_applied_statuses": [429],
+            "rejected_statuses": ["4xx"],
             "request": {"method": "PUT", "path": "/things/{remote_id}",
                         "content_type": "application/json", "auth": "key",
                         "body": {"thing": "$fields"}},
@@ -123,6 +125,17 @@ K = f"providers.acme.operations.{OP}"
         ("operations.OP.rejected_statuses", ["2xx"], f"{K}.rejected_statuses",
          "status class 2xx is also in accepted_statuses"),
         ("operations.OP.replay_safe", "no", f"{K}.replay_safe", "true or false"),
+        # Replay safety is a declared mechanism L0 checks, never a bare claim.
+        ("operations.OP.replay_safe", True, f"{K}.replay_safe",
+         "claims replay safety without a mechanism L0 can check"),
+        ("operations.OP.replay_proof", {"idempotency_header": "Idempotency-Key",
+                                        "key_retention": 86400},
+         f"{K}.replay_proof", "a replay proof without replay_safe = true"),
+        # Each status's meaning is declared; L0 has no default for any, 429 included.
+        ("operations.OP.not_applied_statuses", _DELETE, f"{K}.not_applied_statuses",
+         "missing: an operation declares what each status means"),
+        ("operations.OP.accepted_statuses", _DELETE, f"{K}.accepted_statuses", "missing"),
+        ("operations.OP.rejected_statuses", _DELETE, f"{K}.rejected_statuses", "missing"),
         ("operations.OP.max_in_flight", -1, f"{K}.max_in_flight", "non-negative"),
         ("operations.OP.allowed_properties", ["name"], f"{K}.allowed_properties",
          "unknown key"),
@@ -150,8 +163,10 @@ R2XX, R4XX, R5XX = (frozenset(range(c, c + 100)) for c in (200, 400, 500))
 @pytest.mark.parametrize(
     ("declared", "accepted", "not_applied", "rejected"),
     [
-        # Nothing declared: the semantics every operation had before they were declared.
+        # As the shipped definitions declare them.
         ({}, R2XX, {429}, R4XX - {429}),
+        # Nothing not applied: a 429 is then a rejection like every other 4xx.
+        ({"not_applied_statuses": []}, R2XX, set(), R4XX),
         # An exact code wins over a class, in either direction.
         ({"not_applied_statuses": [429, 503]}, R2XX, {429, 503}, R4XX - {429}),
         ({"accepted_statuses": [200, 204], "rejected_statuses": [400, 404, 409, 422]},
@@ -180,6 +195,51 @@ def test_declared_status_semantics(declared: dict[str, Any], accepted: Set[int],
     assert not (got.accepted_statuses | got.rejected_statuses) & got.not_applied_statuses
 
 
+SAFE_OP = {"replay_safe": True,
+           "replay_proof": {"idempotency_header": "Idempotency-Key", "key_retention": 86400}}
+
+
+@pytest.mark.parametrize(
+    ("changes", "key", "says"),
+    [
+        # The request must carry the header the proof names.
+        ({}, f"{K}.request.idempotency_header", "the replay proof names Idempotency-Key"),
+        ({"request.idempotency_header": "X-Other-Key"}, f"{K}.request.idempotency_header",
+         "it carries X-Other-Key"),
+        ({"request.idempotency_header": "Idempotency-Key",
+          "replay_proof.key_retention": 0}, f"{K}.replay_proof.key_retention",
+         "expected a positive number of seconds"),
+        ({"request.idempotency_header": "Idempotency-Key",
+          "replay_proof.key_retention": True}, f"{K}.replay_proof.key_retention", "positive"),
+        ({"request.idempotency_header": "Idempotency-Key",
+          "replay_proof.idempotency_header": "Bad Header"},
+         f"{K}.replay_proof.idempotency_header", "header name"),
+        ({"request.idempotency_header": "Idempotency-Key", "replay_proof.extra": 1},
+         f"{K}.replay_proof.extra", "unknown key"),
+    ],
+)
+def test_a_replay_proof_l0_cannot_check_names_the_key(changes: dict[str, Any], key: str,
+                                                       says: str) -> None:
+    doc = copy.deepcopy(base())
+    doc["operations"][OP].update(copy.deepcopy(SAFE_OP))
+    for path, value in changes.items():
+        _set(doc, f"operations.OP.{path}", value)
+    with pytest.raises(CatalogError) as caught:
+        parse_provider(doc, "acme.toml")
+    assert caught.value.key == key
+    assert says in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_declared_replay_proof_is_the_contracts() -> None:
+    doc = copy.deepcopy(base())
+    doc["operations"][OP].update(copy.deepcopy(SAFE_OP))
+    doc["operations"][OP]["request"]["idempotency_header"] = "idempotency-key"  # any case
+    (op,) = parse_provider(doc, "acme.toml").values()
+    assert op.contract.replay is not None
+    assert (op.contract.replay.header, op.contract.replay.retention_s) == (
+        "Idempotency-Key", 86400.0)
+
+
 def test_the_shipped_definitions_declare_todays_status_semantics() -> None:
     operations, _ = load_definitions()
     for op in operations.values():
@@ -187,6 +247,8 @@ def test_the_shipped_definitions_declare_todays_status_semantics() -> None:
         assert contract.accepted_statuses == R2XX
         assert contract.not_applied_statuses == {429}
         assert contract.rejected_statuses == R4XX - {429}
+        # No shipped provider honours an idempotency key: none claims replay safety.
+        assert contract.replay is None
 
 
 @pytest.mark.parametrize(

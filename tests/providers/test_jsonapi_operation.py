@@ -105,17 +105,18 @@ async def test_a_json_api_200_naming_another_prospect_is_outcome_unknown(
 
 async def test_a_closed_send_gate_is_a_dispatch_that_never_left(
         served: tuple[ProspectApi, str]) -> None:
-    """A quota slot that expired by the last moment before sending: not connected (so the
-    slot is given back and the attempt is retryable before dispatch), nothing arrived."""
+    """A quota slot that expired by the last moment before sending: held back by our own
+    side (so the slot is given back and the claim requeued, no attempt charged), nothing
+    arrived."""
     api, url = served
     op = operation()
     executor = HttpExecutor()
     try:
         prepared = prepare(op, binding(url), "42", {"attributes": {"title": "CTO"}}, "cmd-1")
         seen, evidence = await executor.dispatch(prepared, TOKEN, 5.0, lambda: False)
-        assert (seen.phase, seen.detail, evidence) == (Phase.NOT_CONNECTED,
-                                                       "quota_slot_expired", {})
-        assert classify(op.contract, seen).outcome is OutcomeClass.RETRYABLE_PRE_DISPATCH
+        assert (seen.phase, seen.detail, evidence) == (Phase.HELD, "quota_slot_expired", {})
+        verdict = classify(op.contract, seen)
+        assert (verdict.outcome, verdict.held) == (OutcomeClass.RETRYABLE_PRE_DISPATCH, True)
         assert api.seen == [] and api.prospects[42]["title"] == "Engineer"
         seen, _ = await executor.dispatch(prepared, TOKEN, 5.0, lambda: True)
         assert seen.status == 200 and api.prospects[42]["title"] == "CTO"

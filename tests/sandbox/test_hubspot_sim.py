@@ -651,3 +651,20 @@ def test_rate_headers_count_out_of_order_arrivals_at_their_own_time() -> None:
     assert dict(sim._rate_headers(1200.0))["x-hubspot-ratelimit-remaining"] == "99"
     sim.reset()
     assert dict(sim._rate_headers(1200.0))["x-hubspot-ratelimit-remaining"] == "100"
+
+
+@pytest.mark.parametrize("honour", [True, False])
+async def test_an_idempotency_key_is_honoured_only_when_asked(
+        served: Served, client: httpx.AsyncClient, honour: bool) -> None:
+    """The sandbox's stand-in for a provider whose L1 declares a replay proof: a PATCH
+    repeating an applied Idempotency-Key is answered as the first and applies nothing.
+    HubSpot itself ignores the header (off by default, as the shipped L1 says)."""
+    served.sim.honour_idempotency_keys = honour
+    first = await patch_jobtitle(client, "1", "CTO", **{"Idempotency-Key": "cmd-1"})
+    again = await patch_jobtitle(client, "1", "CTO", **{"Idempotency-Key": "cmd-1"})
+    other = await patch_jobtitle(client, "1", "CEO", **{"Idempotency-Key": "cmd-2"})
+    assert (first.status_code, again.status_code, other.status_code) == (200, 200, 200)
+    assert [r.applied for r in served.sim.requests] == [True, not honour, True]
+    assert served.sim.patches_applied("1") == (2 if honour else 3)
+    if honour:
+        assert again.json() == first.json()  # the first answer, byte for byte in meaning

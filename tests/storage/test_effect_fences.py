@@ -258,3 +258,33 @@ async def test_cancel_of_a_terminal_item_is_refused(store: WorkStore) -> None:
     assert refused.value.code == "terminal"
     cancels = [e for e in await store.audit_list(target_id=wid) if e.action == "work.cancel"]
     assert len(cancels) == 1
+
+
+# ----------------------------------------------------------------- issue 20 item 7
+
+
+@pytest.mark.parametrize(("outcome", "evidence", "disposable"), [
+    # A replay-safe retry that may have been applied: once its replay proof lapsed
+    # (the provider's retention of the key), reconciliation must be able to resolve it.
+    ("REPLAY_SAFE_RETRY", "maybe_applied", True),
+    # Negative rows: proven outcomes are never disposed of.
+    ("REPLAY_SAFE_RETRY", "not_applied", False),  # a declared not-applied status (429)
+    ("RETRYABLE_PRE_DISPATCH", "not_sent", False),
+    ("REJECTED", "not_applied", False),
+])
+async def test_reconciliation_resolves_a_lapsed_replay_safe_retry_only(
+        store: WorkStore, outcome: str, evidence: str, disposable: bool) -> None:
+    command_id, item = await _claimed(store)
+    assert item.fence is not None
+    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+    await record(store, item.fence, attempt_id, T0, outcome=outcome, status=None,
+                 effect_evidence=evidence)
+    if disposable:
+        await store.effect_dispose(item.fence, [attempt_id], Disposition.PROVEN_ABSENT,
+                                   "read back, key retention passed", T0 + SEC)
+    else:
+        with pytest.raises(WorkConflict, match="not awaiting"):
+            await store.effect_dispose(item.fence, [attempt_id], Disposition.PROVEN_ABSENT,
+                                       "read back", T0 + SEC)
+    (row,) = await store.effect_attempts(command_id)
+    assert row.disposition == (Disposition.PROVEN_ABSENT.value if disposable else None)

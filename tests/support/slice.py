@@ -33,6 +33,7 @@ from config.settings import (
 )
 from daemon.core.handoff import TrustedRuntimeWorkScope
 from daemon.core.identity import integration_scope_digest
+from daemon.providers.executor import BoundedHttp
 from daemon.services.assembly import assemble
 from daemon.services.catalog_view import publish_current
 from daemon.services.clock import Clock, WallClock
@@ -214,13 +215,18 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
                         definitions_dir: str = "",
                         drain_timeout: float = 5.0,
                         grant: SliceGrant | None = None,
-                        clock: Clock | None = None) -> AsyncIterator[Slice]:
+                        clock: Clock | None = None,
+                        provider_connections: int | None = None,
+                        honour_idempotency_keys: bool = False) -> AsyncIterator[Slice]:
     """The slice, its Catalog revision REVISION published. With ``served_documents``
     (L1 definition documents), the replica serves them as current revision
     REVISION + 1 (published too), while the Runtime still builds commands
     against REVISION. ``clock``: the replica's clock (a ``TrioClock`` under MockClock;
-    by default the wall clock)."""
-    sim = HubSpotSimulator(tokens=grant.tokens if grant is not None else {HUBSPOT_TOKEN})
+    default the wall clock); ``provider_connections``: the effect executor's connection
+    limit (default the production one); ``honour_idempotency_keys``: the simulator
+    honours the Idempotency-Key (for an L1 that declares it as a replay proof)."""
+    sim = HubSpotSimulator(tokens=grant.tokens if grant is not None else {HUBSPOT_TOKEN},
+                           honour_idempotency_keys=honour_idempotency_keys)
     api_port = free_port()
     async with trio.open_nursery() as nursery, httpx.AsyncClient(timeout=10) as http:
         # A second slice on the same database reuses the first one's simulator
@@ -260,6 +266,9 @@ async def running_slice(store: WorkStore, url: str, *, old_runtime: bool = False
             await publish_current(store, served, actor="test", role="admin",
                                   reason="slice: a newer revision", now_us=clock.now_us())
         parts = assemble(settings, store, clock, metrics, catalog=served)
+        if provider_connections is not None:
+            await parts.executor.client.aclose()
+            parts.executor.client = BoundedHttp.open(provider_connections)
         the_slice = Slice(sim, runtime, f"http://127.0.0.1:{runtime_port}",
                           f"http://127.0.0.1:{api_port}", store, settings, http,
                           hubspot_port=sim_port, credentials=parts.credentials)
