@@ -198,7 +198,9 @@ class OutboxDispatcher:
             logs.error("runtime_contract_violation", intent_id=entry.intent_id,
                        detail=str(exc))
             return
-        logs.event("runtime_dispatch_answer", intent_id=entry.intent_id,
+        # A routine success, one per intent: DEBUG, as the daemon's own (it buried the
+        # console address `make run` prints under two lines a second).
+        logs.debug("runtime_dispatch_answer", intent_id=entry.intent_id,
                    status=state.status.value, command_id=state.command_id)
 
 
