@@ -44,6 +44,7 @@ from typing import Any
 import attrs
 import trio
 
+ANY = "0.0.0.0"  # noqa: S104 (a name on the virtual network, never bound)
 NODE: contextvars.ContextVar[str] = contextvars.ContextVar("sim_node", default="world")
 
 Trace = Callable[..., None]
@@ -128,7 +129,7 @@ class VirtualSocket(trio.socket.SocketType):
         return self._proto
 
     @property
-    def did_shutdown_SHUT_WR(self) -> bool:  # noqa: N802 (trio's name)
+    def did_shutdown_SHUT_WR(self) -> bool:
         return self._shut_wr
 
     def __repr__(self) -> str:
@@ -147,7 +148,7 @@ class VirtualSocket(trio.socket.SocketType):
         return self._options.get((level, option), 0)
 
     def getsockname(self) -> tuple[str, int]:
-        return self.local or ("0.0.0.0", 0)
+        return self.local or (ANY, 0)
 
     def getpeername(self) -> tuple[str, int]:
         if self.peer_address is None:
@@ -335,7 +336,7 @@ class VirtualSocket(trio.socket.SocketType):
 class _Factory(trio.abc.SocketFactory):
     net: VirtualNetwork
 
-    def socket(self, family: int | None = None, type: int | None = None,  # noqa: A002
+    def socket(self, family: int | None = None, type: int | None = None,
                proto: int | None = None) -> trio.socket.SocketType:
         return VirtualSocket(self.net, family or stdlib_socket.AF_INET,
                              type or stdlib_socket.SOCK_STREAM, proto or 0, NODE.get())
@@ -346,11 +347,11 @@ class _Resolver(trio.abc.HostnameResolver):
     net: VirtualNetwork
 
     async def getaddrinfo(self, host: bytes | str | None, port: bytes | str | int | None,
-                          family: int = 0, type: int = 0, proto: int = 0,  # noqa: A002
+                          family: int = 0, type: int = 0, proto: int = 0,
                           flags: int = 0) -> list[Any]:
         await trio.lowlevel.checkpoint()
         name = host.decode() if isinstance(host, bytes) else host
-        ip = self.net.resolve(name or "0.0.0.0")
+        ip = self.net.resolve(name or ANY)
         number = int(port.decode() if isinstance(port, bytes) else (port or 0))
         return [(stdlib_socket.AF_INET, stdlib_socket.SOCK_STREAM, stdlib_socket.IPPROTO_TCP,
                  "", (ip, number))]
@@ -392,7 +393,7 @@ class VirtualNetwork:
 
     @staticmethod
     def resolve(host: str) -> str:
-        return "127.0.0.1" if host in ("localhost", "0.0.0.0", "", "::", "::1") else host
+        return "127.0.0.1" if host in ("localhost", ANY, "", "::", "::1") else host
 
     # ---------------------------------------------------------------- faults
     def draw(self, kind: str, src: str, dst: str, where: object) -> bool:
