@@ -38,6 +38,7 @@ import contextvars
 import errno
 import os
 import socket as stdlib_socket
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,7 @@ ANY = "0.0.0.0"  # noqa: S104 (a name on the virtual network, never bound)
 NODE: contextvars.ContextVar[str] = contextvars.ContextVar("sim_node", default="world")
 
 Trace = Callable[..., None]
+_LINGER_RST = struct.pack("ii", 1, 0)
 
 
 def _err(code: int) -> OSError:
@@ -111,6 +113,8 @@ class VirtualSocket(trio.socket.SocketType):
         self.slow = False
         self.delay_s = 0.0
         self.dead = False
+        # Frozen on the way out of this exchange (between its last check and write()).
+        self.froze_at_send = False
         self._listening = False
         self._backlog: trio.MemoryReceiveChannel[VirtualSocket] | None = None
         self._backlog_send: trio.MemorySendChannel[VirtualSocket] | None = None
@@ -179,9 +183,13 @@ class VirtualSocket(trio.socket.SocketType):
             return
         self._closed = True
         if self._listening and self.local is not None:
-            self._net.listeners.pop(self.local, None)
+            if self._net.listeners.get(self.local) is self:
+                del self._net.listeners[self.local]
             if self._backlog_send is not None:
                 self._backlog_send.close()
+        linger = self._options.get((stdlib_socket.SOL_SOCKET, stdlib_socket.SO_LINGER))
+        if linger == _LINGER_RST:  # SO_LINGER (1, 0): close() sends RST
+            self.reset()
         if self.outgoing is not None:
             self.outgoing.eof = True
             self.outgoing.wake()
@@ -232,7 +240,7 @@ class VirtualSocket(trio.socket.SocketType):
     # ---------------------------------------------------------------- connect
     async def connect(self, address: Any) -> None:
         host, port = self._net.resolve(address[0]), int(address[1])
-        await self._net.gate(self.node)
+        self.froze_at_send = await self._net.gate(self.node)
         listener = self._net.listeners.get((host, port))
         if listener is None or listener.dead:
             await trio.lowlevel.checkpoint()
@@ -261,7 +269,8 @@ class VirtualSocket(trio.socket.SocketType):
 
     # ---------------------------------------------------------------- bytes
     async def send(self, data: Any, flags: int = 0) -> int:
-        await self._net.gate(self.node)
+        if await self._net.gate(self.node) and self.turn:
+            self.froze_at_send = True
         data = bytes(data)
         pipe = self.outgoing
         if self._closed:
@@ -274,6 +283,7 @@ class VirtualSocket(trio.socket.SocketType):
             raise BrokenPipeError(errno.EPIPE, "broken pipe (virtual)")
         if self.is_client and self.turn and data:
             self.turn = False
+            self._net.on_exchange(self, data)
             fate = self._net.exchange_fate(self)
             if fate == "drop_request":
                 self.reset()
@@ -321,6 +331,7 @@ class VirtualSocket(trio.socket.SocketType):
                 if self.is_client:
                     self.turn = True
                     self.slow = False
+                    self.froze_at_send = False
                 await trio.lowlevel.checkpoint()
                 return chunk
             if pipe.eof:
@@ -378,6 +389,8 @@ class VirtualNetwork:
         self._frozen: dict[str, trio.Event] = {}
         self.protected: set[str] = set()  # nodes whose exchanges are never faulted
         self.enabled = True
+        # Called at the instant a client's request starts to leave (the oracles' hook).
+        self.on_exchange: Callable[[VirtualSocket, bytes], None] = lambda sock, data: None
 
     def install(self) -> None:
         trio.socket.set_custom_socket_factory(_Factory(self))
@@ -427,11 +440,13 @@ class VirtualNetwork:
         self._partitions.discard(frozenset((a, b)))
 
     # ---------------------------------------------------------------- processes
-    async def gate(self, node: str) -> None:
-        """A frozen node's socket operations wait here until it is thawed."""
+    async def gate(self, node: str) -> bool:
+        """A frozen node's socket operations wait here until it is thawed (True: it did)."""
         frozen = self._frozen.get(node)
-        if frozen is not None:
-            await frozen.wait()
+        if frozen is None:
+            return False
+        await frozen.wait()
+        return True
 
     def freeze(self, node: str) -> None:
         self._frozen.setdefault(node, trio.Event())

@@ -1,0 +1,175 @@
+"""The oracles: what must hold all the time, and at the end.
+
+Continuous (checked at the instant a request starts to leave a replica, through the
+virtual network's ``on_exchange`` hook, against the database's committed rows read on an
+observer connection that never waits):
+
+* ``send_without_live_claim``: a request leaves a replica's handler for a provider or the
+  Runtime while the database no longer holds the handler's claim (work id, ownership
+  epoch, lease token, ``processing``);
+* ``send_after_lease_expiry``: the claim is still the item's, but its lease ran out by the
+  sender's own clock (another replica may take it at any moment);
+* ``two_trusted_leases``: two replicas' worker pools each trust a lease on one item at
+  the same instant.
+
+A send from a replica that was frozen while the request was on its way out is the one
+interleaving no software can close (SIGSTOP between the check and ``write()``): it is
+counted (``sends_after_thaw``), not judged; the end oracles judge what came of it.
+
+At the end (``bench/torture.py``'s invariants over the simulators' journals, the Runtimes'
+stores and the database): nothing lost or unfinished, no PATCH applied twice per
+idempotency key, every Runtime receipt committed once, no quota window over its limit, no
+refresh token presented twice, every webhook answered 200 with exactly one receipt and one
+event; plus ``no_effect_without_proof`` (an effect attempt recorded as having had no effect
+without the read-back evidence that proves it).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sqlite3
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from daemon.core.work import Fence, WorkItem
+from daemon.services.clock import Clock
+from daemon.services.operator_api import replay
+from storage.port import StorageError
+
+if TYPE_CHECKING:
+    from daemon.services.assembly import Assembly
+    from sim.net import VirtualSocket
+    from sim.world import SimReplica, World
+    from storage.work_store import WorkStore
+
+
+@attrs.frozen
+class Sender:
+    replica: SimReplica
+    fence: Fence
+    clock: Clock
+    family: str
+
+
+CURRENT: contextvars.ContextVar[Sender | None] = contextvars.ContextVar("sim_sender",
+                                                                       default=None)
+BROKEN = ("duplicates", "lost", "receipts_not_once", "quota_violations", "double_refreshes",
+          "grants_not_valid", "webhooks_lost", "webhook_receipts_not_once",
+          "webhook_events_not_once", "webhooks_spooled_left", "inbound_not_succeeded",
+          "no_effect_without_proof", "no_effect_but_applied")
+
+
+def watch_handlers(world: World, r: SimReplica, parts: Assembly) -> None:
+    """Each family's handler runs with its claim in :data:`CURRENT` (the sim's own wrapper
+    around the registered handler: the handler itself is production code, unchanged)."""
+    families = parts.registry.families
+    for name, family in list(families.items()):
+        inner = family.handler
+
+        def make(inner: Any = inner, name: str = name) -> Any:
+            async def watched(ctx: Any) -> Any:
+                token = CURRENT.set(Sender(r, ctx.fence, ctx.clock, name))
+                try:
+                    return await inner(ctx)
+                finally:
+                    CURRENT.reset(token)
+            return watched
+
+        families[name] = attrs.evolve(family, handler=make())
+
+
+def install(world: World) -> None:
+    assert world.net is not None
+    observer = sqlite3.connect(str(world.workdir / "sim.db"), isolation_level=None,
+                               check_same_thread=False)
+    world.observer = observer
+
+    def on_exchange(sock: VirtualSocket, data: bytes) -> None:
+        if not sock.node.startswith("replica-"):
+            return
+        world.ops["sends"] += 1
+        sender = CURRENT.get()
+        request = data.split(b"\r\n", 1)[0].decode("latin-1")[:80]
+        if sender is None:
+            world.ops["sends_outside_handlers"] += 1
+            return
+        if sock.froze_at_send:
+            world.ops["sends_after_thaw"] += 1
+            return
+        fence = sender.fence
+        row = observer.execute(
+            "SELECT state, ownership_epoch, lease_token, lease_until_us FROM work_items"
+            " WHERE work_id = ?", (fence.work_id,)).fetchone()
+        dst = sock.peer.node if sock.peer is not None else "?"
+        if row is None or row[0] != "processing" or int(row[1]) != fence.ownership_epoch \
+                or row[2] != fence.lease_token:
+            world.violation("send_without_live_claim", node=sock.node, to=dst,
+                            request=request, work_id=fence.work_id,
+                            epoch=fence.ownership_epoch,
+                            row=None if row is None else [row[0], row[1]])
+            return
+        now_us = sender.clock.now_us()
+        if row[3] is not None and int(row[3]) <= now_us:
+            world.violation("send_after_lease_expiry", node=sock.node, to=dst,
+                            request=request, work_id=fence.work_id,
+                            expired_by_us=now_us - int(row[3]))
+        now = trio.current_time()
+        trusted = []
+        for other in world.replicas:
+            pool = other.replica.pool if other.replica is not None else None
+            if not other.alive or pool is None or other.node in world.frozen:
+                continue
+            flight = pool.flights.get(fence.work_id)
+            if flight is not None and flight.trusted_until > now:
+                trusted.append((other.node, flight.fence.ownership_epoch))
+        if len(trusted) > 1:
+            world.violation("two_trusted_leases", work_id=fence.work_id, holders=trusted)
+
+    world.net.on_exchange = on_exchange
+
+
+async def operator_replay(world: World, store: WorkStore, item: WorkItem) -> None:
+    """``integrationd work replay``'s call, with a live replica's registry (its families'
+    replay guards included), as the operator ``sim-admin``."""
+    live = [r for r in world.replicas if r.alive and r.parts is not None
+            and r.replica is not None]
+    if not live:
+        return
+    r = live[0]
+    assert r.parts is not None and r.replica is not None
+    try:
+        new = await replay(store, r.replica.settings, r.parts.registry, r.replica.clock,
+                           work_id=item.work_id, actor="sim-admin",
+                           reason="simulated operator replay")
+        world.trace("operator_replayed", work_id=item.work_id, new=new.work_id)
+        world.replayed.append(new.work_id)
+    except (StorageError, Exception) as exc:  # refusals are answers, not failures
+        world.trace("operator_replay_refused", work_id=item.work_id,
+                    error=type(exc).__name__)
+
+
+async def final(world: World, store: WorkStore, result: dict[str, Any],
+                applied_keys: set[str]) -> None:
+    """The end oracles beyond the torture run's: ``NO_EFFECT`` only with proof. A command
+    settled ``NO_EFFECT`` must have no attempt whose evidence says its bytes may have been
+    applied (``no_effect_without_proof``), and none of its idempotency keys may be among
+    the PATCHes the provider's own journal says it applied (``no_effect_but_applied``)."""
+    from storage.port import SqlTx
+
+    async def body(tx: SqlTx) -> list[Any]:
+        return list(await tx.fetchall(
+            "SELECT w.work_id, a.evidence, a.idempotency_key FROM work_items w"
+            " JOIN effect_attempts a ON a.work_id = w.work_id"
+            " WHERE w.terminal_outcome = 'no_effect'"))
+
+    rows = await store.db.transact(body, name="sim.no_effect", write=False)
+    unproven = {r[0] for r in rows if r[1] not in ("not_sent", "not_applied")}
+    applied = {r[0] for r in rows if r[2] in applied_keys}
+    result["no_effect_items"] = len({r[0] for r in rows})
+    result["no_effect_without_proof"] = len(unproven)
+    result["no_effect_but_applied"] = len(applied)
+    for name in BROKEN:
+        if result.get(name):
+            world.violation(name, count=result[name])

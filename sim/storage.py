@@ -1,0 +1,139 @@
+"""Storage under the simulation: SQLite inline, with faults at statement boundaries.
+
+:class:`FaultyDatabase` wraps one replica's :class:`~storage.sqlite.adapter.SqliteDatabase`
+(opened with ``synchronous = NORMAL``, so COMMIT runs inline too: no worker thread, so
+trio's scheduler decides every interleaving) and implements the same
+:class:`storage.port.Database` contract. Before each statement, and around COMMIT, the
+seeded fault schedule may inject:
+
+* ``error``: the statement fails (:class:`DatabaseUnavailable`, the transaction rolls back);
+* ``busy``: the write lock is taken (the adapter's own retry loop backs off and retries);
+* ``slow``: the statement takes a while (the transaction holds the lock meanwhile);
+* ``lost_before_commit``: the connection drops before COMMIT: nothing is committed, the
+  caller sees :class:`CommitOutcomeUnknown`;
+* ``lost_after_commit``: COMMIT happened, the caller still sees
+  :class:`CommitOutcomeUnknown` (the case the ambiguity rules exist for).
+
+These are the errors the MySQL adapter raises for the same events, so the code above is
+exercised exactly as on a networked database. A frozen replica's statements wait at the
+gate; a killed replica's statements fail without touching the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import attrs
+import trio
+
+from storage.port import CommitOutcomeUnknown, DatabaseUnavailable, DbStats, Row, SqlTx
+from storage.sqlite.adapter import SqliteDatabase, _Busy
+
+T = TypeVar("T")
+
+
+@attrs.define
+class StorageFaults:
+    error: float = 0.0
+    busy: float = 0.0
+    slow: float = 0.0
+    lost_before_commit: float = 0.0
+    lost_after_commit: float = 0.0
+    max_slow_s: float = 0.5
+
+
+class _FaultyTx:
+    def __init__(self, inner: SqlTx, db: FaultyDatabase) -> None:
+        self._inner = inner
+        self._db = db
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        await self._db.before_statement()
+        return await self._inner.execute(sql, params)
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        await self._db.before_statement()
+        return await self._inner.executemany(sql, rows)
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        await self._db.before_statement()
+        return await self._inner.fetchall(sql, params)
+
+
+class FaultyDatabase:
+    """One replica's connection, with the seed's storage faults."""
+
+    def __init__(self, inner: SqliteDatabase, *, node: str, rng: Any, faults: StorageFaults,
+                 gate: Callable[[str], Awaitable[None]], count: Callable[[str], None],
+                 trace: Callable[..., None]) -> None:
+        self.inner = inner
+        self.node = node
+        self.rng = rng
+        self.faults = faults
+        self.gate = gate
+        self.count = count
+        self.trace = trace
+        self.enabled = True
+        self.killed = False
+        self.dialect = inner.dialect
+
+    @property
+    def backend(self) -> str:
+        return self.inner.backend
+
+    @property
+    def stats(self) -> DbStats:
+        return self.inner.stats
+
+    def _draw(self, kind: str) -> bool:
+        p: float = getattr(self.faults, kind)
+        if self.enabled and p and self.rng.random() < p:
+            self.count(f"db.{kind}")
+            self.trace("fault", kind=f"db.{kind}", node=self.node)
+            return True
+        return False
+
+    async def before_statement(self) -> None:
+        await self.gate(self.node)
+        if self.killed:
+            raise DatabaseUnavailable("sqlite: the process is gone (simulated crash)")
+        if self._draw("slow"):
+            await trio.sleep(self.rng.uniform(0.01, self.faults.max_slow_s))
+            await self.gate(self.node)
+        if self._draw("busy"):
+            raise _Busy()
+        if self._draw("error"):
+            raise DatabaseUnavailable("sqlite: connection lost (simulated)")
+
+    async def ping(self) -> None:
+        await self.gate(self.node)
+        if self.killed:
+            raise DatabaseUnavailable("sqlite: the process is gone (simulated crash)")
+        await self.inner.ping()
+
+    async def transact(self, body: Callable[[SqlTx], Awaitable[T]], *, name: str,
+                       write: bool = True) -> T:
+        await self.gate(self.node)
+        if self.killed:
+            raise DatabaseUnavailable("sqlite: the process is gone (simulated crash)")
+
+        async def faulty(tx: SqlTx) -> T:
+            result = await body(_FaultyTx(tx, self))
+            await self.gate(self.node)  # a freeze between the last statement and COMMIT
+            if self.killed:
+                raise DatabaseUnavailable("sqlite: the process is gone (simulated crash)")
+            if write and self._draw("lost_before_commit"):
+                self.inner.stats.unknown_commits += 1
+                raise CommitOutcomeUnknown(f"{name}: connection lost before COMMIT"
+                                           " (simulated)")
+            return result
+
+        result = await self.inner.transact(faulty, name=name, write=write)
+        if write and self._draw("lost_after_commit"):
+            self.inner.stats.unknown_commits += 1
+            raise CommitOutcomeUnknown(f"{name}: connection lost after COMMIT (simulated)")
+        return result
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
