@@ -42,6 +42,13 @@ def virtual_seconds() -> float:
         return 0.0
 
 
+def reseed_scheduler(seed: int) -> None:
+    """Trio draws once per scheduler pass, and a pass that waited on a worker thread (the
+    set-up's durable SQLite COMMITs) happens a number of times that depends on the machine:
+    the main run starts from a fresh draw."""
+    trio_run._r.seed(f"trio:{seed}")
+
+
 @contextlib.contextmanager
 def deterministic(seed: int) -> Iterator[random.Random]:
     """Patch the sources of randomness and time; yield the run's own generator."""

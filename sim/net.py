@@ -415,7 +415,7 @@ class VirtualNetwork:
         p = dict(self.faults.kinds())[kind]
         if p and self.rng.random() < p:
             self.count(f"net.{kind}")
-            self.trace("fault", kind=f"net.{kind}", src=src, dst=dst)
+            self.trace("fault", fault=f"net.{kind}", src=src, dst=dst)
             return True
         return False
 

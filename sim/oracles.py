@@ -87,11 +87,13 @@ def install(world: World) -> None:
     world.observer = observer
 
     def on_exchange(sock: VirtualSocket, data: bytes) -> None:
+        request = data.split(b"\r\n", 1)[0].decode("latin-1")[:80]
+        world.trace("send", src=sock.node,
+                    dst=sock.peer.node if sock.peer is not None else "?", request=request)
         if not sock.node.startswith("replica-"):
             return
         world.ops["sends"] += 1
         sender = CURRENT.get()
-        request = data.split(b"\r\n", 1)[0].decode("latin-1")[:80]
         if sender is None:
             world.ops["sends_outside_handlers"] += 1
             return

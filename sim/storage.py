@@ -90,7 +90,7 @@ class FaultyDatabase:
         p: float = getattr(self.faults, kind)
         if self.enabled and p and self.rng.random() < p:
             self.count(f"db.{kind}")
-            self.trace("fault", kind=f"db.{kind}", node=self.node)
+            self.trace("fault", fault=f"db.{kind}", node=self.node)
             return True
         return False
 

@@ -63,7 +63,7 @@ from sandbox.oauth_sim import OAuthSimulator
 from sandbox.runtime import ReferenceRuntime
 from sandbox.runtime.server import serve as serve_runtime
 from sim import oracles, serving
-from sim.determinism import EPOCH_US, deterministic
+from sim.determinism import EPOCH_US, deterministic, reseed_scheduler
 from sim.net import NODE, NetFaults, VirtualNetwork
 from sim.storage import FaultyDatabase, StorageFaults
 from storage.port import StorageError
@@ -85,6 +85,7 @@ class Options:
     title_rate: float = 3.0  # title changes per simulated second, over every Runtime
     webhook_rate: float = 1.0
     faults: bool = True
+    full_trace: bool = False  # keep every line (a diff of two runs), not only the tail
 
 
 @attrs.define(eq=False)
@@ -132,6 +133,7 @@ class World:
     net_faults: NetFaults = attrs.field(factory=NetFaults)
     storage_faults: StorageFaults = attrs.field(factory=StorageFaults)
     replayed: list[str] = attrs.field(factory=list)
+    stopping: bool = False
 
     # ------------------------------------------------------------ the trace
     def trace(self, kind: str, **fields: Any) -> None:
@@ -139,7 +141,7 @@ class World:
                           default=str)
         self.digest.update(line.encode() + b"\n")
         self.trace_lines.append(line)
-        if len(self.trace_lines) > 4 * TRACE_TAIL:
+        if len(self.trace_lines) > 4 * TRACE_TAIL and not self.options.full_trace:
             del self.trace_lines[:-TRACE_TAIL]
 
     def count_fault(self, kind: str) -> None:
@@ -204,9 +206,21 @@ async def _in_node(node: str, fn: Callable[..., Any], *args: Any,
     await fn(*args, task_status=task_status)
 
 
+async def supervise(world: World, r: SimReplica,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """systemd's ``Restart=always``: a replica that crashed or exited is started again,
+    with a new identity, after a moment."""
+    NODE.set(r.node)
+    while True:
+        await _replica_life(world, r, task_status)
+        task_status = trio.TASK_STATUS_IGNORED
+        if world.stopping:
+            return
+        await trio.sleep(world.rng.uniform(0.1, 3.0))
+
+
 async def _replica_life(world: World, r: SimReplica,
                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    NODE.set(r.node)
     r.incarnation += 1
     r.done = trio.Event()
     settings = load_settings(str(r.config), known_families=known_family_names())
@@ -243,8 +257,13 @@ async def _replica_life(world: World, r: SimReplica,
             task_status.started()
             try:
                 await replica.run()
-            except StorageError as exc:  # start-up never reached the database
+            except StorageError as exc:  # start-up met the database's faults: exit 1
                 world.trace("replica_exit", node=r.node, error=type(exc).__name__)
+            except BaseExceptionGroup as group:
+                storage, rest = group.split(StorageError)
+                if rest is not None:
+                    raise rest from None
+                world.trace("replica_exit", node=r.node, error="StorageError")
     finally:
         r.done.set()
         with trio.CancelScope(shield=True):
@@ -284,10 +303,7 @@ async def chaos(world: World, nursery: trio.Nursery, sims: dict[str, Any],
         action = rng.choice(enabled)
         if action == "crash" and len(live) > 1:
             victim = rng.choice(live)
-            crash(world, victim)
-            await victim.done.wait()
-            await trio.sleep(rng.uniform(0.1, 3.0))
-            await nursery.start(_replica_life, world, victim)
+            crash(world, victim)  # its supervisor starts it again
         elif action == "freeze" and len(live) > 1:
             victim = rng.choice(live)
             world.trace("freeze", node=victim.node)
@@ -362,7 +378,19 @@ async def operator(world: World, store: WorkStore) -> None:
 # ---------------------------------------------------------------- the run
 
 
-async def _main(world: World) -> dict[str, Any]:
+async def _setup(world: World, oauth: OAuthSimulator) -> None:
+    """The database as the torture run prepares it (its own trio run: these stores COMMIT
+    durably, in worker threads)."""
+    o = world.options
+    url = f"sqlite:///{world.workdir / 'sim.db'}"
+    await seed_links(url, o.replicas, LEADS)
+    first = torture.scope_of(0)
+    await webhooks.seed_links(url, first.org_id, first.app_installation_id)
+    await publish_catalog(url, world.configs[0])
+    await torture.install_grants(url, o.replicas, oauth)
+
+
+async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
     o = world.options
     rng = world.rng
     net = VirtualNetwork(rng, world.net_faults, world.trace, world.count_fault)
@@ -373,13 +401,6 @@ async def _main(world: World) -> dict[str, Any]:
     oracles.install(world)
     configs = world.configs
     url = f"sqlite:///{world.workdir / 'sim.db'}"
-    await seed_links(url, o.replicas, LEADS)
-    first = torture.scope_of(0)
-    await webhooks.seed_links(url, first.org_id, first.app_installation_id)
-    await publish_catalog(url, configs[0])
-    oauth = OAuthSimulator(client_secret=torture.CLIENT_SECRET,
-                           lifetime_s=torture.TOKEN_LIFETIME_S)
-    await torture.install_grants(url, o.replicas, oauth)
     hubspot = HubSpotSimulator(tokens=oauth.access_tokens)
     hooks: webhooks.Webhooks = world.hooks
     runtimes = runtimes_for(o.replicas, [API_PORT + i for i in range(o.replicas)])
@@ -429,7 +450,7 @@ async def _main(world: World) -> dict[str, Any]:
                 hubspot.put_contact(f"{r * 100000 + k}", {"jobtitle": "Engineer"},
                                     modified_ms=seeded_ms)
         for r in world.replicas:
-            await nursery.start(_replica_life, world, r)
+            await nursery.start(supervise, world, r)
         world.trace("started")
         async with trio.open_nursery() as load:
             NODE.set("world")
@@ -443,8 +464,6 @@ async def _main(world: World) -> dict[str, Any]:
         for r in world.replicas:
             if r.db is not None:
                 r.db.enabled = False
-            if not r.alive:
-                await nursery.start(_replica_life, world, r)
         world.trace("settle")
         run = torture.Run("sqlite", [], [url], None, webhooks=hooks, log=lambda m: None)
         run.noop_ids = list(world.noop_ids)
@@ -456,6 +475,7 @@ async def _main(world: World) -> dict[str, Any]:
         await oracles.final(world, driver, result,
                             {rec.idempotency_key for rec in hubspot.requests
                              if rec.method == "PATCH" and rec.applied and rec.idempotency_key})
+        world.stopping = True
         for r in world.replicas:
             if r.replica is not None and r.alive:
                 r.replica.request_drain()
@@ -508,7 +528,11 @@ def run_seed(options: Options, *, keep: Path | None = None) -> dict[str, Any]:
             logger.addHandler(_TraceLogs(world))
             logger.setLevel(logging.INFO)
             logger.propagate = False
-            result = trio.run(_main, world,
+            oauth = OAuthSimulator(client_secret=torture.CLIENT_SECRET,
+                                   lifetime_s=torture.TOKEN_LIFETIME_S)
+            trio.run(_setup, world, oauth)
+            reseed_scheduler(options.seed)
+            result = trio.run(_main, world, oauth,
                               clock=trio.testing.MockClock(autojump_threshold=0))
     finally:
         logger.handlers[:] = saved[0]
