@@ -88,6 +88,7 @@ def install(world: World) -> None:
 
     def on_exchange(sock: VirtualSocket, data: bytes) -> None:
         request = data.split(b"\r\n", 1)[0].decode("latin-1")[:80]
+        world.ops["sends_all"] += 1
         world.trace("send", src=sock.node,
                     dst=sock.peer.node if sock.peer is not None else "?", request=request)
         if not sock.node.startswith("replica-"):

@@ -76,6 +76,7 @@ class FaultyDatabase:
         self.trace = trace
         self.enabled = True
         self.killed = False
+        self.on_transaction: Callable[[], None] = lambda: None
         self.dialect = inner.dialect
 
     @property
@@ -114,6 +115,7 @@ class FaultyDatabase:
 
     async def transact(self, body: Callable[[SqlTx], Awaitable[T]], *, name: str,
                        write: bool = True) -> T:
+        self.on_transaction()
         await self.gate(self.node)
         if self.killed:
             raise DatabaseUnavailable("sqlite: the process is gone (simulated crash)")

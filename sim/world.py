@@ -134,6 +134,8 @@ class World:
     storage_faults: StorageFaults = attrs.field(factory=StorageFaults)
     replayed: list[str] = attrs.field(factory=list)
     stopping: bool = False
+    settling: bool = False
+    simulated_s: float = 0.0
 
     # ------------------------------------------------------------ the trace
     def trace(self, kind: str, **fields: Any) -> None:
@@ -143,6 +145,9 @@ class World:
         self.trace_lines.append(line)
         if len(self.trace_lines) > 4 * TRACE_TAIL and not self.options.full_trace:
             del self.trace_lines[:-TRACE_TAIL]
+
+    def count_transaction(self) -> None:
+        self.ops["db_transactions"] += 1
 
     def count_fault(self, kind: str) -> None:
         self.faults[kind] += 1
@@ -230,7 +235,8 @@ async def _replica_life(world: World, r: SimReplica,
     assert world.net is not None
     db = FaultyDatabase(inner, node=r.node, rng=world.rng, faults=world.storage_faults,
                         gate=world.gate, count=world.count_fault, trace=world.trace)
-    db.enabled = world.options.faults
+    db.enabled = world.options.faults and not world.settling
+    db.on_transaction = world.count_transaction
     store = WorkStore(db, db.dialect)  # type: ignore[arg-type]
     clock = TrioClock(EPOCH_US + r.skew_us)
     metrics = Metrics()
@@ -461,6 +467,7 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
             load.cancel_scope.cancel()
         # Settle: no more faults; every replica running.
         net.enabled = False
+        world.settling = True
         for r in world.replicas:
             if r.db is not None:
                 r.db.enabled = False
@@ -482,6 +489,7 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
         for r in world.replicas:
             with trio.move_on_after(30):
                 await r.done.wait()
+        world.simulated_s = trio.current_time()
         nursery.cancel_scope.cancel()
     await driver_db.aclose()
     return result
