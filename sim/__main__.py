@@ -25,15 +25,15 @@ from typing import Any
 HASH_SEED = "0"
 
 
-def _reexec_with_fixed_hash_seed() -> None:
+def _reexec_with_fixed_hash_seed(module: str = "sim") -> None:
     """String hashing (set order) must not vary between runs of one seed."""
     if os.environ.get("PYTHONHASHSEED") != HASH_SEED:
         os.environ["PYTHONHASHSEED"] = HASH_SEED
-        os.execv(sys.executable, [sys.executable, "-m", "sim", *sys.argv[1:]])
+        # The same interpreter and arguments: nothing from outside reaches a shell.
+        os.execv(sys.executable, [sys.executable, "-m", module, *sys.argv[1:]])  # noqa: S606
 
 
-def run_one(seed: int, duration_s: float, keep: Path | None = None,
-            mutant: str | None = None) -> dict[str, Any]:
+def run_one(seed: int, duration_s: float, keep: Path | None = None) -> dict[str, Any]:
     from sim.world import TRACE_TAIL, Options, run_seed
 
     started = time.perf_counter()
@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="replay exactly this seed")
     parser.add_argument("--duration", type=float, default=30.0,
                         help="simulated seconds of chaos per seed (then everything settles)")
+    parser.add_argument("--mutant", default=None,
+                        help="run with this named mutant applied (sim/mutants.py)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="with --seed: keep the run's configs, database and spools here")
     args = parser.parse_args(argv)
@@ -91,8 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     failing: list[int] = []
     simulated = ops = wall = 0.0
     digest = ""
+    from sim.mutants import MUTANTS, applied
+
+    if args.mutant is not None and args.mutant not in MUTANTS:
+        parser.error(f"--mutant: one of {', '.join(MUTANTS)}")
     for seed in seeds:
-        got = run_one(seed, args.duration, keep=args.keep)
+        with applied(args.mutant):
+            got = run_one(seed, args.duration, keep=args.keep)
         faults.update(got["faults"])
         simulated += got["simulated_s"]
         ops += got["ops"]
@@ -100,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         digest = got["digest"]
         if got["violations"]:
             failing.append(seed)
-            report_failure(got, args.duration)
+            report_failure(got, args.duration, args.mutant)
     line = {"seeds": len(seeds), "violations": len(failing), "failing_seeds": failing,
             "simulated_s": round(simulated, 1),
             "sim_ops_per_wall_s": round(ops / wall, 1) if wall else 0.0,

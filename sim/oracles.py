@@ -58,7 +58,9 @@ CURRENT: contextvars.ContextVar[Sender | None] = contextvars.ContextVar("sim_sen
 BROKEN = ("duplicates", "lost", "receipts_not_once", "quota_violations", "double_refreshes",
           "grants_not_valid", "webhooks_lost", "webhook_receipts_not_once",
           "webhook_events_not_once", "webhooks_spooled_left", "inbound_not_succeeded",
-          "no_effect_without_proof", "no_effect_but_applied")
+          "no_effect_without_proof", "no_effect_but_applied", "finalized_twice",
+          "executions_after_terminal", "diverged")
+TERMINAL_OUTCOMES = ("succeeded", "skipped", "dead", "cancelled")
 
 
 def watch_handlers(world: World, r: SimReplica, parts: Assembly) -> None:
@@ -78,6 +80,15 @@ def watch_handlers(world: World, r: SimReplica, parts: Assembly) -> None:
             return watched
 
         families[name] = attrs.evolve(family, handler=make())
+
+
+def _idempotency_key(data: bytes) -> str | None:
+    head = data.split(b"\r\n\r\n", 1)[0]
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"idempotency-key":
+            return value.strip().decode("latin-1")
+    return None
 
 
 def install(world: World) -> None:
@@ -113,6 +124,16 @@ def install(world: World) -> None:
                             epoch=fence.ownership_epoch,
                             row=None if row is None else [row[0], row[1]])
             return
+        key = _idempotency_key(data)
+        if key is not None:
+            checkpoint = observer.execute(
+                "SELECT 1 FROM effect_attempts WHERE work_id = ? AND ownership_epoch = ?"
+                " AND idempotency_key = ?",
+                (fence.work_id, fence.ownership_epoch, key)).fetchone()
+            if checkpoint is None:
+                world.violation("send_without_checkpoint", node=sock.node, to=dst,
+                                request=request, work_id=fence.work_id,
+                                epoch=fence.ownership_epoch)
         now_us = sender.clock.now_us()
         if row[3] is not None and int(row[3]) <= now_us:
             world.violation("send_after_lease_expiry", node=sock.node, to=dst,
@@ -154,25 +175,58 @@ async def operator_replay(world: World, store: WorkStore, item: WorkItem) -> Non
 
 
 async def final(world: World, store: WorkStore, result: dict[str, Any],
-                applied_keys: set[str]) -> None:
-    """The end oracles beyond the torture run's: ``NO_EFFECT`` only with proof. A command
-    settled ``NO_EFFECT`` must have no attempt whose evidence says its bytes may have been
-    applied (``no_effect_without_proof``), and none of its idempotency keys may be among
-    the PATCHes the provider's own journal says it applied (``no_effect_but_applied``)."""
+                hubspot: Any, runtimes: list[Any]) -> None:
+    """The end oracles beyond the torture run's.
+
+    * ``no_effect_without_proof``: a command settled ``NO_EFFECT`` with an attempt whose
+      evidence says its bytes may have been applied;
+    * ``no_effect_but_applied``: ... or whose idempotency key the provider's own journal
+      shows applied;
+    * ``finalized_twice``: one WorkItem with more than one terminal execution;
+    * ``executions_after_terminal``: an execution at a later epoch than the item's
+      terminal one (a terminal row reopened);
+    * ``diverged``: a Lead whose title the Runtime committed everywhere, but whose HubSpot
+      contact ends with another value (an older intent landed after a newer one).
+    """
     from storage.port import SqlTx
 
-    async def body(tx: SqlTx) -> list[Any]:
-        return list(await tx.fetchall(
+    applied_keys = {rec.idempotency_key for rec in hubspot.requests
+                    if rec.method == "PATCH" and rec.applied and rec.idempotency_key}
+
+    async def body(tx: SqlTx) -> tuple[list[Any], list[Any]]:
+        no_effect = list(await tx.fetchall(
             "SELECT w.work_id, a.evidence, a.idempotency_key FROM work_items w"
             " JOIN effect_attempts a ON a.work_id = w.work_id"
             " WHERE w.terminal_outcome = 'no_effect'"))
+        executions = list(await tx.fetchall(
+            "SELECT work_id, ownership_epoch, outcome FROM work_executions"))
+        return no_effect, executions
 
-    rows = await store.db.transact(body, name="sim.no_effect", write=False)
+    rows, executions = await store.db.transact(body, name="sim.final", write=False)
     unproven = {r[0] for r in rows if r[1] not in ("not_sent", "not_applied")}
     applied = {r[0] for r in rows if r[2] in applied_keys}
     result["no_effect_items"] = len({r[0] for r in rows})
     result["no_effect_without_proof"] = len(unproven)
     result["no_effect_but_applied"] = len(applied)
+    terminal: dict[str, list[int]] = {}
+    latest: dict[str, int] = {}
+    for work_id, epoch, outcome in executions:
+        latest[work_id] = max(latest.get(work_id, 0), int(epoch))
+        if outcome in TERMINAL_OUTCOMES:
+            terminal.setdefault(work_id, []).append(int(epoch))
+    result["finalized_twice"] = sum(1 for e in terminal.values() if len(e) > 1)
+    result["executions_after_terminal"] = sum(
+        1 for w, e in terminal.items() if latest[w] > max(e))
+    diverged = []
+    if result.get("drained") and not result.get("lost"):
+        for r, rt in enumerate(runtimes):
+            for lead in rt.store.leads.values():
+                contact = hubspot.contact(f"{r * 100000 + int(lead.lead_id.split('-')[1])}")
+                title = None if contact is None else contact["properties"].get("jobtitle")
+                if title != lead.title:
+                    diverged.append((r, lead.lead_id, lead.title, title))
+    result["diverged"] = len(diverged)
+    result["diverged_first"] = diverged[:3]
     for name in BROKEN:
         if result.get(name):
             world.violation(name, count=result[name])

@@ -40,13 +40,10 @@ async def serve_virtual(app: Any, config: Config, listen: str, name: str | None,
         address = listeners[0].socket.getsockname()
         async with trio.open_nursery() as connections:
             task_status.started([f"http://{address[0]}:{address[1]}"])
-            try:
-                await trio.serve_listeners(
-                    partial(TCPServer, wrapped, config, context, ConnectionState(state.copy())),
-                    listeners, handler_nursery=connections)
-            finally:
-                connections.cancel_scope.cancel()
-        lifespan_nursery.cancel_scope.cancel()
+            # Serves until cancelled (the replica's or the part's scope).
+            await trio.serve_listeners(
+                partial(TCPServer, wrapped, config, context, ConnectionState(state.copy())),
+                listeners, handler_nursery=connections)
 
 
 def install() -> None:

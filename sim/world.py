@@ -47,7 +47,8 @@ import trio.testing
 
 from bench import torture
 from bench import torture_webhooks as webhooks
-from bench.effects import publish_catalog, runtimes_for, secrets_env, seed_links
+from bench.effects import publish_catalog, runtimes_for, scope_of, secrets_env, seed_links
+from bench.l1_copy import l1_copy
 from config.load import load_settings
 from daemon.core.states import WorkState
 from daemon.core.work import WorkSpec
@@ -70,6 +71,9 @@ from storage.port import StorageError
 from storage.sqlite.adapter import SqliteDatabase
 from storage.work_store import WorkStore
 
+QUOTA_LIMIT = 4  # PATCHes per window per app installation (one per Runtime)
+QUOTA_WINDOW_S = 1.0
+QUOTA_JITTER_S = 0.25
 LEADS = 50  # >= webhooks.PROSPECTS: every Prospect is linked to one of Runtime 0's Leads
 PORTS = {"hubspot": 7301, "oauth": 7302, "outreach": 7303}
 API_PORT, RUNTIME_PORT, INGRESS_PORT = 7100, 7200, 7400
@@ -179,6 +183,26 @@ class _TraceLogs(logging.Handler):
 # ---------------------------------------------------------------- set-up
 
 
+def quota_violations(sim: HubSpotSimulator) -> tuple[int, int]:
+    """Windows of ``QUOTA_WINDOW_S`` on one app installation that saw more than
+    ``QUOTA_LIMIT`` PATCHes arrive (the simulator's own journal), and the peak."""
+    arrivals: dict[int, list[float]] = collections.defaultdict(list)
+    for rec in sim.requests:
+        if rec.method == "PATCH" and rec.contact_id is not None:
+            arrivals[int(rec.contact_id) // 100000].append(rec.received_at)
+    violations = peak = 0
+    for times in arrivals.values():
+        times.sort()
+        start = 0
+        for end, t in enumerate(times):
+            while times[start] <= t - QUOTA_WINDOW_S:
+                start += 1
+            peak = max(peak, end - start + 1)
+            if end - start + 1 > QUOTA_LIMIT:
+                violations += 1
+    return violations, peak
+
+
 def _configs(world: World) -> list[Path]:
     o = world.options
     workdir = world.workdir
@@ -190,7 +214,12 @@ def _configs(world: World) -> list[Path]:
                               rate=o.webhook_rate)
     world.hooks = hooks
     (workdir / "webhook.secret").write_text(webhooks.SECRET + "\n")
-    torture.write_definitions(workdir, quota_on=True)
+    # The run's own L1 copy: HubSpot declares a quota small enough for bursts to reach.
+    quota = (f"[quota.sim]\nlimit = {QUOTA_LIMIT}\nwindow = {QUOTA_WINDOW_S}\n"
+             f'scope = "app_installation"\njitter = {QUOTA_JITTER_S}\n')
+    l1_copy(workdir / "l1", quota={"hubspot": quota})
+    (workdir / "k1.key").write_text(torture.TOKEN_KEY.material.hex())
+    (workdir / "client.secret").write_text(torture.CLIENT_SECRET + "\n")
     spread_s = 0.9 * torture.LEASE_MARGIN_S
     configs = [torture.replica_config(workdir, url, i, o.replicas, api_ports, runtime_ports,
                                       PORTS["hubspot"], PORTS["oauth"], torture.LEASE_TTL_S,
@@ -237,7 +266,7 @@ async def _replica_life(world: World, r: SimReplica,
                         gate=world.gate, count=world.count_fault, trace=world.trace)
     db.enabled = world.options.faults and not world.settling
     db.on_transaction = world.count_transaction
-    store = WorkStore(db, db.dialect)  # type: ignore[arg-type]
+    store = WorkStore(db, db.dialect)
     clock = TrioClock(EPOCH_US + r.skew_us)
     metrics = Metrics()
     parts = assemble(settings, store, clock, metrics)
@@ -266,7 +295,7 @@ async def _replica_life(world: World, r: SimReplica,
             except StorageError as exc:  # start-up met the database's faults: exit 1
                 world.trace("replica_exit", node=r.node, error=type(exc).__name__)
             except BaseExceptionGroup as group:
-                storage, rest = group.split(StorageError)
+                _, rest = group.split(StorageError)
                 if rest is not None:
                     raise rest from None
                 world.trace("replica_exit", node=r.node, error="StorageError")
@@ -347,11 +376,13 @@ async def traffic(world: World, runtimes: list[ReferenceRuntime], store: WorkSto
     n = 0
     while True:
         rt = runtimes[n % len(runtimes)]
-        lead = f"lead-{rng.randrange(LEADS)}"
-        rt.store.update_lead(lead, {"title": f"T{n}"})
+        # Now and then a burst on one Runtime (the quota's windows fill up).
+        for _ in range(rng.randrange(6, 12) if rng.random() < 0.05 else 1):
+            lead = f"lead-{rng.randrange(LEADS)}"
+            rt.store.update_lead(lead, {"title": f"T{n}"})
+            world.ops["title_changes"] += 1
+            n += 1
         rt.wakeup.set()
-        world.ops["title_changes"] += 1
-        n += 1
         if n % 5 == 0:
             specs = [WorkSpec(family="noop", org_id="org-sim", subject_kind="sim",
                               subject_id=f"n{n}-{k}") for k in range(3)]
@@ -390,7 +421,7 @@ async def _setup(world: World, oauth: OAuthSimulator) -> None:
     o = world.options
     url = f"sqlite:///{world.workdir / 'sim.db'}"
     await seed_links(url, o.replicas, LEADS)
-    first = torture.scope_of(0)
+    first = scope_of(0)
     await webhooks.seed_links(url, first.org_id, first.app_installation_id)
     await publish_catalog(url, world.configs[0])
     await torture.install_grants(url, o.replicas, oauth)
@@ -451,9 +482,9 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
             for k in range(LEADS):
                 rt.store.create_lead({"lead_id": f"lead-{k}", "title": "Engineer"})
         seeded_ms = int((EPOCH_US / 1000) - 3_600_000)
-        for r in range(o.replicas):
+        for rt_index in range(o.replicas):
             for k in range(LEADS):
-                hubspot.put_contact(f"{r * 100000 + k}", {"jobtitle": "Engineer"},
+                hubspot.put_contact(f"{rt_index * 100000 + k}", {"jobtitle": "Engineer"},
                                     modified_ms=seeded_ms)
         for r in world.replicas:
             await nursery.start(supervise, world, r)
@@ -479,9 +510,8 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
         result = await torture.invariants(run, hubspot, runtimes, oauth)
         result["settle_s"] = round(settle_s, 1)
         result["drained"] = drained
-        await oracles.final(world, driver, result,
-                            {rec.idempotency_key for rec in hubspot.requests
-                             if rec.method == "PATCH" and rec.applied and rec.idempotency_key})
+        result["quota_violations"], result["quota_peak_per_window"] = quota_violations(hubspot)
+        await oracles.final(world, driver, result, hubspot, runtimes)
         world.stopping = True
         for r in world.replicas:
             if r.replica is not None and r.alive:
