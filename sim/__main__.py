@@ -108,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         if got["violations"]:
             failing.append(seed)
             report_failure(got, args.duration, args.mutant)
+        elif len(seeds) > 1:
+            sys.stderr.write(f"sim: seed {seed} ok ({got['simulated_s']:.0f} simulated s,"
+                             f" {got['wall_s']:.1f} wall s)\n")
+            sys.stderr.flush()
     line = {"seeds": len(seeds), "violations": len(failing), "failing_seeds": failing,
             "simulated_s": round(simulated, 1),
             "sim_ops_per_wall_s": round(ops / wall, 1) if wall else 0.0,

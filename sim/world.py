@@ -448,7 +448,6 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
     driver_db = SqliteDatabase(str(world.workdir / "sim.db"), synchronous="NORMAL")
     await driver_db.open()
     driver = WorkStore(driver_db, driver_db.dialect)
-    world.observer = driver_db.conn
     scopes: dict[str, trio.CancelScope] = {}
     result: dict[str, Any] = {}
 
@@ -522,6 +521,7 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
         world.simulated_s = trio.current_time()
         nursery.cancel_scope.cancel()
     await driver_db.aclose()
+    world.observer.close()
     return result
 
 
