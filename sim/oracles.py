@@ -221,6 +221,7 @@ async def final(world: World, store: WorkStore, result: dict[str, Any],
     if result.get("drained") and not result.get("lost"):
         for r, rt in enumerate(runtimes):
             for lead in rt.store.leads.values():
+                # Runtime r's Lead k is linked to contact r * 100000 + k (bench.effects).
                 contact = hubspot.contact(f"{r * 100000 + int(lead.lead_id.split('-')[1])}")
                 title = None if contact is None else contact["properties"].get("jobtitle")
                 if title != lead.title:

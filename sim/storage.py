@@ -77,6 +77,10 @@ class FaultyDatabase:
         self.enabled = True
         self.killed = False
         self.on_transaction: Callable[[], None] = lambda: None
+        # Freeze the process when it next begins a transaction whose name starts with
+        # this ("" any): a SIGSTOP at that await point (set by the world's chaos).
+        self.freeze_at: str | None = None
+        self.on_freeze: Callable[[str], None] = lambda name: None
         self.dialect = inner.dialect
 
     @property
@@ -116,6 +120,9 @@ class FaultyDatabase:
     async def transact(self, body: Callable[[SqlTx], Awaitable[T]], *, name: str,
                        write: bool = True) -> T:
         self.on_transaction()
+        if self.freeze_at is not None and name.startswith(self.freeze_at):
+            self.freeze_at = None
+            self.on_freeze(name)
         await self.gate(self.node)
         if self.killed:
             raise DatabaseUnavailable("sqlite: the process is gone (simulated crash)")

@@ -78,6 +78,9 @@ LEADS = 50  # >= webhooks.PROSPECTS: every Prospect is linked to one of Runtime 
 PORTS = {"hubspot": 7301, "oauth": 7302, "outreach": 7303}
 API_PORT, RUNTIME_PORT, INGRESS_PORT = 7100, 7200, 7400
 TRACE_TAIL = 40
+# Transactions a freeze may land in front of ("" any).
+FREEZE_POINTS = ("", "work.finalize", "effect.checkpoint", "refresh.", "ingress.receipt",
+                 "work.renew", "work.fences_live")
 
 
 @attrs.define
@@ -341,10 +344,27 @@ async def chaos(world: World, nursery: trio.Nursery, sims: dict[str, Any],
             crash(world, victim)  # its supervisor starts it again
         elif action == "freeze" and len(live) > 1:
             victim = rng.choice(live)
-            world.trace("freeze", node=victim.node)
-            world.count_fault("process.freeze")
-            world.frozen.add(victim.node)
-            world.net.freeze(victim.node)
+            # At an await point: the next transaction of a kind (finalizing, the dispatch
+            # checkpoint, the refresh marker, a receipt, any), or wherever it is.
+            at = rng.choice(FREEZE_POINTS)
+            frozen = trio.Event()
+
+            def freeze(name: str, victim: SimReplica = victim, frozen: trio.Event = frozen
+                       ) -> None:
+                world.trace("freeze", node=victim.node, at=name)
+                world.count_fault("process.freeze")
+                world.frozen.add(victim.node)
+                world.net.freeze(victim.node)  # type: ignore[union-attr]
+                frozen.set()
+
+            assert victim.db is not None
+            victim.db.on_freeze = freeze
+            victim.db.freeze_at = at
+            with trio.move_on_after(rng.uniform(2.0, 8.0)):
+                await frozen.wait()
+            if not frozen.is_set():
+                victim.db.freeze_at = None
+                freeze("anywhere")
             await trio.sleep(ttl + torture.LEASE_MARGIN_S + rng.uniform(0.5, 3.0))
             world.frozen.discard(victim.node)
             world.net.thaw(victim.node)
@@ -401,12 +421,19 @@ async def operator(world: World, store: WorkStore) -> None:
 
     rng = world.rng
     while True:
-        await trio.sleep(rng.uniform(5.0, 15.0))
+        await trio.sleep(rng.uniform(3.0, 10.0))
         try:
             dead = await store.work_list(WorkQuery(state=WorkState.DEAD, limit=5))
+            # And now and then an older effect that already succeeded: a replay must
+            # never overtake a newer intent for the same record.
+            done = await store.work_list(WorkQuery(state=WorkState.SUCCEEDED,
+                                                   family="external_effect", limit=50))
         except StorageError:
             continue
-        for item in dead:
+        picked = list(dead)
+        if done and rng.random() < 0.7:
+            picked.append(rng.choice(done))
+        for item in picked:
             world.trace("operator_replay", work_id=item.work_id, family=item.family)
             world.ops["operator_replays"] += 1
             await oracles.operator_replay(world, store, item)
