@@ -190,6 +190,27 @@ def lane_head_released_while_running() -> Undo:
     return lambda: _undo_all(undo)
 
 
+def terminal_row_reopened_by_replay() -> Undo:
+    """A replay puts the terminal row itself back to ``pending`` instead of creating a new
+    item with lineage."""
+    from storage.work_rows import SELECT_WORK, from_row
+    from storage.work_store import WorkStore
+
+    async def work_replay(self: Any, params: Any, now_us: int) -> Any:
+        async def body(tx: Any) -> Any:
+            await tx.execute(
+                "UPDATE work_items SET state = 'pending', terminal_outcome = NULL,"
+                " lease_owner = NULL, lease_token = NULL, lease_until_us = NULL,"
+                " run_after_us = ?, row_version = row_version + 1 WHERE work_id = ?",
+                (now_us, params.work_id))
+            rows = await tx.fetchall(f"{SELECT_WORK} WHERE work_id = ?", (params.work_id,))
+            return from_row(rows[0])
+
+        return await self.db.transact(body, name="work.replay")
+
+    return _swap(WorkStore, "work_replay", work_replay)
+
+
 MUTANTS: dict[str, Callable[[], Undo]] = {
     "finalize_without_fence": finalize_without_fence,
     "send_before_checkpoint": send_before_checkpoint,
@@ -199,9 +220,10 @@ MUTANTS: dict[str, Callable[[], Undo]] = {
     "timeout_counted_as_no_effect": timeout_counted_as_no_effect,
     "receipt_200_before_durable": receipt_200_before_durable,
     "lane_head_released_while_running": lane_head_released_while_running,
+    "terminal_row_reopened_by_replay": terminal_row_reopened_by_replay,
 }
 # Named in issue 22, not built yet (each a hole, said so in every report):
-NOT_BUILT = ("terminal_row_reopened_by_replay", "subscription_recreated_in_flight")
+NOT_BUILT = ("subscription_recreated_in_flight",)
 
 
 @contextmanager

@@ -79,8 +79,9 @@ PORTS = {"hubspot": 7301, "oauth": 7302, "outreach": 7303}
 API_PORT, RUNTIME_PORT, INGRESS_PORT = 7100, 7200, 7400
 TRACE_TAIL = 40
 # Transactions a freeze may land in front of ("" any).
-FREEZE_POINTS = ("", "work.finalize", "effect.checkpoint", "refresh.", "ingress.receipt",
-                 "work.renew", "work.fences_live")
+FREEZE_POINTS = ("", "work.finalize", "work.finalize", "effect.checkpoint", "refresh.dispatch",
+                 "refresh.activate",
+                 "ingress.receipt", "work.renew", "work.fences_live")
 
 
 @attrs.define
@@ -336,7 +337,7 @@ async def chaos(world: World, nursery: trio.Nursery, sims: dict[str, Any],
     world.trace("chaos_mix", enabled=enabled)
     ttl = torture.LEASE_TTL_S
     while trio.current_time() < deadline:
-        await trio.sleep(rng.uniform(1.0, 4.0))
+        await trio.sleep(rng.uniform(0.5, 2.5))
         live = [r for r in world.replicas if r.alive and r.node not in world.frozen]
         action = rng.choice(enabled)
         if action == "crash" and len(live) > 1:
