@@ -9,6 +9,10 @@ observer connection that never waits):
   epoch, lease token, ``processing``);
 * ``send_after_lease_expiry``: the claim is still the item's, but its lease ran out by the
   sender's own clock (another replica may take it at any moment);
+* ``send_without_checkpoint``: a request carrying an idempotency key leaves with no
+  committed dispatch checkpoint of this claim for that key;
+* ``send_to_unpinned_record``: it goes to another record than the remote id its command
+  pinned (``sends_after_link_moved`` counts sends whose link moved since the pin);
 * ``two_trusted_leases``: two replicas' worker pools each trust a lease on one item at
   the same instant.
 
@@ -124,7 +128,7 @@ def install(world: World) -> None:
                             epoch=fence.ownership_epoch,
                             row=None if row is None else [row[0], row[1]])
             return
-        key = _idempotency_key(data)
+        key = _idempotency_key(data) if sender.family == "external_effect" else None
         if key is not None:
             checkpoint = observer.execute(
                 "SELECT 1 FROM effect_attempts WHERE work_id = ? AND ownership_epoch = ?"
@@ -134,6 +138,21 @@ def install(world: World) -> None:
                 world.violation("send_without_checkpoint", node=sock.node, to=dst,
                                 request=request, work_id=fence.work_id,
                                 epoch=fence.ownership_epoch)
+            pins = observer.execute(
+                "SELECT c.remote_id, c.link_key, c.link_generation FROM effect_attempts a"
+                " JOIN external_commands c ON c.command_id = a.command_id"
+                " WHERE a.work_id = ? AND a.ownership_epoch = ? AND a.idempotency_key = ?",
+                (fence.work_id, fence.ownership_epoch, key)).fetchone()
+            target = request.split(" ")[1].split("?")[0] if " " in request else ""
+            if pins is not None and pins[0] and not target.endswith(f"/{pins[0]}"):
+                world.violation("send_to_unpinned_record", node=sock.node, request=request,
+                                work_id=fence.work_id, pinned=pins[0])
+            if pins is not None and pins[1]:
+                link = observer.execute(
+                    "SELECT generation FROM remote_links WHERE link_key = ?",
+                    (pins[1],)).fetchone()
+                if link is not None and int(link[0]) != int(pins[2] or 0):
+                    world.ops["sends_after_link_moved"] += 1
         now_us = sender.clock.now_us()
         if row[3] is not None and int(row[3]) <= now_us:
             world.violation("send_after_lease_expiry", node=sock.node, to=dst,
