@@ -255,15 +255,23 @@ def main(argv: list[str] | None = None) -> int:
             continue
         caught_at = None
         oracle = None
+        error = None
         with applied(name):
             for seed in range(1, args.max_seeds + 1):
                 got = run_one(seed, args.duration)
                 if got["violations"]:
                     caught_at = seed
                     oracle = sorted({v["oracle"] for v in got["violations"]})
+                    # A crash of the code under test is visible, but say what it was.
+                    error = next((v["error"].strip().splitlines()[-1]
+                                  for v in got["violations"] if v["oracle"] == "exception"),
+                                 None)
                     break
-        print(json.dumps({"mutant": name, "caught": caught_at is not None,
-                          "seeds_to_catch": caught_at, "oracle": oracle}), flush=True)
+        line = {"mutant": name, "caught": caught_at is not None,
+                "seeds_to_catch": caught_at, "oracle": oracle}
+        if error is not None:
+            line["error"] = error
+        print(json.dumps(line), flush=True)
     return 0
 
 
