@@ -404,6 +404,15 @@ async def traffic(world: World, runtimes: list[ReferenceRuntime], store: WorkSto
             world.ops["title_changes"] += 1
             n += 1
         rt.wakeup.set()
+        if rng.random() < 0.1:
+            # A hot record: the same Lead changed again and again, moments apart (its
+            # intents must reach the provider in order: the lane, the supersession).
+            for _ in range(rng.randrange(2, 4)):
+                await trio.sleep(rng.uniform(0.0, 0.3))
+                rt.store.update_lead(lead, {"title": f"T{n}"})
+                world.ops["title_changes"] += 1
+                n += 1
+                rt.wakeup.set()
         if n % 5 == 0:
             specs = [WorkSpec(family="noop", org_id="org-sim", subject_kind="sim",
                               subject_id=f"n{n}-{k}") for k in range(3)]
