@@ -78,6 +78,7 @@ LEADS = 50  # >= webhooks.PROSPECTS: every Prospect is linked to one of Runtime 
 PORTS = {"hubspot": 7301, "oauth": 7302, "outreach": 7303}
 API_PORT, RUNTIME_PORT, INGRESS_PORT = 7100, 7200, 7400
 TRACE_TAIL = 40
+REFRESH_LEASE_S = 30.0  # daemon/services/token_refresh.py's TokenOwner.lease_us
 # Transactions a freeze may land in front of ("" any).
 FREEZE_POINTS = ("", "work.finalize", "work.finalize", "effect.checkpoint", "refresh.dispatch",
                  "refresh.activate",
@@ -366,7 +367,11 @@ async def chaos(world: World, nursery: trio.Nursery, sims: dict[str, Any],
             if not frozen.is_set():
                 victim.db.freeze_at = None
                 freeze("anywhere")
-            await trio.sleep(ttl + torture.LEASE_MARGIN_S + rng.uniform(0.5, 3.0))
+            past = ttl + torture.LEASE_MARGIN_S
+            if at.startswith("refresh.") or rng.random() < 0.1:
+                # Past the token refresh lease too (30 s), not only the work's.
+                past = REFRESH_LEASE_S + torture.LEASE_MARGIN_S
+            await trio.sleep(past + rng.uniform(0.5, 10.0))
             world.frozen.discard(victim.node)
             world.net.thaw(victim.node)
             world.trace("thaw", node=victim.node)
