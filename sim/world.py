@@ -59,6 +59,7 @@ from daemon.services.families import known_family_names
 from daemon.services.metrics import Metrics
 from daemon.services.principal_bootstrap import ensure_config_bindings
 from daemon.services.replica import Replica
+from daemon.services.token_refresh import TokenOwner
 from sandbox.hubspot_sim import HubSpotSimulator
 from sandbox.oauth_sim import OAuthSimulator
 from sandbox.runtime import ReferenceRuntime
@@ -78,7 +79,7 @@ LEADS = 50  # >= webhooks.PROSPECTS: every Prospect is linked to one of Runtime 
 PORTS = {"hubspot": 7301, "oauth": 7302, "outreach": 7303}
 API_PORT, RUNTIME_PORT, INGRESS_PORT = 7100, 7200, 7400
 TRACE_TAIL = 40
-REFRESH_LEASE_S = 30.0  # daemon/services/token_refresh.py's TokenOwner.lease_us
+REFRESH_LEASE_S = int(attrs.fields(TokenOwner).lease_us.default or 0) / 1e6  # its refresh lease
 # Transactions a freeze may land in front of ("" any).
 FREEZE_POINTS = ("", "work.finalize", "work.finalize", "effect.checkpoint", "refresh.dispatch",
                  "refresh.activate",
