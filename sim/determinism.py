@@ -9,6 +9,9 @@ Below production code, never inside it: for the duration of :func:`deterministic
   random) is seeded, and its deadline heap's tie-breaker (``id(cancel_scope)``, a memory
   address) is replaced by a counter, so two timers due at the same virtual instant fire
   in the same order on every run;
+* ``trio.to_thread.run_sync`` runs its function inline (the spool's file writes, the
+  set-up's durable COMMITs): a worker thread finishes after a wall-clock delay, and while
+  it runs the MockClock jumps and the scheduler makes a machine-dependent number of passes;
 * ``time.time``/``time_ns``/``monotonic``/``monotonic_ns`` follow the virtual clock (the
   simulators, httpcore's keep-alive expiry and the logging timestamps read them); the
   replicas read their own skewed :class:`~daemon.services.clock.TrioClock`.
@@ -63,7 +66,12 @@ def deterministic(seed: int) -> Iterator[random.Random]:
         heappush(self._heap, (deadline, next(counter), cancel_scope))
         self._active += 1
 
+    async def run_inline(fn: Any, *args: Any, **_: Any) -> Any:
+        await trio.lowlevel.checkpoint()
+        return fn(*args)
+
     saved: list[tuple[Any, str, Any]] = [
+        (trio.to_thread, "run_sync", trio.to_thread.run_sync),
         (os, "urandom", os.urandom),
         (random, "_urandom", random._urandom),  # type: ignore[attr-defined]
         (trio_run.Deadlines, "add", trio_run.Deadlines.add),
@@ -73,6 +81,7 @@ def deterministic(seed: int) -> Iterator[random.Random]:
     random_state = random.getstate()
     trio_state = trio_run._r.getstate()
     os.urandom = urandom
+    trio.to_thread.run_sync = run_inline  # type: ignore[assignment]
     random._urandom = urandom  # type: ignore[attr-defined]
     trio_run.Deadlines.add = add  # type: ignore[method-assign]
     time.time = lambda: EPOCH_S + virtual_seconds()

@@ -233,7 +233,11 @@ async def final(world: World, store: WorkStore, result: dict[str, Any],
         latest[work_id] = max(latest.get(work_id, 0), int(epoch))
         if outcome in TERMINAL_OUTCOMES:
             terminal.setdefault(work_id, []).append(int(epoch))
-    result["finalized_twice"] = sum(1 for e in terminal.values() if len(e) > 1)
+    twice = sorted(w for w, e in terminal.items() if len(e) > 1)
+    result["finalized_twice"] = len(twice)
+    result["finalized_twice_first"] = [
+        {"work_id": w, "executions": sorted([int(e), o] for x, e, o in executions if x == w)}
+        for w in twice[:2]]
     result["executions_after_terminal"] = sum(
         1 for w, e in terminal.items() if latest[w] > max(e))
     diverged = []
@@ -249,4 +253,5 @@ async def final(world: World, store: WorkStore, result: dict[str, Any],
     result["diverged_first"] = diverged[:3]
     for name in BROKEN:
         if result.get(name):
-            world.violation(name, count=result[name])
+            world.violation(name, count=result[name],
+                            first=result.get(f"{name}_first", []))
