@@ -13,6 +13,8 @@ observer connection that never waits):
   committed dispatch checkpoint of this claim for that key;
 * ``send_to_unpinned_record``: it goes to another record than the remote id its command
   pinned (``sends_after_link_moved`` counts sends whose link moved since the pin);
+* ``lane_not_held``: the sender's item has a target lane (its remote record) that it does
+  not hold while it runs;
 * ``two_trusted_leases``: two replicas' worker pools each trust a lease on one item at
   the same instant.
 
@@ -118,8 +120,8 @@ def install(world: World) -> None:
             return
         fence = sender.fence
         row = observer.execute(
-            "SELECT state, ownership_epoch, lease_token, lease_until_us FROM work_items"
-            " WHERE work_id = ?", (fence.work_id,)).fetchone()
+            "SELECT state, ownership_epoch, lease_token, lease_until_us, target_lane,"
+            " target_lane_hold FROM work_items WHERE work_id = ?", (fence.work_id,)).fetchone()
         dst = sock.peer.node if sock.peer is not None else "?"
         if row is None or row[0] != "processing" or int(row[1]) != fence.ownership_epoch \
                 or row[2] != fence.lease_token:
@@ -128,6 +130,11 @@ def install(world: World) -> None:
                             epoch=fence.ownership_epoch,
                             row=None if row is None else [row[0], row[1]])
             return
+        if row[4] is not None and row[5] != row[4]:
+            # Its target lane (the remote record) must be held while it runs: nothing
+            # else for that record may run beside it.
+            world.violation("lane_not_held", node=sock.node, request=request,
+                            work_id=fence.work_id, lane=row[4])
         key = _idempotency_key(data) if sender.family == "external_effect" else None
         if key is not None:
             checkpoint = observer.execute(
