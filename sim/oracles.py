@@ -65,7 +65,7 @@ BROKEN = ("duplicates", "lost", "receipts_not_once", "quota_violations", "double
           "grants_not_valid", "webhooks_lost", "webhook_receipts_not_once",
           "webhook_events_not_once", "webhooks_spooled_left", "inbound_not_succeeded",
           "no_effect_without_proof", "no_effect_but_applied", "finalized_twice",
-          "executions_after_terminal", "diverged")
+          "executions_after_terminal", "diverged", "quota_slots_returned_after_send")
 TERMINAL_OUTCOMES = ("succeeded", "skipped", "dead", "cancelled")
 
 
@@ -228,7 +228,18 @@ async def final(world: World, store: WorkStore, result: dict[str, Any],
             "SELECT work_id, ownership_epoch, outcome FROM work_executions"))
         return no_effect, executions
 
+    async def ledger(tx: SqlTx) -> list[Any]:
+        return list(await tx.fetchall(
+            "SELECT granted_total - returned_total FROM quota_keys"))
+
     rows, executions = await store.db.transact(body, name="sim.final", write=False)
+    # Every PATCH that reached the provider went out on a slot that never came back:
+    # the ledger's kept slots (granted minus returned) cover the provider's arrivals.
+    kept = sum(int(r[0]) for r in await store.db.transact(ledger, name="sim.ledger",
+                                                          write=False))
+    arrived = sum(1 for rec in hubspot.requests if rec.method == "PATCH")
+    result["quota_slots_kept"] = kept
+    result["quota_slots_returned_after_send"] = max(0, arrived - kept)
     unproven = {r[0] for r in rows if r[1] not in ("not_sent", "not_applied")}
     applied = {r[0] for r in rows if r[2] in applied_keys}
     result["no_effect_items"] = len({r[0] for r in rows})
