@@ -6,7 +6,12 @@ trio's scheduler decides every interleaving) and implements the same
 :class:`storage.port.Database` contract. Before each statement, and around COMMIT, the
 seeded fault schedule may inject:
 
-* ``error``: the statement fails (:class:`DatabaseUnavailable`, the transaction rolls back);
+* ``error``: the connection is lost: the statement fails (:class:`DatabaseUnavailable`) and
+  so does every later statement of its transaction, which never commits;
+* ``lock_timeout``: a writing statement fails alone with :class:`RetryableConflict`, as the
+  MySQL adapter reports a lock wait timeout (1205: only the statement is rolled back); a
+  body may catch it and go on (a savepoint), or let it escape, and then, as the MySQL
+  adapter does, the whole transaction runs again;
 * ``busy``: the write lock is taken (the adapter's own retry loop backs off and retries);
 * ``slow``: the statement takes a while (the transaction holds the lock meanwhile);
 * ``lost_before_commit``: the connection drops before COMMIT: nothing is committed, the
@@ -27,7 +32,14 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from storage.port import CommitOutcomeUnknown, DatabaseUnavailable, DbStats, Row, SqlTx
+from storage.port import (
+    CommitOutcomeUnknown,
+    DatabaseUnavailable,
+    DbStats,
+    RetryableConflict,
+    Row,
+    SqlTx,
+)
 from storage.sqlite.adapter import SqliteDatabase, _Busy
 
 T = TypeVar("T")
@@ -36,6 +48,7 @@ T = TypeVar("T")
 @attrs.define
 class StorageFaults:
     error: float = 0.0
+    lock_timeout: float = 0.0
     busy: float = 0.0
     slow: float = 0.0
     lost_before_commit: float = 0.0
@@ -47,17 +60,28 @@ class _FaultyTx:
     def __init__(self, inner: SqlTx, db: FaultyDatabase) -> None:
         self._inner = inner
         self._db = db
+        # After "connection lost" nothing more of this transaction reaches the server.
+        self.doomed = False
+
+    async def _before(self, sql: str) -> None:
+        if self.doomed:
+            raise DatabaseUnavailable("sqlite: connection lost (simulated)")
+        try:
+            await self._db.before_statement(sql)
+        except DatabaseUnavailable:
+            self.doomed = True
+            raise
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
-        await self._db.before_statement()
+        await self._before(sql)
         return await self._inner.execute(sql, params)
 
     async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
-        await self._db.before_statement()
+        await self._before(sql)
         return await self._inner.executemany(sql, rows)
 
     async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        await self._db.before_statement()
+        await self._before(sql)
         return await self._inner.fetchall(sql, params)
 
 
@@ -99,7 +123,7 @@ class FaultyDatabase:
             return True
         return False
 
-    async def before_statement(self) -> None:
+    async def before_statement(self, sql: str = "") -> None:
         await self.gate(self.node)
         if self.killed:
             raise DatabaseUnavailable("sqlite: the process is gone (simulated crash)")
@@ -109,7 +133,13 @@ class FaultyDatabase:
         if self._draw("busy"):
             raise _Busy()
         if self._draw("error"):
+            # The connection is lost: this statement and the rest of its transaction fail.
             raise DatabaseUnavailable("sqlite: connection lost (simulated)")
+        if sql.lstrip()[:6].upper() in ("UPDATE", "INSERT", "DELETE") \
+                and self._draw("lock_timeout"):
+            # MySQL's lock wait timeout (1205): only this statement is rolled back; the
+            # transaction goes on (innodb_rollback_on_timeout = OFF, the default).
+            raise RetryableConflict("sqlite: lock wait timeout exceeded (simulated)")
 
     async def ping(self) -> None:
         await self.gate(self.node)
@@ -128,8 +158,11 @@ class FaultyDatabase:
             raise DatabaseUnavailable("sqlite: the process is gone (simulated crash)")
 
         async def faulty(tx: SqlTx) -> T:
-            result = await body(_FaultyTx(tx, self))
+            wrapped = _FaultyTx(tx, self)
+            result = await body(wrapped)
             await self.gate(self.node)  # a freeze between the last statement and COMMIT
+            if wrapped.doomed:  # the body went on after the connection was lost
+                raise DatabaseUnavailable("sqlite: connection lost (simulated)")
             if self.killed:
                 raise DatabaseUnavailable("sqlite: the process is gone (simulated crash)")
             if write and self._draw("lost_before_commit"):
@@ -138,7 +171,16 @@ class FaultyDatabase:
                                            " (simulated)")
             return result
 
-        result = await self.inner.transact(faulty, name=name, write=write)
+        for tries in range(1, 100):
+            try:
+                result = await self.inner.transact(faulty, name=name, write=write)
+                break
+            except RetryableConflict:
+                # What the MySQL adapter does with a conflict that escapes the body: the
+                # whole transaction again, after a pause.
+                if tries >= 5:
+                    raise
+                await trio.sleep(self.rng.uniform(0.001, 0.05))
         if write and self._draw("lost_after_commit"):
             self.inner.stats.unknown_commits += 1
             raise CommitOutcomeUnknown(f"{name}: connection lost after COMMIT (simulated)")

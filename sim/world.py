@@ -580,7 +580,7 @@ def draw_faults(rng: Any, on: bool) -> tuple[NetFaults, StorageFaults]:
 
     net = NetFaults(refuse=p(0.05), delay=p(0.1), drop_request=p(0.03),
                     reset_mid_body=p(0.03), lose_answer=p(0.03), slow_reader=p(0.05))
-    db = StorageFaults(error=p(0.01), busy=p(0.02), slow=p(0.02),
+    db = StorageFaults(error=p(0.01), lock_timeout=p(0.01), busy=p(0.02), slow=p(0.02),
                        lost_before_commit=p(0.01), lost_after_commit=p(0.01))
     return net, db
 
