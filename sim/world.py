@@ -337,7 +337,6 @@ async def chaos(world: World, nursery: trio.Nursery, sims: dict[str, Any],
     enabled = [k for k in ("crash", "freeze", "partition", "restart_runtime",
                            "restart_simulator", "none") if rng.random() < 0.7 or k == "none"]
     world.trace("chaos_mix", enabled=enabled)
-    ttl = torture.LEASE_TTL_S
     while trio.current_time() < deadline:
         await trio.sleep(rng.uniform(0.5, 2.5))
         live = [r for r in world.replicas if r.alive and r.node not in world.frozen]
@@ -345,37 +344,11 @@ async def chaos(world: World, nursery: trio.Nursery, sims: dict[str, Any],
         if action == "crash" and len(live) > 1:
             victim = rng.choice(live)
             crash(world, victim)  # its supervisor starts it again
-        elif action == "freeze" and len(live) > 1:
-            victim = rng.choice(live)
-            # At an await point: the next transaction of a kind (finalizing, the dispatch
-            # checkpoint, the refresh marker, a receipt, any), or wherever it is.
-            at = rng.choice(FREEZE_POINTS)
-            frozen = trio.Event()
-
-            def freeze(name: str, victim: SimReplica = victim, frozen: trio.Event = frozen
-                       ) -> None:
-                world.trace("freeze", node=victim.node, at=name)
-                world.count_fault("process.freeze")
-                world.frozen.add(victim.node)
-                world.net.freeze(victim.node)  # type: ignore[union-attr]
-                frozen.set()
-
-            assert victim.db is not None
-            victim.db.on_freeze = freeze
-            victim.db.freeze_at = at
-            with trio.move_on_after(rng.uniform(2.0, 8.0)):
-                await frozen.wait()
-            if not frozen.is_set():
-                victim.db.freeze_at = None
-                freeze("anywhere")
-            past = ttl + torture.LEASE_MARGIN_S
-            if at.startswith("refresh.") or rng.random() < 0.1:
-                # Past the token refresh lease too (30 s), not only the work's.
-                past = REFRESH_LEASE_S + torture.LEASE_MARGIN_S
-            await trio.sleep(past + rng.uniform(0.5, 10.0))
-            world.frozen.discard(victim.node)
-            world.net.thaw(victim.node)
-            world.trace("thaw", node=victim.node)
+        elif action == "freeze" and len(live) > 1 and not world.frozen:
+            # In the background (one at a time): a long freeze must not hold the rest of
+            # the chaos back.
+            world.frozen.add("pending")
+            nursery.start_soon(freeze, world, rng.choice(live), rng.choice(FREEZE_POINTS))
         elif action == "partition" and live:
             victim = rng.choice(live)
             other = rng.choice(["hubspot", "oauth", "outreach",
@@ -393,6 +366,40 @@ async def chaos(world: World, nursery: trio.Nursery, sims: dict[str, Any],
         elif action == "restart_simulator":
             world.count_fault("process.restart_simulator")
             await sims["restart"](rng.choice(["hubspot", "oauth", "outreach"]))
+
+
+async def freeze(world: World, victim: SimReplica, at: str) -> None:
+    """SIGSTOP at an await point (the next transaction whose name starts with ``at``, or
+    wherever it is after a while), past its lease (sometimes past the refresh lease too),
+    then SIGCONT."""
+    rng = world.rng
+    assert world.net is not None and victim.db is not None
+    world.frozen.discard("pending")
+    frozen = trio.Event()
+
+    def stop(name: str) -> None:
+        assert world.net is not None
+        world.trace("freeze", node=victim.node, at=name)
+        world.count_fault("process.freeze")
+        world.frozen.add(victim.node)
+        world.net.freeze(victim.node)
+        frozen.set()
+
+    victim.db.on_freeze = stop
+    victim.db.freeze_at = at
+    with trio.move_on_after(rng.uniform(2.0, 8.0)):
+        await frozen.wait()
+    if not frozen.is_set():
+        victim.db.freeze_at = None
+        stop("anywhere")
+    past = torture.LEASE_TTL_S + torture.LEASE_MARGIN_S
+    if at.startswith("refresh.") or rng.random() < 0.1:
+        # Past the token refresh lease too (30 s), not only the work's.
+        past = REFRESH_LEASE_S + torture.LEASE_MARGIN_S
+    await trio.sleep(past + rng.uniform(0.5, 10.0))
+    world.frozen.discard(victim.node)
+    world.net.thaw(victim.node)
+    world.trace("thaw", node=victim.node)
 
 
 # ---------------------------------------------------------------- traffic
