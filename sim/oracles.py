@@ -88,6 +88,10 @@ def watch_handlers(world: World, r: SimReplica, parts: Assembly) -> None:
         families[name] = attrs.evolve(family, handler=make())
 
 
+def dst_node(sock: VirtualSocket) -> str:
+    return sock.peer.node if sock.peer is not None else "?"
+
+
 def _idempotency_key(data: bytes) -> str | None:
     head = data.split(b"\r\n\r\n", 1)[0]
     for line in head.split(b"\r\n")[1:]:
@@ -111,6 +115,10 @@ def install(world: World) -> None:
         if not sock.node.startswith("replica-"):
             return
         world.ops["sends"] += 1
+        if dst_node(sock) == "hubspot" and request.startswith("PATCH "):
+            # The instant it left: the quota is judged here (a network delay past the
+            # quota's jitter can still bunch arrivals at the provider).
+            world.patch_sends.append((trio.current_time(), request.split(" ")[1]))
         sender = CURRENT.get()
         if sender is None:
             world.ops["sends_outside_handlers"] += 1
