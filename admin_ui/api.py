@@ -187,7 +187,8 @@ async def bindings_with_principals(view: Any) -> Json:
     """The configured bindings, each with its durable generation and state and its grant's
     state, token version and last refresh (never a secret)."""
     doc = bindings_json(view.settings)
-    facts = await principal_facts(view.store, [b["binding_id"] for b in doc["items"]])
+    now_us = view.clock.now_us()
+    facts = await principal_facts(view.store, [b["binding_id"] for b in doc["items"]], now_us)
     durable = await view.store.binding_get_many([b["binding_id"] for b in doc["items"]])
     for item, b in zip(doc["items"], view.settings.bindings, strict=True):
         item.update(facts[item["binding_id"]])
@@ -196,7 +197,8 @@ async def bindings_with_principals(view: Any) -> Json:
         item["drift"] = [] if now is None else [
             attrs.asdict(d) for d in config_drift(bootstrap_facts(b), now)]
     doc["connected"] = await connected_bindings(view.store,
-                                                {b["binding_id"] for b in doc["items"]})
+                                                {b["binding_id"] for b in doc["items"]},
+                                                now_us)
     return doc
 
 

@@ -25,10 +25,10 @@ driver's message in the log only.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from urllib.parse import quote
 
+import trio
 from quart import Response, g, redirect, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import MethodNotAllowed
@@ -119,7 +119,7 @@ def create_app(replica: ReplicaView, extensions: ConsoleExtensions | None = None
 
     @app.before_request
     async def before() -> None:
-        g.started = time.perf_counter()
+        g.started = trio.current_time()
         if _console_request() and not request.path.startswith(STATIC_PREFIX):
             await resolve_principal()
 
@@ -135,7 +135,7 @@ def create_app(replica: ReplicaView, extensions: ConsoleExtensions | None = None
             response.headers["Referrer-Policy"] = "same-origin"
         started = g.get("started")
         if isinstance(started, float):
-            elapsed_ms = (time.perf_counter() - started) * 1000
+            elapsed_ms = (trio.current_time() - started) * 1000
             response.headers["Server-Timing"] = f"app;dur={elapsed_ms:.2f}"
         return response
 

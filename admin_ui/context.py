@@ -35,7 +35,8 @@ class Console:
         ext = extensions or ConsoleExtensions()
         return cls(
             view=view,
-            codec=SessionCodec(secret, admin.session_ttl),
+            codec=SessionCodec(secret, admin.session_ttl,
+                               lambda: view.clock.now_us() / 1_000_000),
             extensions=ext,
             actions=action_table(ext.actions),
             verifier=PasswordVerifier(),

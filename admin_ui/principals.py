@@ -13,7 +13,6 @@ the audit entries of bindings hold none.
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from daemon.core.principals import BindingFacts
@@ -54,10 +53,10 @@ def grant_reason_json(grant: StoredGrant) -> Json | None:
                                               "text": grant.reason.text}
 
 
-async def principal_facts(store: WorkStore, binding_ids: list[str]) -> dict[str, Json]:
+async def principal_facts(store: WorkStore, binding_ids: list[str], now_us: int
+                          ) -> dict[str, Json]:
     """binding id -> {"durable", "grant", "history"} (None where there is none)."""
     durable = await store.binding_get_many(binding_ids)
-    now_us = time.time_ns() // 1000
     out: dict[str, Json] = {}
     for binding_id in binding_ids:
         facts = durable.get(binding_id)
@@ -86,11 +85,12 @@ async def principal_facts(store: WorkStore, binding_ids: list[str]) -> dict[str,
     return out
 
 
-async def connected_bindings(store: WorkStore, configured: set[str]) -> list[Json]:
+async def connected_bindings(store: WorkStore, configured: set[str], now_us: int
+                             ) -> list[Json]:
     """The durable bindings no ``[[bindings]]`` entry names: those the Runtime connected
     (per-user principals among them), with the same facts as the configured ones."""
     others = [b for b in await store.binding_list() if b.binding_id not in configured]
-    facts = await principal_facts(store, [b.binding_id for b in others])
+    facts = await principal_facts(store, [b.binding_id for b in others], now_us)
     return [{"binding_id": b.binding_id, "provider": b.provider, "org_id": b.org_id,
              "app_installation_id": b.app_installation_id,
              "remote_account_id": b.identity.remote_account_id,

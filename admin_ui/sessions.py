@@ -27,12 +27,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import time
+from collections.abc import Callable
 
 import attrs
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
 from config.settings import Operator
+from daemon.services.clock import wall_seconds
 
 COOKIE_NAME = "integrationd_session"
 COOKIE_PATH = "/admin"
@@ -62,11 +63,13 @@ class Principal:
 class SessionCodec:
     """Encode, verify and expire session cookies; derive CSRF tokens."""
 
-    def __init__(self, secret: bytes, ttl_s: float) -> None:
+    def __init__(self, secret: bytes, ttl_s: float,
+                 now_s: Callable[[], float] = wall_seconds) -> None:
         if len(secret) < 16:
             raise ValueError("admin.session_secret: must be at least 16 bytes long")
         self._secret = secret
         self.ttl_s = ttl_s
+        self._now_s = now_s
         self._serializer = URLSafeTimedSerializer(secret, salt=_SALT)
 
     def __repr__(self) -> str:
@@ -76,7 +79,7 @@ class SessionCodec:
         return SessionData(
             sid=secrets.token_urlsafe(18),
             operator=operator.name if operator else None,
-            issued_at=time.time(),
+            issued_at=self._now_s(),
             fingerprint=self.fingerprint(operator) if operator else "",
         )
 
@@ -100,7 +103,7 @@ class SessionCodec:
             return None
         if op is not None and not isinstance(op, str):
             return None
-        if not isinstance(iat, int | float) or time.time() - iat > self.ttl_s:
+        if not isinstance(iat, int | float) or self._now_s() - iat > self.ttl_s:
             return None
         return SessionData(sid, op, float(iat), fp)
 
@@ -118,4 +121,4 @@ class SessionCodec:
         return hmac.compare_digest(self.csrf_token(data), token)
 
     def remaining_s(self, data: SessionData) -> float:
-        return max(0.0, data.issued_at + self.ttl_s - time.time())
+        return max(0.0, data.issued_at + self.ttl_s - self._now_s())

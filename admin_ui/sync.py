@@ -9,7 +9,6 @@ complete: its last run's time less the object binding's safety lag (as the
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from quart import Blueprint
@@ -50,7 +49,7 @@ def build_blueprint(catalog: Catalog) -> Blueprint:
     async def streams() -> list[dict[str, Any]]:
         states = await console().view.store.db.transact(list_streams, name="console.sync",
                                                          write=False)
-        now = time.time()
+        now = console().view.clock.now_us() / 1_000_000
         return [stream_json(catalog, s, now) for s in states]
 
     @bp.get("/admin/sync")

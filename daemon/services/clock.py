@@ -21,6 +21,12 @@ class WallClock:
         return time.time_ns() // 1000
 
 
+def wall_seconds() -> float:
+    """The host's UTC clock in epoch seconds, for the few places (session cookies, metric
+    ages computed at scrape time) that are given no :class:`Clock`."""
+    return time.time()
+
+
 class TrioClock:
     """Epoch time that follows trio's clock (so MockClock drives leases in tests)."""
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import trio
@@ -105,14 +106,11 @@ async def serve_app(
     """Serve ``app`` (any ASGI app) on ``listen`` (``host:port``; port 0 picks one) until
     cancelled. ``max_header_bytes`` bounds the request line and headers;
     ``keep_alive_timeout_s`` also bounds a client that sends its headers slowly."""
-    sock = bind_listener(listen, name)
     # Any ASGI app (Quart's own signature is typed apart from the plain ASGI callable).
     edges: Any = HttpEdges(cast(AsgiApp, app),
                            max_header_bytes=max_header_bytes or DEFAULT_MAX_HEADER_BYTES,
                            listener=name or "http")
     config = Config()
-    # Hypercorn adopts the bound socket (and closes it when done).
-    config.bind = [f"fd://{sock.detach()}"]
     config.accesslog = None
     config.errorlog = _http_logger()
     config.graceful_timeout = graceful_timeout_s
@@ -125,8 +123,26 @@ async def serve_app(
     async def hypercorn_serve(
         *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        await serve(edges, config, task_status=task_status)
+        await serve_with(edges, config, listen, name, task_status)
 
     async with trio.open_nursery() as nursery:
         bound: list[str] = await nursery.start(hypercorn_serve)
         task_status.started(bound[0] if bound else listen)
+
+
+async def serve_bound_socket(app: Any, config: Config, listen: str, name: str | None,
+                             task_status: trio.TaskStatus[list[str]]) -> None:
+    """Bind ``listen`` here and let hypercorn serve it: hypercorn adopts the bound socket
+    as ``fd://`` (and closes it when done)."""
+    sock = bind_listener(listen, name)
+    config.bind = [f"fd://{sock.detach()}"]
+    await serve(app, config, task_status=task_status)
+
+
+# How a configured address becomes a served listener. The deterministic simulation
+# (sim/serving.py) replaces it with one that accepts on its virtual network and hands each
+# stream to hypercorn's per-connection server: the ASGI apps and hypercorn's protocol code
+# are the same either way.
+ServeWith = Callable[[Any, Config, str, "str | None", "trio.TaskStatus[list[str]]"],
+                     Awaitable[None]]
+serve_with: ServeWith = serve_bound_socket

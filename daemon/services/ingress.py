@@ -30,7 +30,6 @@ secrets are L2 (``[[webhook_routes]]``).
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -102,9 +101,9 @@ class IngressApp:
             return
         if scope["type"] != "http":
             return
-        started = time.monotonic()
+        started = trio.current_time()
         await self._handle(scope, receive, send)
-        self.metrics.ingress_seconds.observe(time.monotonic() - started)
+        self.metrics.ingress_seconds.observe(trio.current_time() - started)
 
     async def _answer(self, send: Send, status: int, code: str, message: str,
                       route: str = "", counted: str = "",

@@ -13,7 +13,6 @@ process: they double the series count and no dashboard or alert reads them.
 from __future__ import annotations
 
 import platform
-import time
 from collections.abc import Iterator
 from importlib import metadata
 from typing import TYPE_CHECKING
@@ -32,6 +31,7 @@ from prometheus_client.registry import Collector
 from daemon.core.grant_reasons import REASONS
 from daemon.core.ingress import QUARANTINE_REASONS, UNSETTLED_REASONS
 from daemon.core.quota import ResetIgnored
+from daemon.services.clock import wall_seconds
 from storage.port import DbStats, QueueDepth
 from storage.retention.rules import pruned_tables
 
@@ -532,12 +532,13 @@ class Metrics:
         for state in ("active", "disabled", "missing"):
             self.subscriptions.labels(binding, state).set(health.get(state, 0))
         self.subscription_reconcile_age.labels(binding).set_function(
-            lambda: max(time.time() - at_s, 0.0))
+            lambda: max(wall_seconds() - at_s, 0.0))
 
     def set_sync_complete(self, stream: str, through_s: float) -> None:
         """The stream is complete through ``through_s`` (epoch seconds): the lag grows at
         scrape time until the next run moves it, so a stream whose runs stop shows it."""
-        self.sync_lag.labels(stream).set_function(lambda: max(time.time() - through_s, 0.0))
+        self.sync_lag.labels(stream).set_function(
+            lambda: max(wall_seconds() - through_s, 0.0))
 
     def count_reconcile_offered(self, stream: str, count: int) -> None:
         self.reconcile_offered.labels(stream).inc(count)

@@ -46,7 +46,6 @@ import functools
 import json
 import os
 import socket
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -189,7 +188,7 @@ class Replica:
         return self.metrics.render()
 
     def readiness(self) -> tuple[bool, dict[str, object]]:
-        db_fresh = time.monotonic() - self._last_db_ok < max(
+        db_fresh = trio.current_time() - self._last_db_ok < max(
             15.0, 3 * self.settings.replica.heartbeat_interval
         )
         claims_ok = all(s.db_ok for s in self.schedulers.values())
@@ -284,7 +283,7 @@ class Replica:
                       retry_in_s=round(delay_s, 2), within_s=timeout, error=error)
 
         tries = await wait_until_reachable(self.store, timeout_s=timeout, on_retry=retry)
-        self._last_db_ok = time.monotonic()
+        self._last_db_ok = trio.current_time()
         if tries > 1:
             logs.event("database_reachable", replica=self.replica_id, attempts=tries)
 
@@ -450,7 +449,7 @@ class Replica:
         try:
             with trio.move_on_after(10):
                 await self.store.replica_heartbeat(info)
-                self._last_db_ok = time.monotonic()
+                self._last_db_ok = trio.current_time()
         except StorageError as exc:
             self.metrics.db_errors.labels("heartbeat").inc()
             logs.warn("replica_heartbeat_failed", error=str(exc))
@@ -497,7 +496,7 @@ class Replica:
                                  tuple(finished), flow)
                 )
                 previous_us = now_us
-                self._last_db_ok = time.monotonic()
+                self._last_db_ok = trio.current_time()
             except StorageError as exc:
                 self.metrics.db_errors.labels("depth_sample").inc()
                 logs.warn("work_depth_sample_failed", error=str(exc))

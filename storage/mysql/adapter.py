@@ -57,7 +57,6 @@ import math
 import random
 import re
 import socket
-import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -496,9 +495,9 @@ class MysqlDatabase:
     async def _acquire(self, slots: trio.Semaphore) -> _Pooled:
         if trio.current_time() >= self._abandon_at:
             raise DatabaseUnavailable("shutting down: the database is no longer waited for")
-        waited = time.monotonic()
+        waited = trio.current_time()
         await slots.acquire()
-        self.stats.wait_seconds += time.monotonic() - waited
+        self.stats.wait_seconds += trio.current_time() - waited
         if self._idle:
             return self._idle.pop()
         try:
@@ -525,11 +524,11 @@ class MysqlDatabase:
     ) -> T:
         """``write=False`` bodies must only read: they run without BEGIN/COMMIT."""
         pause = 0.005
-        started = time.monotonic()
+        started = trio.current_time()
         for attempt in range(self.max_retries + 1):
             try:
                 result = await self._attempt(body, name, write)
-                self.stats.observe(name, time.monotonic() - started)
+                self.stats.observe(name, trio.current_time() - started)
                 return result
             except _Retry as retry:
                 self.stats.retries += 1

@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -213,13 +212,13 @@ class SqliteDatabase:
         conn = self.conn
         deadline = trio.current_time() + self.retry_budget_s
         pause = 0.001
-        started = time.monotonic()
+        started = trio.current_time()
         async with self._lock:
-            self.stats.wait_seconds += time.monotonic() - started
+            self.stats.wait_seconds += trio.current_time() - started
             while True:
                 try:
                     result = await self._attempt(conn, body, write)
-                    self.stats.observe(name, time.monotonic() - started)
+                    self.stats.observe(name, trio.current_time() - started)
                     return result
                 except _Busy:
                     self.stats.retries += 1

@@ -1,0 +1,639 @@
+"""The whole system in one trio run, driven by one seed.
+
+Theory of operation
+-------------------
+:func:`run_seed` builds, inside one ``trio.run`` on a ``MockClock(autojump_threshold=0)``:
+
+* the HubSpot, OAuth and Outreach simulators and one reference Runtime per replica
+  (``bench.effects``' layout: each Runtime its own org, calling its replica's /v1 API),
+  each in its own network *node*;
+* R replicas, each built exactly as ``integrationd run`` builds one (``assemble`` and
+  ``Replica`` from ``daemon/services``), with its own SQLite connection on one shared file
+  (WAL; ``synchronous = NORMAL`` so COMMIT is inline) wrapped by
+  :class:`sim.storage.FaultyDatabase`, its own wall clock (virtual time plus a skew spread
+  over ``work.clock_spread``), and a new replica id at every incarnation;
+* the torture run's traffic (``bench/torture.py``): Lead title changes in every Runtime
+  (command -> WorkItem -> PATCH -> receipt), noop work, signed Outreach webhooks to the
+  replicas' ingress listeners; and an operator replaying dead work through the same
+  storage call the CLI's ``work replay`` makes;
+* the fault schedule: network faults (:mod:`sim.net`), storage faults
+  (:mod:`sim.storage`), crashes (a replica's sockets and connection die at once, then its
+  tasks are cancelled; it restarts later with a new identity), freezes past the lease
+  (every socket and statement of the replica waits; then it resumes where it was),
+  partitions between a replica and a provider, and Runtime/simulator restarts.
+
+Every probability is drawn from the seed (swarm testing: each seed enables its own mix).
+After the chaos, the faults stop and every replica runs until everything settles; the
+oracles (:mod:`sim.oracles`) judge the journals and the database. The trace is one line
+per event (virtual time, kind, fields) and its SHA-256 is the seed's digest.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+import trio.testing
+
+from bench import torture
+from bench import torture_webhooks as webhooks
+from bench.effects import publish_catalog, runtimes_for, scope_of, secrets_env, seed_links
+from bench.l1_copy import l1_copy
+from config.load import load_settings
+from daemon.core.states import WorkState
+from daemon.core.work import WorkSpec
+from daemon.services import logs
+from daemon.services.assembly import Assembly, assemble
+from daemon.services.clock import TrioClock
+from daemon.services.families import known_family_names
+from daemon.services.metrics import Metrics
+from daemon.services.principal_bootstrap import ensure_config_bindings
+from daemon.services.replica import Replica
+from daemon.services.token_refresh import TokenOwner
+from sandbox.hubspot_sim import HubSpotSimulator
+from sandbox.oauth_sim import OAuthSimulator
+from sandbox.runtime import ReferenceRuntime
+from sandbox.runtime.server import serve as serve_runtime
+from sim import oracles, serving
+from sim.determinism import EPOCH_US, deterministic, reseed_scheduler
+from sim.net import NODE, NetFaults, VirtualNetwork
+from sim.storage import FaultyDatabase, StorageFaults
+from storage.port import StorageError
+from storage.sqlite.adapter import SqliteDatabase
+from storage.work_store import WorkStore
+
+QUOTA_LIMIT = 4  # PATCHes per window per app installation (one per Runtime)
+QUOTA_WINDOW_S = 1.0
+QUOTA_JITTER_S = 0.25
+LEADS = 50  # >= webhooks.PROSPECTS: every Prospect is linked to one of Runtime 0's Leads
+PORTS = {"hubspot": 7301, "oauth": 7302, "outreach": 7303}
+API_PORT, RUNTIME_PORT, INGRESS_PORT = 7100, 7200, 7400
+TRACE_TAIL = 40
+REFRESH_LEASE_S = int(attrs.fields(TokenOwner).lease_us.default or 0) / 1e6  # its refresh lease
+# Transactions a freeze may land in front of ("" any).
+FREEZE_POINTS = ("", "work.finalize", "work.finalize", "effect.checkpoint", "refresh.dispatch",
+                 "refresh.activate",
+                 "ingress.receipt", "work.renew", "work.fences_live")
+
+
+@attrs.define
+class Options:
+    seed: int
+    duration_s: float = 30.0
+    replicas: int = 3
+    settle_s: float = 240.0
+    title_rate: float = 3.0  # title changes per simulated second, over every Runtime
+    webhook_rate: float = 1.0
+    faults: bool = True
+    full_trace: bool = False  # keep every line (a diff of two runs), not only the tail
+
+
+@attrs.define(eq=False)
+class SimReplica:
+    index: int
+    config: Path
+    skew_us: int
+    incarnation: int = 0
+    scope: trio.CancelScope | None = None
+    db: FaultyDatabase | None = None
+    replica: Replica | None = None
+    parts: Assembly | None = None
+    done: trio.Event = attrs.field(factory=trio.Event)
+
+    @property
+    def node(self) -> str:
+        return f"replica-{self.index}"
+
+    @property
+    def alive(self) -> bool:
+        return self.scope is not None and not self.done.is_set()
+
+
+class Violation(Exception):
+    """An oracle saw a broken promise (the run stops at once: the trace's tail shows why)."""
+
+
+@attrs.define(eq=False)
+class World:
+    options: Options
+    rng: Any
+    workdir: Path
+    trace_lines: list[str] = attrs.field(factory=list)
+    digest: Any = attrs.field(factory=hashlib.sha256)
+    faults: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    ops: collections.Counter[str] = attrs.field(factory=collections.Counter)
+    violations: list[dict[str, Any]] = attrs.field(factory=list)
+    replicas: list[SimReplica] = attrs.field(factory=list)
+    net: VirtualNetwork | None = None
+    frozen: set[str] = attrs.field(factory=set)
+    noop_ids: list[str] = attrs.field(factory=list)
+    observer: Any = None  # sqlite3 connection the continuous oracles read through
+    hooks: Any = None  # bench.torture_webhooks.Webhooks
+    configs: list[Path] = attrs.field(factory=list)
+    net_faults: NetFaults = attrs.field(factory=NetFaults)
+    storage_faults: StorageFaults = attrs.field(factory=StorageFaults)
+    replayed: list[str] = attrs.field(factory=list)
+    stopping: bool = False
+    patch_sends: list[tuple[float, str]] = attrs.field(factory=list)  # (when, path)
+    settling: bool = False
+    simulated_s: float = 0.0
+
+    # ------------------------------------------------------------ the trace
+    def trace(self, kind: str, **fields: Any) -> None:
+        line = json.dumps([round(trio.current_time(), 6), kind, fields], sort_keys=True,
+                          default=str)
+        self.digest.update(line.encode() + b"\n")
+        self.trace_lines.append(line)
+        if len(self.trace_lines) > 4 * TRACE_TAIL and not self.options.full_trace:
+            del self.trace_lines[:-TRACE_TAIL]
+
+    def count_transaction(self) -> None:
+        self.ops["db_transactions"] += 1
+
+    def count_fault(self, kind: str) -> None:
+        self.faults[kind] += 1
+
+    def violation(self, oracle: str, **facts: Any) -> None:
+        self.trace("violation", oracle=oracle, **facts)
+        self.violations.append({"oracle": oracle, **facts})
+
+    async def gate(self, node: str) -> None:
+        assert self.net is not None
+        await self.net.gate(node)
+
+
+class _TraceLogs(logging.Handler):
+    """integrationd's structured log events, into the trace (event name and ids)."""
+
+    def __init__(self, world: World) -> None:
+        super().__init__(logging.INFO)
+        self.world = world
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = getattr(record, "fields", None) or {}
+        keep = {k: v for k, v in sorted(fields.items())
+                if k in ("work_id", "replica", "reason", "family", "epoch", "error",
+                         "outcome", "state", "route", "binding")}
+        self.world.trace("log", node=NODE.get(), event=record.getMessage(), **keep)
+
+
+# ---------------------------------------------------------------- set-up
+
+
+def quota_violations(sends: list[tuple[float, str]]) -> tuple[int, int]:
+    """Windows of ``QUOTA_WINDOW_S`` on one app installation (Runtime *r*'s contacts are
+    ``r * 100000 + i``) in which more than ``QUOTA_LIMIT`` PATCHes left the replicas, and
+    the peak. Judged when they left, not when they arrived: the virtual network delays
+    requests by up to 1.5 s, far past the quota's 250 ms jitter, and no sender can keep a
+    delayed request from arriving with later ones (seed 22 saw 5 arrive in one window that
+    left at most 4 per window)."""
+    arrivals: dict[int, list[float]] = collections.defaultdict(list)
+    for at, path in sends:
+        arrivals[int(path.rsplit("/", 1)[1].split("?")[0]) // 100000].append(at)
+    violations = peak = 0
+    for times in arrivals.values():
+        times.sort()
+        start = 0
+        for end, t in enumerate(times):
+            while times[start] <= t - QUOTA_WINDOW_S:
+                start += 1
+            peak = max(peak, end - start + 1)
+            if end - start + 1 > QUOTA_LIMIT:
+                violations += 1
+    return violations, peak
+
+
+def _configs(world: World) -> list[Path]:
+    o = world.options
+    workdir = world.workdir
+    url = f"sqlite:///{workdir / 'sim.db'}"
+    api_ports = [API_PORT + i for i in range(o.replicas)]
+    runtime_ports = [RUNTIME_PORT + i for i in range(o.replicas)]
+    hooks = webhooks.Webhooks(ports=[INGRESS_PORT + i for i in range(o.replicas)],
+                              spools=[workdir / f"spool-{i}" for i in range(o.replicas)],
+                              rate=o.webhook_rate)
+    world.hooks = hooks
+    (workdir / "webhook.secret").write_text(webhooks.SECRET + "\n")
+    # The run's own L1 copy: HubSpot declares a quota small enough for bursts to reach.
+    quota = (f"[quota.sim]\nlimit = {QUOTA_LIMIT}\nwindow = {QUOTA_WINDOW_S}\n"
+             f'scope = "app_installation"\njitter = {QUOTA_JITTER_S}\n')
+    l1_copy(workdir / "l1", quota={"hubspot": quota})
+    (workdir / "k1.key").write_text(torture.TOKEN_KEY.material.hex())
+    (workdir / "client.secret").write_text(torture.CLIENT_SECRET + "\n")
+    spread_s = 0.9 * torture.LEASE_MARGIN_S
+    configs = [torture.replica_config(workdir, url, i, o.replicas, api_ports, runtime_ports,
+                                      PORTS["hubspot"], PORTS["oauth"], torture.LEASE_TTL_S,
+                                      spread_s, hooks, PORTS["outreach"])
+               for i in range(o.replicas)]
+    for cfg in configs:  # the operator the simulation acts as (replay)
+        with cfg.open("a") as out:
+            out.write('\n[[operators]]\nname = "sim-admin"\nrole = "admin"\n'
+                      'password_hash = "$argon2id$v=19$m=65536,t=3,p=4$c2ltc2FsdHNpbQ$'
+                      'AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"\n')
+    return configs
+
+
+async def _in_node(node: str, fn: Callable[..., Any], *args: Any,
+                   task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run ``fn`` (a ``nursery.start`` target) with its sockets in ``node``."""
+    NODE.set(node)
+    await fn(*args, task_status=task_status)
+
+
+async def supervise(world: World, r: SimReplica,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """systemd's ``Restart=always``: a replica that crashed or exited is started again,
+    with a new identity, after a moment."""
+    NODE.set(r.node)
+    while True:
+        await _replica_life(world, r, task_status)
+        task_status = trio.TASK_STATUS_IGNORED
+        if world.stopping:
+            return
+        await trio.sleep(world.rng.uniform(0.1, 3.0))
+
+
+async def _replica_life(world: World, r: SimReplica,
+                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    r.incarnation += 1
+    r.done = trio.Event()
+    settings = load_settings(str(r.config), known_families=known_family_names())
+    inner = SqliteDatabase(str(world.workdir / "sim.db"), synchronous="NORMAL",
+                           retry_budget_s=settings.storage.statement_timeout)
+    await inner.open()
+    assert world.net is not None
+    db = FaultyDatabase(inner, node=r.node, rng=world.rng, faults=world.storage_faults,
+                        gate=world.gate, count=world.count_fault, trace=world.trace)
+    db.enabled = world.options.faults and not world.settling
+    db.on_transaction = world.count_transaction
+    store = WorkStore(db, db.dialect)
+    clock = TrioClock(EPOCH_US + r.skew_us)
+    metrics = Metrics()
+    parts = assemble(settings, store, clock, metrics)
+    oracles.watch_handlers(world, r, parts)
+
+    async def bindings_bootstrapped() -> None:
+        await ensure_config_bindings(store, settings.bindings, clock.now_us())
+
+    replica = Replica(settings, store, parts.registry, clock, metrics=metrics,
+                      replica_id=f"sim-{r.index}.{r.incarnation}",
+                      api_app=parts.api_app,
+                      ingress_app=parts.ingress.app if parts.ingress else None,
+                      startup_checks=(bindings_bootstrapped,),
+                      abandon_hooks=(parts.credentials.abandon_at,))
+    if parts.api_context is not None:
+        parts.api_context.wake = replica.wake
+    if parts.ingress is not None:
+        parts.ingress.app.replica_id = replica.replica_id
+    r.db, r.replica, r.parts = db, replica, parts
+    world.trace("replica_start", node=r.node, incarnation=r.incarnation)
+    try:
+        with trio.CancelScope() as r.scope:
+            task_status.started()
+            try:
+                await replica.run()
+            except StorageError as exc:  # start-up met the database's faults: exit 1
+                world.trace("replica_exit", node=r.node, error=type(exc).__name__)
+            except BaseExceptionGroup as group:
+                _, rest = group.split(StorageError)
+                if rest is not None:
+                    raise rest from None
+                world.trace("replica_exit", node=r.node, error="StorageError")
+    finally:
+        r.done.set()
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(1):
+                await parts.aclose()
+            await inner.aclose()
+
+
+# ---------------------------------------------------------------- process faults
+
+
+def crash(world: World, r: SimReplica) -> None:
+    """SIGKILL: sockets and the connection die first (no cleanup reaches anyone)."""
+    assert world.net is not None and r.scope is not None and r.db is not None
+    world.trace("crash", node=r.node, incarnation=r.incarnation)
+    world.count_fault("process.crash")
+    r.db.killed = True
+    world.net.kill_node(r.node)
+    world.net.thaw(r.node)
+    r.scope.cancel()
+
+
+async def chaos(world: World, nursery: trio.Nursery, sims: dict[str, Any],
+                runtimes: list[ReferenceRuntime]) -> None:
+    o = world.options
+    rng = world.rng
+    assert world.net is not None
+    deadline = trio.current_time() + o.duration_s
+    # Swarm testing: each seed enables its own subset of process faults.
+    enabled = [k for k in ("crash", "freeze", "partition", "restart_runtime",
+                           "restart_simulator", "none") if rng.random() < 0.7 or k == "none"]
+    world.trace("chaos_mix", enabled=enabled)
+    while trio.current_time() < deadline:
+        await trio.sleep(rng.uniform(0.5, 2.5))
+        live = [r for r in world.replicas if r.alive and r.node not in world.frozen]
+        action = rng.choice(enabled)
+        if action == "crash" and len(live) > 1:
+            victim = rng.choice(live)
+            crash(world, victim)  # its supervisor starts it again
+        elif action == "freeze" and len(live) > 1 and not world.frozen:
+            # In the background (one at a time): a long freeze must not hold the rest of
+            # the chaos back.
+            world.frozen.add("pending")
+            nursery.start_soon(freeze, world, rng.choice(live), rng.choice(FREEZE_POINTS))
+        elif action == "partition" and live:
+            victim = rng.choice(live)
+            other = rng.choice(["hubspot", "oauth", "outreach",
+                                f"runtime-{victim.index}"])
+            world.trace("partition", a=victim.node, b=other)
+            world.count_fault("net.partition")
+            world.net.partition(victim.node, other)
+            await trio.sleep(rng.uniform(0.5, 6.0))
+            world.net.heal(victim.node, other)
+            world.trace("heal", a=victim.node, b=other)
+        elif action == "restart_runtime":
+            i = rng.randrange(len(runtimes))
+            world.count_fault("process.restart_runtime")
+            await sims["restart"](f"runtime-{i}")
+        elif action == "restart_simulator":
+            world.count_fault("process.restart_simulator")
+            await sims["restart"](rng.choice(["hubspot", "oauth", "outreach"]))
+
+
+async def freeze(world: World, victim: SimReplica, at: str) -> None:
+    """SIGSTOP at an await point (the next transaction whose name starts with ``at``, or
+    wherever it is after a while), past its lease (sometimes past the refresh lease too),
+    then SIGCONT."""
+    rng = world.rng
+    assert world.net is not None and victim.db is not None
+    world.frozen.discard("pending")
+    frozen = trio.Event()
+
+    def stop(name: str) -> None:
+        assert world.net is not None
+        world.trace("freeze", node=victim.node, at=name)
+        world.count_fault("process.freeze")
+        world.frozen.add(victim.node)
+        world.net.freeze(victim.node)
+        frozen.set()
+
+    victim.db.on_freeze = stop
+    victim.db.freeze_at = at
+    with trio.move_on_after(rng.uniform(2.0, 8.0)):
+        await frozen.wait()
+    if not frozen.is_set():
+        victim.db.freeze_at = None
+        stop("anywhere")
+    past = torture.LEASE_TTL_S + torture.LEASE_MARGIN_S
+    if at.startswith("refresh.") or rng.random() < 0.1:
+        # Past the token refresh lease too (30 s), not only the work's.
+        past = REFRESH_LEASE_S + torture.LEASE_MARGIN_S
+    await trio.sleep(past + rng.uniform(0.5, 10.0))
+    world.frozen.discard(victim.node)
+    world.net.thaw(victim.node)
+    world.trace("thaw", node=victim.node)
+
+
+# ---------------------------------------------------------------- traffic
+
+
+async def traffic(world: World, runtimes: list[ReferenceRuntime], store: WorkStore) -> None:
+    rng = world.rng
+    n = 0
+    while True:
+        rt = runtimes[n % len(runtimes)]
+        # Now and then a burst on one Runtime (the quota's windows fill up).
+        for _ in range(rng.randrange(6, 12) if rng.random() < 0.05 else 1):
+            lead = f"lead-{rng.randrange(LEADS)}"
+            rt.store.update_lead(lead, {"title": f"T{n}"})
+            world.ops["title_changes"] += 1
+            n += 1
+        rt.wakeup.set()
+        if rng.random() < 0.1:
+            # A hot record: the same Lead changed again and again, moments apart (its
+            # intents must reach the provider in order: the lane, the supersession).
+            for _ in range(rng.randrange(2, 4)):
+                await trio.sleep(rng.uniform(0.0, 0.3))
+                rt.store.update_lead(lead, {"title": f"T{n}"})
+                world.ops["title_changes"] += 1
+                n += 1
+                rt.wakeup.set()
+        if n % 5 == 0:
+            specs = [WorkSpec(family="noop", org_id="org-sim", subject_kind="sim",
+                              subject_id=f"n{n}-{k}") for k in range(3)]
+            try:
+                got = await store.work_enqueue(specs, EPOCH_US + int(trio.current_time() * 1e6))
+                world.noop_ids.extend(e.work_id for e in got)
+                world.ops["noop_enqueued"] += len(got)
+            except StorageError:
+                world.trace("enqueue_failed")
+        await trio.sleep(rng.expovariate(world.options.title_rate))
+
+
+async def operator(world: World, store: WorkStore) -> None:
+    """An operator replaying dead work now and then, through the CLI's own storage call."""
+    from storage.port import WorkQuery
+
+    rng = world.rng
+    while True:
+        await trio.sleep(rng.uniform(3.0, 10.0))
+        try:
+            dead = await store.work_list(WorkQuery(state=WorkState.DEAD, limit=5))
+            # And now and then an older effect that already succeeded: a replay must
+            # never overtake a newer intent for the same record.
+            done = await store.work_list(WorkQuery(state=WorkState.SUCCEEDED,
+                                                   family="external_effect", limit=50))
+        except StorageError:
+            continue
+        picked = list(dead)
+        if done and rng.random() < 0.7:
+            picked.append(rng.choice(done))
+        for item in picked:
+            world.trace("operator_replay", work_id=item.work_id, family=item.family)
+            world.ops["operator_replays"] += 1
+            await oracles.operator_replay(world, store, item)
+
+
+# ---------------------------------------------------------------- the run
+
+
+async def _setup(world: World, oauth: OAuthSimulator) -> None:
+    """The database as the torture run prepares it (its own trio run: these stores COMMIT
+    durably, in worker threads)."""
+    o = world.options
+    url = f"sqlite:///{world.workdir / 'sim.db'}"
+    await seed_links(url, o.replicas, LEADS)
+    first = scope_of(0)
+    await webhooks.seed_links(url, first.org_id, first.app_installation_id)
+    await publish_catalog(url, world.configs[0])
+    await torture.install_grants(url, o.replicas, oauth)
+
+
+async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
+    o = world.options
+    rng = world.rng
+    net = VirtualNetwork(rng, world.net_faults, world.trace, world.count_fault)
+    net.enabled = o.faults
+    world.net = net
+    net.install()
+    serving.install()
+    oracles.install(world)
+    configs = world.configs
+    url = f"sqlite:///{world.workdir / 'sim.db'}"
+    hubspot = HubSpotSimulator(tokens=oauth.access_tokens)
+    hooks: webhooks.Webhooks = world.hooks
+    runtimes = runtimes_for(o.replicas, [API_PORT + i for i in range(o.replicas)])
+    spread = int(0.9 * torture.LEASE_MARGIN_S * 1e6)
+    world.replicas = [
+        SimReplica(i, configs[i], skew_us=-spread // 2 + (spread * i) // max(1, o.replicas - 1))
+        for i in range(o.replicas)]
+    driver_db = SqliteDatabase(str(world.workdir / "sim.db"), synchronous="NORMAL")
+    await driver_db.open()
+    driver = WorkStore(driver_db, driver_db.dialect)
+    scopes: dict[str, trio.CancelScope] = {}
+    result: dict[str, Any] = {}
+
+    async with trio.open_nursery() as nursery:
+
+        async def serve_part(node: str, target: Callable[..., Any], *args: Any,
+                             task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                             ) -> None:
+            NODE.set(node)
+            while True:
+                with trio.CancelScope() as scopes[node]:
+                    await target(*args, task_status=task_status)
+                task_status = trio.TASK_STATUS_IGNORED
+                await trio.sleep(rng.uniform(0.2, 2.0))  # down for a moment, then back
+                world.trace("part_restarted", node=node)
+
+        async def restart(node: str) -> None:
+            world.trace("part_restart", node=node)
+            net.kill_node(node)
+            scopes[node].cancel()
+            await trio.lowlevel.checkpoint()
+
+        await nursery.start(serve_part, "hubspot", hubspot.run, "127.0.0.1", PORTS["hubspot"])
+        await nursery.start(serve_part, "oauth", oauth.run, "127.0.0.1", PORTS["oauth"])
+        await nursery.start(serve_part, "outreach", hooks.osim.run, "127.0.0.1",
+                            PORTS["outreach"])
+        hooks.seed()
+        for i, rt in enumerate(runtimes):
+            await nursery.start(serve_part, f"runtime-{i}", serve_runtime, rt, "127.0.0.1",
+                                RUNTIME_PORT + i)
+            for k in range(LEADS):
+                rt.store.create_lead({"lead_id": f"lead-{k}", "title": "Engineer"})
+        seeded_ms = int((EPOCH_US / 1000) - 3_600_000)
+        for rt_index in range(o.replicas):
+            for k in range(LEADS):
+                hubspot.put_contact(f"{rt_index * 100000 + k}", {"jobtitle": "Engineer"},
+                                    modified_ms=seeded_ms)
+        for r in world.replicas:
+            await nursery.start(supervise, world, r)
+        world.trace("started")
+        async with trio.open_nursery() as load:
+            NODE.set("world")
+            load.start_soon(traffic, world, runtimes, driver)
+            load.start_soon(_in_node_soon, "outreach", hooks.traffic)
+            load.start_soon(operator, world, driver)
+            await chaos(world, nursery, {"restart": restart}, runtimes)
+            load.cancel_scope.cancel()
+        # Settle: no more faults; every replica running.
+        net.enabled = False
+        world.settling = True
+        for r in world.replicas:
+            if r.db is not None:
+                r.db.enabled = False
+        world.trace("settle")
+        run = torture.Run("sqlite", [], [url], None, webhooks=hooks, log=lambda m: None)
+        run.noop_ids = list(world.noop_ids)
+        settle_s, drained = await torture.settle(run, runtimes, o.settle_s)
+        world.trace("settled", drained=drained)
+        result = await torture.invariants(run, hubspot, runtimes, oauth)
+        result["settle_s"] = round(settle_s, 1)
+        result["drained"] = drained
+        result["quota_violations"], result["quota_peak_per_window"] = quota_violations(
+            world.patch_sends)
+        await oracles.final(world, driver, result, hubspot, runtimes)
+        world.stopping = True
+        for r in world.replicas:
+            if r.replica is not None and r.alive:
+                r.replica.request_drain()
+        for r in world.replicas:
+            with trio.move_on_after(30):
+                await r.done.wait()
+        world.simulated_s = trio.current_time()
+        nursery.cancel_scope.cancel()
+    await driver_db.aclose()
+    world.observer.close()
+    return result
+
+
+async def _in_node_soon(node: str, fn: Callable[[], Any]) -> None:
+    NODE.set(node)
+    await fn()
+
+
+def draw_faults(rng: Any, on: bool) -> tuple[NetFaults, StorageFaults]:
+    """This seed's fault probabilities (each kind on or off, then its rate)."""
+    def p(high: float) -> float:
+        return rng.uniform(0, high) if on and rng.random() < 0.6 else 0.0
+
+    net = NetFaults(refuse=p(0.05), delay=p(0.1), drop_request=p(0.03),
+                    reset_mid_body=p(0.03), lose_answer=p(0.03), slow_reader=p(0.05))
+    db = StorageFaults(error=p(0.01), lock_timeout=p(0.01), busy=p(0.02), slow=p(0.02),
+                       lost_before_commit=p(0.01), lost_after_commit=p(0.01))
+    return net, db
+
+
+def run_seed(options: Options, *, keep: Path | None = None) -> dict[str, Any]:
+    """One seed, start to end: the report (oracle findings, faults, trace digest)."""
+    # A directory of its own (runs of one seed may go on side by side); no path reaches
+    # the trace, which the determinism test would show.
+    workdir = Path(tempfile.mkdtemp(prefix=f"integrationd-sim-{options.seed}-"))
+    logger = logging.getLogger(logs.LOGGER_NAME)
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    env = dict(os.environ)
+    try:
+        with deterministic(options.seed) as rng:
+            world = World(options, rng, workdir)
+            world.net_faults, world.storage_faults = draw_faults(rng, options.faults)
+            os.environ.update(secrets_env(options.replicas), **webhooks.env())
+            for r in range(options.replicas):
+                os.environ.pop(f"INTEGRATIOND_BINDING_HUBSPOT_{r}_TOKEN", None)
+            # Paths differ per run; the trace must not: every file lives under one name.
+            world.configs = _configs(world)
+            for handler in list(logger.handlers):
+                logger.removeHandler(handler)
+            logger.addHandler(_TraceLogs(world))
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
+            oauth = OAuthSimulator(client_secret=torture.CLIENT_SECRET,
+                                   lifetime_s=torture.TOKEN_LIFETIME_S)
+            trio.run(_setup, world, oauth)
+            reseed_scheduler(options.seed)
+            result = trio.run(_main, world, oauth,
+                              clock=trio.testing.MockClock(autojump_threshold=0))
+    finally:
+        logger.handlers[:] = saved[0]
+        logger.setLevel(saved[1])
+        logger.propagate = saved[2]
+        os.environ.clear()
+        os.environ.update(env)
+        if keep is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            shutil.copytree(workdir, keep, dirs_exist_ok=True)
+            shutil.rmtree(workdir, ignore_errors=True)
+    return {"seed": options.seed, "result": result, "world": world}
