@@ -52,8 +52,16 @@ def figures(stdout: str) -> dict[str, float]:
             doc = json.loads(line)
         except ValueError:
             continue
-        name = doc.get("system") if isinstance(doc, dict) else None
-        _flatten(str(name) if name else (f"line{n}" if n else ""), doc, out)
+        if not isinstance(doc, dict):
+            continue
+        # A line names what it measured: its system and, where a benchmark prints one
+        # line per backend, mode or rate, those too (so no two lines collide).
+        parts = [str(doc[k]) for k in ("system", "backend", "mode") if doc.get(k)]
+        if "rate" in doc and not isinstance(doc["rate"], bool):
+            parts.append(f"rate{doc['rate']}")
+        if doc.get("summary") is True:
+            parts.append("summary")
+        _flatten(".".join(parts) if parts else (f"line{n}" if n else ""), doc, out)
     return out
 
 

@@ -17,12 +17,27 @@ def test_figures_flatten_every_numeric_value_by_dotted_name() -> None:
         "{not json",
     ])
     assert figures(stdout) == {
-        "integrationd-effects.effects_per_s": 250.5,
-        "integrationd-effects.cpu_ms.replicas": 3.5,
-        "integrationd-effects.cpu_ms.sandbox": 1.0,
+        "integrationd-effects.mysql.effects_per_s": 250.5,
+        "integrationd-effects.mysql.cpu_ms.replicas": 3.5,
+        "integrationd-effects.mysql.cpu_ms.sandbox": 1.0,
         "integrationd.items_per_s": 4000.0,
         "line2.value": 0.06,
     }
+
+
+def test_lines_per_backend_mode_and_rate_never_collide() -> None:
+    stdout = "\n".join([
+        '{"system": "integrationd", "backend": "sqlite", "rate": 250, "p99_ms": 7.5}',
+        '{"system": "integrationd", "backend": "mysql", "rate": 250, "p99_ms": 9.0}',
+        '{"system": "integrationd", "backend": "mysql", "mode": "spool", "rate": 250,'
+        ' "p99_ms": 4.0}',
+        '{"summary": true, "system": "integrationd", "backend": "mysql", "max_rate": 500}',
+    ])
+    got = figures(stdout)
+    assert got["integrationd.sqlite.rate250.p99_ms"] == 7.5
+    assert got["integrationd.mysql.rate250.p99_ms"] == 9.0
+    assert got["integrationd.mysql.spool.rate250.p99_ms"] == 4.0
+    assert got["integrationd.mysql.summary.max_rate"] == 500.0
 
 
 def test_a_single_unnamed_line_keeps_plain_names() -> None:
