@@ -11,6 +11,7 @@ from quart.wrappers import Response
 from admin_ui.auth import current_principal, current_session, may
 from admin_ui.context import console
 from admin_ui.extensions import NavItem
+from daemon.core.human_time import DASH, span_text, wall_text
 
 NAV: tuple[NavItem, ...] = (
     NavItem("/admin/", "Overview", "console.read"),
@@ -79,23 +80,12 @@ async def page(template: str, status: int = 200, **context: Any) -> Response:
 
 def fmt_ts(us: int | None) -> str:
     """UTC wall time of an epoch-microsecond value."""
-    if us is None:
-        return "\u2014"
-    moment = dt.datetime.fromtimestamp(us / 1_000_000, tz=dt.UTC)
-    return moment.strftime("%Y-%m-%d %H:%M:%SZ")
+    return DASH if us is None else wall_text(us)
 
 
 def fmt_age(seconds: float | None) -> str:
     """A short duration: ``42 s``, ``7 min``, ``3.5 h``, ``2.1 d``."""
-    if seconds is None:
-        return "\u2014"
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 36 * 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
+    return DASH if seconds is None else span_text(seconds)
 
 
 def fmt_duration_us(us: int | None) -> str:

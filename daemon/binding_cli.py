@@ -16,13 +16,13 @@ that changed meanwhile is refused rather than changed twice. A binding holds no 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 
 from config.settings import BindingSettings, Settings
 from daemon.admin_cli import record_cli_origin
+from daemon.core.human_time import span_text, wall_text
 from daemon.core.principals import (
     BindingEvent,
     BindingFacts,
@@ -236,20 +236,9 @@ def wall_time(us: object, now_us: int) -> str:
     """``2026-12-04 18:00:00Z (in 5 min)``; ``never`` for no value."""
     if not isinstance(us, int) or us <= 0:
         return "never"
-    moment = dt.datetime.fromtimestamp(us / 1_000_000, tz=dt.UTC).strftime(
-        "%Y-%m-%d %H:%M:%SZ")
     delta = (us - now_us) / 1_000_000
-    return f"{moment} ({'in ' + span(delta) if delta >= 0 else span(-delta) + ' ago'})"
-
-
-def span(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 36 * 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
+    return (f"{wall_text(us)}"
+            f" ({'in ' + span_text(delta) if delta >= 0 else span_text(-delta) + ' ago'})")
 
 
 def status_line(b: BindingSettings, facts: BindingFacts | None) -> str:

@@ -16,7 +16,6 @@ in the console (``/admin/effects``), where its provider evidence is attached.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -27,6 +26,7 @@ import attrs
 from config.catalog import load_catalog
 from config.settings import Settings
 from daemon.admin_cli import record_cli_origin
+from daemon.core.human_time import wall_text
 from daemon.services.clock import WallClock
 from daemon.services.command_actions import repair_command, retire_command
 from daemon.services.operator_api import BadRequest, authorize
@@ -123,9 +123,7 @@ async def run_command_command(settings: Settings, args: argparse.Namespace,
 
 
 def _when(us: object) -> str:
-    if not isinstance(us, int) or us <= 0:
-        return "-"
-    return dt.datetime.fromtimestamp(us / 1_000_000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    return wall_text(us) if isinstance(us, int) and us > 0 else "-"
 
 
 def show_text(shown: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.ports import free_port
+from tests.support.processes import alive
 
 pytestmark = pytest.mark.slow
 
@@ -27,14 +28,6 @@ def _pids(pattern: str) -> list[int]:
     found = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True,
                            check=False)
     return [int(p) for p in found.stdout.split()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_sigterm_to_make_run_stops_the_replica_and_the_sandbox(tmp_path: Path) -> None:
@@ -68,9 +61,9 @@ def test_sigterm_to_make_run_stops_the_replica_and_the_sandbox(tmp_path: Path) -
         make.send_signal(signal.SIGTERM)  # to make alone, as a service manager would
         make.wait(timeout=90)
         deadline = time.monotonic() + 30
-        while any(_alive(p) for p in replica + sandbox) and time.monotonic() < deadline:
+        while any(alive(p) for p in replica + sandbox) and time.monotonic() < deadline:
             time.sleep(0.2)
-        left = [p for p in replica + sandbox if _alive(p)]
+        left = [p for p in replica + sandbox if alive(p)]
         assert left == [], f"still running after SIGTERM to make: {left}"
         assert '"event":"replica_stopped"' in (tmp_path / "make.out").read_text()
     finally:

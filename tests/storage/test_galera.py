@@ -20,6 +20,7 @@ from storage.mysql.adapter import MysqlDatabase, MysqlTarget
 from storage.port import DatabaseUnavailable, SqlTx
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase, fresh_database
+from tests.support.processes import alive
 from tests.support.work import T0, claim, enqueue
 
 pytestmark = [pytest.mark.slow, pytest.mark.galera]
@@ -156,15 +157,6 @@ time.sleep(600)
 """
 
 
-def _alive(pid: int) -> bool:
-    """Running, as opposed to gone or a zombie nobody reaped yet."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_a_killed_test_run_leaves_no_galera_node_behind(tmp_path: Path) -> None:
     """A test run stopped by SIGKILL (a time limit) runs no teardown: the node it started
     must die with it, as the suite's cluster is made (``die_with_parent``)."""
@@ -179,12 +171,12 @@ def test_a_killed_test_run_leaves_no_galera_node_behind(tmp_path: Path) -> None:
     ) as child:
         assert child.stdout is not None
         node_pid = int(child.stdout.readline())
-        assert _alive(node_pid), "the node is not running"
+        assert alive(node_pid), "the node is not running"
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)
     deadline = time.monotonic() + 30
-    while _alive(node_pid) and time.monotonic() < deadline:
+    while alive(node_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if _alive(node_pid):
+    if alive(node_pid):
         os.kill(node_pid, signal.SIGKILL)
         raise AssertionError(f"mariadbd {node_pid} outlived the killed test run")

@@ -156,3 +156,13 @@ async def stop_all(replicas: list[ReplicaProcess]) -> None:
         if r.proc.returncode is None:
             r.kill()
             await r.wait()
+
+
+def alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie nobody reaped yet (in a container whose
+    init does not reap, a killed orphan stays a zombie: ``kill(pid, 0)`` still works)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
