@@ -82,6 +82,9 @@ def test_unreachable_database_at_start_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_run_refuses_an_unmigrated_database(tmp_path: Path) -> None:
+    # An existing database without the schema (a missing file is refused earlier, exit 2:
+    # test_a_missing_sqlite_file_is_named_and_never_created_by_a_read).
+    (tmp_path / "empty.db").touch()
     cfg = write_config(tmp_path / "a.toml", f"sqlite:///{tmp_path / 'empty.db'}")
     result = run_cli(cfg, "run")
     assert result.returncode == 1
@@ -226,6 +229,10 @@ def test_check_config_connect_proves_the_database_is_reachable_and_migrated(
         tmp_path: Path) -> None:
     db = tmp_path / "c.db"
     cfg = write_config(tmp_path / "a.toml", f"sqlite:///{db}")
+    missing = run_cli(cfg, "check-config", "--connect")  # no file: exit 2, none made
+    assert missing.returncode == 2 and not db.exists()
+    assert "run `integrationd migrate`" in missing.stderr
+    db.touch()  # a database without the schema
     unmigrated = run_cli(cfg, "check-config", "--connect")
     assert unmigrated.returncode == 1
     assert "run `integrationd migrate`" in unmigrated.stderr
