@@ -394,6 +394,34 @@ def _reset(r: Reserved, headers: Mapping[str, str], now_us: int
                     cap_us=reset_cap_us(r.key.policy))
 
 
+async def settle_after_dispatch(
+    store: WorkStore, reserved: list[Reserved], seen: DispatchObservation, attempt_id: str, *,
+    default_retry_after_s: float, now_us: int,
+    on_finalize: Callable[[Callable[[SqlTx], Awaitable[None]]], None],
+    on_quota: Callable[[str], None], on_ignored: Callable[[str], None],
+) -> float | None:
+    """What every provider call does with its slots once the exchange is over (effects and
+    subscription calls alike): the reservations move with the attempt at the
+    finalization, unsent slots come back, the provider's counts correct the ledger, a 429
+    blocks every key for every replica, and a 2xx saying none remain blocks them until
+    the provider's reset. Returns the delay a 429 was given (its Retry-After, else the
+    reset header L1 names; None without a 429 or a usable reset)."""
+    on_finalize(settle_reservations(reserved, seen, attempt_id, now_us))
+    if await give_back_unsent(store, reserved, seen, now_us):
+        on_quota("given_back")
+    headers = dict(seen.quota_headers)
+    if headers and await correct(store, reserved, headers, now_us):
+        on_quota("corrected")
+    if seen.status == 429:
+        on_quota("throttled")
+        return await throttle_429(store, reserved, seen.retry_after_s, default_retry_after_s,
+                                  headers, now_us, on_ignored)
+    if seen.status is not None and 200 <= seen.status < 300 and headers and \
+            await block_exhausted(store, reserved, headers, now_us, on_ignored):
+        on_quota("exhausted")
+    return None
+
+
 async def throttle_429(store: WorkStore, reserved: list[Reserved],
                        retry_after_s: float | None, default_s: float,
                        headers: Mapping[str, str], now_us: int,

@@ -539,26 +539,15 @@ class EffectRunner:
                    outcome=verdict.outcome.value, status=seen.status, detail=seen.detail)
         self._record(ctx, attempt_id, verdict, seen, provider_evidence)
         if reserved:
-            now = ctx.clock.now_us()
-            ctx.on_finalize(quota.settle_reservations(reserved, seen, attempt_id, now))
-            if await quota.give_back_unsent(ctx.store, reserved, seen, now):
-                self.on_quota("given_back")
-            headers = dict(seen.quota_headers)
-            if headers and await quota.correct(ctx.store, reserved, headers, now):
-                self.on_quota("corrected")
-            if seen.status == 429:
-                self.on_quota("throttled")
-                # Its Retry-After; without one, the reset header L1 names; else L1's default.
-                reset_s = await quota.throttle_429(
-                    ctx.store, reserved, seen.retry_after_s,
-                    op.contract.default_retry_after_s, headers, now,
-                    self.on_quota_reset_ignored)
-                if reset_s is not None:  # the work comes back when the provider resets
-                    verdict = attrs.evolve(verdict, retry_after_s=reset_s)
-            elif seen.status is not None and 200 <= seen.status < 300 and headers and \
-                    await quota.block_exhausted(ctx.store, reserved, headers, now,
-                                                self.on_quota_reset_ignored):
-                self.on_quota("exhausted")
+            # A 429's delay: its Retry-After; without one, the reset header L1 names; else
+            # L1's default.
+            reset_s = await quota.settle_after_dispatch(
+                ctx.store, reserved, seen, attempt_id,
+                default_retry_after_s=op.contract.default_retry_after_s,
+                now_us=ctx.clock.now_us(), on_finalize=ctx.on_finalize,
+                on_quota=self.on_quota, on_ignored=self.on_quota_reset_ignored)
+            if reset_s is not None:  # the work comes back when the provider resets
+                verdict = attrs.evolve(verdict, retry_after_s=reset_s)
         step = after_attempt(view, verdict, seen.detail or str(seen.status))
         modified = provider_evidence.get(MODIFIED_AT)
         if isinstance(step, SettleSuccess) and verdict.outcome is OutcomeClass.ACCEPTED \

@@ -315,29 +315,15 @@ class SubscriptionCalls:
     async def _settle_quota(self, ctx: WorkContext, reserved: list[quota.Reserved],
                             seen: DispatchObservation, attempt_id: str,
                             default_s: float) -> DispatchObservation:
-        """As the effect runner does after a dispatch: the reservations move with the
-        attempt (at the finalization), unsent slots come back, the provider's counts
-        correct the ledger, and a 429 blocks every key for every replica (its delay is
-        the observation's Retry-After)."""
-        now = ctx.clock.now_us()
-        ctx.on_finalize(quota.settle_reservations(reserved, seen, attempt_id, now))
-        if await quota.give_back_unsent(ctx.store, reserved, seen, now):
-            self.on_quota("given_back")
-        headers = dict(seen.quota_headers)
-        if headers and await quota.correct(ctx.store, reserved, headers, now):
-            self.on_quota("corrected")
-        if seen.status == 429:
-            self.on_quota("throttled")
-            reset_s = await quota.throttle_429(ctx.store, reserved, seen.retry_after_s,
-                                               default_s, headers, now,
-                                               self.on_quota_reset_ignored)
-            if seen.retry_after_s is None:
-                seen = attrs.evolve(seen, retry_after_s=reset_s if reset_s is not None
-                                    else default_s)
-        elif seen.status is not None and 200 <= seen.status < 300 and headers and \
-                await quota.block_exhausted(ctx.store, reserved, headers, now,
-                                            self.on_quota_reset_ignored):
-            self.on_quota("exhausted")
+        """As the effect runner does after a dispatch (:func:`quota.settle_after_dispatch`);
+        a 429 without a Retry-After takes the reset it was given, else ``default_s``."""
+        reset_s = await quota.settle_after_dispatch(
+            ctx.store, reserved, seen, attempt_id, default_retry_after_s=default_s,
+            now_us=ctx.clock.now_us(), on_finalize=ctx.on_finalize, on_quota=self.on_quota,
+            on_ignored=self.on_quota_reset_ignored)
+        if seen.status == 429 and seen.retry_after_s is None:
+            seen = attrs.evolve(seen, retry_after_s=reset_s if reset_s is not None
+                                else default_s)
         return seen
 
     @staticmethod
