@@ -14,10 +14,26 @@ rows -- ``processing`` under the claim's own lease owner (the replica id) and
 token -- while a committed read still sees them unstarted. A healthy claim
 commits within milliseconds; one seen again, the same row under the same token,
 after :data:`GRACE_S` is open past any claim's business: a blocker, named by its
-replica and its items, with the server's own view of the idle transactions on
-this database (``information_schema.innodb_trx``: connection id, client address,
-how long), which is what an operator needs to KILL it when the process cannot be
-stopped. The decision is still the step's: this only keeps it from waiting.
+replica and its items, with the server's own view of the connections idle inside
+a transaction on this database (connection id, client address, how long idle),
+which is what an operator needs to KILL it when the process cannot be stopped.
+The decision is still the step's: this only keeps it from waiting.
+
+The server's view is read live: the transaction list of ``SHOW ENGINE INNODB
+STATUS`` (transaction, ``ACTIVE n sec``, thread id) joined with
+``information_schema.processlist`` (a connection's database, command and idle
+seconds, computed per query). Not ``information_schema.innodb_trx``: InnoDB
+serves that from a cache it refreshes only after 100 ms without readers, so
+while a monitor polls it faster it shows a snapshot from before the frozen claim
+began (the frozen-replica test timed out on exactly that). Both need the PROCESS
+privilege; without it (or on a server without InnoDB's monitor, TiDB) the
+blocker names the replica and its items only.
+
+On Galera the same holds on the node the frozen replica's connection is on (its
+row locks are that node's): a rollback through that node is refused the same
+way. A rollback through another node neither sees the uncommitted rows nor waits
+for them: its fence commits, and applying it on the frozen replica's node
+aborts the frozen claim (a certification conflict), which never committed.
 
 SQLite has one writer: a process frozen inside any write transaction holds the
 whole database, and no other connection can read its uncommitted rows. There
@@ -26,10 +42,13 @@ the step's own wait for the write lock is what reports it (as before).
 
 from __future__ import annotations
 
+import re
+
 import attrs
 import trio
 
 from storage.port import Database, SqlTx, StorageError
+from storage.work_rows import placeholders
 
 # A claim transaction is milliseconds of statements; one still open this much later
 # is held by a process that stopped between its UPDATE and its COMMIT.
@@ -71,22 +90,37 @@ async def _uncommitted(db: Database, family: str) -> dict[tuple[str, str], str]:
     return await db.transact(body, name="cutover.open_claims", write=False)
 
 
+# One transaction of SHOW ENGINE INNODB STATUS's list: its age and its connection.
+_INNODB_TRANSACTION = re.compile(
+    r"^---TRANSACTION \d+, ACTIVE (\d+) sec.*?\n(?:(?!---TRANSACTION).*\n)*?"
+    r"\w+ thread id (\d+),", re.MULTILINE)
+
+
+def open_transactions(innodb_status: str) -> dict[int, int]:
+    """Connection (thread) id -> seconds its transaction has been active, from the
+    TRANSACTIONS section of ``SHOW ENGINE INNODB STATUS`` (started ones only)."""
+    return {int(m[2]): int(m[1]) for m in _INNODB_TRANSACTION.finditer(innodb_status)}
+
+
 async def _idle_sessions(db: Database, older_than_s: float) -> tuple[str, ...]:
     """This database's connections idle inside a transaction (needs PROCESS)."""
 
     async def body(tx: SqlTx) -> tuple[str, ...]:
+        status = await tx.fetchall("SHOW ENGINE INNODB STATUS")
+        active = open_transactions(_text(status[0][2])) if status else {}
+        old = sorted(thread for thread, age in active.items() if age >= int(older_than_s))
+        if not old:
+            return ()
         rows = await tx.fetchall(
-            "SELECT t.trx_mysql_thread_id, p.host, TIMESTAMPDIFF(SECOND, t.trx_started, NOW())"
-            " FROM information_schema.innodb_trx t JOIN information_schema.processlist p"
-            " ON p.id = t.trx_mysql_thread_id WHERE p.db = DATABASE() AND p.command = 'Sleep'"
-            " AND t.trx_started <= NOW() - INTERVAL ? SECOND ORDER BY t.trx_started",
-            (max(1, int(older_than_s)),))
+            "SELECT id, host, time FROM information_schema.processlist"
+            f" WHERE db = DATABASE() AND command = 'Sleep' AND id IN ({placeholders(len(old))})"
+            " ORDER BY time DESC, id", tuple(old))
         return tuple(f"connection {r[0]} from {_text(r[1])} idle in a transaction for"
                      f" {r[2]} s" for r in rows)
 
     try:
         return await db.transact(body, name="cutover.idle_sessions", write=False)
-    except StorageError:  # no PROCESS privilege, or a server without these tables
+    except StorageError:  # no PROCESS privilege, or a server without InnoDB's monitor
         return ()
 
 

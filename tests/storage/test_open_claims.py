@@ -1,0 +1,91 @@
+"""Naming a claim transaction a frozen process left open (storage/cutover/open_claims.py),
+on MariaDB: the replica and its rows from a READ UNCOMMITTED read, the server's
+connection from what the server reports live.
+
+``information_schema.innodb_trx`` is not live: InnoDB serves it from a cache that it
+refreshes only after 100 ms without readers, so while anything polls it faster (a
+monitor, a test's watcher) it keeps showing an old snapshot, one from before the
+frozen claim began. The refusal must still name the claim's connection.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import trio
+import trio_mysql
+
+from storage.cutover.open_claims import find_open_claims
+from storage.mysql.adapter import MysqlTarget
+from storage.work_store import WorkStore
+from tests.support.backends import FreshDatabase, backend_params
+from tests.support.work import enqueue
+
+
+@pytest.fixture(params=backend_params(("mysql",)))
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def _connect(url: str) -> trio_mysql.connections.Connection:
+    t = MysqlTarget.from_url(url)
+    conn = trio_mysql.connect(host=t.host, port=t.port, user=t.user, password=t.password,
+                              database=t.database, autocommit=True)
+    await conn.connect()
+    return conn
+
+
+async def _rows(conn: trio_mysql.connections.Connection, sql: str,
+                args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    cur = conn.cursor()
+    await cur.execute(sql, args)
+    return list(await cur.fetchall())
+
+
+async def _poll_innodb_trx(conn: trio_mysql.connections.Connection, stop: trio.Event) -> None:
+    """A monitor reading the transaction list every 20 ms (keeps InnoDB's cache old)."""
+    while not stop.is_set():
+        await _rows(conn, "SELECT COUNT(*) FROM information_schema.innodb_trx")
+        await trio.sleep(0.02)
+
+
+async def test_an_open_claim_is_named_with_its_connection_while_a_monitor_polls(
+    database: FreshDatabase, store: WorkStore,
+) -> None:
+    (item,) = await enqueue(store, 1, now=1, source_lane=None)
+    frozen = await _connect(database.url)
+    monitor = await _connect(database.url)
+    try:
+        # An idle transaction that claimed nothing is nobody's open claim.
+        await _rows(frozen, "BEGIN")
+        await _rows(frozen, "SELECT COUNT(*) FROM work_items")
+        nobody = await find_open_claims(store.db, "noop", grace_s=0.1)
+        assert nobody.owners == () and nobody.sessions == () and nobody.described() == ()
+        await _rows(frozen, "ROLLBACK")
+
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_poll_innodb_trx, monitor, stop)
+            await trio.sleep(0.3)  # the monitor's cache predates the claim
+            ((connection_id,),) = await _rows(frozen, "SELECT CONNECTION_ID()")
+            await _rows(frozen, "BEGIN")
+            assert await _rows(frozen, "UPDATE work_items SET state = 'processing',"
+                               " lease_owner = 'replica-frozen', lease_token = 'tok'"
+                               " WHERE work_id = %s", (item,)) == []
+            # ... and the process that holds it stops: the transaction stays open.
+            found = await find_open_claims(store.db, "noop", grace_s=0.3)
+            stop.set()
+        assert found.owners == ("replica-frozen",)
+        assert found.items == 1
+        (session,) = found.sessions
+        assert re.fullmatch(rf"connection {connection_id} from 127\.0\.0\.1:\d+ idle in a"
+                            r" transaction for \d+ s", session), session
+        (line,) = found.described()
+        assert line.startswith("replica replica-frozen holds 1 item claimed but uncommitted"
+                               f" (server: connection {connection_id} from"), line
+    finally:
+        for conn in (frozen, monitor):
+            with trio.CancelScope(shield=True):
+                await conn.aclose()
+
