@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio_mysql
 
-from storage.cutover.open_claims import find_open_claims
+from storage.cutover.open_claims import find_open_claims, open_transactions
 from storage.mysql.adapter import MysqlTarget
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase, backend_params
@@ -89,3 +89,37 @@ async def test_an_open_claim_is_named_with_its_connection_while_a_monitor_polls(
             with trio.CancelScope(shield=True):
                 await conn.aclose()
 
+
+
+STATUS = """------------
+TRANSACTIONS
+------------
+Trx id counter 171372
+LIST OF TRANSACTIONS FOR EACH SESSION:
+---TRANSACTION 171330, ACTIVE 2 sec
+2 lock struct(s), heap size 1128, 1 row lock(s), undo log entries 1
+MariaDB thread id 3236, OS thread handle 140295915460288, query id 349526 127.0.0.1 root
+---TRANSACTION (0x7f9945200380), not started
+0 lock struct(s), heap size 1128, 0 row lock(s)
+---TRANSACTION 170907, ACTIVE 16 sec inserting
+mysql tables in use 1, locked 1
+MariaDB thread id 3230, OS thread handle 131498855421632, query id 344552 127.0.0.1 root
+---TRANSACTION 170999, ACTIVE 3 sec
+1 lock struct(s), heap size 1128, 0 row lock(s)
+---TRANSACTION 171000, ACTIVE 4 sec
+MySQL thread id 7, OS thread handle 1, query id 3 localhost root
+--------
+FILE I/O
+--------
+"""
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    (STATUS, {3236: 2, 3230: 16, 7: 4}),  # a started transaction without a thread: none
+    ("", {}),
+    ("---TRANSACTION (0x7f99), not started\n0 lock struct(s)\n", {}),
+    ("---TRANSACTION 5, ACTIVE 1 sec\nno thread line\n", {}),
+])
+def test_open_transactions_reads_the_monitors_list(status: str,
+                                                   expected: dict[int, int]) -> None:
+    assert open_transactions(status) == expected
