@@ -33,7 +33,9 @@ On Galera the same holds on the node the frozen replica's connection is on (its
 row locks are that node's): a rollback through that node is refused the same
 way. A rollback through another node neither sees the uncommitted rows nor waits
 for them: its fence commits, and applying it on the frozen replica's node
-aborts the frozen claim (a certification conflict), which never committed.
+aborts the frozen claim (Galera's brute-force abort of a local transaction that
+conflicts with an applied one), which never committed. No test here runs a
+frozen replica on Galera: this paragraph is Galera's documented behaviour.
 
 SQLite has one writer: a process frozen inside any write transaction holds the
 whole database, and no other connection can read its uncommitted rows. There
