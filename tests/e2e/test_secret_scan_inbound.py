@@ -225,6 +225,23 @@ async def test_no_inbound_secret_or_raw_body_appears_in_logs_metrics_console_api
             assert cookies, "signed in: a session cookie"
         finally:
             await client.aclose()
+        # Every admin POST route's errors: a viewer (not authorized) and an admin with a
+        # wrong CSRF token (nothing is performed), each form naming secrets.
+        admin_posts = [p for p in post_routes(app) if p != "/admin/sign-in"]
+        assert len(admin_posts) >= 5, admin_posts
+        form = {"csrf_token": WEBHOOK_SECRET, "reason": PREVIOUS_SECRET,
+                "password": PASSWORDS["ada"], "secret": SESSION_SECRET}
+        for name in ("viv", "ada"):
+            poster = await signed_in(replica.admin, name)
+            cookies |= {f"{label} of {name}": v for label, v in session_cookies(poster).items()}
+            try:
+                for path in admin_posts:
+                    r = await poster.post(path, data=form)
+                    assert 400 <= r.status_code < 500, (name, path, r.status_code, r.text)
+                    sources.append((f"error POST {path} as {name} ({r.status_code})",
+                                    r.text + json.dumps(dict(r.headers))))
+            finally:
+                await poster.aclose()
 
         # The CLI: subscriptions, work, ingress, audit and the DLQ.
         listings: list[tuple[str, ...]] = [
