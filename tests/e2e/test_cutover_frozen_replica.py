@@ -24,14 +24,19 @@ import functools
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import trio
 import trio_mysql
 
+from config.load import load_settings
 from daemon.core.cutover import Phase
+from daemon.services import cutover
+from daemon.services.families import known_family_names
 from sandbox.legacy import store as legacy
+from storage.cutover.values import StepParams
 from storage.mysql.adapter import MysqlTarget
 from storage.port import SqlTx
 from storage.work_store import WorkStore
@@ -50,6 +55,11 @@ STATEMENT_TIMEOUT_S = 3.0
 # needs (the server's lock wait timeout is 50 s), never abandoned by the client.
 REPLICA_STATEMENT_TIMEOUT_S = 30.0
 ADMIN = '\n[[operators]]\nname = "ada"\nrole = "admin"\n'
+OPERATOR = StepParams(family="noop", actor="ada", reason="frozen replica", claim_tx_bound_us=0)
+
+
+def wall_us() -> int:
+    return time.time_ns() // 1000
 
 
 @pytest.fixture(params=backend_params(("mysql",)))
@@ -90,11 +100,11 @@ async def _dirty(watcher: trio_mysql.connections.Connection) -> list[tuple[objec
     return await _rows(watcher, "SELECT work_id, state, lease_owner FROM work_items")
 
 
-async def _rollback(cfg: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+async def _rollback(cfg: Path) -> subprocess.CompletedProcess[str]:
     # A bound of 0: nothing but the open claim itself may block the step.
     return await trio.to_thread.run_sync(functools.partial(
         run_cli, cfg, "cutover", "rollback", "noop", "--actor", "ada", "--reason",
-        "frozen replica", "--claim-tx-bound", "0", *extra))
+        "frozen replica", "--claim-tx-bound", "0"))
 
 
 async def test_rollback_names_a_replica_frozen_inside_its_claim_transaction(
@@ -163,8 +173,11 @@ async def test_rollback_names_a_replica_frozen_inside_its_claim_transaction(
             return await _dirty(watcher) == [(item.encode(), b"pending", None)]
 
         await wait_for(rolled_back, within_s=30)
-        done = await _rollback(cfg, "--gone", replica_id)
-        assert done.returncode == 0, done.stderr
+        # (The step the command runs, in this process: one start-up of the CLI is enough.)
+        settings = load_settings(str(cfg), known_families=known_family_names())
+        done = await cutover.step(store, settings, "rollback", OPERATOR, wall_us(),
+                                  gone=(replica_id,))
+        assert done[-1].generation.phase is Phase.LEGACY_ACTIVE
         assert await states(store) == {"awaiting_legacy_outcome": 1}
         assert await _fenced(store) == [item]
     finally:
