@@ -1,0 +1,196 @@
+"""The console's history read model: executions per minute, family and outcome.
+
+Theory of operation
+-------------------
+``history_rollup`` (migration 0039) counts the ``work_executions`` rows per
+(minute, family, outcome). :func:`count_executions` runs inside the transaction that
+journals them (``storage.work_executions.journal``: finalizations, reclaims and
+deferrals), once per journaling call, so a finalization batch of many items costs one
+statement per (minute, family, outcome) it touches, not one per item. A rollup row is
+a read model (seed 5.2): nothing decides work from it, and :meth:`HistoryStore.history_rebuild`
+recomputes it from the journal rows.
+
+Hot path: the increment is a plain conditional ``UPDATE ... SET executions =
+executions + ?`` (portable: no ``ON DUPLICATE KEY``/``ON CONFLICT``, design.md section 5),
+then an ``INSERT`` when no row matched, then the ``UPDATE`` again when a concurrent
+transaction inserted first (``DuplicateKey``). Each journaling transaction picks one of
+:data:`SHARDS` rows per key (from its first work id), so replicas finishing the same
+family and outcome in the same minute mostly lock different rows; readers sum the shards.
+
+The journal has a retention horizon; the rollup does not. A rebuild therefore replaces
+the buckets from the oldest journal row still kept onwards, and leaves older buckets as
+they are (they can no longer be recomputed, and they were counted when the rows existed).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from storage.port import Database, DuplicateKey, SqlTx
+
+BUCKET_US = 60_000_000
+SHARDS = 4
+
+# Column positions in storage.work_executions.journal_entry rows.
+_WORK_ID, _FAMILY, _OUTCOME, _FINISHED = 0, 2, 5, 6
+
+_INCREMENT = ("UPDATE history_rollup SET executions = executions + ?"
+              " WHERE bucket_us = ? AND family = ? AND outcome = ? AND shard = ?")
+_INSERT = ("INSERT INTO history_rollup (executions, bucket_us, family, outcome, shard)"
+           " VALUES (?, ?, ?, ?, ?)")
+
+
+def bucket_of(at_us: int) -> int:
+    """The first microsecond of ``at_us``'s minute."""
+    return at_us - at_us % BUCKET_US
+
+
+def shard_of(work_id: str) -> int:
+    return zlib.crc32(work_id.encode()) % SHARDS
+
+
+async def count_executions(tx: SqlTx, entries: Sequence[Sequence[Any]]) -> None:
+    """Add newly journaled executions to the rollup, inside the journaling transaction."""
+    if not entries:
+        return
+    shard = shard_of(str(entries[0][_WORK_ID]))
+    counts: dict[tuple[int, str, str], int] = {}
+    for entry in entries:
+        key = (bucket_of(int(entry[_FINISHED])), str(entry[_FAMILY]), str(entry[_OUTCOME]))
+        counts[key] = counts.get(key, 0) + 1
+    for (bucket, family, outcome), n in sorted(counts.items()):
+        await _add(tx, (n, bucket, family, outcome, shard))
+
+
+async def _add(tx: SqlTx, row: tuple[int, int, str, str, int]) -> None:
+    if await tx.execute(_INCREMENT, row):
+        return
+    try:
+        await tx.execute(_INSERT, row)
+    except DuplicateKey:  # another transaction inserted the row first: add to it
+        await tx.execute(_INCREMENT, row)
+
+
+@attrs.frozen
+class HistoryPoint:
+    """Executions of one family that ended in one outcome in ``[at_us, at_us + step)``."""
+
+    at_us: int
+    family: str
+    outcome: str
+    executions: int
+
+
+@attrs.frozen
+class HistoryExecution:
+    """One journaled execution (the items behind a point)."""
+
+    work_id: str
+    ownership_epoch: int
+    family: str
+    attempt: int
+    replica: str
+    outcome: str
+    finished_at_us: int
+
+
+class HistoryStore:
+    """History reads and the rebuild (mixed into ``WorkStore``)."""
+
+    db: Database
+
+    async def history_outcomes(self, since_us: int, until_us: int, step_us: int,
+                               family: str | None = None) -> list[HistoryPoint]:
+        """Executions per ``step_us`` bucket (a multiple of a minute) in
+        ``[since_us, until_us)``, per family and outcome, cluster-wide, from the rollup."""
+        if step_us <= 0 or step_us % BUCKET_US:
+            raise ValueError("step_us must be a positive multiple of a minute")
+        where = "bucket_us >= ? AND bucket_us < ?"
+        args: tuple[Any, ...] = (step_us, bucket_of(since_us), until_us)
+        if family is not None:
+            where += " AND family = ?"
+            args += (family,)
+
+        async def body(tx: SqlTx) -> list[HistoryPoint]:
+            rows = await tx.fetchall(
+                "SELECT bucket_us - (bucket_us % ?) AS step_at, family, outcome,"
+                f" SUM(executions) FROM history_rollup WHERE {where}"
+                " GROUP BY step_at, family, outcome ORDER BY step_at, family, outcome",
+                args,
+            )
+            return [HistoryPoint(int(a), str(f), str(o), int(n)) for a, f, o, n in rows]
+
+        return await self.db.transact(body, name="history.outcomes", write=False)
+
+    async def history_executions(self, since_us: int, until_us: int, *, family: str | None,
+                                 outcome: str | None, limit: int) -> list[HistoryExecution]:
+        """The journaled executions behind a point, newest first, at most ``limit``."""
+        where = "finished_at_us >= ? AND finished_at_us < ?"
+        args: tuple[Any, ...] = (since_us, until_us)
+        if family is not None:
+            where += " AND family = ?"
+            args += (family,)
+        if outcome is not None:
+            where += " AND outcome = ?"
+            args += (outcome,)
+
+        async def body(tx: SqlTx) -> list[HistoryExecution]:
+            rows = await tx.fetchall(
+                "SELECT work_id, ownership_epoch, family, attempt, replica, outcome,"
+                f" finished_at_us FROM work_executions WHERE {where}"
+                " ORDER BY finished_at_us DESC, work_id LIMIT ?",
+                (*args, limit),
+            )
+            return [HistoryExecution(str(w), int(e), str(f), int(a), str(r), str(o), int(t))
+                    for w, e, f, a, r, o, t in rows]
+
+        return await self.db.transact(body, name="history.executions", write=False)
+
+    async def history_rebuild(self, batch_minutes: int = 60) -> int:
+        """Recompute the rollup from the journal rows still kept; the buckets rewritten.
+
+        Buckets older than the oldest journal row are kept (retention removed their rows).
+        One transaction per ``batch_minutes`` of buckets, so a long journal never makes one
+        huge transaction; a finalization racing a rebuild of its own minute is counted
+        once: the rebuild's delete and recount of a minute run in one transaction, which
+        takes the rows' locks (MariaDB) or the write lock (SQLite).
+        """
+
+        async def bounds(tx: SqlTx) -> tuple[int | None, int | None]:
+            ((low, high),) = await tx.fetchall(
+                "SELECT MIN(finished_at_us), MAX(finished_at_us) FROM work_executions")
+            return (None if low is None else int(low), None if high is None else int(high))
+
+        low, high = await self.db.transact(bounds, name="history.rebuild_bounds", write=False)
+        if low is None or high is None:
+            return 0
+        span = batch_minutes * BUCKET_US
+        written = 0
+        # The oldest kept row's minute may have lost older rows to retention: it keeps
+        # its maintained count, unless the row opens the minute.
+        start = low if low % BUCKET_US == 0 else bucket_of(low) + BUCKET_US
+        while start <= high:
+            end = start + span
+
+            async def body(tx: SqlTx, start: int = start, end: int = end) -> int:
+                await tx.execute(
+                    "DELETE FROM history_rollup WHERE bucket_us >= ? AND bucket_us < ?",
+                    (start, end))
+                rows = await tx.fetchall(
+                    "SELECT finished_at_us - (finished_at_us % ?) AS bucket, family, outcome,"
+                    " COUNT(*) FROM work_executions"
+                    " WHERE finished_at_us >= ? AND finished_at_us < ?"
+                    " GROUP BY bucket, family, outcome",
+                    (BUCKET_US, start, end))
+                if rows:
+                    await tx.executemany(
+                        _INSERT, [(int(n), int(b), str(f), str(o), 0) for b, f, o, n in rows])
+                return len(rows)
+
+            written += await self.db.transact(body, name="history.rebuild", write=True)
+            start = end
+        return written
