@@ -51,6 +51,8 @@ from argon2 import PasswordHasher
 
 from admin_ui.app import console_factory
 from admin_ui.effects import effect_extensions
+from admin_ui.extensions import combine
+from admin_ui.history import history_extensions
 from config.catalog import load_catalog
 from config.settings import (
     AdminSettings,
@@ -346,6 +348,26 @@ PATHS: dict[str, str | None] = {
     "audit": "/admin/audit",
     "work_detail": None,
 }
+
+
+def history_paths(now_s: int) -> dict[str, str | None]:
+    """The History page at every preset, per family, a custom month, and the items behind
+    a point (issue 23 item 1): read from the history rollup, whatever the range."""
+    paths: dict[str, str | None] = {f"history_{r}": f"/admin/history?range={r}"
+                                    for r in ("15m", "1h", "6h", "24h", "7d")}
+    paths.update({
+        "history_7d_family": "/admin/history?range=7d&family=noop",
+        "api_history_7d": "/admin/api/history?range=7d",
+        "history_custom_30d": f"/admin/history?from={now_s - 30 * 86_400}&to={now_s}",
+        "history_custom_92d_family":
+            f"/admin/history?from={now_s - 92 * 86_400}&to={now_s}&family=crm.push",
+        "history_items_dead": (f"/admin/history/items?from={now_s - 7200}&to={now_s - 3600}"
+                               "&family=noop&outcome=dead"),
+        "api_history_items": f"/admin/api/history/items?from={now_s - 86_400}&to={now_s}",
+    })
+    return paths
+
+
 # Every other console page and /admin/api/ listing (bench.bigtables measures them all).
 MORE_PATHS: dict[str, str | None] = {
     "api_work": "/admin/api/work",
@@ -380,8 +402,9 @@ async def console_figures(url: str, requests: int, *, extra: bool = True,
             operators=(Operator(name="bench", role="admin", password_hash=hashed),),
             retention=RetentionSettings(enabled=retention),
         )
-        factory = (console_factory(effect_extensions(load_catalog(settings))) if extra
-                   else console_factory())
+        factory = (console_factory(combine(effect_extensions(load_catalog(settings)),
+                                           history_extensions())) if extra
+                   else console_factory(history_extensions()))
         replica = Replica(settings, store, build_registry(settings, {}), WallClock(),
                           replica_id="bench-ui", admin_app=factory)
         async with trio.open_nursery() as nursery:
@@ -395,7 +418,8 @@ async def console_figures(url: str, requests: int, *, extra: bool = True,
             fill_history(replica)
             async with httpx.AsyncClient(base_url=base, timeout=60) as client:
                 await _sign_in(client)
-                paths = dict(PATHS, **(MORE_PATHS if extra else {}))
+                paths = dict(PATHS, **(MORE_PATHS if extra else {}),
+                             **history_paths(_now_us() // 1_000_000))
                 first = (await client.get("/admin/api/work?state=dead&limit=1")).json()
                 dead_id = first["items"][0]["work_id"]
                 paths["work_detail"] = f"/admin/work/{dead_id}"
@@ -428,6 +452,11 @@ async def run(items: int, effects: int, requests: int) -> dict[str, Any]:
             t0 = time.perf_counter()
             fates = await load(store, items, effects)
             load_s = time.perf_counter() - t0
+            # The seed writes journal rows directly: the history rollup is rebuilt from them
+            # (what `integrationd history rebuild` does).
+            t0 = time.perf_counter()
+            await store.history_rebuild()
+            rebuild_s = time.perf_counter() - t0
         finally:
             await store.db.aclose()
         figures = await console_figures(url, requests, extra=False)
@@ -440,6 +469,7 @@ async def run(items: int, effects: int, requests: int) -> dict[str, Any]:
         "items": items,
         "fates": fates,
         "load_s": round(load_s, 1),
+        "history_rebuild_s": round(rebuild_s, 1),
         "requests_per_target": requests,
         "sampler_ms": figures["sampler_ms"],
         "results": results,
