@@ -83,6 +83,7 @@ def history_doc(points: list[HistoryPoint], chosen: HistoryRange,
         counts = per_outcome[outcome]
         series.append({
             "outcome": outcome,
+            "color": color(outcome),
             "total": sum(counts.values()),
             "points": [{"at_us": at, "at": fmt_iso(at), "executions": counts.get(at, 0),
                         "items": _items_href(at, chosen.step_us, family, outcome)}
@@ -95,7 +96,7 @@ def history_doc(points: list[HistoryPoint], chosen: HistoryRange,
         "family": family,
         "throughput": series,
         "dlq_inflow": next((s for s in series if s["outcome"] == DEAD),
-                           {"outcome": DEAD, "total": 0,
+                           {"outcome": DEAD, "color": color(DEAD), "total": 0,
                             "points": [{"at_us": at, "at": fmt_iso(at), "executions": 0,
                                         "items": _items_href(at, chosen.step_us, family, DEAD)}
                                        for at in buckets]}),
