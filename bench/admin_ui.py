@@ -455,7 +455,7 @@ async def run(items: int, effects: int, requests: int) -> dict[str, Any]:
             # The seed writes journal rows directly: the history rollup is rebuilt from them
             # (what `integrationd history rebuild` does).
             t0 = time.perf_counter()
-            await store.history_rebuild()
+            await store.history_rebuild(_now_us() - 2 * 86_400_000_000)
             rebuild_s = time.perf_counter() - t0
         finally:
             await store.db.aclose()

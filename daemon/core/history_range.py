@@ -8,8 +8,8 @@ seconds. Whatever cannot be parsed, or asks for a span the rollup cannot draw
 :class:`BadRange` whose message says what is accepted.
 
 The step is a whole number of minutes (the rollup's bucket) giving at most
-:data:`MAX_POINTS` points, rounded up to a step people read (1, 2, 5, 10, 15,
-30 minutes, 1, 2, 3, 6, 12 hours, 1 day).
+:data:`MAX_POINTS` points, rounded up to a step people read (1, 2, 5, 10 minutes,
+1, 2, 3, 6, 12 hours, whole days).
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ PRESETS_US: dict[str, int] = {
 DEFAULT_PRESET = "1h"
 MAX_SPAN_US = 92 * 1440 * MINUTE_US  # a quarter: the longest custom range
 MAX_POINTS = 120
-STEPS_MIN = (1, 2, 5, 10, 15, 30, 60, 120, 180, 360, 720, 1440)
+# Minutes up to 10, then whole hours, then days: a step of hours or days reads the
+# rollup's hour or day rows (storage/history.py), so a long range reads few rows.
+STEPS_MIN = (1, 2, 5, 10, 60, 120, 180, 360, 720, 1440)
 
 
 class BadRange(ValueError):

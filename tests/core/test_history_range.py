@@ -24,7 +24,7 @@ MINUTE_END = NOW - NOW % MINUTE_US + MINUTE_US
     ("15m", 15 * MINUTE_US, MINUTE_US),
     ("1h", H, MINUTE_US),
     ("6h", 6 * H, 5 * MINUTE_US),
-    ("24h", 24 * H, 15 * MINUTE_US),
+    ("24h", 24 * H, 60 * MINUTE_US),
     ("7d", 7 * 24 * H, 120 * MINUTE_US),
 ])
 def test_a_preset_ends_with_the_current_minute(preset: str | None, span: int,

@@ -24,7 +24,8 @@ async def test_history_rebuild_restores_the_rollup_from_the_journal(tmp_path: Pa
 
         async def counts(tx: SqlTx) -> list[tuple[object, ...]]:
             return [tuple(r) for r in await tx.fetchall(
-                "SELECT outcome, SUM(executions) FROM history_rollup GROUP BY outcome"
+                "SELECT outcome, SUM(executions) FROM history_rollup WHERE level_us = 60000000"
+                " GROUP BY outcome"
                 " ORDER BY outcome")]
 
         async def wipe(tx: SqlTx) -> None:
@@ -34,11 +35,18 @@ async def test_history_rebuild_restores_the_rollup_from_the_journal(tmp_path: Pa
         assert maintained == [("dead", 1), ("succeeded", 2)]
         await store.db.transact(wipe, name="test.wipe", write=True)
         cfg = write_config(tmp_path / "a.toml", database.url)
-        rebuilt = run_cli(cfg, "history", "rebuild", "--json")
+        # The executions' day is not over: by default, its counts are left as they are.
+        untouched = run_cli(cfg, "history", "rebuild", "--json")
+        assert untouched.returncode == 0, untouched.stderr
+        assert json.loads(untouched.stdout) == {"rebuilt_rows": 0}
+        rebuilt = run_cli(cfg, "history", "rebuild", "--from", "2027-01-15T00:00Z", "--json")
         assert rebuilt.returncode == 0, rebuilt.stderr
-        assert json.loads(rebuilt.stdout) == {"rebuilt_rows": 2}
+        assert json.loads(rebuilt.stdout) == {"rebuilt_rows": 6}  # 2 outcomes x 3 levels
         assert await store.db.transact(counts, name="test.counts", write=False) == maintained
-        plain = run_cli(cfg, "history", "rebuild")
+        plain = run_cli(cfg, "history", "rebuild", "--from", "1800000000")
         assert plain.returncode == 0
-        assert plain.stdout == "history rebuilt: 2 rollup rows from the stored executions\n"
+        assert plain.stdout == "history rebuilt: 6 rollup rows from the stored executions\n"
+        bad = run_cli(cfg, "history", "rebuild", "--from", "yesterday")
+        assert bad.returncode == 2
+        assert "--from must be an ISO 8601 UTC time" in bad.stderr
         assert await store.db.transact(counts, name="test.counts", write=False) == maintained

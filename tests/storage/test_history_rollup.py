@@ -5,7 +5,7 @@ nodes), and a rebuild from the journal rows gives the same counts (issue 23 item
 from __future__ import annotations
 
 from daemon.core.outcomes import DeadLetter, RetryLater, Succeeded
-from storage.history import BUCKET_US, HistoryPoint, bucket_of
+from storage.history import BUCKET_US, DAY_US, HOUR_US, HistoryPoint, bucket_of
 from storage.port import SqlTx
 from storage.work_executions import journal, journal_entry
 from storage.work_store import WorkStore
@@ -16,14 +16,17 @@ M0 = bucket_of(T0)
 M1 = M0 + BUCKET_US
 
 
-async def _rollup(store: WorkStore) -> dict[tuple[int, str, str], int]:
-    """The rollup summed over shards (what every reader sees)."""
+async def _rollup(store: WorkStore, level: int | None = BUCKET_US
+                  ) -> dict[tuple[int, str, str], int]:
+    """One level of the rollup (None: every level, the level added to the bucket) summed
+    over shards (what every reader sees)."""
 
     async def body(tx: SqlTx) -> dict[tuple[int, str, str], int]:
         rows = await tx.fetchall(
-            "SELECT bucket_us, family, outcome, SUM(executions) FROM history_rollup"
-            " GROUP BY bucket_us, family, outcome")
-        return {(int(b), str(f), str(o)): int(n) for b, f, o, n in rows}
+            "SELECT level_us, bucket_us, family, outcome, SUM(executions) FROM history_rollup"
+            " GROUP BY level_us, bucket_us, family, outcome")
+        return {(int(b) + (int(lv) if level is None else 0), str(f), str(o)): int(n)
+                for lv, b, f, o, n in rows if level is None or int(lv) == level}
 
     return await store.db.transact(body, name="test.rollup", write=False)
 
@@ -62,6 +65,17 @@ async def test_every_journaled_execution_is_counted_once_in_its_minute(
         (M1, "noop", "succeeded"): 1, (M1, "doomed", "dead"): 1,
         (M1, "noop", "lease_lost"): 2, (M1, "other", "succeeded"): 1,
     }
+    # The hour and the day hold the same counts (both minutes are in one hour).
+    coarse = {(M0 - M0 % HOUR_US, "noop", "succeeded"): 3, (M0 - M0 % HOUR_US, "noop", "retry"): 1,
+              (M0 - M0 % HOUR_US, "doomed", "dead"): 1,
+              (M0 - M0 % HOUR_US, "noop", "lease_lost"): 2,
+              (M0 - M0 % HOUR_US, "other", "succeeded"): 1}
+    assert await _rollup(a, HOUR_US) == coarse
+    assert await _rollup(a, DAY_US) == {(b - b % DAY_US, f, o): n
+                                        for (b, f, o), n in coarse.items()}
+    # A step of hours reads the hour rows.
+    assert await b.history_outcomes(M0, M0 + DAY_US, 2 * HOUR_US, "other") == [
+        HistoryPoint(M0 - M0 % (2 * HOUR_US), "other", "succeeded", 1)]
     # The reads: per step (T0 opens an even minute: both minutes are one 2-minute step),
     # per family.
     assert M0 % (2 * BUCKET_US) == 0
@@ -82,36 +96,38 @@ async def test_a_rebuild_from_the_rows_equals_the_maintained_rollup(
         database: FreshDatabase) -> None:
     a, b = await database.open_store(), await database.open_store()
     await _finish_some(a, b)
-    maintained = await _rollup(a)
+    maintained = await _rollup(a, None)
+    later_day = M0 - M0 % DAY_US + 3 * DAY_US
 
     async def damage(tx: SqlTx) -> None:
         await tx.execute("UPDATE history_rollup SET executions = executions + 40")
         await tx.execute(
-            "INSERT INTO history_rollup (bucket_us, family, outcome, shard, executions)"
-            " VALUES (?, 'noop', 'succeeded', 3, 7)", (M1 + 9 * BUCKET_US,))
+            "INSERT INTO history_rollup (level_us, bucket_us, family, outcome, shard,"
+            " executions) VALUES (?, ?, 'noop', 'succeeded', 3, 7)", (BUCKET_US, later_day))
 
     await a.db.transact(damage, name="test.damage", write=True)
-    assert await _rollup(a) != maintained
-    assert await b.history_rebuild(batch_minutes=1) > 0
-    rebuilt = await _rollup(a)
-    # Minutes after the newest row are not the rows' to rebuild; the damaged one stays.
-    assert rebuilt.pop((M1 + 9 * BUCKET_US, "noop", "succeeded")) == 7
+    assert await _rollup(a, None) != maintained
+    assert await b.history_rebuild(T0) > 0
+    rebuilt = await _rollup(a, None)
+    # Days after the newest row are not the rows' to rebuild; the damaged one stays.
+    assert rebuilt.pop((later_day + BUCKET_US, "noop", "succeeded")) == 7
     assert rebuilt == maintained
 
 
 async def test_a_bucket_older_than_the_kept_rows_survives_a_rebuild(store: WorkStore) -> None:
-    old = M0 - 60 * BUCKET_US
+    old = M0 - M0 % DAY_US - 2 * DAY_US
 
     async def seed(tx: SqlTx) -> None:
         await tx.execute(
-            "INSERT INTO history_rollup (bucket_us, family, outcome, shard, executions)"
-            " VALUES (?, 'noop', 'succeeded', 0, 5)", (old,))
+            "INSERT INTO history_rollup (level_us, bucket_us, family, outcome, shard,"
+            " executions) VALUES (?, ?, 'noop', 'succeeded', 0, 5)", (BUCKET_US, old))
 
     await store.db.transact(seed, name="test.seed", write=True)
     await enqueue(store)
     (item,) = (await claim(store, "A", now=T0)).claimed
     assert (await finalize(store, item, Succeeded())).applied
-    await store.history_rebuild()
+    assert await store.history_rebuild() == 0  # T0's day is not whole: left as counted
+    assert await store.history_rebuild(T0) == 3  # from T0's day: a minute, an hour, a day
     counts = await _rollup(store)
     assert counts[(old, "noop", "succeeded")] == 5  # retention removed its rows: kept
     assert counts[(M0, "noop", "succeeded")] == 1
