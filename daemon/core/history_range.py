@@ -72,9 +72,13 @@ def parse_time(text: str, name: str) -> int:
                        f" or epoch seconds, not {raw[:40]!r}") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
-    if not 1970 <= moment.year <= 9999 or moment.astimezone(dt.UTC).year < 1970:
+    try:  # an offset can carry the year 9999 past the calendar's end
+        utc = moment.astimezone(dt.UTC)
+    except OverflowError:
+        raise BadRange(f"{name} is out of range") from None
+    if utc.year < 1970:
         raise BadRange(f"{name} is out of range")
-    return int(moment.timestamp()) * 1_000_000 + moment.microsecond
+    return int(utc.timestamp()) * 1_000_000 + utc.microsecond
 
 
 def resolve(now_us: int, preset: str | None, start: str | None,

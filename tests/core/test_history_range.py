@@ -67,6 +67,8 @@ def test_iso_and_epoch_seconds_name_the_same_moment() -> None:
     (None, "1800000000", "1800000030", "at least one minute"),
     (None, "1700000000", "1800000000", "at most 92 days"),
     (None, "0001-01-01T00:00Z", "1800000000", "from is out of range"),
+    (None, "1970-01-01T00:30+01:00", "1800000000", "from is out of range"),
+    (None, "1800000000", "9999-12-31T23:59-23:59", "to is out of range"),
 ])
 def test_what_cannot_be_drawn_is_refused_with_a_message(
         preset: str | None, start: str | None, end: str | None, message: str) -> None:
