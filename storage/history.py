@@ -160,7 +160,10 @@ class HistoryStore:
             rows = await tx.fetchall(
                 "SELECT work_id, ownership_epoch, family, attempt, replica, outcome,"
                 f" finished_at_us FROM work_executions WHERE {where}"
-                " ORDER BY finished_at_us DESC, work_id LIMIT ?",
+                # The order of work_executions_finished (finished_at_us, family, then the
+                # primary key), read backwards: the newest rows, never a sort of the span.
+                " ORDER BY finished_at_us DESC, family DESC, work_id DESC,"
+                " ownership_epoch DESC LIMIT ?",
                 (*args, limit),
             )
             return [HistoryExecution(str(w), int(e), str(f), int(a), str(r), str(o), int(t))
