@@ -51,6 +51,8 @@ from argon2 import PasswordHasher
 
 from admin_ui.app import console_factory
 from admin_ui.effects import effect_extensions
+from admin_ui.extensions import combine
+from admin_ui.history import history_extensions
 from config.catalog import load_catalog
 from config.settings import (
     AdminSettings,
@@ -257,6 +259,41 @@ async def load(store: WorkStore, items: int, effects: int) -> dict[str, int]:
     return counts
 
 
+HISTORY_OUTCOMES = ("succeeded", "dead", "retry", "cancelled")
+
+
+async def year_dense_history(store: WorkStore, days: int, per_day: int, now: int) -> int:
+    """The history rollup of the last ``days`` days as dense as ``per_day`` executions a
+    day would make it (20M terminal rows over a year: ~55,000 a day, every minute holding
+    every family x outcome), written in bulk on MariaDB (``INSERT ... SELECT`` from the
+    ``seq_0_to_N`` sequence engine), minute rows first, then the hour and day rows summed
+    from them. A range query reads only its own buckets, so the presets (up to 7 days) read
+    what they would read at full scale. Returns the rows written."""
+    minutes = days * 1440
+    per_key = max(1, per_day // (1440 * len(FAMILIES) * len(HISTORY_OUTCOMES)))
+    first = now - now % 60_000_000 - (minutes - 1) * 60_000_000
+    families = " UNION ALL ".join(f"SELECT '{f}' AS family" for f in FAMILIES)
+    outcomes = " UNION ALL ".join(f"SELECT '{o}' AS outcome" for o in HISTORY_OUTCOMES)
+
+    async def body(tx: SqlTx) -> int:
+        await tx.execute("DELETE FROM history_rollup")
+        await tx.execute(
+            "INSERT INTO history_rollup (level_us, bucket_us, family, outcome, shard,"
+            f" executions) SELECT 60000000, {first} + m.seq * 60000000, f.family, o.outcome,"
+            f" 0, {per_key} FROM seq_0_to_{minutes - 1} m CROSS JOIN ({families}) f"
+            f" CROSS JOIN ({outcomes}) o")
+        for level in (3_600_000_000, 86_400_000_000):
+            await tx.execute(
+                "INSERT INTO history_rollup (level_us, bucket_us, family, outcome, shard,"
+                f" executions) SELECT {level}, bucket_us - bucket_us % {level}, family,"
+                " outcome, 0, SUM(executions) FROM history_rollup WHERE level_us = 60000000"
+                f" GROUP BY bucket_us - bucket_us % {level}, family, outcome")
+        ((n,),) = await tx.fetchall("SELECT COUNT(*) FROM history_rollup")
+        return int(n)
+
+    return await store.db.transact(body, name="bench.history", write=True)
+
+
 async def sampler_times(store: WorkStore, requests: int) -> dict[str, Any]:
     """The depth sampler's reads, timed directly (ms): what every replica pays per
     ``work.depth_sample_interval`` to keep the overview current."""
@@ -346,6 +383,26 @@ PATHS: dict[str, str | None] = {
     "audit": "/admin/audit",
     "work_detail": None,
 }
+
+
+def history_paths(now_s: int) -> dict[str, str | None]:
+    """The History page at every preset, per family, a custom month, and the items behind
+    a point (issue 23 item 1): read from the history rollup, whatever the range."""
+    paths: dict[str, str | None] = {f"history_{r}": f"/admin/history?range={r}"
+                                    for r in ("15m", "1h", "6h", "24h", "7d")}
+    paths.update({
+        "history_7d_family": "/admin/history?range=7d&family=noop",
+        "api_history_7d": "/admin/api/history?range=7d",
+        "history_custom_30d": f"/admin/history?from={now_s - 30 * 86_400}&to={now_s}",
+        "history_custom_92d_family":
+            f"/admin/history?from={now_s - 92 * 86_400}&to={now_s}&family=crm.push",
+        "history_items_dead": (f"/admin/history/items?from={now_s - 7200}&to={now_s - 3600}"
+                               "&family=noop&outcome=dead"),
+        "api_history_items": f"/admin/api/history/items?from={now_s - 86_400}&to={now_s}",
+    })
+    return paths
+
+
 # Every other console page and /admin/api/ listing (bench.bigtables measures them all).
 MORE_PATHS: dict[str, str | None] = {
     "api_work": "/admin/api/work",
@@ -380,8 +437,9 @@ async def console_figures(url: str, requests: int, *, extra: bool = True,
             operators=(Operator(name="bench", role="admin", password_hash=hashed),),
             retention=RetentionSettings(enabled=retention),
         )
-        factory = (console_factory(effect_extensions(load_catalog(settings))) if extra
-                   else console_factory())
+        factory = (console_factory(combine(effect_extensions(load_catalog(settings)),
+                                           history_extensions())) if extra
+                   else console_factory(history_extensions()))
         replica = Replica(settings, store, build_registry(settings, {}), WallClock(),
                           replica_id="bench-ui", admin_app=factory)
         async with trio.open_nursery() as nursery:
@@ -395,7 +453,8 @@ async def console_figures(url: str, requests: int, *, extra: bool = True,
             fill_history(replica)
             async with httpx.AsyncClient(base_url=base, timeout=60) as client:
                 await _sign_in(client)
-                paths = dict(PATHS, **(MORE_PATHS if extra else {}))
+                paths = dict(PATHS, **(MORE_PATHS if extra else {}),
+                             **history_paths(_now_us() // 1_000_000))
                 first = (await client.get("/admin/api/work?state=dead&limit=1")).json()
                 dead_id = first["items"][0]["work_id"]
                 paths["work_detail"] = f"/admin/work/{dead_id}"
@@ -421,13 +480,26 @@ async def console_figures(url: str, requests: int, *, extra: bool = True,
             "slowest": {"page": slowest[0], "server_ms_p95": slowest[1]}}
 
 
-async def run(items: int, effects: int, requests: int) -> dict[str, Any]:
+async def run(items: int, effects: int, requests: int, history_days: int = 0,
+              history_per_day: int = 55_000) -> dict[str, Any]:
     async with fresh_database() as url:
         store = await open_store(url, pool_size=4)
         try:
             t0 = time.perf_counter()
             fates = await load(store, items, effects)
             load_s = time.perf_counter() - t0
+            # The seed writes journal rows directly: the history rollup is rebuilt from them
+            # (what `integrationd history rebuild` does).
+            t0 = time.perf_counter()
+            await store.history_rebuild(_now_us() - 2 * 86_400_000_000)
+            rebuild_s = time.perf_counter() - t0
+            history: dict[str, Any] = {}
+            if history_days:
+                t0 = time.perf_counter()
+                rows = await year_dense_history(store, history_days, history_per_day,
+                                                _now_us())
+                history = {"days": history_days, "per_day": history_per_day,
+                           "rollup_rows": rows, "fill_s": round(time.perf_counter() - t0, 1)}
         finally:
             await store.db.aclose()
         figures = await console_figures(url, requests, extra=False)
@@ -440,11 +512,18 @@ async def run(items: int, effects: int, requests: int) -> dict[str, Any]:
         "items": items,
         "fates": fates,
         "load_s": round(load_s, 1),
+        "history_rebuild_s": round(rebuild_s, 1),
+        "history_dense": history,
         "requests_per_target": requests,
         "sampler_ms": figures["sampler_ms"],
         "results": results,
         "targets_ms_p95": TARGETS_MS,
         "ok": ok,
+        "history_ok": all(not r["errors"] and r["server_ms"]["p95"] < 300.0
+                          for name, r in results.items()
+                          if "history" in name and "server_ms" in r),
+        "history_p95_ms": {name: r["server_ms"]["p95"] for name, r in results.items()
+                           if "history" in name and "server_ms" in r},
     }
 
 
@@ -454,9 +533,15 @@ def main() -> None:
     parser.add_argument("--effects", type=int, default=None,
                         help="Runtime commands with attempts and receipts (default items/20)")
     parser.add_argument("--requests", type=int, default=20, help="timed requests per target")
+    parser.add_argument("--history-days", type=int, default=0,
+                        help="replace the history rollup with this many days as dense as"
+                             " --history-per-day executions a day make it (bulk, MariaDB)")
+    parser.add_argument("--history-per-day", type=int, default=55_000,
+                        help="executions a day (20M terminal rows a year: 55,000)")
     args = parser.parse_args()
     effects = args.effects if args.effects is not None else args.items // 20
-    result = trio.run(run, args.items, effects, args.requests)
+    result = trio.run(run, args.items, effects, args.requests, args.history_days,
+                      args.history_per_day)
     print(json.dumps(result), flush=True)
 
 

@@ -33,6 +33,7 @@ from config.summary import describe_settings
 from daemon.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
 from daemon.binding_cli import BindingNotFound, add_binding_commands, run_binding_command
 from daemon.command_cli import CommandNotFound, add_command_commands, run_command_command
+from daemon.history_cli import add_history_command, run_history_command
 from daemon.keys_cli import add_keys_commands, run_keys_command
 from daemon.link_cli import add_link_commands, run_link_command
 from daemon.services import logs
@@ -149,6 +150,7 @@ def _parser() -> argparse.ArgumentParser:
     add_binding_commands(sub)
     add_command_commands(sub)
     add_link_commands(sub)
+    add_history_command(sub)
     return parser
 
 
@@ -235,13 +237,14 @@ def admin_extensions(parts: Assembly) -> ConsoleExtensions:
     scan enumerates the routes of exactly this app)."""
     from admin_ui.effects import effect_extensions
     from admin_ui.extensions import combine
+    from admin_ui.history import history_extensions
     from admin_ui.ingress import ingress_extensions
     from admin_ui.subscriptions import subscriptions_extensions
     from admin_ui.sync import sync_extensions
 
     return combine(effect_extensions(parts.catalog, parts.catalogs.pinned),
                    sync_extensions(parts.catalog), ingress_extensions(),
-                   subscriptions_extensions(parts.catalog))
+                   subscriptions_extensions(parts.catalog), history_extensions())
 
 
 async def _cmd_run(settings: Settings) -> int:
@@ -499,6 +502,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(run_command_command, settings, args, _open)
         if args.command == "link":
             return trio.run(run_link_command, settings, args, _open)
+        if args.command == "history":
+            return trio.run(run_history_command, settings, args, _open)
         if args.command == "run":
             return trio.run(_cmd_run, settings)
         if args.command == "work":

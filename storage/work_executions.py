@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from storage.history import count_executions
 from storage.port import Database, DuplicateKey, Execution, ExecutionSummary, OutcomeCount, SqlTx
 
 LEASE_LOST = "lease_lost"
@@ -43,17 +44,22 @@ def journal_entry(work_id: str, epoch: int, family: str, attempt: int, replica: 
 
 
 async def journal(tx: SqlTx, entries: Sequence[tuple[Any, ...]]) -> None:
-    """Journal executions inside the caller's transaction; repeats are skipped."""
+    """Journal executions inside the caller's transaction; repeats are skipped. The
+    console's history rollup counts the new rows in the same transaction."""
     if not entries:
         return
     try:
         await tx.executemany(_JOURNAL_SQL, entries)
     except DuplicateKey:
+        added = []
         for entry in entries:
             try:
                 await tx.execute(_JOURNAL_SQL, entry)
             except DuplicateKey:
                 continue
+            added.append(entry)
+        entries = added
+    await count_executions(tx, entries)
 
 
 class WorkExecutions:

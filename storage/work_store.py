@@ -13,6 +13,7 @@ from storage.dialect import Dialect
 from storage.effects import EffectJournal
 from storage.flow import FlowReads
 from storage.grants import AuthorizationGrants
+from storage.history import HistoryStore
 from storage.ingress.receipts import IngressReceipts
 from storage.links import RemoteLinks
 from storage.port import Database
@@ -31,7 +32,7 @@ class WorkStore(
     RemoteLinks, CommandRepair, CommandOperator, QuotaLedger, AuthorizationGrants,
     PrincipalBindings,
     RefreshLeases, CatalogRevisions, FlowReads, CutoverSteps, LegacyOutcomes,
-    IngressReceipts, RetentionStore, BindingFlows,
+    IngressReceipts, RetentionStore, BindingFlows, HistoryStore,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 

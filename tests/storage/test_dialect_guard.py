@@ -152,6 +152,11 @@ async def _workload(store: WorkStore) -> None:
     await store.work_executions(again[0].work_id)
     await store.work_execution_totals("noop")
     await store.work_execution_summary("noop")
+    # The console's history: its reads at a minute and an hour step, and the rebuild.
+    await store.history_outcomes(T0, T0 + 3600 * SEC, 60 * SEC, "noop")
+    await store.history_outcomes(T0, T0 + 86_400 * SEC, 3600 * SEC)
+    await store.history_executions(T0, T0 + 60 * SEC, family="noop", outcome="dead", limit=5)
+    await store.history_rebuild(T0)
     # Attempts spent with the lease expired: the dead sweep, journaled as lease_lost.
     await enqueue(store, 1, family="spent", max_attempts=1)
     await claim(store, family="spent", ttl=SEC)

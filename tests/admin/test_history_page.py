@@ -1,0 +1,105 @@
+"""The console's History page and its JSON (issue 23 item 1): drawn from the database,
+so a replica that started after the executions finished (a restart, another replica)
+shows them; every point links to the executions behind it; whatever range or filter
+cannot be parsed is a 400 with a message; the viewer reads it.
+
+Finding: the overview's charts came from samples in one replica's memory, so a replica
+started after the work finished showed none of it (its flow and family series were
+empty), and there was no history route at all (``/admin/api/history`` answered 404).
+"""
+
+from __future__ import annotations
+
+import re
+
+from admin_ui.app import create_app
+from admin_ui.extensions import combine
+from admin_ui.history import history_extensions
+from daemon.services.clock import WallClock
+from daemon.services.replica import Replica
+from tests.admin.support import ConsoleHarness
+from tests.admin.test_openapi import _routes
+
+
+def _with_history(console: ConsoleHarness) -> None:
+    console.app = create_app(console.replica, combine(history_extensions()))
+
+
+async def test_a_replica_started_later_shows_the_history_and_links_each_point(
+        console: ConsoleHarness) -> None:
+    dead = await console.dead_items(3, failure_class="boom")
+    # Another replica (or this one after a restart) over the same database: it has taken
+    # no sample of its own.
+    later = Replica(console.replica.settings, console.store, console.replica.registry,
+                    WallClock(), replica_id="started-later")
+    console.replica = later
+    _with_history(console)
+    viewer, _ = await console.sign_in("viv")
+    doc = await (await viewer.get("/admin/api/history?range=15m")).get_json()
+    assert doc["range"] == "15m" and doc["step_us"] == 60_000_000
+    assert doc["dlq_inflow"]["total"] == 3
+    (point,) = [p for p in doc["dlq_inflow"]["points"] if p["executions"]]
+    assert point["executions"] == 3
+    items = await (await viewer.get(point["items"].replace("/admin/", "/admin/api/", 1)))\
+        .get_json()
+    assert sorted(e["work_id"] for e in items["executions"]) == sorted(dead)
+    assert {e["outcome"] for e in items["executions"]} == {"dead"}
+    # The page draws a link on the point, to the page listing those items.
+    html = await (await viewer.get("/admin/history?range=15m")).get_data(as_text=True)
+    links = re.findall(r'<a class="point-link" href="([^"]+)" data-series="dead"', html)
+    assert links, html
+    listing = await (await viewer.get(links[0].replace("&amp;", "&"))).get_data(as_text=True)
+    assert all(f'href="/admin/work/{w}"' in listing for w in dead)
+    # Per family: another family's history is empty.
+    other = await (await viewer.get("/admin/api/history?range=1h&family=other")).get_json()
+    assert other["throughput"] == [] and other["dlq_inflow"]["total"] == 0
+    assert 'href="/admin/history"' in html  # in the navigation
+
+
+BAD_RANGES = [
+    ("range=2h", "unknown range '2h'"),
+    ("range=1h&from=1800000000&to=1800003600", "either range or from and to"),
+    ("from=1800000000", "needs both from and to"),
+    ("from=yesterday&to=1800000000", "from must be an ISO 8601 UTC time"),
+    ("from=1800003600&to=1800000000", "to must be later than from"),
+    ("from=1700000000&to=1800000000", "at most 92 days"),
+    ("range=1h&range=6h", "more than once"),
+    ("org=org-1", "unknown parameter 'org'"),
+    ("family=" + "f" * 65, "family is longer than 64"),
+]
+BAD_BUCKETS = [
+    ("", "from and to are required"),
+    ("from=1800000000&to=1799999999", "to must be later than from"),
+    ("from=1800000000&to=1900000000", "at most 7 days"),
+    ("from=1800000000&to=1800000060&limit=0", "limit must be a whole number"),
+]
+
+
+async def test_a_range_or_filter_that_cannot_be_parsed_is_a_400_with_a_message(
+        console: ConsoleHarness) -> None:
+    _with_history(console)
+    viewer, _ = await console.sign_in("viv")
+    for query, message in BAD_RANGES:
+        answer = await viewer.get(f"/admin/api/history?{query}")
+        assert answer.status_code == 400, query
+        doc = await answer.get_json()
+        assert doc["error"] == "bad_filter" and message in doc["message"], query
+        shown = await viewer.get(f"/admin/history?{query}")
+        assert shown.status_code == 400, query
+        assert message.replace("'", "&#39;") in await shown.get_data(as_text=True), query
+    for query, message in BAD_BUCKETS:
+        for prefix in ("/admin/api", "/admin"):
+            answer = await viewer.get(f"{prefix}/history/items?{query}")
+            assert answer.status_code == 400, query
+        answer = await viewer.get(f"/admin/api/history/items?{query}")
+        assert message in (await answer.get_json())["message"], query
+
+
+async def test_the_history_routes_are_documented_and_need_a_session(
+        console: ConsoleHarness) -> None:
+    _with_history(console)
+    viewer, _ = await console.sign_in("viv")
+    documented = (await (await viewer.get("/admin/api/openapi.json")).get_json())["paths"]
+    for path in ("/admin/api/history", "/admin/api/history/items"):
+        assert path in documented and (path, "get") in _routes(console)
+        assert (await console.client().get(path)).status_code == 401

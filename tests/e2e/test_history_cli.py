@@ -1,0 +1,52 @@
+"""``integrationd history rebuild``: the console's history read model recomputed from the
+execution journal by a real process (issue 23 item 1)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from daemon.core.outcomes import DeadLetter, Succeeded
+from storage.port import SqlTx
+from tests.support.backends import fresh_database
+from tests.support.processes import run_cli, write_config
+from tests.support.work import claim, enqueue, finalize
+
+
+async def test_history_rebuild_restores_the_rollup_from_the_journal(tmp_path: Path) -> None:
+    async with fresh_database("sqlite", tmp_path) as database:
+        store = await database.open_store()
+        await enqueue(store, 3)
+        items = (await claim(store, "A", limit=3)).claimed
+        for item in items[:2]:
+            assert (await finalize(store, item, Succeeded())).applied
+        assert (await finalize(store, items[2], DeadLetter("boom"))).applied
+
+        async def counts(tx: SqlTx) -> list[tuple[object, ...]]:
+            return [tuple(r) for r in await tx.fetchall(
+                "SELECT outcome, SUM(executions) FROM history_rollup WHERE level_us = 60000000"
+                " GROUP BY outcome"
+                " ORDER BY outcome")]
+
+        async def wipe(tx: SqlTx) -> None:
+            await tx.execute("DELETE FROM history_rollup")
+
+        maintained = await store.db.transact(counts, name="test.counts", write=False)
+        assert maintained == [("dead", 1), ("succeeded", 2)]
+        await store.db.transact(wipe, name="test.wipe", write=True)
+        cfg = write_config(tmp_path / "a.toml", database.url)
+        # The executions' day is not over: by default, its counts are left as they are.
+        untouched = run_cli(cfg, "history", "rebuild", "--json")
+        assert untouched.returncode == 0, untouched.stderr
+        assert json.loads(untouched.stdout) == {"rebuilt_rows": 0}
+        rebuilt = run_cli(cfg, "history", "rebuild", "--from", "2027-01-15T00:00Z", "--json")
+        assert rebuilt.returncode == 0, rebuilt.stderr
+        assert json.loads(rebuilt.stdout) == {"rebuilt_rows": 6}  # 2 outcomes x 3 levels
+        assert await store.db.transact(counts, name="test.counts", write=False) == maintained
+        plain = run_cli(cfg, "history", "rebuild", "--from", "1800000000")
+        assert plain.returncode == 0
+        assert plain.stdout == "history rebuilt: 6 rollup rows from the stored executions\n"
+        bad = run_cli(cfg, "history", "rebuild", "--from", "yesterday")
+        assert bad.returncode == 2
+        assert "--from must be an ISO 8601 UTC time" in bad.stderr
+        assert await store.db.transact(counts, name="test.counts", write=False) == maintained
