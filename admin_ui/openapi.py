@@ -200,6 +200,10 @@ SCHEMAS: Json = {
         "hold": {"type": ["string", "null"],
                  "description": "why this build leaves the item for another replica (written"
                                 " for a newer engine capability or payload schema), or null"},
+        "newer_build": {"type": ["integer", "null"],
+                        "description": "the engine capability of the newer build that wrote"
+                                       " the item (the page shows what this build knows), or"
+                                       " null"},
         "executions": {"type": "array", "items": _ref("Execution")},
         "lineage": {"type": "object", "properties": {
             "replay_of": {"type": ["object", "null"]},
