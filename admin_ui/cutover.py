@@ -20,7 +20,11 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 
 from admin_ui.auth import current_principal, require
 from admin_ui.context import console
-from admin_ui.cutover_text import (
+from admin_ui.errors import DatabaseDown, NotFound, classify
+from admin_ui.filters import reason_from
+from admin_ui.render import page
+from daemon.core.cutover import IllegalStep
+from daemon.core.cutover_text import (
     CLAIMANT_TEXT,
     RECEIPT_KIND_TEXT,
     STEP_TEXT,
@@ -28,10 +32,6 @@ from admin_ui.cutover_text import (
     count_rows,
     phase_text,
 )
-from admin_ui.errors import DatabaseDown, NotFound, classify
-from admin_ui.filters import reason_from
-from admin_ui.render import page
-from daemon.core.cutover import IllegalStep
 from daemon.services import cutover as service
 from daemon.services.families import known_family_names
 from storage.cutover.steps import NotUnderCutover

@@ -1,8 +1,9 @@
-"""The Cutover page's words: phases, claimants, steps and counts as operators say them.
+"""Cutover in the operator's words: phases, claimants, steps and counts (pure).
 
 The status document (:func:`daemon.services.cutover.status`) is the CLI's ``--json``:
 machine names (``cutover_draining``, ``legacy_processing``) and raw values (tuples,
-microseconds). The page shows none of them: every phase, claimant, step and count has
+microseconds). The console's Cutover page and ``integrationd cutover status`` show none
+of them: every phase, claimant, step and count has
 a sentence here, and :func:`count_rows` refuses a count it has no words for (a new
 field on :class:`daemon.core.cutover.Snapshot` must be named here before it shows).
 """
