@@ -40,7 +40,12 @@ from daemon.services import logs
 from daemon.services.catalog_view import serving_refusal
 from daemon.services.clock import WallClock
 from daemon.services.cutover import verified_claimant
-from daemon.services.families import UnknownFamily, build_registry, known_family_names
+from daemon.services.families import (
+    UnknownFamily,
+    build_registry,
+    known_family_names,
+    require_known_family,
+)
 from daemon.services.operator_api import (
     BadRequest,
     EnqueueRequest,
@@ -407,6 +412,7 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
             )
             _print_json({"enqueued": len(ids), "first": ids[0], "last": ids[-1]})
         elif verb == "list":
+            require_known_family(args.family)
             query = WorkQuery(
                 state=parse_state(args.state),
                 family=args.family,
@@ -490,8 +496,7 @@ async def _work_count(store: WorkStore, now_us: int, args: argparse.Namespace) -
     from daemon.admin_cli import iso_utc, say_empty
     from daemon.core.time_range import BadTime, parse_range
 
-    if args.family is not None and args.family not in known_family_names():
-        raise UnknownFamily(args.family, known_family_names())
+    require_known_family(args.family)
     try:
         span = parse_range(args.since, args.until, now_us)
     except BadTime as exc:
