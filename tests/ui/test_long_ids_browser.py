@@ -6,10 +6,13 @@ line's token) on a work item's page, an ingress receipt's page and the audit log
 measured in Chromium at a laptop's width and a narrow one: its text lies on one line
 (one client rect), and it stays inside its card, or inside a scrolling box that does.
 A real replica on SQLite with an ingress receipt materialized into a work item (its
-lineage shows the receipt and event ids), Debian's Chromium."""
+lineage shows the receipt and event ids), Debian's Chromium. The audit log's JSON keeps
+its exact microseconds and reads them as UTC time on hover."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,7 +22,10 @@ from playwright.sync_api import Page
 
 from admin_ui.extensions import combine
 from admin_ui.ingress import ingress_extensions
-from storage.port import WorkQuery
+from daemon.services.clock import WallClock
+from storage.idgen import new_ulid
+from storage.port import AuditEntry, SqlTx, WorkQuery
+from storage.work_admin import append_audit
 from tests.support.backends import fresh_database
 from tests.support.ingress import materialization, receipt
 from tests.support.webhooks import ingress_settings
@@ -76,6 +82,17 @@ async def test_ids_and_json_stay_whole_and_inside_their_box(live: LiveConsole) -
                if i.family == "inbound_apply"]
     (dead,) = await live.enqueue("flaky", 1)
     await live.wait_state(dead, "dead")
+    # An audit entry whose documents carry a moment and a span in microseconds.
+    now = WallClock().now_us()
+    entry = AuditEntry(audit_id=new_ulid(now), at_us=now, actor="ada", role="admin",
+                       action="quota.unblock", target_kind="quota", target_id="hubspot:ui",
+                       reason="ui test", before=json.dumps({"blocked_until_us": now}),
+                       after=json.dumps({"window_us": 10_000_000}))
+
+    async def write(tx: SqlTx) -> None:
+        await append_audit(tx, entry)
+
+    await live.store.db.transact(write, name="test.audit")
 
     def scenario(page: Page, live: LiveConsole) -> None:
         sign_in(page, "ada")
@@ -93,6 +110,14 @@ async def test_ids_and_json_stay_whole_and_inside_their_box(live: LiveConsole) -
                     found[f"{width} {path}"] = broken
             page.goto(f"/admin/work/{item.work_id}")
             shot(page, f"67-lineage-ids-{width}")
+        # The audit JSON keeps its exact microseconds and reads as UTC time on hover.
+        page.goto("/admin/audit")
+        row = page.locator(f"tr[data-audit-id='{entry.audit_id}']")
+        moment, window = row.locator("pre.json span.us").all()
+        assert moment.inner_text() == str(now)
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ",
+                            moment.get_attribute("title") or ""), moment.get_attribute("title")
+        assert (window.inner_text(), window.get_attribute("title")) == ("10000000", "10 s")
         assert found == {}, "\n".join(f"{k}: {v}" for k, v in found.items())
 
     await in_browser(live, scenario)
