@@ -11,8 +11,9 @@ editing the console:
 * ``lineage``: async providers called for a work item's detail page and its
   JSON; each returns a :class:`LineageSection` (or ``None`` when it has
   nothing for that item). A provider's ``key`` that matches one of
-  :data:`PLANNED_SECTIONS` replaces that section's "not recorded by this
-  build yet" placeholder.
+  :data:`PLANNED_SECTIONS` replaces that section's placeholder: "not
+  applicable" (nothing of that kind belongs to the item), or, for an item
+  written by a newer build, that this console shows only what it knows.
 * ``blueprints``: extra Quart blueprints (pages under ``/admin/``, JSON under
   ``/admin/api/``), mounted after the console's own.
 * ``nav``: navigation entries, shown to roles allowed ``action``.
@@ -32,7 +33,15 @@ import attrs
 from quart import Blueprint
 
 from admin_ui.view import ReplicaView
+from daemon.core.capability import newer_build_version
 from daemon.core.work import WorkItem
+
+NOT_APPLICABLE = "not applicable"
+
+
+def newer_build_text(version: int) -> str:
+    return f"written by a newer build (v{version}); this console shows what it knows"
+
 
 PLANNED_SECTIONS: tuple[tuple[str, str], ...] = (
     ("receipts", "Ingress receipts"),
@@ -80,15 +89,19 @@ class ConsoleExtensions:
 async def lineage_sections(
     view: ReplicaView, item: WorkItem, providers: list[LineageProvider]
 ) -> list[LineageSection]:
-    """Every provider's section, then a placeholder for each planned one nobody provided."""
+    """Every provider's section, then a placeholder for each planned one nobody provided:
+    it does not apply to the item, or (an item a newer build wrote) this build may not
+    know how it applies."""
     sections: list[LineageSection] = []
     for provider in providers:
         section = await provider(view, item)
         if section is not None:
             sections.append(section)
     provided = {s.key for s in sections}
+    newer = newer_build_version(item.engine_capability_version)
+    placeholder = NOT_APPLICABLE if newer is None else newer_build_text(newer)
     sections.extend(
-        LineageSection(key, title, (), "not recorded by this build yet")
+        LineageSection(key, title, (), placeholder)
         for key, title in PLANNED_SECTIONS
         if key not in provided
     )

@@ -128,7 +128,9 @@ PATHS: Json = {
                                         " needs re-authorization; never a secret)",
                                         _ref("NotConfigured"))},
     "/admin/api/quota": {"get": _get("Provider quota keys: budget, reservations in flight,"
-                                     " last 429", _ref("NotConfigured"))},
+                                     " last 429, and what waits on each (waiting: the"
+                                     " longest-waiting held items, oldest_wait_us)",
+                                     _ref("NotConfigured"))},
 }
 
 _NULL_STR = {"type": ["string", "null"]}
@@ -200,6 +202,10 @@ SCHEMAS: Json = {
         "hold": {"type": ["string", "null"],
                  "description": "why this build leaves the item for another replica (written"
                                 " for a newer engine capability or payload schema), or null"},
+        "newer_build": {"type": ["integer", "null"],
+                        "description": "the engine capability of the newer build that wrote"
+                                       " the item (the page shows what this build knows), or"
+                                       " null"},
         "executions": {"type": "array", "items": _ref("Execution")},
         "lineage": {"type": "object", "properties": {
             "replay_of": {"type": ["object", "null"]},
@@ -277,6 +283,11 @@ SCHEMAS: Json = {
                      "outcomes": {"type": "array", "items": {"type": "string"}},
                      "series": {"type": "array", "items": {"type": "object"}}}},
         "local": {"type": "object", "description": "this replica's counters since start"},
+        "claims": {"type": "object", "description": "items this replica claimed over the"
+                   " throughput window (claimed, window_s) and per second (per_s: null"
+                   " before the first sample)", "properties": {
+                       "claimed": {"type": "integer"}, "window_s": {"type": "number"},
+                       "per_s": {"type": ["number", "null"]}}},
         "replicas": {"type": ["array", "null"], "items": _ref("Replica")},
         "retention": {"type": ["object", "null"], "description": "the pruner's last pass"
                       " (cluster-wide, from its lease row): when, by which replica, result,"

@@ -14,6 +14,7 @@ from admin_ui.extensions import LineageProvider, lineage_sections, section_json
 from admin_ui.filters import DLQ_CLASS_SAMPLE
 from admin_ui.serialize import audit_json, dead_class_json, execution_json, work_json
 from admin_ui.view import ReplicaView
+from daemon.core.capability import newer_build_version
 from daemon.core.states import WorkState
 from daemon.core.work import WorkItem
 from storage.port import DeadQuery, WorkNotFound, WorkQuery
@@ -67,6 +68,7 @@ async def work_detail(view: ReplicaView, work_id: str,
     return {
         "item": work_json(item),
         "hold": view.registry.hold_reason(item),
+        "newer_build": newer_build_version(item.engine_capability_version),
         "executions": [execution_json(e) for e in executions],
         "lineage": {"replay_of": original, "replays": [_summary(r) for r in replays],
                     "created_by": created_by},

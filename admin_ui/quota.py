@@ -16,7 +16,8 @@ from typing import Any
 from config.catalog import CatalogError, load_definitions
 from config.definitions import OperationDefinition
 from config.settings import Settings
-from daemon.services.effect_quota import QuotaKey, declared_keys
+from daemon.core.quota_waits import waiting_since
+from daemon.services.effect_quota import QuotaKey, declared_keys, waiting_key
 from daemon.services.quota_gauges import sample_quota
 from storage.work_store import WorkStore
 
@@ -43,9 +44,33 @@ def _declared(settings: Settings | None) -> dict[str, QuotaKey]:
                          clock_spread_us=settings.work.clock_spread_us)
 
 
+# Items held on quota read per page view (due soonest first), and listed per key.
+WAITERS_READ = 500
+WAITERS_SHOWN = 10
+
+
+async def waiting_by_key(store: WorkStore, now_us: int) -> dict[str, list[Json]]:
+    """Each quota key's held items, the longest waiting first: since when (its current
+    run of quota deferrals began) and when it is tried next."""
+    out: dict[str, list[Json]] = {}
+    for w in await store.quota_waiters(WAITERS_READ):
+        key = waiting_key(w.summary)
+        if key is None:
+            continue
+        since = waiting_since(w.journal)
+        out.setdefault(key, []).append({
+            "work_id": w.work_id, "family": w.family, "waiting_since_us": since,
+            "waited_us": None if since is None else max(0, now_us - since),
+            "next_try_us": w.run_after_us})
+    for rows in out.values():
+        rows.sort(key=lambda r: (r["waiting_since_us"] is None, r["waiting_since_us"] or 0))
+    return out
+
+
 async def quota_json(store: WorkStore, now_us: int, settings: Settings | None = None,
                      prefix: str = "") -> Json:
     samples = await sample_quota(store, _declared(settings), now_us)
+    waiters = await waiting_by_key(store, now_us)
     items = [{
         "quota_key": q.quota_key, "declared": q.declared, "limit": q.limit,
         "window_us": q.window_us, "kind": q.kind or None, "burst": q.burst or None,
@@ -54,6 +79,9 @@ async def quota_json(store: WorkStore, now_us: int, settings: Settings | None = 
         "returned_total": q.returned_total, "throttles_total": q.throttles_total,
         "last_throttled_at_us": q.last_throttled_at_us or None,
         "reserved_in_flight": q.in_flight, "waiting_work": q.waiting,
+        # The longest-waiting held items (at most WAITERS_SHOWN; waiting_work counts all).
+        "oldest_wait_us": next((w["waited_us"] for w in waiters.get(q.quota_key, ())), None),
+        "waiting": waiters.get(q.quota_key, [])[:WAITERS_SHOWN],
     } for q in samples if q.quota_key.startswith(prefix)]
     return {"configured": bool(items), "items": items,
             "message": "" if items else NO_KEYS}

@@ -108,6 +108,15 @@ def throughput(history: list[HistoryPoint], window_s: float) -> dict[str, Any]:
     }
 
 
+def claim_rate(history: list[HistoryPoint], window_s: float) -> dict[str, Any]:
+    """WorkItems this replica claimed over the throughput window, and per second (None
+    before the first sample: nothing is known yet)."""
+    points, span = window(history, window_s)
+    claimed = sum(p.claims for p in points)
+    return {"window_s": round(span, 1), "claimed": claimed,
+            "per_s": _rate(claimed, span) if points else None}
+
+
 def series(history: list[HistoryPoint], points: int = SERIES_POINTS) -> list[dict[str, Any]]:
     """Per sample: total depth per state, and finished work per second."""
     out = []
@@ -299,6 +308,7 @@ async def overview(view: ReplicaView) -> dict[str, Any]:
         "families": families,
         "flow": effect_flow,
         "local": local_counters(list(view.counter_samples())),
+        "claims": claim_rate(history, THROUGHPUT_WINDOW_S),
         "replicas": seen,
         "retention": kept,
     }

@@ -39,6 +39,9 @@ class HistoryPoint(Protocol):
     @property
     def flow(self) -> FlowSample: ...  # the effect path over the same interval
 
+    @property
+    def claims(self) -> int: ...  # WorkItems this replica claimed over the interval
+
 
 class MetricSample(Protocol):
     """One sample of the replica's metrics: name, labels, value."""

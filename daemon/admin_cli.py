@@ -53,7 +53,7 @@ from daemon.core.ids import is_ulid
 from daemon.cutover_cli import CutoverUsage, add_cutover_command, run_cutover_command
 from daemon.reconcile_cli import ReconcileUsage, add_reconcile_command, run_reconcile_command
 from daemon.services.clock import WallClock
-from daemon.services.families import FamilyRegistry, UnknownFamily
+from daemon.services.families import FamilyRegistry, UnknownFamily, require_known_family
 from daemon.services.operator_api import BadRequest, NotAuthorized
 from daemon.subscriptions_cli import (
     SubscriptionsUsage,
@@ -272,6 +272,7 @@ def _origin_text(origin: str | None) -> str:
 async def _dlq(store: WorkStore, settings: Settings, args: argparse.Namespace) -> int:
     verb = args.dlq_command
     if verb == "list":
+        require_known_family(args.family)
         if args.after is not None and not is_ulid(args.after):
             raise _Usage("--after must be a work id")
         items = await store.work_dead_list(DeadQuery(

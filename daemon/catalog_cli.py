@@ -113,6 +113,8 @@ async def run_catalog_command(store: WorkStore, settings: Settings,
         if args.json:
             _print_json({"revisions": docs})
             return
+        if not docs:
+            sys.stdout.write("no catalog revision is published (integrationd catalog publish)\n")
         for d in docs:
             # Counted up to PIN_COUNT_LIMIT each: "1000+" when there are more.
             commands = f"{d['open_commands']}{'+' if d['open_commands_more'] else ''}"

@@ -33,6 +33,7 @@ from config.summary import describe_settings
 from daemon.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
 from daemon.binding_cli import BindingNotFound, add_binding_commands, run_binding_command
 from daemon.command_cli import CommandNotFound, add_command_commands, run_command_command
+from daemon.core.human_time import wall_text
 from daemon.history_cli import add_history_command, run_history_command
 from daemon.keys_cli import add_keys_commands, run_keys_command
 from daemon.link_cli import add_link_commands, run_link_command
@@ -40,7 +41,12 @@ from daemon.services import logs
 from daemon.services.catalog_view import serving_refusal
 from daemon.services.clock import WallClock
 from daemon.services.cutover import verified_claimant
-from daemon.services.families import UnknownFamily, build_registry, known_family_names
+from daemon.services.families import (
+    UnknownFamily,
+    build_registry,
+    known_family_names,
+    require_known_family,
+)
 from daemon.services.operator_api import (
     BadRequest,
     EnqueueRequest,
@@ -145,6 +151,15 @@ def _parser() -> argparse.ArgumentParser:
 
     dep = work.add_parser("depths", help="queue depth per family and state")
     dep.add_argument("--json", action="store_true", help="print JSON (one document)")
+
+    cnt = work.add_parser(
+        "count", help="totals by family and state of the items created in a time range,"
+                      " and the executions that finished in it by outcome")
+    cnt.add_argument("--since", help="from this UTC time (2026-12-06T02:00:00Z) or age"
+                                     " (90s, 15m, 6h, 7d); default: the beginning")
+    cnt.add_argument("--until", help="up to this UTC time or age (default: now)")
+    cnt.add_argument("--family", help="one family only")
+    cnt.add_argument("--json", action="store_true", help="print JSON (one document)")
     add_admin_commands(sub)
     add_keys_commands(sub)
     add_binding_commands(sub)
@@ -400,6 +415,7 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
             )
             _print_json({"enqueued": len(ids), "first": ids[0], "last": ids[-1]})
         elif verb == "list":
+            require_known_family(args.family)
             query = WorkQuery(
                 state=parse_state(args.state),
                 family=args.family,
@@ -453,6 +469,8 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
                                   reason=args.reason, rules=registry.cancel_rules())
             _print_json({"work_id": result.work_id, "disposition": result.disposition,
                          "state": result.state.value})
+        elif verb == "count":
+            await _work_count(store, clock.now_us(), args)
         elif verb == "depths":
             depths = await store.work_depths()
             if args.json:
@@ -473,6 +491,53 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
 
     result: int = await _with_store(settings, act)
     return result
+
+
+async def _work_count(store: WorkStore, now_us: int, args: argparse.Namespace) -> None:
+    """``work count``: items created in the range by family and state (their state now),
+    and executions finished in it by family and outcome."""
+    from daemon.admin_cli import iso_utc, say_empty
+    from daemon.core.time_range import BadTime, parse_range
+
+    require_known_family(args.family)
+    try:
+        span = parse_range(args.since, args.until, now_us)
+    except BadTime as exc:
+        raise BadRequest(str(exc)) from None
+    created = await store.work_state_counts(span.since_us, span.until_us, args.family)
+    finished = [c for c in await store.work_outcome_counts(span.since_us or 0, span.until_us)
+                if args.family is None or c.family == args.family]
+    by_family: dict[str, int] = {}
+    by_state: dict[str, int] = {}
+    for family, state, n in created:
+        by_family[family] = by_family.get(family, 0) + n
+        by_state[state] = by_state.get(state, 0) + n
+    if args.json:
+        _print_json({
+            "since_us": span.since_us, "until_us": span.until_us,
+            "since": None if span.since_us is None else iso_utc(span.since_us),
+            "until": iso_utc(span.until_us), "family": args.family,
+            "created": [{"family": f, "state": st, "count": n} for f, st, n in created],
+            "by_family": by_family, "by_state": by_state, "total": sum(by_family.values()),
+            "finished": [{"family": c.family, "outcome": c.outcome, "count": c.count}
+                         for c in sorted(finished, key=lambda c: (c.family, c.outcome))]})
+        return
+    since = "the beginning" if span.since_us is None else wall_text(span.since_us)
+    sys.stdout.write(f"work created from {since} until {wall_text(span.until_us)}"
+                     + (f", family {args.family}" if args.family else "") + ":\n")
+    if not created:
+        say_empty("work items were created in that range")
+    for family, state, n in created:
+        sys.stdout.write(f"  {family:<24} {state:<24} {n:>10}\n")
+    for family, n in sorted(by_family.items()):
+        sys.stdout.write(f"  {family:<24} {'(all states)':<24} {n:>10}\n")
+    if created:
+        sys.stdout.write(f"  {'total':<49} {sum(by_family.values()):>10}\n")
+    sys.stdout.write("executions finished in that range:\n")
+    if not finished:
+        say_empty("execution finished in that range")
+    for c in sorted(finished, key=lambda c: (c.family, c.outcome)):
+        sys.stdout.write(f"  {c.family:<24} {c.outcome:<24} {c.count:>10}\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

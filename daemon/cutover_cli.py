@@ -28,6 +28,7 @@ from typing import Any
 
 from config.settings import Settings
 from daemon.core.cutover import IllegalStep
+from daemon.core.cutover_text import CLAIMANT_TEXT, STEP_TEXT, phase_text
 from daemon.services import cutover as service
 from daemon.services.clock import WallClock
 from daemon.services.families import UnknownFamily, known_family_names
@@ -86,11 +87,14 @@ def _print_json(doc: Any) -> None:
 def _status_text(doc: dict[str, Any]) -> str:
     gen = doc["generation"]
     lines = [f"family {doc['family']}: " + (
-        f"generation {gen['generation']}, {gen['phase']} (claims: {gen['claimant']})"
+        f"generation {gen['generation']}, {phase_text(gen['phase'])}"
+        f" (claims: {CLAIMANT_TEXT[gen['claimant']]})"
         if gen else "not under cutover (integrationd claims; it never had another owner)")]
-    lines.append(f"next step: {doc['next_step']}")
+    lines.append(f"next step: {STEP_TEXT[doc['next_step']]}"
+                 f" (integrationd cutover {doc['next_verb']})")
     lines += [f"  blocked: {b['sentence']} [{b['code']}]" for b in doc["blockers"]]
-    lines += [f"  receipt {r['receipt_id']}: generation {r['generation']} -> {r['owner']}"
+    lines += [f"  receipt {r['receipt_id']}: generation {r['generation']} ->"
+              f" {CLAIMANT_TEXT.get(r['owner'], r['owner'])}"
               f" ({r['kind']}{', fence ' + r['fence_id'] if r['fence_id'] else ''},"
               f" {r['fenced_count']} fenced)" for r in doc["receipts"]]
     lines += [f"  fence {f['fence_id']}: {f['fenced']} fenced, {f['awaiting']} awaiting,"

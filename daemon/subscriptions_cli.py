@@ -62,7 +62,8 @@ async def run_subscriptions_command(store: WorkStore, settings: Settings,
         if args.json:
             sys.stdout.write(json.dumps({"subscriptions": doc["observed"],
                                          "desired": doc["desired"], "runs": doc["runs"],
-                                         "health": doc["health"]},
+                                         "health": doc["health"], "counts": doc["counts"],
+                                         "missing": doc["missing"]},
                                         indent=2, sort_keys=True) + "\n")
             return
         for run in doc["runs"]:
@@ -84,9 +85,15 @@ async def run_subscriptions_command(store: WorkStore, settings: Settings,
                              f" {r['generation']}  {r['health']}  secret generation"
                              f" {r['secret_generation']}  retiring {len(r['retiring'])}"
                              f"  reconciled {age}  {r['last_outcome'] or '-'}\n")
-        health = doc["health"]
-        sys.stdout.write(f"active {health['active']}  disabled {health['disabled']}"
-                         f"  missing {health['missing']}\n")
+        if not doc["desired"] and not doc["observed"]:
+            sys.stdout.write("no subscription is desired (no webhook route with a public_url"
+                             " whose contract subscribes) or observed\n")
+        health, counts = doc["health"], doc["counts"]
+        sys.stdout.write(f"desired {counts['desired']}  observed {counts['observed']}"
+                         f"  active {health['active']}  disabled {health['disabled']}"
+                         f"  missing {health['missing']}"
+                         + (": " + ", ".join(m["name"] for m in doc["missing"])
+                            if doc["missing"] else "") + "\n")
         return
     operator = authorize(settings, args.actor, "subscriptions.reconcile")
     if not args.reason.strip():

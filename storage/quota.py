@@ -63,6 +63,7 @@ from daemon.core.quota import (
     returned,
     throttled,
 )
+from daemon.core.quota_waits import JournalEntry
 from daemon.core.work import Fence
 from storage.idgen import new_ulid
 from storage.port import (
@@ -119,6 +120,17 @@ class QuotaKeyView:
     window_us: int
     interval_us: int
     updated_at_us: int
+
+
+@attrs.frozen
+class QuotaWaiter:
+    """One work item held on quota (pending, ``quota_wait``) and its journal."""
+
+    work_id: str
+    family: str
+    summary: str
+    run_after_us: int
+    journal: tuple[JournalEntry, ...]
 
 
 @attrs.frozen
@@ -539,6 +551,31 @@ class QuotaLedger:
             return [str(r[0] or "") for r in rows]
 
         return await self.db.transact(body, name="quota.waiting", write=False)
+
+    async def quota_waiters(self, limit: int) -> list[QuotaWaiter]:
+        """Up to ``limit`` items held on quota (those due soonest first), each with its
+        execution journal (the console's "what is waiting on each key")."""
+
+        async def body(tx: SqlTx) -> list[QuotaWaiter]:
+            rows = await tx.fetchall(
+                "SELECT work_id, family, operator_summary, run_after_us FROM work_items"
+                " WHERE state = 'pending' AND failure_class = 'quota_wait'"
+                " ORDER BY run_after_us, work_id LIMIT ?", (limit,))
+            if not rows:
+                return []
+            ids = [str(r[0]) for r in rows]
+            journal: dict[str, list[JournalEntry]] = {i: [] for i in ids}
+            for w, epoch, outcome, reason, at in await tx.fetchall(
+                    "SELECT work_id, ownership_epoch, outcome, reason, finished_at_us"
+                    f" FROM work_executions WHERE work_id IN ({placeholders(len(ids))})",
+                    tuple(ids)):
+                journal[str(w)].append(JournalEntry(int(epoch), str(outcome),
+                                                    None if reason is None else str(reason),
+                                                    int(at)))
+            return [QuotaWaiter(str(w), str(f), str(summary or ""), int(after),
+                                tuple(journal[str(w)])) for w, f, summary, after in rows]
+
+        return await self.db.transact(body, name="quota.waiters", write=False)
 
     async def quota_reservations(self, work_id: str) -> list[QuotaReservation]:
         async def body(tx: SqlTx) -> list[QuotaReservation]:

@@ -327,6 +327,28 @@ class WorkAdmin:
 
         return await self.db.transact(body, name="work.replay")
 
+    async def work_state_counts(self, since_us: int | None, until_us: int,
+                                family: str | None = None) -> list[tuple[str, str, int]]:
+        """(family, state, count) of the items created in ``[since_us, until_us)`` (from
+        the beginning when ``since_us`` is None), one family or all: ``work count``.
+        A count over the range's rows (an operator's question, not a sampled gauge)."""
+
+        async def body(tx: SqlTx) -> list[tuple[str, str, int]]:
+            where = ["created_at_us < ?"]
+            args: list[Any] = [until_us]
+            if since_us is not None:
+                where.append("created_at_us >= ?")
+                args.append(since_us)
+            if family is not None:
+                where.append("family = ?")
+                args.append(family)
+            rows = await tx.fetchall(
+                "SELECT family, state, COUNT(*) FROM work_items WHERE "
+                + " AND ".join(where) + " GROUP BY family, state", tuple(args))
+            return sorted((str(f), str(s), int(n)) for f, s, n in rows)
+
+        return await self.db.transact(body, name="work.state_counts", write=False)
+
     async def work_depths(self) -> list[QueueDepth]:
         """Depth and oldest ``run_after`` per (family, state) of :data:`DEPTH_STATES`.
 

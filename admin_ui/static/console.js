@@ -11,21 +11,11 @@
     if (node) node.textContent = String(value);
   }
 
-  let previous = null; // {nowUs, claimed} of the last fragment
-  let claimRate = null;
-
   function afterSwap() {
     const meta = document.getElementById("live-meta");
     if (!meta) return;
     const banner = document.getElementById("db-banner");
     if (banner) banner.hidden = meta.dataset.database === "ok";
-    const now = { nowUs: Number(meta.dataset.nowUs), claimed: Number(meta.dataset.claimed) };
-    if (previous && now.nowUs > previous.nowUs) {
-      const dt = (now.nowUs - previous.nowUs) / 1e6;
-      claimRate = Math.max(0, (now.claimed - previous.claimed) / dt);
-    }
-    if (claimRate !== null) setText("claim-rate", claimRate.toFixed(1));
-    previous = now;
     setText("live-status", "live \u00b7 " + meta.dataset.status);
   }
 

@@ -36,3 +36,10 @@ def hold_reason(
         return (f"payload schema v{item_schema} is newer than this build's handler reads"
                 f" (v{schema}): left for a replica that can run it")
     return None
+
+
+def newer_build_version(item_engine: int, engine: int = ENGINE_CAPABILITY_VERSION) -> int | None:
+    """The engine capability of the newer build that wrote an item (``None``: this build
+    or an older one wrote it). Terminal or not: a console page of such an item shows
+    what this build knows and says the rest is the newer build's."""
+    return item_engine if item_engine > engine else None

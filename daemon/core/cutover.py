@@ -106,6 +106,37 @@ class IllegalStep(Exception):
         self.code = "cutover_illegal_step"
 
 
+# The step an operator takes next from each phase (``None``: the family never had another
+# claimant; ``begin`` puts it under the protocol).
+NEXT_STEP: Mapping[Phase | None, Step] = {
+    None: Step.BEGIN,
+    P.LEGACY_ACTIVE: Step.BEGIN,
+    P.CUTOVER_DRAINING: Step.COMMIT,
+    P.INTEGRATIOND_ACTIVE: Step.ROLLBACK_BEGIN,
+    P.ROLLBACK_DRAINING: Step.ROLLBACK_COMMIT,
+}
+
+# The operator verb (``integrationd cutover <verb>``, the console's step form) that takes
+# each step: ``rollback`` takes both halves of a rollback, ``re-cutover`` is ``begin``
+# then ``commit``.
+VERB_OF_STEP: Mapping[Step, str] = {
+    Step.BEGIN: "begin",
+    Step.COMMIT: "commit",
+    Step.ROLLBACK_BEGIN: "rollback",
+    Step.ROLLBACK_COMMIT: "rollback",
+}
+
+
+def next_step(phase: Phase | None) -> Step:
+    """The step an operator takes next from ``phase`` (always legal from it)."""
+    return NEXT_STEP[phase]
+
+
+def next_verb(phase: Phase | None) -> str:
+    """The operator verb that takes :func:`next_step` (the one step form offered)."""
+    return VERB_OF_STEP[next_step(phase)]
+
+
 def next_phase(phase: Phase, step: Step) -> Phase:
     """The phase after ``step``, or raise :class:`IllegalStep`."""
     try:

@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 
 from config.settings import Settings
-from daemon.core.cutover import Blocker, Phase, Step, blockers
+from daemon.core.cutover import Blocker, Phase, blockers, next_step, next_verb
 from daemon.services.operator_api import authorize
 from storage.cutover.legacy_sql import SqlLegacyClaimant
 from storage.cutover.snapshot import serves
@@ -43,13 +43,6 @@ from storage.cutover.values import (
 from storage.port import RetriesExhausted
 from storage.work_store import WorkStore
 
-NEXT_STEP = {
-    None: Step.BEGIN,
-    Phase.LEGACY_ACTIVE: Step.BEGIN,
-    Phase.CUTOVER_DRAINING: Step.COMMIT,
-    Phase.INTEGRATIOND_ACTIVE: Step.ROLLBACK_BEGIN,
-    Phase.ROLLBACK_DRAINING: Step.ROLLBACK_COMMIT,
-}
 VERBS = ("status", "begin", "commit", "rollback", "re-cutover")
 
 
@@ -107,15 +100,17 @@ async def status(store: WorkStore, settings: Settings, family: str, now_us: int,
     except LegacyClaimantError as exc:
         claimant, misconfigured = None, (Blocker(exc.code, str(exc)),)
     gen, snap = await store.cutover_snapshot(family, now_us, claimant)
-    step = NEXT_STEP[gen.phase if gen is not None else None]
-    found = misconfigured + blockers(
-        step, attrs.evolve(snap, claim_tx_bound_us=claim_tx_bound_us))
+    phase = gen.phase if gen is not None else None
+    step = next_step(phase)
+    snap = attrs.evolve(snap, claim_tx_bound_us=claim_tx_bound_us)
+    found = misconfigured + blockers(step, snap)
     fences = await store.legacy_fence_progress(family)
     return {
         "family": family,
         "generation": generation_json(gen),
         "under_cutover": gen is not None,
         "next_step": step.value,
+        "next_verb": next_verb(phase),
         "blockers": [{"code": b.code, "sentence": b.sentence} for b in found],
         "counts": attrs.asdict(snap),
         "receipts": [receipt_json(r) for r in await store.cutover_receipts(family)],

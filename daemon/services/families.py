@@ -208,6 +208,13 @@ def known_family_names() -> list[str]:
     return list(FAMILY_NAMES)
 
 
+def require_known_family(name: str | None) -> None:
+    """Refuse a family this build does not know (an operator's typo matches nothing and
+    would look like an empty listing); ``None``: no family was asked for."""
+    if name is not None and name not in FAMILY_NAMES:
+        raise UnknownFamily(name, known_family_names())
+
+
 def build_registry(
     settings: Settings,
     handlers: Mapping[str, Handler] | None = None,

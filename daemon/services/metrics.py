@@ -413,6 +413,11 @@ class Metrics:
         self._depth_keys: set[tuple[str, str]] = set()
         self._ingress(r)
 
+    def claimed_total(self) -> int:
+        """WorkItems this replica claimed since it started (every family)."""
+        return int(sum(sample.value for metric in self.claimed.collect()
+                       for sample in metric.samples if sample.name.endswith("_total")))
+
     def _ingress(self, r: CollectorRegistry) -> None:
         self.ingress_deliveries = Counter(
             "integrationd_ingress_deliveries",

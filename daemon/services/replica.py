@@ -100,6 +100,9 @@ class HistoryPoint:
     depths: tuple[QueueDepth, ...]
     finished: tuple[OutcomeCount, ...]
     flow: FlowSample = attrs.field(factory=FlowSample)  # the effect path, same interval
+    # WorkItems this replica claimed over the same interval (its own counter's increase):
+    # the console's "Claims / s" reads it over the throughput window.
+    claims: int = 0
 
 
 HISTORY_POINTS = 720  # one hour at the default 5 s sample interval
@@ -473,9 +476,11 @@ class Replica:
     ) -> None:
         task_status.started()
         previous_us = self.clock.now_us()
+        previous_claims = self.metrics.claimed_total()
         while True:
             try:
                 now_us = self.clock.now_us()
+                claims = self.metrics.claimed_total()
                 depths = await self.store.work_depths()
                 finished = await self.store.work_outcome_counts(previous_us, now_us)
                 flow = await self.store.flow_sample(previous_us, now_us)
@@ -493,9 +498,9 @@ class Replica:
                         self.store, self.metrics.quota_declared, now_us), now_us)
                 self.history.append(
                     HistoryPoint(now_us, (now_us - previous_us) / 1_000_000, tuple(depths),
-                                 tuple(finished), flow)
+                                 tuple(finished), flow, claims - previous_claims)
                 )
-                previous_us = now_us
+                previous_us, previous_claims = now_us, claims
                 self._last_db_ok = trio.current_time()
             except StorageError as exc:
                 self.metrics.db_errors.labels("depth_sample").inc()

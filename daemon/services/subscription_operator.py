@@ -143,4 +143,11 @@ def status_json(catalog: Catalog, routes: Sequence[WebhookRoute], rows: list[Sub
         "bindings": bindings,
         "health": {h: sum(1 for v in health.values() if v == h)
                    for h in ("active", "disabled", "missing")},
+        "counts": {"desired": len(desired), "observed": len(rows)},
+        # Each desired subscription the provider does not have, and why we think so.
+        "missing": [{"name": d.name, "binding_id": d.binding_id, "route": d.route,
+                     "resource": d.resource, "action": d.action,
+                     "why": "never created" if d.name not in observed else
+                     f"the provider no longer lists id {observed[d.name].provider_id}"}
+                    for d in desired if health[d.name] == "missing"],
     }

@@ -91,7 +91,9 @@ async def test_cutover_rollback_and_re_cutover_from_the_cli(
 
     assert await run_admin_command(settings, _parse("cutover", "status", "noop")) == 0
     text = capsys.readouterr().out
-    assert "generation 3, integrationd_active" in text and "(confirmed)" in text
+    assert "generation 3, integrationd active (claims: integrationd)" in text
+    assert "next step: roll back" in text and "(integrationd cutover rollback)" in text
+    assert "(confirmed)" in text
     actions = [e.action for e in await store.audit_list(target_id="noop")]
     # (one verb's steps share a millisecond, so their ids' order is not theirs)
     assert sorted(actions) == sorted(["cutover.commit", "cutover.begin",

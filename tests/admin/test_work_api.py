@@ -322,7 +322,8 @@ async def test_detail_page_shows_fields_lineage_and_actions_by_role(
     (dead,) = await console.dead_items(1)
     viewer, _ = await console.sign_in("viv")
     body = await (await viewer.get(f"/admin/work/{dead}")).get_data(as_text=True)
-    assert 'id="lineage-sections"' in body and "not recorded by this build yet" in body
+    assert 'id="lineage-sections"' in body and "not applicable" in body
+    assert "not recorded by this build yet" not in body and 'id="newer-build"' not in body
     assert 'id="replay-form"' not in body and 'id="actions-refused"' in body
     operator, _ = await console.sign_in("otto")
     body = await (await operator.get(f"/admin/work/{dead}")).get_data(as_text=True)

@@ -20,6 +20,8 @@ from daemon.core.cutover import (
     blockers,
     may_claim,
     next_phase,
+    next_step,
+    next_verb,
 )
 
 P = Phase
@@ -139,3 +141,22 @@ def test_a_replica_named_by_its_open_claim_is_not_named_again() -> None:
     assert "r-b" in found[1].sentence and "r-a" not in found[1].sentence
     only = attrs.evolve(frozen, replicas=("r-a",))
     assert [b.code for b in blockers(Step.ROLLBACK_COMMIT, only)] == ["open_claim_transaction"]
+
+
+@pytest.mark.parametrize(("phase", "step", "verb"), [
+    (None, Step.BEGIN, "begin"),
+    (P.LEGACY_ACTIVE, Step.BEGIN, "begin"),
+    (P.CUTOVER_DRAINING, Step.COMMIT, "commit"),
+    (P.INTEGRATIOND_ACTIVE, Step.ROLLBACK_BEGIN, "rollback"),
+    (P.ROLLBACK_DRAINING, Step.ROLLBACK_COMMIT, "rollback"),
+])
+def test_the_next_step_and_the_verb_that_takes_it(phase: Phase | None, step: Step,
+                                                  verb: str) -> None:
+    assert next_step(phase) is step
+    assert next_verb(phase) == verb
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+def test_the_next_step_is_legal_and_moves_on(phase: Phase) -> None:
+    # Never an idempotent repeat (begin while draining): the offered step changes the phase.
+    assert next_phase(phase, next_step(phase)) is not phase

@@ -50,7 +50,7 @@ base_url = "http://127.0.0.1:9"
 def _bind(cfg: Path, actor: str, local_id: str, remote_id: str, *extra: str
           ) -> tuple[int, dict[str, object] | None, str]:
     done = run_cli(cfg, "link", "bind", "--binding", "hubspot-main", "--local-id", local_id,
-                   "--remote-id", remote_id, "--actor", actor, *WHY, *extra)
+                   "--remote-id", remote_id, "--actor", actor, "--json", *WHY, *extra)
     doc = json.loads(done.stdout) if done.returncode == 0 else None
     return done.returncode, doc, done.stderr
 
@@ -86,8 +86,17 @@ async def test_link_bind_adopts_rebinds_and_refuses_with_codes(
     assert code == 0, err
     assert doc is not None and doc["outcome"] == "rebound"
     shown = run_cli(cfg, "link", "show", "--binding", "hubspot-main", "--local-id", "lead-1",
-                    "--actor", "victor")
+                    "--actor", "victor", "--json")
     assert shown.returncode == 0, shown.stderr
+    # Text by default; a record with no link is not found (exit 1).
+    text = run_cli(cfg, "link", "show", "--binding", "hubspot-main", "--local-id", "lead-1",
+                   "--actor", "victor")
+    assert text.returncode == 0 and text.stdout.endswith(
+        ": lead lead-1 -> contact 202, active, generation 2\n"), text.stdout
+    none = run_cli(cfg, "link", "show", "--binding", "hubspot-main", "--local-id", "lead-9",
+                   "--actor", "victor")
+    assert none.returncode == 1 and none.stdout == ""
+    assert "no link for lead lead-9 under binding hubspot-main" in none.stderr
     assert {k: json.loads(shown.stdout)[k] for k in ("state", "generation", "remote_id")} == {
         "state": "active", "generation": 2, "remote_id": "202"}
     unknown = run_cli(cfg, "link", "bind", "--binding", "nosuch", "--local-id", "lead-1",

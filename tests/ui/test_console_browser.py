@@ -83,7 +83,7 @@ async def test_find_dead_item_replay_it_and_see_lineage_and_audit(live: LiveCons
         assert new_id != dead
         expect(page.locator("#replay-of a")).to_have_text(dead)
         expect(page.locator("#lineage-sections [data-section='effect_attempts']")).to_contain_text(
-            "not recorded by this build yet")
+            "not applicable")
         live.call(live.wait_state, new_id, "succeeded")
         page.reload()
         expect(page.locator("#work-state")).to_have_text("succeeded")

@@ -73,6 +73,13 @@ async def test_operator_reconciles_subscriptions_from_the_console(tmp_path: Path
             page.goto("/admin/subscriptions")
             expect(page.locator("#observed-table")).to_contain_text(
                 "No subscription has been observed yet")
+            # Desired against observed, and what is missing by name.
+            expect(page.locator("#count-desired")).to_have_text("3")
+            expect(page.locator("#count-observed")).to_have_text("0")
+            expect(page.locator("#health-missing")).to_have_text("3")
+            expect(page.locator("#missing-list li")).to_have_count(3)
+            expect(page.locator("#missing-list")).to_contain_text("outreach-main:updated")
+            expect(page.locator("#missing-list")).to_contain_text("never created")
             page.fill("#reconcile-reason", "first subscription")
             page.click("#reconcile-submit")
             expect(page.locator("#subscriptions-notice")).to_contain_text("queued")
@@ -80,6 +87,9 @@ async def test_operator_reconciles_subscriptions_from_the_console(tmp_path: Path
             page.goto("/admin/subscriptions")
             expect(page.locator("#observed-table tbody tr")).to_have_count(3)
             expect(page.locator("#observed-table")).to_contain_text("outreach-main:updated")
+            expect(page.locator("#count-observed")).to_have_text("3")
+            expect(page.locator("#health-missing")).to_have_text("0")
+            expect(page.locator("#missing-list")).to_contain_text("Nothing")
             shot(page, "30-subscriptions-created")
             # An Outreach admin deletes one: the next reconciliation recreates it.
             gone = min(s.id for s in sim.subscriptions())
