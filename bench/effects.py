@@ -248,7 +248,13 @@ def provider_figures(arrivals: list[float], limit: int, window_s: float = 1.0
         worst = max(worst, j - i)
         over += (j - i) > limit
     gaps = [b - a for a, b in itertools.pairwise(times)]
+    # The provider's count in each whole window of the backlog, back to back from the
+    # first arrival (the last, partial one left out): where the limit went unused.
+    counts = [sum(1 for t in times if times[0] + k * window_s <= t
+                  < times[0] + (k + 1) * window_s) for k in range(int(span // window_s))]
     return {"limit_use": round(len(times) / (limit * max(1.0, span / window_s)), 3),
+            "window_counts": counts,
+            "windows_under_90": sum(1 for c in counts if c < 0.9 * limit),
             "windows_over": over, "worst_window": worst,
             "longest_gap_s": round(max(gaps, default=0.0), 3), "span_s": round(span, 3)}
 

@@ -93,9 +93,12 @@ class Reserved:
     reservation_id: str
     # Its place on the key's TAT line (what comes back when it is not used).
     position_us: int
-    # When the ledger granted it (this process's clock): the preparation that follows
-    # (bind, checkpoint) is measured from here (QuotaHints.prepared).
-    granted_at_us: int = 0
+    # When this process asked the ledger for it (its clock, before the grant's own
+    # transaction): the preparation is measured from here (QuotaHints.prepared), so the
+    # lead covers the fenced grant's latency too (queued on the key's row under load, it
+    # took as long as the checkpoint after it: slots asked "lead ahead" arrived already
+    # due, and most expired before their checkpoint committed).
+    asked_at_us: int = 0
 
 
 @attrs.frozen
@@ -126,14 +129,15 @@ class QuotaHints:
     _cursors: dict[str, int] = attrs.field(factory=dict)
     _no_slot: dict[str, QuotaWait] = attrs.field(factory=dict)
     _asking: dict[tuple[str, ...], trio.Lock] = attrs.field(factory=dict)
-    # The recent preparation times, grant to ready (see lead_us).
+    # The recent preparation times, ask to ready (see lead_us).
     _prepare_us: collections.deque[int] = attrs.field(
         factory=lambda: collections.deque(maxlen=64))
 
     def prepared(self, reserved: list[Reserved], ready_us: int) -> None:
-        """A claim is ready to send on ``reserved`` at ``ready_us``."""
+        """A claim is ready to send on ``reserved`` at ``ready_us`` (its preparation:
+        from asking the ledger to a committed checkpoint)."""
         if reserved:
-            self._prepare_us.append(max(0, ready_us - min(r.granted_at_us for r in reserved)))
+            self._prepare_us.append(max(0, ready_us - min(r.asked_at_us for r in reserved)))
 
     def lead_us(self) -> int:
         """How far ahead to ask for a slot (:func:`daemon.core.quota.send_lead_us`)."""
@@ -242,11 +246,23 @@ async def reserve(store: WorkStore, clock: Clock, fence: Fence,
                 hints.learn(granted)
     if isinstance(granted, QuotaWait):
         return granted
-    granted_at = clock.now_us()
-    granted = [attrs.evolve(r, granted_at_us=granted_at) for r in granted]
+    # ``now``: the time the lead was added to (after this process's turn to ask).
+    return await _usable(store, clock, fence,
+                         [attrs.evolve(r, asked_at_us=now) for r in granted], hints, read=read)
+
+
+async def _usable(store: WorkStore, clock: Clock, fence: Fence, granted: list[Reserved],
+                  hints: QuotaHints | None, *, read: bool) -> list[Reserved] | QuotaWait:
+    """``granted`` as :func:`reserve` returns it: given back when one is already too late
+    to send on, a read's slots handed out."""
     at = clock.now_us()
     if at >= min(r.slot_us + max(1, r.key.policy.jitter_us) for r in granted):
         # Too late for one of them already: nothing is sent on it, and it may come back.
+        if hints is not None:
+            # The grant alone took this long: the lead must cover at least that much
+            # (else a lead learnt only from claims that reached their checkpoint stays
+            # short for good, and every slot asked with it comes back already due).
+            hints.prepared(granted, at)
         await _release(store, fence, granted, at)
         return QuotaWait(granted[0].key.key, at)
     if read:
