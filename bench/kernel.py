@@ -295,6 +295,9 @@ def bench_integrationd(backend: str, replicas: int, items: int,
         "retries_per_item": round(delta("integrationd_db_transaction_retries_total") / items,
                                   4),
         "claim_contention": int(delta("integrationd_work_claim_contention_total")),
+        # Lost claim races (candidates another replica took first) per item.
+        "claim_contention_per_item": round(
+            delta("integrationd_work_claim_contention_total") / items, 3),
         "executions": summary.executions,
         "duplicates": summary.repeated,
         "lease_lost": summary.by_outcome.get("lease_lost", 0),
