@@ -1,5 +1,5 @@
-"""The claim spread: wider after a lost race, back to the oldest window when the ready
-set runs short (daemon/core/claim_spread.py)."""
+"""The claim spread: wider after a lost race, back towards the oldest window when
+claims come back clean or short (daemon/core/claim_spread.py)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,11 @@ from daemon.core.claim_spread import FIRST_SPREAD, MAX_SPREAD, NO_SPREAD, next_s
         (2 * FIRST_SPREAD, 128, 0, 2 * FIRST_SPREAD - 1),
         (FIRST_SPREAD, 128, 0, FIRST_SPREAD),
         (NO_SPREAD, 128, 0, NO_SPREAD),
-        # A short claim (shallow ready set, or idle): the oldest window again.
-        (MAX_SPREAD, 127, 0, NO_SPREAD),
-        (FIRST_SPREAD, 0, 0, NO_SPREAD),
+        # A short claim (shallow ready set, or idle): halved, down to the oldest window.
+        (MAX_SPREAD, 127, 0, MAX_SPREAD // 2),
+        (FIRST_SPREAD, 0, 0, FIRST_SPREAD // 2),
+        (2, 0, 0, NO_SPREAD),
+        (NO_SPREAD, 0, 0, NO_SPREAD),
     ],
 )
 def test_next_spread(spread: int, claimed: int, contended: int, expected: int) -> None:
