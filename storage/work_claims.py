@@ -12,8 +12,8 @@ time to race for the same rows.
 Replicas claiming at one moment would all read the same oldest rows and race
 for them; a claim names a *spread* (``daemon/core/claim_spread.py``, widened by
 the scheduler after a lost race) and reads its window from a random batch-sized
-slot that deep into the ready set (``OFFSET``), falling back to the oldest window
-when the ready set is shallower. That only makes races rare: exclusivity is still
+slot that deep into the ready set (``OFFSET``), halving the slot while the ready
+set is shallower than it (down to the oldest window). That only makes races rare: exclusivity is still
 the UPDATE's CAS, and the lane rules are still the database's.
 Whatever rows that UPDATE matched are ours; we read them back by token. Two
 claimants racing for a row cannot both match it: the second UPDATE sees the
@@ -252,10 +252,13 @@ class WorkClaims:
         slot = params.rotation % params.spread if params.spread > 1 else -1
         rows = await self._ready_window(tx, params, window, max(0, slot) * params.limit,
                                         now_us)
-        if slot > 0 and len(rows) < params.limit:
-            # The ready set is shallower than this slot: the oldest rows after all.
-            slot = -1
-            rows = await self._ready_window(tx, params, window, 0, now_us)
+        while slot > 0 and len(rows) < params.limit:
+            # The ready set is shallower than this slot: half as deep (so that claimants
+            # whose slots all lie beyond a shrinking ready set still start in different
+            # places), down to the oldest window and its strides.
+            slot = slot // 2 or -1
+            rows = await self._ready_window(tx, params, window, max(0, slot) * params.limit,
+                                            now_us)
         orgs = [o for o in params.orgs[:MAX_FAIR_ORGS] if o not in {str(r[1]) for r in rows}]
         if orgs:
             share = max(1, params.limit // (len(orgs) + 1))
