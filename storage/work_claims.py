@@ -13,8 +13,8 @@ Replicas claiming at one moment would all read the same oldest rows and race
 for them; a claim names a *spread* (``daemon/core/claim_spread.py``, widened by
 the scheduler after a lost race) and reads its window from a random batch-sized
 slot that deep into the ready set (``OFFSET``), halving the slot while the ready
-set is shallower than it (down to the oldest window). That only makes races rare: exclusivity is still
-the UPDATE's CAS, and the lane rules are still the database's.
+set is shallower than it (down to the oldest window). That only makes races rare:
+exclusivity is still the UPDATE's CAS, and the lane rules are still the database's.
 Whatever rows that UPDATE matched are ours; we read them back by token. Two
 claimants racing for a row cannot both match it: the second UPDATE sees the
 first's committed ``processing`` state (row locks on MySQL-family servers;
