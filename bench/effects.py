@@ -71,6 +71,8 @@ from storage.open import open_store
 
 HUBSPOT_TOKEN = "bench-hubspot-token"
 REVISION = 7
+# The peer run gives up once no intent was committed for this long (a job failed for good).
+PEER_STALL_S = 120.0
 
 
 def cpu_seconds(pid: int) -> float:
@@ -422,6 +424,18 @@ class PeerPlan:
                 p.wait()
         self.procs.clear()
 
+    def job_failures(self) -> tuple[int, int]:
+        """(jobs retried after an error, jobs failed for good) from procrastinate's events."""
+        import psycopg
+
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FILTER (WHERE type = 'deferred_for_retry'),"
+                " count(*) FILTER (WHERE type = 'failed') FROM procrastinate_events"
+            ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
     def drop_database(self) -> None:
         if not self.dsn:
             return
@@ -445,9 +459,14 @@ async def drive_peer(nursery: trio.Nursery, replicas: int, effects: int, leads: 
         pids = await trio.to_thread.run_sync(peer.start, replicas, intake_ports, runtime_ports)
         seen = len(sim.requests)
         cpu_before = ([cpu_seconds(p) for p in pids], cpu_seconds(os.getpid()), postgres_cpu())
-        elapsed = await run_workload(runtimes, effects, leads)
+        # A job that failed for good (its retries spent) is never committed: give up
+        # once nothing was committed for PEER_STALL_S rather than wait out 900 s.
+        elapsed = await run_workload(runtimes, effects, leads, stall_s=PEER_STALL_S)
         cpu_after = ([cpu_seconds(p) for p in pids], cpu_seconds(os.getpid()), postgres_cpu())
         total = (effects // replicas) * replicas
+        committed = sum(rt.store.stats()["intents_by_status"].get("COMMITTED", 0)
+                        for rt in runtimes)
+        retried, failed = await trio.to_thread.run_sync(peer.job_failures)
         patches = [r for r in sim.requests[seen:] if r.method == "PATCH"]
         pg = sum(cpu - cpu_before[2].get(pid, 0.0) for pid, cpu in cpu_after[2].items())
         results["peer"] = {
@@ -460,6 +479,11 @@ async def drive_peer(nursery: trio.Nursery, replicas: int, effects: int, leads: 
             "effects_per_s": round(total / elapsed, 1),
             "patch_requests": len(patches),
             "duplicate_patches": sum(1 for p in patches if p.applied) - total,
+            # Jobs run again after an error (each PATCHes again), jobs failed for good,
+            # and intents the peer never committed (the run gave up on them).
+            "job_retries": retried,
+            "jobs_failed": failed,
+            "not_committed": total - committed,
             "cpu_ms_per_effect": {
                 "workers": round(1000 * (sum(cpu_after[0]) - sum(cpu_before[0])) / total, 2),
                 "sandbox_runtime_and_simulator": round(

@@ -13,10 +13,12 @@ sparse PATCH with httpx and then the same ``CommitResultRequest`` receipt POST.
 What it leaves out is the point of the comparison: no admission fence (no
 handoff-key uniqueness, digest or scope check), no command or attempt
 journal, no dispatch checkpoint, no lease fence, no outcome classification or
-reconciliation (a lost PATCH answer fails the job; a retried job would PATCH
-again), no durable receipt. The remote id comes from memory (``contact_base``
-plus the Lead's number, the same mapping integrationd's seeded links hold),
-where integrationd reads its RemoteLink: an advantage to the peer. Every
+reconciliation, no durable receipt: a job that meets a network error (a lost PATCH
+answer, a refused receipt) is retried whole, as a naive team's would be, so it
+PATCHes again (``bench/effects.py`` counts those duplicate PATCHes). The remote
+id comes from memory (``contact_base`` plus the Lead's number, the same mapping
+integrationd's seeded links hold), where integrationd reads its RemoteLink: an
+advantage to the peer. Every
 worker takes any process's jobs from the one queue (as every integrationd
 replica takes any item), and a job names the Runtime its receipt goes to. The
 receipt is retried in the job while the Runtime answers 503
@@ -41,12 +43,14 @@ from typing import Any
 import httpx
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
-from procrastinate import App, PsycopgConnector
+from procrastinate import App, PsycopgConnector, RetryStrategy
 
 from daemon.core.handoff import RESULT_FORMAT_SUCCESS, EffectHandoffKey, commit_result_request
 
 PATCH_PATH = "/crm/v3/objects/contacts/{remote_id}"
 RECEIPT_TRIES = 600
+# A naive team's retry: any error, the whole job again after a second, a few times.
+JOB_RETRY = RetryStrategy(max_attempts=5, wait=1)
 
 
 def make_app(dsn: str) -> App:
@@ -60,7 +64,7 @@ class Peer:
         limits = httpx.Limits(max_connections=cfg["concurrency"],
                               max_keepalive_connections=cfg["concurrency"])
         self.http = httpx.AsyncClient(limits=limits, timeout=10.0)
-        self.task = self.app.task(name="effect")(self.effect)
+        self.task = self.app.task(name="effect", retry=JOB_RETRY)(self.effect)
 
     # ---- the job: one PATCH, one receipt POST
 

@@ -220,6 +220,10 @@ class ClaimParams:
     # Also sweep rows whose lease expired (reclaim, or dead when attempts are spent).
     include_expired: bool = False
     rotation: int = 0
+    # Batch-sized slots of the ready set (oldest first) the claim may start in, chosen
+    # by ``rotation``: claimants in different slots read different rows, so they do
+    # not race for them (daemon/core/claim_spread.py). One: the oldest window.
+    spread: int = 1
     # Orgs whose oldest ready work joins the candidates even when another
     # org's backlog fills the oldest-first window (fair share across orgs).
     orgs: tuple[str, ...] = ()

@@ -9,6 +9,12 @@ re-checks ``state`` and ``run_after`` and installs a fresh lease token,
 plain read first (no write transaction when there is nothing to do); a busy
 one selects inside the short write transaction, leaving other replicas less
 time to race for the same rows.
+Replicas claiming at one moment would all read the same oldest rows and race
+for them; a claim names a *spread* (``daemon/core/claim_spread.py``, widened by
+the scheduler after a lost race) and reads its window from a random batch-sized
+slot that deep into the ready set (``OFFSET``), halving the slot while the ready
+set is shallower than it (down to the oldest window). That only makes races rare:
+exclusivity is still the UPDATE's CAS, and the lane rules are still the database's.
 Whatever rows that UPDATE matched are ours; we read them back by token. Two
 claimants racing for a row cannot both match it: the second UPDATE sees the
 first's committed ``processing`` state (row locks on MySQL-family servers;
@@ -100,8 +106,9 @@ _READY_TAIL = (
     f"   AND p.state IN {LANE_BLOCKING_SQL} AND p.source_seq < w.source_seq))"
     " ORDER BY w.run_after_us, w.work_id LIMIT ?"
 )
-_READY_SQL = _READY_HEAD + _READY_TAIL
+_READY_SQL = _READY_HEAD + _READY_TAIL + " OFFSET ?"
 _READY_ORG_SQL = _READY_HEAD + " AND w.org_id = ?" + _READY_TAIL
+_READY_STATES = (WorkState.PENDING, WorkState.RETRY)
 MAX_FAIR_ORGS = 8
 # Backoff of the read-back after a claim COMMIT with an unknown outcome.
 RECONCILE_FIRST_PAUSE_S = 0.05
@@ -239,30 +246,47 @@ class WorkClaims:
 
     async def _pick(self, tx: SqlTx, params: ClaimParams, now_us: int) -> list[Candidate]:
         window = max(params.window, params.limit)
-        states = (WorkState.PENDING, WorkState.RETRY)
-        # One statement per read: the oldest ``window`` ready rows of each state; then,
-        # for the fair-share orgs the window missed, ``share`` rows of each.
-        rows = await tx.fetchall(*_union_all([
-            (_READY_SQL, (state.value, params.family, now_us, *_runnable(params), window))
-            for state in states
-        ]))
-        rows = sorted(rows, key=_ready_order)[:window]
+        # The claimant's slot of the ready set (see ClaimParams.spread): its window
+        # starts ``slot`` batches deep, so that claimants in different slots read
+        # different rows and do not race for them.
+        slot = params.rotation % params.spread if params.spread > 1 else -1
+        rows = await self._ready_window(tx, params, window, max(0, slot) * params.limit,
+                                        now_us)
+        while slot > 0 and len(rows) < params.limit:
+            # The ready set is shallower than this slot: half as deep (so that claimants
+            # whose slots all lie beyond a shrinking ready set still start in different
+            # places), down to the oldest window and its strides.
+            slot = slot // 2 or -1
+            rows = await self._ready_window(tx, params, window, max(0, slot) * params.limit,
+                                            now_us)
         orgs = [o for o in params.orgs[:MAX_FAIR_ORGS] if o not in {str(r[1]) for r in rows}]
         if orgs:
             share = max(1, params.limit // (len(orgs) + 1))
             rows.extend(await tx.fetchall(*_union_all([
                 (_READY_ORG_SQL, (state.value, params.family, now_us, *_runnable(params),
                                   org, share))
-                for org in orgs for state in states
+                for org in orgs for state in _READY_STATES
             ])))
             rows.sort(key=_ready_order)
         candidates = [Candidate(str(r[0]), str(r[1]), r[2], r[3]) for r in rows]
-        # Replicas start at different offsets of the window so that they do
-        # not all queue on the same row locks.
-        strides = max(1, len(candidates) // max(1, params.limit))
-        offset = (params.rotation % strides) * params.limit
-        candidates = candidates[offset:] + candidates[:offset]
+        if slot < 0:
+            # No slots (or a shallow ready set): replicas start at different strides
+            # of the oldest window so that they do not all queue on the same row locks.
+            strides = max(1, len(candidates) // max(1, params.limit))
+            offset = (params.rotation % strides) * params.limit
+            candidates = candidates[offset:] + candidates[:offset]
         return pick_batch(candidates, params.limit, params.rotation)
+
+    async def _ready_window(self, tx: SqlTx, params: ClaimParams, window: int, skip: int,
+                            now_us: int) -> list[tuple[Any, ...]]:
+        """The ``window`` oldest ready rows after the first ``skip`` (pending and retry:
+        one statement, each state an arm that skips its own first ``skip`` rows)."""
+        rows = await tx.fetchall(*_union_all([
+            (_READY_SQL, (state.value, params.family, now_us, *_runnable(params), window,
+                          skip))
+            for state in _READY_STATES
+        ]))
+        return sorted(rows, key=_ready_order)[:window]
 
     async def work_ready_orgs(self, family: str, now_us: int, limit: int = 64) -> list[str]:
         """Orgs with ready work of ``family``, oldest first (for fair-share claiming)."""

@@ -18,6 +18,7 @@ import attrs
 import trio
 
 from daemon.core.capability import ENGINE_CAPABILITY_VERSION
+from daemon.core.claim_spread import NO_SPREAD, next_spread
 from daemon.services import logs
 from daemon.services.clock import Clock
 from daemon.services.families import WorkFamily
@@ -47,6 +48,7 @@ class Scheduler:
     _orgs: list[str] = attrs.field(factory=list)
     _org_turn: int = 0
     _orgs_seen_at: float = -math.inf
+    _spread: int = NO_SPREAD
 
     def wake(self) -> None:
         self._wakeup.set()
@@ -83,6 +85,7 @@ class Scheduler:
                         window=limit * 4,
                         include_expired=sweep,
                         rotation=random.randrange(1 << 30),
+                        spread=self._spread,
                         orgs=orgs,
                         probe_first=not busy,
                         engine_capability_version=ENGINE_CAPABILITY_VERSION,
@@ -99,6 +102,8 @@ class Scheduler:
                 pause = min(pause * 2, self.db_backoff_cap_s)
                 continue
             busy = len(result.claimed) >= limit or bool(result.contended)
+            self._spread = next_spread(self._spread, limit=limit, claimed=len(result.claimed),
+                                       contended=result.contended)
             if not self._db_ok:
                 logs.event("work_claim_resumed", family=self.family.name)
             self._db_ok = True

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 import trio
 
+from daemon.core.claim_spread import NO_SPREAD, next_spread
 from daemon.core.outcomes import (
     DeadLetter,
     Deferred,
@@ -406,3 +407,50 @@ async def test_work_written_for_a_newer_engine_is_left_for_a_replica_that_can(
     assert row is not None and row.lease_owner == "mid" and row.ownership_epoch == 1
     new = await store.work_claim(params(2, 3, "new"), T0 + 2 * TTL)
     assert sorted(i.work_id for i in new.claimed) == sorted([newer_schema, newer_engine])
+
+
+async def test_contending_claimants_read_disjoint_batches(store: WorkStore) -> None:
+    """Finding (issue 24, item 2): claimants racing at one moment read the same oldest
+    window and started in one of its four strides, so eight replicas picked at most four
+    distinct batches and every second one lost its race (1.2-1.4 lost races per item)."""
+    await enqueue(store, 64)
+    limit = 4
+    # What a replica's scheduler claims with once it has lost a race.
+    spread = next_spread(NO_SPREAD, limit=limit, claimed=0, contended=limit)
+
+    async def batch(rotation: int) -> frozenset[str]:
+        params = ClaimParams(family="noop", owner=f"R{rotation}", limit=limit,
+                             lease_ttl_us=TTL, window=limit * 4, rotation=rotation,
+                             spread=spread)
+
+        async def body(tx: SqlTx) -> frozenset[str]:
+            return frozenset(c.work_id for c in await store._pick(tx, params, T0))
+
+        return await store.db.transact(body, name="test.pick", write=False)
+
+    batches = [await batch(r) for r in range(8)]
+    assert all(len(b) == limit for b in batches)
+    assert len(frozenset().union(*batches)) == 8 * limit
+
+
+async def test_a_spread_claim_takes_its_slot_and_falls_back_to_the_oldest(
+    store: WorkStore,
+) -> None:
+    """A claim in slot k of the ready set takes the k-th batch, oldest first; when the
+    ready set is shallower than its slot it takes the oldest rows instead of nothing."""
+    await enqueue(store, 12, run_after_us=T0 - 1)
+    oldest = await enqueue(store, 3, run_after_us=T0 - 2)
+
+    def params(owner: str, rotation: int) -> ClaimParams:
+        return ClaimParams(family="noop", owner=owner, limit=4, lease_ttl_us=TTL, window=16,
+                           rotation=rotation, spread=8)
+
+    third = await store.work_claim(params("A", 2), T0)
+    assert len(third.claimed) == 4 and not set(oldest) & {i.work_id for i in third.claimed}
+    # Slot 7 (28 rows deep) lies beyond the 11 ready rows left: the oldest window.
+    deep = await store.work_claim(params("B", 7), T0)
+    assert len(deep.claimed) == 4
+    # Slot 0: the oldest batch of what is left, the oldest three first.
+    head = await store.work_claim(params("C", 8), T0)
+    assert len(head.claimed) == 4
+    assert set(oldest) - {i.work_id for i in deep.claimed} <= {i.work_id for i in head.claimed}
