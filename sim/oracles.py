@@ -115,11 +115,13 @@ def install(world: World) -> None:
         if not sock.node.startswith("replica-"):
             return
         world.ops["sends"] += 1
+        sender = CURRENT.get()
         if dst_node(sock) == "hubspot" and request.startswith("PATCH "):
             # The instant it left: the quota is judged here (a network delay past the
             # quota's jitter can still bunch arrivals at the provider).
             world.patch_sends.append((trio.current_time(), request.split(" ")[1]))
-        sender = CURRENT.get()
+            if sender is not None:
+                world.claims_sent.add((sender.fence.work_id, sender.fence.ownership_epoch))
         if sender is None:
             world.ops["sends_outside_handlers"] += 1
             return
@@ -154,7 +156,8 @@ def install(world: World) -> None:
                                 request=request, work_id=fence.work_id,
                                 epoch=fence.ownership_epoch)
             pins = observer.execute(
-                "SELECT c.remote_id, c.link_key, c.link_generation FROM effect_attempts a"
+                "SELECT c.remote_id, c.link_key, c.link_generation, a.attempt_id"
+                " FROM effect_attempts a"
                 " JOIN external_commands c ON c.command_id = a.command_id"
                 " WHERE a.work_id = ? AND a.ownership_epoch = ? AND a.idempotency_key = ?",
                 (fence.work_id, fence.ownership_epoch, key)).fetchone()
@@ -168,6 +171,18 @@ def install(world: World) -> None:
                     (pins[1],)).fetchone()
                 if link is not None and int(link[0]) != int(pins[2] or 0):
                     world.ops["sends_after_link_moved"] += 1
+                # The pins must still have been current when the checkpoint's transaction
+                # began: a rebind that had committed before it must refuse the attempt
+                # (one committed after it is the race no check closes: the request is
+                # already checkpointed and in flight).
+                began = world.checkpoint_began.get(str(pins[3]))
+                moved = [g for order, g in world.link_moves.get(str(pins[1]), [])
+                         if began is not None and order < began
+                         and g > int(pins[2] or 0)]
+                if moved:
+                    world.violation("send_with_moved_pins", node=sock.node, request=request,
+                                    work_id=fence.work_id, pinned_generation=pins[2],
+                                    moved_to=max(moved))
         now_us = sender.clock.now_us()
         if row[3] is not None and int(row[3]) <= now_us:
             world.violation("send_after_lease_expiry", node=sock.node, to=dst,
@@ -186,6 +201,21 @@ def install(world: World) -> None:
             world.violation("two_trusted_leases", work_id=fence.work_id, holders=trusted)
 
     world.net.on_exchange = on_exchange
+
+
+def on_committed(world: World, name: str) -> None:
+    """``quota_returned_after_send``, at the instant a handler's transaction commits: a
+    claim whose PATCH left (bytes reached the network) gives its quota slots back
+    (``quota.return``: only for a request that provably never left). A new reservation
+    (``quota.reserve``) starts the claim's next attempt."""
+    sender = CURRENT.get()
+    if sender is None:
+        return
+    claim = (sender.fence.work_id, sender.fence.ownership_epoch)
+    if name == "quota.reserve":
+        world.claims_sent.discard(claim)
+    elif name == "quota.return" and claim in world.claims_sent:
+        world.violation("quota_returned_after_send", work_id=claim[0], epoch=claim[1])
 
 
 async def operator_replay(world: World, store: WorkStore, item: WorkItem) -> None:
@@ -271,6 +301,10 @@ async def final(world: World, store: WorkStore, result: dict[str, Any],
         for r, rt in enumerate(runtimes):
             for lead in rt.store.leads.values():
                 # Runtime r's Lead k is linked to contact r * 100000 + k (bench.effects).
+                if (r, lead.lead_id) in world.rebound:
+                    # An operator moved its link: its last intent may have been refused
+                    # (link_generation), and its contact is another one; not judged.
+                    continue
                 contact = hubspot.contact(f"{r * 100000 + int(lead.lead_id.split('-')[1])}")
                 title = None if contact is None else contact["properties"].get("jobtitle")
                 if title != lead.title:
