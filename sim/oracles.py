@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from bench.torture import FINAL
 from daemon.core.work import Fence, WorkItem
 from daemon.services.clock import Clock
 from daemon.services.operator_api import replay
@@ -270,6 +271,43 @@ async def final(world: World, store: WorkStore, result: dict[str, Any],
         return list(await tx.fetchall(
             "SELECT granted_total - returned_total FROM quota_keys"))
 
+    async def in_doubt(tx: SqlTx) -> tuple[set[str], int]:
+        """Grants left ``refresh_in_doubt`` whose refresh lease shows the call dispatched
+        (its marker committed, no answer activated): the fail-closed end the design gives a
+        refresh whose answer was lost (docs/quota-and-credentials.md: re-authorize), and
+        the open WorkItems of those bindings' commands."""
+        doubtful = {str(r[0]) for r in await tx.fetchall(
+            "SELECT g.binding_id FROM authorization_grants g JOIN refresh_leases l"
+            " ON l.binding_id = g.binding_id AND l.generation = g.generation"
+            " WHERE g.state != 'valid' AND g.reason_code = 'refresh_in_doubt'"
+            " AND l.call_sent_at_us IS NOT NULL")}
+        if not doubtful:
+            return doubtful, 0
+        marks = ",".join("?" for _ in doubtful)
+        rows = await tx.fetchall(
+            "SELECT COUNT(*) FROM work_items w JOIN external_commands c"
+            " ON w.subject_kind = 'command' AND c.command_id = w.subject_id"
+            f" WHERE c.binding_id IN ({marks})"
+            " AND w.state IN ('pending', 'processing', 'retry')", sorted(doubtful))
+        return doubtful, int(rows[0][0])
+
+    doubtful, open_blocked = await store.db.transact(in_doubt, name="sim.in_doubt",
+                                                     write=False)
+    if doubtful:
+        # Visibly blocked with a reason, not lost: the Runtimes of those bindings wait
+        # for a re-authorization the world's operator does not perform.
+        blocked = open_blocked
+        for r, rt in enumerate(runtimes):
+            if f"hubspot-{r}" in doubtful:
+                stats = rt.store.stats()["intents_by_status"]
+                blocked += sum(n for status, n in stats.items()
+                               if status not in FINAL)
+        result["blocked_refresh_in_doubt"] = blocked
+        result["grants_in_doubt"] = sorted(doubtful)
+        result["lost"] = max(0, int(result.get("lost") or 0) - blocked)
+        result["grants_not_valid"] = max(0, int(result.get("grants_not_valid") or 0)
+                                         - len(doubtful))
+        world.trace("grants_in_doubt", bindings=sorted(doubtful), blocked=blocked)
     rows, executions = await store.db.transact(body, name="sim.final", write=False)
     # Every PATCH that reached the provider went out on a slot that never came back:
     # the ledger's kept slots (granted minus returned) cover the provider's arrivals.
