@@ -260,7 +260,8 @@ async def final(world: World, store: WorkStore, result: dict[str, Any],
 
     async def body(tx: SqlTx) -> tuple[list[Any], list[Any]]:
         no_effect = list(await tx.fetchall(
-            "SELECT w.work_id, a.evidence, a.idempotency_key FROM work_items w"
+            "SELECT w.work_id, COALESCE(a.evidence, a.disposition), a.idempotency_key"
+            " FROM work_items w"
             " JOIN effect_attempts a ON a.work_id = w.work_id"
             " WHERE w.terminal_outcome = 'no_effect'"))
         executions = list(await tx.fetchall(
@@ -316,7 +317,11 @@ async def final(world: World, store: WorkStore, result: dict[str, Any],
     arrived = sum(1 for rec in hubspot.requests if rec.method == "PATCH")
     result["quota_slots_kept"] = kept
     result["quota_slots_returned_after_send"] = max(0, arrived - kept)
-    unproven = {r[0] for r in rows if r[1] not in ("not_sent", "not_applied")}
+    # An attempt's own evidence, or (unknown at the time) its later disposition: a read
+    # back that proved it absent is proof too (seed 14: a rebind refused the next
+    # checkpoint, and the history's proof was a proven_absent disposition).
+    unproven = {r[0] for r in rows if r[1] not in ("not_sent", "not_applied",
+                                                   "proven_absent")}
     applied = {r[0] for r in rows if r[2] in applied_keys}
     result["no_effect_items"] = len({r[0] for r in rows})
     result["no_effect_without_proof"] = len(unproven)
