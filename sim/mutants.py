@@ -96,23 +96,27 @@ def send_before_checkpoint() -> Undo:
 
 
 def checkpoint_without_pin_checks() -> Undo:
-    """The checkpoint no longer refuses a command that is no longer dispatchable (settled,
-    superseded, blocked): only the fence guards it."""
+    """The dispatch checkpoint no longer compares the request's pins (binding generation,
+    link and its generation, remote record, Catalog revision) with the rows its own
+    statement read (``daemon.core.effect_step.checkpoint_refusal``, called by
+    ``storage.effects._dispatch_refusal``): a link rebound after the claim read its
+    context no longer refuses the attempt; only the fence and the settlement guard it."""
     from storage import effects
 
-    return _swap(effects, "_dispatch_refusal", lambda command_id, state: None)
+    return _swap(effects, "checkpoint_refusal", lambda *args: None)
 
 
 def stale_owner_refresh() -> Undo:
-    """The token refresh's dispatch marker no longer checks that the caller still holds
-    the refresh lease: a stale owner presents the refresh token too."""
-    from storage.work_store import WorkStore
+    """The token refresh's dispatch marker no longer takes the live WorkItem fence
+    (``storage.refresh_leases.RefreshLeases.refresh_dispatch``'s ``fence_lock``): a
+    claimant frozen past its WorkItem lease, whose refresh lease lives on, still marks
+    and presents the refresh token after another replica reclaimed its item."""
+    from storage import refresh_leases
 
-    async def refresh_dispatch(self: Any, **_: Any) -> bool:
-        await trio.lowlevel.checkpoint()
-        return True
+    async def no_fence(tx: Any, fence: Any, now_us: int) -> None:
+        return None
 
-    return _swap(WorkStore, "refresh_dispatch", refresh_dispatch)
+    return _swap(refresh_leases, "fence_lock", no_fence)
 
 
 def quota_refund_after_timeout() -> Undo:

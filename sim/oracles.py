@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
+from bench.torture import FINAL
 from daemon.core.work import Fence, WorkItem
 from daemon.services.clock import Clock
 from daemon.services.operator_api import replay
@@ -115,11 +116,13 @@ def install(world: World) -> None:
         if not sock.node.startswith("replica-"):
             return
         world.ops["sends"] += 1
+        sender = CURRENT.get()
         if dst_node(sock) == "hubspot" and request.startswith("PATCH "):
             # The instant it left: the quota is judged here (a network delay past the
             # quota's jitter can still bunch arrivals at the provider).
             world.patch_sends.append((trio.current_time(), request.split(" ")[1]))
-        sender = CURRENT.get()
+            if sender is not None:
+                world.claims_sent.add((sender.fence.work_id, sender.fence.ownership_epoch))
         if sender is None:
             world.ops["sends_outside_handlers"] += 1
             return
@@ -154,7 +157,8 @@ def install(world: World) -> None:
                                 request=request, work_id=fence.work_id,
                                 epoch=fence.ownership_epoch)
             pins = observer.execute(
-                "SELECT c.remote_id, c.link_key, c.link_generation FROM effect_attempts a"
+                "SELECT c.remote_id, c.link_key, c.link_generation, a.attempt_id"
+                " FROM effect_attempts a"
                 " JOIN external_commands c ON c.command_id = a.command_id"
                 " WHERE a.work_id = ? AND a.ownership_epoch = ? AND a.idempotency_key = ?",
                 (fence.work_id, fence.ownership_epoch, key)).fetchone()
@@ -168,6 +172,18 @@ def install(world: World) -> None:
                     (pins[1],)).fetchone()
                 if link is not None and int(link[0]) != int(pins[2] or 0):
                     world.ops["sends_after_link_moved"] += 1
+                # The pins must still have been current when the checkpoint's transaction
+                # began: a rebind that had committed before it must refuse the attempt
+                # (one committed after it is the race no check closes: the request is
+                # already checkpointed and in flight).
+                began = world.checkpoint_began.get(str(pins[3]))
+                moved = [g for order, g in world.link_moves.get(str(pins[1]), [])
+                         if began is not None and order < began
+                         and g > int(pins[2] or 0)]
+                if moved:
+                    world.violation("send_with_moved_pins", node=sock.node, request=request,
+                                    work_id=fence.work_id, pinned_generation=pins[2],
+                                    moved_to=max(moved))
         now_us = sender.clock.now_us()
         if row[3] is not None and int(row[3]) <= now_us:
             world.violation("send_after_lease_expiry", node=sock.node, to=dst,
@@ -186,6 +202,21 @@ def install(world: World) -> None:
             world.violation("two_trusted_leases", work_id=fence.work_id, holders=trusted)
 
     world.net.on_exchange = on_exchange
+
+
+def on_committed(world: World, name: str) -> None:
+    """``quota_returned_after_send``, at the instant a handler's transaction commits: a
+    claim whose PATCH left (bytes reached the network) gives its quota slots back
+    (``quota.return``: only for a request that provably never left). A new reservation
+    (``quota.reserve``) starts the claim's next attempt."""
+    sender = CURRENT.get()
+    if sender is None:
+        return
+    claim = (sender.fence.work_id, sender.fence.ownership_epoch)
+    if name == "quota.reserve":
+        world.claims_sent.discard(claim)
+    elif name == "quota.return" and claim in world.claims_sent:
+        world.violation("quota_returned_after_send", work_id=claim[0], epoch=claim[1])
 
 
 async def operator_replay(world: World, store: WorkStore, item: WorkItem) -> None:
@@ -229,7 +260,8 @@ async def final(world: World, store: WorkStore, result: dict[str, Any],
 
     async def body(tx: SqlTx) -> tuple[list[Any], list[Any]]:
         no_effect = list(await tx.fetchall(
-            "SELECT w.work_id, a.evidence, a.idempotency_key FROM work_items w"
+            "SELECT w.work_id, COALESCE(a.evidence, a.disposition), a.idempotency_key"
+            " FROM work_items w"
             " JOIN effect_attempts a ON a.work_id = w.work_id"
             " WHERE w.terminal_outcome = 'no_effect'"))
         executions = list(await tx.fetchall(
@@ -240,6 +272,43 @@ async def final(world: World, store: WorkStore, result: dict[str, Any],
         return list(await tx.fetchall(
             "SELECT granted_total - returned_total FROM quota_keys"))
 
+    async def in_doubt(tx: SqlTx) -> tuple[set[str], int]:
+        """Grants left ``refresh_in_doubt`` whose refresh lease shows the call dispatched
+        (its marker committed, no answer activated): the fail-closed end the design gives a
+        refresh whose answer was lost (docs/quota-and-credentials.md: re-authorize), and
+        the open WorkItems of those bindings' commands."""
+        doubtful = {str(r[0]) for r in await tx.fetchall(
+            "SELECT g.binding_id FROM authorization_grants g JOIN refresh_leases l"
+            " ON l.binding_id = g.binding_id AND l.generation = g.generation"
+            " WHERE g.state != 'valid' AND g.reason_code = 'refresh_in_doubt'"
+            " AND l.call_sent_at_us IS NOT NULL")}
+        if not doubtful:
+            return doubtful, 0
+        marks = ",".join("?" for _ in doubtful)
+        rows = await tx.fetchall(
+            "SELECT COUNT(*) FROM work_items w JOIN external_commands c"
+            " ON w.subject_kind = 'command' AND c.command_id = w.subject_id"
+            f" WHERE c.binding_id IN ({marks})"
+            " AND w.state IN ('pending', 'processing', 'retry')", sorted(doubtful))
+        return doubtful, int(rows[0][0])
+
+    doubtful, open_blocked = await store.db.transact(in_doubt, name="sim.in_doubt",
+                                                     write=False)
+    if doubtful:
+        # Visibly blocked with a reason, not lost: the Runtimes of those bindings wait
+        # for a re-authorization the world's operator does not perform.
+        blocked = open_blocked
+        for r, rt in enumerate(runtimes):
+            if f"hubspot-{r}" in doubtful:
+                stats = rt.store.stats()["intents_by_status"]
+                blocked += sum(n for status, n in stats.items()
+                               if status not in FINAL)
+        result["blocked_refresh_in_doubt"] = blocked
+        result["grants_in_doubt"] = sorted(doubtful)
+        result["lost"] = max(0, int(result.get("lost") or 0) - blocked)
+        result["grants_not_valid"] = max(0, int(result.get("grants_not_valid") or 0)
+                                         - len(doubtful))
+        world.trace("grants_in_doubt", bindings=sorted(doubtful), blocked=blocked)
     rows, executions = await store.db.transact(body, name="sim.final", write=False)
     # Every PATCH that reached the provider went out on a slot that never came back:
     # the ledger's kept slots (granted minus returned) cover the provider's arrivals.
@@ -248,7 +317,11 @@ async def final(world: World, store: WorkStore, result: dict[str, Any],
     arrived = sum(1 for rec in hubspot.requests if rec.method == "PATCH")
     result["quota_slots_kept"] = kept
     result["quota_slots_returned_after_send"] = max(0, arrived - kept)
-    unproven = {r[0] for r in rows if r[1] not in ("not_sent", "not_applied")}
+    # An attempt's own evidence, or (unknown at the time) its later disposition: a read
+    # back that proved it absent is proof too (seed 14: a rebind refused the next
+    # checkpoint, and the history's proof was a proven_absent disposition).
+    unproven = {r[0] for r in rows if r[1] not in ("not_sent", "not_applied",
+                                                   "proven_absent")}
     applied = {r[0] for r in rows if r[2] in applied_keys}
     result["no_effect_items"] = len({r[0] for r in rows})
     result["no_effect_without_proof"] = len(unproven)
@@ -271,6 +344,10 @@ async def final(world: World, store: WorkStore, result: dict[str, Any],
         for r, rt in enumerate(runtimes):
             for lead in rt.store.leads.values():
                 # Runtime r's Lead k is linked to contact r * 100000 + k (bench.effects).
+                if (r, lead.lead_id) in world.rebound:
+                    # An operator moved its link: its last intent may have been refused
+                    # (link_generation), and its contact is another one; not judged.
+                    continue
                 contact = hubspot.contact(f"{r * 100000 + int(lead.lead_id.split('-')[1])}")
                 title = None if contact is None else contact["properties"].get("jobtitle")
                 if title != lead.title:

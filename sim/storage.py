@@ -105,6 +105,16 @@ class FaultyDatabase:
         # this ("" any): a SIGSTOP at that await point (set by the world's chaos).
         self.freeze_at: str | None = None
         self.on_freeze: Callable[[str], None] = lambda name: None
+        # An operator acts (and commits) when this replica next begins a transaction whose
+        # name starts with this: the interleaving "between the context read and the
+        # checkpoint", placed rather than hoped for (set by the world's operator).
+        self.interleave_at: str | None = None
+        self.on_interleave: Callable[[str], Awaitable[None]] | None = None
+        # Told, once a transaction has committed, the order in which it began (its first
+        # statement ran after every transaction that had returned before it) and what it
+        # returned: the oracles order operator actions against checkpoints by it.
+        self.on_committed: Callable[[str, int, Any], None] = lambda name, seq, result: None
+        self.sequence: Callable[[], int] = lambda: 0
         self.dialect = inner.dialect
 
     @property
@@ -157,11 +167,18 @@ class FaultyDatabase:
         if self.freeze_at is not None and name.startswith(self.freeze_at):
             self.freeze_at = None
             self.on_freeze(name)
+        if self.interleave_at is not None and name.startswith(self.interleave_at) \
+                and self.on_interleave is not None:
+            self.interleave_at = None
+            await self.on_interleave(name)
         await self.gate(self.node)
         if self.killed:
             raise DatabaseUnavailable("sqlite: the process is gone (simulated crash)")
+        began = 0
 
         async def faulty(tx: SqlTx) -> T:
+            nonlocal began
+            began = self.sequence()
             wrapped = _FaultyTx(tx, self)
             result = await body(wrapped)
             await self.gate(self.node)  # a freeze between the last statement and COMMIT
@@ -185,6 +202,7 @@ class FaultyDatabase:
                 if tries >= 5:
                     raise
                 await trio.sleep(self.rng.uniform(0.001, 0.05))
+        self.on_committed(name, began, result)
         if write and self._draw("lost_after_commit"):
             self.inner.stats.unknown_commits += 1
             raise CommitOutcomeUnknown(f"{name}: connection lost after COMMIT (simulated)")

@@ -49,13 +49,16 @@ from bench import torture
 from bench import torture_webhooks as webhooks
 from bench.effects import publish_catalog, runtimes_for, scope_of, secrets_env, seed_links
 from bench.l1_copy import l1_copy
+from config.catalog import load_catalog
 from config.load import load_settings
 from daemon.core.states import WorkState
 from daemon.core.work import WorkSpec
 from daemon.services import logs
 from daemon.services.assembly import Assembly, assemble
+from daemon.services.catalog_view import publish_current
 from daemon.services.clock import TrioClock
 from daemon.services.families import known_family_names
+from daemon.services.link_operations import bind_remote_record
 from daemon.services.metrics import Metrics
 from daemon.services.principal_bootstrap import ensure_config_bindings
 from daemon.services.replica import Replica
@@ -82,7 +85,7 @@ TRACE_TAIL = 40
 REFRESH_LEASE_S = int(attrs.fields(TokenOwner).lease_us.default or 0) / 1e6  # its refresh lease
 # Transactions a freeze may land in front of ("" any).
 FREEZE_POINTS = ("", "work.finalize", "work.finalize", "effect.checkpoint", "refresh.dispatch",
-                 "refresh.activate",
+                 "refresh.dispatch", "refresh.dispatch", "refresh.activate",
                  "ingress.receipt", "work.renew", "work.fences_live")
 
 
@@ -147,6 +150,15 @@ class World:
     patch_sends: list[tuple[float, str]] = attrs.field(factory=list)  # (when, path)
     settling: bool = False
     simulated_s: float = 0.0
+    # Commit order (:meth:`next_seq`): the oracles order operator actions against
+    # checkpoints by it (virtual time cannot: both may happen at one instant).
+    seq: int = 0
+    checkpoint_began: dict[str, int] = attrs.field(factory=dict)  # attempt id -> order
+    link_moves: dict[str, list[tuple[int, int]]] = attrs.field(factory=dict)  # (order, gen)
+    rebound: set[tuple[int, str]] = attrs.field(factory=set)  # (Runtime, Lead) rebound
+    claims_sent: set[tuple[str, int]] = attrs.field(factory=set)  # a PATCH of it left
+    op_clock: TrioClock | None = None  # the operator's wall clock (no skew)
+    operator_links: bool = True  # rebinds and Catalog publishes (drawn per seed)
 
     # ------------------------------------------------------------ the trace
     def trace(self, kind: str, **fields: Any) -> None:
@@ -156,6 +168,20 @@ class World:
         self.trace_lines.append(line)
         if len(self.trace_lines) > 4 * TRACE_TAIL and not self.options.full_trace:
             del self.trace_lines[:-TRACE_TAIL]
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def on_committed(self, name: str, began: int, result: Any) -> None:
+        """A replica's transaction committed: the attempts a dispatch checkpoint wrote, with
+        the order in which its transaction began."""
+        oracles.on_committed(self, name)
+        if not name.startswith("effect.checkpoint"):
+            return
+        for attempt_id in result if isinstance(result, list) else [result]:
+            if isinstance(attempt_id, str):
+                self.checkpoint_began[attempt_id] = began
 
     def count_transaction(self) -> None:
         self.ops["db_transactions"] += 1
@@ -276,6 +302,8 @@ async def _replica_life(world: World, r: SimReplica,
                         gate=world.gate, count=world.count_fault, trace=world.trace)
     db.enabled = world.options.faults and not world.settling
     db.on_transaction = world.count_transaction
+    db.sequence = world.next_seq
+    db.on_committed = world.on_committed
     store = WorkStore(db, db.dialect)
     clock = TrioClock(EPOCH_US + r.skew_us)
     metrics = Metrics()
@@ -391,16 +419,24 @@ async def freeze(world: World, victim: SimReplica, at: str) -> None:
 
     victim.db.on_freeze = stop
     victim.db.freeze_at = at
-    with trio.move_on_after(rng.uniform(2.0, 8.0)):
+    # A refresh's marker comes about every 10 s per grant, on whichever replica needs a
+    # token: wait longer for it than for the common transactions.
+    with trio.move_on_after(rng.uniform(2.0, 25.0 if at.startswith("refresh.") else 8.0)):
         await frozen.wait()
     if not frozen.is_set():
         victim.db.freeze_at = None
         stop("anywhere")
     past = torture.LEASE_TTL_S + torture.LEASE_MARGIN_S
-    if at.startswith("refresh.") or rng.random() < 0.1:
-        # Past the token refresh lease too (30 s), not only the work's.
-        past = REFRESH_LEASE_S + torture.LEASE_MARGIN_S
-    await trio.sleep(past + rng.uniform(0.5, 10.0))
+    if at == "refresh.dispatch" and rng.random() < 0.7:
+        # In front of the refresh's dispatch marker, past the WorkItem lease but within
+        # the refresh lease: another replica may reclaim the item while the refresh
+        # lease lives on; the thawed owner must not call (seed 5.1's stale claimant).
+        await trio.sleep(rng.uniform(past + 0.5, REFRESH_LEASE_S - 3.0))
+    else:
+        if at.startswith("refresh.") or rng.random() < 0.1:
+            # Past the token refresh lease too (30 s), not only the work's.
+            past = REFRESH_LEASE_S + torture.LEASE_MARGIN_S
+        await trio.sleep(past + rng.uniform(0.5, 10.0))
     world.frozen.discard(victim.node)
     world.net.thaw(victim.node)
     world.trace("thaw", node=victim.node)
@@ -466,6 +502,93 @@ async def operator(world: World, store: WorkStore) -> None:
             await oracles.operator_replay(world, store, item)
 
 
+SPARE = 50000  # a rebind moves Lead k's link between contact r*100000+k and +SPARE
+
+
+async def rebind_one(world: World, store: WorkStore, on: SimReplica | None) -> None:
+    """``integrationd link bind --generation G`` (the CLI's and the console's call,
+    ``link_operations.bind_remote_record``, as ``sim-admin``): a Lead whose command is
+    running (on ``on``'s claims, when given) is bound to its other contact."""
+    live = [x for x in world.replicas if x.alive and x.replica is not None]
+    if not live or world.op_clock is None:
+        return
+    settings = live[0].replica.settings  # type: ignore[union-attr]
+    sql = ("SELECT c.binding_id, l.local_object, l.local_id, l.remote_object, l.remote_id,"
+           " l.generation, l.link_key FROM work_items w"
+           " JOIN external_commands c ON c.command_id = w.subject_id"
+           " JOIN remote_links l ON l.link_key = c.link_key"
+           " WHERE w.state = 'processing' AND w.subject_kind = 'command'"
+           " AND c.settlement = 'open' AND l.state = 'active'")
+    params: tuple[Any, ...] = ()
+    if on is not None and on.replica is not None:
+        sql += " AND w.lease_owner = ?"
+        params = (on.replica.replica_id,)
+    rows = world.observer.execute(sql + " ORDER BY w.work_id", params).fetchall()
+    if not rows:
+        return
+    binding, local_object, local_id, remote_object, remote_id, gen, key = \
+        rows[world.rng.randrange(len(rows))]
+    n = int(remote_id)
+    other = n - SPARE if n % 100000 >= SPARE else n + SPARE
+    try:
+        await bind_remote_record(store, settings, world.op_clock, actor="sim-admin",
+                                 binding_id=binding, local_object=local_object,
+                                 local_id=local_id, remote_object=remote_object,
+                                 remote_id=str(other), expected_generation=int(gen),
+                                 reason="simulated rebind")
+    except Exception as exc:  # refusals (unresolved attempts, moved) are answers
+        world.trace("operator_rebind_refused", local_id=local_id, error=type(exc).__name__)
+        return
+    # Recorded after it returned: it committed before any transaction that begins later.
+    world.link_moves.setdefault(key, []).append((world.next_seq(), int(gen) + 1))
+    world.rebound.add((n // 100000, local_id))
+    world.ops["operator_rebinds"] += 1
+    world.trace("operator_rebind", local_id=local_id, remote_id=other,
+                generation=int(gen) + 1, during=None if on is None else on.node)
+
+
+async def operator_links(world: World, store: WorkStore) -> None:
+    """An operator rebinding links and publishing the Catalog now and then, through the
+    CLI's own calls. Half the rebinds are placed: they commit when a replica next begins
+    a dispatch checkpoint, after its claim read the command's context (the window the
+    checkpoint's pin checks close)."""
+    rng = world.rng
+    catalog = None
+    while True:
+        await trio.sleep(rng.uniform(1.0, 4.0))
+        live = [r for r in world.replicas if r.alive and r.db is not None
+                and r.node not in world.frozen]
+        if not live:
+            continue
+        action = rng.random()
+        if action < 0.5:
+            r = rng.choice(live)
+            assert r.db is not None
+
+            async def at_checkpoint(name: str, r: SimReplica = r) -> None:
+                await rebind_one(world, store, r)
+
+            r.db.on_interleave = at_checkpoint
+            r.db.interleave_at = "effect.checkpoint"
+        elif action < 0.8:
+            await rebind_one(world, store, None)
+        else:
+            # `integrationd catalog publish`: the configured Catalog again (idempotent
+            # for unchanged content; pins of running commands must stay served).
+            settings = live[0].replica.settings  # type: ignore[union-attr]
+            if catalog is None:
+                catalog = load_catalog(settings)
+            assert world.op_clock is not None
+            try:
+                await publish_current(store, catalog, actor="sim-admin", role="admin",
+                                      reason="simulated publish",
+                                      now_us=world.op_clock.now_us())
+                world.ops["operator_publishes"] += 1
+                world.trace("operator_publish")
+            except StorageError as exc:
+                world.trace("operator_publish_failed", error=type(exc).__name__)
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -502,6 +625,7 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
     driver_db = SqliteDatabase(str(world.workdir / "sim.db"), synchronous="NORMAL")
     await driver_db.open()
     driver = WorkStore(driver_db, driver_db.dialect)
+    world.op_clock = TrioClock(EPOCH_US)
     scopes: dict[str, trio.CancelScope] = {}
     result: dict[str, Any] = {}
 
@@ -537,8 +661,9 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
         seeded_ms = int((EPOCH_US / 1000) - 3_600_000)
         for rt_index in range(o.replicas):
             for k in range(LEADS):
-                hubspot.put_contact(f"{rt_index * 100000 + k}", {"jobtitle": "Engineer"},
-                                    modified_ms=seeded_ms)
+                for spare in (0, SPARE):  # a rebind's other contact
+                    hubspot.put_contact(f"{rt_index * 100000 + spare + k}",
+                                        {"jobtitle": "Engineer"}, modified_ms=seeded_ms)
         for r in world.replicas:
             await nursery.start(supervise, world, r)
         world.trace("started")
@@ -547,6 +672,8 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
             load.start_soon(traffic, world, runtimes, driver)
             load.start_soon(_in_node_soon, "outreach", hooks.traffic)
             load.start_soon(operator, world, driver)
+            if world.operator_links:
+                load.start_soon(operator_links, world, driver)
             await chaos(world, nursery, {"restart": restart}, runtimes)
             load.cancel_scope.cancel()
         # Settle: no more faults; every replica running.
@@ -609,6 +736,7 @@ def run_seed(options: Options, *, keep: Path | None = None) -> dict[str, Any]:
         with deterministic(options.seed) as rng:
             world = World(options, rng, workdir)
             world.net_faults, world.storage_faults = draw_faults(rng, options.faults)
+            world.operator_links = options.faults and rng.random() < 0.8
             os.environ.update(secrets_env(options.replicas), **webhooks.env())
             for r in range(options.replicas):
                 os.environ.pop(f"INTEGRATIOND_BINDING_HUBSPOT_{r}_TOKEN", None)
@@ -621,7 +749,9 @@ def run_seed(options: Options, *, keep: Path | None = None) -> dict[str, Any]:
             logger.propagate = False
             oauth = OAuthSimulator(client_secret=torture.CLIENT_SECRET,
                                    lifetime_s=torture.TOKEN_LIFETIME_S)
-            trio.run(_setup, world, oauth)
+            # Its clock stands at virtual 0 (the system clock's random offset would put
+            # the grants' expiry hours away: no refresh would ever run in the chaos).
+            trio.run(_setup, world, oauth, clock=trio.testing.MockClock())
             reseed_scheduler(options.seed)
             result = trio.run(_main, world, oauth,
                               clock=trio.testing.MockClock(autojump_threshold=0))

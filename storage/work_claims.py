@@ -620,11 +620,15 @@ async def _finalize_isolated(
     for i, fin in enumerate(special):
         await tx.execute(f"SAVEPOINT fin_{i}")
         try:
-            journal.extend(await _finalize_items(tx, [fin], extra, results, replica, now_us))
+            entries = await _finalize_items(tx, [fin], extra, results, replica, now_us)
             await tx.execute(f"RELEASE SAVEPOINT fin_{i}")
         except StorageError as exc:
             await tx.execute(f"ROLLBACK TO SAVEPOINT fin_{i}")
             results[fin.fence.work_id] = FinalizeResult(fin.fence, False, None, error=str(exc))
+            continue
+        # Journaled only once its savepoint is released: a release that failed rolled
+        # the finalization back, and its journal row must not outlive it (seed 204).
+        journal.extend(entries)
     return journal
 
 

@@ -137,7 +137,10 @@ def test_the_ci_seed_budget_breaks_no_promise(seed: int) -> None:
     got = run_one(seed, DURATION_S)
     assert got["violations"] == [], got["tail"]
     result = got["result"]
-    assert result["drained"] is True
+    # Drained, or visibly blocked with a reason: a token-endpoint answer lost after the
+    # call left leaves the grant refresh_in_doubt (re-authorize), its binding's work
+    # waiting (sim/oracles.py counts it apart; nothing else may be left).
+    assert result["drained"] is True or result.get("blocked_refresh_in_doubt", 0) > 0
     assert result["effects"] > 0 and result["webhooks_answered_200"] > 0
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import pytest
 import trio
@@ -20,7 +21,14 @@ from daemon.core.outcomes import (
 )
 from daemon.core.states import WorkEvent, WorkState
 from daemon.core.work import Fence, WorkItem
-from storage.port import ClaimParams, LostLease, RenewGroup, SqlTx, WorkConflict
+from storage.port import (
+    ClaimParams,
+    LostLease,
+    RenewGroup,
+    RetryableConflict,
+    SqlTx,
+    WorkConflict,
+)
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
 from tests.support.work import SEC, T0, TTL, claim, enqueue, finalization, finalize
@@ -454,3 +462,63 @@ async def test_a_spread_claim_takes_its_slot_and_falls_back_to_the_oldest(
     head = await store.work_claim(params("C", 8), T0)
     assert len(head.claimed) == 4
     assert set(oldest) - {i.work_id for i in deep.claimed} <= {i.work_id for i in head.claimed}
+
+
+class _ReleaseFailsOnce:
+    """A transaction whose first ``RELEASE SAVEPOINT fin_1`` fails alone (a statement
+    error the transaction survives, as a lock wait timeout does): the simulation's
+    storage faults reached it (seed 204, docs/simulation.md)."""
+
+    def __init__(self, tx: SqlTx, state: dict[str, bool]) -> None:
+        self._tx = tx
+        self._state = state
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        if sql == "RELEASE SAVEPOINT fin_1" and not self._state["failed"]:
+            self._state["failed"] = True
+            raise RetryableConflict("RELEASE SAVEPOINT failed (injected)")
+        return await self._tx.execute(sql, params)
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        return await self._tx.executemany(sql, rows)
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        return list(await self._tx.fetchall(sql, params))
+
+
+async def test_a_finalization_whose_savepoint_release_fails_leaves_no_journal_row(
+    store: WorkStore,
+) -> None:
+    """Seed 204 of the simulation: the isolated finalization extended the execution
+    journal before ``RELEASE SAVEPOINT`` had succeeded; when the release failed and the
+    transaction went on, the item's finalization was rolled back but its ``succeeded``
+    journal row committed (and the item ran again at the next epoch)."""
+    await enqueue(store, 2)
+    broken, victim = (await claim(store, limit=2)).claimed
+
+    async def failing(tx: SqlTx) -> None:
+        raise WorkConflict("the settlement lost a race")  # forces the savepoint pass
+
+    async def fine(tx: SqlTx) -> None:
+        await tx.execute("UPDATE work_items SET operator_summary = 'side' WHERE work_id = ?",
+                         (victim.work_id,))
+
+    state = {"failed": False}
+    inner = store.db.transact
+
+    async def transact(body: Callable[[SqlTx], Awaitable[Any]], *, name: str,
+                       write: bool = True) -> Any:
+        return await inner(lambda tx: body(_ReleaseFailsOnce(tx, state)), name=name,
+                           write=write)
+
+    store.db.transact = transact  # type: ignore[method-assign]
+    results = await store.work_finalize_if_owner(
+        [finalization(i, Succeeded()) for i in (broken, victim)], "A", T0,
+        side_writes={broken.work_id: failing, victim.work_id: fine})
+    store.db.transact = inner  # type: ignore[method-assign]
+    assert state["failed"]
+    assert [r.applied for r in results] == [False, False]
+    row = await store.work_get(victim.work_id)
+    assert row is not None and row.state is WorkState.PROCESSING
+    assert row.operator_summary is None
+    assert await store.work_executions(victim.work_id) == []
