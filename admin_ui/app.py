@@ -34,7 +34,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import MethodNotAllowed
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from admin_ui import api, binding_actions, cutover, pages, pages_work, signin
+from admin_ui import api, binding_actions, cutover, find, pages, pages_work, signin
 from admin_ui.auth import is_api_request, resolve_principal, write_session_cookie
 from admin_ui.context import EXTENSION_KEY, Console, console
 from admin_ui.errors import ConsoleError, DatabaseDown, Unauthenticated, classify
@@ -165,7 +165,7 @@ def create_app(replica: ReplicaView, extensions: ConsoleExtensions | None = None
                 "message": "the request failed inside integrationd; see its log"}, 500
 
     for blueprint in (signin.bp, pages.bp, pages_work.bp, cutover.bp, api.bp,
-                      binding_actions.bp):
+                      binding_actions.bp, find.bp):
         app.register_blueprint(blueprint)
     for blueprint in console_extensions(app).blueprints:
         app.register_blueprint(blueprint)

@@ -1,0 +1,94 @@
+"""The "find anything" lists and the search box over HTTP (admin_ui/find.py): filters,
+pages, search, bad input (400 with a message, never a 500), and the viewer reads all."""
+
+from __future__ import annotations
+
+import pytest
+
+from daemon.services.clock import WallClock
+from tests.admin.support import ConsoleHarness
+from tests.support.find import seed_calls
+
+LISTS = ("attempts", "commands", "receipts", "audit")
+
+
+async def test_viewer_lists_throttled_attempts_page_by_page(console: ConsoleHarness) -> None:
+    seeded = await seed_calls(console.store, WallClock().now_us() - 60_000_000)
+    throttled = [s.attempt_id for s in reversed(seeded) if s.status == 429]
+    client, _ = await console.sign_in("viv")
+    first = await (await client.get("/admin/api/find/attempts?status=429&limit=2")).get_json()
+    assert [i["attempt_id"] for i in first["items"]] == throttled[:2]
+    assert {i["response_status"] for i in first["items"]} == {429}
+    second = await (await client.get(
+        f"/admin/api/find/attempts?status=429&limit=2&after={first['next_after']}")).get_json()
+    assert [i["attempt_id"] for i in second["items"]] == throttled[2:]
+    assert second["next_after"] is None
+    recent = await (await client.get("/admin/api/find/attempts?since=1h&sort=oldest")
+                    ).get_json()
+    assert [i["attempt_id"] for i in recent["items"]] == [s.attempt_id for s in seeded]
+    html = await (await client.get("/admin/find/attempts?status=429&limit=2")).get_data(
+        as_text=True)
+    assert throttled[0] in html and throttled[2] not in html
+    assert f"after={throttled[1]}" in html
+    for name in LISTS:
+        response = await client.get(f"/admin/api/find/{name}")
+        assert response.status_code == 200, name
+        assert (await client.get(f"/admin/find/{name}")).status_code == 200, name
+
+
+@pytest.mark.parametrize(("path", "message"), [
+    ("/admin/api/find/attempts?status=abc", "status must be a whole number"),
+    ("/admin/api/find/attempts?status=99", "status must be a whole number"),
+    ("/admin/api/find/attempts?outcome=MAYBE", "outcome must be one of"),
+    ("/admin/api/find/attempts?sort=sideways", "sort must be one of"),
+    ("/admin/api/find/attempts?after=not-a-token", "after must be the page token"),
+    ("/admin/api/find/attempts?since=yesterday", "since: a time is ISO 8601"),
+    ("/admin/api/find/attempts?since=1h&until=2h", "since must be earlier than until"),
+    ("/admin/api/find/attempts?limit=0", "limit must be a whole number"),
+    ("/admin/api/find/attempts?color=red", "unknown parameter 'color'"),
+    ("/admin/api/find/attempts?status=429&status=500", "given more than once"),
+    ("/admin/api/find/commands?settlement=done", "settlement must be one of"),
+    ("/admin/api/find/commands?generation=-1", "generation must be a whole number"),
+    ("/admin/api/find/receipts?status=lost", "status must be one of"),
+    ("/admin/api/find/audit?until=2026-13-01", "until: a time is ISO 8601"),
+    ("/admin/api/search", "q is required"),
+    ("/admin/api/search?q=%01", "control characters"),
+])
+async def test_bad_input_is_a_400_with_a_message(console: ConsoleHarness, path: str,
+                                                 message: str) -> None:
+    client, _ = await console.sign_in("viv")
+    response = await client.get(path)
+    assert response.status_code == 400, await response.get_data(as_text=True)
+    doc = await response.get_json()
+    assert doc["error"] == "bad_filter" or doc["error"] == "bad_request", doc
+    assert message in doc["message"]
+    page = await client.get(path.replace("/admin/api/find/", "/admin/find/")
+                            .replace("/admin/api/search", "/admin/find"))
+    assert page.status_code == 400
+    assert message.split("'")[0] in await page.get_data(as_text=True)
+
+
+async def test_search_goes_straight_to_the_one_match_or_lists_them(
+        console: ConsoleHarness) -> None:
+    seeded = await seed_calls(console.store, WallClock().now_us() - 60_000_000)
+    client, _ = await console.sign_in("viv")
+    response = await client.get(f"/admin/find?q={seeded[0].attempt_id}")
+    assert response.status_code == 302
+    assert response.headers["Location"] == f"/admin/effects/attempts/{seeded[0].attempt_id}"
+    doc = await (await client.get(f"/admin/api/search?q={seeded[0].command_id}")).get_json()
+    # The command, and the work item that runs it (its subject).
+    assert {(m["kind"], m["id"]) for m in doc["matches"]} == {
+        ("command", seeded[0].command_id), ("work item", seeded[0].work_id)}
+    listed = await client.get(f"/admin/find?q={seeded[0].command_id}")
+    assert listed.status_code == 200
+    html = await listed.get_data(as_text=True)
+    assert f'href="/admin/work/{seeded[0].work_id}"' in html
+    assert f'href="/admin/effects/commands/{seeded[0].command_id}"' in html
+    nothing = await client.get("/admin/find?q=nothing-here")
+    assert nothing.status_code == 200
+    assert "Nothing has this id." in await nothing.get_data(as_text=True)
+
+
+async def test_signed_out_is_refused(console: ConsoleHarness) -> None:
+    response = await console.client().get("/admin/api/find/attempts")
+    assert response.status_code == 401
