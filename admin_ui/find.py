@@ -23,6 +23,7 @@ from werkzeug.wrappers import Response as WerkzeugResponse
 
 from admin_ui.auth import require
 from admin_ui.context import console
+from admin_ui.errors import NotFound
 from admin_ui.find_filters import (
     OUTCOMES,
     SORTS,
@@ -34,16 +35,19 @@ from admin_ui.find_filters import (
 )
 from admin_ui.render import page
 from admin_ui.serialize import audit_json
+from daemon.core.ids import is_ulid
 from storage.effect_values import Command, ResultReceipt, Settlement
 from storage.find_rows import (
     RECEIPT_STATUSES,
     FoundAttempt,
     Page,
+    attempt_exchange,
     attempts_find,
     audit_find,
     commands_find,
     next_after,
     receipts_find,
+    request_headers,
     search,
 )
 from storage.port import AuditEntry
@@ -150,6 +154,30 @@ def _register(listing: Listing) -> None:
 
 for _listing in LISTINGS.values():
     _register(_listing)
+
+
+async def attempt_detail(store: WorkStore, attempt_id: str) -> Json:
+    """One attempt with its command's operation and binding, the request headers it
+    recorded and, for a failed call, its exchange excerpt (already redacted)."""
+    attempt = await store.effect_attempt_get(attempt_id) if is_ulid(attempt_id) else None
+    if attempt is None:
+        raise NotFound(f"no effect attempt {attempt_id[:40]}")
+    command = await store.command_get(attempt.command_id)
+    row = attempt_row(FoundAttempt(
+        attempt=attempt, operation=command.operation if command else "",
+        binding_id=command.binding_id if command else ""))
+    row["request_headers"] = [list(h) for h in request_headers(attempt.safe_headers)]
+    exchange = await attempt_exchange(store, attempt_id)
+    return {"attempt": row, "exchange": None if exchange is None else {
+        "request_body": exchange.request_body,
+        "response_headers": [list(h) for h in exchange.response_headers],
+        "response_body": exchange.response_body}}
+
+
+@bp.get("/admin/api/find/attempts/<attempt_id>")
+@require("console.read")
+async def api_attempt(attempt_id: str) -> Json:
+    return await attempt_detail(console().view.store, attempt_id)
 
 
 async def search_json(text: str) -> Json:

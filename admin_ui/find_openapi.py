@@ -75,6 +75,20 @@ FIND_PATHS: dict[str, Json] = {
             {"type": "string", "enum": list(OUTCOMES)}),
          _q("status", "HTTP status", {"type": "integer", "minimum": 100, "maximum": 599}),
          _q("operation", "provider operation", _TEXT), _q("binding", "binding id", _TEXT)]),
+    "/admin/api/find/attempts/{attempt_id}": {"get": _get(
+        "One attempt: what was sent and, for a failed call, a redacted, bounded excerpt of"
+        " the request body and of the answer (allow-listed headers, body)",
+        {"type": "object", "properties": {
+            "attempt": {**ATTEMPT, "properties": {
+                **ATTEMPT["properties"],
+                "request_headers": {"type": "array", "items": {"type": "array"}}}},
+            "exchange": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {
+                "request_body": {"type": "string"},
+                "response_headers": {"type": "array", "items": {"type": "array"}},
+                "response_body": {"type": "string"}}}]}}},
+        params=[{"name": "attempt_id", "in": "path", "required": True,
+                 "schema": {"type": "string"}}],
+        errors=(404, *READ_ERRORS))},
     "/admin/api/find/commands": _list(
         "Commands, cluster-wide, filtered", COMMAND,
         [_q("settlement", "settlement",

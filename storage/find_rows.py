@@ -10,6 +10,8 @@ runs (design.md section 5). Reads only: nothing here writes.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
@@ -261,3 +263,56 @@ async def search(store: WorkStore, text: str) -> list[Found]:
         return unique[:SEARCH_LIMIT]
 
     return await store.db.transact(body, name="find.search", write=False)
+
+
+@attrs.frozen(kw_only=True)
+class Exchange:
+    """A failed call's stored exchange excerpt (already redacted and bounded)."""
+
+    request_body: str
+    response_headers: tuple[tuple[str, str], ...]
+    response_body: str
+
+
+def exchange_from_text(text: str | None) -> Exchange | None:
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    headers = tuple((str(h[0]), str(h[1])) for h in doc.get("response_headers") or ()
+                    if isinstance(h, list) and len(h) == 2)
+    return Exchange(request_body=str(doc.get("request_body") or ""),
+                    response_headers=headers,
+                    response_body=str(doc.get("response_body") or ""))
+
+
+async def attempt_exchange(store: WorkStore, attempt_id: str) -> Exchange | None:
+    """The exchange excerpt recorded with ``attempt_id``'s outcome (None: none kept)."""
+
+    async def body(tx: SqlTx) -> Exchange | None:
+        rows = await tx.fetchall(
+            "SELECT exchange_excerpt FROM effect_attempts WHERE attempt_id = ?", (attempt_id,))
+        return exchange_from_text(rows[0][0]) if rows else None
+
+    return await store.db.transact(body, name="find.attempt_exchange", write=False)
+
+
+def request_headers(safe_headers: str) -> list[tuple[str, str]]:
+    """The request headers an attempt recorded at its checkpoint (already the safe ones:
+    never the credential), as (name, value) pairs; [] when unreadable."""
+    try:
+        doc = json.loads(safe_headers)
+    except ValueError:
+        return []
+    if not isinstance(doc, dict):
+        return []
+    return sorted((str(k), str(v)[:200]) for k, v in doc.items()
+                  if not _SECRET_HEADER.search(str(k)))
+
+
+# Belt and braces: a header named like a credential is never shown even if recorded.
+_SECRET_HEADER = re.compile(r"(?i)authori[sz]ation|cookie|token|secret|api[-_]?key|signature")

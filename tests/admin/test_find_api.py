@@ -3,11 +3,16 @@ pages, search, bad input (400 with a message, never a 500), and the viewer reads
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from admin_ui.app import create_app
+from admin_ui.effects import effect_extensions
+from config.catalog import load_catalog
 from daemon.services.clock import WallClock
 from tests.admin.support import ConsoleHarness
-from tests.support.find import seed_calls
+from tests.support.find import SECRETS, seed_calls
 
 LISTS = ("attempts", "commands", "receipts", "audit")
 
@@ -92,3 +97,25 @@ async def test_search_goes_straight_to_the_one_match_or_lists_them(
 async def test_signed_out_is_refused(console: ConsoleHarness) -> None:
     response = await console.client().get("/admin/api/find/attempts")
     assert response.status_code == 401
+
+
+async def test_a_failed_attempts_page_shows_the_exchange_without_secrets(
+        console: ConsoleHarness) -> None:
+    seeded = await seed_calls(console.store, WallClock().now_us() - 60_000_000)
+    # The attempt page is the effect journal's (an extension of the console).
+    console.app = create_app(console.replica,
+                             effect_extensions(load_catalog(console.replica.settings)))
+    client, _ = await console.sign_in("viv")
+    failed = await client.get(f"/admin/effects/attempts/{seeded[1].attempt_id}")
+    html = await failed.get_data(as_text=True)
+    assert failed.status_code == 200
+    assert 'id="request-excerpt"' in html and "jobtitle" in html
+    assert "answered 429" in html and "x-ratelimit-remaining: 0" in html
+    assert not any(secret in html for secret in SECRETS)
+    ok = await (await client.get(f"/admin/effects/attempts/{seeded[0].attempt_id}")
+                ).get_data(as_text=True)
+    assert "A successful call keeps no bodies." in ok
+    doc = await (await client.get(f"/admin/api/find/attempts/{seeded[1].attempt_id}")
+                 ).get_json()
+    assert doc["exchange"]["response_body"].startswith("{")
+    assert not any(secret in json.dumps(doc) for secret in SECRETS)

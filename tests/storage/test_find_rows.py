@@ -10,6 +10,7 @@ from storage.find_rows import (
     CommandFilter,
     Page,
     ReceiptFilter,
+    attempt_exchange,
     attempts_find,
     audit_find,
     commands_find,
@@ -19,7 +20,7 @@ from storage.find_rows import (
 )
 from storage.port import CancelParams
 from storage.work_store import WorkStore
-from tests.support.find import seed_calls, settle_command
+from tests.support.find import SECRETS, seed_calls, settle_command
 from tests.support.work import SEC, T0, spec
 
 
@@ -125,3 +126,16 @@ async def test_search_finds_each_kind_by_its_ids(store: WorkStore) -> None:
     assert "remote link" in {h.kind for h in remote}
     assert await search(store, "no-such-id") == []
     assert await search(store, "01ARZ3NDEKTSV4RRFFQ69G5FAV") == []
+
+
+async def test_a_failed_attempt_keeps_its_redacted_exchange(store: WorkStore) -> None:
+    seeded = await seed_calls(store, T0)
+    assert await attempt_exchange(store, seeded[0].attempt_id) is None  # a success
+    kept = await attempt_exchange(store, seeded[1].attempt_id)
+    assert kept is not None
+    assert '"jobtitle":"CTO"' in kept.request_body
+    assert kept.response_headers == (("content-type", "application/json"),
+                                     ("x-ratelimit-remaining", "0"))
+    assert "answered 429" in kept.response_body
+    assert not any(secret in repr(kept) for secret in SECRETS)
+    assert await attempt_exchange(store, "01ARZ3NDEKTSV4RRFFQ69G5FAV") is None

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import attrs
 
+from daemon.core.exchange_excerpt import ExchangeExcerpt, excerpt_of
 from daemon.core.work import WorkItem
 from storage.effect_values import Settlement
 from storage.effects import record_outcome, settle
@@ -21,6 +24,20 @@ CALLS = (
     ("lead-e", "OUTCOME_UNKNOWN", None),
     ("lead-f", "REPLAY_SAFE_RETRY", 429),
 )
+
+
+# What a failed call of the seed sent and got back, before redaction: the stored
+# excerpt must hold none of SECRETS.
+SECRETS = ("ada@example.com", "tok-SECRET-77")
+
+
+def failed_exchange(status: int | None) -> ExchangeExcerpt:
+    return excerpt_of(
+        json.dumps({"properties": {"jobtitle": "CTO", "email": SECRETS[0]}}).encode(),
+        [("Content-Type", "application/json"), ("Authorization", f"Bearer {SECRETS[1]}"),
+         ("X-RateLimit-Remaining", "0")],
+        json.dumps({"status": "error", "message": f"answered {status}",
+                    "token": SECRETS[1]}).encode())
 
 
 @attrs.frozen
@@ -53,7 +70,8 @@ async def _dispatch(store: WorkStore, item: WorkItem, command_id: str, lead: str
     attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id, lead), now)
     await store.work_fenced(item.fence, now, lambda tx: record_outcome(
         tx, attempt_id, outcome=outcome, evidence="maybe_applied", response_status=status,
-        provider_evidence={}, failure_class="", gave_up_at_us=now, now_us=now),
+        provider_evidence={}, failure_class="", gave_up_at_us=now, now_us=now,
+        exchange=None if status == 200 else failed_exchange(status).to_json()),
         name="test.record")
     return Seeded(command_id, attempt_id, item.work_id, lead, outcome, status)
 
