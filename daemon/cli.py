@@ -33,6 +33,7 @@ from config.summary import describe_settings
 from daemon.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
 from daemon.binding_cli import BindingNotFound, add_binding_commands, run_binding_command
 from daemon.command_cli import CommandNotFound, add_command_commands, run_command_command
+from daemon.find_cli import FIND_COMMANDS, add_find_commands, run_find_command
 from daemon.keys_cli import add_keys_commands, run_keys_command
 from daemon.link_cli import add_link_commands, run_link_command
 from daemon.services import logs
@@ -149,6 +150,7 @@ def _parser() -> argparse.ArgumentParser:
     add_binding_commands(sub)
     add_command_commands(sub)
     add_link_commands(sub)
+    add_find_commands(sub)
     return parser
 
 
@@ -499,6 +501,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(run_command_command, settings, args, _open)
         if args.command == "link":
             return trio.run(run_link_command, settings, args, _open)
+        if args.command in FIND_COMMANDS:
+            return trio.run(run_find_command, settings, args, _open)
         if args.command == "run":
             return trio.run(_cmd_run, settings)
         if args.command == "work":
