@@ -95,7 +95,7 @@ async def replicas() -> Json:
 @bp.get("/work")
 @require("work.read")
 async def work_list() -> Json:
-    query = parse_work_query(request.args.items(multi=True))
+    query = parse_work_query(request.args.items(multi=True), console().view.clock.now_us())
     return await queries.work_page(console().view, query)
 
 

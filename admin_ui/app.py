@@ -41,6 +41,7 @@ from admin_ui.errors import ConsoleError, DatabaseDown, Unauthenticated, classif
 from admin_ui.extensions import ConsoleExtensions
 from admin_ui.render import age_since, fmt_age, fmt_duration_us, fmt_iso, fmt_ts, page
 from admin_ui.view import ReplicaView
+from daemon.core.human_time import span_text
 from daemon.services import logs
 from daemon.services.families import UnknownFamily
 from daemon.services.http_guard import guard_app
@@ -103,6 +104,7 @@ def create_app(replica: ReplicaView, extensions: ConsoleExtensions | None = None
     app.add_template_filter(age_since, "since")
     app.add_template_filter(fmt_duration_us, "duration_us")
     app.add_template_filter(fmt_iso, "iso")
+    app.add_template_filter(span_text, "span_s")
 
     @app.get("/metrics")
     async def metrics() -> Response:

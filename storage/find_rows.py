@@ -316,3 +316,19 @@ def request_headers(safe_headers: str) -> list[tuple[str, str]]:
 
 # Belt and braces: a header named like a credential is never shown even if recorded.
 _SECRET_HEADER = re.compile(r"(?i)authori[sz]ation|cookie|token|secret|api[-_]?key|signature")
+
+
+async def last_attempts(store: WorkStore, work_ids: Sequence[str]) -> dict[str, int]:
+    """When each item's last attempt ended (its newest execution), by work id; one read
+    on the executions' primary key (work_id, epoch) for a page of ids."""
+    if not work_ids:
+        return {}
+    marks = ", ".join("?" for _ in work_ids)
+
+    async def body(tx: SqlTx) -> dict[str, int]:
+        rows = await tx.fetchall(
+            "SELECT work_id, MAX(finished_at_us) FROM work_executions"
+            f" WHERE work_id IN ({marks}) GROUP BY work_id", tuple(work_ids))
+        return {str(r[0]): int(r[1]) for r in rows if r[1] is not None}
+
+    return await store.db.transact(body, name="find.last_attempts", write=False)

@@ -253,9 +253,11 @@ class WorkAdmin:
         if query.lane is not None:
             clauses.append("(source_lane = ? OR target_lane = ?)")
             params.extend((query.lane, query.lane))
-        if query.after_id is not None:
-            clauses.append("work_id < ?")
-            params.append(query.after_id)
+        for bound, op in ((query.after_id, "<"), (query.until_id, "<"),
+                          (query.since_id, ">=")):
+            if bound is not None:
+                clauses.append(f"work_id {op} ?")
+                params.append(bound)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         limit = max(1, min(query.limit, 1000))
 

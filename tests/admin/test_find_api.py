@@ -119,3 +119,27 @@ async def test_a_failed_attempts_page_shows_the_exchange_without_secrets(
                  ).get_json()
     assert doc["exchange"]["response_body"].startswith("{")
     assert not any(secret in json.dumps(doc) for secret in SECRETS)
+
+
+async def test_work_list_shows_the_timeline_and_filters_by_creation_time(
+        console: ConsoleHarness) -> None:
+    (dead,) = await console.dead_items(1, failure_class="boom")
+    (waiting,) = await console.enqueue(1)
+    client, _ = await console.sign_in("viv")
+    doc = await (await client.get("/admin/api/work")).get_json()
+    rows = {i["work_id"]: i for i in doc["items"]}
+    assert rows[dead]["finished_at_us"] is not None
+    assert rows[dead]["last_attempted_at_us"] == rows[dead]["finished_at_us"]
+    assert rows[dead]["duration_s"] >= 0 and rows[dead]["age_s"] >= 0
+    assert rows[dead]["last_error"] == "boom boom happened"
+    assert (rows[waiting]["finished_at_us"], rows[waiting]["last_attempted_at_us"],
+            rows[waiting]["duration_s"], rows[waiting]["last_error"]) == (None, None, None, None)
+    recent = await (await client.get("/admin/api/work?since=1h")).get_json()
+    assert {i["work_id"] for i in recent["items"]} == {dead, waiting}
+    assert (await (await client.get("/admin/api/work?until=1h")).get_json())["items"] == []
+    bad = await client.get("/admin/api/work?since=tomorrow")
+    assert bad.status_code == 400
+    assert "since: a time is ISO 8601" in (await bad.get_json())["message"]
+    page = await (await client.get("/admin/work?since=1h&limit=1")).get_data(as_text=True)
+    assert "boom boom happened" in page or "Last error" in page
+    assert "since=20" in page  # the next page keeps the time filter
