@@ -50,7 +50,6 @@ from storage.find_rows import (
     request_headers,
     search,
 )
-from storage.port import AuditEntry
 from storage.work_store import WorkStore
 
 bp = Blueprint("find", __name__)
@@ -114,8 +113,7 @@ LISTINGS = {
     "receipts": Listing("receipts", "Runtime receipts", "console.read", parse_receipt_filter,
                         receipts_find, receipt_row, lambda d: str(d["command_id"])),
     "audit": Listing("audit", "Audit entries", "audit.read", parse_audit_filter, audit_find,
-                     lambda e: audit_json(e) if isinstance(e, AuditEntry) else e,
-                     lambda d: str(d["audit_id"])),
+                     audit_json, lambda d: str(d["audit_id"])),
 }
 
 
