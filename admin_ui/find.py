@@ -30,9 +30,11 @@ from admin_ui.find_filters import (
     parse_attempt_filter,
     parse_audit_filter,
     parse_command_filter,
+    parse_ingress_filter,
     parse_receipt_filter,
     parse_search,
 )
+from admin_ui.ingress import receipt_json
 from admin_ui.render import page
 from admin_ui.serialize import audit_json
 from daemon.core.ids import is_ulid
@@ -45,11 +47,13 @@ from storage.find_rows import (
     attempts_find,
     audit_find,
     commands_find,
+    ingress_find,
     next_after,
     receipts_find,
     request_headers,
     search,
 )
+from storage.ingress.receipts import STATES as INGRESS_STATES
 from storage.work_store import WorkStore
 
 bp = Blueprint("find", __name__)
@@ -112,6 +116,8 @@ LISTINGS = {
                         commands_find, command_row, lambda d: str(d["command_id"])),
     "receipts": Listing("receipts", "Runtime receipts", "console.read", parse_receipt_filter,
                         receipts_find, receipt_row, lambda d: str(d["command_id"])),
+    "ingress": Listing("ingress", "Ingress receipts", "console.read", parse_ingress_filter,
+                       ingress_find, receipt_json, lambda d: str(d["receipt_id"])),
     "audit": Listing("audit", "Audit entries", "audit.read", parse_audit_filter, audit_find,
                      audit_json, lambda d: str(d["audit_id"])),
 }
@@ -142,7 +148,8 @@ def _register(listing: Listing) -> None:
         return await page(f"find_{listing.key}.html", title=listing.title, items=doc["items"],
                           filters=dict(pairs), next_args=_next_args(pairs, doc["next_after"]),
                           sorts=SORTS, outcomes=OUTCOMES, receipt_statuses=RECEIPT_STATUSES,
-                          settlements=[s.value for s in Settlement])
+                          settlements=[s.value for s in Settlement],
+                          ingress_states=list(INGRESS_STATES))
 
     api_list.__name__ = f"api_find_{listing.key}"
     html_list.__name__ = f"find_{listing.key}"

@@ -21,9 +21,11 @@ from storage.find_rows import (
     AttemptFilter,
     AuditFilter,
     CommandFilter,
+    IngressFilter,
     Page,
     ReceiptFilter,
 )
+from storage.ingress.receipts import STATES as INGRESS_STATES
 
 PAGE_KEYS = ("since", "until", "after", "sort", "limit")
 SORTS = ("newest", "oldest")
@@ -32,6 +34,7 @@ COMMAND_KEYS = ("settlement", "object", "local_id", "binding", "generation", "re
                 "operation", *PAGE_KEYS)
 RECEIPT_KEYS = ("status", *PAGE_KEYS)
 AUDIT_KEYS = ("actor", "action", "target", *PAGE_KEYS)
+INGRESS_KEYS = ("state", "route", "binding", *PAGE_KEYS)
 MAX_SEARCH = 255
 # The outcome classes, and "none": dispatched with no outcome recorded (yet).
 OUTCOMES = (*(o.value for o in OutcomeClass), "none")
@@ -108,6 +111,15 @@ def parse_audit_filter(pairs: Iterable[tuple[str, str]], now_us: int) -> AuditFi
     args = Args(pairs, AUDIT_KEYS)
     return AuditFilter(actor=args.text("actor"), action=args.text("action"),
                        target=args.text("target"), page=_page(args, now_us))
+
+
+def parse_ingress_filter(pairs: Iterable[tuple[str, str]], now_us: int) -> IngressFilter:
+    args = Args(pairs, INGRESS_KEYS)
+    state = args.text("state")
+    if state is not None and state not in INGRESS_STATES:
+        raise BadFilter(f"state must be one of {', '.join(INGRESS_STATES)}, not {state!r}")
+    return IngressFilter(state=state, route=args.text("route"),
+                         binding_id=args.text("binding"), page=_page(args, now_us))
 
 
 def parse_search(pairs: Iterable[tuple[str, str]]) -> str:

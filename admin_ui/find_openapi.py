@@ -14,6 +14,7 @@ from admin_ui.find_filters import OUTCOMES, SORTS
 from admin_ui.openapi import LIMIT, READ_ERRORS, _get, _q
 from storage.effect_values import Settlement
 from storage.find_rows import RECEIPT_STATUSES
+from storage.ingress.receipts import STATES as INGRESS_STATES
 
 Json = dict[str, Any]
 
@@ -104,6 +105,14 @@ FIND_PATHS: dict[str, Json] = {
         "Runtime result receipts: pending, refused (pending with a refused delivery),"
         " confirmed", RECEIPT,
         [_q("status", "status", {"type": "string", "enum": list(RECEIPT_STATUSES)})]),
+    "/admin/api/find/ingress": _list(
+        "Ingress receipts (every one, not only the newest), filtered",
+        {"type": "object", "properties": {
+            "receipt_id": {"type": "string"}, "route": {"type": "string"},
+            "binding_id": {"type": "string"}, "state": {"type": "string"},
+            "received_at": _NULL_STR, "bytes": {"type": "integer"}}},
+        [_q("state", "state", {"type": "string", "enum": list(INGRESS_STATES)}),
+         _q("route", "webhook route", _TEXT), _q("binding", "binding id", _TEXT)]),
     "/admin/api/find/audit": _list(
         "Audit entries, filtered", {"$ref": "#/components/schemas/AuditEntry"},
         [_q("actor", "who", _TEXT), _q("action", "action", _TEXT),

@@ -23,6 +23,9 @@ from daemon.core.ids import is_ulid
 from storage.commands import COMMAND_COLUMNS, command_from_row
 from storage.effect_values import Command, EffectAttempt, ResultReceipt
 from storage.effects import _ATTEMPT_COLUMNS, _RECEIPT_COLUMNS, attempt_from_row, receipt_from_row
+from storage.ingress.receipts import _COLUMNS as INGRESS_COLUMNS
+from storage.ingress.receipts import IngressReceipt
+from storage.ingress.receipts import receipt_from_row as ingress_from_row
 from storage.port import AuditEntry, Row, SqlTx
 from storage.work_admin import AUDIT_COLUMNS, audit_from_row
 from storage.work_store import WorkStore
@@ -332,3 +335,28 @@ async def last_attempts(store: WorkStore, work_ids: Sequence[str]) -> dict[str, 
         return {str(r[0]): int(r[1]) for r in rows if r[1] is not None}
 
     return await store.db.transact(body, name="find.last_attempts", write=False)
+
+
+@attrs.frozen(kw_only=True)
+class IngressFilter:
+    state: str | None = None  # received, materialized, quarantined
+    route: str | None = None
+    binding_id: str | None = None
+    page: Page = Page()
+
+
+async def ingress_find(store: WorkStore, f: IngressFilter) -> list[IngressReceipt]:
+    """Ingress receipts beyond the newest: every one, paged by receipt id."""
+    clauses, params, order = _keyset("receipt_id", f.page)
+    for column, value in (("state", f.state), ("route", f.route),
+                          ("binding_id", f.binding_id)):
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    sql = f"SELECT {INGRESS_COLUMNS} FROM ingress_receipts{_where(clauses)}{order} LIMIT ?"
+
+    async def body(tx: SqlTx) -> list[IngressReceipt]:
+        return [ingress_from_row(r)
+                for r in await tx.fetchall(sql, (*params, _limit(f.page)))]
+
+    return await store.db.transact(body, name="find.ingress", write=False)

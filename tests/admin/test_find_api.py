@@ -14,7 +14,7 @@ from daemon.services.clock import WallClock
 from tests.admin.support import ConsoleHarness
 from tests.support.find import SECRETS, seed_calls
 
-LISTS = ("attempts", "commands", "receipts", "audit")
+LISTS = ("attempts", "commands", "receipts", "ingress", "audit")
 
 
 async def test_viewer_lists_throttled_attempts_page_by_page(console: ConsoleHarness) -> None:
@@ -55,6 +55,7 @@ async def test_viewer_lists_throttled_attempts_page_by_page(console: ConsoleHarn
     ("/admin/api/find/commands?settlement=done", "settlement must be one of"),
     ("/admin/api/find/commands?generation=-1", "generation must be a whole number"),
     ("/admin/api/find/receipts?status=lost", "status must be one of"),
+    ("/admin/api/find/ingress?state=eaten", "state must be one of"),
     ("/admin/api/find/audit?until=2026-13-01", "until: a time is ISO 8601"),
     ("/admin/api/search", "q is required"),
     ("/admin/api/search?q=%01", "control characters"),

@@ -3,17 +3,20 @@ search, on every backend (storage/find_rows.py)."""
 
 from __future__ import annotations
 
+from daemon.core.ids import encode_ulid
 from storage.effects import mark_receipt
 from storage.find_rows import (
     AttemptFilter,
     AuditFilter,
     CommandFilter,
+    IngressFilter,
     Page,
     ReceiptFilter,
     attempt_exchange,
     attempts_find,
     audit_find,
     commands_find,
+    ingress_find,
     next_after,
     receipts_find,
     search,
@@ -21,6 +24,7 @@ from storage.find_rows import (
 from storage.port import CancelParams
 from storage.work_store import WorkStore
 from tests.support.find import SECRETS, seed_calls, settle_command
+from tests.support.ingress import receipt
 from tests.support.work import SEC, T0, spec
 
 
@@ -139,3 +143,17 @@ async def test_a_failed_attempt_keeps_its_redacted_exchange(store: WorkStore) ->
     assert "answered 429" in kept.response_body
     assert not any(secret in repr(kept) for secret in SECRETS)
     assert await attempt_exchange(store, "01ARZ3NDEKTSV4RRFFQ69G5FAV") is None
+
+
+async def test_ingress_receipts_beyond_the_newest(store: WorkStore) -> None:
+    ids = [encode_ulid(T0 // 1000 + n * 1000, bytes(10)) for n in range(3)]
+    for n, receipt_id in enumerate(ids):
+        await store.ingress_receipt_insert(receipt(n, receipt_id=receipt_id), T0 + n * SEC)
+    first = await ingress_find(store, IngressFilter(state="received", page=Page(limit=2)))
+    assert [r.receipt_id for r in first] == ids[:0:-1]
+    rest = await ingress_find(store, IngressFilter(page=Page(limit=2, after=ids[1])))
+    assert [r.receipt_id for r in rest] == [ids[0]]
+    assert await ingress_find(store, IngressFilter(state="quarantined")) == []
+    assert len(await ingress_find(store, IngressFilter(route="r", binding_id="b"))) == 3
+    assert [r.receipt_id for r in await ingress_find(store, IngressFilter(
+        page=Page(since_us=T0 + SEC)))] == ids[:0:-1]
