@@ -199,6 +199,8 @@ async def api_search() -> Json:
 @bp.get("/admin/find")
 @require("console.read")
 async def find_page() -> Response | WerkzeugResponse:
+    if not request.args:  # the Find entry of the navigation: the lists and the search
+        return await page("find_search.html", q=None, matches=[])
     text = parse_search(request.args.items(multi=True))
     doc = await search_json(text)
     if len(doc["matches"]) == 1:

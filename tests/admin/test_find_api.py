@@ -35,6 +35,9 @@ async def test_viewer_lists_throttled_attempts_page_by_page(console: ConsoleHarn
         as_text=True)
     assert throttled[0] in html and throttled[2] not in html
     assert f"after={throttled[1]}" in html
+    index = await client.get("/admin/find")
+    assert index.status_code == 200
+    assert 'href="/admin/find/ingress"' in await index.get_data(as_text=True)
     for name in LISTS:
         response = await client.get(f"/admin/api/find/{name}")
         assert response.status_code == 200, name
@@ -57,7 +60,7 @@ async def test_viewer_lists_throttled_attempts_page_by_page(console: ConsoleHarn
     ("/admin/api/find/receipts?status=lost", "status must be one of"),
     ("/admin/api/find/ingress?state=eaten", "state must be one of"),
     ("/admin/api/find/audit?until=2026-13-01", "until: a time is ISO 8601"),
-    ("/admin/api/search", "q is required"),
+    ("/admin/api/search?q=", "q is required"),
     ("/admin/api/search?q=%01", "control characters"),
 ])
 async def test_bad_input_is_a_400_with_a_message(console: ConsoleHarness, path: str,
