@@ -24,6 +24,7 @@ from admin_ui.filters import (
     parse_work_query,
     reason_from,
 )
+from admin_ui.find_openapi import FIND_PATHS
 from admin_ui.principals import connected_bindings, principal_facts
 from admin_ui.quota import quota_json
 from admin_ui.serialize import cancel_json, work_json
@@ -59,7 +60,7 @@ async def json_body() -> dict[str, Any]:
 
 @bp.get("/openapi.json")
 async def openapi_document() -> Json:
-    return openapi.document(console().extensions.openapi_paths)
+    return openapi.document({**FIND_PATHS, **console().extensions.openapi_paths})
 
 
 @bp.get("/session")
@@ -94,7 +95,7 @@ async def replicas() -> Json:
 @bp.get("/work")
 @require("work.read")
 async def work_list() -> Json:
-    query = parse_work_query(request.args.items(multi=True))
+    query = parse_work_query(request.args.items(multi=True), console().view.clock.now_us())
     return await queries.work_page(console().view, query)
 
 

@@ -34,13 +34,14 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import MethodNotAllowed
 from werkzeug.wrappers import Response as WerkzeugResponse
 
-from admin_ui import api, binding_actions, cutover, pages, pages_work, signin
+from admin_ui import api, binding_actions, cutover, find, pages, pages_work, signin
 from admin_ui.auth import is_api_request, resolve_principal, write_session_cookie
 from admin_ui.context import EXTENSION_KEY, Console, console
 from admin_ui.errors import ConsoleError, DatabaseDown, Unauthenticated, classify
 from admin_ui.extensions import ConsoleExtensions
 from admin_ui.render import age_since, fmt_age, fmt_duration_us, fmt_iso, fmt_ts, page
 from admin_ui.view import ReplicaView
+from daemon.core.human_time import span_text
 from daemon.services import logs
 from daemon.services.families import UnknownFamily
 from daemon.services.http_guard import guard_app
@@ -103,6 +104,7 @@ def create_app(replica: ReplicaView, extensions: ConsoleExtensions | None = None
     app.add_template_filter(age_since, "since")
     app.add_template_filter(fmt_duration_us, "duration_us")
     app.add_template_filter(fmt_iso, "iso")
+    app.add_template_filter(span_text, "span_s")
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -165,7 +167,7 @@ def create_app(replica: ReplicaView, extensions: ConsoleExtensions | None = None
                 "message": "the request failed inside integrationd; see its log"}, 500
 
     for blueprint in (signin.bp, pages.bp, pages_work.bp, cutover.bp, api.bp,
-                      binding_actions.bp):
+                      binding_actions.bp, find.bp):
         app.register_blueprint(blueprint)
     for blueprint in console_extensions(app).blueprints:
         app.register_blueprint(blueprint)

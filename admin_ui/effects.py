@@ -66,6 +66,7 @@ from storage.effect_values import (
     RemoteLink,
     ResultReceipt,
 )
+from storage.find_rows import attempt_exchange, request_headers
 from storage.links import read_link
 from storage.port import SqlTx
 
@@ -434,8 +435,11 @@ def build_blueprint(ec: EffectConsole) -> Blueprint:
         if attempt is None:
             raise NotFound(f"no effect attempt {attempt_id}")
         audit = await console().view.store.audit_list(target_id=attempt_id)
+        exchange = await attempt_exchange(console().view.store, attempt_id)
         return await page("effect_attempt.html", status=status, error=error, attempt=attempt,
-                          audit=audit, notice="Disposition recorded." if request.args.get(
+                          audit=audit, exchange=exchange,
+                          request_headers=request_headers(attempt.safe_headers),
+                          notice="Disposition recorded." if request.args.get(
                               "notice") == "disposed" else None)
 
     @bp.post("/admin/effects/attempts/<attempt_id>/disposition")

@@ -8,12 +8,14 @@ field) mean "no filter".
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping
 
 import attrs
 
 from admin_ui.errors import BadFilter, BadInput
-from daemon.core.ids import is_ulid
+from daemon.core.find_query import BadMoment, id_floor, parse_moment
+from daemon.core.ids import is_ulid, ulid_millis
 from daemon.core.states import WorkState
 from storage.port import DeadQuery, WorkQuery
 
@@ -97,14 +99,30 @@ class Args:
         return raw
 
 
-WORK_FILTER_KEYS = ("state", "family", "org", "subject", "lane", "after", "limit")
+WORK_FILTER_KEYS = ("state", "family", "org", "subject", "lane", "since", "until", "after",
+                    "limit")
 DLQ_FILTER_KEYS = ("family", "failure_class", "unreplayed", "after", "limit")
 AUDIT_FILTER_KEYS = ("target", "limit")
 
 
-def parse_work_query(pairs: Iterable[tuple[str, str]]) -> WorkQuery:
+def _created_bound(args: Args, key: str, now_us: int) -> str | None:
+    """A creation-time filter as a work id bound (work ids are ULIDs of their creation)."""
+    raw = args.text(key)
+    if raw is None:
+        return None
+    try:
+        return id_floor(parse_moment(raw, now_us))
+    except BadMoment as exc:
+        raise BadFilter(f"{key}: {exc}") from None
+
+
+def parse_work_query(pairs: Iterable[tuple[str, str]], now_us: int) -> WorkQuery:
     args = Args(pairs, WORK_FILTER_KEYS)
+    since, until = _created_bound(args, "since", now_us), _created_bound(args, "until", now_us)
+    if since is not None and until is not None and since >= until:
+        raise BadFilter("since must be earlier than until")
     return WorkQuery(
+        since_id=since, until_id=until,
         state=args.state(),
         family=args.text("family"),
         org_id=args.text("org"),
@@ -123,8 +141,17 @@ def work_query_args(query: WorkQuery) -> dict[str, str]:
         "org": query.org_id,
         "subject": query.subject_id,
         "lane": query.lane,
+        "since": _iso(query.since_id),
+        "until": _iso(query.until_id),
     }
     return {k: v for k, v in pairs.items() if v}
+
+
+def _iso(bound: str | None) -> str | None:
+    if bound is None:
+        return None
+    moment = dt.datetime.fromtimestamp(ulid_millis(bound) / 1000, tz=dt.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def parse_dead_query(pairs: Iterable[tuple[str, str]]) -> DeadQuery:

@@ -88,6 +88,10 @@ PATHS: Json = {
         params=[_q("state", "state", {"type": "string", "enum": STATES}),
                 _q("family", "work family"), _q("org", "org id"),
                 _q("subject", "subject id"), _q("lane", "source or target lane"),
+                _q("since", "created at or after: ISO 8601 (no zone: UTC) or a span back"
+                   " from now (90s, 15m, 6h, 7d)", {"type": "string", "maxLength": 40}),
+                _q("until", "created before (same forms as since)",
+                   {"type": "string", "maxLength": 40}),
                 AFTER, LIMIT],
         errors=(400, *READ_ERRORS))},
     "/admin/api/work/{work_id}": {"get": _get(
@@ -171,7 +175,12 @@ SCHEMAS: Json = {
         "created_at_us": {"type": "integer"}, "updated_at_us": {"type": "integer"},
         "payload_bytes": {"type": "integer"}}},
     "WorkPage": {"type": "object", "properties": {
-        "items": {"type": "array", "items": _ref("WorkItem")}, "next_after": _NULL_STR}},
+        "items": {"type": "array", "items": {"allOf": [_ref("WorkItem"), {
+            "type": "object", "properties": {
+                "last_attempted_at_us": _NULL_INT, "finished_at_us": _NULL_INT,
+                "age_s": {"type": "number"}, "duration_s": {"type": ["number", "null"]},
+                "last_error": _NULL_STR}}]}},
+        "next_after": _NULL_STR}},
     "Execution": {"type": "object", "properties": {
         "work_id": {"type": "string"}, "ownership_epoch": {"type": "integer"},
         "attempt": {"type": "integer"}, "replica": {"type": "string"},

@@ -44,7 +44,7 @@ async def work_list() -> Response:
     view = console().view
     raw = dict(request.args.items())
     try:
-        query = parse_work_query(request.args.items(multi=True))
+        query = parse_work_query(request.args.items(multi=True), view.clock.now_us())
     except BadFilter as exc:
         return await page("work_list.html", status=400, error=exc.message, items=[],
                           filters=raw, next_args=None, states=_states(),

@@ -15,8 +15,9 @@ from admin_ui.filters import DLQ_CLASS_SAMPLE
 from admin_ui.serialize import audit_json, dead_class_json, execution_json, work_json
 from admin_ui.view import ReplicaView
 from daemon.core.capability import newer_build_version
-from daemon.core.states import WorkState
+from daemon.core.states import TERMINAL, WorkState
 from daemon.core.work import WorkItem
+from storage.find_rows import last_attempts
 from storage.port import DeadQuery, WorkNotFound, WorkQuery
 from storage.work_admin import REPLAYABLE
 
@@ -37,8 +38,24 @@ def _next_after(items: list[WorkItem], limit: int) -> str | None:
 
 async def work_page(view: ReplicaView, query: WorkQuery) -> dict[str, Any]:
     items = await view.store.work_list(query)
-    return {"items": [work_json(i) for i in items],
+    attempted = await last_attempts(view.store, [i.work_id for i in items])
+    now_us = view.clock.now_us()
+    return {"items": [{**work_json(i), **timeline_json(i, attempted.get(i.work_id), now_us)}
+                      for i in items],
             "next_after": _next_after(items, query.limit)}
+
+
+def timeline_json(item: WorkItem, last_attempted_us: int | None, now_us: int
+                  ) -> dict[str, Any]:
+    """When an item was created, last attempted and finished, its age, how long it took
+    (created to finished) and its last error (failure class and summary)."""
+    finished = item.updated_at_us if item.state in TERMINAL else None
+    error = " ".join(p for p in (item.failure_class, item.operator_summary) if p) or None
+    return {"last_attempted_at_us": last_attempted_us, "finished_at_us": finished,
+            "age_s": max(0.0, (now_us - item.created_at_us) / 1e6),
+            "duration_s": None if finished is None
+            else max(0.0, (finished - item.created_at_us) / 1e6),
+            "last_error": error}
 
 
 def _summary(item: WorkItem) -> dict[str, Any]:

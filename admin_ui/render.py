@@ -18,6 +18,7 @@ NAV: tuple[NavItem, ...] = (
     NavItem("/admin/work", "Work items", "work.read"),
     NavItem("/admin/dlq", "DLQ", "dlq.read"),
     NavItem("/admin/audit", "Audit log", "audit.read"),
+    NavItem("/admin/find", "Find", "console.read"),
     NavItem("/admin/cutover", "Cutover", "cutover.read"),
     NavItem("/admin/bindings", "Bindings", "console.read"),
     NavItem("/admin/quota", "Quota", "console.read"),

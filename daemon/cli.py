@@ -35,6 +35,7 @@ from daemon.binding_cli import BindingNotFound, add_binding_commands, run_bindin
 from daemon.command_cli import CommandNotFound, add_command_commands, run_command_command
 from daemon.core.human_time import wall_text
 from daemon.history_cli import add_history_command, run_history_command
+from daemon.find_cli import FIND_COMMANDS, add_find_commands, run_find_command
 from daemon.keys_cli import add_keys_commands, run_keys_command
 from daemon.link_cli import add_link_commands, run_link_command
 from daemon.services import logs
@@ -166,6 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     add_command_commands(sub)
     add_link_commands(sub)
     add_history_command(sub)
+    add_find_commands(sub)
     return parser
 
 
@@ -569,6 +571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return trio.run(run_link_command, settings, args, _open)
         if args.command == "history":
             return trio.run(run_history_command, settings, args, _open)
+        if args.command in FIND_COMMANDS:
+            return trio.run(run_find_command, settings, args, _open)
         if args.command == "run":
             return trio.run(_cmd_run, settings)
         if args.command == "work":

@@ -525,18 +525,22 @@ class EffectJournal:
 
 async def record_outcome(tx: SqlTx, attempt_id: str, *, outcome: str, evidence: str,
                          response_status: int | None, provider_evidence: dict[str, Any],
-                         failure_class: str, gave_up_at_us: int, now_us: int) -> None:
+                         failure_class: str, gave_up_at_us: int, now_us: int,
+                         exchange: str | None = None) -> None:
     """Inside the caller's (fenced) transaction: the attempt's one outcome class,
-    its evidence, and when the client ended the exchange (answer or give-up)."""
+    its evidence, and when the client ended the exchange (answer or give-up).
+    ``exchange``: a failed call's redacted, bounded exchange excerpt
+    (``daemon.core.exchange_excerpt``), kept in this same statement."""
     if not await tx.execute(
         "UPDATE effect_attempts SET outcome = ?, evidence = ?, response_status = ?,"
         " provider_evidence = ?, failure_class = ?, finished_at_us = ?, gave_up_at_us = ?,"
+        " exchange_excerpt = ?,"
         " row_version = row_version + 1 WHERE attempt_id = ? AND outcome IS NULL"
         # Never beside an operator's disposition (the journal cannot say ACCEPTED
         # and operator_absent at once): if one got there first, the finalization fails.
         " AND disposition IS NULL",
         (outcome, evidence, response_status, json.dumps(provider_evidence, sort_keys=True),
-         failure_class or None, now_us, gave_up_at_us, attempt_id),
+         failure_class or None, now_us, gave_up_at_us, exchange, attempt_id),
     ):
         raise WorkConflict(f"attempt {attempt_id} already has an outcome or a disposition")
 

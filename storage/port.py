@@ -300,6 +300,10 @@ class WorkQuery:
     lane: str | None = None
     after_id: str | None = None  # keyset pagination, newest first
     limit: int = 50
+    # Created at or after / before (ULID bounds of the creation time; see
+    # daemon.core.find_query.id_floor).
+    since_id: str | None = None
+    until_id: str | None = None
 
 
 @attrs.frozen

@@ -31,6 +31,7 @@ from storage.port import (
     QueueDepth,
     ReplayParams,
     ReplicaInfo,
+    Row,
     SqlTx,
     WorkConflict,
     WorkNotFound,
@@ -208,6 +209,18 @@ async def insert_work(
     return results
 
 
+AUDIT_COLUMNS = ("audit_id, at_us, actor, role, action, target_kind, target_id, reason,"
+                 " before_json, after_json, origin_json")
+
+
+def audit_from_row(r: Row) -> AuditEntry:
+    return AuditEntry(
+        audit_id=str(r[0]), at_us=int(r[1]), actor=str(r[2]), role=str(r[3]),
+        action=str(r[4]), target_kind=str(r[5]), target_id=str(r[6]), reason=str(r[7]),
+        before=str(r[8]), after=str(r[9]), origin=str(r[10]) if r[10] is not None else None,
+    )
+
+
 class WorkAdmin:
     """Non-claim methods of the work store (mixed into ``WorkStore``)."""
 
@@ -240,9 +253,11 @@ class WorkAdmin:
         if query.lane is not None:
             clauses.append("(source_lane = ? OR target_lane = ?)")
             params.extend((query.lane, query.lane))
-        if query.after_id is not None:
-            clauses.append("work_id < ?")
-            params.append(query.after_id)
+        for bound, op in ((query.after_id, "<"), (query.until_id, "<"),
+                          (query.since_id, ">=")):
+            if bound is not None:
+                clauses.append(f"work_id {op} ?")
+                params.append(bound)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         limit = max(1, min(query.limit, 1000))
 
@@ -455,27 +470,11 @@ class WorkAdmin:
 
         async def body(tx: SqlTx) -> list[AuditEntry]:
             rows = await tx.fetchall(
-                "SELECT audit_id, at_us, actor, role, action, target_kind, target_id, reason,"
-                f" before_json, after_json, origin_json FROM audit_log{clause}"
+                f"SELECT {AUDIT_COLUMNS} FROM audit_log{clause}"
                 " ORDER BY audit_id DESC LIMIT ?",
                 (*params, max(1, min(limit, 1000))),
             )
-            return [
-                AuditEntry(
-                    audit_id=str(r[0]),
-                    at_us=int(r[1]),
-                    actor=str(r[2]),
-                    role=str(r[3]),
-                    action=str(r[4]),
-                    target_kind=str(r[5]),
-                    target_id=str(r[6]),
-                    reason=str(r[7]),
-                    before=str(r[8]),
-                    after=str(r[9]),
-                    origin=str(r[10]) if r[10] is not None else None,
-                )
-                for r in rows
-            ]
+            return [audit_from_row(r) for r in rows]
 
         return await self.db.transact(body, name="audit.list", write=False)
 

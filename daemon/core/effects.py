@@ -48,6 +48,8 @@ from collections.abc import Mapping
 
 import attrs
 
+from daemon.core.exchange_excerpt import ExchangeExcerpt
+
 
 class OutcomeClass(enum.StrEnum):
     ACCEPTED = "ACCEPTED"
@@ -115,6 +117,9 @@ class DispatchObservation:
     quota_headers: tuple[tuple[str, str], ...] = ()
     # The header the request carried the command's idempotency key in ("": none).
     idempotency_header: str = ""
+    # A failed call's exchange (what was sent, what came back), redacted and bounded;
+    # None for a success or a call that never left.
+    exchange: ExchangeExcerpt | None = None
 
 
 # The provider's in-flight window an operation gets when L1 does not declare one.

@@ -66,6 +66,7 @@ from daemon.core.effects import (
     Phase,
     RemoteSnapshot,
 )
+from daemon.core.exchange_excerpt import excerpt_of
 from daemon.providers.template import RenderError, field_map, identity_text
 
 
@@ -341,7 +342,8 @@ class HttpExecutor:
             return DispatchObservation(Phase.NOT_CONNECTED, detail=type(exc).__name__), {}
         except httpx.HTTPError as exc:
             return DispatchObservation(Phase.SENT, detail=type(exc).__name__,
-                                       idempotency_header=prepared.idempotency_header), {}
+                                       idempotency_header=prepared.idempotency_header,
+                                       exchange=excerpt_of(prepared.body)), {}
         spec = prepared.response
         evidence: dict[str, Any] = {"status": response.status_code}
         for name in spec.evidence_headers:
@@ -373,6 +375,9 @@ class HttpExecutor:
                                       for name in prepared.quota_headers
                                       if name in response.headers),
                 idempotency_header=prepared.idempotency_header,
+                # Only a failed call keeps its exchange: a success writes nothing more.
+                exchange=None if 200 <= response.status_code < 300 else excerpt_of(
+                    prepared.body, response.headers.items(), response.content),
             ),
             evidence,
         )

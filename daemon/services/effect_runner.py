@@ -591,7 +591,8 @@ class EffectRunner:
                                  response_status=seen.status,
                                  provider_evidence=provider_evidence,
                                  failure_class=verdict.failure_class, gave_up_at_us=now,
-                                 now_us=now)
+                                 now_us=now, exchange=None if seen.exchange is None
+                                 else seen.exchange.to_json())
 
         ctx.on_finalize(write)
 
