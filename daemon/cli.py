@@ -34,8 +34,8 @@ from daemon.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_comma
 from daemon.binding_cli import BindingNotFound, add_binding_commands, run_binding_command
 from daemon.command_cli import CommandNotFound, add_command_commands, run_command_command
 from daemon.core.human_time import wall_text
-from daemon.history_cli import add_history_command, run_history_command
 from daemon.find_cli import FIND_COMMANDS, add_find_commands, run_find_command
+from daemon.history_cli import add_history_command, run_history_command
 from daemon.keys_cli import add_keys_commands, run_keys_command
 from daemon.link_cli import add_link_commands, run_link_command
 from daemon.services import logs
