@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from trio_mysql.converters import escape_string
 
-from storage.mysql.adapter import _ESCAPES
+from storage.mysql.adapter import _ESCAPES, _ESCAPES_LIST
 from storage.port import SqlTx
 from storage.work_store import WorkStore
 
@@ -34,6 +34,7 @@ async def _rows(store: WorkStore) -> dict[str, int | None]:
 def test_the_inline_escape_table_is_the_drivers() -> None:
     every = "".join(chr(c) for c in range(0x250)) + "𝄞"
     assert every.translate(_ESCAPES) == escape_string(every)
+    assert every.translate(_ESCAPES_LIST) == escape_string(every)
 
 
 async def test_every_awkward_value_round_trips(store: WorkStore) -> None:
