@@ -340,6 +340,9 @@ async def drive(replicas: int, effects: int, leads: int, api_ports: list[int],
                 a["integrationd_db_statements_total"] - b["integrationd_db_statements_total"]
                 for a, b in zip(after, before, strict=True)) / total, 2),
             "patch_requests": len(patches),
+            # TCP connections the provider simulator accepted for those requests (one
+            # per pooled connection when keep-alive works; one per request when not).
+            "provider_connections": sim.connections_accepted,
             "duplicate_patches": sum(1 for p in patches if p.applied) - total,
             # CPU milliseconds per effect, by who spent them (2 cores on this machine).
             "cpu_ms_per_effect": {

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import time
+
+import httpcore
 import httpx
 import pytest
 import trio
 import trio.testing
 
-from daemon.providers.executor import SHARD_CONNECTIONS, BoundedHttp, SendWindowClosed
+from daemon.providers.executor import (
+    SHARD_CONNECTIONS,
+    BoundedHttp,
+    HttpExecutor,
+    SendWindowClosed,
+)
 from sandbox.h11_server import H11Server, Request, Response
 
 
@@ -156,3 +164,42 @@ async def test_the_send_gate_is_asked_after_the_wait_for_a_connection(
         release.set()
     assert len(outcome) == 1 and seen == ["/first"]
     await http.aclose()
+
+
+class _IdleClock:
+    """httpcore's keep-alive clock (``time.monotonic`` in its HTTP/1.1 module), moved on
+    by ``advance`` so that a connection can idle for a minute without the test waiting."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+
+
+async def test_sequential_exchanges_with_pauses_reuse_one_connection(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Work arrives in claimed batches: a pooled connection often idles for seconds
+    between two of its requests. It is kept for the next one, on the executor's
+    client and on the receipt sender's (both BoundedHttp). Before: httpx's 5 s expiry
+    closed it, and the replicas opened a TCP connection for about every third PATCH."""
+    clock = _IdleClock()
+    monkeypatch.setattr(httpcore._async.http11, "time", clock)
+
+    async def ok(request: Request) -> Response:
+        return Response(200, b'{"ok":true}', (("content-type", "application/json"),))
+
+    server = H11Server(ok)
+    port: int = await nursery.start(server.run)
+    executor = HttpExecutor()
+    for n in range(6):
+        answer = await executor.client.request("PATCH", f"http://127.0.0.1:{port}/{n}",
+                                               content=b"{}", timeout_s=10.0)
+        assert answer.status_code == 200
+        clock.advance(20.0)  # an idle pause between two batches
+    assert server.connections_accepted == 1
+    await executor.aclose()
