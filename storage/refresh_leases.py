@@ -32,6 +32,7 @@ the lease, while the lease is still ours.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 
 import attrs
 
@@ -170,7 +171,7 @@ class RefreshLeases:
     db: Database
 
     async def refresh_dispatch(self, *, fence: Fence, binding_id: str, generation: int,
-                               lease_token: str, now_us: int) -> MarkerRefused | None:
+                               lease_token: str, now: Callable[[], int]) -> MarkerRefused | None:
         """Record, durably, that our call is about to leave: in one transaction, the live
         WorkItem fence of the claim that took the lease (seed 5.1: a stale claimant never
         reaches the token endpoint), then a compare-and-swap on our live, marked lease.
@@ -179,9 +180,15 @@ class RefreshLeases:
         item was reclaimed while the refresh lease was still ours) or
         :attr:`MarkerRefused.LEASE_LOST` (the refresh lease ended or was taken over).
         From the marker on, the call runs on the refresh lease alone, and nobody presents
-        this version's refresh token again unless this owner ends its lease."""
+        this version's refresh token again unless this owner ends its lease.
+
+        ``now`` is read inside the transaction, when its statements run: a time read
+        before it (before waiting for a connection, or before a freeze) would judge both
+        leases at a moment already past, and a claimant frozen past its WorkItem lease
+        would still pass the fence (simulation seeds 28, 58 and 104)."""
 
         async def body(tx: SqlTx) -> MarkerRefused | None:
+            now_us = now()
             await fence_lock(tx, fence, now_us)  # first: it locks the item, as acquire does
             marked = await tx.execute(
                 "UPDATE refresh_leases SET call_sent_at_us = ? WHERE binding_id = ?"

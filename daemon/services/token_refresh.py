@@ -275,7 +275,7 @@ class TokenOwner:
         request = self._request(endpoint, bundle, wait_s)
         refused = await self.store.refresh_dispatch(
             fence=fence, binding_id=binding_id, generation=generation,
-            lease_token=lease.lease_token, now_us=self.clock.now_us())
+            lease_token=lease.lease_token, now=self.clock.now_us)
         if refused is not None:
             # Nothing was sent. A lease we still hold is ended unspent, so the next owner
             # (the claim's new owner, when ours was lost) need not wait for it.

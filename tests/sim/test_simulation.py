@@ -149,3 +149,14 @@ def test_a_send_before_its_checkpoint_commits_is_caught_at_once() -> None:
     with applied("send_before_checkpoint"):
         got = run_one(1, DURATION_S)
     assert {v["oracle"] for v in got["violations"]} >= {"send_without_checkpoint"}
+
+
+@HTTPX_BODY_GENERATOR
+def test_regression_seed_58_a_refresh_marker_judged_after_a_freeze() -> None:
+    """Seed 58 of ``make simulate SEEDS=200`` (30 simulated seconds): a replica frozen as
+    its refresh marker's transaction began thawed 37 s later and called the token
+    endpoint, its marker judged by a clock read before the freeze
+    (``send_after_lease_expiry``); the marker now reads the time inside its transaction
+    (tests/storage/test_refresh_dispatch.py)."""
+    got = run_one(58, 30.0)
+    assert got["violations"] == [], got["tail"]

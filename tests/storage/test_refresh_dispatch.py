@@ -7,6 +7,8 @@ another state came first."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from daemon.core.grant_reasons import grant_reason
@@ -53,7 +55,7 @@ async def _acquire(store: WorkStore, token: str, now: int, *, seen: int = 1,
 
 async def _dispatch(store: WorkStore, token: str, now: int, fence: Fence) -> bool:
     return await store.refresh_dispatch(fence=fence, binding_id="b1", generation=1,
-                                        lease_token=token, now_us=now) is None
+                                        lease_token=token, now=lambda: now) is None
 
 
 async def _activate(store: WorkStore, token: str, now: int, from_version: int = 1) -> bool:
@@ -192,6 +194,37 @@ async def test_ending_a_lease_unspent_clears_the_marker_for_the_next_owner(
 
 
 @pytest.mark.parametrize("spends", [True, False], ids=["refresh", "mint"])
+async def test_the_marker_judges_the_leases_when_its_transaction_runs(
+        store: WorkStore, spends: bool) -> None:
+    """The claimant read its clock, then waited (for a connection, or frozen) past its
+    WorkItem lease before the marker's transaction ran: the marker is judged at the time
+    its statements run, not at the time read before the wait. Found by the simulation
+    (seeds 28, 58 and 104 of `make simulate SEEDS=200`: a replica frozen at the marker's
+    transaction thawed 37 s later and called the token endpoint on a lease that had
+    ended 32 s before)."""
+    await _grant(store)
+    await enqueue(store, 1, now=T0)
+    (item,) = (await claim(store, owner="A", now=T0, ttl=10 * S)).claimed
+    assert item.fence is not None
+    assert isinstance(await _acquire(store, "A", T0 + 1, spends=spends), LeaseWon)
+    clock = [T0 + 2 * S]  # what the caller's clock read before the wait
+    inner = store.db.transact
+
+    async def transact_after_a_wait(body: Any, *, name: str, write: bool = True) -> Any:
+        clock[0] = T0 + 12 * S  # the wait: past the 10 s WorkItem lease
+        return await inner(body, name=name, write=write)
+
+    store.db.transact = transact_after_a_wait  # type: ignore[method-assign]
+    try:
+        refused = await store.refresh_dispatch(fence=item.fence, binding_id="b1",
+                                               generation=1, lease_token="A",
+                                               now=lambda: clock[0])
+    finally:
+        store.db.transact = inner  # type: ignore[method-assign]
+    assert refused is MarkerRefused.CLAIM_LOST
+
+
+@pytest.mark.parametrize("spends", [True, False], ids=["refresh", "mint"])
 @pytest.mark.parametrize("reclaimed", [True, False], ids=["reclaimed", "lease_expired"])
 async def test_stale_claimant_reclaimed_before_marker_writes_no_marker(
         store: WorkStore, spends: bool, reclaimed: bool) -> None:
@@ -207,7 +240,7 @@ async def test_stale_claimant_reclaimed_before_marker_writes_no_marker(
         (again,) = (await claim(store, owner="B", now=T0 + 12 * S)).claimed
         assert again.work_id == item.work_id
     refused = await store.refresh_dispatch(fence=item.fence, binding_id="b1", generation=1,
-                                           lease_token="A", now_us=T0 + 13 * S)
+                                           lease_token="A", now=lambda: T0 + 13 * S)
     assert refused is MarkerRefused.CLAIM_LOST
     assert refused.value == "claim_lost_before_call"
     # No marker: once the lease expires, the next owner takes it over and refreshes
