@@ -37,13 +37,13 @@ from daemon.services import cutover
 from daemon.services.families import known_family_names
 from sandbox.legacy import store as legacy
 from storage.cutover.values import StepParams
-from storage.mysql.adapter import MysqlTarget
 from storage.port import SqlTx
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase, backend_params
 from tests.support.cutover import params, states
 from tests.support.harness import wait_for
 from tests.support.legacy import sandbox_claimant
+from tests.support.mysql_conn import mysql_connect, mysql_rows
 from tests.support.processes import run_cli, start_replica, stop_all, write_config
 from tests.support.work import enqueue
 
@@ -67,21 +67,6 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-async def _connect(url: str) -> trio_mysql.connections.Connection:
-    t = MysqlTarget.from_url(url)
-    conn = trio_mysql.connect(host=t.host, port=t.port, user=t.user, password=t.password,
-                              database=t.database, autocommit=True)
-    await conn.connect()
-    return conn
-
-
-async def _rows(conn: trio_mysql.connections.Connection, sql: str,
-                args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
-    cur = conn.cursor()
-    await cur.execute(sql, args)
-    return list(await cur.fetchall())
-
-
 # The replica's claim statement, running on this database (the server is shared).
 CLAIMING = ("SELECT id, command FROM information_schema.processlist WHERE db = DATABASE()"
             " AND info LIKE 'UPDATE work_items SET state = ''processing''%%'")
@@ -89,15 +74,15 @@ CLAIMING = ("SELECT id, command FROM information_schema.processlist WHERE db = D
 
 async def _claim_statement(watcher: trio_mysql.connections.Connection
                            ) -> tuple[object, ...] | None:
-    rows = await _rows(watcher, CLAIMING)
+    rows = await mysql_rows(watcher, CLAIMING)
     assert len(rows) <= 1, rows  # one replica, one claim at a time
     return rows[0] if rows else None
 
 
 async def _dirty(watcher: trio_mysql.connections.Connection) -> list[tuple[object, ...]]:
     """The rows as an open transaction left them (uncommitted writes included)."""
-    await _rows(watcher, "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED")  # next one only
-    return await _rows(watcher, "SELECT work_id, state, lease_owner FROM work_items")
+    await mysql_rows(watcher, "SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED")  # next one only
+    return await mysql_rows(watcher, "SELECT work_id, state, lease_owner FROM work_items")
 
 
 async def _rollback(cfg: Path) -> subprocess.CompletedProcess[str]:
@@ -119,15 +104,15 @@ async def test_rollback_names_a_replica_frozen_inside_its_claim_transaction(
                        storage_extra=f"statement_timeout = {STATEMENT_TIMEOUT_S}")
     replica = await start_replica(replica_cfg, "frozen")
     replica_id = str((await replica.wait_event("replica_started"))["replica"])
-    holder = await _connect(database.url)
-    watcher = await _connect(database.url)
+    holder = await mysql_connect(database.url)
+    watcher = await mysql_connect(database.url)
     try:
         replica.proc.send_signal(signal.SIGSTOP)
         (item,) = await enqueue(store, 1, now=1, source_lane=None)
         # Hold the row: the replica's claim UPDATE waits for it.
-        await _rows(holder, "BEGIN")
-        await _rows(holder, "UPDATE work_items SET row_version = row_version WHERE work_id = %s",
-                    (item,))
+        await mysql_rows(holder, "BEGIN")
+        await mysql_rows(holder, "UPDATE work_items SET row_version = row_version"
+                         " WHERE work_id = %s", (item,))
         replica.proc.send_signal(signal.SIGCONT)
 
         async def claim_waits() -> bool:  # on the row this test holds
@@ -138,7 +123,7 @@ async def test_rollback_names_a_replica_frozen_inside_its_claim_transaction(
         claiming = await _claim_statement(watcher)
         assert claiming is not None
         replica.proc.send_signal(signal.SIGSTOP)  # frozen inside its claim transaction
-        await _rows(holder, "ROLLBACK")  # its UPDATE now completes on the server
+        await mysql_rows(holder, "ROLLBACK")  # its UPDATE now completes on the server
 
         async def claim_holds_it() -> bool:  # its statement done, its transaction open
             return await _claim_statement(watcher) is None

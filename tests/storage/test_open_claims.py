@@ -17,9 +17,9 @@ import trio
 import trio_mysql
 
 from storage.cutover.open_claims import find_open_claims, open_transactions
-from storage.mysql.adapter import MysqlTarget
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase, backend_params
+from tests.support.mysql_conn import mysql_connect, mysql_rows
 from tests.support.work import enqueue
 
 
@@ -28,25 +28,10 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-async def _connect(url: str) -> trio_mysql.connections.Connection:
-    t = MysqlTarget.from_url(url)
-    conn = trio_mysql.connect(host=t.host, port=t.port, user=t.user, password=t.password,
-                              database=t.database, autocommit=True)
-    await conn.connect()
-    return conn
-
-
-async def _rows(conn: trio_mysql.connections.Connection, sql: str,
-                args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
-    cur = conn.cursor()
-    await cur.execute(sql, args)
-    return list(await cur.fetchall())
-
-
 async def _poll_innodb_trx(conn: trio_mysql.connections.Connection, stop: trio.Event) -> None:
     """A monitor reading the transaction list every 20 ms (keeps InnoDB's cache old)."""
     while not stop.is_set():
-        await _rows(conn, "SELECT COUNT(*) FROM information_schema.innodb_trx")
+        await mysql_rows(conn, "SELECT COUNT(*) FROM information_schema.innodb_trx")
         await trio.sleep(0.02)
 
 
@@ -54,25 +39,25 @@ async def test_an_open_claim_is_named_with_its_connection_while_a_monitor_polls(
     database: FreshDatabase, store: WorkStore,
 ) -> None:
     (item,) = await enqueue(store, 1, now=1, source_lane=None)
-    frozen = await _connect(database.url)
-    monitor = await _connect(database.url)
+    frozen = await mysql_connect(database.url)
+    monitor = await mysql_connect(database.url)
     try:
         # An idle transaction that claimed nothing is nobody's open claim.
-        await _rows(frozen, "BEGIN")
-        await _rows(frozen, "SELECT COUNT(*) FROM work_items")
+        await mysql_rows(frozen, "BEGIN")
+        await mysql_rows(frozen, "SELECT COUNT(*) FROM work_items")
         nobody = await find_open_claims(store.db, "noop", grace_s=0.1)
         assert nobody.owners == () and nobody.sessions == () and nobody.described() == ()
-        await _rows(frozen, "ROLLBACK")
+        await mysql_rows(frozen, "ROLLBACK")
 
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_poll_innodb_trx, monitor, stop)
             await trio.sleep(0.3)  # the monitor's cache predates the claim
-            ((connection_id,),) = await _rows(frozen, "SELECT CONNECTION_ID()")
-            await _rows(frozen, "BEGIN")
-            assert await _rows(frozen, "UPDATE work_items SET state = 'processing',"
-                               " lease_owner = 'replica-frozen', lease_token = 'tok'"
-                               " WHERE work_id = %s", (item,)) == []
+            ((connection_id,),) = await mysql_rows(frozen, "SELECT CONNECTION_ID()")
+            await mysql_rows(frozen, "BEGIN")
+            assert await mysql_rows(frozen, "UPDATE work_items SET state = 'processing',"
+                                    " lease_owner = 'replica-frozen', lease_token = 'tok'"
+                                    " WHERE work_id = %s", (item,)) == []
             # ... and the process that holds it stops: the transaction stays open.
             found = await find_open_claims(store.db, "noop", grace_s=0.3)
             stop.set()
