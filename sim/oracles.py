@@ -260,7 +260,7 @@ async def final(world: World, store: WorkStore, result: dict[str, Any],
 
     async def body(tx: SqlTx) -> tuple[list[Any], list[Any]]:
         no_effect = list(await tx.fetchall(
-            "SELECT w.work_id, COALESCE(a.evidence, a.disposition), a.idempotency_key"
+            "SELECT w.work_id, a.evidence, a.disposition, a.idempotency_key"
             " FROM work_items w"
             " JOIN effect_attempts a ON a.work_id = w.work_id"
             " WHERE w.terminal_outcome = 'no_effect'"))
@@ -317,14 +317,18 @@ async def final(world: World, store: WorkStore, result: dict[str, Any],
     arrived = sum(1 for rec in hubspot.requests if rec.method == "PATCH")
     result["quota_slots_kept"] = kept
     result["quota_slots_returned_after_send"] = max(0, arrived - kept)
-    # An attempt's own evidence, or (unknown at the time) its later disposition: a read
-    # back that proved it absent is proof too (seed 14: a rebind refused the next
-    # checkpoint, and the history's proof was a proven_absent disposition).
-    unproven = {r[0] for r in rows if r[1] not in ("not_sent", "not_applied",
-                                                   "proven_absent")}
-    applied = {r[0] for r in rows if r[2] in applied_keys}
+    # An attempt's own evidence, or (unknown at the time, whatever its evidence said)
+    # its later disposition: a read-back that proved it absent, or an operator's, is
+    # proof too, as daemon/core/no_effect.py reads it (seed 14: a rebind refused the
+    # next checkpoint, and the history's proof was a proven_absent disposition).
+    unproven_rows = [r for r in rows if r[1] not in ("not_sent", "not_applied")
+                     and r[2] not in ("proven_absent", "operator_absent")]
+    unproven = {r[0] for r in unproven_rows}
+    applied = {r[0] for r in rows if r[3] in applied_keys}
     result["no_effect_items"] = len({r[0] for r in rows})
     result["no_effect_without_proof"] = len(unproven)
+    result["no_effect_without_proof_first"] = [
+        {"work_id": r[0], "evidence": r[1], "disposition": r[2]} for r in unproven_rows[:3]]
     result["no_effect_but_applied"] = len(applied)
     terminal: dict[str, list[int]] = {}
     latest: dict[str, int] = {}
