@@ -118,6 +118,14 @@ def _where(clauses: Sequence[str]) -> str:
     return " WHERE " + " AND ".join(clauses) if clauses else ""
 
 
+def _equal(clauses: list[str], params: list[Any], filters: Sequence[tuple[str, Any]]) -> None:
+    """``column = ?`` for each filter that was given (None: not filtered)."""
+    for column, value in filters:
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+
+
 def _limit(page: Page) -> int:
     return max(1, min(page.limit, MAX_LIMIT))
 
@@ -161,14 +169,11 @@ async def attempts_find(store: WorkStore, f: AttemptFilter) -> list[FoundAttempt
 
 async def commands_find(store: WorkStore, f: CommandFilter) -> list[Command]:
     clauses, params, order = _keyset("command_id", f.page)
-    for column, value in (("settlement", f.settlement), ("local_object", f.local_object),
-                          ("local_id", f.local_id), ("binding_id", f.binding_id),
-                          ("principal_generation", f.binding_generation),
-                          ("catalog_revision", f.catalog_revision),
-                          ("operation", f.operation)):
-        if value is not None:
-            clauses.append(f"{column} = ?")
-            params.append(value)
+    _equal(clauses, params, (("settlement", f.settlement), ("local_object", f.local_object),
+                             ("local_id", f.local_id), ("binding_id", f.binding_id),
+                             ("principal_generation", f.binding_generation),
+                             ("catalog_revision", f.catalog_revision),
+                             ("operation", f.operation)))
     sql = f"SELECT {COMMAND_COLUMNS} FROM external_commands{_where(clauses)}{order} LIMIT ?"
 
     async def body(tx: SqlTx) -> list[Command]:
@@ -195,10 +200,7 @@ async def receipts_find(store: WorkStore, f: ReceiptFilter) -> list[ResultReceip
 
 async def audit_find(store: WorkStore, f: AuditFilter) -> list[AuditEntry]:
     clauses, params, order = _keyset("audit_id", f.page)
-    for column, value in (("actor", f.actor), ("action", f.action), ("target_id", f.target)):
-        if value is not None:
-            clauses.append(f"{column} = ?")
-            params.append(value)
+    _equal(clauses, params, (("actor", f.actor), ("action", f.action), ("target_id", f.target)))
     sql = f"SELECT {AUDIT_COLUMNS} FROM audit_log{_where(clauses)}{order} LIMIT ?"
 
     async def body(tx: SqlTx) -> list[AuditEntry]:
@@ -348,11 +350,8 @@ class IngressFilter:
 async def ingress_find(store: WorkStore, f: IngressFilter) -> list[IngressReceipt]:
     """Ingress receipts beyond the newest: every one, paged by receipt id."""
     clauses, params, order = _keyset("receipt_id", f.page)
-    for column, value in (("state", f.state), ("route", f.route),
-                          ("binding_id", f.binding_id)):
-        if value is not None:
-            clauses.append(f"{column} = ?")
-            params.append(value)
+    _equal(clauses, params, (("state", f.state), ("route", f.route),
+                             ("binding_id", f.binding_id)))
     sql = f"SELECT {INGRESS_COLUMNS} FROM ingress_receipts{_where(clauses)}{order} LIMIT ?"
 
     async def body(tx: SqlTx) -> list[IngressReceipt]:
