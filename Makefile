@@ -136,16 +136,17 @@ torture: $(BIN)/.installed galera
 # when a seed broke a promise (stderr names the seed, the replay command and its last
 # events). The long sweep (SEEDS=10000) is a nightly job, not CI.
 SEEDS   ?= 20
+JOBS    ?= 1
 SIM_DURATION := $(if $(filter command line environment,$(origin DURATION)),$(DURATION),30)
 simulate: $(BIN)/.installed
 	$(BIN)/python -m sim $(if $(SEED),--seed $(SEED),--seeds $(SEEDS)) --duration $(SIM_DURATION) \
-	  $(if $(MUTANT),--mutant $(MUTANT),)
+	  --jobs $(JOBS) $(if $(MUTANT),--mutant $(MUTANT),)
 
 # Each named mutant (sim/mutants.py) applied in turn: one JSON line per mutant with
 # `mutant`, `caught` and `seeds_to_catch` (at most MUTANT_SEEDS seeds each).
 MUTANT_SEEDS ?= 500
 simulate-mutants: $(BIN)/.installed
-	$(BIN)/python -m sim.mutants --max-seeds $(MUTANT_SEEDS) --duration $(SIM_DURATION)
+	$(BIN)/python -m sim.mutants --max-seeds $(MUTANT_SEEDS) --duration $(SIM_DURATION) --jobs $(JOBS)
 
 clean:
 	rm -rf $(VENV) var .mypy_cache .ruff_cache .pytest_cache .hypothesis

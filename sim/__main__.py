@@ -16,9 +16,11 @@ import argparse
 import collections
 import json
 import os
+import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,48 @@ def run_one(seed: int, duration_s: float, keep: Path | None = None) -> dict[str,
     }
 
 
+def run_fresh(seed: int, duration_s: float, mutant: str | None) -> subprocess.Popen[str]:
+    """One seed in a fresh interpreter (spawned, not forked): exactly what ``python -m sim
+    --seed S`` replays, whatever ran before it (a sweep's earlier seeds leave caches, a
+    heap and the cyclic collector's counts behind, and nothing may depend on them)."""
+    command = [sys.executable, "-m", "sim", "--seed", str(seed),
+               "--duration", f"{duration_s:g}", "--seed-json"]
+    if mutant is not None:
+        command += ["--mutant", mutant]
+    # The same interpreter and arguments: nothing from outside reaches a shell.
+    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)  # noqa: S603
+
+
+def collect(child: subprocess.Popen[str], seed: int) -> dict[str, Any]:
+    out, _ = child.communicate()
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if child.returncode not in (0, 1) or not lines:
+        return {"seed": seed, "violations": [{"oracle": "exception",
+                                              "error": f"exit status {child.returncode}"}],
+                "faults": {}, "ops": 0, "simulated_s": 0.0, "digest": "", "wall_s": 0.0,
+                "tail": [], "result": {}}
+    got: dict[str, Any] = json.loads(lines[-1])
+    return got
+
+
+def run_many(seeds: list[int], duration_s: float, mutant: str | None, jobs: int
+             ) -> Generator[dict[str, Any], None, None]:
+    """Each seed in its own fresh interpreter, ``jobs`` at a time, in seed order."""
+    pending = list(seeds)
+    running: collections.deque[tuple[int, subprocess.Popen[str]]] = collections.deque()
+    try:
+        while pending or running:
+            while pending and len(running) < max(1, jobs):
+                seed = pending.pop(0)
+                running.append((seed, run_fresh(seed, duration_s, mutant)))
+            seed, child = running.popleft()
+            yield collect(child, seed)
+    finally:  # the caller stopped early (a mutant caught): the seeds started ahead go
+        for _, child in running:
+            child.kill()
+            child.wait()
+
+
 def report_failure(got: dict[str, Any], duration_s: float, mutant: str | None = None) -> None:
     seed = got["seed"]
     what = f" MUTANT={mutant}" if mutant else ""
@@ -83,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run with this named mutant applied (sim/mutants.py)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="with --seed: keep the run's configs, database and spools here")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="seeds run side by side (each in its own interpreter)")
+    parser.add_argument("--seed-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     _reexec_with_fixed_hash_seed()
     if args.seed is not None:
@@ -97,9 +144,19 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.mutant is not None and args.mutant not in MUTANTS:
         parser.error(f"--mutant: one of {', '.join(MUTANTS)}")
-    for seed in seeds:
+    if args.seed is not None:
         with applied(args.mutant):
-            got = run_one(seed, args.duration, keep=args.keep)
+            results: Iterator[dict[str, Any]] = iter(
+                [run_one(args.seed, args.duration, keep=args.keep)])
+        if args.seed_json:  # a sweep's child: its parent reports
+            got = next(results)
+            got.pop("result", None)
+            print(json.dumps(got, default=str), flush=True)
+            return 0
+    else:
+        results = run_many(seeds, args.duration, args.mutant, args.jobs)
+    for got in results:
+        seed = got["seed"]
         faults.update(got["faults"])
         simulated += got["simulated_s"]
         ops += got["ops"]

@@ -9,6 +9,12 @@ Below production code, never inside it: for the duration of :func:`deterministic
   random) is seeded, and its deadline heap's tie-breaker (``id(cancel_scope)``, a memory
   address) is replaced by a counter, so two timers due at the same virtual instant fire
   in the same order on every run;
+* trio's tasks hash by their creation number (counted from 0 for each seed), not by
+  their memory address: trio keeps the tasks waiting on an ``Event`` (and on a channel,
+  and a cancel status's) in a ``set`` and wakes them in its iteration order, which
+  followed the addresses, so a seed's trace depended on the heap, hence on which seeds
+  had run before it in the process (seed 28 after seed 27, and with the cyclic garbage
+  collector on or off); a cancel status's child statuses are kept in insertion order;
 * ``trio.to_thread.run_sync`` runs its function inline (the spool's file writes, the
   set-up's durable COMMITs): a worker thread finishes after a wall-clock delay, and while
   it runs the MockClock jumps and the scheduler makes a machine-dependent number of passes;
@@ -45,6 +51,47 @@ def virtual_seconds() -> float:
         return 0.0
 
 
+class InsertionOrderedSet:
+    """What trio's :class:`CancelStatus` needs of a ``set`` (add, remove, discard,
+    membership, iteration, length), iterated in insertion order: trio's own ``set`` of
+    tasks (and of child statuses) iterates in the order of their memory addresses."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self) -> None:
+        self._items: dict[Any, None] = {}
+
+    def add(self, item: Any) -> None:
+        self._items[item] = None
+
+    def remove(self, item: Any) -> None:
+        del self._items[item]
+
+    def discard(self, item: Any) -> None:
+        self._items.pop(item, None)
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._items
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self._items))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+
+# attrs compiles each ``factory=`` default into its class's ``__init__``'s globals.
+_CANCEL_STATUS_SETS = ("__attr_factory__children", "__attr_factory__tasks")
+_TASK_COUNTER = "__attr_factory__counter"
+
+
+def _task_hash(task: Any) -> int:
+    return int(task._counter)
+
+
 def reseed_scheduler(seed: int) -> None:
     """Trio draws once per scheduler pass, and a pass that waited on a worker thread (the
     set-up's durable SQLite COMMITs) happens a number of times that depends on the machine:
@@ -78,6 +125,16 @@ def deterministic(seed: int) -> Iterator[random.Random]:
         (time, "time", time.time), (time, "time_ns", time.time_ns),
         (time, "monotonic", time.monotonic), (time, "monotonic_ns", time.monotonic_ns),
     ]
+    task_globals = trio_run.Task.__init__.__globals__
+    assert _TASK_COUNTER in task_globals and "__hash__" not in vars(trio_run.Task), \
+        "trio's Task changed: re-aim sim/determinism.py"
+    task_counter = task_globals[_TASK_COUNTER]
+    task_globals[_TASK_COUNTER] = itertools.count().__next__
+    trio_run.Task.__hash__ = _task_hash  # type: ignore[assignment]
+    status_globals = trio_run.CancelStatus.__init__.__globals__
+    for name in _CANCEL_STATUS_SETS:
+        assert status_globals[name] is set, f"trio's CancelStatus changed: {name}"
+        status_globals[name] = InsertionOrderedSet
     random_state = random.getstate()
     trio_state = trio_run._r.getstate()
     os.urandom = urandom
@@ -95,5 +152,9 @@ def deterministic(seed: int) -> Iterator[random.Random]:
     finally:
         for owner, name, value in saved:
             setattr(owner, name, value)
+        for name in _CANCEL_STATUS_SETS:
+            status_globals[name] = set
+        del trio_run.Task.__hash__
+        task_globals[_TASK_COUNTER] = task_counter
         random.setstate(random_state)
         trio_run._r.setstate(trio_state)

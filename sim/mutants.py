@@ -243,12 +243,14 @@ def applied(name: str | None) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sim.__main__ import _reexec_with_fixed_hash_seed, run_one
+    from sim.__main__ import _reexec_with_fixed_hash_seed, run_many
 
     parser = argparse.ArgumentParser(description="apply each named mutant in turn")
     parser.add_argument("--max-seeds", type=int, default=500)
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--only", default="", help="comma-separated mutant names")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="seeds run side by side (each in its own interpreter)")
     args = parser.parse_args(argv)
     _reexec_with_fixed_hash_seed("sim.mutants")
     names = [n for n in args.only.split(",") if n] or [*MUTANTS, *NOT_BUILT]
@@ -260,9 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         caught_at = None
         oracle = None
         error = None
-        with applied(name):
-            for seed in range(1, args.max_seeds + 1):
-                got = run_one(seed, args.duration)
+        # Each seed in a fresh interpreter with the mutant applied there: the seed that
+        # caught it replays with ``python -m sim --seed S --mutant NAME``.
+        runs = run_many(list(range(1, args.max_seeds + 1)), args.duration, name, args.jobs)
+        try:
+            for got in runs:
+                seed = got["seed"]
                 if got["violations"]:
                     caught_at = seed
                     oracle = sorted({v["oracle"] for v in got["violations"]})
@@ -271,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                                   for v in got["violations"] if v["oracle"] == "exception"),
                                  None)
                     break
+        finally:
+            runs.close()
         line = {"mutant": name, "caught": caught_at is not None,
                 "seeds_to_catch": caught_at, "oracle": oracle}
         if error is not None:

@@ -32,6 +32,7 @@ without the read-back evidence that proves it).
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import sqlite3
 from typing import TYPE_CHECKING, Any
@@ -66,7 +67,8 @@ BROKEN = ("duplicates", "lost", "receipts_not_once", "quota_violations", "double
           "grants_not_valid", "webhooks_lost", "webhook_receipts_not_once",
           "webhook_events_not_once", "webhooks_spooled_left", "inbound_not_succeeded",
           "no_effect_without_proof", "no_effect_but_applied", "finalized_twice",
-          "executions_after_terminal", "diverged", "quota_slots_returned_after_send")
+          "executions_after_terminal", "diverged", "quota_slots_returned_after_send",
+          "retired_but_proven_applied")
 TERMINAL_OUTCOMES = ("succeeded", "skipped", "dead", "cancelled")
 
 
@@ -309,6 +311,26 @@ async def final(world: World, store: WorkStore, result: dict[str, Any],
         result["grants_not_valid"] = max(0, int(result.get("grants_not_valid") or 0)
                                          - len(doubtful))
         world.trace("grants_in_doubt", bindings=sorted(doubtful), blocked=blocked)
+    async def retired(tx: SqlTx) -> list[Any]:
+        """Commands an operator retired that ended ``retired`` (no receipt) although an
+        attempt of theirs is proven applied (accepted, or disposed applied): a retire must
+        settle the exact success receipt then, never strand the intent."""
+        marks = ",".join("?" for _ in world.retired)
+        return list(await tx.fetchall(
+            "SELECT c.command_id, a.outcome, a.disposition FROM external_commands c"
+            " JOIN effect_attempts a ON a.command_id = c.command_id"
+            f" WHERE c.command_id IN ({marks}) AND c.settlement = 'retired'"
+            " AND (a.outcome = 'ACCEPTED'"
+            " OR a.disposition IN ('proven_applied', 'operator_applied'))",
+            sorted(world.retired)))
+
+    # Only when the operator retired something: a transaction more would move every
+    # other seed's schedule.
+    stranded = (await store.db.transact(retired, name="sim.retired", write=False)
+                if world.retired else [])
+    result["operator_retired"] = dict(collections.Counter(world.retired.values()))
+    result["retired_but_proven_applied"] = len({r[0] for r in stranded})
+    result["retired_but_proven_applied_first"] = [list(r) for r in stranded[:3]]
     rows, executions = await store.db.transact(body, name="sim.final", write=False)
     # Every PATCH that reached the provider went out on a slot that never came back:
     # the ledger's kept slots (granted minus returned) cover the provider's arrivals.
@@ -348,9 +370,11 @@ async def final(world: World, store: WorkStore, result: dict[str, Any],
         for r, rt in enumerate(runtimes):
             for lead in rt.store.leads.values():
                 # Runtime r's Lead k is linked to contact r * 100000 + k (bench.effects).
-                if (r, lead.lead_id) in world.rebound:
-                    # An operator moved its link: its last intent may have been refused
-                    # (link_generation), and its contact is another one; not judged.
+                if (r, lead.lead_id) in world.rebound | world.stopped:
+                    # An operator moved its link (its last intent may have been refused,
+                    # link_generation, and its contact is another one), or cancelled and
+                    # retired one of its commands (settled no_effect or retired, as its
+                    # history proves, and not applied): not judged.
                     continue
                 contact = hubspot.contact(f"{r * 100000 + int(lead.lead_id.split('-')[1])}")
                 title = None if contact is None else contact["properties"].get("jobtitle")

@@ -35,6 +35,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -51,12 +52,13 @@ from bench.effects import publish_catalog, runtimes_for, scope_of, secrets_env, 
 from bench.l1_copy import l1_copy
 from config.catalog import load_catalog
 from config.load import load_settings
-from daemon.core.states import WorkState
+from daemon.core.states import TERMINAL, WorkState
 from daemon.core.work import WorkSpec
-from daemon.services import logs
+from daemon.services import logs, operator_api
 from daemon.services.assembly import Assembly, assemble
 from daemon.services.catalog_view import publish_current
 from daemon.services.clock import TrioClock
+from daemon.services.command_actions import repair_command, retire_command
 from daemon.services.families import known_family_names
 from daemon.services.link_operations import bind_remote_record
 from daemon.services.metrics import Metrics
@@ -71,6 +73,8 @@ from sim import oracles, serving
 from sim.determinism import EPOCH_US, deterministic, reseed_scheduler
 from sim.net import NODE, NetFaults, VirtualNetwork
 from sim.storage import FaultyDatabase, StorageFaults
+from storage.command_repair import RepairActor
+from storage.effect_values import Settlement
 from storage.port import StorageError
 from storage.sqlite.adapter import SqliteDatabase
 from storage.work_store import WorkStore
@@ -82,6 +86,7 @@ LEADS = 50  # >= webhooks.PROSPECTS: every Prospect is linked to one of Runtime 
 PORTS = {"hubspot": 7301, "oauth": 7302, "outreach": 7303}
 API_PORT, RUNTIME_PORT, INGRESS_PORT = 7100, 7200, 7400
 TRACE_TAIL = 40
+TERMINAL_STATES = frozenset(state.value for state in TERMINAL)
 REFRESH_LEASE_S = int(attrs.fields(TokenOwner).lease_us.default or 0) / 1e6  # its refresh lease
 # Transactions a freeze may land in front of ("" any).
 FREEZE_POINTS = ("", "work.finalize", "work.finalize", "effect.checkpoint", "refresh.dispatch",
@@ -156,6 +161,11 @@ class World:
     checkpoint_began: dict[str, int] = attrs.field(factory=dict)  # attempt id -> order
     link_moves: dict[str, list[tuple[int, int]]] = attrs.field(factory=dict)  # (order, gen)
     rebound: set[tuple[int, str]] = attrs.field(factory=set)  # (Runtime, Lead) rebound
+    retired: dict[str, str] = attrs.field(factory=dict)  # command id -> its settlement
+    operator_commands: bool = False  # cancels, retires and repairs (drawn per seed)
+    stopped: set[tuple[int, str]] = attrs.field(factory=set)  # (Runtime, Lead) retired
+    to_retire: dict[str, str] = attrs.field(factory=dict)  # work id -> command id
+    commands_rng: Any = None
     claims_sent: set[tuple[str, int]] = attrs.field(factory=set)  # a PATCH of it left
     op_clock: TrioClock | None = None  # the operator's wall clock (no skew)
     operator_links: bool = True  # rebinds and Catalog publishes (drawn per seed)
@@ -502,6 +512,117 @@ async def operator(world: World, store: WorkStore) -> None:
             await oracles.operator_replay(world, store, item)
 
 
+async def operator_commands(world: World, store: WorkStore) -> None:
+    """An operator stopping stuck commands, as the console and the CLI do it (in one seed
+    of four; its own generator, so the other seeds' schedules are untouched): ``work
+    cancel`` of an effect item waiting to retry (or dead) none of whose attempts is in
+    doubt, then ``command retire`` (the operator-path table settles what the history
+    proves: the success receipt when an attempt is proven applied, the no-effect receipt
+    with its proof, else retired without a receipt), then ``command repair`` when it was
+    retired without one (a new command answers the Runtime intent)."""
+    rng = world.commands_rng
+    while True:
+        await trio.sleep(rng.uniform(3.0, 10.0))
+        await retire_when_stopped(world, store, until_done=False)
+        live = [r for r in world.replicas if r.alive and r.replica is not None
+                and r.parts is not None]
+        if not live or world.op_clock is None:
+            continue
+        r = live[0]
+        assert r.replica is not None and r.parts is not None
+        rows = world.observer.execute(
+            "SELECT w.work_id, w.subject_id, w.state FROM work_items w"
+            " JOIN external_commands c ON c.command_id = w.subject_id"
+            " WHERE w.family = 'external_effect' AND w.subject_kind = 'command'"
+            " AND w.state IN ('retry', 'dead') AND c.settlement = 'open'"
+            " AND NOT EXISTS (SELECT 1 FROM effect_attempts a"
+            "   WHERE a.command_id = c.command_id AND a.disposition IS NULL"
+            "   AND (a.outcome IS NULL OR a.outcome = 'OUTCOME_UNKNOWN'))"
+            " ORDER BY w.work_id").fetchall()
+        if not rows:
+            continue
+        work_id, command_id, state = rows[rng.randrange(len(rows))]
+        settings = r.replica.settings
+        if state != "dead":
+            try:
+                cancelled = await operator_api.cancel(
+                    store, settings, world.op_clock, work_id=work_id, actor="sim-admin",
+                    reason="simulated cancel", rules=r.parts.registry.cancel_rules())
+            except Exception as exc:  # refusals are answers
+                world.trace("operator_cancel_refused", work_id=work_id,
+                            error=type(exc).__name__)
+                continue
+            world.ops["operator_cancels"] += 1
+            world.trace("operator_cancel", work_id=work_id,
+                        disposition=cancelled.disposition)
+            if cancelled.disposition == "requested":
+                # Claimed meanwhile: its claimant stops it (or it finishes); the operator
+                # comes back to retire it once it is terminal.
+                world.to_retire[work_id] = command_id
+                continue
+            if cancelled.disposition != "cancelled":
+                continue
+        await operator_retire(world, store, settings, command_id)
+
+
+async def retire_when_stopped(world: World, store: WorkStore, until_done: bool) -> None:
+    """The operator coming back to the commands whose cancel its claimant acknowledges:
+    each is retired once its item is terminal (during the chaos at each round, and through
+    the settle until none is left: an open command with no live work waits for it)."""
+    while True:
+        for work_id, command_id in sorted(world.to_retire.items()):
+            row = world.observer.execute("SELECT state FROM work_items WHERE work_id = ?",
+                                         (work_id,)).fetchone()
+            live = [r for r in world.replicas if r.alive and r.replica is not None]
+            if row is None or row[0] not in TERMINAL_STATES or not live:
+                continue
+            del world.to_retire[work_id]
+            await operator_retire(world, store, live[0].replica.settings,  # type: ignore[union-attr]
+                                  command_id)
+        if not until_done or not world.to_retire:
+            return
+        await trio.sleep(0.5)
+
+
+async def operator_retire(world: World, store: WorkStore, settings: Any,
+                          command_id: str) -> None:
+    """``integrationd command retire``, then ``command repair`` after a retire that left
+    the intent unanswered: ``daemon.services.command_actions``, the one shell the console
+    and the CLI call, as ``sim-admin``. Refusals (the operator-path table's) are answers."""
+    assert world.op_clock is not None
+    who = RepairActor(actor="sim-admin", role="admin", reason="simulated retire")
+    try:
+        settlement = await retire_command(store, settings, command_id, who,
+                                          world.op_clock.now_us())
+    except Exception as exc:
+        world.trace("operator_retire_refused", command_id=command_id,
+                    error=type(exc).__name__)
+        return
+    world.ops["operator_retires"] += 1
+    world.retired[command_id] = settlement.value
+    row = world.observer.execute(
+        "SELECT binding_id, local_id FROM external_commands WHERE command_id = ?",
+        (command_id,)).fetchone()
+    if row is not None and str(row[0]).startswith("hubspot-"):
+        # The operator stopped this intent (the Runtime is told what its history
+        # proves): the Lead's contact may rightly keep its older title.
+        world.stopped.add((int(str(row[0]).rsplit("-", 1)[1]), str(row[1])))
+    world.trace("operator_retired", command_id=command_id, settlement=settlement.value)
+    if settlement is not Settlement.RETIRED:
+        return
+    try:
+        new = await repair_command(store, settings, load_catalog(settings), command_id,
+                                   RepairActor(actor="sim-admin", role="admin",
+                                               reason="simulated repair"),
+                                   world.op_clock.now_us())
+    except Exception as exc:
+        world.trace("operator_repair_refused", command_id=command_id,
+                    error=type(exc).__name__)
+        return
+    world.ops["operator_repairs"] += 1
+    world.trace("operator_repaired", command_id=command_id, new=new)
+
+
 SPARE = 50000  # a rebind moves Lead k's link between contact r*100000+k and +SPARE
 
 
@@ -674,6 +795,8 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
             load.start_soon(operator, world, driver)
             if world.operator_links:
                 load.start_soon(operator_links, world, driver)
+            if world.operator_commands:
+                load.start_soon(operator_commands, world, driver)
             await chaos(world, nursery, {"restart": restart}, runtimes)
             load.cancel_scope.cancel()
         # Settle: no more faults; every replica running.
@@ -683,6 +806,8 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
             if r.db is not None:
                 r.db.enabled = False
         world.trace("settle")
+        if world.operator_commands:
+            nursery.start_soon(retire_when_stopped, world, driver, True)
         run = torture.Run("sqlite", [], [url], None, webhooks=hooks, log=lambda m: None)
         run.noop_ids = list(world.noop_ids)
         settle_s, drained = await torture.settle(run, runtimes, o.settle_s)
@@ -737,6 +862,9 @@ def run_seed(options: Options, *, keep: Path | None = None) -> dict[str, Any]:
             world = World(options, rng, workdir)
             world.net_faults, world.storage_faults = draw_faults(rng, options.faults)
             world.operator_links = options.faults and rng.random() < 0.8
+            # Its own generator: a seed without it keeps the schedule it had before.
+            world.commands_rng = random.Random(f"commands:{options.seed}")
+            world.operator_commands = options.faults and world.commands_rng.random() < 0.25
             os.environ.update(secrets_env(options.replicas), **webhooks.env())
             for r in range(options.replicas):
                 os.environ.pop(f"INTEGRATIOND_BINDING_HUBSPOT_{r}_TOKEN", None)
