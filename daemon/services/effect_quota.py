@@ -275,10 +275,20 @@ def slot_wait_us(reserved: list[Reserved], now_us: int) -> int:
     return max([0, *(r.slot_us - now_us for r in reserved)])
 
 
+# Sleeps toward the latest slot before a claim gives up waking early (see wait_for_slots).
+_WAKES = 4
+
+
 async def wait_for_slots(clock: Clock, reserved: list[Reserved]) -> bool:
-    """Sleep until the latest slot; True when every slot may still start a send then."""
-    delay = slot_wait_us(reserved, clock.now_us())
-    if delay > 0:
+    """Sleep until the latest slot; True when every slot may still start a send then.
+    trio's timer and the replica's clock are two clocks: a sleep may end a moment
+    before the slot by the replica's clock (a truncating conversion to microseconds, a
+    wall clock slewed behind the monotonic one). That is no reason to hold the send
+    back and lose the slot: the claim sleeps again for what is left."""
+    for _ in range(_WAKES):
+        delay = slot_wait_us(reserved, clock.now_us())
+        if delay <= 0:
+            break
         await trio.sleep(delay / 1_000_000)
     return still_usable(reserved, clock.now_us())
 
