@@ -76,20 +76,28 @@ PEER_STALL_S = 120.0
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (from /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """User + system CPU time of a process so far (from /proc; 0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def mariadb_pid() -> int | None:
+    """The MariaDB server the benchmark uses: the oldest ``mariadbd`` (the machine's own
+    server; the Galera nodes tests start beside it come and go, and one of them was
+    taken for it, its CPU reported as MariaDB's or the run failing when it exited)."""
+    found: list[tuple[int, int]] = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 if (entry / "comm").read_text().strip() == "mariadbd":
-                    return int(entry.name)
-            except OSError:
+                    started = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[19])
+                    found.append((started, int(entry.name)))
+            except (OSError, ValueError, IndexError):
                 continue
-    return None
+    return min(found)[1] if found else None
 
 
 def scope_of(i: int) -> TrustedRuntimeWorkScope:

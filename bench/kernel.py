@@ -194,8 +194,12 @@ def start_replica(cfg: Path, index: int) -> tuple[subprocess.Popen[bytes], Path]
     log = cfg.parent / f"replica-{index}.log"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     profile = os.environ.get("BENCH_PROFILE_DIR")  # profile replica 0 with cProfile
+    # Count replica 0's statements by transaction and text (bench.sql_tally).
+    tally = os.environ.get("BENCH_SQL_TALLY_DIR")
     command = (["-m", "bench.profile_replica", f"{profile}/replica-{index}.prof"]
-               if profile and index == 0 else ["-m", "daemon.cli"])
+               if profile and index == 0 else
+               ["-m", "bench.sql_tally", f"{tally}/replica-{index}.json"]
+               if tally and index == 0 else ["-m", "daemon.cli"])
     proc = subprocess.Popen(
         [sys.executable, *command, "--config", str(cfg), "run"],
         stdout=subprocess.DEVNULL, stderr=log.open("wb"), cwd=cfg.parent, env=env,

@@ -45,6 +45,7 @@ from daemon.core.handoff import (
 )
 from daemon.core.operator_paths import Action, Refused
 from daemon.core.work import Fence, WorkSpec
+from storage.coalesce import RowUpdate, coalescing
 from storage.commands import COMMAND_COLUMNS, command_from_row, read_command
 from storage.effect_values import (
     AttemptDraft,
@@ -523,6 +524,19 @@ class EffectJournal:
 
         return await self.db.transact(body, name="receipt.get", write=False)
 
+# record_outcome's UPDATE, coalesced (storage.coalesce): the same columns and guard.
+_OUTCOME_UPDATE = RowUpdate(
+    table="effect_attempts", key="attempt_id",
+    columns=("outcome", "evidence", "response_status", "provider_evidence", "failure_class",
+             "finished_at_us", "gave_up_at_us", "exchange_excerpt"),
+    fixed="row_version = row_version + 1", guard="outcome IS NULL AND disposition IS NULL")
+_CONFIRM_UPDATE = RowUpdate(
+    table="result_receipts", key="command_id", columns=("confirmed_at_us",),
+    fixed="state = 'confirmed', last_error = NULL", guard="state = 'pending'", checked=False)
+_ERROR_UPDATE = RowUpdate(table="result_receipts", key="command_id", columns=("last_error",),
+                          checked=False)
+
+
 async def record_outcome(tx: SqlTx, attempt_id: str, *, outcome: str, evidence: str,
                          response_status: int | None, provider_evidence: dict[str, Any],
                          failure_class: str, gave_up_at_us: int, now_us: int,
@@ -531,6 +545,12 @@ async def record_outcome(tx: SqlTx, attempt_id: str, *, outcome: str, evidence: 
     its evidence, and when the client ended the exchange (answer or give-up).
     ``exchange``: a failed call's redacted, bounded exchange excerpt
     (``daemon.core.exchange_excerpt``), kept in this same statement."""
+    values = (outcome, evidence, response_status, json.dumps(provider_evidence, sort_keys=True),
+              failure_class or None, now_us, gave_up_at_us, exchange)
+    batch = coalescing(tx)
+    if batch is not None:  # one UPDATE for the batch, the same guard (storage.coalesce)
+        batch.update(_OUTCOME_UPDATE, attempt_id, values)
+        return
     if not await tx.execute(
         "UPDATE effect_attempts SET outcome = ?, evidence = ?, response_status = ?,"
         " provider_evidence = ?, failure_class = ?, finished_at_us = ?, gave_up_at_us = ?,"
@@ -539,8 +559,7 @@ async def record_outcome(tx: SqlTx, attempt_id: str, *, outcome: str, evidence: 
         # Never beside an operator's disposition (the journal cannot say ACCEPTED
         # and operator_absent at once): if one got there first, the finalization fails.
         " AND disposition IS NULL",
-        (outcome, evidence, response_status, json.dumps(provider_evidence, sort_keys=True),
-         failure_class or None, now_us, gave_up_at_us, exchange, attempt_id),
+        (*values, attempt_id),
     ):
         raise WorkConflict(f"attempt {attempt_id} already has an outcome or a disposition")
 
@@ -548,6 +567,13 @@ async def record_outcome(tx: SqlTx, attempt_id: str, *, outcome: str, evidence: 
 async def mark_receipt(tx: SqlTx, command_id: str, *, confirmed: bool, error: str | None,
                        now_us: int) -> None:
     """Inside the caller's (fenced) transaction: a receipt delivery's result."""
+    batch = coalescing(tx)
+    if batch is not None:  # unchecked, as below
+        if confirmed:
+            batch.update(_CONFIRM_UPDATE, command_id, (now_us,))
+        else:
+            batch.update(_ERROR_UPDATE, command_id, ((error or "")[:128],))
+        return
     if confirmed:
         await tx.execute(
             "UPDATE result_receipts SET state = 'confirmed', confirmed_at_us = ?,"
@@ -613,6 +639,17 @@ async def dispose(tx: SqlTx, attempt_ids: list[str], disposition: Disposition, n
             raise WorkConflict(f"attempt {attempt_id} is not awaiting a disposition")
 
 
+_INSERT_RECEIPT_SQL = (f"INSERT INTO result_receipts ({_RECEIPT_COLUMNS})"
+                       " VALUES (?, ?, ?, ?, ?, ?, 'pending', NULL, ?, NULL)")
+
+
+def _settle_update(expected: Settlement) -> RowUpdate:
+    """settle's UPDATE, coalesced: from ``expected`` only, as row at a time."""
+    return RowUpdate(table="external_commands", key="command_id",
+                     columns=("settlement", "updated_at_us", "modified_at_us"),
+                     guard="settlement = ?", guard_params=(expected.value,))
+
+
 async def settle(
     tx: SqlTx,
     *,
@@ -647,7 +684,13 @@ async def settle(
         # Seed 003: only UPSERT and DELETE intents admit a no-effect result.
         raise WorkConflict(f"command {command_id} is a {command.intent_kind} intent: only"
                            " UPSERT and DELETE admit a no-effect result")
-    if not await tx.execute(
+    batch = coalescing(tx)
+    if batch is not None and command.handoff_key is not None:
+        # Coalesced (storage.coalesce), the same guard: a handed-off command's receipt
+        # is its own, so nothing below reads what this writes.
+        batch.update(_settle_update(expected), command_id,
+                     (settlement.value, now_us, modified_at_us))
+    elif not await tx.execute(
         "UPDATE external_commands SET settlement = ?, updated_at_us = ?, modified_at_us = ?"
         " WHERE command_id = ? AND settlement = ?",
         (settlement.value, now_us, modified_at_us, command_id, expected.value),
@@ -663,13 +706,13 @@ async def settle(
     if lineage_result is not None:
         canonical_result = lineage_result.canonical.decode()
         result_digest = lineage_result.digest
+    receipt = (command_id, command.intent_id, result_format_version, remote_id,
+               canonical_result, result_digest, now_us)
     try:
-        await tx.execute(
-            f"INSERT INTO result_receipts ({_RECEIPT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?,"
-            " 'pending', NULL, ?, NULL)",
-            (command_id, command.intent_id, result_format_version, remote_id,
-             canonical_result, result_digest, now_us),
-        )
+        if batch is not None:  # a duplicate fails the batch, redone row at a time
+            batch.insert(_INSERT_RECEIPT_SQL, receipt)
+        else:
+            await tx.execute(_INSERT_RECEIPT_SQL, receipt)
     except DuplicateKey:
         raise WorkConflict(f"command {command_id} already has a Runtime receipt") from None
     (work,) = await insert_work(

@@ -18,6 +18,7 @@ from typing import Any
 from daemon.core.cancel import CancelAction, CancelRule, decide_cancel
 from daemon.core.states import TERMINAL, WorkState
 from daemon.core.work import WorkItem, WorkSpec
+from storage.coalesce import coalescing
 from storage.idgen import new_ulid
 from storage.port import (
     AuditEntry,
@@ -179,6 +180,15 @@ async def insert_work(
     exist (it derives them from ids it just generated), so every row goes into
     one multi-row INSERT.
     """
+    batch = coalescing(tx)
+    if batch is not None and all(s.source_lane is None and s.replay_of is None
+                                 for s in specs):
+        # Coalesced (storage.coalesce): a dedupe key already taken fails the whole
+        # batch, which is redone row at a time (where it answers the existing item).
+        ids = [new_ulid(now_us) for _ in specs]
+        for work_id, spec in zip(ids, specs, strict=True):
+            batch.insert(_INSERT_SQL, _insert_params(work_id, spec, None, now_us))
+        return [EnqueueResult(work_id, True) for work_id in ids]
     lanes = Counter(s.source_lane for s in specs if s.source_lane is not None)
     next_seq = await allocate_source_seqs(tx, lanes) if lanes else {}
     plain: list[tuple[Any, ...]] = []

@@ -63,6 +63,7 @@ from daemon.core.lanes import Candidate, pick_batch
 from daemon.core.outcomes import Finalization
 from daemon.core.states import EXECUTABLE, WorkEvent, WorkState
 from daemon.core.work import Fence, WorkItem
+from storage.coalesce import Coalescing
 from storage.idgen import new_lease_token
 from storage.port import (
     ClaimParams,
@@ -518,9 +519,13 @@ class WorkClaims:
                 journal.extend(await _finalize_isolated(tx, special, extra, results, replica,
                                                         now_us))
             elif special:
+                # Optimistic: the side writes that can wait are coalesced, one statement
+                # per kind of row (storage.coalesce); any failure redoes it all isolated.
+                batch = Coalescing(tx)
                 try:
-                    journal.extend(await _finalize_items(tx, special, extra, results, replica,
-                                                         now_us))
+                    journal.extend(await _finalize_items(batch, special, extra, results,
+                                                         replica, now_us))
+                    await batch.flush()
                 except StorageError as exc:
                     raise _SideWriteFailed() from exc
             if journal:

@@ -1,0 +1,87 @@
+"""Run ``integrationd`` counting every SQL statement it sends, by transaction and text.
+
+    python -m bench.sql_tally OUT.json --config replica.toml run
+
+Wraps the MySQL adapter's transaction (``_MysqlTx``) so that every statement, BEGIN and
+COMMIT is counted under the name of the transaction that sent it and the statement's
+first words; at exit it writes ``{"by_statement": {...}, "by_transaction": {...},
+"round_trips": N}`` to OUT.json. Counts do not depend on the machine's load: the
+benchmarks use this for ``BENCH_SQL_TALLY_DIR`` (replica 0), and ``--tally FILE``
+prints them per effect.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import sys
+from typing import Any
+
+from daemon.cli import main
+from storage.mysql import adapter
+
+_WORDS = re.compile(r"\s+")
+
+
+def _key(name: str, sql: str | bytes) -> str:
+    text = sql.decode("utf-8", "replace") if isinstance(sql, bytes) else sql
+    return f"{name}: {_WORDS.sub(' ', text).strip()[:90]}"
+
+
+def install(tally: collections.Counter[str], by_tx: collections.Counter[str]) -> None:
+    tx_class: Any = adapter._MysqlTx
+    execute, fetchall, send, begin = (tx_class.execute, tx_class.fetchall, tx_class._send,
+                                      tx_class.begin)
+    database: Any = adapter.MysqlDatabase
+    commit, attempt = database._commit, database._attempt
+
+    async def counted_execute(self: Any, sql: str, params: Any = ()) -> int:
+        tally[_key(self._name, sql)] += 1
+        return int(await execute(self, sql, params))
+
+    async def counted_fetchall(self: Any, sql: str, params: Any = ()) -> Any:
+        tally[_key(self._name, sql)] += 1
+        return await fetchall(self, sql, params)
+
+    async def counted_send(self: Any, statement: bytes) -> int:
+        tally[_key(self._name, statement[:200])] += 1
+        return int(await send(self, statement))
+
+    async def counted_begin(self: Any) -> None:
+        tally[f"{self._name}: BEGIN"] += 1
+        await begin(self)
+
+    async def counted_commit(self: Any, conn: Any, name: str) -> bool:
+        tally[f"{name}: COMMIT"] += 1
+        return bool(await commit(self, conn, name))
+
+    async def counted_attempt(self: Any, body: Any, name: str, write: bool) -> Any:
+        by_tx[name] += 1
+        return await attempt(self, body, name, write)
+
+    tx_class.execute, tx_class.fetchall, tx_class._send = (counted_execute, counted_fetchall,
+                                                           counted_send)
+    tx_class.begin = counted_begin
+    database._commit, database._attempt = counted_commit, counted_attempt
+
+
+def run() -> None:
+    out, args = sys.argv[1], sys.argv[2:]
+    sys.argv = ["integrationd", *args]
+    tally: collections.Counter[str] = collections.Counter()
+    by_tx: collections.Counter[str] = collections.Counter()
+    install(tally, by_tx)
+    try:
+        main()
+    except SystemExit:
+        pass
+    finally:
+        with open(out, "w") as f:
+            json.dump({"round_trips": sum(tally.values()),
+                       "by_transaction": dict(by_tx.most_common()),
+                       "by_statement": dict(tally.most_common())}, f, indent=1)
+
+
+if __name__ == "__main__":
+    run()
