@@ -315,6 +315,7 @@ async def fresh_database(backend: str, tmp_path: Path, *, migrated: bool = True,
     themselves, for a test about them."""
     cloned = migrated and clone
     name: str | None = None
+    made = False
     admin_url = MYSQL_URL
     create = "CREATE DATABASE {} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
     try:
@@ -326,10 +327,10 @@ async def fresh_database(backend: str, tmp_path: Path, *, migrated: bool = True,
         elif backend == "galera":
             cluster = running_galera()
             first = cluster.nodes[0]
-            name = f"gtest_{secrets.token_hex(6)}"
             admin_url = first.url("mysql")
+            script = await _mysql_template_script(admin_url, first.url) if cloned else ""
+            name = f"gtest_{secrets.token_hex(6)}"
             if cloned:
-                script = await _mysql_template_script(admin_url, first.url)
                 await _admin_execute(f"{create.format(name)};\nUSE {name};\n{script}",
                                      admin_url, script=True)
             else:
@@ -342,19 +343,20 @@ async def fresh_database(backend: str, tmp_path: Path, *, migrated: bool = True,
             tdb = FreshDatabase("galera", first.url(name),
                                 node_urls=tuple(node.url(name) for node in cluster.nodes))
         else:
-            name = f"itest_{secrets.token_hex(6)}"
             base = MysqlTarget.from_url(MYSQL_URL)
 
             def url_of(database: str) -> str:
                 return f"mysql://{base.user}@{base.host}:{base.port}/{database}"
 
+            script = await _mysql_template_script(admin_url, url_of) if cloned else ""
+            name = f"itest_{secrets.token_hex(6)}"
             if cloned:
-                script = await _mysql_template_script(admin_url, url_of)
                 await _admin_execute(f"{create.format(name)};\nUSE {name};\n{script}",
                                      admin_url, script=True)
             else:
                 await _admin_execute(create.format(name), admin_url)
             tdb = FreshDatabase("mysql", url_of(name))
+        made = True
         try:
             if migrated and not clone:
                 await _migrate_into(tdb)
@@ -362,7 +364,9 @@ async def fresh_database(backend: str, tmp_path: Path, *, migrated: bool = True,
         finally:
             await tdb.close_all()
     finally:
-        if name is not None and backend == "mysql":
+        # A database whose making failed is dropped here, where a failure to drop it is
+        # reported with the test's own.
+        if name is not None and backend == "mysql" and made:
             await DROPPER.drop(name, admin_url)
         elif name is not None:
             await _admin_execute(f"DROP DATABASE IF EXISTS {name}", admin_url)
