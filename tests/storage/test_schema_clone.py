@@ -8,14 +8,23 @@ every table; on Galera it reads each node, so the clone's DDL is proved replicat
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 import pytest
+import trio
 
 from storage.migrate import EXPECTED_VERSION
 from storage.port import SqlTx
 from storage.work_store import WorkStore
-from tests.support.backends import FreshDatabase, fresh_database, schema_script
+from tests.support.backends import (
+    MYSQL_URL,
+    Dropper,
+    FreshDatabase,
+    admin_execute,
+    fresh_database,
+    schema_script,
+)
 
 # What the MySQL-family catalog says about a schema, minus the schema's own name.
 _MYSQL_CATALOG = {
@@ -114,3 +123,20 @@ async def test_a_schema_with_more_than_tables_is_refused(tmp_path: Path) -> None
         await store.db.transact(create, name="test.create")
         with pytest.raises(RuntimeError, match=r"\['VIEW v'\]: a clone copies tables and rows"):
             await schema_script(tdb.url)
+
+
+@pytest.mark.mysql
+async def test_the_dropper_drops_every_database_and_reports_one_it_could_not() -> None:
+    """A finished test's database is dropped on the dropper's thread; a drop that fails
+    (here: a name the server refuses) is reported by ``wait``, never lost with the thread."""
+    dropper = Dropper()
+    name = f"itest_{secrets.token_hex(6)}"
+    await admin_execute(f"CREATE DATABASE {name}")
+    await dropper.drop(name, MYSQL_URL)
+    await dropper.drop("no such database", MYSQL_URL)
+    with pytest.raises(RuntimeError, match=r"1 test databases were not dropped.*no such"):
+        await trio.to_thread.run_sync(dropper.wait)
+    assert await admin_execute(
+        f"SELECT schema_name FROM information_schema.schemata WHERE schema_name = '{name}'"
+    ) == []
+    dropper.wait()  # reported once: the dropper goes on

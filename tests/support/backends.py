@@ -85,7 +85,7 @@ def running_galera() -> GaleraCluster:
     return _galera[0]
 
 
-async def _admin_execute(sql: str, url: str = MYSQL_URL, *, script: bool = False
+async def admin_execute(sql: str, url: str = MYSQL_URL, *, script: bool = False
                          ) -> list[tuple[object, ...]]:
     """Run ``sql`` on a connection of its own; with ``script``, several statements
     separated by ``;`` in one round trip (the first statement's rows are returned)."""
@@ -248,7 +248,7 @@ async def _mysql_template_script(admin_url: str, url_of: Callable[[str], str]) -
     if admin_url not in _mysql_scripts:
         name = f"itmpl_{secrets.token_hex(6)}"
         try:
-            await _admin_execute(
+            await admin_execute(
                 f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin", admin_url)
             tdb = FreshDatabase("mysql", url_of(name))
             try:
@@ -257,7 +257,7 @@ async def _mysql_template_script(admin_url: str, url_of: Callable[[str], str]) -
                 await tdb.close_all()
             _mysql_scripts[admin_url] = await schema_script(url_of(name))
         finally:
-            await _admin_execute(f"DROP DATABASE IF EXISTS {name}", admin_url)
+            await admin_execute(f"DROP DATABASE IF EXISTS {name}", admin_url)
     return _mysql_scripts[admin_url]
 
 
@@ -288,7 +288,7 @@ class Dropper:
             name, admin_url = self._queue.get()
             started = time.perf_counter()
             try:
-                trio.run(_admin_execute, f"DROP DATABASE IF EXISTS {name}", admin_url)
+                trio.run(admin_execute, f"DROP DATABASE IF EXISTS {name}", admin_url)
             except Exception as exc:  # reported by wait(), never lost with the thread
                 self.failures.append(f"DROP DATABASE {name}: {exc!r}")
             finally:
@@ -331,15 +331,15 @@ async def fresh_database(backend: str, tmp_path: Path, *, migrated: bool = True,
             script = await _mysql_template_script(admin_url, first.url) if cloned else ""
             name = f"gtest_{secrets.token_hex(6)}"
             if cloned:
-                await _admin_execute(f"{create.format(name)};\nUSE {name};\n{script}",
+                await admin_execute(f"{create.format(name)};\nUSE {name};\n{script}",
                                      admin_url, script=True)
             else:
-                await _admin_execute(create.format(name), admin_url)
+                await admin_execute(create.format(name), admin_url)
             # The other nodes apply the DDL a moment later, and a connect naming the
             # database is no causal read: a SELECT there (wsrep_sync_wait) waits until
             # they have.
             for node in cluster.nodes[1:]:
-                await _admin_execute("SELECT 1", node.url("mysql"))
+                await admin_execute("SELECT 1", node.url("mysql"))
             tdb = FreshDatabase("galera", first.url(name),
                                 node_urls=tuple(node.url(name) for node in cluster.nodes))
         else:
@@ -351,10 +351,10 @@ async def fresh_database(backend: str, tmp_path: Path, *, migrated: bool = True,
             script = await _mysql_template_script(admin_url, url_of) if cloned else ""
             name = f"itest_{secrets.token_hex(6)}"
             if cloned:
-                await _admin_execute(f"{create.format(name)};\nUSE {name};\n{script}",
+                await admin_execute(f"{create.format(name)};\nUSE {name};\n{script}",
                                      admin_url, script=True)
             else:
-                await _admin_execute(create.format(name), admin_url)
+                await admin_execute(create.format(name), admin_url)
             tdb = FreshDatabase("mysql", url_of(name))
         made = True
         try:
@@ -369,4 +369,4 @@ async def fresh_database(backend: str, tmp_path: Path, *, migrated: bool = True,
         if name is not None and backend == "mysql" and made:
             await DROPPER.drop(name, admin_url)
         elif name is not None:
-            await _admin_execute(f"DROP DATABASE IF EXISTS {name}", admin_url)
+            await admin_execute(f"DROP DATABASE IF EXISTS {name}", admin_url)
