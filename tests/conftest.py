@@ -9,12 +9,26 @@ import pytest
 
 from sandbox.galera import GaleraCluster
 from storage.work_store import WorkStore
-from tests.support.backends import FreshDatabase, backend_params, fresh_database, use_galera
+from tests.support.backends import (
+    DROPPER,
+    FreshDatabase,
+    backend_params,
+    fresh_database,
+    use_galera,
+)
 
 
 @pytest.fixture(params=backend_params())
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _every_database_dropped() -> Iterator[None]:
+    """The session ends once the MariaDB databases its tests handed over are dropped
+    (tests/support/backends.py drops them on a thread while the next tests run)."""
+    yield
+    DROPPER.wait()
 
 
 @pytest.fixture(scope="session")

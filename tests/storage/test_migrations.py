@@ -35,7 +35,7 @@ async def test_concurrent_migrators_apply_each_version_once(backend: str,
 
 
 async def test_changed_migration_is_detected(backend: str, tmp_path: Path) -> None:
-    async with fresh_database(backend, tmp_path) as tdb:
+    async with fresh_database(backend, tmp_path, clone=False) as tdb:
         store = await tdb.open_store()
         await store.db.transact(
             lambda tx: tx.execute("UPDATE schema_migrations SET checksum = 'x' WHERE version = 1"),
@@ -48,7 +48,7 @@ async def test_changed_migration_is_detected(backend: str, tmp_path: Path) -> No
 
 
 async def test_newer_schema_is_refused(backend: str, tmp_path: Path) -> None:
-    async with fresh_database(backend, tmp_path) as tdb:
+    async with fresh_database(backend, tmp_path, clone=False) as tdb:
         store = await tdb.open_store()
         await store.db.transact(
             lambda tx: tx.execute(
@@ -61,7 +61,7 @@ async def test_newer_schema_is_refused(backend: str, tmp_path: Path) -> None:
 
 
 async def test_unfinished_migration_is_reported(backend: str, tmp_path: Path) -> None:
-    async with fresh_database(backend, tmp_path) as tdb:
+    async with fresh_database(backend, tmp_path, clone=False) as tdb:
         store = await tdb.open_store()
         await store.db.transact(
             lambda tx: tx.execute("UPDATE schema_migrations SET done = 0 WHERE version = 1"),

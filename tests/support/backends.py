@@ -11,19 +11,42 @@ session (the ``galera_cluster`` fixture starts it and hands it to :func:`use_gal
 a fresh database per test, and every store a test opens connected to the *next* node in
 turn, so that a test with several stores races them across nodes (certification
 conflicts at COMMIT, as a distributed engine reports them).
+
+A migrated fresh database is a *clone*: the 41 migrations run once per session and
+backend into a template, and each test's database is made from what they left (the
+SQLite file copied; on MariaDB and Galera the template's ``SHOW CREATE TABLE``
+statements and rows replayed in one round trip), because on MariaDB every migration's
+DDL fsyncs and a real migration costs ~0.3 s per test (CI has over 900 such tests).
+tests/storage/test_schema_clone.py proves a clone equal to a really migrated database
+on every backend (tables, columns, indexes, options, rows), so the shortcut cannot
+drift; a test about the migrations themselves asks for ``clone=False`` or
+``migrated=False``.
+
+A finished test's MariaDB database is dropped on a thread of its own (:class:`Dropper`):
+a DROP DATABASE deletes and fsyncs a file per table, which the next test need not wait
+for. The session waits for every drop before it ends (tests/conftest.py). Galera's drops
+stay in the test: its tests kill and restart nodes.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import queue
 import secrets
-from collections.abc import AsyncIterator, Sequence
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
 import pytest
+import trio
 import trio_mysql
+from trio_mysql.constants import CLIENT
 
 from sandbox.galera import GaleraCluster
 from storage.migrate import migrate
@@ -62,11 +85,15 @@ def running_galera() -> GaleraCluster:
     return _galera[0]
 
 
-async def _admin_execute(sql: str, url: str = MYSQL_URL) -> list[tuple[object, ...]]:
+async def admin_execute(sql: str, url: str = MYSQL_URL, *, script: bool = False
+                         ) -> list[tuple[object, ...]]:
+    """Run ``sql`` on a connection of its own; with ``script``, several statements
+    separated by ``;`` in one round trip (the first statement's rows are returned)."""
     target = MysqlTarget.from_url(url)
     conn = trio_mysql.connect(
         host=target.host, port=target.port, user=target.user, password=target.password,
         database=target.database, charset="utf8mb4", use_unicode=True, autocommit=True,
+        client_flag=CLIENT.MULTI_STATEMENTS if script else 0,
     )
     try:
         await conn.connect()
@@ -78,7 +105,11 @@ async def _admin_execute(sql: str, url: str = MYSQL_URL) -> list[tuple[object, .
     try:
         cur = conn.cursor()
         await cur.execute(sql)
-        return list(await cur.fetchall())
+        rows = list(await cur.fetchall())
+        # A later statement's error is raised when its result is read.
+        while await cur.nextset():
+            pass
+        return rows
     finally:
         await conn.aclose()
 
@@ -129,38 +160,213 @@ class FreshDatabase:
         self.opened.clear()
 
 
-@asynccontextmanager
-async def fresh_database(backend: str, tmp_path: Path, *, migrated: bool = True
-                         ) -> AsyncIterator[FreshDatabase]:
-    if backend == "sqlite":
-        path = str(tmp_path / "integrationd.db")
-        tdb = FreshDatabase("sqlite", f"sqlite:///{path}", sqlite_path=path)
-        name = None
-        admin_url = MYSQL_URL
-    elif backend == "galera":
-        cluster = running_galera()
-        name = f"gtest_{secrets.token_hex(6)}"
-        urls = tuple(node.url(name) for node in cluster.nodes)
-        admin_url = cluster.nodes[0].url("mysql")
-        await _admin_execute(f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin",
-                             admin_url)
-        # The other nodes apply the DDL a moment later, and a connect naming the database
-        # is no causal read: a SELECT there (wsrep_sync_wait) waits until they have.
-        for node in cluster.nodes[1:]:
-            await _admin_execute("SELECT 1", node.url("mysql"))
-        tdb = FreshDatabase("galera", urls[0], node_urls=urls)
-    else:
-        name = f"itest_{secrets.token_hex(6)}"
-        admin_url = MYSQL_URL
-        await _admin_execute(f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-        base = MysqlTarget.from_url(MYSQL_URL)
-        tdb = FreshDatabase("mysql", f"mysql://{base.user}@{base.host}:{base.port}/{name}")
+async def _migrate_into(tdb: FreshDatabase) -> None:
+    """Run every migration, as a replica's ``integrationd migrate`` does."""
+    store = await tdb.open_store()
+    await migrate(store.db, store.dialect, EPOCH_US)
+
+
+# What a migrated database is, captured once per session: the SQLite template file, and
+# per MySQL-family server (its admin URL) the statements that make the schema and rows.
+_sqlite_template: list[Path] = []
+_mysql_scripts: dict[str, str] = {}
+
+
+async def sqlite_template() -> Path:
+    """A migrated SQLite file, made on first use and kept for the session (closed, so the
+    whole database is this one file: its copy is a migrated database)."""
+    if not _sqlite_template:
+        directory = Path(tempfile.mkdtemp(prefix="integrationd-schema-"))
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        path = directory / "migrated.db"
+        tdb = FreshDatabase("sqlite", f"sqlite:///{path}", sqlite_path=str(path))
+        try:
+            await _migrate_into(tdb)
+        finally:
+            await tdb.close_all()
+        # Once per session, a directory of one or two entries: not worth a thread.
+        leftovers = [p.name for p in directory.iterdir() if p != path]  # noqa: ASYNC240
+        if leftovers:
+            raise RuntimeError(f"the SQLite template kept {leftovers} after closing:"
+                               " a copy of its main file alone would not be migrated")
+        _sqlite_template.append(path)
+    return _sqlite_template[0]
+
+
+async def schema_script(url: str) -> str:
+    """The statements that make a database's tables and rows again (run in another,
+    empty database): its ``SHOW CREATE TABLE`` output and one INSERT per non-empty table.
+    Tables and rows only: anything else a migration could make (a view, trigger, routine
+    or event) is refused here rather than silently left out of every clone."""
+    target = MysqlTarget.from_url(url)
+    conn = trio_mysql.connect(
+        host=target.host, port=target.port, user=target.user, password=target.password,
+        database=target.database, charset="utf8mb4", use_unicode=True, autocommit=True,
+    )
+    await conn.connect()
     try:
-        if migrated:
-            store = await tdb.open_store()
-            await migrate(store.db, store.dialect, EPOCH_US)
-        yield tdb
+        cur = conn.cursor()
+        await cur.execute("SELECT table_name, table_type FROM information_schema.tables"
+                          " WHERE table_schema = DATABASE() ORDER BY table_name")
+        kinds = {str(name): str(kind) for name, kind in await cur.fetchall()}
+        others = [f"{kind} {name}" for name, kind in kinds.items() if kind != "BASE TABLE"]
+        for kind, sql in (
+            ("TRIGGER", "SELECT trigger_name FROM information_schema.triggers"
+                        " WHERE trigger_schema = DATABASE()"),
+            ("ROUTINE", "SELECT routine_name FROM information_schema.routines"
+                        " WHERE routine_schema = DATABASE()"),
+            ("EVENT", "SELECT event_name FROM information_schema.events"
+                      " WHERE event_schema = DATABASE()"),
+        ):
+            await cur.execute(sql)
+            others += [f"{kind} {name}" for (name,) in await cur.fetchall()]
+        if others:
+            raise RuntimeError(f"the migrations made {others}: a clone copies tables and rows"
+                               " only (tests/support/backends.py schema_script)")
+        # No table names another today; should one, its creation order must not matter.
+        statements = ["SET SESSION foreign_key_checks = 0"]
+        for table in kinds:
+            await cur.execute(f"SHOW CREATE TABLE `{table}`")
+            ((_, ddl),) = await cur.fetchall()
+            statements.append(str(ddl))
+        for table in kinds:
+            await cur.execute(f"SELECT * FROM `{table}`")
+            rows = await cur.fetchall()
+            if rows:
+                columns = ", ".join(f"`{d[0]}`" for d in cur.description)
+                values = ",\n".join(
+                    "(" + ", ".join(conn.escape(v) for v in row) + ")" for row in rows)
+                statements.append(f"INSERT INTO `{table}` ({columns}) VALUES\n{values}")
+        return ";\n".join(statements)
     finally:
-        await tdb.close_all()
-        if name is not None:
-            await _admin_execute(f"DROP DATABASE IF EXISTS {name}", admin_url)
+        await conn.aclose()
+
+
+async def _mysql_template_script(admin_url: str, url_of: Callable[[str], str]) -> str:
+    """:func:`schema_script` of a database really migrated on this server, once per
+    session (the template database is dropped once read)."""
+    if admin_url not in _mysql_scripts:
+        name = f"itmpl_{secrets.token_hex(6)}"
+        try:
+            await admin_execute(
+                f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin", admin_url)
+            tdb = FreshDatabase("mysql", url_of(name))
+            try:
+                await _migrate_into(tdb)
+            finally:
+                await tdb.close_all()
+            _mysql_scripts[admin_url] = await schema_script(url_of(name))
+        finally:
+            await admin_execute(f"DROP DATABASE IF EXISTS {name}", admin_url)
+    return _mysql_scripts[admin_url]
+
+
+class Dropper:
+    """Drops databases on a thread of its own, one at a time, in the order given; at most
+    ``backlog`` wait (then :meth:`drop` waits too), so a session never runs ahead of its
+    drops by more than that."""
+
+    def __init__(self, backlog: int = 8) -> None:
+        self._queue: queue.Queue[tuple[str, str]] = queue.Queue(maxsize=backlog)
+        self._thread: threading.Thread | None = None
+        self.failures: list[str] = []
+        self.drop_s: list[float] = []  # how long each DROP took (bench.test_databases)
+
+    async def drop(self, name: str, admin_url: str) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="drop-databases",
+                                            daemon=True)
+            self._thread.start()
+            atexit.register(self.wait)
+        try:
+            self._queue.put_nowait((name, admin_url))
+        except queue.Full:
+            await trio.to_thread.run_sync(self._queue.put, (name, admin_url))
+
+    def _run(self) -> None:
+        while True:
+            name, admin_url = self._queue.get()
+            started = time.perf_counter()
+            try:
+                trio.run(admin_execute, f"DROP DATABASE IF EXISTS {name}", admin_url)
+            except Exception as exc:  # reported by wait(), never lost with the thread
+                self.failures.append(f"DROP DATABASE {name}: {exc!r}")
+            finally:
+                self.drop_s.append(time.perf_counter() - started)
+                self._queue.task_done()
+
+    def wait(self) -> None:
+        """Return once every database handed over is dropped; raise if any was not."""
+        self._queue.join()
+        if self.failures:
+            failures, self.failures = self.failures, []
+            raise RuntimeError(f"{len(failures)} test databases were not dropped: {failures}")
+
+
+DROPPER = Dropper()
+
+
+@asynccontextmanager
+async def fresh_database(backend: str, tmp_path: Path, *, migrated: bool = True,
+                         clone: bool = True) -> AsyncIterator[FreshDatabase]:
+    """A new database of ``backend``, dropped afterwards: empty, or (``migrated``) with
+    every migration's schema and rows. ``clone`` makes the migrated database from the
+    session's template (see the module's docstring); ``clone=False`` runs the migrations
+    themselves, for a test about them."""
+    cloned = migrated and clone
+    name: str | None = None
+    made = False
+    admin_url = MYSQL_URL
+    create = "CREATE DATABASE {} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    try:
+        if backend == "sqlite":
+            path = str(tmp_path / "integrationd.db")
+            tdb = FreshDatabase("sqlite", f"sqlite:///{path}", sqlite_path=path)
+            if cloned:
+                shutil.copyfile(await sqlite_template(), path)
+        elif backend == "galera":
+            cluster = running_galera()
+            first = cluster.nodes[0]
+            admin_url = first.url("mysql")
+            script = await _mysql_template_script(admin_url, first.url) if cloned else ""
+            name = f"gtest_{secrets.token_hex(6)}"
+            if cloned:
+                await admin_execute(f"{create.format(name)};\nUSE {name};\n{script}",
+                                     admin_url, script=True)
+            else:
+                await admin_execute(create.format(name), admin_url)
+            # The other nodes apply the DDL a moment later, and a connect naming the
+            # database is no causal read: a SELECT there (wsrep_sync_wait) waits until
+            # they have.
+            for node in cluster.nodes[1:]:
+                await admin_execute("SELECT 1", node.url("mysql"))
+            tdb = FreshDatabase("galera", first.url(name),
+                                node_urls=tuple(node.url(name) for node in cluster.nodes))
+        else:
+            base = MysqlTarget.from_url(MYSQL_URL)
+
+            def url_of(database: str) -> str:
+                return f"mysql://{base.user}@{base.host}:{base.port}/{database}"
+
+            script = await _mysql_template_script(admin_url, url_of) if cloned else ""
+            name = f"itest_{secrets.token_hex(6)}"
+            if cloned:
+                await admin_execute(f"{create.format(name)};\nUSE {name};\n{script}",
+                                     admin_url, script=True)
+            else:
+                await admin_execute(create.format(name), admin_url)
+            tdb = FreshDatabase("mysql", url_of(name))
+        made = True
+        try:
+            if migrated and not clone:
+                await _migrate_into(tdb)
+            yield tdb
+        finally:
+            await tdb.close_all()
+    finally:
+        # A database whose making failed is dropped here, where a failure to drop it is
+        # reported with the test's own.
+        if name is not None and backend == "mysql" and made:
+            await DROPPER.drop(name, admin_url)
+        elif name is not None:
+            await admin_execute(f"DROP DATABASE IF EXISTS {name}", admin_url)
