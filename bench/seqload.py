@@ -305,8 +305,8 @@ class Plan:
     def singles(self) -> list[str]:
         now = self.now
         bindings = ", ".join(
-            f"('binding-{b}', 'oauth', 'org-{b}', 'install-1', 'hubspot', 'user-{b}',"
-            f" 'https://issuer', 'acct-{b}', 'subj-{b}', 'inst-{b}', '[]', 1, 'active',"
+            f"('binding-{b}', 'shared', 'org-{b}', 'install-1', 'hubspot', 'user-{b}',"
+            f" 'https://issuer', 'acct-{b}', 'subj-{b}', 'inst-{b}', '[]', 1, 'connected',"
             f" {now - YEAR_US}, {now})" for b in range(BINDINGS))
         keys = ", ".join(
             f"('hubspot:binding-{q}:burst', {now}, 0, {now - 60_000_000}, {q * 10},"
