@@ -41,10 +41,12 @@ from daemon.core.ids import is_ulid
 from storage.effect_values import Command, ResultReceipt, Settlement
 from storage.find_rows import (
     RECEIPT_STATUSES,
+    SCAN_WINDOW,
     FoundAttempt,
     Page,
     attempt_exchange,
     attempts_find,
+    attempts_page,
     audit_find,
     commands_find,
     ingress_find,
@@ -123,12 +125,23 @@ LISTINGS = {
 }
 
 
+async def read_listing(listing: Listing, store: WorkStore, query: Any) -> Json:
+    """One page of ``listing``: its rows, the next page's token, and whether the page
+    stopped at the attempts' scan window (a filter on the command's operation or
+    binding: :data:`storage.find_rows.SCAN_WINDOW`) before it filled."""
+    if listing.key == "attempts":
+        found = await attempts_page(store, query)
+        return {"items": [listing.shape(r) for r in found.items],
+                "next_after": found.next_after, "window_ended": found.window_ended}
+    rows = [listing.shape(r) for r in await listing.read(store, query)]
+    page_of: Page = query.page
+    return {"items": rows, "next_after": next_after([listing.id_of(r) for r in rows], page_of),
+            "window_ended": False}
+
+
 async def listing_json(listing: Listing, pairs: list[tuple[str, str]]) -> Json:
     view = console().view
-    query = listing.parse(pairs, view.clock.now_us())
-    rows = [listing.shape(r) for r in await listing.read(view.store, query)]
-    page_of: Page = query.page
-    return {"items": rows, "next_after": next_after([listing.id_of(r) for r in rows], page_of)}
+    return await read_listing(listing, view.store, listing.parse(pairs, view.clock.now_us()))
 
 
 def _next_args(pairs: list[tuple[str, str]], token: str | None) -> str | None:
@@ -147,6 +160,7 @@ def _register(listing: Listing) -> None:
         doc = await listing_json(listing, pairs)
         return await page(f"find_{listing.key}.html", title=listing.title, items=doc["items"],
                           filters=dict(pairs), next_args=_next_args(pairs, doc["next_after"]),
+                          window_ended=doc["window_ended"], scan_window=SCAN_WINDOW,
                           sorts=SORTS, outcomes=OUTCOMES, receipt_statuses=RECEIPT_STATUSES,
                           settlements=[s.value for s in Settlement],
                           ingress_states=list(INGRESS_STATES))

@@ -36,7 +36,10 @@ _PAGE = [
 def _page_of(item: Json) -> Json:
     return {"type": "object", "required": ["items", "next_after"], "properties": {
         "items": {"type": "array", "items": item},
-        "next_after": {**_NULL_STR, "description": "the next page's after, or null"}}}
+        "next_after": {**_NULL_STR, "description": "the next page's after, or null"},
+        "window_ended": {"type": "boolean", "description": (
+            "the page stopped after examining the attempts' scan window (a filter on the"
+            " operation or binding) before it filled; next_after continues further")}}}
 
 
 def _list(summary: str, item: Json, params: list[Json]) -> Json:

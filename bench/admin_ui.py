@@ -1,6 +1,13 @@
 """Admin console benchmark: server time of every console page over 1,000,000 work items.
 
     python -m bench.admin_ui [--items 1000000] [--effects N] [--requests 20]
+    python -m bench.admin_ui --database NAME [--requests 20] [--only REGEX]
+
+With ``--database`` it measures every console page (the Find lists with each filter and
+the search box, every History range, the quota, ingress, binding, sync and cutover
+pages) on a database ``bench.seqload`` filled and kept (1M open and 20M terminal rows),
+and prints one JSON line: median and p95 server time per page, the load average.
+Otherwise:
 
 What it does:
 
@@ -53,6 +60,9 @@ from admin_ui.app import console_factory
 from admin_ui.effects import effect_extensions
 from admin_ui.extensions import combine
 from admin_ui.history import history_extensions
+from admin_ui.ingress import ingress_extensions
+from admin_ui.subscriptions import subscriptions_extensions
+from admin_ui.sync import sync_extensions
 from config.catalog import load_catalog
 from config.settings import (
     AdminSettings,
@@ -421,9 +431,60 @@ MORE_PATHS: dict[str, str | None] = {
     "effect_command": None,
 }
 
+# Every other page (issue 23): Find lists with each filter, the search box, the quota,
+# ingress, bindings, subscriptions, sync and cutover pages, an attempt's page. Filter
+# values name rows bench.seqload writes ("binding-3", "hubspot.deal.create", ...).
+FIND_PATHS: dict[str, str | None] = {
+    "find_attempts": "/admin/find/attempts",
+    "find_attempts_outcome": "/admin/find/attempts?outcome=REJECTED",
+    "find_attempts_none": "/admin/find/attempts?outcome=none",
+    "find_attempts_status": "/admin/find/attempts?status=503",
+    "find_attempts_operation": "/admin/find/attempts?operation=hubspot.deal.create",
+    "find_attempts_binding": "/admin/find/attempts?binding=binding-3",
+    "find_attempts_binding_outcome": "/admin/find/attempts?binding=binding-3&outcome=REJECTED",
+    "find_attempts_operation_rare": "/admin/find/attempts?operation=no.such.operation",
+    "find_attempts_week": "/admin/find/attempts?since=7d&outcome=REJECTED",
+    "find_attempts_oldest": "/admin/find/attempts?sort=oldest&status=422",
+    "api_find_attempts_binding": "/admin/api/find/attempts?binding=binding-5&limit=200",
+    "find_commands": "/admin/find/commands",
+    "find_commands_settlement": "/admin/find/commands?settlement=retired",
+    "find_commands_open": "/admin/find/commands?settlement=open",
+    "find_commands_operation": "/admin/find/commands?operation=outreach.prospect.update",
+    "find_commands_binding": "/admin/find/commands?binding=binding-2&generation=1",
+    "find_commands_revision": "/admin/find/commands?revision=7&settlement=no_effect",
+    "find_commands_local": "/admin/find/commands?object=lead&local_id=lead-000123459",
+    "find_receipts": "/admin/find/receipts",
+    "find_receipts_pending": "/admin/find/receipts?status=pending",
+    "find_receipts_refused": "/admin/find/receipts?status=refused",
+    "find_receipts_confirmed": "/admin/find/receipts?status=confirmed&sort=oldest",
+    "find_ingress": "/admin/find/ingress",
+    "find_ingress_state": "/admin/find/ingress?state=quarantined",
+    "find_ingress_route_binding":
+        "/admin/find/ingress?route=hubspot.deals&binding=binding-1",
+    "find_audit": "/admin/find/audit",
+    "find_audit_actor": "/admin/find/audit?actor=operator-3",
+    "find_audit_action_time": "/admin/find/audit?action=dlq.replay&since=30d",
+    "find_audit_target": "/admin/find/audit?target=lead-000000700",
+    "search_text": "/admin/find?q=lead-000012345",
+    "search_binding": "/admin/find?q=binding-4",
+    "search_remote": "/admin/api/search?q=hs-1000039",
+    "search_ulid": None,
+    "work_since": "/admin/work?since=1h",
+    "work_range": "/admin/work?since=30d&until=29d&state=dead",
+    "quota": "/admin/quota",
+    "api_quota": "/admin/api/quota",
+    "bindings": "/admin/bindings",
+    "ingress": "/admin/ingress",
+    "subscriptions": "/admin/subscriptions",
+    "sync": "/admin/sync",
+    "cutover": "/admin/cutover",
+    "effect_attempt": None,
+}
+
 
 async def console_figures(url: str, requests: int, *, extra: bool = True,
-                          retention: bool = False) -> dict[str, Any]:
+                          retention: bool = False, only: str | None = None
+                          ) -> dict[str, Any]:
     """Start a console replica on ``url`` (an already loaded database) and time every page
     (server time, p95 against :data:`TARGETS_MS`, 300 ms for the rest)."""
     store = await open_store(url, pool_size=4)
@@ -437,8 +498,10 @@ async def console_figures(url: str, requests: int, *, extra: bool = True,
             operators=(Operator(name="bench", role="admin", password_hash=hashed),),
             retention=RetentionSettings(enabled=retention),
         )
-        factory = (console_factory(combine(effect_extensions(load_catalog(settings)),
-                                           history_extensions())) if extra
+        catalog = load_catalog(settings)
+        factory = (console_factory(combine(
+            effect_extensions(catalog), sync_extensions(catalog), ingress_extensions(),
+            subscriptions_extensions(catalog), history_extensions())) if extra
                    else console_factory(history_extensions()))
         replica = Replica(settings, store, build_registry(settings, {}), WallClock(),
                           replica_id="bench-ui", admin_app=factory)
@@ -454,6 +517,7 @@ async def console_figures(url: str, requests: int, *, extra: bool = True,
             async with httpx.AsyncClient(base_url=base, timeout=60) as client:
                 await _sign_in(client)
                 paths = dict(PATHS, **(MORE_PATHS if extra else {}),
+                             **(FIND_PATHS if extra else {}),
                              **history_paths(_now_us() // 1_000_000))
                 first = (await client.get("/admin/api/work?state=dead&limit=1")).json()
                 dead_id = first["items"][0]["work_id"]
@@ -465,6 +529,14 @@ async def console_figures(url: str, requests: int, *, extra: bool = True,
                     if effect["items"]:
                         command = effect["items"][0].get("subject_id")
                         paths["effect_command"] = f"/admin/effects/commands/{command}"
+                    attempt = (await client.get(
+                        "/admin/api/find/attempts?outcome=REJECTED&limit=1")).json()
+                    if attempt["items"]:
+                        attempt_id = attempt["items"][0]["attempt_id"]
+                        paths["effect_attempt"] = f"/admin/effects/attempts/{attempt_id}"
+                        paths["search_ulid"] = f"/admin/find?q={attempt_id}"
+                if only is not None:
+                    paths = {n: p for n, p in paths.items() if re.search(only, n)}
                 results = {name: await measure(client, path, requests)
                            for name, path in paths.items() if path}
             replica.request_drain()
@@ -527,6 +599,29 @@ async def run(items: int, effects: int, requests: int, history_days: int = 0,
     }
 
 
+async def run_existing(database: str, requests: int, only: str | None) -> dict[str, Any]:
+    """Every console page on an already loaded database (``bench.seqload``), kept as is:
+    server time median and p95 per page, and the machine's load average around the run."""
+    base = MysqlTarget.from_url(MYSQL_URL)
+    url = f"mysql://{base.user}@{base.host}:{base.port}/{database}"
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    figures = await console_figures(url, requests, extra=True, only=only)
+    results = figures["results"]
+    return {
+        "bench": "admin_ui.big", "database": database,
+        "requests_per_target": requests, "seconds": round(time.perf_counter() - started),
+        "load_1m_before_after": [round(load_before[0], 1), round(os.getloadavg()[0], 1)],
+        "server_ms": {name: [r["server_ms"]["median"], r["server_ms"]["p95"]]
+                      for name, r in results.items() if "server_ms" in r},
+        "errors": {name: r["errors"] for name, r in results.items() if r["errors"]},
+        "over_300ms_p95": sorted(name for name, r in results.items()
+                                 if "server_ms" in r and r["server_ms"]["p95"] >= 300.0),
+        "sampler_ms": figures["sampler_ms"], "ok": figures["ok"],
+        "slowest": figures["slowest"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--items", type=int, default=1_000_000, help="work items to load")
@@ -538,7 +633,16 @@ def main() -> None:
                              " --history-per-day executions a day make it (bulk, MariaDB)")
     parser.add_argument("--history-per-day", type=int, default=55_000,
                         help="executions a day (20M terminal rows a year: 55,000)")
+    parser.add_argument("--database", default=None,
+                        help="measure every page on this already loaded database (bench.seqload"
+                             " --keep) instead of loading a fresh one; it is kept")
+    parser.add_argument("--only", default=None,
+                        help="with --database: only the targets whose name matches this regex")
     args = parser.parse_args()
+    if args.database:
+        print(json.dumps(trio.run(run_existing, args.database, args.requests, args.only)),
+              flush=True)
+        return
     effects = args.effects if args.effects is not None else args.items // 20
     result = trio.run(run, args.items, effects, args.requests, args.history_days,
                       args.history_per_day)

@@ -17,12 +17,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from admin_ui.errors import BadFilter, NotFound
-from admin_ui.find import LISTINGS, attempt_detail
+from admin_ui.find import LISTINGS, attempt_detail, read_listing
 from admin_ui.find_filters import parse_search
 from config.settings import Settings
 from daemon.core.human_time import wall_text
 from daemon.services.clock import WallClock
-from storage.find_rows import next_after, search
+from storage.find_rows import SCAN_WINDOW, search
 from storage.migrate import check_schema
 from storage.work_store import WorkStore
 
@@ -95,13 +95,15 @@ async def _list(store: WorkStore, key: str, pairs: list[tuple[str, str]], as_jso
                 line: Callable[[dict[str, Any]], str]) -> int:
     listing = LISTINGS[key]
     query = listing.parse(pairs, WallClock().now_us())
-    rows = [listing.shape(r) for r in await listing.read(store, query)]
-    token = next_after([listing.id_of(r) for r in rows], query.page)
+    doc = await read_listing(listing, store, query)
+    rows, token = doc["items"], doc["next_after"]
     if as_json:
-        _print_json({"items": rows, "next_after": token})
+        _print_json(doc)
         return EXIT_OK
-    if not rows:
+    if not rows and token is None:
         sys.stdout.write(f"no {listing.title.lower()} match\n")
+    if doc["window_ended"]:
+        sys.stderr.write(f"looked at {SCAN_WINDOW:,} attempts without filling the page\n")
     for row in rows:
         sys.stdout.write(line(row) + "\n")
     if token is not None:

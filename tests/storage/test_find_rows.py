@@ -3,7 +3,11 @@ search, on every backend (storage/find_rows.py)."""
 
 from __future__ import annotations
 
+import attrs
+import pytest
+
 from daemon.core.ids import encode_ulid
+from storage import find_rows
 from storage.effects import mark_receipt
 from storage.find_rows import (
     AttemptFilter,
@@ -14,6 +18,7 @@ from storage.find_rows import (
     ReceiptFilter,
     attempt_exchange,
     attempts_find,
+    attempts_page,
     audit_find,
     commands_find,
     ingress_find,
@@ -157,3 +162,45 @@ async def test_ingress_receipts_beyond_the_newest(store: WorkStore) -> None:
     assert len(await ingress_find(store, IngressFilter(route="r", binding_id="b"))) == 3
     assert [r.receipt_id for r in await ingress_find(store, IngressFilter(
         page=Page(since_us=T0 + SEC)))] == ids[:0:-1]
+
+
+async def test_attempts_by_operation_or_binding_read_a_window_at_a_time(
+        store: WorkStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filter on the command's operation or binding examines at most SCAN_WINDOW attempts
+    per page (issue 23: no scan of every attempt for a rare operation): a page the window
+    ends before it fills says so and names where the next one starts; paging on reaches
+    every match, newest or oldest first, and ends with no token."""
+    seeded = await seed_calls(store, T0)
+    newest = [s.attempt_id for s in reversed(seeded)]
+    (one,) = await attempts_find(store, AttemptFilter(outcome="OUTCOME_UNKNOWN"))
+    monkeypatch.setattr(find_rows, "SCAN_WINDOW", 2)
+
+    async def walk(f: AttemptFilter) -> tuple[list[str], list[bool]]:
+        ids: list[str] = []
+        ended: list[bool] = []
+        after = None
+        for _ in range(10):
+            got = await attempts_page(store, attrs.evolve(f, page=attrs.evolve(
+                f.page, after=after)))
+            ids += [a.attempt.attempt_id for a in got.items]
+            ended.append(got.window_ended)
+            if got.next_after is None:
+                return ids, ended
+            after = got.next_after
+        raise AssertionError("paging did not end")
+
+    everything = AttemptFilter(binding_id="hubspot-main", page=Page(limit=10))
+    assert await walk(everything) == (newest, [True, True, True, False])
+    oldest = attrs.evolve(everything, page=Page(limit=10, oldest_first=True))
+    assert (await walk(oldest))[0] == newest[::-1]
+    assert await walk(AttemptFilter(operation="no.such.operation")) == (
+        [], [True, True, True, False])
+    # A page that fills ends as always, at its last row (the window is not consulted).
+    full = await attempts_page(store, AttemptFilter(operation=one.operation,
+                                                    page=Page(limit=2)))
+    assert ([a.attempt.attempt_id for a in full.items], full.next_after,
+            full.window_ended) == (newest[:2], newest[1], False)
+    # Filters on the attempt itself stay index-led, with no window.
+    monkeypatch.setattr(find_rows, "SCAN_WINDOW", 1)
+    rejected = await attempts_page(store, AttemptFilter(status=429, page=Page(limit=10)))
+    assert (len(rejected.items), rejected.next_after, rejected.window_ended) == (3, None, False)

@@ -304,3 +304,23 @@ async def _run_racers(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             assert await proc.wait() == 0
             results.append(json.loads(data))
     return results
+
+
+async def test_quota_waiters_are_the_oldest_held_items_read_by_index(store: WorkStore) -> None:
+    """The Quota page's "what is waiting on each key" reads the oldest held items by work
+    id, an index order, not the ones due soonest: ordering by run_after sorted every held
+    item to show a page of them (50,000 at 1M open items, issue 23)."""
+    from daemon.core.outcomes import Deferred
+    from daemon.services.effect_quota import waiting_summary
+    from tests.support.work import claim, enqueue, finalize
+
+    ids = []
+    for k in range(3):  # created a second apart
+        ids += await enqueue(store, 1, now=T0 + k * S)
+    items = {i.work_id: i for i in (await claim(store, now=T0 + 5 * S, limit=3)).claimed}
+    for k, work_id in enumerate(ids):  # the newest item is due soonest
+        await finalize(store, items[work_id], Deferred(
+            "quota_wait", T0 + (100 - k) * S, waiting_summary("p:key", 1.0)), now=T0 + 5 * S)
+    waiters = await store.quota_waiters(2)
+    assert [w.work_id for w in waiters] == ids[:2]
+    assert all(len(w.journal) == 1 for w in waiters)
