@@ -182,7 +182,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     runtime_client = BoundedHttp.open(16)
 
     async def prove_fences(fences: Sequence[Fence]) -> list[StorageError | None]:
-        return await store.work_fences_live(fences, clock.now_us())
+        return await store.work_fences_live(fences, clock.now_us)
 
     # Receipt deliveries prove their claims live in shared transactions.
     fences: Batcher[Fence, None] = Batcher(prove_fences)

@@ -224,7 +224,7 @@ class SubscriptionCalls:
     async def dispose_absent(ctx: WorkContext, attempt_ids: Iterable[str], note: str) -> None:
         """Committed now (fenced): the next checkpoint needs no attempt left unresolved."""
         await ctx.store.effect_dispose(ctx.fence, list(attempt_ids),
-                                       Disposition.PROVEN_ABSENT, note, ctx.clock.now_us())
+                                       Disposition.PROVEN_ABSENT, note, ctx.clock.now_us)
 
     @staticmethod
     def dispose_applied(ctx: WorkContext, attempt_ids: Iterable[str], note: str) -> None:
@@ -287,7 +287,7 @@ class SubscriptionCalls:
             if reserved:  # nothing was sent on them: the slots come back
                 at = ctx.clock.now_us()
                 await quota.move_reservations(ctx.store, ctx.fence, reserved,
-                                              ReservationState.RELEASED, at)
+                                              ReservationState.RELEASED, ctx.clock.now_us)
                 await quota.give_back_unsent(ctx.store, reserved,
                                              DispatchObservation(Phase.NOT_CONNECTED), at)
             return attempt
