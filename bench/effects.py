@@ -62,6 +62,7 @@ from daemon.core.handoff import TrustedRuntimeWorkScope
 from daemon.core.identity import integration_scope_digest
 from daemon.services.catalog_view import publish_current
 from daemon.services.families import known_family_names
+from daemon.services.http_server import DEFAULT_KEEP_ALIVE_S
 from sandbox.hubspot_sim import HubSpotSimulator
 from sandbox.ports import free_port
 from sandbox.runtime import ReferenceRuntime
@@ -82,10 +83,13 @@ def cpu_seconds(pid: int) -> float:
 
 
 def mariadb_pid() -> int | None:
+    """The MariaDB server the benchmark uses: not a test suite's Galera node (a server
+    started with ``--wsrep-on``), which may stop during the run."""
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if (entry / "comm").read_text().strip() == "mariadbd":
+                if (entry / "comm").read_text().strip() == "mariadbd" \
+                        and b"--wsrep-on" not in (entry / "cmdline").read_bytes():
                     return int(entry.name)
             except OSError:
                 continue
@@ -139,6 +143,8 @@ def write_config(workdir: Path, url: str, i: int, replicas: int, api_ports: list
             f'runtime_capability_id = "{sc.runtime_capability_id}"\n'
             f'runtime_work_binding_digest = "{sc.runtime_work_binding_digest}"\n'
             f'results_url = "http://127.0.0.1:{runtime_ports[r]}/runtime/v1/results"\n'
+            # The reference Runtime's server (serve_app) keeps idle connections this long.
+            f'keep_alive = {DEFAULT_KEEP_ALIVE_S}\n'
         )
         lines.append(
             f'[[bindings]]\nbinding_id = "hubspot-{r}"\nprovider = "hubspot"\n'
