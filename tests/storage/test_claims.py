@@ -172,7 +172,7 @@ async def test_stale_claimant_can_change_nothing(store: WorkStore) -> None:
         result = await finalize(store, stale, outcome, now=later)
         assert not result.applied
     with pytest.raises(LostLease):
-        await store.work_fenced(stale.fence, later, _write_marker, name="t")  # type: ignore[arg-type]
+        await store.work_fenced(stale.fence, lambda: later, _write_marker, name="t")  # type: ignore[arg-type]
 
     row = await store.work_get(stale.work_id)
     assert row is not None
@@ -195,7 +195,7 @@ async def test_expired_but_unreclaimed_lease_is_already_lost(store: WorkStore) -
     renew = await store.work_renew_if_owner([item.fence], TTL, lambda: after)  # type: ignore[list-item]
     assert renew.lost == [item.fence]
     with pytest.raises(LostLease):
-        await store.work_fenced(item.fence, after, _write_marker, name="t")  # type: ignore[arg-type]
+        await store.work_fenced(item.fence, lambda: after, _write_marker, name="t")  # type: ignore[arg-type]
 
 
 async def test_one_renewal_renews_groups_for_their_own_ttls(store: WorkStore) -> None:
