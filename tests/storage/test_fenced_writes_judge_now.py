@@ -16,18 +16,24 @@ from contextlib import contextmanager
 from typing import Any
 
 import attrs
+import pytest
 
 from daemon.core.lost_slots import SendGate
 from daemon.core.outcomes import Succeeded
 from daemon.core.quota import QuotaPolicy, ReservationState
+from daemon.core.retention import DAY_US, Cutoffs
 from daemon.core.states import WorkState
 from daemon.core.work import Fence, WorkItem
 from storage.effect_values import Disposition
 from storage.port import LostLease, SqlTx
 from storage.quota import SlotRelease, SlotReserved
+from storage.retention.prune import BatchParams, LeaseGranted, LeaseParams, RetentionLeaseLost
+from storage.retention.rules import RULES
 from storage.work_store import WorkStore
 from tests.support.commands import accept_pinned, attempt, draft
-from tests.support.work import SEC, T0, claim, finalization
+from tests.support.retention import PAST_WORK, count
+from tests.support.work import SEC, T0, claim, enqueue, finalization
+from tests.support.work import finalize as finalize_item
 
 LEASE = 10 * SEC
 # What the caller's clock read before the wait, and the time when its transaction runs.
@@ -259,3 +265,34 @@ async def test_a_renewal_runs_its_ttl_from_when_its_transaction_runs(
     assert got.renewed == {c.item.work_id: T0 + 18 * SEC}
     row = await store.work_get(c.item.work_id)
     assert row is not None and row.lease_until_us == T0 + 18 * SEC
+
+
+async def test_a_retention_batch_judges_its_lease_when_its_transaction_runs(
+        store: WorkStore) -> None:
+    """The retention pruner's batch is fenced by its own lease (not a WorkItem's): a
+    pruner that read its clock within that lease and waited past it before the batch's
+    transaction began deletes nothing (another pruner may hold the lease by then)."""
+    await enqueue(store, 3, now=T0)
+    for item in (await claim(store, now=T0)).claimed:
+        assert (await finalize_item(store, item, Succeeded(), now=T0)).applied
+    lease = LeaseParams(holder="a", token="ta", ttl_us=60 * SEC, sweep_interval_us=DAY_US)
+    assert isinstance(await store.retention_lease_acquire(lease, PAST_WORK), LeaseGranted)
+    (rule,) = [r for r in RULES if r.name == "work_items"]
+    batch = BatchParams(rule=rule, partition="succeeded", cursor=None, token="ta",
+                        cutoffs=Cutoffs(work_us=PAST_WORK - 30 * DAY_US,
+                                        facts_us=PAST_WORK - 400 * DAY_US),
+                        batch_rows=10, batch_bytes=8_000_000, ttl_us=60 * SEC)
+    clock = [PAST_WORK + SEC]  # what the pruner's clock read before the wait
+    inner = store.db.transact
+
+    async def transact_after_a_wait(body: Any, *, name: str, write: bool = True) -> Any:
+        clock[0] = PAST_WORK + 61 * SEC  # the wait: past the 60 s retention lease
+        return await inner(body, name=name, write=write)
+
+    store.db.transact = transact_after_a_wait  # type: ignore[method-assign]
+    try:
+        with pytest.raises(RetentionLeaseLost):
+            await store.retention_prune_batch(batch, lambda: clock[0])
+    finally:
+        store.db.transact = inner  # type: ignore[method-assign]
+    assert await count(store, "work_items") == 3
