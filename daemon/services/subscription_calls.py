@@ -272,8 +272,12 @@ class SubscriptionCalls:
                 refusal = await guard(tx)
                 if refusal is not None:
                     return refusal
-            attempt_id = new_ulid(now)
-            if await insert_attempt_pinned(tx, attempt_id, ctx.fence, draft, now,
+            # The attempt's start and give-up deadline at the time the fenced transaction
+            # runs (as the fence is judged), not at the reading before a wait for it: an
+            # earlier deadline would end the in-flight window too soon.
+            started = ctx.clock.now_us()
+            attempt_id = new_ulid(started)
+            if await insert_attempt_pinned(tx, attempt_id, ctx.fence, draft, started,
                                            binding_id=binding.binding_id,
                                            binding_generation=generation):
                 return attempt_id
