@@ -62,6 +62,7 @@ from daemon.core.handoff import TrustedRuntimeWorkScope
 from daemon.core.identity import integration_scope_digest
 from daemon.services.catalog_view import publish_current
 from daemon.services.families import known_family_names
+from daemon.services.http_server import DEFAULT_KEEP_ALIVE_S
 from sandbox.hubspot_sim import HubSpotSimulator
 from sandbox.ports import free_port
 from sandbox.runtime import ReferenceRuntime
@@ -85,14 +86,15 @@ def cpu_seconds(pid: int) -> float:
 
 
 def mariadb_pid() -> int | None:
-    """The MariaDB server the benchmark uses: the oldest ``mariadbd`` (the machine's own
-    server; the Galera nodes tests start beside it come and go, and one of them was
-    taken for it, its CPU reported as MariaDB's or the run failing when it exited)."""
+    """The MariaDB server the benchmark uses: the oldest ``mariadbd`` that is not a test
+    suite's Galera node (a server started with ``--wsrep-on``; those come and go, and one of
+    them was taken for it, its CPU reported as MariaDB's or the run failing when it exited)."""
     found: list[tuple[int, int]] = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if (entry / "comm").read_text().strip() == "mariadbd":
+                if (entry / "comm").read_text().strip() == "mariadbd" \
+                        and b"--wsrep-on" not in (entry / "cmdline").read_bytes():
                     started = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[19])
                     found.append((started, int(entry.name)))
             except (OSError, ValueError, IndexError):
@@ -147,6 +149,8 @@ def write_config(workdir: Path, url: str, i: int, replicas: int, api_ports: list
             f'runtime_capability_id = "{sc.runtime_capability_id}"\n'
             f'runtime_work_binding_digest = "{sc.runtime_work_binding_digest}"\n'
             f'results_url = "http://127.0.0.1:{runtime_ports[r]}/runtime/v1/results"\n'
+            # The reference Runtime's server (serve_app) keeps idle connections this long.
+            f'keep_alive = {DEFAULT_KEEP_ALIVE_S}\n'
         )
         lines.append(
             f'[[bindings]]\nbinding_id = "hubspot-{r}"\nprovider = "hubspot"\n'

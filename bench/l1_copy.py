@@ -27,12 +27,21 @@ def without_quota(text: str) -> str:
     return "".join(kept)
 
 
+# The sandbox's simulators (sandbox/h11_server.py) never close an idle connection: the
+# copy declares a long keep-alive for them, so the replicas keep theirs 60 s (half).
+SIMULATOR_KEEP_ALIVE_S = 120.0
+
+
 def l1_copy(directory: Path, *, quota: dict[str, str] | None = None) -> Path:
     """Copy ``config/providers`` into ``directory`` without quota; ``quota`` maps a
-    provider file's stem to the TOML tables to declare in it instead."""
+    provider file's stem to the TOML tables to declare in it instead. Each copy declares
+    the simulator's keep-alive (``SIMULATOR_KEEP_ALIVE_S``) unless the file has one."""
     directory.mkdir(parents=True, exist_ok=True)
     for entry in sorted((REPO / "config" / "providers").glob("*.toml")):
         text = without_quota(entry.read_text())
+        if "keep_alive" not in tomllib.loads(text):
+            text = re.sub(r"^(provider = .*\n)", rf"\1keep_alive = {SIMULATOR_KEEP_ALIVE_S}\n",
+                          text, count=1, flags=re.M)
         extra = (quota or {}).get(entry.stem, "")
         if extra:
             text = text.rstrip("\n") + "\n\n" + extra

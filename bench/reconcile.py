@@ -111,7 +111,7 @@ async def bench(url: str, backend: str, records: int, page_size: int) -> list[di
             final = decide(outcome, fence=item.fence, attempt=item.attempt,
                            max_attempts=item.max_attempts, policy=policy, jitter_sample=0.5,
                            now_us=clock.now, family=item.family)
-            await store.work_finalize_if_owner([final], "bench", clock.now)
+            await store.work_finalize_if_owner([final], "bench", lambda: clock.now)
             out.append({"system": "integrationd", "backend": backend,
                         "run": "first" if number == 0 else "relist", "records": records,
                         "listed": sum(offered), "pages": len(sim.requests) - before,

@@ -14,6 +14,9 @@ A document declares (see ``config/providers/*.toml`` for two real ones)::
 
     provider = "<name>"                       # must match the file name
     endpoint_classes = ["crm_objects", "search"]  # optional: groups of endpoints it limits
+    keep_alive = 60.0                         # optional: seconds its servers keep an idle
+                                              # connection open (our pool lets go at half;
+                                              # undeclared: 4 s, below common servers' 5 s)
     [quota.<name>]                            # a provider limit (optional, many)
     limit = 100, window = 10.0, scope = "app_installation" | "binding" | "org"
     kind = "sliding" | "fixed", burst = 20 (sliding), offset = 0.0 (fixed, seconds),
@@ -185,6 +188,10 @@ class OperationDefinition:
     # class the provider's L1 declares (what an L2 override may name).
     endpoint_class: str = ""
     provider_classes: frozenset[str] = frozenset()
+    # Seconds the provider's servers keep an idle kept-alive connection open (the
+    # provider's top-level ``keep_alive``; None: not declared). Our pooled connections to
+    # it expire well before (daemon/providers/executor.py, keepalive_below).
+    keep_alive_s: float | None = None
 
     @property
     def method(self) -> str:
@@ -458,6 +465,15 @@ def _unknown_class(name: object, classes: frozenset[str]) -> str:
             f" {', '.join(sorted(classes)) or 'none'})")
 
 
+def _keep_alive(provider: str, raw: Any) -> float:
+    """The top-level ``keep_alive``: seconds the provider keeps an idle connection open."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 1 <= raw <= 3600:
+        raise CatalogError(f"providers.{provider}.keep_alive",
+                           "expected seconds from 1 to 3600 (how long the provider keeps an"
+                           " idle connection open)")
+    return float(raw)
+
+
 def _endpoint_classes(provider: str, raw: Any) -> frozenset[str]:
     """The top-level ``endpoint_classes``: the groups of endpoints the provider limits."""
     key = f"providers.{provider}.endpoint_classes"
@@ -524,17 +540,18 @@ def parse_provider(doc: Mapping[str, Any], source: str = "") -> dict[str, Operat
     if source and source != f"{provider}.toml":
         raise CatalogError(f"providers/{source}", "provider must match the file name")
     unknown = sorted(set(doc) - {"provider", "auth", "operations", "resources", "quota",
-                                 "webhooks", "endpoint_classes"})
+                                 "webhooks", "endpoint_classes", "keep_alive"})
     if unknown:
         raise CatalogError(f"providers.{provider}.{unknown[0]}", "unknown key")
     schemes = _auth_schemes(provider, doc.get("auth", {}))
     classes = (_endpoint_classes(provider, doc["endpoint_classes"])
                if "endpoint_classes" in doc else frozenset())
     quotas = _quotas(provider, doc.get("quota", {}), classes)
+    keep_alive = (_keep_alive(provider, doc["keep_alive"]) if "keep_alive" in doc else None)
     operations = _table(f"providers.{provider}.operations", doc.get("operations", {}))
     parse_resources(doc)  # a bad resource is an error of this document too
     return {name: attrs.evolve(_operation(provider, name, table, schemes, classes),
-                               quotas=quotas)
+                               quotas=quotas, keep_alive_s=keep_alive)
             for name, table in operations.items()}
 
 

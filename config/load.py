@@ -304,6 +304,7 @@ def parse_settings(
     if admin.auth not in ("password", "proxy"):
         raise ConfigError("admin.auth", "expected password or proxy")
     _positive("admin.session_ttl", admin.session_ttl)
+    _keep_alive("admin.keep_alive", admin.keep_alive)
     admin = attrs.evolve(
         admin,
         session_secret=load_secret(
@@ -379,6 +380,7 @@ def parse_settings(
     _parse_listen("api.listen", api.listen)
     _positive("api.max_body_bytes", api.max_body_bytes)
     _positive("api.max_batch_commands", api.max_batch_commands)
+    _keep_alive("api.keep_alive", api.keep_alive)
     catalog = _build("catalog", CatalogSettings, raw.get("catalog", {}))
     _positive("catalog.revision", catalog.revision)
     keys = _build("keys", KeysSettings, raw.get("keys", {}))
@@ -462,6 +464,8 @@ def _runtimes(value: Any, environ: Mapping[str, str]) -> tuple[RuntimeClient, ..
                 raise ConfigError(f"{key}.{field}", "must not be empty")
         if any(r.name == rc.name for r in out):
             raise ConfigError(f"{key}.name", f"duplicate runtime {rc.name!r}")
+        if rc.keep_alive:
+            _keep_alive(f"{key}.keep_alive", rc.keep_alive)
         env = _env_name(rc.name)
         rc = attrs.evolve(
             rc,
@@ -614,6 +618,19 @@ def _s2s_auth(key: str, b: BindingSettings) -> None:
     if not isinstance(private, rsa.RSAPrivateKey):
         raise ConfigError(f"{key}.s2s_private_key_file", "is not an RSA private key (the app"
                           " JWT is RS256)")
+
+
+# A listener's keep-alive is also the time a client may take to send a request's head
+# (hypercorn's one timer): long enough for our clients to let go first (they keep an idle
+# connection half of it), short enough to bound a slow-loris.
+KEEP_ALIVE_BOUNDS_S = (1.0, 120.0)
+
+
+def _keep_alive(key: str, value: float) -> None:
+    low, high = KEEP_ALIVE_BOUNDS_S
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not low <= value <= high:
+        raise ConfigError(key, f"expected seconds from {low:g} to {high:g}")
 
 
 _ROUTE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")

@@ -53,6 +53,8 @@ class ReplicaSettings:
 @attrs.frozen(kw_only=True)
 class AdminSettings:
     listen: str = "127.0.0.1:8780"
+    # As api.keep_alive (the console's browsers and the CLI).
+    keep_alive: float = 20.0
     # "password": operators sign in with name + password (argon2 hashes below);
     # "proxy": a trusted reverse proxy authenticates and sends the operator
     # name in ``proxy_user_header`` (roles still come from [[operators]]).
@@ -125,6 +127,10 @@ class ApiSettings:
     """The service API (``/v1/``) the CRM Runtime calls."""
 
     listen: str = "127.0.0.1:8781"
+    # Seconds an idle kept-alive connection stays open, and the most a client may take to
+    # send a request's head (hypercorn uses one timer for both: the slow-loris bound).
+    # Longer than our clients keep theirs (a Runtime's should expire before this).
+    keep_alive: float = 20.0
     # A whole request, batches included: 64 commands of a typical size fit.
     max_body_bytes: int = 256 * 1024
     max_batch_commands: int = 100
@@ -145,7 +151,10 @@ class RuntimeClient:
     runtime_work_binding_digest: str
     # Where terminal result receipts are committed (CommitResultRequest).
     results_url: str = ""
-    # The token the Runtime presents to us, and the one we present to it.
+    # Seconds the Runtime's results server keeps an idle connection open (0: unknown).
+    # Our pooled connections to it expire at half of it, or at 4 s when unknown, so a
+    # receipt is never sent on a connection the Runtime is closing (and then resent).
+    keep_alive: float = 0.0
     token: Secret | None = None
     results_token: Secret | None = None
 

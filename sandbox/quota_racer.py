@@ -68,7 +68,7 @@ class FencedLedger:
     async def quota_grant(self, key: str, policy: QuotaPolicy, *, now_us: int, count: int,
                           max_wait_us: int) -> Granted | Wait:
         got = await self.store.quota_reserve(key, policy, fence=self.fence,
-                                             gate=SendGate.CHECKPOINT, now_us=now_us,
+                                             gate=SendGate.CHECKPOINT, now=lambda: now_us,
                                              max_wait_us=max_wait_us)
         if isinstance(got, SlotReserved):
             return Granted((got.slot_us,), QuotaState(), (got.position_us,))

@@ -77,14 +77,15 @@ def send_before_checkpoint() -> Undo:
         preminted = _PREMINTED.get()
         return preminted.pop(0) if preminted else mint(now_us)
 
-    async def checkpoint_many(self: Any, requests: Sequence[Any], now_us: int) -> list[Any]:
-        ids = [mint(now_us) for _ in requests]
+    async def checkpoint_many(self: Any, requests: Sequence[Any],
+                              now: Callable[[], int]) -> list[Any]:
+        ids = [mint(now()) for _ in requests]
 
         async def commit_later() -> None:
             _PREMINTED.set(list(ids))
             await trio.sleep(0.05)
             with contextlib.suppress(Exception):  # the mutant's point: nobody waits
-                await original(self, requests, now_us)
+                await original(self, requests, now)
 
         trio.lowlevel.spawn_system_task(commit_later)
         await trio.lowlevel.checkpoint()

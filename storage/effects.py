@@ -32,7 +32,7 @@ of the item (``WorkContext.on_finalize``) or ``WorkStore.work_fenced``:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -334,15 +334,16 @@ class EffectJournal:
 
         return await self.db.transact(body, name="effect.attempts", write=False)
 
-    async def effect_checkpoint(self, fence: Fence, draft: AttemptDraft, now_us: int) -> str:
+    async def effect_checkpoint(self, fence: Fence, draft: AttemptDraft,
+                                now: Callable[[], int]) -> str:
         """Write the dispatch-start checkpoint (fenced). Commit it before dispatching."""
-        (answer,) = await self.effect_checkpoint_many([(fence, draft)], now_us)
+        (answer,) = await self.effect_checkpoint_many([(fence, draft)], now)
         if isinstance(answer, StorageError):
             raise answer
         return answer
 
     async def effect_checkpoint_many(
-        self, requests: Sequence[tuple[Fence, AttemptDraft]], now_us: int
+        self, requests: Sequence[tuple[Fence, AttemptDraft]], now: Callable[[], int]
     ) -> list[str | StorageError]:
         """Many handlers' checkpoints in one transaction (group commit).
 
@@ -351,12 +352,18 @@ class EffectJournal:
         (``LostLease``, ``WorkConflict``); only those checkpoints are left out.
         Errors of the transaction itself (database unreachable, unknown
         COMMIT) are raised and concern every request.
+
+        ``now`` is read inside the transaction, when its statements run: the fences
+        are judged then, not at a time read before a wait for a connection (or the
+        batcher's window, or a freeze), which would let a claimant whose lease ended
+        meanwhile write its checkpoint and send.
         """
         if not requests:
             return []
-        ids = [new_ulid(now_us) for _ in requests]
 
         async def body(tx: SqlTx) -> list[str | StorageError]:
+            now_us = now()
+            ids = [new_ulid(now_us) for _ in requests]
             answers: list[str | StorageError] = list(ids)
             live = await fence_lock_many(tx, [fence for fence, _ in requests], now_us)
             wanted = [d.command_id for fence, d in requests if fence.work_id in live]
@@ -382,16 +389,16 @@ class EffectJournal:
 
         return await self.db.transact(body, name="effect.checkpoint_many")
 
-    async def work_fences_live(self, fences: Sequence[Fence], now_us: int
+    async def work_fences_live(self, fences: Sequence[Fence], now: Callable[[], int]
                                ) -> list[StorageError | None]:
         """Prove many claims live in one transaction (a fenced step with nothing else
         to write, such as a receipt delivery): ``None`` for a live fence,
-        ``LostLease`` for the others."""
+        ``LostLease`` for the others. ``now`` is read inside the transaction."""
         if not fences:
             return []
 
         async def body(tx: SqlTx) -> list[StorageError | None]:
-            live = await fence_lock_many(tx, list(fences), now_us)
+            live = await fence_lock_many(tx, list(fences), now())
             return [None if f.work_id in live else LostLease(f) for f in fences]
 
         return await self.db.transact(body, name="work.fences_live")
@@ -402,11 +409,13 @@ class EffectJournal:
         attempt_ids: list[str],
         disposition: Disposition,
         note: str,
-        now_us: int,
+        now: Callable[[], int],
     ) -> None:
-        """Reconciliation's verdict on unresolved attempts (fenced)."""
+        """Reconciliation's verdict on unresolved attempts (fenced; ``now`` is read
+        inside the transaction, so the fence is judged when its statements run)."""
 
         async def body(tx: SqlTx) -> None:
+            now_us = now()
             await fence_lock(tx, fence, now_us)
             await dispose(tx, attempt_ids, disposition, note, "reconciler", now_us)
 

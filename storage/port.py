@@ -419,20 +419,24 @@ class WorkStorePort(Protocol):
 
     async def work_claim(self, params: ClaimParams, now_us: int) -> ClaimResult: ...
 
+    # A fenced write takes the clock (``now``), not a reading: it is read inside the
+    # transaction, so the fence is judged when the statements run, not at a time read
+    # before a wait for a connection or a freeze.
     async def work_renew_if_owner(
-        self, fences: Sequence[Fence], lease_ttl_us: int, now_us: int
+        self, fences: Sequence[Fence], lease_ttl_us: int, now: Callable[[], int]
     ) -> RenewResult: ...
 
     async def work_renew_groups(
-        self, groups: Sequence[RenewGroup], now_us: int
+        self, groups: Sequence[RenewGroup], now: Callable[[], int]
     ) -> RenewResult: ...
 
     async def work_finalize_if_owner(
-        self, finalizations: Sequence[Finalization], replica: str, now_us: int
+        self, finalizations: Sequence[Finalization], replica: str, now: Callable[[], int]
     ) -> list[FinalizeResult]: ...
 
     async def work_fenced(
-        self, fence: Fence, now_us: int, body: Callable[[SqlTx], Awaitable[T]], *, name: str
+        self, fence: Fence, now: Callable[[], int], body: Callable[[SqlTx], Awaitable[T]], *,
+        name: str
     ) -> T: ...
 
     async def work_get(self, work_id: str) -> WorkItem | None: ...

@@ -338,8 +338,8 @@ class QuotaLedger:
         return await self._granting(key, body, name="quota.grant")
 
     async def quota_reserve(self, key: str, policy: QuotaPolicy, *, fence: Fence,
-                            gate: SendGate, now_us: int, max_wait_us: int = 0,
-                            claim_now_us: int | None = None) -> SlotReserved | Wait:
+                            gate: SendGate, now: Callable[[], int], max_wait_us: int = 0,
+                            from_us: int | None = None) -> SlotReserved | Wait:
         """One slot of ``key`` for the claim ``fence``, or when to come back: in one
         transaction, the live WorkItem fence (``LostLease``, rolled back: a stale
         claimant moves no shared budget, seed 5.1), the grant
@@ -347,14 +347,18 @@ class QuotaLedger:
         claim, with its position and its :class:`~daemon.core.lost_slots.SendGate`. A
         slot is thus never granted without a reservation naming its claim: a claim lost
         later leaves it ``reserved``, for the quota sweep (:meth:`quota_return_lost`).
-        ``now_us`` is the time the slot is asked from (a later key of several is asked
-        from the latest slot so far); ``claim_now_us`` the clock's reading, which the
-        fence and the reservation's record use (default ``now_us``)."""
-        at = now_us if claim_now_us is None else claim_now_us
+        ``now`` is the clock, read inside the transaction: the fence is judged, and the
+        reservation recorded, at the time its statements run (a time read before a
+        wait for a connection, or a freeze, would let a claimant whose lease ended
+        meanwhile take a slot). ``from_us`` is the time the slot is asked from (a later
+        key of several is asked from the latest slot so far, a claim asks a lead ahead);
+        never earlier than that reading."""
 
         async def body(tx: SqlTx) -> SlotReserved | Wait | None:
+            at = now()
             await fence_lock(tx, fence, at)  # first: it takes the item's row lock
-            got = await _grant_in(tx, key, policy, now_us=now_us, count=1,
+            asked = at if from_us is None else max(from_us, at)
+            got = await _grant_in(tx, key, policy, now_us=asked, count=1,
                                   max_wait_us=max_wait_us)
             if not isinstance(got, Granted):
                 return got
@@ -369,13 +373,15 @@ class QuotaLedger:
         return await self._granting(key, body, name="quota.reserve")
 
     async def quota_release(self, fence: Fence, slots: Sequence[SlotRelease], *,
-                            now_us: int) -> None:
+                            now: Callable[[], int]) -> None:
         """Give back slots the live claim ``fence`` reserved and will not use (nothing
         was sent on them): each reservation ``reserved -> released`` and its position
         returned, in one fenced transaction. ``LostLease``: nothing written; the quota
-        sweep returns them once their window has passed."""
+        sweep returns them once their window has passed. ``now`` is read inside the
+        transaction."""
 
         async def body(tx: SqlTx) -> None:
+            now_us = now()
             await fence_lock(tx, fence, now_us)
             for s in sorted(slots, key=lambda s: (s.key, s.position_us)):
                 await reservation_move(tx, s.reservation_id, ReservationState.RELEASED,
@@ -385,12 +391,14 @@ class QuotaLedger:
         await self.db.transact(body, name="quota.release")
 
     async def quota_hand_out(self, fence: Fence, reservation_ids: Sequence[str], *,
-                             now_us: int) -> None:
+                             now: Callable[[], int]) -> None:
         """A read's slots leave :func:`~daemon.services.effect_quota.reserve` (its request
         may leave from here on, with no checkpoint to say so): ``granted -> handed``,
-        fenced. ``LostLease``: nothing handed out, nothing sent."""
+        fenced. ``LostLease``: nothing handed out, nothing sent. ``now`` is read inside
+        the transaction."""
 
         async def body(tx: SqlTx) -> None:
+            now_us = now()
             await fence_lock(tx, fence, now_us)
             await tx.execute(
                 f"UPDATE quota_reservations SET send_gate = ?, updated_at_us = ?"

@@ -410,40 +410,49 @@ class WorkClaims:
         return await self.db.transact(body, name="work.claim.reconcile", write=False)
 
     async def work_renew_if_owner(
-        self, fences: Sequence[Fence], lease_ttl_us: int, now_us: int
+        self, fences: Sequence[Fence], lease_ttl_us: int, now: Callable[[], int]
     ) -> RenewResult:
-        return await self.work_renew_groups([RenewGroup(tuple(fences), lease_ttl_us)], now_us)
+        return await self.work_renew_groups([RenewGroup(tuple(fences), lease_ttl_us)], now)
 
     async def work_renew_groups(
-        self, groups: Sequence[RenewGroup], now_us: int
+        self, groups: Sequence[RenewGroup], now: Callable[[], int]
     ) -> RenewResult:
         """Renew every group's fences (each for its own TTL) in one transaction of one
         UPDATE: the lease keeper's renewals of all families are one round trip on the
-        reserved ``work.renew`` connection, never one family's after another's."""
-        until: dict[str, int] = {}
+        reserved ``work.renew`` connection, never one family's after another's.
+
+        ``now`` is read inside the transaction: a lease is renewed only if it is still
+        live when the UPDATE runs (a time read before a wait for the connection, or a
+        freeze, would revive a lease that had ended meanwhile), and for its TTL from
+        then."""
+        ttl: dict[str, int] = {}
         fences: list[Fence] = []
         for group in groups:
             for fence in group.fences:
-                if fence.work_id not in until:
-                    until[fence.work_id] = now_us + group.lease_ttl_us
+                if fence.work_id not in ttl:
+                    ttl[fence.work_id] = group.lease_ttl_us
                     fences.append(fence)
         if not fences:
             return RenewResult(renewed={}, lost=[], cancel_requested=[])
         where, args = fence_predicate(fences)
-        values = sorted(set(until.values()))
-        set_args: list[Any] = []
-        if len(values) == 1:
-            set_until = "?"
-            set_args.extend(values)
-        else:  # one arm per TTL (the WHERE names only these ids: the ELSE is never taken)
-            arms: list[str] = []
-            for value in values:
-                ids = [w for w, u in until.items() if u == value]
-                arms.append(f"WHEN work_id IN ({placeholders(len(ids))}) THEN ?")
-                set_args.extend((*ids, value))
-            set_until = f"CASE {' '.join(arms)} ELSE lease_until_us END"
+        ttls = sorted(set(ttl.values()))
+        until: dict[str, int] = {}
 
         async def body(tx: SqlTx) -> list[tuple[Any, ...]]:
+            now_us = now()
+            until.clear()
+            until.update({w: now_us + t for w, t in ttl.items()})
+            set_args: list[Any] = []
+            if len(ttls) == 1:
+                set_until = "?"
+                set_args.append(now_us + ttls[0])
+            else:  # one arm per TTL (the WHERE names only these ids: the ELSE is never taken)
+                arms: list[str] = []
+                for value in ttls:
+                    ids = [w for w, t in ttl.items() if t == value]
+                    arms.append(f"WHEN work_id IN ({placeholders(len(ids))}) THEN ?")
+                    set_args.extend((*ids, now_us + value))
+                set_until = f"CASE {' '.join(arms)} ELSE lease_until_us END"
             await tx.execute(
                 f"UPDATE work_items SET lease_until_us = {set_until},"
                 " row_version = row_version + 1,"
@@ -482,10 +491,14 @@ class WorkClaims:
         self,
         finalizations: Sequence[Finalization],
         replica: str,
-        now_us: int,
+        now: Callable[[], int],
         side_writes: Mapping[str, SideWrite] | None = None,
     ) -> list[FinalizeResult]:
         """Finalize many items in one transaction, each against its own fence.
+
+        ``now`` is read inside the transaction, when its statements run: each fence
+        is judged then (a time read before a wait for a connection, or a freeze,
+        would let a claimant whose lease ended meanwhile record its outcome).
 
         ``side_writes`` maps a work id to writes that must commit atomically
         with that item's finalization (an effect's outcome and settlement, a
@@ -505,6 +518,7 @@ class WorkClaims:
         special = [f for f in finalizations if f.fence.work_id in extra]
 
         async def body(tx: SqlTx, *, isolate: bool) -> list[FinalizeResult]:
+            now_us = now()
             results: dict[str, FinalizeResult] = {}
             journal: list[tuple[Any, ...]] = []
             for key, members in groups.items():
@@ -569,12 +583,14 @@ class WorkClaims:
         return out
 
     async def work_fenced(
-        self, fence: Fence, now_us: int, body: Callable[[SqlTx], Awaitable[T]], *, name: str
+        self, fence: Fence, now: Callable[[], int], body: Callable[[SqlTx], Awaitable[T]], *,
+        name: str
     ) -> T:
-        """Run ``body`` in one transaction that first proves the live fence."""
+        """Run ``body`` in one transaction that first proves the live fence, judged at
+        ``now`` read inside the transaction (not at a time read before it)."""
 
         async def fenced(tx: SqlTx) -> T:
-            await fence_lock(tx, fence, now_us)
+            await fence_lock(tx, fence, now())
             return await body(tx)
 
         return await self.db.transact(fenced, name=name)

@@ -220,28 +220,52 @@ class NoCookies(http.cookiejar.CookieJar):
         return None
 
 
-# How long an idle pooled connection is kept for its next request. httpx's default (5 s)
-# closed most of them: under the effects benchmark work arrives in claimed batches, a
-# connection often idles longer than that between two, and the replicas opened a new
-# TCP connection for about every third PATCH (316 for 1,000) and most receipts. A server
-# that closes an idle connection sooner is noticed before reuse (httpcore checks that an
-# idle connection has not been closed by its server before it sends on it).
-KEEPALIVE_EXPIRY_S = 60.0
+# How long an idle pooled connection is kept for its next request: always well below the
+# time its server keeps an idle connection open. A request sent on a connection the server
+# is closing at that moment fails on the wire (``RemoteProtocolError``/``ReadError``), and
+# sometimes after the server has read it and acted on it: a receipt sender then resent a
+# receipt the Runtime had already committed (bench.effects: 1-4 duplicate deliveries per
+# 2,000 effects with a 60 s client against the reference Runtime's 5 s; bench/keepalive_race.py
+# shows the race on loopback). httpcore only notices a close that has already arrived.
+#
+# An origin that declares how long it keeps idle connections (a provider's L1 ``keep_alive``,
+# a Runtime's ``[[runtimes]] keep_alive``) gets half of that; one that does not gets
+# SAFE_KEEPALIVE_S, below the 5 s after which hypercorn, uvicorn, Node and Apache close an
+# idle connection. Longer reuse matters: with httpx's 5 s the benchmark's replicas opened a
+# TCP connection for about every third PATCH between claimed batches (316 for 1,000).
+SAFE_KEEPALIVE_S = 4.0
 
 
-def new_http_client(max_connections: int, tls: ssl.SSLContext | None = None) -> httpx.AsyncClient:
+def keepalive_below(server_keep_alive_s: float | None) -> float:
+    """The idle expiry for pooled connections to a server that closes idle ones after
+    ``server_keep_alive_s`` (None or 0: unknown): half of it, so the client always lets
+    go first with room for a loaded scheduler and the response's own trip."""
+    if not server_keep_alive_s:
+        return SAFE_KEEPALIVE_S
+    return server_keep_alive_s / 2
+
+
+def origin_of(url: str) -> str:
+    """``scheme://host:port`` of ``url``: the unit of connection pooling."""
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def new_http_client(max_connections: int, tls: ssl.SSLContext | None = None, *,
+                    keepalive_s: float = SAFE_KEEPALIVE_S) -> httpx.AsyncClient:
     """An HTTP/1.1 client with keep-alive, no retries of any kind and no cookies.
 
     The limits go to the transport (a client ignores its own ``limits`` when
     given a transport). ``tls`` lets many clients share one context: each
     default context loads the CA bundle again (time and ~0.7 MB apiece).
+    ``keepalive_s``: how long an idle connection is kept (see :func:`keepalive_below`).
     """
     return httpx.AsyncClient(
         transport=httpx.AsyncHTTPTransport(
             retries=0, trust_env=False, verify=tls or httpx.create_ssl_context(),
             limits=httpx.Limits(max_connections=max_connections,
                                 max_keepalive_connections=max_connections,
-                                keepalive_expiry=KEEPALIVE_EXPIRY_S),
+                                keepalive_expiry=keepalive_s),
         ),
         follow_redirects=False,
         trust_env=False,
@@ -276,6 +300,8 @@ class BoundedHttp:
     """
 
     max_connections: int
+    # Idle expiry of pooled connections by origin (origin_of); others SAFE_KEEPALIVE_S.
+    keepalive_s: Mapping[str, float] = attrs.field(factory=dict)
     _tls: ssl.SSLContext = attrs.field(init=False, factory=httpx.create_ssl_context)
     _slots: trio.Semaphore = attrs.field(init=False)
     _origins: dict[str, list[_Shard]] = attrs.field(init=False, factory=dict)
@@ -284,15 +310,18 @@ class BoundedHttp:
         self._slots = trio.Semaphore(self.max_connections)
 
     @classmethod
-    def open(cls, max_connections: int) -> BoundedHttp:
-        return cls(max_connections)
+    def open(cls, max_connections: int,
+             keepalive_s: Mapping[str, float] | None = None) -> BoundedHttp:
+        return cls(max_connections, dict(keepalive_s or {}))
 
     def _shard(self, url: str) -> _Shard:
-        parts = urllib.parse.urlsplit(url)
-        shards = self._origins.setdefault(f"{parts.scheme}://{parts.netloc}", [])
+        origin = origin_of(url)
+        shards = self._origins.setdefault(origin, [])
         shard = min(shards, key=lambda s: s.busy, default=None)
         if shard is None or shard.busy >= SHARD_CONNECTIONS:
-            shard = _Shard(new_http_client(SHARD_CONNECTIONS, self._tls))
+            shard = _Shard(new_http_client(
+                SHARD_CONNECTIONS, self._tls,
+                keepalive_s=self.keepalive_s.get(origin, SAFE_KEEPALIVE_S)))
             shards.append(shard)
         return shard
 

@@ -19,7 +19,7 @@ from config.settings import Settings
 from daemon.api.app import ApiContext, create_api_app
 from daemon.core.inbound_change import INBOUND_APPLY_FAMILY
 from daemon.core.work import Fence, WorkItem
-from daemon.providers.executor import BoundedHttp, HttpExecutor
+from daemon.providers.executor import BoundedHttp, HttpExecutor, keepalive_below, origin_of
 from daemon.services import logs
 from daemon.services.batcher import Batcher
 from daemon.services.catalog_view import CatalogView
@@ -148,12 +148,20 @@ class Assembly:
         await self.credentials.aclose()
 
 
+def provider_keepalive(catalog: Catalog) -> dict[str, float]:
+    """Each binding's origin and how long its pooled connections may idle: below what its
+    provider's L1 declares (``keep_alive``), else the safe default."""
+    declared = {op.provider: op.keep_alive_s for op in catalog.operations.values()}
+    return {origin_of(b.base_url): keepalive_below(declared.get(b.provider))
+            for b in catalog.bindings if b.base_url}
+
+
 def assemble(settings: Settings, store: WorkStore, clock: Clock,
              metrics: Metrics | None = None, *, catalog: Catalog | None = None) -> Assembly:
     """``catalog`` overrides the current Catalog the settings describe (tests that
     serve other L1 definitions than the shipped files)."""
     catalog = catalog if catalog is not None else load_catalog(settings)
-    executor = HttpExecutor()
+    executor = HttpExecutor(BoundedHttp.open(32, provider_keepalive(catalog)))
 
     def counted(operation: str, outcome: str) -> None:
         if metrics is not None:
@@ -179,10 +187,12 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         metrics.quota_declared = declared_keys(
             catalog.operations.values(), catalog.bindings,
             clock_spread_us=settings.work.clock_spread_us)
-    runtime_client = BoundedHttp.open(16)
+    runtime_client = BoundedHttp.open(16, {
+        origin_of(rc.results_url): keepalive_below(rc.keep_alive)
+        for rc in settings.runtimes if rc.results_url})
 
     async def prove_fences(fences: Sequence[Fence]) -> list[StorageError | None]:
-        return await store.work_fences_live(fences, clock.now_us())
+        return await store.work_fences_live(fences, clock.now_us)
 
     # Receipt deliveries prove their claims live in shared transactions.
     fences: Batcher[Fence, None] = Batcher(prove_fences)

@@ -34,7 +34,7 @@ class CheckpointBatcher:
 
     async def _flush(self, requests: Sequence[tuple[Fence, AttemptDraft]]
                      ) -> list[str | StorageError]:
-        return await self.store.effect_checkpoint_many(requests, self.clock.now_us())
+        return await self.store.effect_checkpoint_many(requests, self.clock.now_us)
 
     async def checkpoint(self, fence: Fence, draft: AttemptDraft) -> str:
         """The committed attempt id; raises what ``effect_checkpoint`` would raise."""

@@ -70,7 +70,7 @@ class Completer:
             del self._queue[: len(batch)]
             try:
                 results = await self.store.work_finalize_if_owner(
-                    [p.finalization for p in batch], self.replica_id, self.clock.now_us(),
+                    [p.finalization for p in batch], self.replica_id, self.clock.now_us,
                     {p.finalization.fence.work_id: p.side_write for p in batch
                      if p.side_write is not None},
                 )

@@ -234,14 +234,15 @@ async def reserve(store: WorkStore, clock: Clock, fence: Fence,
     gate = SendGate.GRANTED if read else SendGate.CHECKPOINT
     if hints is None:
         now = clock.now_us()
-        granted = await _common_instant(store, fence, keys, now, gate)
+        granted = await _common_instant(store, clock, fence, keys, now, gate)
     else:
         async with hints.asking(keys):
             now = clock.now_us()
             known = hints.known_wait(keys, now)
             if known is not None:
                 return known
-            granted = await _common_instant(store, fence, keys, now, gate, hints.lead_us())
+            granted = await _common_instant(store, clock, fence, keys, now, gate,
+                                            hints.lead_us())
             if isinstance(granted, QuotaWait):
                 hints.learn(granted)
     if isinstance(granted, QuotaWait):
@@ -263,10 +264,11 @@ async def _usable(store: WorkStore, clock: Clock, fence: Fence, granted: list[Re
             # (else a lead learnt only from claims that reached their checkpoint stays
             # short for good, and every slot asked with it comes back already due).
             hints.prepared(granted, at)
-        await _release(store, fence, granted, at)
+        await _release(store, fence, granted, clock.now_us)
         return QuotaWait(granted[0].key.key, at)
     if read:
-        await store.quota_hand_out(fence, [r.reservation_id for r in granted], now_us=at)
+        await store.quota_hand_out(fence, [r.reservation_id for r in granted],
+                                   now=clock.now_us)
     return granted
 
 
@@ -297,14 +299,17 @@ async def wait_for_slots(clock: Clock, reserved: list[Reserved]) -> bool:
 _ROUNDS = 4
 
 
-async def _common_instant(store: WorkStore, fence: Fence, keys: list[QuotaKey], now: int,
-                          gate: SendGate, lead_us: int = 0) -> list[Reserved] | QuotaWait:
+async def _common_instant(store: WorkStore, clock: Clock, fence: Fence, keys: list[QuotaKey],
+                          now: int, gate: SendGate, lead_us: int = 0
+                          ) -> list[Reserved] | QuotaWait:
     """One slot of every key such that some instant lies within all of them: a key with
     a burst may grant one for now while another's is later, and a slot is only valid for
     its jitter, so a later slot makes the earlier ones ask again from its time (the
     early ones are given back). A grant "from" a later time is still a grant by the
     schedule's own arithmetic (never more than the limit in any window), and so is one
-    asked ``lead_us`` ahead (the time this process needs to be ready to send on it)."""
+    asked ``lead_us`` ahead (the time this process needs to be ready to send on it).
+    ``now`` is the clock's reading the slots are asked from; each reservation's fence is
+    judged by ``clock`` read inside its own transaction."""
     lead = max(0, min(lead_us, MAX_LEAD_US))
     target = now + lead
     # The claim may wait MAX_WAIT_US in process beyond its preparation (the lead).
@@ -317,29 +322,29 @@ async def _common_instant(store: WorkStore, fence: Fence, keys: list[QuotaKey], 
         granted: list[Reserved] = []
         for k in ordered:
             got = await store.quota_reserve(k.key, k.policy, fence=fence, gate=gate,
-                                            now_us=target, claim_now_us=now,
+                                            now=clock.now_us, from_us=target,
                                             max_wait_us=max(0, horizon - target))
             if isinstance(got, Wait):
-                await _release(store, fence, granted, now)
+                await _release(store, fence, granted, clock.now_us)
                 return QuotaWait(k.key, got.until_us - (target - now), k.policy.interval_us)
             granted.append(Reserved(k, got.slot_us, got.reservation_id, got.position_us))
             target = max(target, got.slot_us)
         latest = max(r.slot_us for r in granted)
         if all(latest < r.slot_us + max(1, r.key.policy.jitter_us) for r in granted):
             return granted
-        await _release(store, fence, granted, now)
+        await _release(store, fence, granted, clock.now_us)
         target = latest
     return QuotaWait(keys[0].key, target)
 
 
 async def _release(store: WorkStore, fence: Fence, reserved: list[Reserved],
-                   now: int) -> None:
+                   now: Callable[[], int]) -> None:
     """Give back slots this live claim reserved and will not send on (fenced: a claim
     lost meanwhile leaves them to the quota sweep, ``LostLease``)."""
     if reserved:
         await store.quota_release(fence, [
             SlotRelease(r.reservation_id, r.key.key, r.key.policy, r.position_us)
-            for r in reserved], now_us=now)
+            for r in reserved], now=now)
 
 
 async def _give_back(store: WorkStore, granted: list[tuple[QuotaKey, int, int]],
@@ -349,18 +354,20 @@ async def _give_back(store: WorkStore, granted: list[tuple[QuotaKey, int, int]],
 
 
 async def _move(store: WorkStore, fence: Fence, ids: list[str], target: ReservationState,
-                attempt_id: str | None, now: int) -> None:
+                attempt_id: str | None, now: Callable[[], int]) -> None:
     async def body(tx: SqlTx) -> None:
+        at = now()
         for rid in ids:
-            await reservation_move(tx, rid, target, now_us=now, attempt_id=attempt_id)
+            await reservation_move(tx, rid, target, now_us=at, attempt_id=attempt_id)
 
     await store.work_fenced(fence, now, body, name="quota.release")
 
 
 async def move_reservations(store: WorkStore, fence: Fence, reserved: list[Reserved],
-                            target: ReservationState, now_us: int) -> None:
-    """Settle reservations that no effect attempt used (a provider read's), fenced."""
-    await _move(store, fence, [r.reservation_id for r in reserved], target, None, now_us)
+                            target: ReservationState, now: Callable[[], int]) -> None:
+    """Settle reservations that no effect attempt used (a provider read's), fenced (the
+    fence judged at ``now`` read inside the transaction)."""
+    await _move(store, fence, [r.reservation_id for r in reserved], target, None, now)
 
 
 def still_usable(reserved: list[Reserved], now_us: int) -> bool:
@@ -401,11 +408,11 @@ async def give_back_unsent(store: WorkStore, reserved: list[Reserved],
 
 
 async def release_unused(store: WorkStore, fence: Fence, reserved: list[Reserved],
-                         now_us: int) -> None:
+                         now: Callable[[], int]) -> None:
     """Slots reserved for an attempt its checkpoint refused (nothing was written, nothing
     left): the reservations are released under the claim's fence and the capacity comes
     back."""
-    await _release(store, fence, reserved, now_us)
+    await _release(store, fence, reserved, now)
 
 
 def _lowered(headers: Mapping[str, str]) -> dict[str, str]:

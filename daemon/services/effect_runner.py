@@ -358,7 +358,7 @@ class EffectRunner:
                     await ctx.store.effect_dispose(
                         ctx.fence, list(ids), Disposition.PROVEN_ABSENT,
                         "unmodified since before dispatch, window passed",
-                        ctx.clock.now_us())
+                        ctx.clock.now_us)
                     ec = await self._context(ctx, command_id, hint)
                     view = self._view(ctx, ec)
                 case Dispatch(request=request):
@@ -498,7 +498,7 @@ class EffectRunner:
                 attempt_id = await self.checkpoints.checkpoint(ctx.fence, draft)
             else:
                 attempt_id = await ctx.store.effect_checkpoint(ctx.fence, draft,
-                                                               ctx.clock.now_us())
+                                                               ctx.clock.now_us)
         except DispatchRefused as refused:
             # A pin moved after the context read: no attempt was written, nothing left.
             # Refused before dispatch, as the next claim's decide would refuse it.
@@ -507,7 +507,7 @@ class EffectRunner:
                       reason=refused.code)
             if reserved:
                 await quota.release_unused(ctx.store, ctx.fence, reserved,
-                                           ctx.clock.now_us())
+                                           ctx.clock.now_us)
             return self._perform(ctx, ec, refused_before_dispatch(view, refused.code,
                                                                   refused.sentence))
         # The checkpoint is committed: only now may bytes leave.

@@ -63,7 +63,7 @@ class WorkContext:
 
     async def fenced(self, body: Callable[[SqlTx], Awaitable[T]], *, name: str) -> T:
         """Run ``body`` in a transaction that first proves this claim is still live."""
-        return await self.store.work_fenced(self.fence, self.clock.now_us(), body, name=name)
+        return await self.store.work_fenced(self.fence, self.clock.now_us, body, name=name)
 
     async def check_fence(self) -> None:
         """Raise :class:`storage.port.LostLease` unless this claim is still live."""

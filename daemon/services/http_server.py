@@ -93,6 +93,14 @@ def bind_listener(listen: str, listener: str | None = None) -> socket.socket:
     return sock
 
 
+# How long our listeners keep an idle connection open (hypercorn's default is 5 s). Our
+# clients let go of an idle connection at half of what the server declares (4 s when it
+# declares nothing: daemon/providers/executor.py keepalive_below), so they never send on
+# one a server is closing at that moment: such a request fails on the wire, sometimes after
+# the server acted on it, and its sender resends it (duplicate receipt deliveries).
+DEFAULT_KEEP_ALIVE_S = 20.0
+
+
 async def serve_app(
     app: QuartTrio | Any,
     listen: str,
@@ -100,12 +108,17 @@ async def serve_app(
     name: str | None = None,
     graceful_timeout_s: float = 5.0,
     max_header_bytes: int | None = None,
-    keep_alive_timeout_s: float | None = None,
+    keep_alive_timeout_s: float = DEFAULT_KEEP_ALIVE_S,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``app`` (any ASGI app) on ``listen`` (``host:port``; port 0 picks one) until
-    cancelled. ``max_header_bytes`` bounds the request line and headers;
-    ``keep_alive_timeout_s`` also bounds a client that sends its headers slowly."""
+    cancelled. ``max_header_bytes`` bounds the request line and headers.
+
+    ``keep_alive_timeout_s`` is how long an idle kept-alive connection stays open, and
+    (hypercorn runs one timer from the connection's start or its last response until a
+    request's head is complete) also the most a client may take to send a head: the
+    slow-loris bound. ``read_timeout`` is left unset: it bounds every read, idle waits
+    included, and would close kept-alive connections sooner than this."""
     # Any ASGI app (Quart's own signature is typed apart from the plain ASGI callable).
     edges: Any = HttpEdges(cast(AsgiApp, app),
                            max_header_bytes=max_header_bytes or DEFAULT_MAX_HEADER_BYTES,
@@ -117,8 +130,7 @@ async def serve_app(
     config.include_server_header = False
     if max_header_bytes is not None:
         config.h11_max_incomplete_size = max_header_bytes
-    if keep_alive_timeout_s is not None:
-        config.keep_alive_timeout = keep_alive_timeout_s
+    config.keep_alive_timeout = keep_alive_timeout_s
 
     async def hypercorn_serve(
         *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED

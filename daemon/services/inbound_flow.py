@@ -394,10 +394,10 @@ class InboundFlow:
                 "remote_updated_ns": step.updated_ns,
             }).decode(),
             give_up_after_us=int(self.timeout_s * 1_000_000))
-        now = ctx.clock.now_us()
 
         async def checkpoint(tx: SqlTx) -> str:
-            return await checkpoint_mutation(tx, ctx.fence, draft, now)
+            # Read inside the fenced transaction, as the fence is.
+            return await checkpoint_mutation(tx, ctx.fence, draft, ctx.clock.now_us())
 
         # Committed before a byte leaves: the journal knows the attempt even if we die.
         attempt_id = await ctx.fenced(checkpoint, name="inbound.checkpoint")

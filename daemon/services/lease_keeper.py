@@ -54,7 +54,7 @@ class LeaseKeeper:
                   for flights in due.values()]
         sent_at = trio.current_time()
         try:
-            result = await self.store.work_renew_groups(groups, self.clock.now_us())
+            result = await self.store.work_renew_groups(groups, self.clock.now_us)
         except StorageError as exc:
             self.metrics.db_errors.labels("renew").inc()
             logs.warn("work_renew_failed", families=",".join(sorted(due)),

@@ -92,7 +92,7 @@ async def quota_read(ctx: WorkContext, rq: ReadQuota,
     if not await quota.wait_for_slots(ctx.clock, reserved):
         # The slot's jitter passed before the send could start: nothing leaves.
         now = ctx.clock.now_us()
-        await _settle(ctx, reserved, ReservationState.RELEASED, now)
+        await _settle(ctx, reserved, ReservationState.RELEASED)
         await quota.give_back_unsent(
             ctx.store, reserved, DispatchObservation(Phase.NOT_CONNECTED), now)
         rq.on_quota("given_back")
@@ -101,16 +101,16 @@ async def quota_read(ctx: WorkContext, rq: ReadQuota,
         response = await call()
     except NOT_SENT:
         now = ctx.clock.now_us()
-        await _settle(ctx, reserved, ReservationState.RELEASED, now)
+        await _settle(ctx, reserved, ReservationState.RELEASED)
         await quota.give_back_unsent(
             ctx.store, reserved, DispatchObservation(Phase.NOT_CONNECTED), now)
         rq.on_quota("given_back")
         raise
     except httpx.HTTPError:
-        await _settle(ctx, reserved, _state(Phase.SENT), ctx.clock.now_us())
+        await _settle(ctx, reserved, _state(Phase.SENT))
         raise
     now = ctx.clock.now_us()
-    await _settle(ctx, reserved, _state(Phase.RESPONDED), now)
+    await _settle(ctx, reserved, _state(Phase.RESPONDED))
     if await quota.correct(ctx.store, reserved, dict(response.headers), now):
         rq.on_quota("corrected")
     headers = dict(response.headers)
@@ -134,5 +134,5 @@ async def quota_read(ctx: WorkContext, rq: ReadQuota,
 
 
 async def _settle(ctx: WorkContext, reserved: list[quota.Reserved],
-                  target: ReservationState, now: int) -> None:
-    await quota.move_reservations(ctx.store, ctx.fence, reserved, target, now)
+                  target: ReservationState) -> None:
+    await quota.move_reservations(ctx.store, ctx.fence, reserved, target, ctx.clock.now_us)

@@ -216,11 +216,15 @@ class Replica:
         async with trio.open_nursery() as services:
             if self.admin_app is not None:
                 self.admin_address = await services.start(
-                    serve_app, self.admin_app(self), self.settings.admin.listen
+                    functools.partial(serve_app,
+                                      keep_alive_timeout_s=self.settings.admin.keep_alive),
+                    self.admin_app(self), self.settings.admin.listen
                 )
             if self.api_app is not None:
                 self.api_address = await services.start(
-                    serve_app, self.api_app, self.settings.api.listen
+                    functools.partial(serve_app,
+                                      keep_alive_timeout_s=self.settings.api.keep_alive),
+                    self.api_app, self.settings.api.listen
                 )
             if self.ingress_app is not None:
                 ingress = self.settings.ingress

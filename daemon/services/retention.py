@@ -122,7 +122,7 @@ class Pruner:
                             rule=rule, partition=partition, cursor=cursor, token=grant.token,
                             cutoffs=cut, batch_rows=policy.batch_rows,
                             batch_bytes=policy.batch_bytes, ttl_us=ttl_us,
-                        ), self.clock.now_us())
+                        ), self.clock.now_us)
                         renewed = trio.current_time()
                         if first:
                             lag = core.overdue_us(batch.oldest_prunable_age_us,

@@ -224,7 +224,7 @@ class SubscriptionCalls:
     async def dispose_absent(ctx: WorkContext, attempt_ids: Iterable[str], note: str) -> None:
         """Committed now (fenced): the next checkpoint needs no attempt left unresolved."""
         await ctx.store.effect_dispose(ctx.fence, list(attempt_ids),
-                                       Disposition.PROVEN_ABSENT, note, ctx.clock.now_us())
+                                       Disposition.PROVEN_ABSENT, note, ctx.clock.now_us)
 
     @staticmethod
     def dispose_applied(ctx: WorkContext, attempt_ids: Iterable[str], note: str) -> None:
@@ -272,8 +272,12 @@ class SubscriptionCalls:
                 refusal = await guard(tx)
                 if refusal is not None:
                     return refusal
-            attempt_id = new_ulid(now)
-            if await insert_attempt_pinned(tx, attempt_id, ctx.fence, draft, now,
+            # The attempt's start and give-up deadline at the time the fenced transaction
+            # runs (as the fence is judged), not at the reading before a wait for it: an
+            # earlier deadline would end the in-flight window too soon.
+            started = ctx.clock.now_us()
+            attempt_id = new_ulid(started)
+            if await insert_attempt_pinned(tx, attempt_id, ctx.fence, draft, started,
                                            binding_id=binding.binding_id,
                                            binding_generation=generation):
                 return attempt_id
@@ -287,7 +291,7 @@ class SubscriptionCalls:
             if reserved:  # nothing was sent on them: the slots come back
                 at = ctx.clock.now_us()
                 await quota.move_reservations(ctx.store, ctx.fence, reserved,
-                                              ReservationState.RELEASED, at)
+                                              ReservationState.RELEASED, ctx.clock.now_us)
                 await quota.give_back_unsent(ctx.store, reserved,
                                              DispatchObservation(Phase.NOT_CONNECTED), at)
             return attempt

@@ -226,7 +226,8 @@ class TokenOwner:
                 ttl_us=self.lease_us, now_us=now, spends_credential=spends_credential)
 
         try:
-            return await self.store.work_fenced(fence, now, body, name="refresh.lease")
+            return await self.store.work_fenced(fence, self.clock.now_us, body,
+                                                name="refresh.lease")
         except DuplicateKey:
             return LeaseBusy(now)  # two first owners created the lease row at once
         except RefreshLeaseRaced as raced:

@@ -19,7 +19,7 @@ killed mid-batch leaves the transaction uncommitted: nothing of it happened.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -241,12 +241,18 @@ class RetentionStore:
 
         return await self.db.transact(body, name="retention.lease_release")
 
-    async def retention_prune_batch(self, params: BatchParams, now_us: int) -> BatchResult:
-        """One fenced batch of one rule's scan (raises :class:`RetentionLeaseLost`)."""
+    async def retention_prune_batch(self, params: BatchParams,
+                                    now: Callable[[], int]) -> BatchResult:
+        """One fenced batch of one rule's scan (raises :class:`RetentionLeaseLost`).
+
+        ``now`` is read inside the transaction: the retention lease is judged (and
+        renewed) when the batch's statements run, not at a time read before a wait for
+        a connection or a freeze, when another pruner may hold the lease already."""
         rule = params.rule
         cutoff = params.cutoffs.of(rule.horizon)
 
         async def body(tx: SqlTx) -> BatchResult:
+            now_us = now()
             await _fence(tx, params.name, params.token, params.ttl_us, now_us)
             sql, args = scan_sql(rule, params.partition, params.cursor, cutoff,
                                  params.batch_rows)

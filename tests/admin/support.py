@@ -103,7 +103,7 @@ class ConsoleHarness:
         assert len(claimed.claimed) == n
         fins = [finalization(i, DeadLetter(failure_class, f"{failure_class} happened"), now)
                 for i in claimed.claimed]
-        await self.store.work_finalize_if_owner(fins, "test", now)
+        await self.store.work_finalize_if_owner(fins, "test", lambda: now)
         return ids
 
     async def enqueue(self, n: int = 1, **kw: Any) -> list[str]:

@@ -11,10 +11,12 @@ import trio
 import trio.testing
 
 from daemon.providers.executor import (
+    SAFE_KEEPALIVE_S,
     SHARD_CONNECTIONS,
     BoundedHttp,
     HttpExecutor,
     SendWindowClosed,
+    keepalive_below,
 )
 from sandbox.h11_server import H11Server, Request, Response
 
@@ -195,11 +197,37 @@ async def test_sequential_exchanges_with_pauses_reuse_one_connection(
 
     server = H11Server(ok)
     port: int = await nursery.start(server.run)
-    executor = HttpExecutor()
+    # The simulator never closes an idle connection: declared as 120 s, kept 60 s.
+    executor = HttpExecutor(BoundedHttp.open(32, {f"http://127.0.0.1:{port}":
+                                                  keepalive_below(120.0)}))
     for n in range(6):
         answer = await executor.client.request("PATCH", f"http://127.0.0.1:{port}/{n}",
                                                content=b"{}", timeout_s=10.0)
         assert answer.status_code == 200
         clock.advance(20.0)  # an idle pause between two batches
     assert server.connections_accepted == 1
+    await executor.aclose()
+
+
+async def test_an_origin_that_declares_no_keep_alive_gets_the_safe_expiry(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whose idle timeout is unknown, a connection idle past SAFE_KEEPALIVE_S (below the
+    5 s common servers close after) is let go: the next request opens a new one rather
+    than meet a connection its server may be closing."""
+    clock = _IdleClock()
+    monkeypatch.setattr(httpcore._async.http11, "time", clock)
+
+    async def ok(request: Request) -> Response:
+        return Response(200, b'{"ok":true}', (("content-type", "application/json"),))
+
+    server = H11Server(ok)
+    port: int = await nursery.start(server.run)
+    executor = HttpExecutor()
+    for n in range(3):
+        answer = await executor.client.request("PATCH", f"http://127.0.0.1:{port}/{n}",
+                                               content=b"{}", timeout_s=10.0)
+        assert answer.status_code == 200
+        clock.advance(SAFE_KEEPALIVE_S + 0.1)
+    assert server.connections_accepted == 3
     await executor.aclose()

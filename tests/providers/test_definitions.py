@@ -36,6 +36,13 @@ def base() -> dict[str, Any]:
     }
 
 
+def test_a_declared_keep_alive_reaches_every_operation() -> None:
+    """How long the provider keeps an idle connection (our pool lets go at half)."""
+    assert {op.keep_alive_s for op in parse_provider(base(), "acme.toml").values()} == {None}
+    declared = base() | {"keep_alive": 60}
+    assert {op.keep_alive_s for op in parse_provider(declared, "acme.toml").values()} == {60.0}
+
+
 def test_a_minimal_definition_parses() -> None:
     (op,) = parse_provider(base(), "acme.toml").values()
     assert (op.name, op.provider, op.method, op.request.auth.header) == (
@@ -145,6 +152,8 @@ K = f"providers.acme.operations.{OP}"
         ("auth.key.scheme", "bearer", "providers.acme.auth.key.scheme", "unknown key"),
         ("auth", "bearer", "providers.acme.auth", "expected a table"),
         ("color", "blue", "providers.acme.color", "unknown key"),
+        ("keep_alive", 0.5, "providers.acme.keep_alive", "seconds from 1 to 3600"),
+        ("keep_alive", "60", "providers.acme.keep_alive", "seconds from 1 to 3600"),
     ],
 )
 def test_a_bad_definition_names_the_key(path: str, value: Any, key: str, says: str) -> None:

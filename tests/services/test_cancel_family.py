@@ -54,7 +54,7 @@ async def test_a_cancel_requested_before_the_checkpoint_is_acknowledged(
     sent: list[str] = []
 
     async def dispatching(ctx: WorkContext) -> Outcome:
-        await ctx.store.effect_checkpoint(ctx.fence, attempt(command_id), T0)
+        await ctx.store.effect_checkpoint(ctx.fence, attempt(command_id), lambda: T0)
         sent.append("PATCH")  # only after the checkpoint committed
         return Succeeded()
 
@@ -68,5 +68,5 @@ async def test_a_cancel_requested_before_the_checkpoint_is_acknowledged(
     outcome = await registry.get("external_effect").handler(ctx)
     assert outcome == CancelAcknowledged()
     assert sent == [] and await store.effect_attempts(command_id) == []
-    (done,) = await store.work_finalize_if_owner([finalization(item, outcome)], "r", T0)
+    (done,) = await store.work_finalize_if_owner([finalization(item, outcome)], "r", lambda: T0)
     assert done.applied and done.state is WorkState.CANCELLED

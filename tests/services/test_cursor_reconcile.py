@@ -85,7 +85,7 @@ class Rig:
                 await write(tx)
 
         (done,) = await self.store.work_finalize_if_owner(
-            [finalization(item, outcome, self.clock.now)], owner, self.clock.now,
+            [finalization(item, outcome, self.clock.now)], owner, lambda: self.clock.now,
             {item.work_id: all_writes} if writes else None)
         assert done.applied
         return outcome

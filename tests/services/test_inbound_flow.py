@@ -104,7 +104,8 @@ class World:
                 await write(tx)
 
         (done,) = await self.store.work_finalize_if_owner(
-            [finalization(ctx.item, outcome, self.clock.now)], ctx.replica_id, self.clock.now,
+            [finalization(ctx.item, outcome, self.clock.now)], ctx.replica_id,
+            lambda: self.clock.now,
             {ctx.item.work_id: all_writes} if writes else None)
         assert done.applied, done
 

@@ -119,7 +119,7 @@ async def test_lost_claim_slot_whose_request_may_have_left_is_spent_not_refunded
     assert lost.fence is not None
     # It wrote its dispatch checkpoint before its claim was lost: its request may have
     # left on the slot.
-    await store.effect_checkpoint(lost.fence, attempt(accepted.command_id), T0 + 10 * MS)
+    await store.effect_checkpoint(lost.fence, attempt(accepted.command_id), lambda: T0 + 10 * MS)
     live = await _reclaimed(store, lost, family="external_effect")
     assert await _sweep(store, T0 + 300 * MS) == [("spend", False)]
     (row,) = await store.quota_reservations(lost.work_id)

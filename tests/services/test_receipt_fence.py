@@ -66,7 +66,7 @@ async def test_a_stale_receipt_claimant_delivers_nothing(store: WorkStore, batch
         fences: Batcher[Fence, None] | None = None
         if batched:  # the proof as the replica makes it: in a shared transaction
             async def prove(batch: Sequence[Fence]) -> list[StorageError | None]:
-                return await store.work_fences_live(batch, later + 1)
+                return await store.work_fences_live(batch, lambda: later + 1)
 
             fences = Batcher(prove)
             nursery.start_soon(fences.run)

@@ -73,7 +73,7 @@ async def test_a_retire_between_the_guard_and_the_replay_leaves_no_replay(
     pins = attrs.evolve(dispatch_pins(), catalog_revision=current.revision,
                         catalog_digest=current.digest)
     attempt_id = await store.effect_checkpoint(
-        item.fence, attrs.evolve(attempt(accepted.command_id), pins=pins), T0)
+        item.fence, attrs.evolve(attempt(accepted.command_id), pins=pins), lambda: T0)
     # A replay-safe retry that may have applied: retired without a receipt.
     await record(store, item.fence, attempt_id, T0, outcome="REPLAY_SAFE_RETRY", status=503,
                  effect_evidence="maybe_applied")

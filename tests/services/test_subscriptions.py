@@ -95,7 +95,7 @@ class Rig:
                 await write(tx)
 
         (done,) = await self.store.work_finalize_if_owner(
-            [finalization(item, outcome, self.clock.now)], "A", self.clock.now,
+            [finalization(item, outcome, self.clock.now)], "A", lambda: self.clock.now,
             {item.work_id: all_writes} if writes else None)
         assert done.applied
         self.outcomes.append((SubscriptionPayload.from_payload(item.payload).kind, outcome))

@@ -107,7 +107,7 @@ async def test_a_pin_moved_after_the_claim_refuses_the_checkpoint(
     assert item.fence is not None
     await change(store)
     with pytest.raises(DispatchRefused) as refused:
-        await store.effect_checkpoint(item.fence, attempt(command_id), LATER)
+        await store.effect_checkpoint(item.fence, attempt(command_id), lambda: LATER)
     assert (refused.value.code, refused.value.sentence) == (code, sentence)
     assert await store.effect_attempts(command_id) == []
     got = await store.work_get(item.work_id)
@@ -117,7 +117,7 @@ async def test_a_pin_moved_after_the_claim_refuses_the_checkpoint(
 async def test_every_pin_current_the_checkpoint_is_written(store: WorkStore) -> None:
     command_id, item = await _claimed(store)
     assert item.fence is not None
-    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), LATER)
+    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), lambda: LATER)
     assert [a.attempt_id for a in await store.effect_attempts(command_id)] == [attempt_id]
 
 
@@ -132,7 +132,7 @@ async def test_a_request_built_from_another_revision_is_refused(store: WorkStore
     built_from_8 = attrs.evolve(attempt(command_id), pins=attrs.evolve(
         dispatch_pins(), catalog_revision=8, catalog_digest="sha256:catalog-8"))
     with pytest.raises(DispatchRefused) as refused:
-        await store.effect_checkpoint(item.fence, built_from_8, LATER)
+        await store.effect_checkpoint(item.fence, built_from_8, lambda: LATER)
     assert refused.value.code == "catalog_revision"
     assert refused.value.sentence == (
         "the request was built from Catalog revision 8 (sha256:catalog-8), not the pinned"
@@ -153,7 +153,7 @@ async def test_a_pinned_revision_that_is_not_stored_refuses_the_checkpoint(
     pins = attrs.evolve(dispatch_pins(), catalog_revision=9, catalog_digest="sha256:nine")
     with pytest.raises(DispatchRefused) as refused:
         await store.effect_checkpoint(
-            item.fence, attrs.evolve(attempt(accepted.command_id), pins=pins), LATER)
+            item.fence, attrs.evolve(attempt(accepted.command_id), pins=pins), lambda: LATER)
     assert (refused.value.code, refused.value.sentence) == (
         "catalog_revision_unavailable",
         "the pinned Catalog revision 9 (sha256:nine) is not stored")
@@ -166,11 +166,11 @@ async def test_a_request_built_for_other_pins_or_none_is_refused(store: WorkStor
     elsewhere = attrs.evolve(attempt(command_id),
                              pins=attrs.evolve(dispatch_pins(), remote_id="r-other"))
     with pytest.raises(DispatchRefused) as differ:
-        await store.effect_checkpoint(item.fence, elsewhere, LATER)
+        await store.effect_checkpoint(item.fence, elsewhere, lambda: LATER)
     assert differ.value.code == "dispatch_pins_differ"
     with pytest.raises(DispatchRefused) as unpinned:
         await store.effect_checkpoint(item.fence, attrs.evolve(attempt(command_id), pins=None),
-                                      LATER)
+                                      lambda: LATER)
     assert unpinned.value.code == "dispatch_unpinned"
     assert await store.effect_attempts(command_id) == []
 
@@ -182,7 +182,7 @@ async def test_a_moved_pin_refuses_only_its_own_request_in_a_batch(store: WorkSt
     await _retire(store)  # lead-1's link only
     answers = await store.effect_checkpoint_many(
         [(moved.fence, attempt(moved_id, "lead-1")), (kept.fence, attempt(kept_id, "lead-2"))],
-        LATER)
+        lambda: LATER)
     assert isinstance(answers[0], DispatchRefused) and answers[0].code == "link_inactive"
     assert isinstance(answers[1], str)
     assert await store.effect_attempts(moved_id) == []

@@ -165,14 +165,14 @@ async def test_stale_claimant_can_change_nothing(store: WorkStore) -> None:
     assert fresh.ownership_epoch == stale.ownership_epoch + 1
     assert fresh.attempt == 2
 
-    renew = await store.work_renew_if_owner([stale.fence], TTL, later)  # type: ignore[list-item]
+    renew = await store.work_renew_if_owner([stale.fence], TTL, lambda: later)  # type: ignore[list-item]
     assert renew.renewed == {} and renew.lost == [stale.fence]
     for outcome in (Succeeded(), RetryLater("x"), DeadLetter("x"), Skipped("x"), Released(),
                     Deferred("quota_wait", later)):
         result = await finalize(store, stale, outcome, now=later)
         assert not result.applied
     with pytest.raises(LostLease):
-        await store.work_fenced(stale.fence, later, _write_marker, name="t")  # type: ignore[arg-type]
+        await store.work_fenced(stale.fence, lambda: later, _write_marker, name="t")  # type: ignore[arg-type]
 
     row = await store.work_get(stale.work_id)
     assert row is not None
@@ -192,10 +192,10 @@ async def test_expired_but_unreclaimed_lease_is_already_lost(store: WorkStore) -
     (item,) = (await claim(store, ttl=5 * SEC)).claimed
     after = T0 + 5 * SEC + 1
     assert not (await finalize(store, item, Succeeded(), now=after)).applied
-    renew = await store.work_renew_if_owner([item.fence], TTL, after)  # type: ignore[list-item]
+    renew = await store.work_renew_if_owner([item.fence], TTL, lambda: after)  # type: ignore[list-item]
     assert renew.lost == [item.fence]
     with pytest.raises(LostLease):
-        await store.work_fenced(item.fence, after, _write_marker, name="t")  # type: ignore[arg-type]
+        await store.work_fenced(item.fence, lambda: after, _write_marker, name="t")  # type: ignore[arg-type]
 
 
 async def test_one_renewal_renews_groups_for_their_own_ttls(store: WorkStore) -> None:
@@ -208,7 +208,7 @@ async def test_one_renewal_renews_groups_for_their_own_ttls(store: WorkStore) ->
     now = T0 + SEC
     result = await store.work_renew_groups(
         [RenewGroup((fences[0], fences[1]), 10 * SEC), RenewGroup((fences[2], stale), 40 * SEC)],
-        now)
+        lambda: now)
     assert result.renewed == {fences[0].work_id: now + 10 * SEC,
                               fences[1].work_id: now + 10 * SEC,
                               fences[2].work_id: now + 40 * SEC}
@@ -216,7 +216,7 @@ async def test_one_renewal_renews_groups_for_their_own_ttls(store: WorkStore) ->
     by_id = {i.work_id: i for i in await _items(store, [f.work_id for f in fences])}
     assert [by_id[f.work_id].lease_until_us for f in fences] == [
         now + 10 * SEC, now + 10 * SEC, now + 40 * SEC, T0 + TTL]
-    assert (await store.work_renew_groups([], now)).renewed == {}
+    assert (await store.work_renew_groups([], lambda: now)).renewed == {}
 
 
 async def _items(store: WorkStore, ids: list[str]) -> list[WorkItem]:
@@ -235,7 +235,7 @@ async def test_fenced_write_commits_with_a_live_fence(store: WorkStore) -> None:
             (item.work_id,),
         )
 
-    assert await store.work_fenced(item.fence, T0 + SEC, body, name="t") == 1
+    assert await store.work_fenced(item.fence, lambda: T0 + SEC, body, name="t") == 1
     row = await store.work_get(item.work_id)
     assert row is not None and row.operator_summary == "fenced"
 
@@ -250,9 +250,9 @@ async def test_forged_fence_is_refused(store: WorkStore) -> None:
         Fence("01NOSUCHITEM0000000000000", item.lease_token, item.ownership_epoch),
     ):
         with pytest.raises(LostLease):
-            await store.work_fenced(forged, T0, _write_marker, name="t")
+            await store.work_fenced(forged, lambda: T0, _write_marker, name="t")
         (res,) = await store.work_finalize_if_owner(
-            [Finalization(fence=forged, event=WorkEvent.COMPLETE)], "A", T0
+            [Finalization(fence=forged, event=WorkEvent.COMPLETE)], "A", lambda: T0
         )
         assert not res.applied
 
@@ -260,7 +260,7 @@ async def test_forged_fence_is_refused(store: WorkStore) -> None:
 async def test_renewal_extends_the_lease(store: WorkStore) -> None:
     await enqueue(store)
     (item,) = (await claim(store, ttl=5 * SEC)).claimed
-    renew = await store.work_renew_if_owner([item.fence], 5 * SEC, T0 + 4 * SEC)  # type: ignore[list-item]
+    renew = await store.work_renew_if_owner([item.fence], 5 * SEC, lambda: T0 + 4 * SEC)  # type: ignore[list-item]
     assert renew.renewed == {item.work_id: T0 + 9 * SEC}
     # Past the original expiry but inside the renewed one, nobody can reclaim.
     assert (await claim(store, "B", now=T0 + 8 * SEC)).claimed == []
@@ -295,7 +295,7 @@ async def test_batch_finalize_reports_each_item(store: WorkStore) -> None:
     fins = [finalization(i, Succeeded()) for i in items[:2]] + [
         finalization(i, RetryLater("net")) for i in items[2:]
     ]
-    results = await store.work_finalize_if_owner(fins, "A", T0)
+    results = await store.work_finalize_if_owner(fins, "A", lambda: T0)
     assert [r.applied for r in results] == [False, True, True, True]
     assert [r.state for r in results] == [None, WorkState.SUCCEEDED, WorkState.RETRY,
                                           WorkState.RETRY]
@@ -319,7 +319,7 @@ async def test_batch_results_follow_input_order(store: WorkStore) -> None:
     items = (await claim(store, limit=4)).claimed
     outcomes: list[Outcome] = [Succeeded(), RetryLater("net"), Succeeded(), DeadLetter("bad")]
     fins = [finalization(i, o) for i, o in zip(items, outcomes, strict=True)]
-    results = await store.work_finalize_if_owner(fins, "A", T0)
+    results = await store.work_finalize_if_owner(fins, "A", lambda: T0)
     assert [r.fence.work_id for r in results] == [i.work_id for i in items]
     assert [r.state for r in results] == [WorkState.SUCCEEDED, WorkState.RETRY,
                                           WorkState.SUCCEEDED, WorkState.DEAD]
@@ -347,7 +347,7 @@ async def test_side_writes_commit_with_their_finalization_only(store: WorkStore)
 
     fins = [finalization(i, Succeeded()) for i in (ok, stale, broken)]
     results = await store.work_finalize_if_owner(
-        fins, "A", T0, side_writes={ok.work_id: mark(ok.work_id),
+        fins, "A", lambda: T0, side_writes={ok.work_id: mark(ok.work_id),
                                     stale.work_id: mark(stale.work_id),
                                     broken.work_id: failing})
     assert [(r.applied, r.error) for r in results] == [
@@ -375,7 +375,7 @@ async def test_side_writes_that_all_succeed_cost_one_transaction(store: WorkStor
 
     commits, rollbacks = store.db.stats.commits, store.db.stats.rollbacks
     results = await store.work_finalize_if_owner(
-        [finalization(i, Succeeded()) for i in items], "A", T0,
+        [finalization(i, Succeeded()) for i in items], "A", lambda: T0,
         side_writes={i.work_id: mark(i.work_id) for i in items})
     assert all(r.applied for r in results)
     assert (store.db.stats.commits, store.db.stats.rollbacks) == (commits + 1, rollbacks)
@@ -513,7 +513,7 @@ async def test_a_finalization_whose_savepoint_release_fails_leaves_no_journal_ro
 
     store.db.transact = transact  # type: ignore[method-assign]
     results = await store.work_finalize_if_owner(
-        [finalization(i, Succeeded()) for i in (broken, victim)], "A", T0,
+        [finalization(i, Succeeded()) for i in (broken, victim)], "A", lambda: T0,
         side_writes={broken.work_id: failing, victim.work_id: fine})
     store.db.transact = inner  # type: ignore[method-assign]
     assert state["failed"]

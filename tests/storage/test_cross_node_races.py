@@ -72,7 +72,7 @@ async def test_fenced_quota_reserves_from_every_store_never_hand_out_one_slot_tw
             try:
                 got = await store.quota_reserve("hot", roomy, fence=fence,
                                                 gate=SendGate.CHECKPOINT,
-                                                now_us=T0 + 2 * S, max_wait_us=60 * S)
+                                                now=lambda: T0 + 2 * S, max_wait_us=60 * S)
             except LostLease as exc:
                 refused.append(exc)
                 continue

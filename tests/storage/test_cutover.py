@@ -157,7 +157,7 @@ async def test_a_started_attempt_or_dispatch_history_blocks_the_fence(
     await store.effect_checkpoint(item.fence, AttemptDraft(
         command_id=accepted.command_id, method="PATCH", target_path="/x", safe_headers="{}",
         body_sha256="sha256:" + "0" * 64, idempotency_key="k", pre_dispatch_evidence="{}",
-        pins=dispatch_pins()), T0)
+        pins=dispatch_pins()), lambda: T0)
     await finalize(store, item, Released())
     await store.cutover_rollback_begin(params("external_effect"), T0)
     with pytest.raises(CutoverBlocked) as exc:

@@ -127,11 +127,11 @@ async def _workload(store: WorkStore) -> None:
     await store.work_enqueue([spec(
         dedupe_key="k")] * 2, T0)
     first = (await claim(store, ttl=SEC)).claimed
-    await store.work_renew_if_owner([i.fence for i in first if i.fence], SEC, T0)
+    await store.work_renew_if_owner([i.fence for i in first if i.fence], SEC, lambda: T0)
     # The lease keeper's renewal of several families (one TTL each): one CASE UPDATE.
     fences = [i.fence for i in first if i.fence]
     await store.work_renew_groups([RenewGroup(tuple(fences[:1]), SEC),
-                                   RenewGroup(tuple(fences[1:]), 2 * SEC)], T0)
+                                   RenewGroup(tuple(fences[1:]), 2 * SEC)], lambda: T0)
     again = (await claim(store, "B", now=T0 + 5 * SEC)).claimed  # reclaims expired leases
     outcomes: list[Outcome] = [
         Succeeded(), RetryLater("x"), DeadLetter("x"), Released(), CancelAcknowledged(),
@@ -215,7 +215,7 @@ async def _subscription_checkpoint_workload(store: WorkStore) -> None:
         await insert_attempt_pinned(tx, "P2", fence, draft, T0, binding_id="b",
                                     binding_generation=None)
 
-    await store.work_fenced(fence, T0, body, name="subscriptions.checkpoint")
+    await store.work_fenced(fence, lambda: T0, body, name="subscriptions.checkpoint")
 
     async def last(tx: SqlTx) -> None:
         await last_items(tx, "subs", [fence.work_id, "b"])
@@ -238,7 +238,7 @@ async def _effects_workload(store: WorkStore) -> None:
     (item,) = (await claim(store, family="external_effect", ttl=60 * SEC)).claimed
     assert item.fence is not None
     await store.effect_checkpoint_many([(item.fence, attempt(accepted.command_id, "lead-g"))],
-                                       T0)
+                                       lambda: T0)
     who = {"actor": "a", "role": "admin", "reason": "r"}
     await store.link_bind(TARGETS_SCOPE_DIGEST, "lead", "lead-b", "contact", "b1",
                           expected_generation=None, now_us=T0, **who)

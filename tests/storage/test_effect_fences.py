@@ -52,7 +52,7 @@ async def test_disposition_is_refused_while_the_work_item_is_processing(
 ) -> None:
     command_id, item = await _claimed(store, ttl=600 * SEC)
     assert item.fence is not None
-    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), lambda: T0)
     # Far past the in-flight window, but the claimant still holds the item.
     with pytest.raises(WorkConflict, match="is processing"):
         await _dispose(store, attempt_id, Disposition.OPERATOR_ABSENT, T0 + 300 * SEC)
@@ -64,7 +64,7 @@ async def test_disposition_is_refused_while_the_work_item_is_processing(
 async def test_disposition_is_refused_within_the_in_flight_window(store: WorkStore) -> None:
     command_id, item = await _claimed(store)
     assert item.fence is not None
-    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), lambda: T0)
     await record(store, item.fence, attempt_id, T0 + 5 * SEC, outcome="OUTCOME_UNKNOWN",
                  status=None, failure_class="transport")
     await finalize(store, item, RetryLater("outcome_unknown", "reconciling"), now=T0 + 5 * SEC)
@@ -80,7 +80,7 @@ async def test_the_journal_never_holds_accepted_with_operator_absent(store: Work
     # stale view of the item) fails: the finalization carrying it is refused.
     command_id, item = await _claimed(store, ttl=600 * SEC)
     assert item.fence is not None
-    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), lambda: T0)
     async def operator(tx: SqlTx) -> None:
         await dispose(tx, [attempt_id], Disposition.OPERATOR_ABSENT, "n", "otto", T0)
 
@@ -91,7 +91,7 @@ async def test_the_journal_never_holds_accepted_with_operator_absent(store: Work
     assert (row.outcome, row.disposition) == (None, "operator_absent")
     # And the operator path itself, judged in its UPDATE, refuses a processing item.
     second_id, second = await _second_processing(store)
-    second_attempt = await store.effect_checkpoint(second, attempt(second_id, "lead-2"), T0)
+    second_attempt = await store.effect_checkpoint(second, attempt(second_id, "lead-2"), lambda: T0)
 
     async def racing(tx: SqlTx) -> None:
         await dispose(tx, [second_attempt], Disposition.OPERATOR_ABSENT, "n", "otto", T0,
@@ -112,7 +112,7 @@ async def _second_processing(store: WorkStore) -> tuple[str, Fence]:
 async def test_disposition_after_an_accepted_outcome_is_refused(store: WorkStore) -> None:
     command_id, item = await _claimed(store)
     assert item.fence is not None
-    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), lambda: T0)
     await record(store, item.fence, attempt_id, T0, outcome="ACCEPTED", status=200)
     await finalize(store, item, DeadLetter("x", "y"))
     with pytest.raises(WorkConflict, match="not awaiting"):
@@ -127,7 +127,7 @@ async def test_attempts_left_without_outcome_are_awaiting_a_disposition(
 ) -> None:
     command_id, item = await _claimed(store, ttl=5 * SEC)
     assert item.fence is not None
-    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), lambda: T0)
     # In flight while its claim is live: not (yet) in the repair queue.
     assert await store.effect_unknown_list() == []
     assert await store.effect_unknown_backlog() == 0
@@ -144,7 +144,7 @@ async def test_an_expire_dead_leaves_its_attempt_counted_for_the_alert(
 ) -> None:
     command_id, item = await _claimed(store, ttl=5 * SEC, max_attempts=1)
     assert item.fence is not None
-    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), lambda: T0)
     # Past the lease with no attempts left: the reclaim makes it dead.
     await claim(store, family="external_effect", now=T0 + 10 * SEC)
     (dead,) = await store.work_list(WorkQuery(family="external_effect"))
@@ -162,14 +162,14 @@ async def test_unknown_and_left_attempts_are_listed_together_oldest_first(
 ) -> None:
     command_id, item = await _claimed(store, ttl=5 * SEC)
     assert item.fence is not None
-    left = await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+    left = await store.effect_checkpoint(item.fence, attempt(command_id), lambda: T0)
     other = await accept_pinned(store, draft("int-2", lead="lead-2"), T0)
     assert other.command_id is not None
     (second,) = (await claim(store, family="external_effect", now=T0 + SEC, ttl=60 * SEC,
                              limit=1)).claimed
     assert second.fence is not None and second.subject_id == other.command_id
     unknown = await store.effect_checkpoint(second.fence, attempt(other.command_id, "lead-2"),
-                                            T0 + 2 * SEC)
+                                            lambda: T0 + 2 * SEC)
     await record(store, second.fence, unknown, T0 + 2 * SEC, outcome="OUTCOME_UNKNOWN",
                  status=None, failure_class="transport")
     await finalize(store, second, DeadLetter("outcome_unknown", "x"), now=T0 + 2 * SEC)
@@ -186,7 +186,7 @@ async def test_cancel_of_an_effect_after_its_dispatch_checkpoint_is_refused(
 ) -> None:
     command_id, item = await _claimed(store)
     assert item.fence is not None
-    await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+    await store.effect_checkpoint(item.fence, attempt(command_id), lambda: T0)
     with pytest.raises(CancelRefused, match="outcome is not") as refused:
         await store.work_cancel_audited(who(item.work_id), T0 + 1, RULES)
     assert refused.value.code == "after_dispatch"
@@ -207,7 +207,7 @@ async def test_the_dispatch_checkpoint_refuses_after_a_cancel_request(
     result = await store.work_cancel_audited(who(item.work_id), T0, RULES)
     assert result.disposition == "requested"
     with pytest.raises(CancelRequested):
-        await store.effect_checkpoint(item.fence, attempt(command_id), T0 + 1)
+        await store.effect_checkpoint(item.fence, attempt(command_id), lambda: T0 + 1)
     assert await store.effect_attempts(command_id) == []
     ack = await finalize(store, item, CancelAcknowledged(), now=T0 + 1)
     assert ack.applied and ack.state is WorkState.CANCELLED
@@ -218,7 +218,7 @@ async def test_cancel_of_an_effect_awaiting_reconciliation_is_refused(
 ) -> None:
     command_id, item = await _claimed(store)
     assert item.fence is not None
-    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), lambda: T0)
     await record(store, item.fence, attempt_id, T0, outcome="OUTCOME_UNKNOWN", status=None,
                  failure_class="transport")
     await finalize(store, item, RetryLater("outcome_unknown", "reconciling"))
@@ -276,15 +276,15 @@ async def test_reconciliation_resolves_a_lapsed_replay_safe_retry_only(
         store: WorkStore, outcome: str, evidence: str, disposable: bool) -> None:
     command_id, item = await _claimed(store)
     assert item.fence is not None
-    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), lambda: T0)
     await record(store, item.fence, attempt_id, T0, outcome=outcome, status=None,
                  effect_evidence=evidence)
     if disposable:
         await store.effect_dispose(item.fence, [attempt_id], Disposition.PROVEN_ABSENT,
-                                   "read back, key retention passed", T0 + SEC)
+                                   "read back, key retention passed", lambda: T0 + SEC)
     else:
         with pytest.raises(WorkConflict, match="not awaiting"):
             await store.effect_dispose(item.fence, [attempt_id], Disposition.PROVEN_ABSENT,
-                                       "read back", T0 + SEC)
+                                       "read back", lambda: T0 + SEC)
     (row,) = await store.effect_attempts(command_id)
     assert row.disposition == (Disposition.PROVEN_ABSENT.value if disposable else None)

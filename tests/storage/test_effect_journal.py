@@ -30,7 +30,7 @@ async def record(store: WorkStore, fence: Fence, attempt_id: str, now: int, *, o
                  evidence: dict[str, str] | None = None,
                  effect_evidence: str = "maybe_applied") -> None:
     """The attempt's outcome, written under the fence (as the finalize side write does)."""
-    await store.work_fenced(fence, now, lambda tx: record_outcome(
+    await store.work_fenced(fence, lambda: now, lambda tx: record_outcome(
         tx, attempt_id, outcome=outcome, evidence=effect_evidence, response_status=status,
         provider_evidence=evidence or {}, failure_class=failure_class, gave_up_at_us=now,
         now_us=now),
@@ -40,7 +40,7 @@ async def record(store: WorkStore, fence: Fence, attempt_id: str, now: int, *, o
 async def settle_fenced(store: WorkStore, fence: Fence, command_id: str, now: int, *,
                         settlement: Settlement, result_format: int, remote_id: str = "",
                         canonical: str = "", digest: str = "") -> str:
-    return await store.work_fenced(fence, now, lambda tx: settle(
+    return await store.work_fenced(fence, lambda: now, lambda tx: settle(
         tx, command_id=command_id, settlement=settlement, result_format_version=result_format,
         remote_id=remote_id, canonical_result=canonical, result_digest=digest,
         receipt_max_attempts=5, now_us=now), name="test.settle")
@@ -56,16 +56,16 @@ async def _claimed_command(store: WorkStore, ttl: int = 30 * SEC) -> tuple[str, 
 async def test_checkpoint_needs_the_live_fence_and_is_one_per_claim(store: WorkStore) -> None:
     command_id, item = await _claimed_command(store, ttl=5 * SEC)
     assert item.fence is not None
-    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), lambda: T0)
     with pytest.raises(WorkConflict, match="unresolved attempt"):
-        await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+        await store.effect_checkpoint(item.fence, attempt(command_id), lambda: T0)
     (row,) = await store.effect_attempts(command_id)
     assert (row.attempt_id, row.ownership_epoch, row.outcome, row.unresolved) == (
         attempt_id, 1, None, True)
     # After the lease is gone, the stale claimant can neither checkpoint nor record.
     later = T0 + 6 * SEC
     with pytest.raises(LostLease):
-        await store.effect_checkpoint(item.fence, attempt(command_id), later)
+        await store.effect_checkpoint(item.fence, attempt(command_id), lambda: later)
     with pytest.raises(LostLease):
         await record(store, item.fence, attempt_id, later, outcome="ACCEPTED", status=200)
     with pytest.raises(LostLease):
@@ -79,7 +79,7 @@ async def test_one_outcome_per_attempt_then_settlement_queues_the_receipt(
 ) -> None:
     command_id, item = await _claimed_command(store)
     assert item.fence is not None
-    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), lambda: T0)
     await record(store, item.fence, attempt_id, T0, outcome="ACCEPTED", status=200,
                  evidence={"id": "7"})
     with pytest.raises(WorkConflict, match="already has an outcome"):
@@ -93,7 +93,7 @@ async def test_one_outcome_per_attempt_then_settlement_queues_the_receipt(
                             result_format=2, canonical="{}", digest="x")
     # No further dispatch once settled.
     with pytest.raises(WorkConflict, match="no further dispatch"):
-        await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+        await store.effect_checkpoint(item.fence, attempt(command_id), lambda: T0)
     receipt = await store.receipt_get(command_id)
     assert receipt is not None
     assert (receipt.result_format_version, receipt.remote_id, receipt.state) == (
@@ -102,7 +102,7 @@ async def test_one_outcome_per_attempt_then_settlement_queues_the_receipt(
     assert sender.work_id == receipt_work and sender.subject_id == command_id
     (claimed,) = (await claim(store, family="runtime_receipt")).claimed
     assert claimed.fence is not None
-    await store.work_fenced(claimed.fence, T0, lambda tx: mark_receipt(
+    await store.work_fenced(claimed.fence, lambda: T0, lambda tx: mark_receipt(
         tx, command_id, confirmed=True, error=None, now_us=T0), name="test.mark")
     confirmed = await store.receipt_get(command_id)
     assert confirmed is not None and confirmed.state is ReceiptState.CONFIRMED
@@ -111,7 +111,7 @@ async def test_one_outcome_per_attempt_then_settlement_queues_the_receipt(
 async def test_unknown_outcomes_wait_for_a_disposition(store: WorkStore) -> None:
     command_id, item = await _claimed_command(store)
     assert item.fence is not None
-    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), lambda: T0)
     await record(store, item.fence, attempt_id, T0, outcome="OUTCOME_UNKNOWN", status=None,
                  failure_class="transport")
     # The claimant finishes (an operator never disposes under a live claim) and
@@ -153,7 +153,7 @@ async def test_checkpoints_commit_together_and_each_gets_its_own_answer(
     assert all(f is not None for f in fences)
     f0, f1, f2, f3, f4 = (f for f in fences if f is not None)
     # ids[1] already has an unresolved attempt; ids[2] is settled; f3 is a stale fence.
-    await store.effect_checkpoint(f1, attempt(ids[1], "lead-1"), T0)
+    await store.effect_checkpoint(f1, attempt(ids[1], "lead-1"), lambda: T0)
     await settle_fenced(store, f2, ids[2], T0, settlement=Settlement.NO_EFFECT,
                         result_format=2, canonical="{}", digest="sha256:" + "1" * 64)
     stale = Fence(f3.work_id, "not-the-token", f3.ownership_epoch)
@@ -163,7 +163,7 @@ async def test_checkpoints_commit_together_and_each_gets_its_own_answer(
         (f2, attempt(ids[2], "lead-2")), (stale, attempt(ids[3], "lead-3")),
         (f4, attempt(ids[4], "lead-4")),
         (f4, attempt(ids[4], "lead-4")),  # the same command twice in one batch
-    ], T0 + 1)
+    ], lambda: T0 + 1)
     assert store.db.stats.commits == commits + 1
     assert isinstance(answers[0], str) and isinstance(answers[4], str)
     assert [type(a) for a in answers[1:4]] == [WorkConflict, WorkConflict, LostLease]
@@ -174,7 +174,8 @@ async def test_checkpoints_commit_together_and_each_gets_its_own_answer(
     (row,) = await store.effect_attempts(ids[4])
     assert (row.work_id, row.ownership_epoch) == (f4.work_id, f4.ownership_epoch)
     # Past the lease, nothing is written and every answer is LostLease.
-    late = await store.effect_checkpoint_many([(f0, attempt(ids[0], "lead-0"))], T0 + 6 * SEC)
+    late = await store.effect_checkpoint_many([(f0, attempt(ids[0], "lead-0"))],
+                                              lambda: T0 + 6 * SEC)
     assert [type(a) for a in late] == [LostLease]
 
 
@@ -197,7 +198,7 @@ async def test_the_effect_context_is_one_read(store: WorkStore) -> None:
     command, attempts, got, binding = found
     assert command == await store.command_get(command_id)
     assert (attempts, got, binding) == (0, link, BindingNow(1, True))
-    await store.effect_checkpoint(item.fence, attempt(command_id), T0)
+    await store.effect_checkpoint(item.fence, attempt(command_id), lambda: T0)
     assert await read("no-such-link") == (command, 1, None, BindingNow(1, True))
     assert await read_effect_context_missing(store) is None
 

@@ -69,7 +69,7 @@ async def _settled_newer(store: WorkStore) -> tuple[str, str]:
     (newer,) = (await claim(store, family="external_effect", now=T0 + 2 * SEC)).claimed
     assert newer.subject_id == new.command_id and newer.fence is not None
     attempt_id = await store.effect_checkpoint(newer.fence, attempt(new.command_id),
-                                               T0 + 2 * SEC)
+                                               lambda: T0 + 2 * SEC)
     await record(store, newer.fence, attempt_id, T0 + 2 * SEC, outcome="ACCEPTED", status=200)
     await settle_fenced(store, newer.fence, new.command_id, T0 + 2 * SEC,
                         settlement=Settlement.SUCCEEDED, result_format=1, remote_id="7")

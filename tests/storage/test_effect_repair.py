@@ -47,7 +47,7 @@ async def _dead_unknown(store: WorkStore, command_id: str, *, now: int = T0) -> 
     """One dispatched attempt with an unknown outcome, its work dead; the attempt id."""
     item = await _claim_one(store, now)
     assert item.fence is not None
-    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), now)
+    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id), lambda: now)
     await record(store, item.fence, attempt_id, now, outcome="OUTCOME_UNKNOWN", status=None,
                  failure_class="transport")
     await finalize(store, item, DeadLetter("outcome_unknown", "operator needed"), now=now)
@@ -67,7 +67,7 @@ async def _settle_repair(store: WorkStore, repair_id: str, settlement: Settlemen
                if i.subject_id == repair_id]
     assert item.fence is not None
     if attempt_outcome is not None:
-        attempt_id = await store.effect_checkpoint(item.fence, attempt(repair_id), now)
+        attempt_id = await store.effect_checkpoint(item.fence, attempt(repair_id), lambda: now)
         # The evidence classify() gives such an answer: a 200 applied, a 400 not applied.
         await record(store, item.fence, attempt_id, now, outcome=attempt_outcome,
                      status=200 if attempt_outcome == "ACCEPTED" else 400,

@@ -151,7 +151,7 @@ async def test_claim_with_unknown_commit_is_reconciled(mysql_db: FreshDatabase) 
         # Finalize through a cut COMMIT too: the result is read back, not guessed.
         proxy.cut_after_next_commit()
         fins = [finalization(i, Succeeded()) for i in result.claimed]
-        results = await store.work_finalize_if_owner(fins, "A", T0)
+        results = await store.work_finalize_if_owner(fins, "A", lambda: T0)
         assert proxy.cuts == 2
         assert all(r.applied and r.state is WorkState.SUCCEEDED for r in results)
         assert await direct.work_execution_totals("noop") == (3, 3)
@@ -175,7 +175,7 @@ async def test_a_lost_claim_commit_does_not_strand_the_batch(mysql_db: FreshData
             row = await direct.work_get(item.work_id)
             assert row is not None and row.lease_token == item.lease_token
         fins = [finalization(i, Succeeded()) for i in result.claimed]
-        assert all(r.applied for r in await store.work_finalize_if_owner(fins, "A", T0))
+        assert all(r.applied for r in await store.work_finalize_if_owner(fins, "A", lambda: T0))
         summary = await direct.work_execution_summary("noop")
         assert (summary.executions, summary.succeeded_items) == (3, 3)
         nursery.cancel_scope.cancel()

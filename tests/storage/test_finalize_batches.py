@@ -34,7 +34,7 @@ async def _dispatched(store: WorkStore, n: int) -> list[tuple[Command, str, Work
         command = await store.command_get(command_id)
         assert command is not None
         out.append((command, await store.effect_checkpoint(
-            item.fence, attempt(command_id, f"lead-{ids.index(command_id)}"), T0), item))
+            item.fence, attempt(command_id, f"lead-{ids.index(command_id)}"), lambda: T0), item))
     return out
 
 
@@ -61,7 +61,7 @@ async def test_settling_many_effects_costs_statements_per_batch_not_per_item(
     batch = await _dispatched(store, N)
     before = store.db.stats.statements
     results = await store.work_finalize_if_owner(
-        [finalization(item, Succeeded()) for _, _, item in batch], "A", T0 + 1,
+        [finalization(item, Succeeded()) for _, _, item in batch], "A", lambda: T0 + 1,
         side_writes={item.work_id: _accepted(c, a, f"r{i}")
                      for i, (c, a, item) in enumerate(batch)})
     assert all(r.applied for r in results)
@@ -92,7 +92,7 @@ async def test_settling_many_effects_costs_statements_per_batch_not_per_item(
         return write
 
     results = await store.work_finalize_if_owner(
-        [finalization(r, Succeeded()) for r in receipts], "A", T0 + 2,
+        [finalization(r, Succeeded()) for r in receipts], "A", lambda: T0 + 2,
         side_writes={r.work_id: confirmed(r.subject_id) for r in receipts})
     assert all(r.applied for r in results)
     # The fence UPDATE, the journal's rows and rollups, one UPDATE for the confirmations
@@ -110,15 +110,15 @@ async def test_a_conflicting_item_in_a_batch_is_left_out_alone(store: WorkStore)
     c0, c1, c2, c3 = (c.command_id for c, _, _ in batch)
     # Attempt 1 already has an outcome; command 2 is already settled (by another path).
     assert i1.fence is not None and i2.fence is not None
-    await store.work_fenced(i1.fence, T0, lambda tx: record_outcome(
+    await store.work_fenced(i1.fence, lambda: T0, lambda tx: record_outcome(
         tx, a1, outcome="REJECTED", evidence="not_applied", response_status=400,
         provider_evidence={}, failure_class="x", gave_up_at_us=T0, now_us=T0),
         name="test.record")
-    await store.work_fenced(i2.fence, T0, lambda tx: tx.execute(
+    await store.work_fenced(i2.fence, lambda: T0, lambda tx: tx.execute(
         "UPDATE external_commands SET settlement = 'no_effect' WHERE command_id = ?", (c2,)),
         name="test.settle")
     results = await store.work_finalize_if_owner(
-        [finalization(item, Succeeded()) for _, _, item in batch], "A", T0 + 1,
+        [finalization(item, Succeeded()) for _, _, item in batch], "A", lambda: T0 + 1,
         side_writes={item.work_id: _accepted(c, a, f"r{i}")
                      for i, (c, a, item) in enumerate(batch)})
     assert [r.applied for r in results] == [True, False, False, True]

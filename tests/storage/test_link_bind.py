@@ -91,7 +91,7 @@ async def test_a_rebind_with_an_attempt_in_doubt_is_refused(store: WorkStore) ->
     assert accepted.command_id is not None
     (item,) = (await claim(store, family="external_effect", ttl=600 * SEC)).claimed
     assert item.fence is not None
-    await store.effect_checkpoint(item.fence, attempt(accepted.command_id), T0)
+    await store.effect_checkpoint(item.fence, attempt(accepted.command_id), lambda: T0)
     with pytest.raises(LinkRefused) as refused:
         await _bind(store, "lead-1", "202", generation=1)
     assert refused.value.code == "unresolved_attempt"
@@ -109,6 +109,6 @@ async def test_queued_work_pinned_to_the_old_generation_fails_closed(store: Work
     rebound = await _bind(store, "lead-1", "202", generation=1)
     assert (rebound.link.link_key, rebound.link.generation) == (target_key("lead-1"), 2)
     with pytest.raises(DispatchRefused) as refused:
-        await store.effect_checkpoint(item.fence, attempt(accepted.command_id), T0 + SEC)
+        await store.effect_checkpoint(item.fence, attempt(accepted.command_id), lambda: T0 + SEC)
     assert refused.value.code == "link_generation"
     assert await store.effect_attempts(accepted.command_id) == []

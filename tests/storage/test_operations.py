@@ -35,7 +35,7 @@ async def test_cancel_running_work_is_acknowledged_by_its_claimant(store: WorkSt
     (item,) = (await claim(store)).claimed
     result = await store.work_cancel(wid, T0)
     assert result.disposition == "requested"
-    renew = await store.work_renew_if_owner([item.fence], TTL, T0 + SEC)  # type: ignore[list-item]
+    renew = await store.work_renew_if_owner([item.fence], TTL, lambda: T0 + SEC)  # type: ignore[list-item]
     assert renew.cancel_requested == [item.fence]
     ack = await finalize(store, item, CancelAcknowledged(), now=T0 + SEC)
     assert ack.applied and ack.state is WorkState.CANCELLED

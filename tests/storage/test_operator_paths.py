@@ -75,7 +75,7 @@ async def _dead_after(store: WorkStore, command_id: str, *, outcome: str,
     command = await store.command_get(command_id)
     assert command is not None
     attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id, command.local_id),
-                                               now)
+                                               lambda: now)
     await record(store, item.fence, attempt_id, now, outcome=outcome,
                  status=None if outcome == "OUTCOME_UNKNOWN" else 503,
                  failure_class="transport", effect_evidence=evidence)

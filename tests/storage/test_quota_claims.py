@@ -28,7 +28,7 @@ async def _fence(store: WorkStore, owner: str, now: int, ttl: int) -> Fence:
 
 async def _reserve(store: WorkStore, fence: Fence, now: int,
                    gate: SendGate = SendGate.CHECKPOINT) -> SlotReserved:
-    got = await store.quota_reserve("k", POLICY, fence=fence, gate=gate, now_us=now)
+    got = await store.quota_reserve("k", POLICY, fence=fence, gate=gate, now=lambda: now)
     assert isinstance(got, SlotReserved)
     return got
 
@@ -41,7 +41,7 @@ async def test_a_stale_fence_grants_nothing_and_binds_nothing(store: WorkStore) 
     (before,) = await store.quota_keys("k")
     with pytest.raises(LostLease):
         await store.quota_reserve("k", POLICY, fence=stale, gate=SendGate.CHECKPOINT,
-                                  now_us=T0 + 2 * SEC + 1)
+                                  now=lambda: T0 + 2 * SEC + 1)
     (after,) = await store.quota_keys("k")
     assert after == before  # the shared budget did not move
     assert len(await store.quota_reservations(stale.work_id)) == 1  # only the live one's
@@ -70,7 +70,7 @@ async def test_a_lost_claims_slot_is_settled_once_after_its_window(
     lost = await _fence(store, "A", T0, ttl=SEC)
     slot = await _reserve(store, lost, T0, gate)
     if hand_out:
-        await store.quota_hand_out(lost, [slot.reservation_id], now_us=T0 + 1)
+        await store.quota_hand_out(lost, [slot.reservation_id], now=lambda: T0 + 1)
     policies = {"k": POLICY}
     # Lease over but not reclaimed: the claim may still settle its own slot.
     assert await store.quota_return_lost(policies, now_us=T0 + 2 * SEC, margin_us=0) == []
@@ -106,10 +106,10 @@ async def test_a_live_claim_releases_its_own_slots_fenced(store: WorkStore) -> N
     release = [SlotRelease(
         slot.reservation_id, "k", POLICY, slot.position_us)]
     with pytest.raises(LostLease):
-        await store.quota_release(stale, release, now_us=T0 + 1)
+        await store.quota_release(stale, release, now=lambda: T0 + 1)
     (row,) = await store.quota_reservations(fence.work_id)
     assert row.state is ReservationState.RESERVED
-    await store.quota_release(fence, release, now_us=T0 + 1)
+    await store.quota_release(fence, release, now=lambda: T0 + 1)
     (row,) = await store.quota_reservations(fence.work_id)
     (key,) = await store.quota_keys("k")
     assert (row.state, key.granted_total, key.returned_total) == (

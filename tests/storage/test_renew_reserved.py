@@ -57,7 +57,7 @@ async def test_a_renewal_does_not_wait_for_a_pool_exhausted_by_handlers(
         # Bounded only so that the failure shows as a failure, not a hang: without a
         # reserved connection the renewal waits until the handlers let go.
         with trio.move_on_after(10) as waited:
-            renewed = await store.work_renew_if_owner(fences, TTL, T0 + SEC)
+            renewed = await store.work_renew_if_owner(fences, TTL, lambda: T0 + SEC)
         release.set()
     assert not waited.cancelled_caught, "the renewal queued behind the handlers"
     assert sorted(renewed.renewed) == sorted(f.work_id for f in fences)

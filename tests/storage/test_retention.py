@@ -219,7 +219,7 @@ async def test_batches_respect_the_byte_budget(store: WorkStore) -> None:
     cut = Cutoffs(work_us=PAST_WORK - 30 * DAY_US, facts_us=PAST_WORK - 400 * DAY_US)
     batch = await store.retention_prune_batch(BatchParams(
         rule=rule, partition="succeeded", cursor=None, token="t1", cutoffs=cut,
-        batch_rows=50, batch_bytes=8000, ttl_us=60 * SEC), PAST_WORK)
+        batch_rows=50, batch_bytes=8000, ttl_us=60 * SEC), lambda: PAST_WORK)
     # ~3,520 bytes a row: two fit in 8,000.
     assert (batch.deleted, batch.exhausted) == (2, False)
     assert await count(store, "work_items") == 4
@@ -247,17 +247,17 @@ async def test_one_pruner_at_a_time_and_a_stale_one_deletes_nothing(
 
     # B never won: its batches are refused and delete nothing.
     with pytest.raises(RetentionLeaseLost):
-        await b.retention_prune_batch(batch("tb"), PAST_WORK + SEC)
-    assert (await a.retention_prune_batch(batch("ta"), PAST_WORK + SEC)).deleted == 3
+        await b.retention_prune_batch(batch("tb"), lambda: PAST_WORK + SEC)
+    assert (await a.retention_prune_batch(batch("ta"), lambda: PAST_WORK + SEC)).deleted == 3
     # A pauses past its lease; B takes over; A (the zombie) can delete nothing more.
     later = PAST_WORK + 2 * 60 * SEC
     taken = await b.retention_lease_acquire(attrs.evolve(lease, holder="b", token="tb2"),
                                             later)
     assert isinstance(taken, LeaseGranted) and taken.epoch == won.epoch + 1
     with pytest.raises(RetentionLeaseLost):
-        await a.retention_prune_batch(batch("ta"), later)
+        await a.retention_prune_batch(batch("ta"), lambda: later)
     assert await count(a, "work_items") == 7
-    assert (await b.retention_prune_batch(batch("tb2"), later)).deleted == 3
+    assert (await b.retention_prune_batch(batch("tb2"), lambda: later)).deleted == 3
     # A's release of a lease it lost changes nothing.
     assert not await a.retention_lease_release(token="ta", summary={}, now_us=later)
     status = await a.retention_status()

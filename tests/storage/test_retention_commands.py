@@ -79,7 +79,7 @@ async def _kept(store: WorkStore, now_us: int) -> dict[str, int]:
     for partition in rule.scans():
         batch = await store.retention_prune_batch(BatchParams(
             rule=rule, partition=partition, cursor=None, token="tk", cutoffs=cut,
-            batch_rows=100, batch_bytes=8_000_000, ttl_us=60 * SEC), now_us)
+            batch_rows=100, batch_bytes=8_000_000, ttl_us=60 * SEC), lambda: now_us)
         assert batch.exhausted and batch.deleted == 0, batch
         for reason, n in batch.kept.items():
             kept[reason] = kept.get(reason, 0) + n

@@ -60,7 +60,7 @@ async def test_dispatch_history_blocks_rollback(store: WorkStore) -> None:
     await store.effect_checkpoint(item.fence, AttemptDraft(
         command_id=accepted.command_id, method="PATCH", target_path="/x", safe_headers="{}",
         body_sha256="sha256:" + "0" * 64, idempotency_key="k", pre_dispatch_evidence="{}",
-        pins=dispatch_pins()), T0)
+        pins=dispatch_pins()), lambda: T0)
     await finalize(store, item, Released())  # back to retry, with an attempt on record
     with pytest.raises(WorkConflict, match="dispatch history"):
         await store.work_rollback_fence("external_effect", "fence-1", T0)

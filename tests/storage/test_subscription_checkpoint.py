@@ -45,7 +45,7 @@ async def _insert(store: WorkStore, fence: Fence, attempt_id: str,
         return await insert_attempt_pinned(tx, attempt_id, fence, _draft(fence), T0,
                                            binding_id="b", binding_generation=generation)
 
-    inserted: bool = await store.work_fenced(fence, T0, body, name="t")
+    inserted: bool = await store.work_fenced(fence, lambda: T0, body, name="t")
     return inserted
 
 

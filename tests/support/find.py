@@ -67,8 +67,8 @@ async def seed_calls(store: WorkStore, t0: int) -> list[Seeded]:
 async def _dispatch(store: WorkStore, item: WorkItem, command_id: str, lead: str,
                     outcome: str, status: int | None, now: int) -> Seeded:
     assert item.fence is not None
-    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id, lead), now)
-    await store.work_fenced(item.fence, now, lambda tx: record_outcome(
+    attempt_id = await store.effect_checkpoint(item.fence, attempt(command_id, lead), lambda: now)
+    await store.work_fenced(item.fence, lambda: now, lambda tx: record_outcome(
         tx, attempt_id, outcome=outcome, evidence="maybe_applied", response_status=status,
         provider_evidence={}, failure_class="", gave_up_at_us=now, now_us=now,
         exchange=None if status == 200 else failed_exchange(status).to_json()),

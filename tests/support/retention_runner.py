@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 
 import trio
 
@@ -25,14 +26,14 @@ async def main(url: str, holder: str, now_us: int, passes: int, start_at: float)
     spans: list[float] = []
     batch = store.retention_prune_batch
 
-    async def timed(params: BatchParams, now: int) -> BatchResult:
+    async def timed(params: BatchParams, now: Callable[[], int]) -> BatchResult:
         spans.append(time.time())
         try:
             return await batch(params, now)
         finally:
             spans.append(time.time())
 
-    store.retention_prune_batch = timed  # type: ignore[method-assign,assignment]
+    store.retention_prune_batch = timed  # type: ignore[method-assign]
     await trio.sleep(max(0.0, start_at - time.time()))
     done = 0
     while passes == 0 or done < passes:

@@ -51,5 +51,5 @@ def finalization(item: WorkItem, outcome: Outcome, now: int = T0) -> Finalizatio
 async def finalize(store: WorkStore, item: WorkItem, outcome: Outcome,
                    now: int = T0, replica: str = "A") -> FinalizeResult:
     (result,) = await store.work_finalize_if_owner([finalization(item, outcome, now)],
-                                                    replica, now)
+                                                    replica, lambda: now)
     return result
