@@ -6,13 +6,12 @@ same rows (issue 23 item 1: pressure, latency, filters per org, binding and oper
 from __future__ import annotations
 
 from daemon.core.latency import bucket_of as latency_bucket
-from storage.effects import mark_receipt
 from storage.history import BUCKET_US, DAY_US, HOUR_US, bucket_of
 from storage.history_flow import ACCEPTED, RECEIPTED, FlowFilter, FlowPoint
 from storage.port import SqlTx
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
-from tests.support.find import Seeded, seed_calls, settle_command
+from tests.support.find import seed_receipts
 from tests.support.work import SEC, T0
 
 M0 = bucket_of(T0)
@@ -33,32 +32,10 @@ async def _rows(store: WorkStore) -> dict[tuple[int, int, str, str, str, str, in
     return await store.db.transact(body, name="test.flow_rows", write=False)
 
 
-async def _confirm(store: WorkStore, seeded: Seeded, now: int) -> None:
-    await store.db.transact(lambda tx: mark_receipt(tx, seeded.command_id, confirmed=True,
-                                                    error=None, now_us=now),
-                            name="test.confirm")
-
-
-async def _two_receipts(store: WorkStore) -> list[Seeded]:
-    """Six commands accepted at T0 + 0..5 s (one minute); two answered and confirmed:
-    the first answered after 10 s and confirmed a minute later, the third answered after
-    ~2 s and confirmed after ~3 s; a repeated confirmation and a failed delivery."""
-    seeded = await seed_calls(store, T0)
-    await settle_command(store, seeded[0], T0 + 10 * SEC)
-    await settle_command(store, seeded[2], T0 + 4 * SEC)
-    await store.db.transact(lambda tx: mark_receipt(tx, seeded[0].command_id, confirmed=False,
-                                                    error="http_503:", now_us=T0 + 30 * SEC),
-                            name="test.refused")
-    await _confirm(store, seeded[0], T0 + 70 * SEC)
-    await _confirm(store, seeded[2], T0 + 5 * SEC)
-    await _confirm(store, seeded[2], T0 + 9 * SEC)  # a repeat: already confirmed
-    return seeded
-
-
 async def test_accepted_and_receipted_are_counted_once_with_their_latencies(
         database: FreshDatabase) -> None:
     a, b = await database.open_store(), await database.open_store()
-    await _two_receipts(a)
+    await seed_receipts(a, T0)
     first = (latency_bucket(10 * SEC), latency_bucket(70 * SEC))
     third = (latency_bucket(2 * SEC), latency_bucket(3 * SEC))
     assert await b.history_flow(M0, M0 + 2 * BUCKET_US, BUCKET_US) == [
@@ -96,7 +73,7 @@ async def test_accepted_and_receipted_are_counted_once_with_their_latencies(
 async def test_a_flow_rebuild_from_the_rows_equals_the_maintained_rollup(
         database: FreshDatabase) -> None:
     a, b = await database.open_store(), await database.open_store()
-    await _two_receipts(a)
+    await seed_receipts(a, T0)
     maintained = await _rows(a)
 
     async def damage(tx: SqlTx) -> None:
