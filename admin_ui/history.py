@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlencode
 
+import attrs
 from quart import Blueprint, request
 from quart.wrappers import Response
 
@@ -37,6 +38,7 @@ from admin_ui.errors import BadFilter
 from admin_ui.extensions import ConsoleExtensions, NavItem
 from admin_ui.filters import Args
 from admin_ui.history_flow import flow_doc, latency_lines, pressure_lines
+from admin_ui.history_quota import quota_doc, quota_lines
 from admin_ui.render import fmt_iso, page
 from daemon.core.history_range import PRESETS_US, BadRange, HistoryRange, parse_time, resolve
 from daemon.core.human_time import latency_text
@@ -46,9 +48,10 @@ from storage.work_store import WorkStore
 
 ACTIONS = {"history.read": frozenset({"viewer", "operator", "admin"})}
 FLOW_KEYS = ("org", "binding", "operation")
-HISTORY_KEYS = ("range", "from", "to", "family", *FLOW_KEYS)
+HISTORY_KEYS = ("range", "from", "to", "family", *FLOW_KEYS, "key")
 ITEMS_KEYS = ("from", "to", "family", "outcome", "limit")
 COMMANDS_KEYS = ("metric", "from", "to", *FLOW_KEYS, "limit")
+SLOTS_KEYS = ("key", "from", "to", "limit")
 # A line of points per (name, dashed): (at_us, value or None, link, time text).
 Line = tuple[str, bool, list[tuple[int, float | None, str, str]]]
 ITEMS_MAX_SPAN_US = 7 * 24 * 3600 * 1_000_000
@@ -60,16 +63,25 @@ def _flow_filter(args: Args) -> FlowFilter:
                       operation=args.text("operation"))
 
 
-def parse_history(pairs: Iterable[tuple[str, str]], now_us: int
-                  ) -> tuple[HistoryRange, str | None, FlowFilter]:
-    """The range, the family and the effect path's filters a query names (BadFilter:
-    a 400 naming what it cannot read)."""
+@attrs.frozen
+class HistoryQuery:
+    """What a History request names: the range, the executions' family, the effect
+    path's filters and the quota key."""
+
+    chosen: HistoryRange
+    family: str | None
+    where: FlowFilter
+    quota_key: str | None
+
+
+def parse_history(pairs: Iterable[tuple[str, str]], now_us: int) -> HistoryQuery:
+    """BadFilter (a 400 naming what it cannot read) for whatever cannot be parsed."""
     args = Args(pairs, HISTORY_KEYS)
     try:
         chosen = resolve(now_us, args.text("range"), args.text("from"), args.text("to"))
     except BadRange as exc:
         raise BadFilter(str(exc)) from None
-    return chosen, args.text("family"), _flow_filter(args)
+    return HistoryQuery(chosen, args.text("family"), _flow_filter(args), args.text("key"))
 
 
 def _items_href(at_us: int, step_us: int, family: str | None, outcome: str) -> str:
@@ -157,7 +169,7 @@ def _point_links(doc: dict[str, Any], lines: list[Line], chosen: HistoryRange,
     links = []
     for name, _, points in lines:
         for at, value, href, at_text in points:
-            if value:
+            if value and href:
                 links.append({
                     "x": round(doc["left"] + (at - t0) * x_scale, 1),
                     "y": round(doc["base"] - value * y_scale, 1),
@@ -172,14 +184,18 @@ async def history_for(store: WorkStore, pairs: Iterable[tuple[str, str]],
                       now_us: int) -> dict[str, Any]:
     """The History read model (page, API and ``integrationd history show``): two reads
     of the rollups, each an index range on (level, bucket)."""
-    chosen, family, where = parse_history(pairs, now_us)
+    q = parse_history(pairs, now_us)
+    chosen, family, where = q.chosen, q.family, q.where
     points = await store.history_outcomes(chosen.since_us, chosen.until_us,
                                           chosen.step_us, family)
     flow = await store.history_flow(chosen.since_us, chosen.until_us, chosen.step_us, where)
+    slots, limits = await store.history_quota(chosen.since_us, chosen.until_us,
+                                              chosen.step_us, q.quota_key)
     return {**history_doc(points, chosen, family),
             "filters": {"family": family, "org": where.org, "binding": where.binding,
-                        "operation": where.operation},
-            **flow_doc(flow, chosen, where)}
+                        "operation": where.operation, "key": q.quota_key},
+            **flow_doc(flow, chosen, where),
+            "quota": quota_doc(slots, limits, chosen, _buckets(chosen))}
 
 
 async def _history(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
@@ -236,6 +252,21 @@ async def _commands(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
             "commands": [command_json(c) for c in rows], "more": len(rows) == limit}
 
 
+async def _slots(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    args = Args(pairs, SLOTS_KEYS)
+    quota_key = args.text("key")
+    if quota_key is None:
+        raise BadFilter("key is required (the quota key)")
+    since, until = _bucket(args)
+    limit = args.integer("limit", 100, 1, 500)
+    rows = await console().view.store.history_quota_slots(quota_key, since, until, limit)
+    return {"key": quota_key, "from_us": since, "to_us": until, "from": fmt_iso(since),
+            "to": fmt_iso(until), "limit": limit, "more": len(rows) == limit,
+            "slots": [{"reservation_id": r.reservation_id, "work_id": r.work_id,
+                       "state": r.state, "slot_at_us": r.slot_at_us,
+                       "slot_at": fmt_iso(r.slot_at_us)} for r in rows]}
+
+
 async def _items(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
     args = Args(pairs, ITEMS_KEYS)
     since, until = _bucket(args)
@@ -271,6 +302,9 @@ def build_blueprint() -> Blueprint:
             "latency": _chart("chart-history-latency",
                               "latency from accept to provider answer and to Runtime receipt",
                               latency_lines(doc), chosen, unit="ms"),
+            "quota": _chart("chart-history-quota",
+                            "quota slots used per step, in percent of the key's limit",
+                            quota_lines(doc), chosen, unit="%"),
         }
         return await page("history.html", doc=doc, charts=charts, presets=list(PRESETS_US),
                           step_text=_step_text(doc["step_us"]))
@@ -300,6 +334,17 @@ def build_blueprint() -> Blueprint:
     @require("history.read")
     async def api_commands() -> dict[str, Any]:
         return await _commands(request.args.items(multi=True))
+
+    @bp.get("/admin/history/slots")
+    @require("history.read")
+    async def slots_page() -> Response:
+        return await page("history_slots.html",
+                          doc=await _slots(request.args.items(multi=True)))
+
+    @bp.get("/admin/api/history/slots")
+    @require("history.read")
+    async def api_slots() -> dict[str, Any]:
+        return await _slots(request.args.items(multi=True))
 
     return bp
 
@@ -348,11 +393,13 @@ OPENAPI_PATHS: dict[str, dict[str, Any]] = {
             _q("from", "custom range start: ISO 8601 UTC or epoch seconds", _TIME),
             _q("to", "custom range end: ISO 8601 UTC or epoch seconds", _TIME),
             _FAMILY, *_FLOW,
+            _q("key", "one quota key (the quota chart; empty: the busiest keys)",
+               {"type": "string", "maxLength": 255}),
         ],
         "responses": {"200": {"description": "ok", "content": {"application/json": {
             "schema": {"type": "object", "required": ["range", "from_us", "to_us", "step_us",
                                                       "throughput", "dlq_inflow", "filters",
-                                                      "pressure", "latency"]}}}},
+                                                      "pressure", "latency", "quota"]}}}},
                       **_ERRORS},
     }},
     "/admin/api/history/items": {"get": {
@@ -382,6 +429,21 @@ OPENAPI_PATHS: dict[str, dict[str, Any]] = {
         ],
         "responses": {"200": {"description": "ok", "content": {"application/json": {
             "schema": {"type": "object", "required": ["commands", "more"]}}}},
+                      **_ERRORS},
+    }},
+    "/admin/api/history/slots": {"get": {
+        "summary": "The quota reservations of one key whose slot falls in one bucket,"
+                   " newest first, each naming its work item",
+        "parameters": [
+            {**_q("key", "the quota key", {"type": "string", "minLength": 1,
+                                           "maxLength": 255}), "required": True},
+            {**_q("from", "bucket start: ISO 8601 UTC or epoch seconds", _TIME),
+             "required": True},
+            {**_q("to", "bucket end: ISO 8601 UTC or epoch seconds", _TIME), "required": True},
+            _LIMIT,
+        ],
+        "responses": {"200": {"description": "ok", "content": {"application/json": {
+            "schema": {"type": "object", "required": ["slots", "more"]}}}},
                       **_ERRORS},
     }},
 }

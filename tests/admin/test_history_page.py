@@ -20,6 +20,7 @@ from daemon.services.replica import Replica
 from tests.admin.support import ConsoleHarness
 from tests.admin.test_openapi import _routes
 from tests.support.find import seed_receipts
+from tests.support.history import use_quota
 from tests.support.work import T0
 
 
@@ -72,6 +73,12 @@ BAD_RANGES = [
     ("binding=" + "b" * 256, "binding is longer than 255"),
     ("operation=a%01b", "operation contains control characters"),
     ("org=org-1&org=org-2", "more than once"),
+    ("key=" + "k" * 256, "key is longer than 255"),
+]
+BAD_SLOTS = [
+    ("from=1800000000&to=1800000060", "key is required"),
+    ("key=k", "from and to are required"),
+    ("key=k&from=1800000000&to=1800000060&org=o", "unknown parameter 'org'"),
 ]
 BAD_COMMANDS = [
     ("from=1800000000&to=1800000060", "metric must be one of accepted, receipted"),
@@ -106,12 +113,13 @@ async def test_a_range_or_filter_that_cannot_be_parsed_is_a_400_with_a_message(
             assert answer.status_code == 400, query
         answer = await viewer.get(f"/admin/api/history/items?{query}")
         assert message in (await answer.get_json())["message"], query
-    for query, message in BAD_COMMANDS:
-        for prefix in ("/admin/api", "/admin"):
-            answer = await viewer.get(f"{prefix}/history/commands?{query}")
-            assert answer.status_code == 400, query
-        answer = await viewer.get(f"/admin/api/history/commands?{query}")
-        assert message in (await answer.get_json())["message"], query
+    for listing, rows in (("commands", BAD_COMMANDS), ("slots", BAD_SLOTS)):
+        for query, message in rows:
+            for prefix in ("/admin/api", "/admin"):
+                answer = await viewer.get(f"{prefix}/history/{listing}?{query}")
+                assert answer.status_code == 400, query
+            answer = await viewer.get(f"/admin/api/history/{listing}?{query}")
+            assert message in (await answer.get_json())["message"], query
 
 
 async def test_the_history_routes_are_documented_and_need_a_session(
@@ -120,7 +128,7 @@ async def test_the_history_routes_are_documented_and_need_a_session(
     viewer, _ = await console.sign_in("viv")
     documented = (await (await viewer.get("/admin/api/openapi.json")).get_json())["paths"]
     for path in ("/admin/api/history", "/admin/api/history/items",
-                 "/admin/api/history/commands"):
+                 "/admin/api/history/commands", "/admin/api/history/slots"):
         assert path in documented and (path, "get") in _routes(console)
         assert (await console.client().get(path)).status_code == 401
 
@@ -176,3 +184,32 @@ async def test_pressure_and_latency_per_org_binding_and_operation_link_their_com
     assert link is not None
     page = await (await viewer.get(link[1].replace("&amp;", "&"))).get_data(as_text=True)
     assert f'href="/admin/effects/commands/{seeded[2].command_id}"' in page
+
+
+async def test_quota_use_against_the_limit_per_key_links_its_slots(
+        console: ConsoleHarness) -> None:
+    """Quota use over time from the ``history_quota`` rollup: per key and step, slots
+    granted minus given back, against the key's limit scaled to the step."""
+    await use_quota(console.store, console.store, T0)
+    _with_history(console)
+    viewer, _ = await console.sign_in("viv")
+    span = f"from={T0 // 1_000_000 - 60}&to={T0 // 1_000_000 + 240}"
+    doc = await (await viewer.get(f"/admin/api/history?{span}")).get_json()
+    k, other = doc["quota"]["keys"]
+    assert (k["quota_key"], k["granted_total"], k["released_total"], k["used_total"]) == (
+        "k", 3, 2, 1)
+    assert (other["quota_key"], other["used_total"]) == ("other", 1)
+    # 600 a minute: a one-minute step allows 600; one slot used is 0.2 % of it.
+    assert (k["limit_count"], k["allowed_per_step"], k["peak_use_pct"]) == (600, 600.0, 0.2)
+    (busy,) = [p for p in k["points"] if p["granted"]][:1]
+    slots = await (await viewer.get(busy["items"].replace("/admin/", "/admin/api/", 1)))\
+        .get_json()
+    assert [s["state"] for s in slots["slots"]] == ["released", "reserved"]
+    one = await (await viewer.get(f"/admin/api/history?{span}&key=other")).get_json()
+    assert [q["quota_key"] for q in one["quota"]["keys"]] == ["other"]
+    html = await (await viewer.get(f"/admin/history?{span}")).get_data(as_text=True)
+    assert 'id="chart-history-quota"' in html and 'data-key="k"' in html
+    link = re.search(r'<a class="point-link" href="([^"]+)" data-series="k"', html)
+    assert link is not None
+    page = await (await viewer.get(link[1].replace("&amp;", "&"))).get_data(as_text=True)
+    assert all(f'href="/admin/work/{s["work_id"]}"' in page for s in slots["slots"])

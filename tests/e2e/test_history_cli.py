@@ -10,8 +10,8 @@ from admin_ui.history import history_for
 from daemon.core.outcomes import DeadLetter, Succeeded
 from storage.port import SqlTx
 from tests.support.backends import fresh_database
-from tests.support.processes import run_cli, write_config
 from tests.support.find import seed_receipts
+from tests.support.processes import run_cli, write_config
 from tests.support.work import T0, claim, enqueue, finalize
 
 

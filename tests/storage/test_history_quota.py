@@ -6,32 +6,15 @@ quota use over time against the key's limit)."""
 
 from __future__ import annotations
 
-from daemon.core.lost_slots import SendGate
-from daemon.core.quota import QuotaPolicy
-from daemon.core.work import Fence
 from storage.history import BUCKET_US, DAY_US, HOUR_US, bucket_of
 from storage.history_quota import GRANTED, RELEASED, QuotaLimit, QuotaPoint
 from storage.port import SqlTx
-from storage.quota import SlotRelease, SlotReserved
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
-from tests.support.work import SEC, T0, claim, enqueue
+from tests.support.history import use_quota
+from tests.support.work import SEC, T0
 
 M0 = bucket_of(T0)
-POLICY = QuotaPolicy(limit=600, window_us=60 * SEC, jitter_us=0)  # ten a second
-
-
-async def _fence(store: WorkStore, owner: str, now: int, ttl: int) -> Fence:
-    (item,) = (await claim(store, owner=owner, now=now, ttl=ttl, limit=1)).claimed
-    assert item.fence is not None
-    return item.fence
-
-
-async def _reserve(store: WorkStore, key: str, fence: Fence, now: int) -> SlotReserved:
-    got = await store.quota_reserve(key, POLICY, fence=fence, gate=SendGate.CHECKPOINT,
-                                    now_us=now)
-    assert isinstance(got, SlotReserved)
-    return got
 
 
 async def _rows(store: WorkStore) -> dict[tuple[int, int, str, str], int]:
@@ -43,32 +26,10 @@ async def _rows(store: WorkStore) -> dict[tuple[int, int, str, str], int]:
     return await store.db.transact(body, name="test.quota_rows", write=False)
 
 
-async def _use_some(a: WorkStore, b: WorkStore) -> None:
-    """Minute 0: A reserves two slots of ``k`` and releases one, B one of ``other``;
-    minute 1: a claim lost with its slot, refunded by the sweep."""
-    await enqueue(a, 4, now=T0)
-    first = await _fence(a, "A", T0, ttl=600 * SEC)
-    kept = await _reserve(a, "k", first, T0)
-    second = await _fence(a, "A", T0, ttl=600 * SEC)
-    given = await _reserve(a, "k", second, T0 + SEC)
-    await a.quota_release(second, [SlotRelease(given.reservation_id, "k", POLICY,
-                                               given.position_us)], now_us=T0 + SEC)
-    third = await _fence(b, "B", T0, ttl=600 * SEC)
-    await _reserve(b, "other", third, T0 + 2 * SEC)
-    later = M0 + BUCKET_US + 5 * SEC
-    lost = await _fence(a, "A", later, ttl=SEC)
-    await _reserve(a, "k", lost, later)
-    await _fence(b, "B", later + 2 * SEC, ttl=600 * SEC)  # reclaimed by B
-    (refund,) = await b.quota_return_lost({"k": POLICY}, now_us=later + 3 * SEC,
-                                          margin_us=0)
-    assert refund.work_id == lost.work_id
-    assert kept.slot_us == T0
-
-
 async def test_slots_granted_and_given_back_are_counted_once_by_their_minute(
         database: FreshDatabase) -> None:
     a, b = await database.open_store(), await database.open_store()
-    await _use_some(a, b)
+    await use_quota(a, b, T0)
     M1 = M0 + BUCKET_US
     points, limits = await b.history_quota(M0, M0 + 2 * BUCKET_US, BUCKET_US)
     assert points == [
@@ -90,7 +51,7 @@ async def test_slots_granted_and_given_back_are_counted_once_by_their_minute(
 async def test_a_quota_rebuild_from_the_reservations_equals_the_maintained_rows(
         database: FreshDatabase) -> None:
     a, b = await database.open_store(), await database.open_store()
-    await _use_some(a, b)
+    await use_quota(a, b, T0)
     maintained = await _rows(a)
 
     async def damage(tx: SqlTx) -> None:
