@@ -47,6 +47,7 @@ def add_history_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     show.add_argument("--org", help="the effect path of this org only")
     show.add_argument("--binding", help="the effect path of this binding only")
     show.add_argument("--operation", help="the effect path of this provider operation only")
+    show.add_argument("--key", help="the quota use of this quota key only")
     show.add_argument("--json", action="store_true",
                       help="print the document /admin/api/history answers")
     rebuild = verbs.add_parser("rebuild",
@@ -71,14 +72,16 @@ async def run_history_command(settings: Settings, args: argparse.Namespace,
     try:
         rows = await store.history_rebuild(since)
         flow_rows = await store.history_flow_rebuild(since)
+        quota_rows = await store.history_quota_rebuild(since)
     finally:
         await store.db.aclose()
     if args.json:
-        sys.stdout.write(json.dumps({"rebuilt_rows": rows, "rebuilt_flow_rows": flow_rows})
-                         + "\n")
+        sys.stdout.write(json.dumps({"rebuilt_rows": rows, "rebuilt_flow_rows": flow_rows,
+                                     "rebuilt_quota_rows": quota_rows}) + "\n")
     else:
         sys.stdout.write(f"history rebuilt: {rows} rollup rows from the stored executions,"
-                         f" {flow_rows} from the stored commands and receipts\n")
+                         f" {flow_rows} from the stored commands and receipts,"
+                         f" {quota_rows} from the stored quota reservations\n")
     return EXIT_OK
 
 
@@ -86,7 +89,7 @@ def _pairs(args: argparse.Namespace) -> list[tuple[str, str]]:
     """The query the console would get for these options (parsed by the same code)."""
     named = (("range", args.preset), ("from", args.from_time), ("to", args.to_time),
              ("family", args.family), ("org", args.org), ("binding", args.binding),
-             ("operation", args.operation))
+             ("operation", args.operation), ("key", args.key))
     return [(key, value) for key, value in named if value is not None]
 
 
@@ -143,4 +146,12 @@ def show_text(doc: dict[str, Any]) -> str:
                  f"{_ms(response['p50_ms'])}/{_ms(response['p99_ms'])}".rjust(14),
                  f"{_ms(receipt['p50_ms'])}/{_ms(receipt['p99_ms'])}".rjust(15)]
         lines.append("  ".join(cells))
+    for k in doc["quota"]["keys"]:
+        limit = ("unknown limit" if k["limit_count"] is None else
+                 f"limit {k['limit_count']} per {k['window_us'] // 1_000_000} s,"
+                 f" {k['allowed_per_step']} per step")
+        peak = "-" if k["peak_use_pct"] is None else f"{k['peak_use_pct']} %"
+        lines.append(f"quota {k['quota_key']}: {limit}; granted {k['granted_total']},"
+                     f" given back {k['released_total']}, used {k['used_total']},"
+                     f" peak {peak} of the limit")
     return "\n".join(lines) + "\n"
