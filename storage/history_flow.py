@@ -18,8 +18,12 @@ two metrics:
   (``-> result_receipts.confirmed_at_us``). :func:`count_receipt` runs in the
   confirmation's transaction (``storage.effects.mark_receipt``), only when its
   ``UPDATE`` moved the receipt from pending (a repeat counts nothing). Both latencies'
-  buckets are one row, so a confirmation writes one row per level; either histogram is
-  the sum over the other bucket.
+  buckets are one row, so a confirmation adds to one key; either histogram is the sum
+  over the other bucket.
+
+Each key's three levels are one ``UPDATE`` in the steady state
+(:func:`storage.rollup_rows.add_at_levels`); a new minute, hour or day adds an
+``INSERT`` per new row.
 
 Accepted against receipted per interval is the effect path's pressure (what came in
 against what it finished); the latency percentiles are read from the summed buckets.
@@ -37,16 +41,15 @@ import attrs
 
 from daemon.core.latency import bucket_of as latency_bucket
 from storage.history import BUCKET_US, DAY_US, LEVELS_US, SHARDS, bucket_of, level_for
-from storage.port import Database, DuplicateKey, SqlTx
+from storage.port import Database, SqlTx
+from storage.rollup_rows import add_at_levels
 
 ACCEPTED = "accepted"
 RECEIPTED = "receipted"
 METRICS = (ACCEPTED, RECEIPTED)
 
-_KEY_WHERE = ("level_us = ? AND bucket_us = ? AND metric = ? AND org_id = ?"
-              " AND binding_id = ? AND operation = ? AND answer_le = ? AND receipt_le = ?"
-              " AND shard = ?")
-_INCREMENT = f"UPDATE history_flow SET n = n + ? WHERE {_KEY_WHERE}"
+_KEY_COLUMNS = ("metric", "org_id", "binding_id", "operation", "answer_le", "receipt_le",
+                "shard")
 _INSERT = ("INSERT INTO history_flow (n, level_us, bucket_us, metric, org_id, binding_id,"
            " operation, answer_le, receipt_le, shard) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 
@@ -66,28 +69,21 @@ def _spread(counts: dict[_Key, int], at_us: int, metric: str, org: str, binding:
         counts[key] = counts.get(key, 0) + n
 
 
-async def _add_all(tx: SqlTx, counts: dict[_Key, int], shard: int) -> None:
-    # One order for every writer: two transactions never wait on each other's rows in turn.
-    for key, n in sorted(counts.items()):
-        row = (n, *key, shard)
-        if await tx.execute(_INCREMENT, row):
-            continue
-        try:
-            await tx.execute(_INSERT, row)
-        except DuplicateKey:  # another transaction inserted the row first: add to it
-            await tx.execute(_INCREMENT, row)
-
-
 async def count_accepted(tx: SqlTx, commands: Sequence[tuple[str, str, str, str]],
                          now_us: int) -> None:
     """Count admitted commands ``(command_id, org, binding, operation)``, inside the
-    admission's transaction (the batch's ``created_at_us`` is ``now_us``)."""
+    admission's transaction (the batch's ``created_at_us`` is ``now_us``): one statement
+    per (org, binding, operation) the batch holds (:func:`add_at_levels`)."""
     if not commands:
         return
-    counts: dict[_Key, int] = {}
+    shard = _shard(commands[0][0])
+    counts: dict[tuple[str, str, str], int] = {}
     for _, org, binding, operation in commands:
-        _spread(counts, now_us, ACCEPTED, org, binding, operation, 0, 0)
-    await _add_all(tx, counts, _shard(commands[0][0]))
+        counts[(org, binding, operation)] = counts.get((org, binding, operation), 0) + 1
+    # One order for every writer: two transactions never wait on each other's rows in turn.
+    for (org, binding, operation), n in sorted(counts.items()):
+        await add_at_levels(tx, "history_flow", _KEY_COLUMNS,
+                            (ACCEPTED, org, binding, operation, 0, 0, shard), now_us, n)
 
 
 async def count_receipt(tx: SqlTx, command_id: str) -> None:
@@ -100,11 +96,10 @@ async def count_receipt(tx: SqlTx, command_id: str) -> None:
     if not rows or rows[0][5] is None:
         return
     org, binding, operation, accepted, answered, confirmed = rows[0]
-    counts: dict[_Key, int] = {}
-    _spread(counts, int(confirmed), RECEIPTED, str(org), str(binding), str(operation),
-            latency_bucket(int(answered) - int(accepted)),
-            latency_bucket(int(confirmed) - int(accepted)))
-    await _add_all(tx, counts, _shard(command_id))
+    await add_at_levels(tx, "history_flow", _KEY_COLUMNS, (
+        RECEIPTED, str(org), str(binding), str(operation),
+        latency_bucket(int(answered) - int(accepted)),
+        latency_bucket(int(confirmed) - int(accepted)), _shard(command_id)), int(confirmed), 1)
 
 
 @attrs.frozen

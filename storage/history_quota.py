@@ -4,7 +4,9 @@ and day, drawn against the key's limit.
 Theory of operation
 -------------------
 ``history_quota`` (migration 0043) counts quota reservations by the time of their slot,
-at the levels and shards of ``history_rollup`` (storage/history.py):
+at the levels of ``history_rollup`` (storage/history.py), in one shard (a grant already
+holds its key's ``quota_keys`` row lock, so more shards would add rows, not spread
+contention):
 
 * ``granted``: :func:`count_slot` runs in the transaction that reserves the slot for a
   claim (``storage.quota.reservation_open``: the grant and its reservation commit
@@ -22,45 +24,36 @@ reservation) is not counted. A read model (seed 5.2): nothing grants from it.
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import attrs
 
-from storage.history import BUCKET_US, DAY_US, LEVELS_US, SHARDS, bucket_of, level_for
-from storage.port import Database, DuplicateKey, SqlTx
+from storage.history import BUCKET_US, DAY_US, LEVELS_US, bucket_of, level_for
+from storage.port import Database, SqlTx
+from storage.rollup_rows import add_at_levels
 
 GRANTED = "granted"
 RELEASED = "released"
 METRICS = (GRANTED, RELEASED)
 
-_INCREMENT = ("UPDATE history_quota SET n = n + ? WHERE level_us = ? AND bucket_us = ?"
-              " AND quota_key = ? AND metric = ? AND shard = ?")
 _INSERT = ("INSERT INTO history_quota (n, level_us, bucket_us, quota_key, metric, shard)"
            " VALUES (?, ?, ?, ?, ?, ?)")
 
 
-async def _count(tx: SqlTx, quota_key: str, metric: str, slot_at_us: int,
-                 work_id: str) -> None:
-    shard = zlib.crc32(work_id.encode()) % SHARDS
-    for level in LEVELS_US:  # minute, hour, day: the one order of every writer
-        row = (1, level, bucket_of(slot_at_us, level), quota_key, metric, shard)
-        if await tx.execute(_INCREMENT, row):
-            continue
-        try:
-            await tx.execute(_INSERT, row)
-        except DuplicateKey:  # another transaction inserted the row first: add to it
-            await tx.execute(_INCREMENT, row)
+async def _count(tx: SqlTx, quota_key: str, metric: str, slot_at_us: int) -> None:
+    # The three levels in one statement in the steady state (storage/rollup_rows.py).
+    await add_at_levels(tx, "history_quota", ("quota_key", "metric", "shard"),
+                        (quota_key, metric, 0), slot_at_us, 1)
 
 
-async def count_slot(tx: SqlTx, quota_key: str, slot_at_us: int, work_id: str) -> None:
+async def count_slot(tx: SqlTx, quota_key: str, slot_at_us: int) -> None:
     """One slot granted to a claim, inside the reserving transaction."""
-    await _count(tx, quota_key, GRANTED, slot_at_us, work_id)
+    await _count(tx, quota_key, GRANTED, slot_at_us)
 
 
-async def count_released(tx: SqlTx, quota_key: str, slot_at_us: int, work_id: str) -> None:
+async def count_released(tx: SqlTx, quota_key: str, slot_at_us: int) -> None:
     """One reserved slot given back unused, inside the transaction that moved it."""
-    await _count(tx, quota_key, RELEASED, slot_at_us, work_id)
+    await _count(tx, quota_key, RELEASED, slot_at_us)
 
 
 @attrs.frozen

@@ -461,7 +461,7 @@ class QuotaLedger:
             if moved != 1:
                 return None  # another replica's sweep (or the claim itself) settled it
             if target is ReservationState.RELEASED:  # the console's quota history
-                await count_released(tx, key, int(row[9]), str(row[2]))
+                await count_released(tx, key, int(row[9]))
             gave_back = (decision is LostSlot.REFUND and policy is not None
                          and row[4] is not None
                          and await _return_in(tx, key, policy, (int(row[4]),), now_us))
@@ -617,7 +617,7 @@ async def reservation_open(tx: SqlTx, *, quota_key: str, slot_at_us: int, expire
         (reservation_id, quota_key, slot_at_us, expires_at_us, work_id, ownership_epoch,
          ReservationState.RESERVED.value, now_us, now_us, position_us,
          None if gate is None else gate.value))
-    await count_slot(tx, quota_key, slot_at_us, work_id)  # the console's quota history
+    await count_slot(tx, quota_key, slot_at_us)  # the console's quota history
     return reservation_id
 
 
@@ -625,7 +625,7 @@ async def reservation_move(tx: SqlTx, reservation_id: str, target: ReservationSt
                            now_us: int, attempt_id: str | None = None) -> None:
     """``reserved -> target`` (idempotent when already there); anything else is refused."""
     rows = await tx.fetchall(
-        "SELECT state, attempt_id, quota_key, slot_at_us, work_id FROM quota_reservations"
+        "SELECT state, attempt_id, quota_key, slot_at_us FROM quota_reservations"
         " WHERE reservation_id = ?", (reservation_id,))
     if not rows:
         raise WorkConflict(f"no quota reservation {reservation_id}")
@@ -642,4 +642,4 @@ async def reservation_move(tx: SqlTx, reservation_id: str, target: ReservationSt
     if matched != 1:
         raise WorkConflict(f"quota reservation {reservation_id} changed concurrently")
     if target is ReservationState.RELEASED:  # the console's quota history
-        await count_released(tx, str(rows[0][2]), int(rows[0][3]), str(rows[0][4]))
+        await count_released(tx, str(rows[0][2]), int(rows[0][3]))
