@@ -21,6 +21,9 @@ two metrics:
   buckets are one row, so a confirmation adds to one key; either histogram is the sum
   over the other bucket.
 
+``accepted`` rows are spread over the four shards (per admission transaction, from its
+first command id): one org's admissions on several replicas would otherwise queue on one
+row a minute. ``receipted`` rows use shard 0: their latency buckets spread them already.
 Each key's three levels are one ``UPDATE`` in the steady state
 (:func:`storage.rollup_rows.add_at_levels`); a new minute, hour or day adds an
 ``INSERT`` per new row.
@@ -99,7 +102,9 @@ async def count_receipt(tx: SqlTx, command_id: str) -> None:
     await add_at_levels(tx, "history_flow", _KEY_COLUMNS, (
         RECEIPTED, str(org), str(binding), str(operation),
         latency_bucket(int(answered) - int(accepted)),
-        latency_bucket(int(confirmed) - int(accepted)), _shard(command_id)), int(confirmed), 1)
+        # One shard: the key's latency buckets already spread concurrent confirmations
+        # over rows; more shards would only add rows (an INSERT each) per minute.
+        latency_bucket(int(confirmed) - int(accepted)), 0), int(confirmed), 1)
 
 
 @attrs.frozen
