@@ -82,10 +82,15 @@ def cpu_seconds(pid: int) -> float:
 
 
 def mariadb_pid() -> int | None:
-    for entry in Path("/proc").iterdir():
+    """The server the benchmark uses: the ``mariadbd`` that is not a test's Galera node
+    (those run with ``--wsrep-on`` and come and go with other test runs on the machine:
+    the first ``mariadbd`` found could end mid-run, and reading its CPU time then
+    failed with FileNotFoundError)."""
+    for entry in sorted(Path("/proc").iterdir(), key=lambda e: (len(e.name), e.name)):
         if entry.name.isdigit():
             try:
-                if (entry / "comm").read_text().strip() == "mariadbd":
+                if ((entry / "comm").read_text().strip() == "mariadbd"
+                        and b"--wsrep-on" not in (entry / "cmdline").read_bytes()):
                     return int(entry.name)
             except OSError:
                 continue
