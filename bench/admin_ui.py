@@ -317,19 +317,24 @@ async def _dense_flow(tx: SqlTx, minutes: int, first: int, per_day: int) -> int:
                                    for a, r in FLOW_LATENCIES)
     await tx.execute("DELETE FROM history_flow")
     await tx.execute("DELETE FROM history_quota")
-    minute_keys = (f" FROM seq_0_to_{minutes - 1} m CROSS JOIN ({_union('org_id', FLOW_ORGS)})"
+    minute_keys = (f" FROM seq_0_to_1439 m CROSS JOIN ({_union('org_id', FLOW_ORGS)})"
                    f" o CROSS JOIN ({_union('binding_id', FLOW_BINDINGS)}) b"
                    f" CROSS JOIN ({_union('operation', FLOW_OPERATIONS)}) p")
     columns = ("level_us, bucket_us, metric, org_id, binding_id, operation, answer_le,"
                " receipt_le, shard, n")
-    await tx.execute(
-        f"INSERT INTO history_flow ({columns}) SELECT 60000000, {first} + m.seq * 60000000,"
-        f" 'accepted', o.org_id, b.binding_id, p.operation, 0, 0, 0, {per_key}{minute_keys}")
-    await tx.execute(
-        f"INSERT INTO history_flow ({columns}) SELECT 60000000, {first} + m.seq * 60000000,"
-        f" 'receipted', o.org_id, b.binding_id, p.operation, l.answer_le, l.receipt_le, 0,"
-        f" {max(1, per_key // len(FLOW_LATENCIES))}{minute_keys}"
-        f" CROSS JOIN ({latencies}) l")
+    # A day per statement: each stays well within the statement timeout.
+    for day in range(0, minutes, 1440):
+        start = first + day * 60_000_000
+        await tx.execute(
+            f"INSERT INTO history_flow ({columns}) SELECT 60000000,"
+            f" {start} + m.seq * 60000000, 'accepted', o.org_id, b.binding_id, p.operation,"
+            f" 0, 0, 0, {per_key}{minute_keys}")
+        await tx.execute(
+            f"INSERT INTO history_flow ({columns}) SELECT 60000000,"
+            f" {start} + m.seq * 60000000, 'receipted', o.org_id, b.binding_id,"
+            f" p.operation, l.answer_le, l.receipt_le, 0,"
+            f" {max(1, per_key // len(FLOW_LATENCIES))}{minute_keys}"
+            f" CROSS JOIN ({latencies}) l")
     await tx.execute(
         "INSERT INTO history_quota (level_us, bucket_us, quota_key, metric, shard, n)"
         f" SELECT 60000000, {first} + m.seq * 60000000, k.quota_key, t.metric, 0,"
