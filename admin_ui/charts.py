@@ -40,6 +40,8 @@ COLORS = {
     "commands accepted": "#2f5bd3", "receipts confirmed": "#0e8a8a",
     "response p50": "#2f5bd3", "response p99": "#2f5bd3",
     "receipt p50": "#1f8a4c", "receipt p99": "#1f8a4c",
+    # the quota history's allowance line
+    "limit": "#7a7a7a",
 }
 FALLBACK = ("#444444", "#8a4b08", "#00607a", "#6b2fa0")
 

@@ -1,15 +1,21 @@
-"""The console's History page: executions by outcome and DLQ inflow over any range,
-from the database (the ``history_rollup`` read model), so every replica draws the same
-history and a restart loses none of it (issue 23 item 1).
+"""The console's History page: executions by outcome, DLQ inflow, the effect path's
+pressure (commands accepted against receipts confirmed) and latency (accept -> provider
+answer -> Runtime receipt) over any range, from the database (the ``history_rollup``
+and ``history_flow`` read models), so every replica draws the same history and a
+restart loses none of it (issue 23 item 1).
 
 Plugged in through :class:`admin_ui.extensions.ConsoleExtensions`. Routes:
 
 * ``/admin/history`` (page) and ``/admin/api/history`` (JSON): a range (``range`` =
-  ``15m|1h|6h|24h|7d``, or ``from`` and ``to``) and an optional ``family``; every point
+  ``15m|1h|6h|24h|7d``, or ``from`` and ``to``), an optional ``family`` (the executions'
+  charts) and ``org``, ``binding``, ``operation`` (the effect path's charts); every point
   of a chart links to the items behind it;
 * ``/admin/history/items`` and ``/admin/api/history/items``: the journaled executions of
   one bucket (``from``, ``to``, ``family``, ``outcome``), newest first, each linking to
-  its work item.
+  its work item;
+* ``/admin/history/commands`` and ``/admin/api/history/commands``: the commands of one
+  bucket of the effect path (``metric`` = ``accepted|receipted``, ``from``, ``to``,
+  ``org``, ``binding``, ``operation``), newest first, each linking to its command.
 
 Whatever cannot be parsed is a 400 naming the parameter (``admin_ui.filters.Args`` and
 ``daemon.core.history_range``). Read-only: the viewer role sees everything here.
@@ -21,6 +27,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlencode
 
+import attrs
 from quart import Blueprint, request
 from quart.wrappers import Response
 
@@ -30,25 +37,51 @@ from admin_ui.context import console
 from admin_ui.errors import BadFilter
 from admin_ui.extensions import ConsoleExtensions, NavItem
 from admin_ui.filters import Args
+from admin_ui.history_flow import flow_doc, latency_lines, pressure_lines
+from admin_ui.history_quota import quota_doc, quota_lines
 from admin_ui.render import fmt_iso, page
 from daemon.core.history_range import PRESETS_US, BadRange, HistoryRange, parse_time, resolve
+from daemon.core.human_time import latency_text
 from storage.history import HistoryExecution, HistoryPoint
+from storage.history_flow import METRICS, FlowCommand, FlowFilter
+from storage.work_store import WorkStore
 
 ACTIONS = {"history.read": frozenset({"viewer", "operator", "admin"})}
-HISTORY_KEYS = ("range", "from", "to", "family")
+FLOW_KEYS = ("org", "binding", "operation")
+HISTORY_KEYS = ("range", "from", "to", "family", *FLOW_KEYS, "key")
 ITEMS_KEYS = ("from", "to", "family", "outcome", "limit")
+COMMANDS_KEYS = ("metric", "from", "to", *FLOW_KEYS, "limit")
+SLOTS_KEYS = ("key", "from", "to", "limit")
+# A line of points per (name, dashed): (at_us, value or None, link, time text).
+Line = tuple[str, bool, list[tuple[int, float | None, str, str]]]
 ITEMS_MAX_SPAN_US = 7 * 24 * 3600 * 1_000_000
 DEAD = "dead"
 
 
-def parse_history(pairs: Iterable[tuple[str, str]], now_us: int) -> tuple[HistoryRange,
-                                                                          str | None]:
+def _flow_filter(args: Args) -> FlowFilter:
+    return FlowFilter(org=args.text("org"), binding=args.text("binding"),
+                      operation=args.text("operation"))
+
+
+@attrs.frozen
+class HistoryQuery:
+    """What a History request names: the range, the executions' family, the effect
+    path's filters and the quota key."""
+
+    chosen: HistoryRange
+    family: str | None
+    where: FlowFilter
+    quota_key: str | None
+
+
+def parse_history(pairs: Iterable[tuple[str, str]], now_us: int) -> HistoryQuery:
+    """BadFilter (a 400 naming what it cannot read) for whatever cannot be parsed."""
     args = Args(pairs, HISTORY_KEYS)
     try:
         chosen = resolve(now_us, args.text("range"), args.text("from"), args.text("to"))
     except BadRange as exc:
         raise BadFilter(str(exc)) from None
-    return chosen, args.text("family")
+    return HistoryQuery(chosen, args.text("family"), _flow_filter(args), args.text("key"))
 
 
 def _items_href(at_us: int, step_us: int, family: str | None, outcome: str) -> str:
@@ -103,48 +136,71 @@ def history_doc(points: list[HistoryPoint], chosen: HistoryRange,
     }
 
 
-def _chart(chart_id: str, label: str, series: list[dict[str, Any]],
-           chosen: HistoryRange) -> dict[str, Any]:
-    lines = [Series(s["outcome"], tuple((p["at_us"], float(p["executions"]))
-                                        for p in s["points"])) for s in series]
-    doc = line_chart(chart_id, label, lines, "per step", chosen.until_us)
-    doc["links"] = _point_links(doc, series, chosen)
+def outcome_lines(series: list[dict[str, Any]]) -> list[Line]:
+    return [(s["outcome"], False, [(p["at_us"], float(p["executions"]), p["items"], p["at"])
+                                   for p in s["points"]]) for s in series]
+
+
+def _chart(chart_id: str, label: str, lines: list[Line], chosen: HistoryRange,
+           unit: str = "per step") -> dict[str, Any]:
+    doc = line_chart(chart_id, label,
+                     [Series(name, tuple((at, v) for at, v, _, _ in points), dashed)
+                      for name, dashed, points in lines], unit, chosen.until_us)
+    if not any(v is not None for _, _, points in lines for _, v, _, _ in points):
+        doc["empty"] = True  # nothing measured (a latency range with no receipt)
+    doc["links"] = _point_links(doc, lines, chosen, unit)
     return doc
 
 
-def _point_links(doc: dict[str, Any], series: list[dict[str, Any]],
-                 chosen: HistoryRange) -> list[dict[str, Any]]:
+def _point_links(doc: dict[str, Any], lines: list[Line], chosen: HistoryRange,
+                 unit: str) -> list[dict[str, Any]]:
     """A clickable dot on every non-zero point, at the geometry ``line_chart`` drew."""
     if doc["empty"]:
         return []
     # The same scales as charts.line_chart, so a dot sits on its line.
-    values = [float(p["executions"]) for s in series for p in s["points"]]
+    values = [v for _, _, points in lines for _, v, _, _ in points if v is not None]
     top = nice_max(max(values, default=0.0))
-    xs = [p["at_us"] for s in series for p in s["points"]]
+    xs = [at for _, _, points in lines for at, _, _, _ in points]
     t0, t1 = min(xs), max(max(xs), chosen.until_us)
     t0 = min(t0, t1 - 1_000_000)
     x_scale = (doc["right"] - doc["left"]) / max(1, t1 - t0)
     y_scale = (doc["base"] - doc["top"]) / top
+    suffix = f" {unit}" if unit != "per step" else ""
     links = []
-    for s in series:
-        for p in s["points"]:
-            if p["executions"]:
+    for name, _, points in lines:
+        for at, value, href, at_text in points:
+            if value and href:
                 links.append({
-                    "x": round(doc["left"] + (p["at_us"] - t0) * x_scale, 1),
-                    "y": round(doc["base"] - p["executions"] * y_scale, 1),
-                    "href": p["items"], "color": color(s["outcome"]),
-                    "title": f"{s['outcome']}: {fmt_value(p['executions'])} at {p['at']}",
-                    "series": s["outcome"], "at_us": p["at_us"],
+                    "x": round(doc["left"] + (at - t0) * x_scale, 1),
+                    "y": round(doc["base"] - value * y_scale, 1),
+                    "href": href, "color": color(name),
+                    "title": f"{name}: {fmt_value(value)}{suffix} at {at_text}",
+                    "series": name, "at_us": at,
                 })
     return links
 
 
+async def history_for(store: WorkStore, pairs: Iterable[tuple[str, str]],
+                      now_us: int) -> dict[str, Any]:
+    """The History read model (page, API and ``integrationd history show``): two reads
+    of the rollups, each an index range on (level, bucket)."""
+    q = parse_history(pairs, now_us)
+    chosen, family, where = q.chosen, q.family, q.where
+    points = await store.history_outcomes(chosen.since_us, chosen.until_us,
+                                          chosen.step_us, family)
+    flow = await store.history_flow(chosen.since_us, chosen.until_us, chosen.step_us, where)
+    slots, limits = await store.history_quota(chosen.since_us, chosen.until_us,
+                                              chosen.step_us, q.quota_key)
+    return {**history_doc(points, chosen, family),
+            "filters": {"family": family, "org": where.org, "binding": where.binding,
+                        "operation": where.operation, "key": q.quota_key},
+            **flow_doc(flow, chosen, where),
+            "quota": quota_doc(slots, limits, chosen, _buckets(chosen))}
+
+
 async def _history(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
     view = console().view
-    chosen, family = parse_history(pairs, view.clock.now_us())
-    points = await view.store.history_outcomes(chosen.since_us, chosen.until_us,
-                                               chosen.step_us, family)
-    return history_doc(points, chosen, family)
+    return await history_for(view.store, pairs, view.clock.now_us())
 
 
 def execution_json(e: HistoryExecution) -> dict[str, Any]:
@@ -153,8 +209,7 @@ def execution_json(e: HistoryExecution) -> dict[str, Any]:
             "finished_at_us": e.finished_at_us, "finished_at": fmt_iso(e.finished_at_us)}
 
 
-async def _items(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
-    args = Args(pairs, ITEMS_KEYS)
+def _bucket(args: Args) -> tuple[int, int]:
     start, end = args.text("from"), args.text("to")
     if start is None or end is None:
         raise BadFilter("from and to are required (the bucket's start and end)")
@@ -166,6 +221,55 @@ async def _items(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
         raise BadFilter("to must be later than from")
     if until - since > ITEMS_MAX_SPAN_US:
         raise BadFilter("a bucket is at most 7 days long")
+    return since, until
+
+
+def command_json(c: FlowCommand) -> dict[str, Any]:
+    def ms(later: int | None) -> float | None:
+        return None if later is None else round((later - c.accepted_at_us) / 1000, 1)
+
+    return {"command_id": c.command_id, "org_id": c.org_id, "binding_id": c.binding_id,
+            "operation": c.operation, "settlement": c.settlement,
+            "accepted_at_us": c.accepted_at_us, "accepted_at": fmt_iso(c.accepted_at_us),
+            "answered_at_us": c.answered_at_us, "confirmed_at_us": c.confirmed_at_us,
+            "confirmed_at": None if c.confirmed_at_us is None else fmt_iso(c.confirmed_at_us),
+            "response_ms": ms(c.answered_at_us), "receipt_ms": ms(c.confirmed_at_us)}
+
+
+async def _commands(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    args = Args(pairs, COMMANDS_KEYS)
+    metric = args.text("metric")
+    if metric not in METRICS:
+        raise BadFilter(f"metric must be one of {', '.join(METRICS)}")
+    since, until = _bucket(args)
+    where = _flow_filter(args)
+    limit = args.integer("limit", 100, 1, 500)
+    rows = await console().view.store.history_flow_commands(since, until, metric, where,
+                                                            limit)
+    return {"metric": metric, "from_us": since, "to_us": until, "from": fmt_iso(since),
+            "to": fmt_iso(until), "org": where.org, "binding": where.binding,
+            "operation": where.operation, "limit": limit,
+            "commands": [command_json(c) for c in rows], "more": len(rows) == limit}
+
+
+async def _slots(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    args = Args(pairs, SLOTS_KEYS)
+    quota_key = args.text("key")
+    if quota_key is None:
+        raise BadFilter("key is required (the quota key)")
+    since, until = _bucket(args)
+    limit = args.integer("limit", 100, 1, 500)
+    rows = await console().view.store.history_quota_slots(quota_key, since, until, limit)
+    return {"key": quota_key, "from_us": since, "to_us": until, "from": fmt_iso(since),
+            "to": fmt_iso(until), "limit": limit, "more": len(rows) == limit,
+            "slots": [{"reservation_id": r.reservation_id, "work_id": r.work_id,
+                       "state": r.state, "slot_at_us": r.slot_at_us,
+                       "slot_at": fmt_iso(r.slot_at_us)} for r in rows]}
+
+
+async def _items(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    args = Args(pairs, ITEMS_KEYS)
+    since, until = _bucket(args)
     family, outcome = args.text("family"), args.text("outcome")
     limit = args.integer("limit", 100, 1, 500)
     rows = await console().view.store.history_executions(
@@ -178,6 +282,7 @@ async def _items(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
 
 def build_blueprint() -> Blueprint:
     bp = Blueprint("history", __name__)
+    bp.add_app_template_filter(latency_text, "ms")
 
     @bp.get("/admin/history")
     @require("history.read")
@@ -188,9 +293,18 @@ def build_blueprint() -> Blueprint:
         charts = {
             "throughput": _chart("chart-history-throughput",
                                  "executions finished per step, by outcome",
-                                 doc["throughput"], chosen),
+                                 outcome_lines(doc["throughput"]), chosen),
             "dlq": _chart("chart-history-dlq", "DLQ inflow: executions that ended dead",
-                          [doc["dlq_inflow"]], chosen),
+                          outcome_lines([doc["dlq_inflow"]]), chosen),
+            "pressure": _chart("chart-history-pressure",
+                               "commands accepted against receipts confirmed per step",
+                               pressure_lines(doc), chosen),
+            "latency": _chart("chart-history-latency",
+                              "latency from accept to provider answer and to Runtime receipt",
+                              latency_lines(doc), chosen, unit="ms"),
+            "quota": _chart("chart-history-quota",
+                            "quota slots used per step, in percent of the key's limit",
+                            quota_lines(doc), chosen, unit="%"),
         }
         return await page("history.html", doc=doc, charts=charts, presets=list(PRESETS_US),
                           step_text=_step_text(doc["step_us"]))
@@ -209,6 +323,28 @@ def build_blueprint() -> Blueprint:
     @require("history.read")
     async def api_items() -> dict[str, Any]:
         return await _items(request.args.items(multi=True))
+
+    @bp.get("/admin/history/commands")
+    @require("history.read")
+    async def commands_page() -> Response:
+        return await page("history_commands.html",
+                          doc=await _commands(request.args.items(multi=True)))
+
+    @bp.get("/admin/api/history/commands")
+    @require("history.read")
+    async def api_commands() -> dict[str, Any]:
+        return await _commands(request.args.items(multi=True))
+
+    @bp.get("/admin/history/slots")
+    @require("history.read")
+    async def slots_page() -> Response:
+        return await page("history_slots.html",
+                          doc=await _slots(request.args.items(multi=True)))
+
+    @bp.get("/admin/api/history/slots")
+    @require("history.read")
+    async def api_slots() -> dict[str, Any]:
+        return await _slots(request.args.items(multi=True))
 
     return bp
 
@@ -237,20 +373,33 @@ _ERRORS = {"400": {"$ref": "#/components/responses/BadRequest"},
            "403": {"$ref": "#/components/responses/Forbidden"},
            "503": {"$ref": "#/components/responses/DatabaseUnavailable"}}
 _FAMILY = _q("family", "one work family (empty: all)", {"type": "string", "maxLength": 64})
+_FLOW = [_q("org", "one org (the effect path's charts; empty: all)",
+            {"type": "string", "maxLength": 128}),
+         _q("binding", "one binding id (the effect path's charts; empty: all)",
+            {"type": "string", "maxLength": 255}),
+         _q("operation", "one provider operation (the effect path's charts; empty: all)",
+            {"type": "string", "maxLength": 255})]
+_LIMIT = _q("limit", "at most this many (1..500, default 100)",
+            {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 500}, _EMPTY]})
 OPENAPI_PATHS: dict[str, dict[str, Any]] = {
     "/admin/api/history": {"get": {
-        "summary": "Executions by outcome and DLQ inflow per step over a range, cluster-wide,"
-                   " from the history rollup; each point names the link to its items",
+        "summary": "Executions by outcome, DLQ inflow, the effect path's pressure (commands"
+                   " accepted, receipts confirmed) and latency (accept to provider answer"
+                   " to Runtime receipt, p50/p95/p99) per step over a range, cluster-wide,"
+                   " from the history rollups; each point names the link to its items",
         "parameters": [
             _q("range", "a preset ending now (default 1h); not with from/to",
                {"anyOf": [{"type": "string", "enum": [*PRESETS_US, "custom"]}, _EMPTY]}),
             _q("from", "custom range start: ISO 8601 UTC or epoch seconds", _TIME),
             _q("to", "custom range end: ISO 8601 UTC or epoch seconds", _TIME),
-            _FAMILY,
+            _FAMILY, *_FLOW,
+            _q("key", "one quota key (the quota chart; empty: the busiest keys)",
+               {"type": "string", "maxLength": 255}),
         ],
         "responses": {"200": {"description": "ok", "content": {"application/json": {
             "schema": {"type": "object", "required": ["range", "from_us", "to_us", "step_us",
-                                                      "throughput", "dlq_inflow"]}}}},
+                                                      "throughput", "dlq_inflow", "filters",
+                                                      "pressure", "latency", "quota"]}}}},
                       **_ERRORS},
     }},
     "/admin/api/history/items": {"get": {
@@ -261,11 +410,40 @@ OPENAPI_PATHS: dict[str, dict[str, Any]] = {
             {**_q("to", "bucket end: ISO 8601 UTC or epoch seconds", _TIME), "required": True},
             _FAMILY,
             _q("outcome", "one outcome (empty: all)", {"type": "string", "maxLength": 32}),
-            _q("limit", "at most this many (1..500, default 100)",
-               {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 500}, _EMPTY]}),
+            _LIMIT,
         ],
         "responses": {"200": {"description": "ok", "content": {"application/json": {
             "schema": {"type": "object", "required": ["executions", "more"]}}}},
+                      **_ERRORS},
+    }},
+    "/admin/api/history/commands": {"get": {
+        "summary": "The commands of one bucket of the effect path: accepted in it, or whose"
+                   " Runtime receipt was confirmed in it, newest first, with their latencies",
+        "parameters": [
+            {**_q("metric", "accepted or receipted",
+                  {"type": "string", "enum": list(METRICS)}), "required": True},
+            {**_q("from", "bucket start: ISO 8601 UTC or epoch seconds", _TIME),
+             "required": True},
+            {**_q("to", "bucket end: ISO 8601 UTC or epoch seconds", _TIME), "required": True},
+            *_FLOW, _LIMIT,
+        ],
+        "responses": {"200": {"description": "ok", "content": {"application/json": {
+            "schema": {"type": "object", "required": ["commands", "more"]}}}},
+                      **_ERRORS},
+    }},
+    "/admin/api/history/slots": {"get": {
+        "summary": "The quota reservations of one key whose slot falls in one bucket,"
+                   " newest first, each naming its work item",
+        "parameters": [
+            {**_q("key", "the quota key", {"type": "string", "minLength": 1,
+                                           "maxLength": 255}), "required": True},
+            {**_q("from", "bucket start: ISO 8601 UTC or epoch seconds", _TIME),
+             "required": True},
+            {**_q("to", "bucket end: ISO 8601 UTC or epoch seconds", _TIME), "required": True},
+            _LIMIT,
+        ],
+        "responses": {"200": {"description": "ok", "content": {"application/json": {
+            "schema": {"type": "object", "required": ["slots", "more"]}}}},
                       **_ERRORS},
     }},
 }

@@ -270,6 +270,16 @@ async def load(store: WorkStore, items: int, effects: int) -> dict[str, int]:
 
 
 HISTORY_OUTCOMES = ("succeeded", "dead", "retry", "cancelled")
+# The effect path's keys in the dense history: 4 orgs x 2 bindings x 3 operations, each
+# minute an accepted row and 3 latency bucket pairs of receipts (history_flow), and 4
+# quota keys granted and given back (history_quota).
+FLOW_ORGS = ("org-1", "org-2", "org-3", "org-4")
+FLOW_BINDINGS = ("hubspot-main", "hubspot-eu")
+FLOW_OPERATIONS = ("hubspot.contact.update_jobtitle", "hubspot.deal.create",
+                   "hubspot.note.create")
+FLOW_LATENCIES = ((80, 90), (84, 92), (88, 100))  # log buckets: ~1 s to ~6 s
+QUOTA_KEYS = ("hubspot:portal-1", "hubspot:portal-2", "hubspot:portal-3",
+              "hubspot:portal-4")
 
 
 async def year_dense_history(store: WorkStore, days: int, per_day: int, now: int) -> int:
@@ -299,9 +309,63 @@ async def year_dense_history(store: WorkStore, days: int, per_day: int, now: int
                 " outcome, 0, SUM(executions) FROM history_rollup WHERE level_us = 60000000"
                 f" GROUP BY bucket_us - bucket_us % {level}, family, outcome")
         ((n,),) = await tx.fetchall("SELECT COUNT(*) FROM history_rollup")
-        return int(n)
+        return int(n) + await _dense_flow(tx, minutes, first, per_day)
 
     return await store.db.transact(body, name="bench.history", write=True)
+
+
+def _union(column: str, values: tuple[str, ...]) -> str:
+    return " UNION ALL ".join(f"SELECT '{v}' AS {column}" for v in values)
+
+
+async def _dense_flow(tx: SqlTx, minutes: int, first: int, per_day: int) -> int:
+    """``history_flow`` and ``history_quota`` as dense as :func:`year_dense_history`
+    makes ``history_rollup``: every key every minute, then the hour and day rows."""
+    keys = len(FLOW_ORGS) * len(FLOW_BINDINGS) * len(FLOW_OPERATIONS)
+    per_key = max(1, per_day // (1440 * keys))
+    latencies = " UNION ALL ".join(f"SELECT {a} AS answer_le, {r} AS receipt_le"
+                                   for a, r in FLOW_LATENCIES)
+    await tx.execute("DELETE FROM history_flow")
+    await tx.execute("DELETE FROM history_quota")
+    minute_keys = (f" FROM seq_0_to_1439 m CROSS JOIN ({_union('org_id', FLOW_ORGS)})"
+                   f" o CROSS JOIN ({_union('binding_id', FLOW_BINDINGS)}) b"
+                   f" CROSS JOIN ({_union('operation', FLOW_OPERATIONS)}) p")
+    columns = ("level_us, bucket_us, metric, org_id, binding_id, operation, answer_le,"
+               " receipt_le, shard, n")
+    # A day per statement: each stays well within the statement timeout.
+    for day in range(0, minutes, 1440):
+        start = first + day * 60_000_000
+        await tx.execute(
+            f"INSERT INTO history_flow ({columns}) SELECT 60000000,"
+            f" {start} + m.seq * 60000000, 'accepted', o.org_id, b.binding_id, p.operation,"
+            f" 0, 0, 0, {per_key}{minute_keys}")
+        await tx.execute(
+            f"INSERT INTO history_flow ({columns}) SELECT 60000000,"
+            f" {start} + m.seq * 60000000, 'receipted', o.org_id, b.binding_id,"
+            f" p.operation, l.answer_le, l.receipt_le, 0,"
+            f" {max(1, per_key // len(FLOW_LATENCIES))}{minute_keys}"
+            f" CROSS JOIN ({latencies}) l")
+    await tx.execute(
+        "INSERT INTO history_quota (level_us, bucket_us, quota_key, metric, shard, n)"
+        f" SELECT 60000000, {first} + m.seq * 60000000, k.quota_key, t.metric, 0,"
+        f" {per_key} FROM seq_0_to_{minutes - 1} m"
+        f" CROSS JOIN ({_union('quota_key', QUOTA_KEYS)}) k"
+        f" CROSS JOIN ({_union('metric', ('granted', 'released'))}) t")
+    for level in (3_600_000_000, 86_400_000_000):
+        await tx.execute(
+            f"INSERT INTO history_flow ({columns}) SELECT {level}, bucket_us - bucket_us"
+            f" % {level}, metric, org_id, binding_id, operation, answer_le, receipt_le, 0,"
+            " SUM(n) FROM history_flow WHERE level_us = 60000000 GROUP BY bucket_us -"
+            f" bucket_us % {level}, metric, org_id, binding_id, operation, answer_le,"
+            " receipt_le")
+        await tx.execute(
+            "INSERT INTO history_quota (level_us, bucket_us, quota_key, metric, shard, n)"
+            f" SELECT {level}, bucket_us - bucket_us % {level}, quota_key, metric, 0, SUM(n)"
+            " FROM history_quota WHERE level_us = 60000000"
+            f" GROUP BY bucket_us - bucket_us % {level}, quota_key, metric")
+    ((flow,),) = await tx.fetchall("SELECT COUNT(*) FROM history_flow")
+    ((quota,),) = await tx.fetchall("SELECT COUNT(*) FROM history_quota")
+    return int(flow) + int(quota)
 
 
 async def sampler_times(store: WorkStore, requests: int) -> dict[str, Any]:
@@ -409,6 +473,17 @@ def history_paths(now_s: int) -> dict[str, str | None]:
         "history_items_dead": (f"/admin/history/items?from={now_s - 7200}&to={now_s - 3600}"
                                "&family=noop&outcome=dead"),
         "api_history_items": f"/admin/api/history/items?from={now_s - 86_400}&to={now_s}",
+        # The effect path's and quota's filters (history_flow, history_quota).
+        "history_6h_org_binding": "/admin/history?range=6h&org=org-2&binding=hubspot-eu",
+        "history_7d_operation": "/admin/history?range=7d&operation=hubspot.deal.create",
+        "history_24h_key": "/admin/history?range=24h&key=hubspot:portal-3",
+        "history_commands_receipted": (f"/admin/history/commands?metric=receipted"
+                                       f"&from={now_s - 3600}&to={now_s - 3540}"),
+        "api_history_commands_accepted": (f"/admin/api/history/commands?metric=accepted"
+                                          f"&from={now_s - 86_400}&to={now_s}"
+                                          "&binding=hubspot-main"),
+        "history_slots": (f"/admin/history/slots?key=hubspot:portal-1"
+                          f"&from={now_s - 3600}&to={now_s}"),
     })
     return paths
 
@@ -564,6 +639,8 @@ async def run(items: int, effects: int, requests: int, history_days: int = 0,
             # (what `integrationd history rebuild` does).
             t0 = time.perf_counter()
             await store.history_rebuild(_now_us() - 2 * 86_400_000_000)
+            await store.history_flow_rebuild(_now_us() - 2 * 86_400_000_000)
+            await store.history_quota_rebuild(_now_us() - 2 * 86_400_000_000)
             rebuild_s = time.perf_counter() - t0
             history: dict[str, Any] = {}
             if history_days:

@@ -44,6 +44,7 @@ from storage.effect_values import (
     CommandDraft,
     Settlement,
 )
+from storage.history_flow import count_accepted
 from storage.idgen import new_ulid
 from storage.port import Database, DuplicateKey, Row, SqlTx
 from storage.work_admin import insert_work
@@ -412,6 +413,9 @@ async def _insert_commands(tx: SqlTx, commands: Sequence[tuple[CommandDraft, str
           draft.binding_generation, now_us)
          for draft, command_id in commands],
     )
+    # The console's history counts the admissions in this same transaction.
+    await count_accepted(tx, [(command_id, draft.scope.org_id, draft.binding_id,
+                               draft.operation) for draft, command_id in commands], now_us)
     # The dedupe key is the new command's own id, so it cannot collide: the
     # WorkItems go in as one multi-row INSERT.
     works = await insert_work(

@@ -58,6 +58,7 @@ from storage.effect_values import (
     ResultReceipt,
     Settlement,
 )
+from storage.history_flow import count_receipt
 from storage.idgen import new_ulid
 from storage.links import link_from_row, link_select
 from storage.operator_refusal import ActionRefused
@@ -584,11 +585,13 @@ async def mark_receipt(tx: SqlTx, command_id: str, *, confirmed: bool, error: st
             batch.update(_ERROR_UPDATE, command_id, ((error or "")[:128],))
         return
     if confirmed:
-        await tx.execute(
+        if await tx.execute(
             "UPDATE result_receipts SET state = 'confirmed', confirmed_at_us = ?,"
             " last_error = NULL WHERE command_id = ? AND state = 'pending'",
             (now_us, command_id),
-        )
+        ):
+            # The console's history: its latencies, in this same transaction.
+            await count_receipt(tx, command_id)
     else:
         await tx.execute(
             "UPDATE result_receipts SET last_error = ? WHERE command_id = ?",

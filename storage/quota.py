@@ -65,6 +65,7 @@ from daemon.core.quota import (
 )
 from daemon.core.quota_waits import JournalEntry
 from daemon.core.work import Fence
+from storage.history_quota import count_released, count_slot
 from storage.idgen import new_ulid
 from storage.port import (
     CommitOutcomeUnknown,
@@ -422,8 +423,8 @@ class QuotaLedger:
         async def candidates(tx: SqlTx) -> list[Row]:
             return await tx.fetchall(
                 "SELECT r.reservation_id, r.quota_key, r.work_id, r.ownership_epoch,"
-                " r.position_us, r.send_gate, w.state, w.ownership_epoch, a.attempt_id"
-                " FROM quota_reservations r"
+                " r.position_us, r.send_gate, w.state, w.ownership_epoch, a.attempt_id,"
+                " r.slot_at_us FROM quota_reservations r"
                 " LEFT JOIN work_items w ON w.work_id = r.work_id"
                 " LEFT JOIN effect_attempts a ON a.work_id = r.work_id"
                 " AND a.ownership_epoch = r.ownership_epoch"
@@ -467,6 +468,8 @@ class QuotaLedger:
                 (target.value, now_us, rid, ReservationState.RESERVED.value))
             if moved != 1:
                 return None  # another replica's sweep (or the claim itself) settled it
+            if target is ReservationState.RELEASED:  # the console's quota history
+                await count_released(tx, key, int(row[9]))
             gave_back = (decision is LostSlot.REFUND and policy is not None
                          and row[4] is not None
                          and await _return_in(tx, key, policy, (int(row[4]),), now_us))
@@ -626,6 +629,7 @@ async def reservation_open(tx: SqlTx, *, quota_key: str, slot_at_us: int, expire
         (reservation_id, quota_key, slot_at_us, expires_at_us, work_id, ownership_epoch,
          ReservationState.RESERVED.value, now_us, now_us, position_us,
          None if gate is None else gate.value))
+    await count_slot(tx, quota_key, slot_at_us)  # the console's quota history
     return reservation_id
 
 
@@ -633,8 +637,8 @@ async def reservation_move(tx: SqlTx, reservation_id: str, target: ReservationSt
                            now_us: int, attempt_id: str | None = None) -> None:
     """``reserved -> target`` (idempotent when already there); anything else is refused."""
     rows = await tx.fetchall(
-        "SELECT state, attempt_id FROM quota_reservations WHERE reservation_id = ?",
-        (reservation_id,))
+        "SELECT state, attempt_id, quota_key, slot_at_us FROM quota_reservations"
+        " WHERE reservation_id = ?", (reservation_id,))
     if not rows:
         raise WorkConflict(f"no quota reservation {reservation_id}")
     current = ReservationState(rows[0][0])
@@ -649,3 +653,5 @@ async def reservation_move(tx: SqlTx, reservation_id: str, target: ReservationSt
         (target.value, attempt_id, now_us, reservation_id, current.value))
     if matched != 1:
         raise WorkConflict(f"quota reservation {reservation_id} changed concurrently")
+    if target is ReservationState.RELEASED:  # the console's quota history
+        await count_released(tx, str(rows[0][2]), int(rows[0][3]))

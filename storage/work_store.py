@@ -14,6 +14,8 @@ from storage.effects import EffectJournal
 from storage.flow import FlowReads
 from storage.grants import AuthorizationGrants
 from storage.history import HistoryStore
+from storage.history_flow import HistoryFlowStore
+from storage.history_quota import HistoryQuotaStore
 from storage.ingress.receipts import IngressReceipts
 from storage.links import RemoteLinks
 from storage.port import Database
@@ -32,7 +34,8 @@ class WorkStore(
     RemoteLinks, CommandRepair, CommandOperator, QuotaLedger, AuthorizationGrants,
     PrincipalBindings,
     RefreshLeases, CatalogRevisions, FlowReads, CutoverSteps, LegacyOutcomes,
-    IngressReceipts, RetentionStore, BindingFlows, HistoryStore,
+    IngressReceipts, RetentionStore, BindingFlows, HistoryStore, HistoryFlowStore,
+    HistoryQuotaStore,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 

@@ -26,3 +26,12 @@ def span_text(seconds: float) -> str:
 def wall_text(us: int) -> str:
     """An epoch-microsecond moment as UTC wall time."""
     return dt.datetime.fromtimestamp(us / 1_000_000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def latency_text(ms: float) -> str:
+    """A latency: ``850 ms``, ``2.4 s``, then as :func:`span_text` (``7 min``)."""
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    if ms < 90_000:
+        return f"{ms / 1000:.1f} s"
+    return span_text(ms / 1000)

@@ -19,6 +19,9 @@ from daemon.services.clock import WallClock
 from daemon.services.replica import Replica
 from tests.admin.support import ConsoleHarness
 from tests.admin.test_openapi import _routes
+from tests.support.find import seed_receipts
+from tests.support.history import use_quota
+from tests.support.work import T0
 
 
 def _with_history(console: ConsoleHarness) -> None:
@@ -64,8 +67,25 @@ BAD_RANGES = [
     ("from=1800003600&to=1800000000", "to must be later than from"),
     ("from=1700000000&to=1800000000", "at most 92 days"),
     ("range=1h&range=6h", "more than once"),
-    ("org=org-1", "unknown parameter 'org'"),
+    ("region=eu", "unknown parameter 'region'"),
     ("family=" + "f" * 65, "family is longer than 64"),
+    ("org=" + "o" * 129, "org is longer than 128"),
+    ("binding=" + "b" * 256, "binding is longer than 255"),
+    ("operation=a%01b", "operation contains control characters"),
+    ("org=org-1&org=org-2", "more than once"),
+    ("key=" + "k" * 256, "key is longer than 255"),
+]
+BAD_SLOTS = [
+    ("from=1800000000&to=1800000060", "key is required"),
+    ("key=k", "from and to are required"),
+    ("key=k&from=1800000000&to=1800000060&org=o", "unknown parameter 'org'"),
+]
+BAD_COMMANDS = [
+    ("from=1800000000&to=1800000060", "metric must be one of accepted, receipted"),
+    ("metric=dead&from=1800000000&to=1800000060", "metric must be one of"),
+    ("metric=accepted", "from and to are required"),
+    ("metric=accepted&from=1800000000&to=1800000060&family=noop", "unknown parameter"),
+    ("metric=receipted&from=1800000000&to=1800000060&limit=501", "limit must be"),
 ]
 BAD_BUCKETS = [
     ("", "from and to are required"),
@@ -93,6 +113,13 @@ async def test_a_range_or_filter_that_cannot_be_parsed_is_a_400_with_a_message(
             assert answer.status_code == 400, query
         answer = await viewer.get(f"/admin/api/history/items?{query}")
         assert message in (await answer.get_json())["message"], query
+    for listing, rows in (("commands", BAD_COMMANDS), ("slots", BAD_SLOTS)):
+        for query, message in rows:
+            for prefix in ("/admin/api", "/admin"):
+                answer = await viewer.get(f"{prefix}/history/{listing}?{query}")
+                assert answer.status_code == 400, query
+            answer = await viewer.get(f"/admin/api/history/{listing}?{query}")
+            assert message in (await answer.get_json())["message"], query
 
 
 async def test_the_history_routes_are_documented_and_need_a_session(
@@ -100,6 +127,89 @@ async def test_the_history_routes_are_documented_and_need_a_session(
     _with_history(console)
     viewer, _ = await console.sign_in("viv")
     documented = (await (await viewer.get("/admin/api/openapi.json")).get_json())["paths"]
-    for path in ("/admin/api/history", "/admin/api/history/items"):
+    for path in ("/admin/api/history", "/admin/api/history/items",
+                 "/admin/api/history/commands", "/admin/api/history/slots"):
         assert path in documented and (path, "get") in _routes(console)
         assert (await console.client().get(path)).status_code == 401
+
+
+async def test_pressure_and_latency_per_org_binding_and_operation_link_their_commands(
+        console: ConsoleHarness) -> None:
+    """The effect path's pressure (commands accepted against receipts confirmed) and
+    latency, from the ``history_flow`` rollup, narrowed per org, binding and operation;
+    each point links to the commands behind it."""
+    seeded = await seed_receipts(console.store, T0)
+    _with_history(console)
+    viewer, _ = await console.sign_in("viv")
+    span = f"from={T0 // 1_000_000 - 60}&to={T0 // 1_000_000 + 240}"
+    doc = await (await viewer.get(f"/admin/api/history?{span}")).get_json()
+    assert doc["step_us"] == 60_000_000
+    accepted, receipted = doc["pressure"]
+    assert (accepted["series"], accepted["total"]) == ("commands accepted", 6)
+    assert (receipted["series"], receipted["total"]) == ("receipts confirmed", 2)
+    assert doc["backlog_change"] == 4
+    response, receipt = doc["latency"]["response"], doc["latency"]["receipt"]
+    assert response["range"]["count"] == receipt["range"]["count"] == 2
+    # Percentiles are the upper bounds of log buckets: never below, at most 9 % above.
+    assert 2000 <= response["range"]["p50_ms"] <= 2000 * 1.091
+    assert 70_000 <= receipt["range"]["p99_ms"] <= 70_000 * 1.091
+    (late,) = [p for p in receipt["points"] if p["count"]][1:]
+    behind = await (await viewer.get(late["items"].replace("/admin/", "/admin/api/", 1)))\
+        .get_json()
+    assert [c["command_id"] for c in behind["commands"]] == [seeded[0].command_id]
+    assert behind["commands"][0]["receipt_ms"] == 70_000.0
+    (busy,) = [p for p in accepted["points"] if p["count"]]
+    listed = await (await viewer.get(busy["items"].replace("/admin/", "/admin/api/", 1)))\
+        .get_json()
+    assert len(listed["commands"]) == 6
+    # Filters: the same for the command's own org, binding and operation; none elsewhere.
+    mine = ("org=org-1&binding=hubspot-main"
+            "&operation=hubspot.contact.update_jobtitle")
+    narrowed = await (await viewer.get(f"/admin/api/history?{span}&{mine}")).get_json()
+    assert narrowed["pressure"] == [
+        {**s, "points": [{**p, "items": p["items"] + "&" + mine} for p in s["points"]]}
+        for s in doc["pressure"]]
+    assert narrowed["filters"]["binding"] == "hubspot-main"
+    for other in ("org=org-2", "binding=other", "operation=hubspot.deal.create"):
+        none = await (await viewer.get(f"/admin/api/history?{span}&{other}")).get_json()
+        assert [s["total"] for s in none["pressure"]] == [0, 0], other
+        assert none["latency"]["receipt"]["range"]["p50_ms"] is None
+    # The page draws both charts with links on their points, and keeps the filters.
+    html = await (await viewer.get(f"/admin/history?{span}&org=org-1")).get_data(as_text=True)
+    assert 'id="chart-history-pressure"' in html and 'id="chart-history-latency"' in html
+    assert 'data-series="commands accepted"' in html and 'data-series="receipt p99"' in html
+    assert 'value="org-1"' in html and "4 more accepted than confirmed" in html
+    link = re.search(r'<a class="point-link" href="([^"]+)" data-series="receipt p50"',
+                     html)
+    assert link is not None
+    page = await (await viewer.get(link[1].replace("&amp;", "&"))).get_data(as_text=True)
+    assert f'href="/admin/effects/commands/{seeded[2].command_id}"' in page
+
+
+async def test_quota_use_against_the_limit_per_key_links_its_slots(
+        console: ConsoleHarness) -> None:
+    """Quota use over time from the ``history_quota`` rollup: per key and step, slots
+    granted minus given back, against the key's limit scaled to the step."""
+    await use_quota(console.store, console.store, T0)
+    _with_history(console)
+    viewer, _ = await console.sign_in("viv")
+    span = f"from={T0 // 1_000_000 - 60}&to={T0 // 1_000_000 + 240}"
+    doc = await (await viewer.get(f"/admin/api/history?{span}")).get_json()
+    k, other = doc["quota"]["keys"]
+    assert (k["quota_key"], k["granted_total"], k["released_total"], k["used_total"]) == (
+        "k", 3, 2, 1)
+    assert (other["quota_key"], other["used_total"]) == ("other", 1)
+    # 600 a minute: a one-minute step allows 600; one slot used is 0.2 % of it.
+    assert (k["limit_count"], k["allowed_per_step"], k["peak_use_pct"]) == (600, 600.0, 0.2)
+    (busy,) = [p for p in k["points"] if p["granted"]][:1]
+    slots = await (await viewer.get(busy["items"].replace("/admin/", "/admin/api/", 1)))\
+        .get_json()
+    assert [s["state"] for s in slots["slots"]] == ["released", "reserved"]
+    one = await (await viewer.get(f"/admin/api/history?{span}&key=other")).get_json()
+    assert [q["quota_key"] for q in one["quota"]["keys"]] == ["other"]
+    html = await (await viewer.get(f"/admin/history?{span}")).get_data(as_text=True)
+    assert 'id="chart-history-quota"' in html and 'data-key="k"' in html
+    link = re.search(r'<a class="point-link" href="([^"]+)" data-series="k"', html)
+    assert link is not None
+    page = await (await viewer.get(link[1].replace("&amp;", "&"))).get_data(as_text=True)
+    assert all(f'href="/admin/work/{s["work_id"]}"' in page for s in slots["slots"])

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from admin_ui.history import history_for
 from daemon.core.outcomes import DeadLetter, Succeeded
 from storage.port import SqlTx
 from tests.support.backends import fresh_database
+from tests.support.find import seed_receipts
+from tests.support.history import use_quota
 from tests.support.processes import run_cli, write_config
-from tests.support.work import claim, enqueue, finalize
+from tests.support.work import T0, claim, enqueue, finalize
 
 
 async def test_history_rebuild_restores_the_rollup_from_the_journal(tmp_path: Path) -> None:
@@ -38,15 +41,51 @@ async def test_history_rebuild_restores_the_rollup_from_the_journal(tmp_path: Pa
         # The executions' day is not over: by default, its counts are left as they are.
         untouched = run_cli(cfg, "history", "rebuild", "--json")
         assert untouched.returncode == 0, untouched.stderr
-        assert json.loads(untouched.stdout) == {"rebuilt_rows": 0}
+        assert json.loads(untouched.stdout) == {"rebuilt_rows": 0, "rebuilt_flow_rows": 0,
+                                                  "rebuilt_quota_rows": 0}
         rebuilt = run_cli(cfg, "history", "rebuild", "--from", "2027-01-15T00:00Z", "--json")
         assert rebuilt.returncode == 0, rebuilt.stderr
-        assert json.loads(rebuilt.stdout) == {"rebuilt_rows": 6}  # 2 outcomes x 3 levels
+        # 2 outcomes x 3 levels; no command was accepted
+        assert json.loads(rebuilt.stdout) == {"rebuilt_rows": 6, "rebuilt_flow_rows": 0,
+                                              "rebuilt_quota_rows": 0}
         assert await store.db.transact(counts, name="test.counts", write=False) == maintained
         plain = run_cli(cfg, "history", "rebuild", "--from", "1800000000")
         assert plain.returncode == 0
-        assert plain.stdout == "history rebuilt: 6 rollup rows from the stored executions\n"
+        assert plain.stdout == ("history rebuilt: 6 rollup rows from the stored executions,"
+                                " 0 from the stored commands and receipts,"
+                                " 0 from the stored quota reservations\n")
         bad = run_cli(cfg, "history", "rebuild", "--from", "yesterday")
         assert bad.returncode == 2
         assert "--from must be an ISO 8601 UTC time" in bad.stderr
         assert await store.db.transact(counts, name="test.counts", write=False) == maintained
+
+
+async def test_history_show_answers_what_the_page_answers(tmp_path: Path) -> None:
+    """``integrationd history show --json`` prints the document ``/admin/api/history``
+    answers (the same read model), and its plain text the same figures."""
+    async with fresh_database("sqlite", tmp_path) as database:
+        store = await database.open_store()
+        await seed_receipts(store, T0)
+        await use_quota(store, store, T0)
+        cfg = write_config(tmp_path / "a.toml", database.url)
+        start, end = str(T0 // 1_000_000 - 60), str(T0 // 1_000_000 + 240)
+        shown = run_cli(cfg, "history", "show", "--from", start, "--to", end,
+                        "--binding", "hubspot-main", "--json")
+        assert shown.returncode == 0, shown.stderr
+        page = await history_for(store, [("from", start), ("to", end),
+                                         ("binding", "hubspot-main")], 0)
+        assert json.loads(shown.stdout) == json.loads(json.dumps(page))
+        assert [s["total"] for s in page["pressure"]] == [6, 2]
+        assert [k["used_total"] for k in page["quota"]["keys"]] == [1, 1]
+        plain = run_cli(cfg, "history", "show", "--from", start, "--to", end)
+        assert plain.returncode == 0, plain.stderr
+        lines = plain.stdout.splitlines()
+        assert "filters: all" in lines[0]
+        assert "commands accepted 6, receipts confirmed 2" in lines[1]
+        # a header of four lines, one row per minute, one line per quota key
+        assert len(lines) == 4 + 5 + 2
+        assert lines[-2] == ("quota k: limit 600 per 60 s, 600.0 per step; granted 3,"
+                             " given back 2, used 1, peak 0.2 % of the limit")
+        refused = run_cli(cfg, "history", "show", "--from", start)
+        assert refused.returncode == 2
+        assert "a custom range needs both from and to" in refused.stderr

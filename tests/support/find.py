@@ -9,7 +9,7 @@ import attrs
 from daemon.core.exchange_excerpt import ExchangeExcerpt, excerpt_of
 from daemon.core.work import WorkItem
 from storage.effect_values import Settlement
-from storage.effects import record_outcome, settle
+from storage.effects import mark_receipt, record_outcome, settle
 from storage.port import SqlTx
 from storage.work_store import WorkStore
 from tests.support.commands import accept_pinned, attempt, draft
@@ -85,3 +85,27 @@ async def settle_command(store: WorkStore, seeded: Seeded, now: int) -> None:
                      now_us=now)
 
     await store.db.transact(write, name="test.settle")
+
+
+async def confirm_receipt(store: WorkStore, seeded: Seeded, now: int) -> None:
+    """The Runtime confirmed ``seeded``'s receipt at ``now``."""
+    await store.db.transact(lambda tx: mark_receipt(tx, seeded.command_id, confirmed=True,
+                                                    error=None, now_us=now),
+                            name="test.confirm")
+
+
+async def seed_receipts(store: WorkStore, t0: int) -> list[Seeded]:
+    """:func:`seed_calls` at ``t0`` (six commands accepted in ``t0 + 0..5 s``), and two
+    of them answered and confirmed: the first answered after 10 s and confirmed after
+    70 s (after a refused delivery), the third answered after 2 s and confirmed after
+    3 s (then confirmed again: a repeat)."""
+    seeded = await seed_calls(store, t0)
+    await settle_command(store, seeded[0], t0 + 10 * SEC)
+    await settle_command(store, seeded[2], t0 + 4 * SEC)
+    await store.db.transact(lambda tx: mark_receipt(tx, seeded[0].command_id, confirmed=False,
+                                                    error="http_503:", now_us=t0 + 30 * SEC),
+                            name="test.refused")
+    await confirm_receipt(store, seeded[0], t0 + 70 * SEC)
+    await confirm_receipt(store, seeded[2], t0 + 5 * SEC)
+    await confirm_receipt(store, seeded[2], t0 + 9 * SEC)  # a repeat: already confirmed
+    return seeded

@@ -1,7 +1,9 @@
 """In the browser: the History page (issue 23 item 1). The range picker moves between the
 presets and a custom range, a range that cannot be parsed is refused with its message,
 and a point of the DLQ inflow chart opens the executions behind it, each linking to its
-work item. A real replica on SQLite, a viewer signed in, Debian's Chromium."""
+work item; the pressure, latency and quota charts narrow by org, binding and quota key,
+and their points open the commands and slots behind them. A real replica on SQLite, a
+viewer signed in, Debian's Chromium."""
 
 from __future__ import annotations
 
@@ -15,7 +17,11 @@ from playwright.sync_api import Page, expect
 
 from admin_ui.extensions import combine
 from admin_ui.history import history_extensions
+from daemon.services.clock import WallClock
 from tests.support.backends import fresh_database
+from tests.support.find import seed_receipts
+from tests.support.history import use_quota
+from tests.support.work import SEC
 from tests.ui.support import LiveConsole, in_browser, live_console, shot, sign_in
 
 
@@ -65,5 +71,65 @@ async def test_the_range_picker_and_a_point_link(live: LiveConsole) -> None:
         page.fill("#h-to", "2026-12-06T01:00Z")
         page.click("#h-apply")
         expect(page.locator("body")).to_contain_text("from must be an ISO 8601 UTC time")
+
+    await in_browser(live, scenario)
+
+
+async def test_pressure_latency_and_quota_charts_with_their_filters(live: LiveConsole) -> None:
+    """The effect path's pressure and latency and the quota use, drawn from the rollups;
+    the org, binding and quota key filters narrow them; a point opens the commands or the
+    slots behind it; a filter that cannot be read is refused with its message."""
+    t0 = WallClock().now_us() - 3 * 60 * SEC
+    seeded = await seed_receipts(live.store, t0)
+    await use_quota(live.store, live.store, t0)
+
+    def scenario(page: Page, live: LiveConsole) -> None:
+        sign_in(page, "viv")
+        page.goto("/admin/history?range=15m")
+        pressure = page.locator("#history-pressure")
+        expect(pressure.locator('li[data-series="commands accepted"] .figure')).to_have_text("6")
+        expect(pressure.locator('li[data-series="receipts confirmed"] .figure')).to_have_text("2")
+        expect(page.locator("#backlog-change")).to_contain_text("4 more accepted than confirmed")
+        receipts = page.locator('#latency-range tr[data-latency="receipt"] td')
+        expect(receipts.nth(4)).to_have_text("2")
+        expect(page.locator('#quota-keys tr[data-key="k"]')).to_contain_text("600 per")
+        shot(page, "72-history-pressure-latency-quota")
+        # Another org: nothing of the effect path.
+        page.fill("#h-org", "org-2")
+        page.click("#h-apply")
+        expect(page).to_have_url(re.compile(r"org=org-2"))
+        expect(pressure.locator('li[data-series="commands accepted"] .figure')).to_have_text("0")
+        expect(page.locator("#chart-history-latency")).to_contain_text(
+            "no receipt confirmed in this range")
+        # The commands' own binding: all of them again, and a receipt's point opens the
+        # commands behind it.
+        page.fill("#h-org", "")
+        page.fill("#h-binding", "hubspot-main")
+        page.click("#h-apply")
+        expect(pressure.locator('li[data-series="commands accepted"] .figure')).to_have_text("6")
+        # One receipt per minute: its p99 dot (drawn last) lies on its p50 dot; both
+        # open the same commands.
+        point = page.locator('#chart-history-latency a.point-link[data-series="receipt p99"]')
+        expect(point).to_have_count(2)
+        point.first.click()
+        expect(page).to_have_url(re.compile(r"/admin/history/commands\?metric=receipted"))
+        expect(page.locator("#history-commands tbody tr")).to_have_count(1)
+        expect(page.locator(
+            f'#history-commands a[href="/admin/effects/commands/{seeded[2].command_id}"]'
+        )).to_have_count(1)
+        shot(page, "73-history-receipt-commands")
+        # One quota key: its use, and the slots behind a point.
+        page.goto("/admin/history?range=15m")
+        page.fill("#h-key", "k")
+        page.click("#h-apply")
+        expect(page.locator("#quota-keys tbody tr")).to_have_count(1)
+        page.locator('#chart-history-quota a.point-link[data-series="k"]').first.click()
+        expect(page).to_have_url(re.compile(r"/admin/history/slots\?key=k"))
+        expect(page.locator("#history-slots tbody tr")).to_have_count(2)
+        # A filter that cannot be read: refused, with the reason shown.
+        page.goto("/admin/history")
+        page.fill("#h-org", "o" * 129)
+        page.click("#h-apply")
+        expect(page.locator("body")).to_contain_text("org is longer than 128 characters")
 
     await in_browser(live, scenario)

@@ -1,0 +1,185 @@
+"""The console's quota history: slots granted and given back per key, per minute, hour
+and day, drawn against the key's limit.
+
+Theory of operation
+-------------------
+``history_quota`` (migration 0044) counts quota reservations by the time of their slot,
+at the levels of ``history_rollup`` (storage/history.py), in one shard (a grant already
+holds its key's ``quota_keys`` row lock, so more shards would add rows, not spread
+contention):
+
+* ``granted``: :func:`count_slot` runs in the transaction that reserves the slot for a
+  claim (``storage.quota.reservation_open``: the grant and its reservation commit
+  together, so every granted slot of a claim is counted once);
+* ``released``: :func:`count_released` runs where a reservation moves to ``released``
+  (given back unused: ``storage.quota.reservation_move`` and the quota sweep), once per
+  move (the move is a compare-and-swap out of ``reserved``).
+
+The slots used in an interval are granted minus released; the page draws them against
+the key's allowance for the interval (``limit_count * step / window_us`` of the key's
+latest policy, from ``quota_keys``; the rollup keeps counts only, so a rebuild from the
+reservations gives the same rows). The quota bench's bare ``quota_grant`` (no claim, no
+reservation) is not counted. A read model (seed 5.2): nothing grants from it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from storage.history import BUCKET_US, DAY_US, LEVELS_US, bucket_of, level_for
+from storage.port import Database, SqlTx
+from storage.rollup_rows import add_at_levels
+
+GRANTED = "granted"
+RELEASED = "released"
+METRICS = (GRANTED, RELEASED)
+
+_INSERT = ("INSERT INTO history_quota (n, level_us, bucket_us, quota_key, metric, shard)"
+           " VALUES (?, ?, ?, ?, ?, ?)")
+
+
+async def _count(tx: SqlTx, quota_key: str, metric: str, slot_at_us: int) -> None:
+    # The three levels in one statement in the steady state (storage/rollup_rows.py).
+    await add_at_levels(tx, "history_quota", ("quota_key", "metric", "shard"),
+                        (quota_key, metric, 0), slot_at_us, 1)
+
+
+async def count_slot(tx: SqlTx, quota_key: str, slot_at_us: int) -> None:
+    """One slot granted to a claim, inside the reserving transaction."""
+    await _count(tx, quota_key, GRANTED, slot_at_us)
+
+
+async def count_released(tx: SqlTx, quota_key: str, slot_at_us: int) -> None:
+    """One reserved slot given back unused, inside the transaction that moved it."""
+    await _count(tx, quota_key, RELEASED, slot_at_us)
+
+
+@attrs.frozen
+class QuotaPoint:
+    """``n`` slots of ``quota_key`` in ``[at_us, at_us + step)`` that ``metric``."""
+
+    at_us: int
+    quota_key: str
+    metric: str
+    n: int
+
+
+@attrs.frozen
+class QuotaLimit:
+    """A key's latest policy: ``limit_count`` slots per ``window_us``."""
+
+    quota_key: str
+    limit_count: int
+    window_us: int
+
+
+@attrs.frozen
+class QuotaSlot:
+    """One reservation behind a point."""
+
+    reservation_id: str
+    work_id: str
+    state: str
+    slot_at_us: int
+
+
+class HistoryQuotaStore:
+    """Quota history reads and the rebuild (mixed into ``WorkStore``)."""
+
+    db: Database
+
+    async def history_quota(self, since_us: int, until_us: int, step_us: int,
+                            quota_key: str | None = None
+                            ) -> tuple[list[QuotaPoint], list[QuotaLimit]]:
+        """Slots granted and released per step and key in ``[since_us, until_us)`` (an
+        index range on the primary key: level, then bucket), and the keys' limits."""
+        if step_us <= 0 or step_us % BUCKET_US:
+            raise ValueError("step_us must be a positive multiple of a minute")
+        level = level_for(step_us)
+        where = "level_us = ? AND bucket_us >= ? AND bucket_us < ?"
+        args: tuple[Any, ...] = (step_us, level, bucket_of(since_us, level), until_us)
+        if quota_key is not None:
+            where += " AND quota_key = ?"
+            args += (quota_key,)
+
+        async def body(tx: SqlTx) -> tuple[list[QuotaPoint], list[QuotaLimit]]:
+            rows = await tx.fetchall(
+                "SELECT bucket_us - (bucket_us % ?) AS step_at, quota_key, metric, SUM(n)"
+                f" FROM history_quota WHERE {where}"
+                " GROUP BY step_at, quota_key, metric ORDER BY step_at, quota_key, metric",
+                args)
+            points = [QuotaPoint(int(a), str(k), str(m), int(n)) for a, k, m, n in rows]
+            keys = sorted({p.quota_key for p in points})
+            limits: list[QuotaLimit] = []
+            for i in range(0, len(keys), 100):
+                chunk = keys[i:i + 100]
+                marks = ", ".join("?" for _ in chunk)
+                limits += [QuotaLimit(str(k), int(c), int(w)) for k, c, w in await tx.fetchall(
+                    "SELECT quota_key, limit_count, window_us FROM quota_keys"
+                    f" WHERE quota_key IN ({marks}) ORDER BY quota_key", chunk)]
+            return points, limits
+
+        return await self.db.transact(body, name="history.quota", write=False)
+
+    async def history_quota_slots(self, quota_key: str, since_us: int, until_us: int,
+                                  limit: int) -> list[QuotaSlot]:
+        """The reservations of one key whose slot falls in the span, newest slot first
+        (the ``quota_reservations_key_slot`` index, read backwards)."""
+
+        async def body(tx: SqlTx) -> list[QuotaSlot]:
+            rows = await tx.fetchall(
+                "SELECT reservation_id, work_id, state, slot_at_us FROM quota_reservations"
+                " WHERE quota_key = ? AND slot_at_us >= ? AND slot_at_us < ?"
+                " ORDER BY slot_at_us DESC, reservation_id DESC LIMIT ?",
+                (quota_key, since_us, until_us, limit))
+            return [QuotaSlot(str(r), str(w), str(s), int(t)) for r, w, s, t in rows]
+
+        return await self.db.transact(body, name="history.quota_slots", write=False)
+
+    async def history_quota_rebuild(self, since_us: int | None = None) -> int:
+        """Recompute ``history_quota`` from the reservations still kept, one UTC day of
+        slots per transaction, from ``since_us``'s day (default: the first whole day
+        kept); the rows written. Older days keep their maintained counts."""
+
+        async def bounds(tx: SqlTx) -> tuple[Any, Any]:
+            ((low, high),) = await tx.fetchall(
+                "SELECT MIN(slot_at_us), MAX(slot_at_us) FROM quota_reservations")
+            return low, high
+
+        low, high = await self.db.transact(bounds, name="history.quota_bounds", write=False)
+        if low is None or high is None:
+            return 0
+        if since_us is not None:
+            start = bucket_of(since_us, DAY_US)
+        else:
+            start = int(low) if int(low) % DAY_US == 0 else bucket_of(int(low), DAY_US) + DAY_US
+        written = 0
+        while start <= int(high):
+            end = start + DAY_US
+
+            async def body(tx: SqlTx, start: int = start, end: int = end) -> int:
+                await tx.execute(
+                    "DELETE FROM history_quota WHERE level_us IN (?, ?, ?)"
+                    " AND bucket_us >= ? AND bucket_us < ?", (*LEVELS_US, start, end))
+                rows = await tx.fetchall(
+                    "SELECT slot_at_us - (slot_at_us % ?) AS bucket, quota_key,"
+                    " COUNT(*), SUM(CASE WHEN state = 'released' THEN 1 ELSE 0 END)"
+                    " FROM quota_reservations WHERE slot_at_us >= ? AND slot_at_us < ?"
+                    " GROUP BY bucket, quota_key", (BUCKET_US, start, end))
+                counts: dict[tuple[int, int, str, str], int] = {}
+                for bucket, key, granted, released in rows:
+                    for level in LEVELS_US:
+                        for metric, n in ((GRANTED, int(granted)), (RELEASED, int(released))):
+                            if n:
+                                at = (level, bucket_of(int(bucket), level), str(key), metric)
+                                counts[at] = counts.get(at, 0) + n
+                if counts:
+                    await tx.executemany(_INSERT, [(n, *key, 0)
+                                                   for key, n in sorted(counts.items())])
+                return len(counts)
+
+            written += await self.db.transact(body, name="history.quota_rebuild", write=True)
+            start = end
+        return written
