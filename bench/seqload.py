@@ -37,42 +37,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import trio
+from bench.bigtables import mariadb_client, migrated_without_indexes
 
-from storage.migrate import migrate
-from storage.mysql.adapter import MysqlTarget
-from storage.open import open_store
-
-MYSQL_URL = os.environ.get("INTEGRATIOND_BENCH_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
 BATCH = 500_000
 YEAR_US = 365 * 86_400 * 1_000_000
 HOUR_US = 3_600_000_000
 QUOTA_KEYS = 8
 BINDINGS = 8
-
-
-def _client(database: str | None, sql: str, *, capture: bool = False) -> str:
-    base = MysqlTarget.from_url(MYSQL_URL)
-    command = ["mariadb", f"--host={base.host}", f"--port={base.port}", f"--user={base.user}",
-               "--batch", "--raw"]
-    if base.password:
-        command.append(f"--password={base.password}")
-    if database:
-        command.append(database)
-    done = subprocess.run([*command, "-e", sql], check=True, text=True,
-                          capture_output=capture)
-    return done.stdout if capture else ""
-
-
-def url_of(database: str) -> str:
-    base = MysqlTarget.from_url(MYSQL_URL)
-    return MysqlTarget(host=base.host, port=base.port, user=base.user,
-                       password=base.password, database=database).describe()
 
 
 # ------------------------------------------------------------------ SQL expressions
@@ -341,24 +316,9 @@ LOADED = ("work_items", "work_executions", "external_commands", "effect_attempts
           "result_receipts", "ingress_receipts", "audit_log")
 
 
-def secondary_indexes(database: str, table: str) -> list[str]:
-    """``ADD [UNIQUE] INDEX name (cols)`` for every secondary index of ``table``."""
-    out = _client(database, (
-        "SELECT index_name, non_unique, GROUP_CONCAT(CONCAT(column_name,"
-        " IF(sub_part IS NULL, '', CONCAT('(', sub_part, ')'))) ORDER BY seq_in_index)"
-        " FROM information_schema.statistics WHERE table_schema = DATABASE()"
-        f" AND table_name = '{table}' AND index_name <> 'PRIMARY'"
-        " GROUP BY index_name, non_unique ORDER BY index_name"), capture=True)
-    clauses = []
-    for line in out.splitlines()[1:]:
-        name, non_unique, cols = line.split("\t")
-        clauses.append(f"ADD {'UNIQUE ' if non_unique == '0' else ''}INDEX {name} ({cols})")
-    return clauses
-
-
 def _parallel(database: str, sqls: list[str], workers: int) -> None:
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for done in [pool.submit(_client, database, sql) for sql in sqls]:
+        for done in [pool.submit(mariadb_client, database, sql) for sql in sqls]:
             done.result()
 
 
@@ -368,25 +328,12 @@ def load(database: str, open_items: int, terminal: int, workers: int = 3) -> dic
     ``ALTER TABLE`` a table (a sorted build: far cheaper than row-by-row maintenance of
     17 indexes on a 128 MB buffer pool); per-step seconds, rows and megabytes."""
     started = time.monotonic()
-    _client(None, f"CREATE DATABASE {database} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin")
-
-    async def migrated() -> None:
-        store = await open_store(url_of(database), pool_size=1)
-        await migrate(store.db, store.dialect, time.time_ns() // 1000)
-        await store.db.aclose()
-
-    trio.run(migrated)
-    indexes = {t: secondary_indexes(database, t) for t in LOADED}
-    for table, clauses in indexes.items():
-        if clauses:
-            drops = ", ".join("DROP INDEX " + c.split("INDEX ")[1].split(" ")[0]
-                              for c in clauses)
-            _client(database, f"ALTER TABLE {table} {drops}")
+    indexes = migrated_without_indexes(database, LOADED)
     plan = Plan(open_items, terminal, time.time_ns() // 1000)
     effects = terminal // 20
     steps: dict[str, float] = {}
     for sql in plan.singles():
-        _client(database, sql)
+        mariadb_client(database, sql)
     t0 = time.monotonic()
     jobs = [
         *statements(plan.terminal_items("@I"), "@I", terminal),
@@ -413,7 +360,7 @@ def load(database: str, open_items: int, terminal: int, workers: int = 3) -> dic
     rollup(database)
     steps["history_rollup"] = round(time.monotonic() - t0, 1)
     for table in (*LOADED, "history_rollup"):
-        _client(database, f"ANALYZE TABLE {table}", capture=True)
+        mariadb_client(database, f"ANALYZE TABLE {table}", capture=True)
     return {"bench": "seqload", "database": database, "open": open_items,
             "terminal": terminal, "steps_s": steps,
             "total_s": round(time.monotonic() - started, 1), "rows": counts(database),
@@ -423,13 +370,13 @@ def load(database: str, open_items: int, terminal: int, workers: int = 3) -> dic
 def rollup(database: str) -> None:
     """The history rollup from the journal, as ``integrationd history rebuild`` writes it
     (minute rows counted from the executions, hour and day rows summed from them)."""
-    _client(database, "DELETE FROM history_rollup")
-    _client(database, (
+    mariadb_client(database, "DELETE FROM history_rollup")
+    mariadb_client(database, (
         "INSERT INTO history_rollup (level_us, bucket_us, family, outcome, shard, executions)"
         " SELECT 60000000, finished_at_us - finished_at_us % 60000000 AS b, family, outcome, 0,"
         " COUNT(*) FROM work_executions GROUP BY b, family, outcome"))
     for level in (3_600_000_000, 86_400_000_000):
-        _client(database, (
+        mariadb_client(database, (
             "INSERT INTO history_rollup (level_us, bucket_us, family, outcome, shard,"
             f" executions) SELECT {level}, bucket_us - bucket_us % {level} AS b, family,"
             " outcome, 0, SUM(executions) FROM history_rollup WHERE level_us = 60000000"
@@ -437,14 +384,14 @@ def rollup(database: str) -> None:
 
 
 def counts(database: str) -> dict[str, int]:
-    out = _client(database, (
+    out = mariadb_client(database, (
         "SELECT table_name, table_rows FROM information_schema.tables"
         " WHERE table_schema = DATABASE() AND table_rows > 0"), capture=True)
     return {line.split("\t")[0]: int(line.split("\t")[1]) for line in out.splitlines()[1:]}
 
 
 def sizes(database: str) -> dict[str, int]:
-    out = _client(database, (
+    out = mariadb_client(database, (
         "SELECT table_name, ROUND((data_length + index_length) / 1048576)"
         " FROM information_schema.tables WHERE table_schema = DATABASE()"
         " AND data_length + index_length > 1048576"), capture=True)
@@ -462,13 +409,13 @@ def main() -> None:
     parser.add_argument("--drop", action="store_true", help="only drop --database")
     args = parser.parse_args()
     if args.drop:
-        _client(None, f"DROP DATABASE IF EXISTS {args.database}")
+        mariadb_client(None, f"DROP DATABASE IF EXISTS {args.database}")
         return
     try:
         print(json.dumps(load(args.database, args.open, args.terminal)), flush=True)
     finally:
         if not args.keep:
-            _client(None, f"DROP DATABASE IF EXISTS {args.database}")
+            mariadb_client(None, f"DROP DATABASE IF EXISTS {args.database}")
 
 
 if __name__ == "__main__":
