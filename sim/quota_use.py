@@ -174,13 +174,7 @@ async def _main(world: World, s: Scenario, dumped: bool) -> dict[str, Any]:
                     " ORDER BY position_us").fetchall(),
                 "arrivals": sorted(p.received_at for p in patches),
                 "trace": world.trace_lines}
-        world.stopping = True
-        for r in world.replicas:
-            if r.replica is not None and r.alive:
-                r.replica.request_drain()
-        for r in world.replicas:
-            with trio.move_on_after(30):
-                await r.done.wait()
+        await world.drain_replicas()
         nursery.cancel_scope.cancel()
     world.observer.close()
     return result

@@ -171,6 +171,16 @@ class World:
     operator_links: bool = True  # rebinds and Catalog publishes (drawn per seed)
 
     # ------------------------------------------------------------ the trace
+    async def drain_replicas(self) -> None:
+        """The run's end: every live replica drains (at most 30 simulated seconds each)."""
+        self.stopping = True
+        for r in self.replicas:
+            if r.replica is not None and r.alive:
+                r.replica.request_drain()
+        for r in self.replicas:
+            with trio.move_on_after(30):
+                await r.done.wait()
+
     def trace(self, kind: str, **fields: Any) -> None:
         line = json.dumps([round(trio.current_time(), 6), kind, fields], sort_keys=True,
                           default=str)
@@ -818,13 +828,7 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
         result["quota_violations"], result["quota_peak_per_window"] = quota_violations(
             world.patch_sends)
         await oracles.final(world, driver, result, hubspot, runtimes)
-        world.stopping = True
-        for r in world.replicas:
-            if r.replica is not None and r.alive:
-                r.replica.request_drain()
-        for r in world.replicas:
-            with trio.move_on_after(30):
-                await r.done.wait()
+        await world.drain_replicas()
         world.simulated_s = trio.current_time()
         nursery.cancel_scope.cancel()
     await driver_db.aclose()
