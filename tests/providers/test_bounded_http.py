@@ -182,13 +182,11 @@ class _IdleClock:
         self.offset += seconds
 
 
-async def test_sequential_exchanges_with_pauses_reuse_one_connection(
+async def _ok_server_with_idle_clock(
     nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Work arrives in claimed batches: a pooled connection often idles for seconds
-    between two of its requests. It is kept for the next one, on the executor's
-    client and on the receipt sender's (both BoundedHttp). Before: httpx's 5 s expiry
-    closed it, and the replicas opened a TCP connection for about every third PATCH."""
+) -> tuple[_IdleClock, H11Server, int]:
+    """A server answering 200 to everything, and the clock httpcore judges a pooled
+    connection's idle expiry by, moved by the test."""
     clock = _IdleClock()
     monkeypatch.setattr(httpcore._async.http11, "time", clock)
 
@@ -197,14 +195,31 @@ async def test_sequential_exchanges_with_pauses_reuse_one_connection(
 
     server = H11Server(ok)
     port: int = await nursery.start(server.run)
-    # The simulator never closes an idle connection: declared as 120 s, kept 60 s.
-    executor = HttpExecutor(BoundedHttp.open(32, {f"http://127.0.0.1:{port}":
-                                                  keepalive_below(120.0)}))
-    for n in range(6):
+    return clock, server, port
+
+
+async def _patches_with_pauses(executor: HttpExecutor, port: int, clock: _IdleClock, *,
+                               requests: int, pause_s: float) -> None:
+    for n in range(requests):
         answer = await executor.client.request("PATCH", f"http://127.0.0.1:{port}/{n}",
                                                content=b"{}", timeout_s=10.0)
         assert answer.status_code == 200
-        clock.advance(20.0)  # an idle pause between two batches
+        clock.advance(pause_s)
+
+
+async def test_sequential_exchanges_with_pauses_reuse_one_connection(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Work arrives in claimed batches: a pooled connection often idles for seconds
+    between two of its requests. It is kept for the next one, on the executor's
+    client and on the receipt sender's (both BoundedHttp). Before: httpx's 5 s expiry
+    closed it, and the replicas opened a TCP connection for about every third PATCH."""
+    clock, server, port = await _ok_server_with_idle_clock(nursery, monkeypatch)
+    # The simulator never closes an idle connection: declared as 120 s, kept 60 s.
+    executor = HttpExecutor(BoundedHttp.open(32, {f"http://127.0.0.1:{port}":
+                                                  keepalive_below(120.0)}))
+    # An idle pause of 20 s between two batches.
+    await _patches_with_pauses(executor, port, clock, requests=6, pause_s=20.0)
     assert server.connections_accepted == 1
     await executor.aclose()
 
@@ -215,19 +230,9 @@ async def test_an_origin_that_declares_no_keep_alive_gets_the_safe_expiry(
     """Whose idle timeout is unknown, a connection idle past SAFE_KEEPALIVE_S (below the
     5 s common servers close after) is let go: the next request opens a new one rather
     than meet a connection its server may be closing."""
-    clock = _IdleClock()
-    monkeypatch.setattr(httpcore._async.http11, "time", clock)
-
-    async def ok(request: Request) -> Response:
-        return Response(200, b'{"ok":true}', (("content-type", "application/json"),))
-
-    server = H11Server(ok)
-    port: int = await nursery.start(server.run)
+    clock, server, port = await _ok_server_with_idle_clock(nursery, monkeypatch)
     executor = HttpExecutor()
-    for n in range(3):
-        answer = await executor.client.request("PATCH", f"http://127.0.0.1:{port}/{n}",
-                                               content=b"{}", timeout_s=10.0)
-        assert answer.status_code == 200
-        clock.advance(SAFE_KEEPALIVE_S + 0.1)
+    await _patches_with_pauses(executor, port, clock, requests=3,
+                               pause_s=SAFE_KEEPALIVE_S + 0.1)
     assert server.connections_accepted == 3
     await executor.aclose()
