@@ -62,6 +62,24 @@ def level_for(step_us: int) -> int:
     return max(level for level in LEVELS_US if step_us % level == 0)
 
 
+def step_range(since_us: int, until_us: int, step_us: int, column: str,
+               value: str | None) -> tuple[str, tuple[Any, ...]]:
+    """A rollup's WHERE clause and arguments for steps of ``step_us`` in
+    ``[since_us, until_us)``: an index range on its primary key (level, then bucket) at
+    the coarsest level that tiles the step, and ``column = value`` when a value is given.
+    The arguments begin with the step, for the ``bucket_us - (bucket_us % ?)`` it
+    selects by."""
+    if step_us <= 0 or step_us % BUCKET_US:
+        raise ValueError("step_us must be a positive multiple of a minute")
+    level = level_for(step_us)
+    where = "level_us = ? AND bucket_us >= ? AND bucket_us < ?"
+    args: tuple[Any, ...] = (step_us, level, bucket_of(since_us, level), until_us)
+    if value is not None:
+        where += f" AND {column} = ?"
+        args += (value,)
+    return where, args
+
+
 def shard_of(work_id: str) -> int:
     return zlib.crc32(work_id.encode()) % SHARDS
 
@@ -124,14 +142,7 @@ class HistoryStore:
         """Executions per ``step_us`` bucket (a multiple of a minute) in
         ``[since_us, until_us)``, per family and outcome, cluster-wide, from the rollup's
         coarsest level that tiles the step (a step of hours reads hours)."""
-        if step_us <= 0 or step_us % BUCKET_US:
-            raise ValueError("step_us must be a positive multiple of a minute")
-        level = level_for(step_us)
-        where = "level_us = ? AND bucket_us >= ? AND bucket_us < ?"
-        args: tuple[Any, ...] = (step_us, level, bucket_of(since_us, level), until_us)
-        if family is not None:
-            where += " AND family = ?"
-            args += (family,)
+        where, args = step_range(since_us, until_us, step_us, "family", family)
 
         async def body(tx: SqlTx) -> list[HistoryPoint]:
             rows = await tx.fetchall(

@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from storage.history import BUCKET_US, DAY_US, LEVELS_US, bucket_of, level_for
+from storage.history import BUCKET_US, DAY_US, LEVELS_US, bucket_of, step_range
 from storage.port import Database, SqlTx
 from storage.rollup_rows import add_at_levels
 
@@ -95,14 +95,7 @@ class HistoryQuotaStore:
                             ) -> tuple[list[QuotaPoint], list[QuotaLimit]]:
         """Slots granted and released per step and key in ``[since_us, until_us)`` (an
         index range on the primary key: level, then bucket), and the keys' limits."""
-        if step_us <= 0 or step_us % BUCKET_US:
-            raise ValueError("step_us must be a positive multiple of a minute")
-        level = level_for(step_us)
-        where = "level_us = ? AND bucket_us >= ? AND bucket_us < ?"
-        args: tuple[Any, ...] = (step_us, level, bucket_of(since_us, level), until_us)
-        if quota_key is not None:
-            where += " AND quota_key = ?"
-            args += (quota_key,)
+        where, args = step_range(since_us, until_us, step_us, "quota_key", quota_key)
 
         async def body(tx: SqlTx) -> tuple[list[QuotaPoint], list[QuotaLimit]]:
             rows = await tx.fetchall(
