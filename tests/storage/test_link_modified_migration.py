@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import attrs
+import pytest
 
 from storage.links import read_link
 from storage.migrate import EXPECTED_VERSION, migrate
@@ -21,6 +22,7 @@ KEY = "link-lead-1"
 MODIFIED = 1_700_000_000_123_000
 
 
+@pytest.mark.usefixtures("admission_before_history_flow")
 async def test_the_links_time_carries_over_onto_its_succeeded_commands(
         backend: str, tmp_path: Path) -> None:
     assert EXPECTED_VERSION >= MOVED

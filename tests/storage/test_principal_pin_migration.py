@@ -87,6 +87,7 @@ async def _refusal(store: WorkStore, command_id: str) -> str | None:
     return None if found is None else found[0]
 
 
+@pytest.mark.usefixtures("admission_before_history_flow")
 async def test_the_sequence_keeps_queued_work_pinned(backend: str, tmp_path: Path) -> None:
     async with fresh_database(backend, tmp_path, migrated=False) as tdb:
         store = await tdb.open_store()

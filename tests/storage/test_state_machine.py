@@ -102,7 +102,9 @@ class KernelMachine(RuleBasedStateMachine):
             return
         rows = self._rows()
         expected = {i.work_id for i in mine if self._live(rows[i.work_id], i, self.now)}
-        result = _call(self.store.work_renew_if_owner, [i.fence for i in mine], TTL, self.now)
+        now = self.now
+        result = _call(self.store.work_renew_if_owner, [i.fence for i in mine], TTL,
+                       lambda: now)
         assert set(result.renewed) == expected
 
     @rule(owner=st.sampled_from(OWNERS), pick=st.integers(0, 2),
@@ -113,8 +115,9 @@ class KernelMachine(RuleBasedStateMachine):
             return
         item = mine[pick % len(mine)]
         live = self._live(self._rows()[item.work_id], item, self.now)
+        now = self.now
         (result,) = _call(self.store.work_finalize_if_owner,
-                          [finalization(item, outcome, self.now)], owner, self.now)
+                          [finalization(item, outcome, now)], owner, lambda: now)
         assert result.applied == live, "fenced write applied iff the fence was live"
         del self.held[owner][item.work_id]
 
