@@ -96,7 +96,7 @@ def _load(database: FreshDatabase, tmp_path: Path) -> None:
         f.close()
     for table, path in paths.items():
         assert bigtables._load_file(name, table, path).wait() == 0
-        bigtables._client(name, f"ANALYZE TABLE {table}", capture=True)
+        bigtables.mariadb_client(name, f"ANALYZE TABLE {table}", capture=True)
 
 
 def _explain_rows(rows: list[Row]) -> list[dict[str, Any]]:
