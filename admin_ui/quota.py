@@ -19,6 +19,7 @@ from config.settings import Settings
 from daemon.core.quota_waits import waiting_since
 from daemon.services.effect_quota import QuotaKey, declared_keys, waiting_key
 from daemon.services.quota_gauges import sample_quota
+from storage.bounded import BoundedCount
 from storage.work_store import WorkStore
 
 Json = dict[str, Any]
@@ -79,6 +80,9 @@ async def quota_json(store: WorkStore, now_us: int, settings: Settings | None = 
         "returned_total": q.returned_total, "throttles_total": q.throttles_total,
         "last_throttled_at_us": q.last_throttled_at_us or None,
         "reserved_in_flight": q.in_flight, "waiting_work": q.waiting,
+        # waiting_work stops at WAITING_CAP: waiting_more says there are more than it.
+        "waiting_more": q.waiting_more,
+        "waiting_text": BoundedCount(q.waiting, q.waiting_more).text(),
         # The longest-waiting held items (at most WAITERS_SHOWN; waiting_work counts all).
         "oldest_wait_us": next((w["waited_us"] for w in waiters.get(q.quota_key, ())), None),
         "waiting": waiters.get(q.quota_key, [])[:WAITERS_SHOWN],
