@@ -184,7 +184,7 @@ class IngressCounts:
 
     @property
     def reasons_sampled(self) -> bool:
-        return self.by_state.get(QUARANTINED, 0) > self.sample
+        return QUARANTINED in self.more or self.by_state.get(QUARANTINED, 0) > self.sample
 
 
 def receipt_from_row(row: Row) -> IngressReceipt:
@@ -507,18 +507,19 @@ class IngressReceipts:
 
         return await self.db.transact(body, name="ingress.events", write=False)
 
-    async def ingress_counts(self) -> IngressCounts:
+    async def ingress_counts(self, cap: int = COUNT_CAP, sample: int = SAMPLE
+                             ) -> IngressCounts:
         """Totals per state (bounded: each reads at most COUNT_CAP + 1 entries of the
         (state, receipt_id) index), the oldest waiting (the (state, received_at_us)
         index's first entry), and duplicates and reasons of the newest SAMPLE receipts."""
 
         async def body(tx: SqlTx) -> IngressCounts:
             counts = {s: await bounded_count(
-                tx, "SELECT 1 FROM ingress_receipts WHERE state = ?", (s,), COUNT_CAP)
+                tx, "SELECT 1 FROM ingress_receipts WHERE state = ?", (s,), cap)
                 for s in STATES}
             dups = await tx.fetchall(
                 "SELECT SUM(duplicates) FROM (SELECT duplicates FROM ingress_receipts"
-                " ORDER BY receipt_id DESC LIMIT ?) newest", (SAMPLE,))
+                " ORDER BY receipt_id DESC LIMIT ?) newest", (sample,))
             rows = await tx.fetchall(
                 "SELECT MIN(received_at_us) FROM ingress_receipts WHERE state = ?",
                 (RECEIVED,))
@@ -526,10 +527,11 @@ class IngressReceipts:
             reasons = {str(reason): int(count) for reason, count in await tx.fetchall(
                 "SELECT quarantine_reason, COUNT(*) FROM (SELECT quarantine_reason"
                 " FROM ingress_receipts WHERE state = ? ORDER BY receipt_id DESC LIMIT ?)"
-                " newest GROUP BY quarantine_reason", (QUARANTINED, SAMPLE))}
+                " newest GROUP BY quarantine_reason", (QUARANTINED, sample))}
             return IngressCounts(
                 {s: c.n for s, c in counts.items()}, None if oldest is None else int(oldest),
                 int(dups[0][0] or 0), reasons,
-                more=frozenset(s for s, c in counts.items() if c.more))
+                more=frozenset(s for s, c in counts.items() if c.more),
+                counted_up_to=cap, sample=sample)
 
         return await self.db.transact(body, name="ingress.counts", write=False)
