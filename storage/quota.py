@@ -556,19 +556,21 @@ class QuotaLedger:
 
         return await self.db.transact(body, name="quota.in_flight", write=False)
 
-    async def quota_waiting_counts(self, keys: Sequence[str], cap: int = WAITING_CAP
+    async def quota_waiting_counts(self, keys: Sequence[str], cap: int | None = None
                                    ) -> dict[str, BoundedCount]:
         """Work rescheduled for quota (``quota_wait``, pending) per quota key, each
-        counted up to ``cap`` ("more" past it).
+        counted up to ``cap`` (default :data:`WAITING_CAP`; "more" past it).
 
         One range of the ``quota_wait_key`` index per key (migration 0045: the key the
         held item's summary names, computed from its row), so a key costs at most
         ``cap`` index entries: reading every held item's summary took 1.6 s at 50,000
         held items (issue 23)."""
 
+        bound = WAITING_CAP if cap is None else cap
+
         async def body(tx: SqlTx) -> dict[str, BoundedCount]:
             return {key: await bounded_count(
-                tx, "SELECT 1 FROM work_items WHERE quota_wait_key = ?", (key,), cap)
+                tx, "SELECT 1 FROM work_items WHERE quota_wait_key = ?", (key,), bound)
                 for key in keys}
 
         return await self.db.transact(body, name="quota.waiting", write=False)

@@ -507,19 +507,22 @@ class IngressReceipts:
 
         return await self.db.transact(body, name="ingress.events", write=False)
 
-    async def ingress_counts(self, cap: int = COUNT_CAP, sample: int = SAMPLE
+    async def ingress_counts(self, cap: int | None = None, sample: int | None = None
                              ) -> IngressCounts:
         """Totals per state (bounded: each reads at most COUNT_CAP + 1 entries of the
         (state, receipt_id) index), the oldest waiting (the (state, received_at_us)
         index's first entry), and duplicates and reasons of the newest SAMPLE receipts."""
 
+        bound = COUNT_CAP if cap is None else cap
+        newest = SAMPLE if sample is None else sample
+
         async def body(tx: SqlTx) -> IngressCounts:
             counts = {s: await bounded_count(
-                tx, "SELECT 1 FROM ingress_receipts WHERE state = ?", (s,), cap)
+                tx, "SELECT 1 FROM ingress_receipts WHERE state = ?", (s,), bound)
                 for s in STATES}
             dups = await tx.fetchall(
                 "SELECT SUM(duplicates) FROM (SELECT duplicates FROM ingress_receipts"
-                " ORDER BY receipt_id DESC LIMIT ?) newest", (sample,))
+                " ORDER BY receipt_id DESC LIMIT ?) newest", (newest,))
             rows = await tx.fetchall(
                 "SELECT MIN(received_at_us) FROM ingress_receipts WHERE state = ?",
                 (RECEIVED,))
@@ -527,11 +530,11 @@ class IngressReceipts:
             reasons = {str(reason): int(count) for reason, count in await tx.fetchall(
                 "SELECT quarantine_reason, COUNT(*) FROM (SELECT quarantine_reason"
                 " FROM ingress_receipts WHERE state = ? ORDER BY receipt_id DESC LIMIT ?)"
-                " newest GROUP BY quarantine_reason", (QUARANTINED, sample))}
+                " newest GROUP BY quarantine_reason", (QUARANTINED, newest))}
             return IngressCounts(
                 {s: c.n for s, c in counts.items()}, None if oldest is None else int(oldest),
                 int(dups[0][0] or 0), reasons,
                 more=frozenset(s for s, c in counts.items() if c.more),
-                counted_up_to=cap, sample=sample)
+                counted_up_to=bound, sample=newest)
 
         return await self.db.transact(body, name="ingress.counts", write=False)
