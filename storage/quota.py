@@ -575,19 +575,28 @@ class QuotaLedger:
 
         return await self.db.transact(body, name="quota.waiting", write=False)
 
-    async def quota_waiters(self, limit: int) -> list[QuotaWaiter]:
+    async def quota_waiters(self, limit: int, keys: Sequence[str] | None = None
+                            ) -> list[QuotaWaiter]:
         """Up to ``limit`` items held on quota (the oldest items first), each with its
-        execution journal (the console's "what is waiting on each key").
+        execution journal (the console's "what is waiting on each key"); with ``keys``,
+        up to ``limit`` of each of those keys.
 
         Oldest by work id, an index order ((state, failure_class, work_id), migration
         0022): ordering by ``run_after_us`` sorted every held item to show ``limit`` of
-        them (50,000 of them at 1M open items; issue 23)."""
+        them (50,000 of them at 1M open items; issue 23). Per key, a range of the
+        ``quota_wait_key`` index (migration 0045; its entries end with the work id):
+        read across keys, one busy key's oldest items hid every other key's."""
 
         async def body(tx: SqlTx) -> list[QuotaWaiter]:
-            rows = await tx.fetchall(
-                "SELECT work_id, family, operator_summary, run_after_us FROM work_items"
-                " WHERE state = 'pending' AND failure_class = 'quota_wait'"
-                " ORDER BY work_id LIMIT ?", (limit,))
+            columns = "SELECT work_id, family, operator_summary, run_after_us FROM work_items"
+            if keys is None:
+                rows = await tx.fetchall(
+                    f"{columns} WHERE state = 'pending' AND failure_class = 'quota_wait'"
+                    " ORDER BY work_id LIMIT ?", (limit,))
+            else:
+                rows = [row for key in keys for row in await tx.fetchall(
+                    f"{columns} WHERE quota_wait_key = ? ORDER BY work_id LIMIT ?",
+                    (key, limit))]
             if not rows:
                 return []
             ids = [str(r[0]) for r in rows]

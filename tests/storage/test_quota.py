@@ -324,6 +324,9 @@ async def test_quota_waiters_are_the_oldest_held_items_read_by_index(store: Work
     waiters = await store.quota_waiters(2)
     assert [w.work_id for w in waiters] == ids[:2]
     assert all(len(w.journal) == 1 for w in waiters)
+    # Per key: a range of the quota_wait_key index (migration 0045), oldest first.
+    assert [w.work_id for w in await store.quota_waiters(2, ["p:key"])] == ids[:2]
+    assert await store.quota_waiters(2, ["p:other"]) == []
 
 
 async def test_quota_waiting_counts_per_key_come_from_the_held_items_key_and_stop_at_a_cap(
