@@ -66,6 +66,7 @@ from storage.effect_values import (
     RemoteLink,
     ResultReceipt,
 )
+from storage.effects import UNRESOLVED_CAP
 from storage.find_rows import attempt_exchange, request_headers
 from storage.links import read_link
 from storage.port import SqlTx
@@ -412,8 +413,10 @@ def build_blueprint(ec: EffectConsole) -> Blueprint:
                            notice: str | None = None) -> Response:
         view = console().view
         unknown = await view.store.effect_unknown_list(200)
+        outcome_unknown, no_outcome = await view.store.effect_unresolved_counts()
         return await page("effects.html", status=status, error=error, notice=notice,
-                          unknown=unknown, bindings=view.settings.bindings)
+                          unknown=unknown, bindings=view.settings.bindings,
+                          outcome_unknown=outcome_unknown, no_outcome=no_outcome)
 
     async def refused(exc: Exception, render: Any) -> Response:
         err = classify(exc)
@@ -523,8 +526,11 @@ def build_blueprint(ec: EffectConsole) -> Blueprint:
         store = console().view.store
         attempts = await store.effect_unknown_list(200)
         unknown, left = await store.effect_unresolved_counts()
+        # Each count stops at UNRESOLVED_CAP: "more" says there are more than it.
         return {"attempts": [_attempt_json(a) for a in attempts],
-                "counts": {"outcome_unknown": unknown, "no_outcome": left}}
+                "counts": {"outcome_unknown": unknown.n, "no_outcome": left.n},
+                "more": {"outcome_unknown": unknown.more, "no_outcome": left.more},
+                "counted_up_to": UNRESOLVED_CAP}
 
     @bp.get("/admin/api/effects/commands/<command_id>")
     @require("effect.read")
@@ -603,7 +609,8 @@ def _op(summary: str, method: str, *, body: bool = False, param: str | None = No
 OPENAPI_PATHS: dict[str, dict[str, Any]] = {
     "/admin/api/effects/unknown": _op(
         "Effect attempts awaiting a disposition (OUTCOME_UNKNOWN, or left with no outcome"
-        " after their dispatch checkpoint), with both counts", "get"),
+        " after their dispatch checkpoint), oldest first, with both counts; each count"
+        " stops at counted_up_to (more: true says there are more)", "get"),
     "/admin/api/effects/commands/{command_id}": _op(
         "A command with its attempts and receipt", "get", param="command_id"),
     "/admin/api/effects/attempts/{attempt_id}/disposition": _op(

@@ -92,7 +92,13 @@ async def ingress_json(view: ReplicaView, state: str | None, limit: int = 50
         "routes": [{"route": r.route, "binding_id": r.binding_id, "webhook": r.webhook,
                     "subscription_generation": r.subscription_generation,
                     "secrets": len(r.secrets())} for r in view.settings.webhook_routes],
+        # Each state's count stops at counted_up_to ("more" names the states past it);
+        # duplicates and quarantine reasons are of the newest receipts when sampled.
         "counts": counts.by_state, "duplicates": counts.duplicates,
+        "more": sorted(counts.more), "counted_up_to": counts.counted_up_to,
+        "count_text": {s: counts.count(s).text() for s in STATES},
+        "duplicates_of_newest": counts.sample if counts.sampled else None,
+        "reasons_of_newest": counts.sample if counts.reasons_sampled else None,
         "oldest_waiting": _fmt_us(counts.oldest_received_us),
         "spool": spool_json(view), "state": state,
         "settlement": settlement_json(view, counts.quarantined_by_reason),

@@ -19,6 +19,7 @@ from config.settings import Settings
 from daemon.core.quota_waits import waiting_since
 from daemon.services.effect_quota import QuotaKey, declared_keys, waiting_key
 from daemon.services.quota_gauges import sample_quota
+from storage.bounded import BoundedCount
 from storage.work_store import WorkStore
 
 Json = dict[str, Any]
@@ -44,16 +45,19 @@ def _declared(settings: Settings | None) -> dict[str, QuotaKey]:
                          clock_spread_us=settings.work.clock_spread_us)
 
 
-# Items held on quota read per page view (due soonest first), and listed per key.
-WAITERS_READ = 500
+# Items held on quota read per page view: the oldest of each key with waiting work (at
+# most WAITER_KEYS keys), and listed per key (the longest waiting first).
+WAITERS_READ = 50
+WAITER_KEYS = 20
 WAITERS_SHOWN = 10
 
 
-async def waiting_by_key(store: WorkStore, now_us: int) -> dict[str, list[Json]]:
+async def waiting_by_key(store: WorkStore, now_us: int, keys: list[str]
+                         ) -> dict[str, list[Json]]:
     """Each quota key's held items, the longest waiting first: since when (its current
     run of quota deferrals began) and when it is tried next."""
     out: dict[str, list[Json]] = {}
-    for w in await store.quota_waiters(WAITERS_READ):
+    for w in await store.quota_waiters(WAITERS_READ, keys[:WAITER_KEYS]):
         key = waiting_key(w.summary)
         if key is None:
             continue
@@ -70,7 +74,8 @@ async def waiting_by_key(store: WorkStore, now_us: int) -> dict[str, list[Json]]
 async def quota_json(store: WorkStore, now_us: int, settings: Settings | None = None,
                      prefix: str = "") -> Json:
     samples = await sample_quota(store, _declared(settings), now_us)
-    waiters = await waiting_by_key(store, now_us)
+    waiters = await waiting_by_key(store, now_us, [
+        q.quota_key for q in samples if q.waiting and q.quota_key.startswith(prefix)])
     items = [{
         "quota_key": q.quota_key, "declared": q.declared, "limit": q.limit,
         "window_us": q.window_us, "kind": q.kind or None, "burst": q.burst or None,
@@ -79,6 +84,9 @@ async def quota_json(store: WorkStore, now_us: int, settings: Settings | None = 
         "returned_total": q.returned_total, "throttles_total": q.throttles_total,
         "last_throttled_at_us": q.last_throttled_at_us or None,
         "reserved_in_flight": q.in_flight, "waiting_work": q.waiting,
+        # waiting_work stops at WAITING_CAP: waiting_more says there are more than it.
+        "waiting_more": q.waiting_more,
+        "waiting_text": BoundedCount(q.waiting, q.waiting_more).text(),
         # The longest-waiting held items (at most WAITERS_SHOWN; waiting_work counts all).
         "oldest_wait_us": next((w["waited_us"] for w in waiters.get(q.quota_key, ())), None),
         "waiting": waiters.get(q.quota_key, [])[:WAITERS_SHOWN],

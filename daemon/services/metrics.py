@@ -236,7 +236,8 @@ class Metrics:
         self.effect_unknown_backlog = Gauge(
             "integrationd_effect_outcome_unknown_backlog",
             "Effect attempts awaiting a disposition: OUTCOME_UNKNOWN, or left with no"
-            " outcome after their dispatch checkpoint (sampled, cluster-wide)",
+            " outcome after their dispatch checkpoint (sampled, cluster-wide; each kind"
+            " counted up to 1,000)",
             registry=r,
         )
         self.build_info = Gauge(
@@ -369,7 +370,8 @@ class Metrics:
             ["quota_key"], registry=r)
         self.quota_waiting = Gauge(
             "integrationd_quota_waiting_work",
-            "Work items rescheduled until their quota key has a slot (quota_wait)",
+            "Work items rescheduled until their quota key has a slot (quota_wait; counted"
+            " up to 10,000)",
             ["quota_key"], registry=r)
         self.quota_last_throttled = Gauge(
             "integrationd_quota_last_throttled_timestamp_seconds",

@@ -37,6 +37,7 @@ from typing import Any
 import attrs
 
 from daemon.core.work import WorkSpec
+from storage.bounded import BoundedCount, bounded_count
 from storage.port import CommitOutcomeUnknown, Database, DuplicateKey, Row, SqlTx, StorageError
 from storage.work_admin import insert_work
 from storage.work_rows import placeholders
@@ -153,13 +154,37 @@ class ReceiptQuery:
     limit: int = 50
 
 
+# The Ingress page's totals at size (issue 23: 500,000 receipts, 3.1 s a view when every
+# receipt was counted). A state's count stops at COUNT_CAP ("more than" past it: a
+# backlog that large is acted on as a whole, not counted to the last one); duplicates and
+# the quarantine reasons are read from the newest SAMPLE receipts (their rows, not an
+# index), exact while there are no more than that.
+COUNT_CAP = 10_000
+SAMPLE = 1_000
+
+
 @attrs.frozen
 class IngressCounts:
-    by_state: dict[str, int]
+    by_state: dict[str, int]         # each at most COUNT_CAP; ``more`` names those past it
     oldest_received_us: int | None   # the oldest receipt still waiting to be materialized
-    duplicates: int
-    # Quarantined receipts per stable reason.
+    duplicates: int                  # redeliveries of the newest SAMPLE receipts
+    # Quarantined receipts per stable reason, among the newest SAMPLE quarantined.
     quarantined_by_reason: dict[str, int] = attrs.field(factory=dict)
+    more: frozenset[str] = frozenset()   # states with more than COUNT_CAP receipts
+    counted_up_to: int = COUNT_CAP
+    sample: int = SAMPLE
+
+    def count(self, state: str) -> BoundedCount:
+        return BoundedCount(self.by_state.get(state, 0), state in self.more)
+
+    @property
+    def sampled(self) -> bool:
+        """Whether duplicates are of the newest ``sample`` receipts only (more exist)."""
+        return bool(self.more) or sum(self.by_state.values()) > self.sample
+
+    @property
+    def reasons_sampled(self) -> bool:
+        return QUARANTINED in self.more or self.by_state.get(QUARANTINED, 0) > self.sample
 
 
 def receipt_from_row(row: Row) -> IngressReceipt:
@@ -482,23 +507,34 @@ class IngressReceipts:
 
         return await self.db.transact(body, name="ingress.events", write=False)
 
-    async def ingress_counts(self) -> IngressCounts:
+    async def ingress_counts(self, cap: int | None = None, sample: int | None = None
+                             ) -> IngressCounts:
+        """Totals per state (bounded: each reads at most COUNT_CAP + 1 entries of the
+        (state, receipt_id) index), the oldest waiting (the (state, received_at_us)
+        index's first entry), and duplicates and reasons of the newest SAMPLE receipts."""
+
+        bound = COUNT_CAP if cap is None else cap
+        newest = SAMPLE if sample is None else sample
+
         async def body(tx: SqlTx) -> IngressCounts:
-            by_state = {s: 0 for s in STATES}
-            duplicates = 0
-            for state, count, dups in await tx.fetchall(
-                    "SELECT state, COUNT(*), SUM(duplicates) FROM ingress_receipts"
-                    " GROUP BY state"):
-                by_state[str(state)] = int(count)
-                duplicates += int(dups or 0)
+            counts = {s: await bounded_count(
+                tx, "SELECT 1 FROM ingress_receipts WHERE state = ?", (s,), bound)
+                for s in STATES}
+            dups = await tx.fetchall(
+                "SELECT SUM(duplicates) FROM (SELECT duplicates FROM ingress_receipts"
+                " ORDER BY receipt_id DESC LIMIT ?) newest", (newest,))
             rows = await tx.fetchall(
                 "SELECT MIN(received_at_us) FROM ingress_receipts WHERE state = ?",
                 (RECEIVED,))
             oldest = rows[0][0] if rows else None
             reasons = {str(reason): int(count) for reason, count in await tx.fetchall(
-                "SELECT quarantine_reason, COUNT(*) FROM ingress_receipts WHERE state = ?"
-                " GROUP BY quarantine_reason", (QUARANTINED,))}
-            return IngressCounts(by_state, None if oldest is None else int(oldest),
-                                 duplicates, reasons)
+                "SELECT quarantine_reason, COUNT(*) FROM (SELECT quarantine_reason"
+                " FROM ingress_receipts WHERE state = ? ORDER BY receipt_id DESC LIMIT ?)"
+                " newest GROUP BY quarantine_reason", (QUARANTINED, newest))}
+            return IngressCounts(
+                {s: c.n for s, c in counts.items()}, None if oldest is None else int(oldest),
+                int(dups[0][0] or 0), reasons,
+                more=frozenset(s for s, c in counts.items() if c.more),
+                counted_up_to=bound, sample=newest)
 
         return await self.db.transact(body, name="ingress.counts", write=False)

@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 
 import attrs
+import pytest
 
+import storage.ingress.receipts
 from admin_ui.app import create_app
 from admin_ui.extensions import combine
 from admin_ui.ingress import ingress_extensions
@@ -69,6 +71,34 @@ async def test_ingress_page_and_api_show_receipts_reasons_and_spool(
     everything = json.dumps([doc, one, work]) + page + detail
     for secret in ("private payload", OUTREACH_SECRET, "{broken"):
         assert secret not in everything
+
+
+async def test_totals_past_their_cap_say_more_than_and_what_was_sampled(
+        console: ConsoleHarness, tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23: the totals counted every receipt per view (3.1 s at 500,000 receipts).
+    A state's count stops at its cap and says "more than"; duplicates and reasons are of
+    the newest receipts, and the headings say so."""
+    _with_ingress(console, tmp_path)
+    await _seed(console)
+    extra = receipt(3, body=b"{also broken")
+    await console.store.ingress_receipt_insert(extra, T0)
+    await console.store.ingress_quarantine(QuarantineParams(
+        receipt_id=extra.receipt_id, reason="malformed", detail="x"), T0)
+    client, _ = await console.sign_in("viv")
+    page = await (await client.get("/admin/ingress")).get_data(as_text=True)
+    assert "Duplicates</th>" in page and "among the newest" not in page
+    monkeypatch.setattr(storage.ingress.receipts, "COUNT_CAP", 1)
+    monkeypatch.setattr(storage.ingress.receipts, "SAMPLE", 1)
+    doc = await (await client.get("/admin/api/ingress")).get_json()
+    assert doc["counts"] == {"received": 0, "materialized": 1, "quarantined": 1}
+    assert doc["more"] == ["quarantined"] and doc["counted_up_to"] == 1
+    assert doc["count_text"] == {"received": "0", "materialized": "1",
+                                 "quarantined": "more than 1"}
+    assert doc["duplicates_of_newest"] == 1 and doc["reasons_of_newest"] == 1
+    page = await (await client.get("/admin/ingress")).get_data(as_text=True)
+    assert '<td class="num">more than 1</td>' in page
+    assert "Duplicates (newest 1)</th>" in page
+    assert "Quarantined receipts by reason, among the newest 1 (" in page
 
 
 async def test_bad_filters_and_unknown_receipts_are_clear(console: ConsoleHarness,

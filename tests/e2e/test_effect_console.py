@@ -77,6 +77,9 @@ async def test_dispositions_need_a_role_and_csrf_and_happen_once(
         listed = (await otto.get("/admin/api/effects/unknown")).json()
         assert listed["attempts"] == []
         assert listed["counts"] == {"outcome_unknown": 0, "no_outcome": 0}
+        # Each count stops at a cap (issue 23) and says whether there are more.
+        assert listed["more"] == {"outcome_unknown": False, "no_outcome": False}
+        assert listed["counted_up_to"] == 1000
         # Nothing secret anywhere on the pages an operator can read.
         pages = [await otto.get(p) for p in (
             "/admin/effects", f"/admin/effects/attempts/{attempt_id}", "/admin/bindings")]

@@ -11,6 +11,7 @@ import pytest
 
 from daemon.core.states import WorkState
 from sandbox.hubspot_sim import Fault
+from storage.bounded import BoundedCount
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
 from tests.e2e.test_effect_console import closing, signed_in
@@ -53,4 +54,4 @@ async def test_an_attempt_left_without_outcome_by_a_drain_awaits_a_disposition(
         assert attempt.outcome is None and attempt.disposition is None
         assert [a.attempt_id for a in await store.effect_unknown_list()] == [attempt.attempt_id]
         assert await store.effect_unknown_backlog() == 1
-        assert await store.effect_unresolved_counts() == (0, 1)
+        assert await store.effect_unresolved_counts() == (BoundedCount(0), BoundedCount(1))

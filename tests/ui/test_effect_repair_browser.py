@@ -39,6 +39,10 @@ async def test_operator_records_a_disposition_then_replays(tmp_path: object) -> 
                 page.goto("/admin/effects")
                 row = page.locator("#unknown-table tbody tr").first
                 expect(row).to_contain_text("PATCH /crm/v3/objects/contacts/101")
+                # How many await a disposition, by kind (each count bounded, issue 23).
+                expect(page.locator("#unknown-counts")).to_contain_text("Oldest first, 1 shown.")
+                expect(page.locator("#count-outcome-unknown")).to_have_text("1")
+                expect(page.locator("#count-no-outcome")).to_have_text("0")
                 shot(page, "15-unknown-outcomes")
                 row.locator("a.id").first.click()
                 page.select_option("#disposition-choice", "absent")
