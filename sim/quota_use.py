@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -53,7 +52,6 @@ from bench.effects import (
     work_journal,
     write_config,
 )
-from daemon.services import logs
 from daemon.services.clock import TrioClock
 from sandbox.hubspot_sim import HubSpotSimulator
 from sandbox.runtime.server import serve as serve_runtime
@@ -61,7 +59,14 @@ from sim import oracles, serving
 from sim.determinism import EPOCH_US, deterministic, reseed_scheduler
 from sim.net import NODE, NetFaults, VirtualNetwork
 from sim.storage import StorageFaults
-from sim.world import Options, SimReplica, World, _TraceLogs, supervise
+from sim.world import (
+    Options,
+    SimReplica,
+    World,
+    log_to_trace,
+    restored_process_state,
+    supervise,
+)
 
 HUBSPOT_PORT = 7301
 API_PORT, RUNTIME_PORT = 7100, 7200
@@ -185,11 +190,8 @@ def run(s: Scenario, dump: Path | None = None) -> dict[str, Any]:
     ``dump``: a file for every reservation (by position), the arrivals and the trace's
     tail, to see where a slot went."""
     workdir = Path(tempfile.mkdtemp(prefix="integrationd-quota-use-"))
-    logger = logging.getLogger(logs.LOGGER_NAME)
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    env = dict(os.environ)
     try:
-        with deterministic(s.seed) as rng:
+        with restored_process_state(), deterministic(s.seed) as rng:
             world = World(Options(seed=s.seed, replicas=s.replicas,
                                   faults=s.slow_statements > 0), rng, workdir)
             world.net_faults = NetFaults()
@@ -198,11 +200,7 @@ def run(s: Scenario, dump: Path | None = None) -> dict[str, Any]:
             world.operator_links = False
             os.environ.update(secrets_env(s.replicas))
             world.configs = _configs(s, workdir)
-            for handler in list(logger.handlers):
-                logger.removeHandler(handler)
-            logger.addHandler(_TraceLogs(world))
-            logger.setLevel(logging.INFO)
-            logger.propagate = False
+            log_to_trace(world)
             trio.run(_setup, s, workdir, world.configs[0], clock=trio.testing.MockClock())
             reseed_scheduler(s.seed)
             result: dict[str, Any] = trio.run(
@@ -212,11 +210,6 @@ def run(s: Scenario, dump: Path | None = None) -> dict[str, Any]:
             dump.write_text(json.dumps(result.pop("dump")))
         return result
     finally:
-        logger.handlers[:] = saved[0]
-        logger.setLevel(saved[1])
-        logger.propagate = saved[2]
-        os.environ.clear()
-        os.environ.update(env)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

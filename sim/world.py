@@ -31,6 +31,7 @@ per event (virtual time, kind, fields) and its SHA-256 is the seed's digest.
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import json
 import logging
@@ -38,7 +39,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -853,16 +854,40 @@ def draw_faults(rng: Any, on: bool) -> tuple[NetFaults, StorageFaults]:
     return net, db
 
 
+@contextlib.contextmanager
+def restored_process_state() -> Iterator[None]:
+    """A run replaces the daemon logger's handlers and sets the replicas' environment:
+    both as they were afterwards (the next seed, or the caller, starts clean)."""
+    logger = logging.getLogger(logs.LOGGER_NAME)
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    env = dict(os.environ)
+    try:
+        yield
+    finally:
+        logger.handlers[:] = saved[0]
+        logger.setLevel(saved[1])
+        logger.propagate = saved[2]
+        os.environ.clear()
+        os.environ.update(env)
+
+
+def log_to_trace(world: World) -> None:
+    """The daemon's log lines go to the world's trace, and nowhere else."""
+    logger = logging.getLogger(logs.LOGGER_NAME)
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    logger.addHandler(_TraceLogs(world))
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def run_seed(options: Options, *, keep: Path | None = None) -> dict[str, Any]:
     """One seed, start to end: the report (oracle findings, faults, trace digest)."""
     # A directory of its own (runs of one seed may go on side by side); no path reaches
     # the trace, which the determinism test would show.
     workdir = Path(tempfile.mkdtemp(prefix=f"integrationd-sim-{options.seed}-"))
-    logger = logging.getLogger(logs.LOGGER_NAME)
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    env = dict(os.environ)
     try:
-        with deterministic(options.seed) as rng:
+        with restored_process_state(), deterministic(options.seed) as rng:
             world = World(options, rng, workdir)
             world.net_faults, world.storage_faults = draw_faults(rng, options.faults)
             world.operator_links = options.faults and rng.random() < 0.8
@@ -874,11 +899,7 @@ def run_seed(options: Options, *, keep: Path | None = None) -> dict[str, Any]:
                 os.environ.pop(f"INTEGRATIOND_BINDING_HUBSPOT_{r}_TOKEN", None)
             # Paths differ per run; the trace must not: every file lives under one name.
             world.configs = _configs(world)
-            for handler in list(logger.handlers):
-                logger.removeHandler(handler)
-            logger.addHandler(_TraceLogs(world))
-            logger.setLevel(logging.INFO)
-            logger.propagate = False
+            log_to_trace(world)
             oauth = OAuthSimulator(client_secret=torture.CLIENT_SECRET,
                                    lifetime_s=torture.TOKEN_LIFETIME_S)
             # Its clock stands at virtual 0 (the system clock's random offset would put
@@ -888,11 +909,6 @@ def run_seed(options: Options, *, keep: Path | None = None) -> dict[str, Any]:
             result = trio.run(_main, world, oauth,
                               clock=trio.testing.MockClock(autojump_threshold=0))
     finally:
-        logger.handlers[:] = saved[0]
-        logger.setLevel(saved[1])
-        logger.propagate = saved[2]
-        os.environ.clear()
-        os.environ.update(env)
         if keep is None:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
