@@ -86,20 +86,34 @@ def _base(name: str) -> str:
     return re.sub(r"_(bucket|count|sum)$", "", name)
 
 
-def _rules_without_hold(tmp_path: Path) -> Path:
-    """docs/alerts.yml with every ``for:`` hold set to 0s: the staged failure is real but
-    the holds are minutes long. Expressions and thresholds are exactly the shipped ones."""
-    text, holds = re.subn(r"^(\s+)for: \S+$", r"\1for: 0s", ALERTS.read_text(),
-                          flags=re.MULTILINE)
-    assert holds > 10, "no `for:` holds found to shorten"
+STAGED = frozenset({"IntegrationdDlqGrowing", "IntegrationdDeadLetterRateHigh"})
+
+
+def _rules_without_hold(tmp_path: Path, alerts: frozenset[str]) -> Path:
+    """docs/alerts.yml with the ``for:`` hold of ``alerts`` set to 0s: the staged failure
+    is real but the holds are minutes long. Every other rule keeps its shipped hold, so a
+    condition that is briefly true under the burst (two SQLite replicas retrying on a busy
+    database) is ``pending``, as in production, not ``firing``. Expressions and thresholds
+    are exactly the shipped ones."""
+    lines = ALERTS.read_text().splitlines(keepends=True)
+    current = ""
+    shortened: set[str] = set()
+    for i, line in enumerate(lines):
+        named = re.match(r"^\s+- alert: (\S+)\s*$", line)
+        if named:
+            current = named.group(1)
+        elif current in alerts and re.match(r"^\s+for: \S+\s*$", line):
+            lines[i] = re.sub(r"for: \S+", "for: 0s", line)
+            shortened.add(current)
+    assert shortened == alerts, f"no `for:` hold found for {sorted(alerts - shortened)}"
     path = tmp_path / "alerts.yml"
-    path.write_text(text)
+    path.write_text("".join(lines))
     return path
 
 
 async def _start_prometheus(tmp_path: Path, targets: list[str]) -> tuple[trio.Process, str]:
     port = free_port()
-    rules = _rules_without_hold(tmp_path)
+    rules = _rules_without_hold(tmp_path, STAGED)
     config = tmp_path / "prometheus.yml"
     config.write_text(json.dumps({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -131,15 +145,20 @@ async def _start_prometheus(tmp_path: Path, targets: list[str]) -> tuple[trio.Pr
     return proc, base
 
 
-async def _firing(base: str) -> dict[str, set[str]]:
+async def _alerts(base: str, state: str) -> dict[str, set[str]]:
+    """The alerts in ``state`` (``pending`` or ``firing``), each with its families."""
     async with httpx.AsyncClient(timeout=10) as http:
         alerts = (await http.get(f"{base}/api/v1/alerts")).json()["data"]["alerts"]
-    firing: dict[str, set[str]] = {}
+    found: dict[str, set[str]] = {}
     for alert in alerts:
-        if alert["state"] == "firing":
-            firing.setdefault(alert["labels"]["alertname"], set()).add(
+        if alert["state"] == state:
+            found.setdefault(alert["labels"]["alertname"], set()).add(
                 alert["labels"].get("family", ""))
-    return firing
+    return found
+
+
+async def _firing(base: str) -> dict[str, set[str]]:
+    return await _alerts(base, "firing")
 
 
 async def test_real_prometheus_scrapes_two_replicas_and_fires_on_dead_items(
@@ -163,7 +182,10 @@ async def test_real_prometheus_scrapes_two_replicas_and_fires_on_dead_items(
                 return {s["metric"]["instance"] for s in up} == set(targets)
 
             await wait_for(both_up, within_s=60)
+            # Not even pending: no rule's condition holds on a healthy, idle cluster,
+            # whatever its hold.
             assert await _firing(base) == {}, "an alert fires on a healthy, idle cluster"
+            assert await _alerts(base, "pending") == {}, "an alert is pending when idle"
 
             # Wave 1: dead items until every replica exports its dead counter, so that
             # Prometheus has a baseline sample of each series before the burst.
@@ -194,8 +216,9 @@ async def test_real_prometheus_scrapes_two_replicas_and_fires_on_dead_items(
 
             await wait_for(dlq_alerts_fire, within_s=90)
             firing = await _firing(base)
-            # Only the staged failure fires: nothing else is wrong with this cluster.
-            assert set(firing) == {"IntegrationdDlqGrowing", "IntegrationdDeadLetterRateHigh"}
+            # Only the staged failure fires: nothing else is wrong with this cluster. A
+            # rule the burst makes briefly true stays pending behind its shipped hold.
+            assert set(firing) == STAGED, await _alerts(base, "pending")
             grown = await _promql(base, 'sum(increase(integrationd_work_finalized_total'
                                   '{outcome="dead"}[1h]))')
             assert float(grown[0]["value"][1]) > 50
