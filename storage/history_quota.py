@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from storage.history import BUCKET_US, DAY_US, LEVELS_US, bucket_of, step_range
+from storage.history import DAY_US, LEVELS_US, bucket_of, per_hour, step_range
 from storage.port import Database, SqlTx
 from storage.rollup_rows import add_at_levels
 
@@ -156,11 +156,11 @@ class HistoryQuotaStore:
                 await tx.execute(
                     "DELETE FROM history_quota WHERE level_us IN (?, ?, ?)"
                     " AND bucket_us >= ? AND bucket_us < ?", (*LEVELS_US, start, end))
-                rows = await tx.fetchall(
-                    "SELECT slot_at_us - (slot_at_us % ?) AS bucket, quota_key,"
+                rows = await per_hour(
+                    tx, "SELECT slot_at_us - (slot_at_us % ?) AS bucket, quota_key,"
                     " COUNT(*), SUM(CASE WHEN state = 'released' THEN 1 ELSE 0 END)"
                     " FROM quota_reservations WHERE slot_at_us >= ? AND slot_at_us < ?"
-                    " GROUP BY bucket, quota_key", (BUCKET_US, start, end))
+                    " GROUP BY bucket, quota_key", start, end)
                 counts: dict[tuple[int, int, str, str], int] = {}
                 for bucket, key, granted, released in rows:
                     for level in LEVELS_US:
