@@ -38,6 +38,7 @@ from admin_ui.errors import BadFilter
 from admin_ui.extensions import ConsoleExtensions, NavItem
 from admin_ui.filters import Args
 from admin_ui.history_flow import flow_doc, latency_lines, pressure_lines
+from admin_ui.history_pressure import pressure_doc, queue_pressure_lines
 from admin_ui.history_quota import quota_doc, quota_lines
 from admin_ui.render import fmt_iso, page
 from daemon.core.history_range import PRESETS_US, BadRange, HistoryRange, parse_time, resolve
@@ -191,11 +192,14 @@ async def history_for(store: WorkStore, pairs: Iterable[tuple[str, str]],
     flow = await store.history_flow(chosen.since_us, chosen.until_us, chosen.step_us, where)
     slots, limits = await store.history_quota(chosen.since_us, chosen.until_us,
                                               chosen.step_us, q.quota_key)
+    queue = await store.history_pressure(chosen.since_us, chosen.until_us, chosen.step_us,
+                                         family)
     return {**history_doc(points, chosen, family),
             "filters": {"family": family, "org": where.org, "binding": where.binding,
                         "operation": where.operation, "key": q.quota_key},
             **flow_doc(flow, chosen, where),
-            "quota": quota_doc(slots, limits, chosen, _buckets(chosen))}
+            "quota": quota_doc(slots, limits, chosen, _buckets(chosen)),
+            "queue_pressure": pressure_doc(queue, chosen, family, _buckets(chosen))}
 
 
 async def _history(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
@@ -291,6 +295,10 @@ def build_blueprint() -> Blueprint:
         chosen = HistoryRange(doc["from_us"], doc["to_us"], doc["step_us"],
                               None if doc["range"] == "custom" else doc["range"])
         charts = {
+            "queue": _chart("chart-history-queue",
+                            "work queue per family: ready, waiting and claimed items"
+                            " (the highest per-minute sample in each step)",
+                            queue_pressure_lines(doc), chosen, unit="items"),
             "throughput": _chart("chart-history-throughput",
                                  "executions finished per step, by outcome",
                                  outcome_lines(doc["throughput"]), chosen),
@@ -383,7 +391,9 @@ _LIMIT = _q("limit", "at most this many (1..500, default 100)",
             {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 500}, _EMPTY]})
 OPENAPI_PATHS: dict[str, dict[str, Any]] = {
     "/admin/api/history": {"get": {
-        "summary": "Executions by outcome, DLQ inflow, the effect path's pressure (commands"
+        "summary": "The work queue's pressure (ready, waiting, claimed items per family,"
+                   " sampled once a minute), executions by outcome, DLQ inflow, the effect"
+                   " path's pressure (commands"
                    " accepted, receipts confirmed) and latency (accept to provider answer"
                    " to Runtime receipt, p50/p95/p99) per step over a range, cluster-wide,"
                    " from the history rollups; each point names the link to its items",
@@ -399,7 +409,8 @@ OPENAPI_PATHS: dict[str, dict[str, Any]] = {
         "responses": {"200": {"description": "ok", "content": {"application/json": {
             "schema": {"type": "object", "required": ["range", "from_us", "to_us", "step_us",
                                                       "throughput", "dlq_inflow", "filters",
-                                                      "pressure", "latency", "quota"]}}}},
+                                                      "pressure", "latency", "quota",
+                                                      "queue_pressure"]}}}},
                       **_ERRORS},
     }},
     "/admin/api/history/items": {"get": {

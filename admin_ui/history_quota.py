@@ -4,8 +4,9 @@ step against the key's allowance for the step, from the ``history_quota`` rollup
 
 Pure: it turns the rollup's points and the keys' limits into the JSON read model the
 page, the API and ``integrationd history show`` share. The allowance of a step is the
-key's latest policy (``limit_count`` slots per ``window_us``) scaled to the step; a
-point links to the slots behind it (``/admin/history/slots``).
+limit in force then (recorded with the step's grants, ``limit_then``), else the key's
+latest policy (``limit_count`` slots per ``window_us``), scaled to the step; a point
+links to the slots behind it (``/admin/history/slots``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def quota_doc(points: list[QuotaPoint], limits: list[QuotaLimit], chosen: Histor
     for p in points:
         per_key.setdefault(p.quota_key, {}).setdefault(p.at_us, {})[p.metric] = p.n
     limit_of = {lim.quota_key: lim for lim in limits}
+    rate_of = {(p.quota_key, p.at_us): p.per_us for p in points
+               if p.metric == GRANTED and p.per_us is not None}
     keys: list[dict[str, Any]] = []
     for quota_key, per_step in per_key.items():
         lim = limit_of.get(quota_key)
@@ -48,10 +51,14 @@ def quota_doc(points: list[QuotaPoint], limits: list[QuotaLimit], chosen: Histor
             got = per_step.get(at, {})
             granted, released = got.get(GRANTED, 0), got.get(RELEASED, 0)
             used = granted - released
+            # The limit in force in the step where a grant recorded it, else the latest.
+            rate = rate_of.get((quota_key, at))
+            then = allowed if rate is None else round(rate * chosen.step_us, 2)
             rows.append({"at_us": at, "at": fmt_iso(at), "granted": granted,
-                         "released": released, "used": used, "allowed": allowed,
-                         "use_pct": (None if not allowed
-                                     else round(100 * used / allowed, 1)),
+                         "released": released, "used": used, "allowed": then,
+                         "limit_then": rate is not None,
+                         "use_pct": (None if not then
+                                     else round(100 * used / then, 1)),
                          "items": slots_href(quota_key, at, chosen.step_us)})
         used_total = sum(r["used"] for r in rows)
         pcts = [r["use_pct"] for r in rows if r["use_pct"] is not None]

@@ -6,11 +6,13 @@ with ``--json``, the exact document ``/admin/api/history`` answers.
 
 ``rebuild`` recomputes the rollups (``history_rollup``, storage/history.py, from the
 execution journal; ``history_flow``, storage/history_flow.py, from the commands and
-receipts), read models kept in the same transactions as the rows they count, from the
-rows still kept, whole UTC days at a time (older days, whose rows retention removed,
-stay as counted; ``--from`` names the first day to rebuild). Safe while replicas run:
-each day is deleted and recounted in one transaction. Nothing decides work from the
-rollups, so this changes no work and is not audited.
+receipts; the hour and day peaks of ``history_pressure``, storage/history_pressure.py,
+from its per-minute samples of the work items), read models kept in the same
+transactions as the rows they count, from the rows still kept, whole UTC days at a time
+(older days, whose rows retention removed, stay as counted; ``--from`` names the first
+day to rebuild). Safe while replicas run: each day is deleted and recounted in one
+transaction. Nothing decides work from the rollups, so this changes no work and is not
+audited.
 """
 
 from __future__ import annotations
@@ -73,15 +75,18 @@ async def run_history_command(settings: Settings, args: argparse.Namespace,
         rows = await store.history_rebuild(since)
         flow_rows = await store.history_flow_rebuild(since)
         quota_rows = await store.history_quota_rebuild(since)
+        pressure_rows = await store.history_pressure_rebuild(since)
     finally:
         await store.db.aclose()
     if args.json:
         sys.stdout.write(json.dumps({"rebuilt_rows": rows, "rebuilt_flow_rows": flow_rows,
-                                     "rebuilt_quota_rows": quota_rows}) + "\n")
+                                     "rebuilt_quota_rows": quota_rows,
+                                     "rebuilt_pressure_rows": pressure_rows}) + "\n")
     else:
         sys.stdout.write(f"history rebuilt: {rows} rollup rows from the stored executions,"
                          f" {flow_rows} from the stored commands and receipts,"
-                         f" {quota_rows} from the stored quota reservations\n")
+                         f" {quota_rows} from the stored quota reservations,"
+                         f" {pressure_rows} queue peaks from the queue's samples\n")
     return EXIT_OK
 
 
@@ -116,11 +121,17 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else latency_text(value)
 
 
+def _count(n: int | None, more: bool) -> str:
+    """A sampled count: "-" where no replica sampled, "N+" where the count stopped."""
+    return "-" if n is None else f"{n}+" if more else str(n)
+
+
 def show_text(doc: dict[str, Any]) -> str:
     """One line per step: executions by outcome, commands accepted and receipts confirmed,
     latency p50/p99 to the provider's answer and to the Runtime's receipt."""
     filters = ", ".join(f"{k} {v}" for k, v in doc["filters"].items() if v) or "all"
     outcomes = [s["outcome"] for s in doc["throughput"]]
+    queue = doc["queue_pressure"]["series"]
     lines = [f"history {wall_text(doc['from_us'])} to {wall_text(doc['to_us'])}"
              f" ({doc['range']}, one row per {doc['step_us'] // 60_000_000} min;"
              f" filters: {filters})",
@@ -133,8 +144,12 @@ def show_text(doc: dict[str, Any]) -> str:
              f" {_ms(doc['latency']['response']['range']['p99_ms'])}, receipt p50"
              f" {_ms(doc['latency']['receipt']['range']['p50_ms'])} p99"
              f" {_ms(doc['latency']['receipt']['range']['p99_ms'])}",
+             "queue peaks (highest per-minute sample; ready/retry wait/held/claimed): "
+             + "/".join(_count(s["peak"], s["more"]) for s in queue)
+             + f" ({doc['queue_pressure']['sampled_steps']} of"
+               f" {doc['queue_pressure']['steps']} steps sampled)",
              "  ".join(["time (UTC)".ljust(20), *outcomes, "accepted", "receipted",
-                        "answer p50/p99", "receipt p50/p99"])]
+                        "answer p50/p99", "receipt p50/p99", "queue r/rw/h/c"])]
     per_outcome = {s["outcome"]: s["points"] for s in doc["throughput"]}
     for i, accepted in enumerate(doc["pressure"][0]["points"]):
         response = doc["latency"]["response"]["points"][i]
@@ -144,7 +159,9 @@ def show_text(doc: dict[str, Any]) -> str:
                  str(accepted["count"]).rjust(8),
                  str(doc["pressure"][1]["points"][i]["count"]).rjust(9),
                  f"{_ms(response['p50_ms'])}/{_ms(response['p99_ms'])}".rjust(14),
-                 f"{_ms(receipt['p50_ms'])}/{_ms(receipt['p99_ms'])}".rjust(15)]
+                 f"{_ms(receipt['p50_ms'])}/{_ms(receipt['p99_ms'])}".rjust(15),
+                 "/".join(_count(q["points"][i]["n"], q["points"][i]["more"])
+                          for q in queue).rjust(14)]
         lines.append("  ".join(cells))
     for k in doc["quota"]["keys"]:
         limit = ("unknown limit" if k["limit_count"] is None else

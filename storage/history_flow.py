@@ -43,7 +43,15 @@ from collections.abc import Sequence
 import attrs
 
 from daemon.core.latency import bucket_of as latency_bucket
-from storage.history import BUCKET_US, DAY_US, LEVELS_US, SHARDS, bucket_of, level_for
+from storage.history import (
+    BUCKET_US,
+    DAY_US,
+    LEVELS_US,
+    SHARDS,
+    bucket_of,
+    level_for,
+    per_hour,
+)
 from storage.port import Database, SqlTx
 from storage.rollup_rows import add_at_levels
 
@@ -238,12 +246,11 @@ class HistoryFlowStore:
                     "DELETE FROM history_flow WHERE level_us IN (?, ?, ?)"
                     " AND bucket_us >= ? AND bucket_us < ?", (*LEVELS_US, start, end))
                 counts: dict[_Key, int] = {}
-                for at, org, binding, operation, n in await tx.fetchall(
-                        "SELECT created_at_us - (created_at_us % ?) AS bucket, org_id,"
+                for at, org, binding, operation, n in await per_hour(
+                        tx, "SELECT created_at_us - (created_at_us % ?) AS bucket, org_id,"
                         " binding_id, operation, COUNT(*) FROM external_commands"
                         " WHERE created_at_us >= ? AND created_at_us < ?"
-                        " GROUP BY bucket, org_id, binding_id, operation",
-                        (BUCKET_US, start, end)):
+                        " GROUP BY bucket, org_id, binding_id, operation", start, end):
                     _spread(counts, int(at), ACCEPTED, str(org), str(binding), str(operation),
                             0, 0, int(n))
                 # Durations need the log in Python: an hour of receipts per read.

@@ -16,10 +16,14 @@ contention):
   move (the move is a compare-and-swap out of ``reserved``).
 
 The slots used in an interval are granted minus released; the page draws them against
-the key's allowance for the interval (``limit_count * step / window_us`` of the key's
-latest policy, from ``quota_keys``; the rollup keeps counts only, so a rebuild from the
-reservations gives the same rows). The quota bench's bare ``quota_grant`` (no claim, no
-reservation) is not counted. A read model (seed 5.2): nothing grants from it.
+the key's allowance for the interval: ``limit_count * step / window_us`` of the limit in
+force then (a ``granted`` row records the policy its latest grant was made under,
+migration 0047, by the statements that count it, so an hour or day row holds the limit
+of its latest grant; a step spanning several rows takes the most generous), else of the
+key's latest policy from ``quota_keys`` (rows from before 0047). A rebuild from the
+reservations gives the same counts and keeps the recorded limits (the reservations do
+not hold them). The quota bench's bare ``quota_grant`` (no claim, no reservation) is not
+counted. A read model (seed 5.2): nothing grants from it.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 
 import attrs
 
-from storage.history import BUCKET_US, DAY_US, LEVELS_US, bucket_of, step_range
+from storage.history import DAY_US, LEVELS_US, bucket_of, per_hour, step_range
 from storage.port import Database, SqlTx
 from storage.rollup_rows import add_at_levels
 
@@ -36,19 +40,29 @@ GRANTED = "granted"
 RELEASED = "released"
 METRICS = (GRANTED, RELEASED)
 
-_INSERT = ("INSERT INTO history_quota (n, level_us, bucket_us, quota_key, metric, shard)"
-           " VALUES (?, ?, ?, ?, ?, ?)")
+# Limits are read as slots per 10^12 us (a decimal with 4+ places keeps 5 significant
+# digits down to one slot a year).
+_RATE_SCALE = 1_000_000_000_000
+_INSERT = ("INSERT INTO history_quota (n, level_us, bucket_us, quota_key, metric, shard,"
+           " limit_count, window_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 
 
-async def _count(tx: SqlTx, quota_key: str, metric: str, slot_at_us: int) -> None:
+async def _count(tx: SqlTx, quota_key: str, metric: str, slot_at_us: int,
+                 also: tuple[tuple[str, object], ...] = ()) -> None:
     # The three levels in one statement in the steady state (storage/rollup_rows.py).
     await add_at_levels(tx, "history_quota", ("quota_key", "metric", "shard"),
-                        (quota_key, metric, 0), slot_at_us, 1)
+                        (quota_key, metric, 0), slot_at_us, 1, also=also)
 
 
-async def count_slot(tx: SqlTx, quota_key: str, slot_at_us: int) -> None:
-    """One slot granted to a claim, inside the reserving transaction."""
-    await _count(tx, quota_key, GRANTED, slot_at_us)
+async def count_slot(tx: SqlTx, quota_key: str, slot_at_us: int,
+                     limit: tuple[int, int] | None = None) -> None:
+    """One slot granted to a claim, inside the reserving transaction; ``limit`` (the
+    policy's ``limit_count`` and ``window_us``) is recorded on the rows as the limit in
+    force (migration 0047), by the same statements."""
+    also: tuple[tuple[str, object], ...] = ()
+    if limit is not None:
+        also = (("limit_count", limit[0]), ("window_us", limit[1]))
+    await _count(tx, quota_key, GRANTED, slot_at_us, also)
 
 
 async def count_released(tx: SqlTx, quota_key: str, slot_at_us: int) -> None:
@@ -64,6 +78,10 @@ class QuotaPoint:
     quota_key: str
     metric: str
     n: int
+    # granted: the limit recorded in force in the step (a row's: its latest grant's; of
+    # several rows, the most generous), in slots per microsecond (limit_count /
+    # window_us); None where none was recorded.
+    per_us: float | None = None
 
 
 @attrs.frozen
@@ -99,11 +117,15 @@ class HistoryQuotaStore:
 
         async def body(tx: SqlTx) -> tuple[list[QuotaPoint], list[QuotaLimit]]:
             rows = await tx.fetchall(
-                "SELECT bucket_us - (bucket_us % ?) AS step_at, quota_key, metric, SUM(n)"
+                "SELECT bucket_us - (bucket_us % ?) AS step_at, quota_key, metric, SUM(n),"
+                # Scaled: MariaDB divides decimals to 4 more digits only (1/60e6 -> 0).
+                f" MAX(limit_count * {_RATE_SCALE}.0 / window_us)"
                 f" FROM history_quota WHERE {where}"
                 " GROUP BY step_at, quota_key, metric ORDER BY step_at, quota_key, metric",
                 args)
-            points = [QuotaPoint(int(a), str(k), str(m), int(n)) for a, k, m, n in rows]
+            points = [QuotaPoint(int(a), str(k), str(m), int(n),
+                                 None if r is None else float(r) / _RATE_SCALE)
+                      for a, k, m, n, r in rows]
             keys = sorted({p.quota_key for p in points})
             limits: list[QuotaLimit] = []
             for i in range(0, len(keys), 100):
@@ -153,14 +175,23 @@ class HistoryQuotaStore:
             end = start + DAY_US
 
             async def body(tx: SqlTx, start: int = start, end: int = end) -> int:
+                # The limits recorded in force (migration 0047) are facts the
+                # reservations do not hold: kept across the rewrite.
+                limits = {(int(lv), int(b), str(k)): (int(c), int(w))
+                          for lv, b, k, c, w in await tx.fetchall(
+                              "SELECT level_us, bucket_us, quota_key, limit_count, window_us"
+                              " FROM history_quota WHERE level_us IN (?, ?, ?)"
+                              " AND bucket_us >= ? AND bucket_us < ? AND metric = ?"
+                              " AND limit_count IS NOT NULL AND window_us IS NOT NULL",
+                              (*LEVELS_US, start, end, GRANTED))}
                 await tx.execute(
                     "DELETE FROM history_quota WHERE level_us IN (?, ?, ?)"
                     " AND bucket_us >= ? AND bucket_us < ?", (*LEVELS_US, start, end))
-                rows = await tx.fetchall(
-                    "SELECT slot_at_us - (slot_at_us % ?) AS bucket, quota_key,"
+                rows = await per_hour(
+                    tx, "SELECT slot_at_us - (slot_at_us % ?) AS bucket, quota_key,"
                     " COUNT(*), SUM(CASE WHEN state = 'released' THEN 1 ELSE 0 END)"
                     " FROM quota_reservations WHERE slot_at_us >= ? AND slot_at_us < ?"
-                    " GROUP BY bucket, quota_key", (BUCKET_US, start, end))
+                    " GROUP BY bucket, quota_key", start, end)
                 counts: dict[tuple[int, int, str, str], int] = {}
                 for bucket, key, granted, released in rows:
                     for level in LEVELS_US:
@@ -169,8 +200,10 @@ class HistoryQuotaStore:
                                 at = (level, bucket_of(int(bucket), level), str(key), metric)
                                 counts[at] = counts.get(at, 0) + n
                 if counts:
-                    await tx.executemany(_INSERT, [(n, *key, 0)
-                                                   for key, n in sorted(counts.items())])
+                    await tx.executemany(_INSERT, [
+                        (n, *key, 0, *(limits.get(key[:3], (None, None))
+                                       if key[3] == GRANTED else (None, None)))
+                        for key, n in sorted(counts.items())])
                 return len(counts)
 
             written += await self.db.transact(body, name="history.quota_rebuild", write=True)

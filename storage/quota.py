@@ -372,7 +372,8 @@ class QuotaLedger:
             rid = await reservation_open(tx, quota_key=key, slot_at_us=slot,
                                          expires_at_us=expires, work_id=fence.work_id,
                                          ownership_epoch=fence.ownership_epoch,
-                                         now_us=at, position_us=place, gate=gate)
+                                         now_us=at, position_us=place, gate=gate,
+                                         limit=(policy.limit, policy.window_us))
             return SlotReserved(rid, slot, place, expires)
 
         return await self._granting(key, body, name="quota.reserve")
@@ -640,7 +641,8 @@ def _reservation_from_row(row: Row) -> QuotaReservation:
 async def reservation_open(tx: SqlTx, *, quota_key: str, slot_at_us: int, expires_at_us: int,
                            work_id: str, ownership_epoch: int, now_us: int,
                            position_us: int | None = None,
-                           gate: SendGate | None = None) -> str:
+                           gate: SendGate | None = None,
+                           limit: tuple[int, int] | None = None) -> str:
     """Bind one granted slot to one claim, inside that claim's fenced transaction."""
     reservation_id = new_ulid(now_us)
     await tx.execute(
@@ -650,7 +652,7 @@ async def reservation_open(tx: SqlTx, *, quota_key: str, slot_at_us: int, expire
         (reservation_id, quota_key, slot_at_us, expires_at_us, work_id, ownership_epoch,
          ReservationState.RESERVED.value, now_us, now_us, position_us,
          None if gate is None else gate.value))
-    await count_slot(tx, quota_key, slot_at_us)  # the console's quota history
+    await count_slot(tx, quota_key, slot_at_us, limit)  # the console's quota history
     return reservation_id
 
 

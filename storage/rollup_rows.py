@@ -28,21 +28,29 @@ from storage.port import DuplicateKey, SqlTx
 
 async def add_at_levels(tx: SqlTx, table: str, columns: Sequence[str],
                         values: Sequence[object], at_us: int, n: int,
-                        count: str = "n") -> None:
+                        count: str = "n",
+                        also: Sequence[tuple[str, object]] = ()) -> None:
     """Add ``n`` to the rows of ``table`` keyed by ``columns = values`` (the shard among
-    them) at ``at_us``'s minute, hour and day, inside the caller's transaction."""
+    them) at ``at_us``'s minute, hour and day, inside the caller's transaction; ``also``
+    sets further columns of those rows to the values given (the same statements)."""
     key = " AND ".join(f"{c} = ?" for c in columns)
     one = f"(level_us = ? AND bucket_us = ? AND {key})"
     rows = [(level, bucket_of(at_us, level), *values) for level in LEVELS_US]
+    sets = "".join(f", {c} = ?" for c, _ in also)
+    set_args = tuple(v for _, v in also)
     matched = await tx.execute(
-        f"UPDATE {table} SET {count} = {count} + ? WHERE {' OR '.join([one] * len(rows))}",
-        (n, *(v for row in rows for v in row)))
+        f"UPDATE {table} SET {count} = {count} + ?{sets}"
+        f" WHERE {' OR '.join([one] * len(rows))}",
+        (n, *set_args, *(v for row in rows for v in row)))
     # The coarsest ``matched`` levels were there: insert the finer ones, coarse first.
+    extra = "".join(f", {c}" for c, _ in also)
+    marks = ", ".join("?" for _ in (*columns, *also))
     for row in reversed(rows[:len(rows) - matched]):
         try:
             await tx.execute(
-                f"INSERT INTO {table} ({count}, level_us, bucket_us, {', '.join(columns)})"
-                f" VALUES (?, ?, ?, {', '.join('?' for _ in columns)})", (n, *row))
+                f"INSERT INTO {table} ({count}, level_us, bucket_us, {', '.join(columns)}"
+                f"{extra}) VALUES (?, ?, ?, {marks})", (n, *row, *set_args))
         except DuplicateKey:  # a concurrent transaction inserted it first: add to it
             await tx.execute(
-                f"UPDATE {table} SET {count} = {count} + ? WHERE {one}", (n, *row))
+                f"UPDATE {table} SET {count} = {count} + ?{sets} WHERE {one}",
+                (n, *set_args, *row))

@@ -58,7 +58,7 @@ _INSERT_SQL = (
 )
 # States whose depth the pressure gauges report (dead is the DLQ).
 DEPTH_STATES = frozenset(WorkState) - TERMINAL | {WorkState.DEAD}
-async def _families_in(tx: SqlTx, state: WorkState) -> list[str]:
+async def families_in(tx: SqlTx, state: WorkState) -> list[str]:
     """The families with items in ``state``: one index probe each (no engine we run on
     skips through an index prefix by itself; a DISTINCT reads every entry)."""
     found: list[str] = []
@@ -392,7 +392,7 @@ class WorkAdmin:
         async def body(tx: SqlTx) -> list[QueueDepth]:
             out: list[QueueDepth] = []
             for state in sorted(DEPTH_STATES):
-                for family in await _families_in(tx, state):
+                for family in await families_in(tx, state):
                     ((n,),) = await tx.fetchall(
                         "SELECT COUNT(*) FROM (SELECT 1 FROM work_items WHERE state = ?"
                         " AND family = ? LIMIT ?) bounded",

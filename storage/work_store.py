@@ -15,6 +15,7 @@ from storage.flow import FlowReads
 from storage.grants import AuthorizationGrants
 from storage.history import HistoryStore
 from storage.history_flow import HistoryFlowStore
+from storage.history_pressure import HistoryPressureStore
 from storage.history_quota import HistoryQuotaStore
 from storage.ingress.receipts import IngressReceipts
 from storage.links import RemoteLinks
@@ -35,7 +36,7 @@ class WorkStore(
     PrincipalBindings,
     RefreshLeases, CatalogRevisions, FlowReads, CutoverSteps, LegacyOutcomes,
     IngressReceipts, RetentionStore, BindingFlows, HistoryStore, HistoryFlowStore,
-    HistoryQuotaStore,
+    HistoryQuotaStore, HistoryPressureStore,
 ):
     """Implements :class:`storage.port.WorkStorePort` for every adapter."""
 

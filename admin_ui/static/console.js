@@ -46,5 +46,24 @@
     window.setTimeout(tick, pollMs);
   }
 
+  // History: the filter form names its range in a select (a preset, or custom for the
+  // typed from/to). Typing a time chooses custom; choosing a preset empties the times.
+  // Without script the select is chosen by hand; a preset with times is refused (400).
+  function startHistoryForm() {
+    const range = document.getElementById("h-range");
+    if (!range) return;
+    for (const id of ["h-from", "h-to"]) {
+      const input = document.getElementById(id);
+      input.addEventListener("input", function () {
+        if (input.value.trim() !== "") range.value = "custom";
+      });
+    }
+    range.addEventListener("change", function () {
+      if (range.value === "custom") return;
+      for (const id of ["h-from", "h-to"]) document.getElementById(id).value = "";
+    });
+  }
+
   if (document.body.dataset.page === "overview") startOverview();
+  if (document.body.dataset.page === "history") startHistoryForm();
 })();

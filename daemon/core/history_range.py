@@ -84,7 +84,7 @@ def parse_time(text: str, name: str) -> int:
 def resolve(now_us: int, preset: str | None, start: str | None,
             end: str | None) -> HistoryRange:
     """The range a request names (a preset, or ``start`` and ``end``), ending by ``now``."""
-    if start is None and end is None:
+    if start is None and end is None and preset != "custom":
         name = preset or DEFAULT_PRESET
         span = PRESETS_US.get(name)
         if span is None:
@@ -94,7 +94,8 @@ def resolve(now_us: int, preset: str | None, start: str | None,
         until = now_us - now_us % MINUTE_US + MINUTE_US
         return HistoryRange(until - span, until, step, name)
     if preset is not None and preset != "custom":
-        raise BadRange("give either range or from and to, not both")
+        raise BadRange("give either range or from and to, not both"
+                       " (range=custom goes with from and to)")
     if start is None or end is None:
         raise BadRange("a custom range needs both from and to")
     since, until = parse_time(start, "from"), parse_time(end, "to")

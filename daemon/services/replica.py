@@ -65,6 +65,7 @@ from daemon.services.http_guard import EarlyRefusalGuard
 from daemon.services.http_server import serve_app
 from daemon.services.lease_keeper import LeaseKeeper
 from daemon.services.metrics import Metrics
+from daemon.services.pressure_history import run_pressure_sampler
 from daemon.services.quota_gauges import sample_quota
 from daemon.services.retention import Pruner
 from daemon.services.scheduler import Scheduler
@@ -254,6 +255,8 @@ class Replica:
                 return
             await services.start(self._heartbeat_loop)
             await services.start(self._depth_loop)
+            await services.start(run_pressure_sampler, self.store, self.clock, self.metrics,
+                                 self.replica_id)
             await services.start(run_activity_summaries, self.metrics, self.replica_id)
             await services.start(legacy_projector.run, self.store, self.clock)
             if self.settings.retention.enabled:

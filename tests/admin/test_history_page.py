@@ -63,6 +63,8 @@ BAD_RANGES = [
     ("range=2h", "unknown range '2h'"),
     ("range=1h&from=1800000000&to=1800003600", "either range or from and to"),
     ("from=1800000000", "needs both from and to"),
+    ("range=custom", "needs both from and to"),
+    ("range=custom&to=1800000000", "needs both from and to"),
     ("from=yesterday&to=1800000000", "from must be an ISO 8601 UTC time"),
     ("from=1800003600&to=1800000000", "to must be later than from"),
     ("from=1700000000&to=1800000000", "at most 92 days"),
@@ -93,6 +95,45 @@ BAD_BUCKETS = [
     ("from=1800000000&to=1900000000", "at most 7 days"),
     ("from=1800000000&to=1800000060&limit=0", "limit must be a whole number"),
 ]
+
+
+async def test_the_queue_pressure_is_drawn_from_the_samples_per_family(
+        console: ConsoleHarness) -> None:
+    """The work queue's ready, waiting and claimed items per family, from the per-minute
+    samples any replica wrote (storage/history_pressure.py): a sampled step with nothing
+    of the family is 0, a step no replica sampled is null (a gap); a point links to the
+    executions of its step, a series to its items now."""
+    _with_history(console)
+    now = WallClock().now_us()
+    await console.enqueue(3)
+    await console.enqueue(2, family="other", run_after_us=now + 3_600_000_000)
+    assert await console.store.history_pressure_sample(WallClock().now_us()) is not None
+    viewer, _ = await console.sign_in("viv")
+    doc = await (await viewer.get("/admin/api/history?range=15m&family=noop")).get_json()
+    queue = doc["queue_pressure"]
+    assert queue["family"] == "noop" and queue["sampled_steps"] == 1
+    by = {s["series"]: s for s in queue["series"]}
+    assert by["ready"]["latest"] == 3 and by["ready"]["peak"] == 3
+    assert by["held"]["peak"] == 0  # sampled: none of noop held
+    assert by["ready"]["now"] == "/admin/work?state=pending&family=noop"
+    assert [p["n"] for p in by["ready"]["points"]].count(None) == queue["steps"] - 1
+    (point,) = [p for p in by["ready"]["points"] if p["n"]]
+    assert point["items"].startswith("/admin/history/items?") and "family=noop" in point["items"]
+    everyone = await (await viewer.get("/admin/api/history?range=15m")).get_json()
+    held = {s["series"]: s for s in everyone["queue_pressure"]["series"]}["held"]
+    assert held["peak"] == 2
+    html = await (await viewer.get("/admin/history?range=15m&family=noop")).get_data(
+        as_text=True)
+    assert 'id="chart-history-queue"' in html
+    assert re.search(r'<a class="point-link" href="/admin/history/items\?[^"]*family=noop'
+                     r'[^"]*" data-series="ready"', html), html
+    assert "1 of 15 steps sampled" in html
+    assert "Not narrowed by org" not in html
+    # An org filter narrows the effect path only: the page says so beside the executions',
+    # DLQ and queue charts instead of showing them unfiltered without a word.
+    narrowed = await (await viewer.get("/admin/history?range=15m&org=org-9")).get_data(
+        as_text=True)
+    assert narrowed.count('class="muted small not-narrowed">Not narrowed by org') == 3
 
 
 async def test_a_range_or_filter_that_cannot_be_parsed_is_a_400_with_a_message(

@@ -53,12 +53,16 @@ def test_iso_and_epoch_seconds_name_the_same_moment() -> None:
     iso = resolve(NOW, None, "2027-01-15T08:00Z", "2027-01-15T09:00Z")
     epoch = resolve(NOW, None, "1800000000", "1800003600")
     assert iso == epoch
+    # The console's filter form names a typed range range=custom.
+    assert resolve(NOW, "custom", "1800000000", "1800003600") == epoch
 
 
 @pytest.mark.parametrize(("preset", "start", "end", "message"), [
     ("2h", None, None, "unknown range '2h'"),
     ("1h", "1800000000", "1800003600", "either range or from and to"),
     (None, "1800000000", None, "needs both from and to"),
+    ("custom", None, None, "needs both from and to"),
+    ("custom", None, "1800000000", "needs both from and to"),
     (None, None, "1800000000", "needs both from and to"),
     (None, "yesterday", "1800000000", "from must be an ISO 8601 UTC time"),
     (None, "1800000000", "2027-13-01", "to must be an ISO 8601 UTC time"),

@@ -42,18 +42,21 @@ async def test_history_rebuild_restores_the_rollup_from_the_journal(tmp_path: Pa
         untouched = run_cli(cfg, "history", "rebuild", "--json")
         assert untouched.returncode == 0, untouched.stderr
         assert json.loads(untouched.stdout) == {"rebuilt_rows": 0, "rebuilt_flow_rows": 0,
-                                                  "rebuilt_quota_rows": 0}
+                                                  "rebuilt_quota_rows": 0,
+                                                  "rebuilt_pressure_rows": 0}
         rebuilt = run_cli(cfg, "history", "rebuild", "--from", "2027-01-15T00:00Z", "--json")
         assert rebuilt.returncode == 0, rebuilt.stderr
         # 2 outcomes x 3 levels; no command was accepted
         assert json.loads(rebuilt.stdout) == {"rebuilt_rows": 6, "rebuilt_flow_rows": 0,
-                                              "rebuilt_quota_rows": 0}
+                                              "rebuilt_quota_rows": 0,
+                                              "rebuilt_pressure_rows": 0}
         assert await store.db.transact(counts, name="test.counts", write=False) == maintained
         plain = run_cli(cfg, "history", "rebuild", "--from", "1800000000")
         assert plain.returncode == 0
         assert plain.stdout == ("history rebuilt: 6 rollup rows from the stored executions,"
                                 " 0 from the stored commands and receipts,"
-                                " 0 from the stored quota reservations\n")
+                                " 0 from the stored quota reservations,"
+                                " 0 queue peaks from the queue's samples\n")
         bad = run_cli(cfg, "history", "rebuild", "--from", "yesterday")
         assert bad.returncode == 2
         assert "--from must be an ISO 8601 UTC time" in bad.stderr
@@ -67,6 +70,10 @@ async def test_history_show_answers_what_the_page_answers(tmp_path: Path) -> Non
         store = await database.open_store()
         await seed_receipts(store, T0)
         await use_quota(store, store, T0)
+        # The queue, sampled in the range's third minute: these 2 items and 2 the quota
+        # seed left ready, 10 claimed by the seeds and still leased.
+        await enqueue(store, 2, now=T0)
+        assert await store.history_pressure_sample(T0 + 60_000_000) is not None
         cfg = write_config(tmp_path / "a.toml", database.url)
         start, end = str(T0 // 1_000_000 - 60), str(T0 // 1_000_000 + 240)
         shown = run_cli(cfg, "history", "show", "--from", start, "--to", end,
@@ -82,8 +89,12 @@ async def test_history_show_answers_what_the_page_answers(tmp_path: Path) -> Non
         lines = plain.stdout.splitlines()
         assert "filters: all" in lines[0]
         assert "commands accepted 6, receipts confirmed 2" in lines[1]
-        # a header of four lines, one row per minute, one line per quota key
-        assert len(lines) == 4 + 5 + 2
+        # a header of five lines, one row per minute, one line per quota key
+        assert len(lines) == 5 + 5 + 2
+        assert lines[3] == ("queue peaks (highest per-minute sample; ready/retry wait/held/"
+                            "claimed): 4/0/0/10 (1 of 5 steps sampled)")
+        assert [line.split()[-1] for line in lines[5:10]] == [
+            "-/-/-/-", "-/-/-/-", "4/0/0/10", "-/-/-/-", "-/-/-/-"]
         assert lines[-2] == ("quota k: limit 600 per 60 s, 600.0 per step; granted 3,"
                              " given back 2, used 1, peak 0.2 % of the limit")
         refused = run_cli(cfg, "history", "show", "--from", start)

@@ -133,3 +133,32 @@ async def test_pressure_latency_and_quota_charts_with_their_filters(live: LiveCo
         expect(page.locator("body")).to_contain_text("org is longer than 128 characters")
 
     await in_browser(live, scenario)
+
+
+async def test_the_filter_form_keeps_the_chosen_preset(live: LiveConsole) -> None:
+    """Submitting the filters after picking a preset keeps that preset (it fell back to
+    1 h: the form carried no range), and typing a custom range still replaces it."""
+
+    def scenario(page: Page, live: LiveConsole) -> None:
+        sign_in(page, "viv")
+        page.goto("/admin/history")
+        page.click("#range-24h")
+        expect(page.locator("#range-24h")).to_have_attribute("aria-current", "true")
+        page.fill("#h-family", "flaky")
+        page.click("#h-apply")
+        expect(page).to_have_url(re.compile(r"family=flaky"))
+        expect(page.locator("#range-24h")).to_have_attribute("aria-current", "true")
+        expect(page.locator("#history-range")).to_contain_text("one point per 1 h")
+        expect(page.locator("#h-family")).to_have_value("flaky")
+        # A preset link keeps the family; a custom range typed on a preset's page wins.
+        page.click("#range-7d")
+        expect(page).to_have_url(re.compile(r"range=7d.*family=flaky"))
+        now = dt.datetime.now(dt.UTC)
+        page.fill("#h-from", (now - dt.timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%MZ"))
+        page.fill("#h-to", now.strftime("%Y-%m-%dT%H:%MZ"))
+        page.click("#h-apply")
+        expect(page.locator("#history-range")).to_contain_text("one point per 1 min")
+        assert page.locator("#range-picker [aria-current]").count() == 0
+        expect(page.locator("#h-family")).to_have_value("flaky")
+
+    await in_browser(live, scenario)
