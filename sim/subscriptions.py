@@ -21,8 +21,9 @@ one of the sink's subscriptions behind the reconciler's back
 (``OutreachSimulator.delete_subscription_behind_back``): the next run creates it again,
 so creates happen all through the chaos, under its faults. The window that matters for a
 create whose outcome is unknown is aimed at: at the instant a create leaves a replica,
-that replica is frozen (SIGSTOP) now and then, past its WorkItem lease but within the
-in-flight window, so another replica reclaims the step while the create may still land.
+that replica is frozen (SIGSTOP) half the time, at most twice a seed, past its WorkItem
+lease but within the in-flight window, so another replica reclaims the step while the
+create may still land.
 
 Oracles:
 
@@ -68,6 +69,10 @@ SINK_NODE = "sink"
 SINK_PORT = 7500
 URL = f"http://127.0.0.1:{SINK_PORT}/hooks/{ROUTE}"
 CREATE = "POST /api/v2/webhooks "
+# Freezes at creates per seed: each holds the binding's lane (its steps run one at a time)
+# for up to the in-flight window and the client deadline (about 50 s); more would hold
+# the settle past its bound.
+MAX_FREEZES = 2
 
 
 def rng_for(seed: int) -> random.Random:
@@ -82,6 +87,7 @@ class Subscriptions:
     client_deadline_us: int = 0
     nursery: trio.Nursery | None = None
     catalog: Any = None
+    freezes: int = 0  # at creates, so far
 
     # ------------------------------------------------------------ set-up
     async def start(self, nursery: trio.Nursery) -> None:
@@ -172,7 +178,8 @@ class Subscriptions:
                 world.violation("subscription_create_in_flight", node=sock.node,
                                 work_id=fence.work_id, name=name, earlier=attempt_id,
                                 open_for_us=end + self.window_us - now_us)
-        if not world.frozen and self.rng.random() < 0.5:
+        if not world.frozen and self.freezes < MAX_FREEZES and self.rng.random() < 0.5:
+            self.freezes += 1
             # SIGSTOP as the create leaves (its body waits for the thaw): past the
             # WorkItem lease, within the in-flight window.
             assert world.net is not None and self.nursery is not None
