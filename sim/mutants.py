@@ -216,6 +216,24 @@ def terminal_row_reopened_by_replay() -> Undo:
     return _swap(WorkStore, "work_replay", work_replay)
 
 
+def subscription_recreated_in_flight() -> Undo:
+    """A subscription step's claim answers ``Send()`` inside the in-flight window of an
+    earlier attempt whose outcome is unknown (``decide_step``'s ``WaitWindow`` dropped): a
+    claimant that reclaims the step while the create may still land sends it again (the
+    checkpoint's own statement still refuses a second attempt of the same step, so the
+    step dies and the next run creates the subscription anew, inside the window)."""
+    from daemon.core.subscriptions import Send, WaitWindow, decide_step
+    from daemon.services import subscriptions
+
+    original = decide_step
+
+    def send_inside_window(*args: Any, **kwargs: Any) -> Any:
+        claim = original(*args, **kwargs)
+        return Send() if isinstance(claim, WaitWindow) else claim
+
+    return _swap(subscriptions, "decide_step", send_inside_window)
+
+
 MUTANTS: dict[str, Callable[[], Undo]] = {
     "finalize_without_fence": finalize_without_fence,
     "send_before_checkpoint": send_before_checkpoint,
@@ -226,9 +244,10 @@ MUTANTS: dict[str, Callable[[], Undo]] = {
     "receipt_200_before_durable": receipt_200_before_durable,
     "lane_head_released_while_running": lane_head_released_while_running,
     "terminal_row_reopened_by_replay": terminal_row_reopened_by_replay,
+    "subscription_recreated_in_flight": subscription_recreated_in_flight,
 }
 # Named in issue 22, not built yet (each a hole, said so in every report):
-NOT_BUILT = ("subscription_recreated_in_flight",)
+NOT_BUILT: tuple[str, ...] = ()
 
 
 @contextmanager

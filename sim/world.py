@@ -70,7 +70,8 @@ from sandbox.hubspot_sim import HubSpotSimulator
 from sandbox.oauth_sim import OAuthSimulator
 from sandbox.runtime import ReferenceRuntime
 from sandbox.runtime.server import serve as serve_runtime
-from sim import oracles, serving
+from sim import aim, oracles, serving
+from sim import subscriptions as subscription_world
 from sim.determinism import EPOCH_US, deterministic, reseed_scheduler
 from sim.net import NODE, NetFaults, VirtualNetwork
 from sim.storage import FaultyDatabase, StorageFaults
@@ -170,6 +171,8 @@ class World:
     claims_sent: set[tuple[str, int]] = attrs.field(factory=set)  # a PATCH of it left
     op_clock: TrioClock | None = None  # the operator's wall clock (no skew)
     operator_links: bool = True  # rebinds and Catalog publishes (drawn per seed)
+    aim_armed: dict[str, Any] = attrs.field(factory=dict)  # node -> its db, armed (sim.aim)
+    subscriptions: Any = None  # sim.subscriptions.Subscriptions (drawn per seed) or None
 
     # ------------------------------------------------------------ the trace
     async def drain_replicas(self) -> None:
@@ -330,6 +333,7 @@ async def _replica_life(world: World, r: SimReplica,
     metrics = Metrics()
     parts = assemble(settings, store, clock, metrics)
     oracles.watch_handlers(world, r, parts)
+    aim.watch(world, r, parts, store)
 
     async def bindings_bootstrapped() -> None:
         await ensure_config_bindings(store, settings.bindings, clock.now_us())
@@ -785,6 +789,8 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
         await nursery.start(serve_part, "outreach", hooks.osim.run, "127.0.0.1",
                             PORTS["outreach"])
         hooks.seed()
+        if world.subscriptions is not None:
+            await world.subscriptions.start(nursery)
         for i, rt in enumerate(runtimes):
             await nursery.start(serve_part, f"runtime-{i}", serve_runtime, rt, "127.0.0.1",
                                 RUNTIME_PORT + i)
@@ -808,6 +814,10 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
                 load.start_soon(operator_links, world, driver)
             if world.operator_commands:
                 load.start_soon(operator_commands, world, driver)
+            if o.faults:
+                load.start_soon(aim.aimed_freezes, world)
+            if world.subscriptions is not None:
+                load.start_soon(world.subscriptions.drive, driver)
             await chaos(world, nursery, {"restart": restart}, runtimes)
             load.cancel_scope.cancel()
         # Settle: no more faults; every replica running.
@@ -823,7 +833,10 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
         run.noop_ids = list(world.noop_ids)
         settle_s, drained = await torture.settle(run, runtimes, o.settle_s)
         world.trace("settled", drained=drained)
+        # The sink's deliveries leave the sender's journal before the webhook invariants.
+        seen = world.subscriptions.judge() if world.subscriptions is not None else {}
         result = await torture.invariants(run, hubspot, runtimes, oauth)
+        result.update(seen)
         result["settle_s"] = round(settle_s, 1)
         result["drained"] = drained
         result["quota_violations"], result["quota_peak_per_window"] = quota_violations(
@@ -899,6 +912,7 @@ def run_seed(options: Options, *, keep: Path | None = None) -> dict[str, Any]:
                 os.environ.pop(f"INTEGRATIOND_BINDING_HUBSPOT_{r}_TOKEN", None)
             # Paths differ per run; the trace must not: every file lives under one name.
             world.configs = _configs(world)
+            world.subscriptions = subscription_world.plan(world)
             log_to_trace(world)
             oauth = OAuthSimulator(client_secret=torture.CLIENT_SECRET,
                                    lifetime_s=torture.TOKEN_LIFETIME_S)

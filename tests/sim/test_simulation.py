@@ -173,6 +173,9 @@ def test_the_ci_seed_budget_breaks_no_promise(seed: int) -> None:
     # waiting (sim/oracles.py counts it apart; nothing else may be left).
     assert result["drained"] is True or result.get("blocked_refresh_in_doubt", 0) > 0
     assert result["effects"] > 0 and result["webhooks_answered_200"] > 0
+    if "subscriptions_at_provider" in result:  # a seed that draws subscriptions (2, 3)
+        # The reconciler ran: the provider holds the route's subscriptions, none twice.
+        assert set(result["subscriptions_at_provider"].values()) == {1}, result
 
 
 @HTTPX_BODY_GENERATOR
@@ -180,6 +183,18 @@ def test_a_send_before_its_checkpoint_commits_is_caught_at_once() -> None:
     with applied("send_before_checkpoint"):
         got = run_one(1, DURATION_S)
     assert {v["oracle"] for v in got["violations"]} >= {"send_without_checkpoint"}
+
+
+@HTTPX_BODY_GENERATOR
+def test_a_subscription_created_again_inside_the_in_flight_window_is_caught() -> None:
+    """Seed 2 draws subscriptions (sim/subscriptions.py): a replica frozen as its create
+    left loses the step; with ``decide_step`` answering ``Send()`` inside the window, the
+    reclaimer's checkpoint refuses (an unresolved attempt) and the step dies, and the
+    next run creates the subscription again while the first create may still land. The
+    same seed unmutated is in the CI budget above (no violation)."""
+    with applied("subscription_recreated_in_flight"):
+        got = run_one(2, DURATION_S)
+    assert {v["oracle"] for v in got["violations"]} >= {"subscription_create_in_flight"}
 
 
 @HTTPX_BODY_GENERATOR
