@@ -78,10 +78,12 @@ class KeyRotations:
             text = cfg.read_text()
             assert text.count(active) == 1, "bench/torture.py's [keys] section changed"
             cfg.write_text(text.replace(active, active + f'previous = "{NEW_KEY.key_id}"\n'))
-        logging.getLogger(logs.LOGGER_NAME).addHandler(self.refusals)
 
     def start(self, store: WorkStore, **parts: Any) -> None:
         self.store = store
+        # Here, not in configure: the world sends the daemon's log to its trace after
+        # the configurations are written, replacing the logger's handlers.
+        logging.getLogger(logs.LOGGER_NAME).addHandler(self.refusals)
 
     async def rotate(self, place: str) -> None:
         """``integrationd keys rotate --actor sim-admin`` with the new configuration."""
