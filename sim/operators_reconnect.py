@@ -454,20 +454,12 @@ class Reconnects:
     # ------------------------------------------------------------ the end
 
     async def final(self, result: dict[str, Any]) -> None:
-        """Leads of a moved binding with a command pinned to a superseded generation, or
-        with a command that did not succeed, are not judged by ``diverged``: their intents
-        were rightly refused (``binding_generation``; ``no_grant`` for a command admitted
-        after the console's or the CLI's move and before the Runtime's grant: a moved
-        generation's work fails closed until a grant is handed over, seeds 31 and 32) or
-        settled by the operator, and the contact may keep an older title."""
-        moved = sorted(self.moves)
-        marks = ",".join("?" for _ in moved)
+        """Leads with a command pinned to a superseded generation are not judged by
+        ``diverged`` (their intents were rightly refused, ``binding_generation``)."""
         for binding_id, local_id in self.world.observer.execute(
                 "SELECT c.binding_id, c.local_id FROM external_commands c"
                 " JOIN principal_bindings p ON p.binding_id = c.binding_id"
-                " WHERE c.principal_generation < p.generation"
-                + (f" OR (c.binding_id IN ({marks}) AND c.settlement != 'succeeded')"
-                   if moved else ""), moved).fetchall():
+                " WHERE c.principal_generation < p.generation").fetchall():
             if str(binding_id).startswith("hubspot-"):
                 self.world.stopped.add((int(str(binding_id).rsplit("-", 1)[1]),
                                         str(local_id)))
