@@ -454,12 +454,20 @@ class Reconnects:
     # ------------------------------------------------------------ the end
 
     async def final(self, result: dict[str, Any]) -> None:
-        """Leads with a command pinned to a superseded generation are not judged by
-        ``diverged`` (their intents were rightly refused, ``binding_generation``)."""
+        """Leads with a command pinned to a superseded generation, or settled
+        ``NO_EFFECT`` on a binding the operator moved, are not judged by ``diverged``:
+        their intents were rightly refused (``binding_generation``, or ``no_grant``: a
+        command admitted after the console's or the CLI's move and before the Runtime
+        handed the grant over fails closed, seed 32), so the contact may keep an older
+        title. (A quarantined intent has no command: it stays judged, seed 31.)"""
+        moved = sorted(self.moves)
+        marks = ",".join("?" for _ in moved)
         for binding_id, local_id in self.world.observer.execute(
                 "SELECT c.binding_id, c.local_id FROM external_commands c"
                 " JOIN principal_bindings p ON p.binding_id = c.binding_id"
-                " WHERE c.principal_generation < p.generation").fetchall():
+                " WHERE c.principal_generation < p.generation"
+                + (f" OR (c.binding_id IN ({marks}) AND c.settlement = 'no_effect')"
+                   if moved else ""), moved).fetchall():
             if str(binding_id).startswith("hubspot-"):
                 self.world.stopped.add((int(str(binding_id).rsplit("-", 1)[1]),
                                         str(local_id)))
