@@ -2,9 +2,10 @@
 
 ``keys status`` lists which key seals how many stored bundles and checks that every one
 of those keys is loaded and opens its bundles. ``keys rotate --actor NAME --reason TEXT``
-(an admin) rewraps every bundle under ``[keys] active``; run it after adding the new key
-and listing the old one in ``[keys] previous``, and drop the old one once status shows it
-seals nothing. Nothing here prints or logs a token or a key.
+(an admin) rewraps every bundle under ``[keys] active`` (a grant whose token refresh is
+in flight is left to the refresh and counted as ``refreshing``: rotate again later); run
+it after adding the new key and listing the old one in ``[keys] previous``, and drop the
+old one once status shows it seals nothing. Nothing here prints or logs a token or a key.
 """
 
 from __future__ import annotations
@@ -71,11 +72,14 @@ async def run_keys_command(settings: Settings, args: argparse.Namespace,
             sys.stdout.write(json.dumps({
                 "active": settings.keys.active, "rewrapped": report.rewrapped,
                 "already_current": report.already_current, "refused": refused,
+                "refreshing": report.refreshing,
             }, indent=2) + "\n")
         else:
             sys.stdout.write(
                 f"rewrapped {report.rewrapped} bundle(s) under key {settings.keys.active};"
-                f" {report.already_current} already sealed with it; {len(refused)} refused\n"
+                f" {report.already_current} already sealed with it; {len(refused)} refused"
+                + (f"; {report.refreshing} being refreshed (left to the refresh: rotate"
+                   " again once it is done)" if report.refreshing else "") + "\n"
                 + "".join(f"  refused: {r['binding_id']} generation {r['generation']}:"
                           f" {r['reason']}\n" for r in refused))
         return EXIT_FAILURE if report.refused else EXIT_OK

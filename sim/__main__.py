@@ -60,6 +60,8 @@ def run_one(seed: int, duration_s: float, keep: Path | None = None) -> dict[str,
         "wall_s": time.perf_counter() - started,
         "tail": world.trace_lines[-TRACE_TAIL:],
         "result": out["result"],
+        # What the operators did (replays, rebinds, key rotations, binding moves, ...).
+        "operators": {k: v for k, v in sorted(world.ops.items()) if k.startswith("operator_")},
     }
 
 
@@ -137,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         seeds = list(range(args.first, args.first + (args.seeds or 1)))
     faults: collections.Counter[str] = collections.Counter()
+    operators: collections.Counter[str] = collections.Counter()
     failing: list[int] = []
     simulated = ops = wall = 0.0
     digest = ""
@@ -158,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     for got in results:
         seed = got["seed"]
         faults.update(got["faults"])
+        operators.update(got.get("operators") or {})
         simulated += got["simulated_s"]
         ops += got["ops"]
         wall += got["wall_s"]
@@ -173,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             "simulated_s": round(simulated, 1),
             "sim_ops_per_wall_s": round(ops / wall, 1) if wall else 0.0,
             "wall_s": round(wall, 1), "trace_digest": digest,
-            "faults": dict(sorted(faults.items()))}
+            "faults": dict(sorted(faults.items())),
+            "operator_actions": dict(sorted(operators.items()))}
     print(json.dumps(line), flush=True)
     return 1 if failing else 0
 

@@ -245,7 +245,16 @@ MUTANTS: dict[str, Callable[[], Undo]] = {
     "lane_head_released_while_running": lane_head_released_while_running,
     "terminal_row_reopened_by_replay": terminal_row_reopened_by_replay,
     "subscription_recreated_in_flight": subscription_recreated_in_flight,
+    "rewrap_during_refresh": lambda: _operators_keys().mutant_rewrap_during_refresh(),
 }
+
+
+def _operators_keys() -> Any:
+    from sim import operators_keys  # the key-rotation operator's own mutant
+
+    return operators_keys
+
+
 # Named in issue 22, not built yet (each a hole, said so in every report):
 NOT_BUILT: tuple[str, ...] = ()
 

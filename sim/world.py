@@ -70,7 +70,7 @@ from sandbox.hubspot_sim import HubSpotSimulator
 from sandbox.oauth_sim import OAuthSimulator
 from sandbox.runtime import ReferenceRuntime
 from sandbox.runtime.server import serve as serve_runtime
-from sim import aim, oracles, serving
+from sim import aim, operators_extra, oracles, serving
 from sim import subscriptions as subscription_world
 from sim.determinism import EPOCH_US, deterministic, reseed_scheduler
 from sim.net import NODE, NetFaults, VirtualNetwork
@@ -173,6 +173,10 @@ class World:
     operator_links: bool = True  # rebinds and Catalog publishes (drawn per seed)
     aim_armed: dict[str, Any] = attrs.field(factory=dict)  # node -> its db, armed (sim.aim)
     subscriptions: Any = None  # sim.subscriptions.Subscriptions (drawn per seed) or None
+    # Operators with their own generators (sim/operators_extra.py), and what they
+    # watch of the replicas' commits (name, the order it began, its result).
+    extra: list[Any] = attrs.field(factory=list)
+    commit_hooks: list[Callable[[str, int, Any], None]] = attrs.field(factory=list)
 
     # ------------------------------------------------------------ the trace
     async def drain_replicas(self) -> None:
@@ -201,6 +205,8 @@ class World:
         """A replica's transaction committed: the attempts a dispatch checkpoint wrote, with
         the order in which its transaction began."""
         oracles.on_committed(self, name)
+        for hook in self.commit_hooks:
+            hook(name, began, result)
         if not name.startswith("effect.checkpoint"):
             return
         for attempt_id in result if isinstance(result, list) else [result]:
@@ -762,6 +768,8 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
     await driver_db.open()
     driver = WorkStore(driver_db, driver_db.dialect)
     world.op_clock = TrioClock(EPOCH_US)
+    for extra in world.extra:
+        extra.start(driver, oauth=oauth, hubspot=hubspot, runtimes=runtimes)
     scopes: dict[str, trio.CancelScope] = {}
     result: dict[str, Any] = {}
 
@@ -818,6 +826,8 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
                 load.start_soon(aim.aimed_freezes, world)
             if world.subscriptions is not None:
                 load.start_soon(world.subscriptions.drive, driver)
+            for extra in world.extra:
+                load.start_soon(extra.chaos)
             await chaos(world, nursery, {"restart": restart}, runtimes)
             load.cancel_scope.cancel()
         # Settle: no more faults; every replica running.
@@ -829,6 +839,8 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
         world.trace("settle")
         if world.operator_commands:
             nursery.start_soon(retire_when_stopped, world, driver, True)
+        for extra in world.extra:
+            nursery.start_soon(extra.settle)
         run = torture.Run("sqlite", [], [url], None, webhooks=hooks, log=lambda m: None)
         run.noop_ids = list(world.noop_ids)
         settle_s, drained = await torture.settle(run, runtimes, o.settle_s)
@@ -841,6 +853,8 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
         result["drained"] = drained
         result["quota_violations"], result["quota_peak_per_window"] = quota_violations(
             world.patch_sends)
+        for extra in world.extra:
+            await extra.final(result)
         await oracles.final(world, driver, result, hubspot, runtimes)
         await world.drain_replicas()
         world.simulated_s = trio.current_time()
@@ -907,12 +921,15 @@ def run_seed(options: Options, *, keep: Path | None = None) -> dict[str, Any]:
             # Its own generator: a seed without it keeps the schedule it had before.
             world.commands_rng = random.Random(f"commands:{options.seed}")
             world.operator_commands = options.faults and world.commands_rng.random() < 0.25
+            world.extra = operators_extra.draw(world)
             os.environ.update(secrets_env(options.replicas), **webhooks.env())
             for r in range(options.replicas):
                 os.environ.pop(f"INTEGRATIOND_BINDING_HUBSPOT_{r}_TOKEN", None)
             # Paths differ per run; the trace must not: every file lives under one name.
             world.configs = _configs(world)
             world.subscriptions = subscription_world.plan(world)
+            for extra in world.extra:
+                extra.configure()
             log_to_trace(world)
             oauth = OAuthSimulator(client_secret=torture.CLIENT_SECRET,
                                    lifetime_s=torture.TOKEN_LIFETIME_S)

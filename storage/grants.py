@@ -20,6 +20,12 @@ from storage.port import AuditEntry, Database, DuplicateKey, Row, SqlTx, WorkCon
 from storage.work_admin import append_audit
 
 
+class RewrapOutcome(enum.StrEnum):
+    REWRAPPED = "rewrapped"
+    MOVED = "moved"            # another writer installed a newer version first
+    REFRESHING = "refreshing"  # a refresh of it is in flight: left to the refresh
+
+
 class GrantState(enum.StrEnum):
     VALID = "valid"
     NEEDS_REAUTHORIZATION = "needs_reauthorization"
@@ -201,6 +207,45 @@ class AuthorizationGrants:
             return [_from_row(r) for r in rows]
 
         return await self.db.transact(body, name="grant.list", write=False)
+
+    async def grant_rewrap(self, *, binding_id: str, generation: int, expected_version: int,
+                           sealed: SealedBundle, expires_at_us: int, now_us: int,
+                           audit: AuditEntry) -> RewrapOutcome:
+        """A key rotation's rewrap of one grant (the same credential under another key: the
+        next token version, state and reason kept), unless a refresh of it is in flight.
+
+        A refresh took its lease from the version it read and activates its answer by a
+        compare-and-swap on that version: a rewrap installed meanwhile would make the
+        activation fail and drop the answer, leaving the grant with the refresh token the
+        provider has just rotated away (simulation seed 7: the next refresh presented it
+        again, ``invalid_grant``). So the rewrap first locks the refresh lease row (the
+        row the lease's own compare-and-swap locks first, so the two serialize) and leaves
+        the grant alone while that lease is live, or its call left and was never
+        activated (a lease of a build without the marker counts as left): ``REFRESHING``;
+        a later rotation rewraps what the refresh sealed. ``MOVED``: the grant is no
+        longer at ``expected_version``."""
+
+        async def body(tx: SqlTx) -> RewrapOutcome:
+            await tx.execute(
+                "UPDATE refresh_leases SET refreshes_total = refreshes_total"
+                " WHERE binding_id = ? AND generation = ?", (binding_id, generation))
+            busy = await tx.fetchall(
+                "SELECT 1 FROM refresh_leases WHERE binding_id = ? AND generation = ?"
+                " AND lease_token IS NOT NULL AND (until_us >= ? OR call_token IS NULL"
+                " OR call_token <> lease_token OR call_sent_at_us IS NOT NULL)",
+                (binding_id, generation, now_us))
+            if busy:
+                return RewrapOutcome.REFRESHING
+            if not await replace_grant(tx, binding_id=binding_id, generation=generation,
+                                       expected_version=expected_version, sealed=sealed,
+                                       expires_at_us=expires_at_us, now_us=now_us,
+                                       refreshed=False,
+                                       keep_state=True):
+                return RewrapOutcome.MOVED
+            await append_audit(tx, audit)
+            return RewrapOutcome.REWRAPPED
+
+        return await self.db.transact(body, name="grant.rewrap")
 
     async def grant_replace(self, *, binding_id: str, generation: int, expected_version: int,
                             sealed: SealedBundle, expires_at_us: int, now_us: int,

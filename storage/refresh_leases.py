@@ -37,6 +37,7 @@ from collections.abc import Callable
 import attrs
 
 from daemon.core.grant_reasons import IN_DOUBT, GrantReason, grant_reason, unusable_code
+from daemon.core.principals import BindingState
 from daemon.core.refresh_decision import RefreshDecision, RefreshFacts, decide_refresh
 from daemon.core.token_bundle import SealedBundle
 from daemon.core.work import Fence
@@ -165,6 +166,26 @@ class MarkerRefused(enum.StrEnum):
 
     CLAIM_LOST = "claim_lost_before_call"  # the WorkItem fence is gone (seed 5.1)
     LEASE_LOST = "lease_ended_before_call"  # the refresh lease ended or was taken over
+    # The binding moved after the lease was taken (seed 8.1, 13): the superseded
+    # generation's refresh token is never presented again.
+    BINDING_MOVED = "binding_moved_before_call"  # reconnected or reinstalled
+    BINDING_DISCONNECTED = "binding_disconnected_before_call"
+    GRANT_REVOKED = "grant_revoked_before_call"
+
+
+async def _why_unmarked(tx: SqlTx, binding_id: str, generation: int) -> MarkerRefused:
+    """Why the marker's statement matched nothing (read only when it did not)."""
+    rows = await tx.fetchall(
+        "SELECT generation, state FROM principal_bindings WHERE binding_id = ?",
+        (binding_id,))
+    if rows and int(rows[0][0]) != generation:
+        return MarkerRefused.BINDING_MOVED
+    if rows and str(rows[0][1]) != BindingState.CONNECTED.value:
+        return MarkerRefused.BINDING_DISCONNECTED
+    grant = await read_grant(tx, binding_id, generation)
+    if grant is not None and grant.state is GrantState.REVOKED:
+        return MarkerRefused.GRANT_REVOKED
+    return MarkerRefused.LEASE_LOST
 
 
 class RefreshLeases:
@@ -185,7 +206,15 @@ class RefreshLeases:
         ``now`` is read inside the transaction, when its statements run: a time read
         before it (before waiting for a connection, or before a freeze) would judge both
         leases at a moment already past, and a claimant frozen past its WorkItem lease
-        would still pass the fence (simulation seeds 28, 58 and 104)."""
+        would still pass the fence (simulation seeds 28, 58 and 104).
+
+        The same statement judges the binding as it is then: the lease was taken on a
+        valid grant of this generation, but a reconnect, a reinstall, a disconnect or the
+        grant's revocation may have committed since (the window the simulation's reconnect
+        operator places its moves in). Then nothing is written and the superseded
+        generation's refresh token never leaves: :attr:`MarkerRefused.BINDING_MOVED`,
+        ``BINDING_DISCONNECTED`` or ``GRANT_REVOKED`` (a binding with no durable row, a
+        configuration-only one, is judged by its grant alone)."""
 
         async def body(tx: SqlTx) -> MarkerRefused | None:
             now_us = now()
@@ -193,9 +222,17 @@ class RefreshLeases:
             marked = await tx.execute(
                 "UPDATE refresh_leases SET call_sent_at_us = ? WHERE binding_id = ?"
                 " AND generation = ? AND lease_token = ? AND call_token = ?"
-                " AND until_us >= ? AND call_sent_at_us IS NULL",
-                (now_us, binding_id, generation, lease_token, lease_token, now_us))
-            return None if marked == 1 else MarkerRefused.LEASE_LOST
+                " AND until_us >= ? AND call_sent_at_us IS NULL"
+                " AND NOT EXISTS (SELECT 1 FROM principal_bindings b"
+                "   WHERE b.binding_id = ? AND (b.generation <> ? OR b.state <> ?))"
+                " AND NOT EXISTS (SELECT 1 FROM authorization_grants g"
+                "   WHERE g.binding_id = ? AND g.generation = ? AND g.state = ?)",
+                (now_us, binding_id, generation, lease_token, lease_token, now_us,
+                 binding_id, generation, BindingState.CONNECTED.value,
+                 binding_id, generation, GrantState.REVOKED.value))
+            if marked == 1:
+                return None
+            return await _why_unmarked(tx, binding_id, generation)
 
         try:
             return await self.db.transact(body, name="refresh.dispatch")

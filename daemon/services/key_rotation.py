@@ -3,9 +3,15 @@
 Rewrapping keeps the secret material and its authority; it only changes the wrapping, and
 as a change of secret material at rest it moves the grant to the next token version, by
 the same compare-and-swap a refresh uses. A refresh that wins the race has already sealed
-under the active key, so the rotation simply finds it done. Dispatch never stops: a
-worker opening a bundle reads whichever version is current, under whichever key sealed it,
-as long as both keys are loaded (``[keys] previous``) until the rotation has finished.
+under the active key, so the rotation simply finds it done. A grant whose refresh is in
+flight (its lease live, or its call left and not yet activated) is left to the refresh
+and counted as ``refreshing`` (``AuthorizationGrants.grant_rewrap``): a rewrap then would
+make the refresh's activation fail and drop its answer with the refresh token it
+rotated (simulation seed 7); the next rotation rewraps what the refresh sealed.
+
+Dispatch never stops: a worker opening a bundle reads whichever version is current, under
+whichever key sealed it, as long as both keys are loaded (``[keys] previous``) until the
+rotation has finished.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from collections.abc import Mapping
 import attrs
 
 from daemon.core.token_bundle import BundleContext, BundleRefused, TokenKey, open_bundle, rewrap
-from storage.grants import AuthorizationGrants, StoredGrant
+from storage.grants import AuthorizationGrants, RewrapOutcome, StoredGrant
 from storage.idgen import new_ulid
 from storage.port import AuditEntry
 
@@ -29,6 +35,8 @@ class RotationReport:
     already_current: int
     # (binding id, generation, stable reason): bundles that could not be opened.
     refused: tuple[tuple[str, int, str], ...]
+    # Grants left to a refresh in flight (rotate again once it is done).
+    refreshing: int = 0
 
 
 def _context(grant: StoredGrant, version: int | None = None) -> BundleContext:
@@ -92,7 +100,7 @@ async def wrong_keys(store: AuthorizationGrants, keys: Mapping[str, TokenKey]
 async def rotate_keys(store: AuthorizationGrants, keys: Mapping[str, TokenKey], active: str, *,
                       actor: str, reason: str, now_us: int) -> RotationReport:
     new_key = keys[active]
-    rewrapped = already = 0
+    rewrapped = already = refreshing = 0
     refused: list[tuple[str, int, str]] = []
     for listed in await store.grant_list():
         grant: StoredGrant | None = listed
@@ -114,13 +122,16 @@ async def rotate_keys(store: AuthorizationGrants, keys: Mapping[str, TokenKey], 
                                    "token_version": grant.token_version}),
                 after=json.dumps({"key_id": active, "token_version": grant.token_version + 1}),
             )
-            if await store.grant_replace(binding_id=grant.binding_id,
-                                         generation=grant.generation,
-                                         expected_version=grant.token_version, sealed=sealed,
-                                         expires_at_us=grant.expires_at_us, now_us=now_us,
-                                         refreshed=False, audit=audit, keep_state=True):
+            outcome = await store.grant_rewrap(
+                binding_id=grant.binding_id, generation=grant.generation,
+                expected_version=grant.token_version, sealed=sealed,
+                expires_at_us=grant.expires_at_us, now_us=now_us, audit=audit)
+            if outcome is RewrapOutcome.REWRAPPED:
                 rewrapped += 1
+                break
+            if outcome is RewrapOutcome.REFRESHING:
+                refreshing += 1
                 break
             # A refresh (or another rotation) moved it first: look again.
             grant = await store.grant_get(grant.binding_id, grant.generation)
-    return RotationReport(rewrapped, already, tuple(refused))
+    return RotationReport(rewrapped, already, tuple(refused), refreshing)

@@ -286,6 +286,12 @@ class TokenOwner:
                 # Frozen past the WorkItem lease while the refresh lease lived on: a
                 # stale claimant stops here, as at any other fenced write (seed 5.1).
                 raise LostLease(fence)
+            if refused in _SUPERSEDED:
+                # The binding moved (or its grant was revoked) after the lease was taken:
+                # definitive, as the dispatch checkpoint's pin check is.
+                code, text = _SUPERSEDED[refused]
+                raise TokenUnavailable(code, f"binding {binding_id} generation {generation}:"
+                                       f" {text} before the refresh call; nothing was sent")
             raise TokenUnavailable("refresh_lease_lost", "the refresh lease ended before the"
                                    " call; nothing was sent")
         answer: httpx.Response | None = None
@@ -399,6 +405,15 @@ class TokenOwner:
 
 # The token endpoint refuses the credential itself: one attempt, then re-authorization.
 _DEFINITIVE_ERRORS = frozenset({"invalid_grant", "invalid_jwt"})
+# A marker refused because the binding moved after the lease was taken: the definitive
+# reason the work then settles with (daemon/services/credentials.py), and why.
+_SUPERSEDED = {
+    MarkerRefused.BINDING_MOVED: ("binding_generation", "the binding moved to another"
+                                  " generation (reconnected or reinstalled)"),
+    MarkerRefused.BINDING_DISCONNECTED: ("binding_disconnected", "the binding was"
+                                         " disconnected"),
+    MarkerRefused.GRANT_REVOKED: ("revoked", "the grant was revoked"),
+}
 
 
 def _unusable_text(binding_id: str, generation: int, code: str) -> str:

@@ -368,6 +368,9 @@ def _admission_fact(doc: dict[str, Any] | None) -> CommandAccepted | HandoffReje
 
 
 _RETRYABLE_4XX = frozenset({408, 429})
+# 409 codes that mean "nothing was written; send the same bytes again later"
+# (docs/runtime-handoff.md), not a refusal of the request itself.
+_RETRYABLE_CODES = frozenset({"binding_not_connected"})
 
 
 def _classify(
@@ -387,6 +390,10 @@ def _classify_doc(
         return fact
     if http_status >= 500 or http_status in _RETRYABLE_4XX or http_status < 400:
         return RetryLater(f"http {http_status}")
+    if http_status == 409 and _error_code(doc, http_status) in _RETRYABLE_CODES:
+        # integrationd wrote nothing and says when to send again (the binding is
+        # disconnected until an operator reconnects it): a wait, not a contract breach.
+        return RetryLater(_error_code(doc, http_status))
     return doc or {}
 
 

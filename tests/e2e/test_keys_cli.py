@@ -60,7 +60,8 @@ async def test_rotate_rewraps_every_bundle_without_changing_authority(
                       "--json")
     assert rotated.returncode == 0, rotated.stderr
     assert json.loads(rotated.stdout) == {"active": "k2", "rewrapped": 3,
-                                           "already_current": 0, "refused": []}
+                                           "already_current": 0, "refused": [],
+                                           "refreshing": 0}
     again = run_cli(cfg, "keys", "rotate", "--actor", "root", "--reason", "again")
     assert again.stdout == ("rewrapped 0 bundle(s) under key k2; 3 already sealed with it;"
                             " 0 refused\n")

@@ -164,6 +164,10 @@ COMMAND_ANSWERS: list[tuple[int, bytes, object]] = [
     (409, REJECTED_BODY, HandoffRejected('{"version":1}')),
     (409, b'{"admission":"HANDOFF_REJECTED"}', HandoffQuarantined(Quarantine(409, "http_409"))),
     (409, QUARANTINED_BODY, HandoffQuarantined(Quarantine(409, "quarantined"))),
+    # The binding is disconnected: nothing was written; resent once it is reconnected
+    # (docs/runtime-handoff.md), never a quarantine (simulation seeds 31, 32).
+    (409, b'{"error":"binding_not_connected","message":"disconnected"}',
+     RetryLater("binding_not_connected")),
     (422, QUARANTINED_BODY, HandoffQuarantined(Quarantine(422, "quarantined"))),
     (400, b"", HandoffQuarantined(Quarantine(400, "http_400"))),
     (401, b'{"error":"unauthorized"}', HandoffQuarantined(Quarantine(401, "unauthorized"))),

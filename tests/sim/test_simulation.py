@@ -206,3 +206,16 @@ def test_regression_seed_58_a_refresh_marker_judged_after_a_freeze() -> None:
     (tests/storage/test_refresh_dispatch.py)."""
     got = run_one(58, 30.0)
     assert got["violations"] == [], got["tail"]
+
+
+@HTTPX_BODY_GENERATOR
+def test_regression_seed_7_a_key_rotation_while_a_refresh_is_in_flight() -> None:
+    """Seed 7 (30 simulated seconds) draws the key-rotation operator (sim/operators_keys.py):
+    ``keys rotate`` rewrapped a grant while a replica's refresh of it was in flight, the
+    refresh's activation failed and its answer (with the rotated refresh token) was
+    dropped: ``grants_not_valid``, ``double_refreshes``, ``lost``. A rewrap now leaves a
+    grant being refreshed to its refresh (tests/storage/test_rewrap_during_refresh.py);
+    the mutant ``rewrap_during_refresh`` brings the failure back."""
+    got = run_one(7, 30.0)
+    assert got["violations"] == [], got["tail"]
+    assert got["operators"].get("operator_key_rotations", 0) > 0
