@@ -8,7 +8,9 @@ observer connection that never waits):
   Runtime while the database no longer holds the handler's claim (work id, ownership
   epoch, lease token, ``processing``);
 * ``send_after_lease_expiry``: the claim is still the item's, but its lease ran out by the
-  sender's own clock (another replica may take it at any moment);
+  sender's own clock (another replica may take it at any moment); not a token refresh
+  whose dispatch marker the claim committed: from the marker on, that call runs on its
+  refresh lease alone (``refresh_calls_past_item_lease`` counts those);
 * ``send_without_checkpoint``: a request carrying an idempotency key leaves with no
   committed dispatch checkpoint of this claim for that key;
 * ``send_to_unpinned_record``: it goes to another record than the remote id its command
@@ -93,6 +95,14 @@ def watch_handlers(world: World, r: SimReplica, parts: Assembly) -> None:
 
 def dst_node(sock: VirtualSocket) -> str:
     return sock.peer.node if sock.peer is not None else "?"
+
+
+def _refresh_marked(observer: sqlite3.Connection, fence: Any) -> bool:
+    """Whether this claim holds a refresh lease whose dispatch marker is committed."""
+    return observer.execute(
+        "SELECT 1 FROM refresh_leases WHERE owner_work_id = ? AND owner_epoch = ?"
+        " AND call_sent_at_us IS NOT NULL AND call_token = lease_token",
+        (fence.work_id, fence.ownership_epoch)).fetchone() is not None
 
 
 def _idempotency_key(data: bytes) -> str | None:
@@ -187,7 +197,14 @@ def install(world: World) -> None:
                                     work_id=fence.work_id, pinned_generation=pins[2],
                                     moved_to=max(moved))
         now_us = sender.clock.now_us()
-        if row[3] is not None and int(row[3]) <= now_us:
+        if row[3] is not None and int(row[3]) <= now_us and dst == "oauth" \
+                and _refresh_marked(observer, fence):
+            # A token refresh whose dispatch marker this claim committed (under its live
+            # WorkItem fence) runs on its refresh lease alone from then on: a lease whose
+            # call left is never taken over, and its answer is activated by the lease
+            # token even if the claim has ended (storage/refresh_leases.py).
+            world.ops["refresh_calls_past_item_lease"] += 1
+        elif row[3] is not None and int(row[3]) <= now_us:
             world.violation("send_after_lease_expiry", node=sock.node, to=dst,
                             request=request, work_id=fence.work_id,
                             expired_by_us=now_us - int(row[3]))
