@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -379,9 +380,12 @@ def rollup_statements(first_us: int, last_us: int) -> list[str]:
     of millions of groups under MariaDB's ``tmpdir``, runs for many minutes and is lost
     whole when that file goes; a day is ~55k executions and ~30k groups (an in-memory
     temporary table), read through ``work_executions_finished``, and a failed day is
-    one statement to run again."""
+    one statement to run again. Four statements a day: the day's old rows deleted, then
+    its minute, hour and day rows."""
     out = []
     for day in range(first_us - first_us % DAY_US, last_us + 1, DAY_US):
+        out.append(  # the day's rows of an earlier, interrupted run: a day is redone whole
+            f"DELETE FROM history_rollup WHERE bucket_us >= {day} AND bucket_us < {day + DAY_US}")
         out.append(
             "INSERT INTO history_rollup (level_us, bucket_us, family, outcome, shard,"
             " executions) SELECT 60000000, finished_at_us - finished_at_us % 60000000 AS b,"
@@ -398,18 +402,33 @@ def rollup_statements(first_us: int, last_us: int) -> list[str]:
     return out
 
 
-def rollup(database: str) -> None:
+def rollup(database: str, *, resume: bool = False) -> None:
     """The history rollup from the journal, as ``integrationd history rebuild`` writes it,
-    a UTC day a statement (:func:`rollup_statements`)."""
-    mariadb_client(database, "DELETE FROM history_rollup")
+    a UTC day a statement (:func:`rollup_statements`), one client call a day, each tried
+    up to 5 times (a shared server can refuse a connection: error 1040, too many).
+    ``resume``: keep the days an interrupted run finished, redo from its last one."""
     span = mariadb_client(database, (
         "SELECT MIN(finished_at_us), MAX(finished_at_us) FROM work_executions"), capture=True)
     first, last = span.splitlines()[1].split("\t")
+    if not resume:
+        mariadb_client(database, "DELETE FROM history_rollup")
+    elif first != "NULL":
+        done = mariadb_client(database, (
+            f"SELECT MAX(bucket_us) FROM history_rollup WHERE level_us = {DAY_US}"),
+            capture=True).splitlines()[1]
+        first = first if done == "NULL" else str(max(int(first), int(done)))
     if first == "NULL":
         return
     sqls = rollup_statements(int(first), int(last))
-    for day in range(0, len(sqls), 3):  # a client a day: its minute, hour and day rows
-        mariadb_client(database, "; ".join(sqls[day:day + 3]))
+    for day in range(0, len(sqls), 4):
+        for attempt in range(5):
+            try:
+                mariadb_client(database, "; ".join(sqls[day:day + 4]))
+                break
+            except subprocess.CalledProcessError:
+                if attempt == 4:
+                    raise
+                time.sleep(2 + 5 * attempt)
 
 
 def counts(database: str) -> dict[str, int]:

@@ -20,9 +20,11 @@ D = 20_000 * DAY_US  # a UTC midnight
 ])
 def test_one_day_a_statement_each_day_once(first: int, last: int, days: list[int]) -> None:
     sqls = rollup_statements(first, last)
-    assert len(sqls) == 3 * len(days)  # minute rows, then that day's hours and day
+    assert len(sqls) == 4 * len(days)  # old rows out, minute rows, the hours, the day
     for n, day in enumerate(days):
-        minute, hour, whole = sqls[3 * n: 3 * n + 3]
+        clear, minute, hour, whole = sqls[4 * n: 4 * n + 4]
+        assert clear == ("DELETE FROM history_rollup"
+                         f" WHERE bucket_us >= {day} AND bucket_us < {day + DAY_US}")
         assert "FROM work_executions" in minute
         assert f"finished_at_us >= {day} AND finished_at_us < {day + DAY_US}" in minute
         for level, sql in ((3_600_000_000, hour), (DAY_US, whole)):
