@@ -420,22 +420,40 @@ def _summary(values: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(ordered), 2), "p95": round(p95, 2)}
 
 
-async def measure(client: httpx.AsyncClient, path: str, requests: int) -> dict[str, Any]:
-    """Server and wall time of ``requests`` GETs after 3 warm-ups; an answer other than 200
-    is counted in ``errors`` (with its status) instead of ending the run."""
+def answered(response: httpx.Response, *, redirect_ok: bool) -> bool:
+    """Whether ``response`` is the page's answer: a 200, or (``redirect_ok``: the search
+    box, whose single hit sends the browser straight to that hit's page) a 302/303 to a
+    console page other than the sign-in form."""
+    if response.status_code == 200:
+        return True
+    location = response.headers.get("location", "")
+    return (redirect_ok and response.status_code in (302, 303)
+            and location.startswith("/admin/") and not location.startswith("/admin/sign-in"))
+
+
+async def measure(client: httpx.AsyncClient, path: str, requests: int, *,
+                  redirect_ok: bool = False) -> dict[str, Any]:
+    """Server and wall time of ``requests`` GETs after 3 warm-ups; an answer that is not
+    the page's (:func:`answered`) is counted in ``errors`` (with its status) instead of
+    ending the run. A redirect is timed as it is (the search, not the page it names)."""
     server, wall = [], []
     errors: dict[str, int] = {}
+    redirected: set[str] = set()
     for i in range(requests + 3):
         started = time.perf_counter()
         response = await client.get(path)
         elapsed = (time.perf_counter() - started) * 1000
-        if response.status_code != 200:
+        if not answered(response, redirect_ok=redirect_ok):
             errors[str(response.status_code)] = errors.get(str(response.status_code), 0) + 1
             continue
+        if response.status_code != 200:
+            redirected.add(response.headers["location"])
         if i >= 3:
             server.append(_server_ms(response))
             wall.append(elapsed)
     doc: dict[str, Any] = {"path": path, "errors": errors}
+    if redirected:
+        doc["redirects_to"] = sorted(redirected)
     if server:
         doc.update(server_ms=_summary(server), wall_ms=_summary(wall))
     return doc
@@ -557,6 +575,16 @@ FIND_PATHS: dict[str, str | None] = {
 }
 
 
+async def some_item(client: httpx.AsyncClient) -> str | None:
+    """An item for the item pages: a dead one (the page with the most on it: failure,
+    attempts, replay), else the newest of any state, else none (no item page timed)."""
+    for query in ("state=dead&limit=1", "limit=1"):
+        items = (await client.get(f"/admin/api/work?{query}")).json()["items"]
+        if items:
+            return str(items[0]["work_id"])
+    return None
+
+
 async def console_figures(url: str, requests: int, *, extra: bool = True,
                           retention: bool = False, only: str | None = None
                           ) -> dict[str, Any]:
@@ -594,16 +622,16 @@ async def console_figures(url: str, requests: int, *, extra: bool = True,
                 paths = dict(PATHS, **(MORE_PATHS if extra else {}),
                              **(FIND_PATHS if extra else {}),
                              **history_paths(_now_us() // 1_000_000))
-                first = (await client.get("/admin/api/work?state=dead&limit=1")).json()
-                dead_id = first["items"][0]["work_id"]
-                paths["work_detail"] = f"/admin/work/{dead_id}"
+                item_id = await some_item(client)
+                if item_id is not None:
+                    paths["work_detail"] = f"/admin/work/{item_id}"
+                    if extra:
+                        paths["api_work_detail"] = f"/admin/api/work/{item_id}"
                 if extra:
-                    paths["api_work_detail"] = f"/admin/api/work/{dead_id}"
-                    effect = (await client.get(
-                        "/admin/api/work?family=external_effect&limit=1")).json()
-                    if effect["items"]:
-                        command = effect["items"][0].get("subject_id")
-                        paths["effect_command"] = f"/admin/effects/commands/{command}"
+                    command = (await client.get("/admin/api/find/commands?limit=1")).json()
+                    if command["items"]:
+                        command_id = command["items"][0]["command_id"]
+                        paths["effect_command"] = f"/admin/effects/commands/{command_id}"
                     attempt = (await client.get(
                         "/admin/api/find/attempts?outcome=REJECTED&limit=1")).json()
                     if attempt["items"]:
@@ -612,7 +640,8 @@ async def console_figures(url: str, requests: int, *, extra: bool = True,
                         paths["search_ulid"] = f"/admin/find?q={attempt_id}"
                 if only is not None:
                     paths = {n: p for n, p in paths.items() if re.search(only, n)}
-                results = {name: await measure(client, path, requests)
+                results = {name: await measure(client, path, requests,
+                                               redirect_ok=name.startswith("search"))
                            for name, path in paths.items() if path}
             replica.request_drain()
     finally:

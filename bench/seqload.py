@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -367,20 +368,67 @@ def load(database: str, open_items: int, terminal: int, workers: int = 3) -> dic
             "mb": sizes(database), "load_1m_after": round(os.getloadavg()[0], 1)}
 
 
-def rollup(database: str) -> None:
-    """The history rollup from the journal, as ``integrationd history rebuild`` writes it
-    (minute rows counted from the executions, hour and day rows summed from them)."""
-    mariadb_client(database, "DELETE FROM history_rollup")
-    mariadb_client(database, (
-        "INSERT INTO history_rollup (level_us, bucket_us, family, outcome, shard, executions)"
-        " SELECT 60000000, finished_at_us - finished_at_us % 60000000 AS b, family, outcome, 0,"
-        " COUNT(*) FROM work_executions GROUP BY b, family, outcome"))
-    for level in (3_600_000_000, 86_400_000_000):
-        mariadb_client(database, (
+DAY_US = 86_400_000_000
+
+
+def rollup_statements(first_us: int, last_us: int) -> list[str]:
+    """The statements that build the history rollup of executions finished in
+    ``[first_us, last_us]``, one UTC day a statement (minute rows counted from the
+    executions, then that day's hour and day rows summed from its minute rows).
+
+    One ``GROUP BY`` over the whole journal (20M rows) needs an on-disk temporary table
+    of millions of groups under MariaDB's ``tmpdir``, runs for many minutes and is lost
+    whole when that file goes; a day is ~55k executions and ~30k groups (an in-memory
+    temporary table), read through ``work_executions_finished``, and a failed day is
+    one statement to run again. Four statements a day: the day's old rows deleted, then
+    its minute, hour and day rows."""
+    out = []
+    for day in range(first_us - first_us % DAY_US, last_us + 1, DAY_US):
+        out.append(  # the day's rows of an earlier, interrupted run: a day is redone whole
+            f"DELETE FROM history_rollup WHERE bucket_us >= {day} AND bucket_us < {day + DAY_US}")
+        out.append(
             "INSERT INTO history_rollup (level_us, bucket_us, family, outcome, shard,"
-            f" executions) SELECT {level}, bucket_us - bucket_us % {level} AS b, family,"
-            " outcome, 0, SUM(executions) FROM history_rollup WHERE level_us = 60000000"
-            " GROUP BY b, family, outcome"))
+            " executions) SELECT 60000000, finished_at_us - finished_at_us % 60000000 AS b,"
+            " family, outcome, 0, COUNT(*) FROM work_executions"
+            f" WHERE finished_at_us >= {day} AND finished_at_us < {day + DAY_US}"
+            " GROUP BY b, family, outcome")
+        for level in (3_600_000_000, DAY_US):
+            out.append(
+                "INSERT INTO history_rollup (level_us, bucket_us, family, outcome, shard,"
+                f" executions) SELECT {level}, bucket_us - bucket_us % {level} AS b, family,"
+                " outcome, 0, SUM(executions) FROM history_rollup WHERE level_us = 60000000"
+                f" AND bucket_us >= {day} AND bucket_us < {day + DAY_US}"
+                " GROUP BY b, family, outcome")
+    return out
+
+
+def rollup(database: str, *, resume: bool = False) -> None:
+    """The history rollup from the journal, as ``integrationd history rebuild`` writes it,
+    a UTC day a statement (:func:`rollup_statements`), one client call a day, each tried
+    up to 5 times (a shared server can refuse a connection: error 1040, too many).
+    ``resume``: keep the days an interrupted run finished, redo from its last one."""
+    span = mariadb_client(database, (
+        "SELECT MIN(finished_at_us), MAX(finished_at_us) FROM work_executions"), capture=True)
+    first, last = span.splitlines()[1].split("\t")
+    if not resume:
+        mariadb_client(database, "DELETE FROM history_rollup")
+    elif first != "NULL":
+        done = mariadb_client(database, (
+            f"SELECT MAX(bucket_us) FROM history_rollup WHERE level_us = {DAY_US}"),
+            capture=True).splitlines()[1]
+        first = first if done == "NULL" else str(max(int(first), int(done)))
+    if first == "NULL":
+        return
+    sqls = rollup_statements(int(first), int(last))
+    for day in range(0, len(sqls), 4):
+        for attempt in range(5):
+            try:
+                mariadb_client(database, "; ".join(sqls[day:day + 4]))
+                break
+            except subprocess.CalledProcessError:
+                if attempt == 4:
+                    raise
+                time.sleep(2 + 5 * attempt)
 
 
 def counts(database: str) -> dict[str, int]:

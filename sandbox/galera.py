@@ -48,6 +48,14 @@ class GaleraNode:
     def socket(self) -> Path:
         return self.datadir.parent / f"n{self.index}.sock"
 
+    @property
+    def tmpdir(self) -> Path:
+        """The node's own temporary directory. MariaDB deletes every ``#sql*`` file in its
+        tmpdir when it starts or installs a datadir, taking them for its own leftovers:
+        on the default one (``$TMPDIR`` or /tmp) a node would delete the temporary tables
+        another server on the machine is using (error 6 in that server's query)."""
+        return self.datadir.parent / f"n{self.index}-tmp"
+
     def url(self, database: str) -> str:
         return f"mysql://root@127.0.0.1:{self.sql_port}/{database}"
 
@@ -80,7 +88,8 @@ class GaleraCluster:
                    "gcache.size=128M;evs.suspect_timeout=PT5S;"
                    "evs.inactive_timeout=PT10S")
         cmd = [
-            MARIADBD, "--no-defaults", f"--datadir={node.datadir}", f"--socket={node.socket}",
+            MARIADBD, "--no-defaults", f"--datadir={node.datadir}", f"--tmpdir={node.tmpdir}",
+            f"--socket={node.socket}",
             f"--port={node.sql_port}", "--bind-address=127.0.0.1", "--user=root",
             f"--pid-file={node.datadir.parent / f'n{node.index}.pid'}",
             "--skip-log-bin", "--binlog-format=ROW", "--default-storage-engine=InnoDB",
@@ -107,9 +116,7 @@ class GaleraCluster:
         joiners already hold the cluster's exact position, so no state transfer runs (an
         rsync SST of a fresh datadir is both slow and, here, fragile)."""
         first = self.nodes[0]
-        subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={first.datadir}",
-                        "--auth-root-authentication-method=normal", "--skip-test-db",
-                        "--user=root"], check=True, capture_output=True, timeout=120)
+        self.install(first)
         deadline = time.monotonic() + timeout_s
         self._launch(first, bootstrap=True)
         self._wait_synced(first, deadline)
@@ -133,6 +140,14 @@ class GaleraCluster:
             self._wait_synced(node, deadline)
         self._wait_size(deadline)
 
+    def install(self, node: GaleraNode) -> None:
+        """A fresh datadir for ``node`` (``mariadb-install-db``, on the node's tmpdir)."""
+        node.tmpdir.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={node.datadir}",
+                        f"--tmpdir={node.tmpdir}", "--auth-root-authentication-method=normal",
+                        "--skip-test-db", "--user=root"], check=True, capture_output=True,
+                       timeout=120)
+
     def _wait_status(self, name: str, value: str, deadline: float) -> None:
         while time.monotonic() < deadline:
             for node in self.nodes:
@@ -151,6 +166,7 @@ class GaleraCluster:
         node.proc = None
 
     def _launch(self, node: GaleraNode, *, bootstrap: bool) -> None:
+        node.tmpdir.mkdir(parents=True, exist_ok=True)
         log = open(self.base / f"n{node.index}.log", "ab")  # noqa: SIM115 - the child owns it
         # New files and directories readable and writable by the state-transfer daemon
         # (MariaDB reads UMASK and UMASK_DIR as the modes it creates them with).

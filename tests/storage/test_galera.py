@@ -143,13 +143,12 @@ async def test_a_node_that_refuses_queries_is_unavailable_not_a_bug(
 
 
 _NODE_IN_A_CHILD = """
-import subprocess, sys, time
+import sys, time
 from pathlib import Path
 from sandbox.galera import GaleraCluster
 cluster = GaleraCluster.create(Path(sys.argv[1]), die_with_parent=True)
 node = cluster.nodes[0]
-subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={node.datadir}",
-                "--user=root", "--skip-test-db"], check=True, capture_output=True)
+cluster.install(node)
 cluster._launch(node, bootstrap=True)
 cluster._wait_synced(node, time.monotonic() + 120)
 print(node.proc.pid, flush=True)
@@ -180,3 +179,34 @@ def test_a_killed_test_run_leaves_no_galera_node_behind(tmp_path: Path) -> None:
     if alive(node_pid):
         os.kill(node_pid, signal.SIGKILL)
         raise AssertionError(f"mariadbd {node_pid} outlived the killed test run")
+
+
+def test_a_node_leaves_other_servers_temporary_tables_alone(tmp_path: Path) -> None:
+    """MariaDB deletes every ``#sql*`` file in its ``tmpdir`` when it starts (and when
+    ``mariadb-install-db`` bootstraps a datadir), taking them for its own leftovers. A node
+    on the default tmpdir (``$TMPDIR`` or /tmp, the machine's shared one) so deleted the
+    on-disk temporary tables of the machine's other MariaDB server while its queries used
+    them (the likely cause of ``bench.seqload``'s history rollup failing with error 6, its
+    ``#sql-temptable-*`` file under /tmp gone): a node's installation and start must touch
+    only its own tmpdir."""
+    import secrets
+    import tempfile
+    import time
+
+    shared = Path(tempfile.gettempdir())
+    probes = [shared / f"#sql-temptable-galera-probe-{secrets.token_hex(4)}{ext}"
+              for ext in (".MAI", ".MAD")]
+    for probe in probes:
+        probe.write_bytes(b"")
+    cluster = GaleraCluster.create(tmp_path / "cluster")
+    node = cluster.nodes[0]
+    try:
+        cluster.install(node)
+        assert [p.name for p in probes if not p.exists()] == [], "deleted by the install"
+        cluster._launch(node, bootstrap=True)
+        cluster._wait_synced(node, time.monotonic() + 120)
+        assert [p.name for p in probes if not p.exists()] == [], "deleted by the start"
+    finally:
+        cluster.stop()
+        for probe in probes:
+            probe.unlink(missing_ok=True)
