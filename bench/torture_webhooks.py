@@ -35,7 +35,11 @@ key) and the database:
 * ``inbound_not_succeeded``: ``inbound_apply`` WorkItems that ended other than succeeded.
 
 Events whose every attempt met a network failure are the provider's loss, not ours:
-``webhooks_undelivered`` counts them apart.
+``webhooks_undelivered`` counts them apart, with those whose attempt the sender cut off by
+stopping (``interrupted``: the simulation restarts the simulator; the request may have
+arrived and been stored, a receipt of a body the journal shows as sent).
+``webhook_receipts_not_once_first`` names the receipts (ids and body digests) behind
+``webhook_receipts_not_once``.
 """
 
 from __future__ import annotations
@@ -213,10 +217,32 @@ def judge(deliveries: Sequence[DeliveryRecord], receipts: Sequence[ReceiptRow],
     answered_200 = {sha for sha, o in outcomes.items() if ("delivered", 200) in o}
     non_200 = {sha for sha, o in outcomes.items()
                if any(k == "delivered" and s != 200 for k, s in o)}
+    # No attempt answered: each met a network failure, or the sender itself stopped with it
+    # in flight ("interrupted": it may have arrived and been stored all the same).
     undelivered = {sha for sha, o in outcomes.items()
-                   if all(k == "network_error" for k, _ in o)}
+                   if all(k in ("network_error", "interrupted") for k, _ in o)}
     by_sha = collections.Counter(r.body_sha256 for r in receipts)
     by_key = collections.Counter(r.dedup_key for r in receipts)
+    # Which receipts broke "exactly once", by id, with what the judge counted (ids, body
+    # digests and delivery outcomes only, never a body): a body answered 200 with more than
+    # one receipt, a receipt of a body the journal never shows sent, one dedup key with
+    # more than one receipt.
+
+    def named(why: str, of: Sequence[ReceiptRow], sha: str) -> dict[str, Any]:
+        return {"why": why, "receipts": sorted(r.receipt_id for r in of),
+                "count": len(of), "body_sha256": sha[:16],
+                "deliveries": [[d.request_id, d.attempt, d.outcome, d.status]
+                               for d in deliveries if d.body_sha256 == sha]}
+
+    not_once = [named("answered_200_receipts",
+                      [r for r in receipts if r.body_sha256 == sha], sha)
+                for sha in sorted(answered_200) if by_sha[sha] > 1]
+    not_once += [named("body_never_sent", [r for r in receipts if r.body_sha256 == sha], sha)
+                 for sha in sorted(by_sha) if sha not in outcomes]
+    for key in sorted(k for k, n in by_key.items() if n > 1):
+        same = [r for r in receipts if r.dedup_key == key]
+        not_once.append({**named("dedup_key_receipts", same, same[0].body_sha256),
+                         "dedup_key": key})
     events_of = collections.Counter(receipt_id for receipt_id, _ in events)
     events_not_once = sum(1 for r in receipts
                           if r.state != "materialized" or events_of[r.receipt_id] != 1)
@@ -237,6 +263,7 @@ def judge(deliveries: Sequence[DeliveryRecord], receipts: Sequence[ReceiptRow],
             sum(1 for sha in answered_200 if by_sha[sha] > 1)
             + sum(n for sha, n in by_sha.items() if sha not in outcomes)
             + sum(n - 1 for n in by_key.values() if n > 1)),
+        "webhook_receipts_not_once_first": not_once[:3],
         "webhook_events_not_once": events_not_once,
         "webhooks_spooled_left": spooled_left,
         "inbound_items": len(items),

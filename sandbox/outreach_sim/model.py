@@ -162,7 +162,9 @@ class DeliveryRecord:
     attempt: int  # 1-based; a redelivery after a network failure is attempt 2, 3, 4
     request_id: str  # the Outreach-Webhook-ID header: new for every attempt
     body_sha256: str
-    outcome: str  # "delivered" (any HTTP status), "network_error", "dropped"
+    # "delivered" (any HTTP status), "network_error", "dropped", or "interrupted" (the
+    # sender stopped with the request in flight: it may have arrived, no answer was read)
+    outcome: str
     status: int | None
 
     def to_json(self) -> dict[str, Any]:

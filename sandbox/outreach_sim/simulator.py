@@ -15,6 +15,7 @@ HMAC-SHA256 of the raw body in ``Outreach-Webhook-Signature``; any HTTP status, 
 included, counts as delivered (Outreach's rule); only a network failure (refused, reset,
 no answer within ``response_window`` seconds) is retried, ``redeliveries`` times,
 ``redelivery_delay`` seconds apart, each retry with a new request id and the same body.
+Every attempt is journaled, one the sender itself cut off by stopping ``interrupted``.
 
 All state lives in one trio thread; a state change, its journal record and its queued
 deliveries happen with no await between them.
@@ -338,6 +339,14 @@ class OutreachSimulator:
                     if attempt <= self.redeliveries:
                         await trio.sleep(self.redelivery_delay)
                     continue
+                except trio.Cancelled:
+                    # The sender itself stops (shut down, restarted) with this request in
+                    # flight: its bytes may have arrived and been stored, so the journal
+                    # shows the attempt; no answer, and no redelivery (its memory of the
+                    # delivery dies with it).
+                    self._journal_delivery(delivery, attempt, request_id, "interrupted",
+                                           None)
+                    raise
                 # Any status, 5xx included, is "delivered": Outreach does not retry it.
                 self._journal_delivery(delivery, attempt, request_id, "delivered",
                                        response.status_code)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import pytest
 
 from bench.torture_webhooks import BROKEN, ReceiptRow, judge
@@ -15,11 +16,13 @@ A, B = "a" * 64, "b" * 64  # two events' body digests
 
 
 def tries(sha: str, *outcomes: int | str) -> list[DeliveryRecord]:
-    """One event's tries: an int is an HTTP answer, "net" a network failure."""
+    """One event's tries: an int is an HTTP answer, "net" a network failure, "cut" an
+    attempt in flight when the sender stopped (``interrupted``)."""
+    kinds = {"net": "network_error", "cut": "interrupted"}
     return [DeliveryRecord(seq=0, subscription_id=1, event_name="prospect.updated",
                            prospect_id=1, attempt=n, request_id=f"{sha[:4]}-{n}",
-                           body_sha256=sha, outcome="network_error" if o == "net"
-                           else "delivered", status=None if o == "net" else int(o))
+                           body_sha256=sha, outcome=kinds.get(str(o), "delivered"),
+                           status=None if o in kinds else int(o))
             for n, o in enumerate(outcomes, 1)]
 
 
@@ -34,6 +37,7 @@ def settled(*receipts: ReceiptRow) -> tuple[list[tuple[str, str]], dict[str, str
 
 
 ONE = receipt(A)
+TWIN = attrs.evolve(receipt(A, 2), dedup_key=ONE.dedup_key)  # ONE's key, stored again
 ROWS: list[tuple[str, list[DeliveryRecord], list[ReceiptRow], Any, Any, dict[str, int]]] = [
     ("answered 200, one receipt, one event, item done", tries(A, 200), [ONE], *settled(ONE),
      {}),
@@ -51,6 +55,17 @@ ROWS: list[tuple[str, list[DeliveryRecord], list[ReceiptRow], Any, Any, dict[str
     ("stored, but answered after the sender gave up", tries(A, "net", "net", "net", "net"),
      [ONE], *settled(ONE),
      {"webhooks_undelivered": 1, "webhook_attempts": 4, "webhooks_answered_200": 0}),
+    # Seed 11 (--duration 30): the simulation restarted the sender while its request was
+    # in flight; the replica had stored it. The journal now shows the attempt (before, it
+    # showed none: "a receipt of a body never sent", the row above, which still counts).
+    ("stored, the sender stopped before the answer", tries(A, "cut"), [ONE], *settled(ONE),
+     {"webhooks_undelivered": 1, "webhooks_answered_200": 0}),
+    ("the sender stopped in flight, nothing stored", tries(A, "cut"), [], [], {},
+     {"webhooks_undelivered": 1, "webhooks_answered_200": 0}),
+    ("the sender stopped in flight, stored twice under its one dedup key",
+     tries(A, "cut"), [ONE, TWIN], *settled(ONE, TWIN),
+     {"webhooks_undelivered": 1, "webhooks_answered_200": 0, "webhook_receipts": 2,
+      "webhook_receipts_not_once": 1}),
     ("answered 503, nothing stored", tries(A, 503), [], [], {},
      {"webhooks_answered_non200": 1, "webhooks_answered_200": 0}),
     ("a receipt never materialized", tries(A, 200), [receipt(A, state="received")], [], {},
@@ -91,3 +106,39 @@ def test_records_left_in_a_spool_count_as_broken() -> None:
     assert judge(tries(A, 200), [ONE], *settled(ONE), spooled_left=2)[
         "webhooks_spooled_left"] == 2
     assert "webhooks_spooled_left" in BROKEN
+
+
+FIRST: list[tuple[str, list[DeliveryRecord], list[ReceiptRow], list[dict[str, Any]]]] = [
+    ("exactly once: nothing named", tries(A, "net", 200), [ONE], []),
+    ("two receipts of a body answered 200", tries(A, 200), [ONE, receipt(A, 2)],
+     [{"why": "answered_200_receipts", "receipts": ["Raaaa1", "Raaaa2"], "count": 2,
+       "body_sha256": A[:16], "deliveries": [["aaaa-1", 1, "delivered", 200]]}]),
+    ("a receipt of a body never sent", tries(A, 200), [ONE, receipt(B)],
+     [{"why": "body_never_sent", "receipts": ["Rbbbb1"], "count": 1, "body_sha256": B[:16],
+       "deliveries": []}]),
+    ("stored twice under one key after the sender stopped", tries(A, "cut"), [ONE, TWIN],
+     [{"why": "dedup_key_receipts", "receipts": ["Raaaa1", "Raaaa2"], "count": 2,
+       "body_sha256": A[:16], "deliveries": [["aaaa-1", 1, "interrupted", None]],
+       "dedup_key": ONE.dedup_key}]),
+    ("stored after the sender stopped: sent, nothing named", tries(A, "cut"), [ONE], []),
+]
+
+
+@pytest.mark.parametrize(("name", "journal", "receipts", "expected"), FIRST,
+                         ids=[r[0] for r in FIRST])
+def test_receipts_not_once_names_its_receipts(name: str, journal: list[DeliveryRecord],
+                                              receipts: list[ReceiptRow],
+                                              expected: list[dict[str, Any]]) -> None:
+    got = judge(journal, receipts, *settled(*receipts), spooled_left=0)
+    assert got["webhook_receipts_not_once_first"] == expected
+    assert (got["webhook_receipts_not_once"] > 0) == bool(expected)
+
+
+def test_one_dedup_key_stored_twice_is_named_with_its_key() -> None:
+    twice = [ReceiptRow("R1", "k", A, "materialized"), ReceiptRow("R2", "k", B, "materialized")]
+    got = judge([*tries(A, 200), *tries(B, 200)], twice, *settled(*twice), spooled_left=0)
+    assert got["webhook_receipts_not_once"] == 1
+    assert got["webhook_receipts_not_once_first"] == [
+        {"why": "dedup_key_receipts", "receipts": ["R1", "R2"], "count": 2,
+         "body_sha256": A[:16], "deliveries": [["aaaa-1", 1, "delivered", 200]],
+         "dedup_key": "k"}]

@@ -388,6 +388,36 @@ async def test_dropped_deliveries_never_arrive(served: Served,
     assert [d.outcome for d in served.sim.deliveries] == ["dropped", "delivered"]
 
 
+async def test_a_delivery_in_flight_when_the_sender_stops_is_journaled_interrupted() -> None:
+    """The sender stopped (shut down, restarted: the simulation's ``restart_simulator``)
+    while a delivery's request was in flight: its bytes may have reached the receiver,
+    which may durably have stored it, so the journal must still show the attempt (seed 11
+    at --duration 30: a receipt whose body the journal never showed, judged "a receipt of
+    a body never sent")."""
+    arrived = trio.Event()
+
+    async def hold(request: Request) -> Response | Abort:
+        arrived.set()  # the receiver has the whole request; it never answers
+        await trio.sleep_forever()
+
+    sim = OutreachSimulator(tokens={TOKEN}, redelivery_delay=0.01)
+    receiver = Receiver()
+    async with trio.open_nursery() as nursery:
+        receiver.port = await nursery.start(H11Server(hold).run)
+        with trio.CancelScope() as sender:
+            await nursery.start(sim.run)
+            sim.subscribe_direct(resource="prospect", action="updated", secret=SECRET,
+                                 url=receiver.url)
+            sim.put_prospect({"title": "a"}, prospect_id=1)
+            sim.update_prospect(1, {"title": "b"})
+            await arrived.wait()
+            sender.cancel()
+        nursery.cancel_scope.cancel()
+    assert [(d.attempt, d.outcome, d.status) for d in sim.deliveries] == [
+        (1, "interrupted", None)]
+    assert sim.deliveries[0].request_id  # the attempt's own Outreach-Webhook-ID
+
+
 async def test_a_disabled_or_unmatched_subscription_gets_nothing(
         served: Served, client: httpx.AsyncClient) -> None:
     created_only = await subscribe(client, served.receiver.url, action="created")

@@ -219,3 +219,31 @@ def test_regression_seed_7_a_key_rotation_while_a_refresh_is_in_flight() -> None
     got = run_one(7, 30.0)
     assert got["violations"] == [], got["tail"]
     assert got["operators"].get("operator_key_rotations", 0) > 0
+
+
+# A seed replayed exactly as the sweep ran it: a fresh interpreter with the sweep's hash
+# seed (in pytest's own process string hashing, and so the schedule, differs).
+REPLAY = """
+import json
+from sim.__main__ import run_one
+got = run_one({seed}, {duration})
+print(json.dumps({{"violations": got["violations"], "faults": got["faults"],
+                  "webhook_statuses": got["result"].get("webhook_statuses", {{}}),
+                  "tail": got["tail"]}}, default=str))
+"""
+
+
+def test_regression_seed_11_a_delivery_stored_as_the_sender_restarted() -> None:
+    """Seed 11 (30 simulated seconds): the simulation restarted the Outreach simulator 84 ms
+    after a delivery (slowed by ``slow_reader``) left for replica-0; the replica stored it
+    durably (a receipt, as it must before a 200), and the sender, cancelled, journaled no
+    attempt, so the judge read the receipt as one of "a body never sent"
+    (``webhook_receipts_not_once``). The sender now journals the attempt ``interrupted``
+    (tests/sandbox/test_outreach_sim.py), and the seed must show one."""
+    env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
+    out = subprocess.run([sys.executable, "-c", REPLAY.format(seed=11, duration=30.0)],
+                         stdout=subprocess.PIPE, text=True, env=env, check=True).stdout
+    got = _last_json(out)
+    assert got["violations"] == [], got["tail"]
+    assert got["faults"].get("process.restart_simulator", 0) > 0
+    assert got["webhook_statuses"].get("interrupted", 0) >= 1
