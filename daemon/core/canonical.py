@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 
@@ -18,20 +19,40 @@ class NotCanonical(ValueError):
     """The value cannot be encoded canonically (a float, a non-string key...)."""
 
 
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is canonical JSON, without naming where it is not (the common
+    case, checked on every command the intake admits, builds no paths)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return True
+    if kind is dict:
+        return all(type(key) is str and _plain(item) for key, item in value.items())
+    if kind is list:
+        return all(_plain(item) for item in value)
+    return False
+
+
 def _check(value: Any, path: str) -> None:
+    """Raise :class:`NotCanonical` naming where ``value`` is not canonical JSON."""
+    if _plain(value):
+        return
+    _where(value, path)
+
+
+def _where(value: Any, path: str) -> None:
     if isinstance(value, bool) or value is None or isinstance(value, int | str):
         return
     if isinstance(value, float):
         raise NotCanonical(f"{path or 'value'}: floats are not canonical")
     if isinstance(value, list):
         for i, item in enumerate(value):
-            _check(item, f"{path}[{i}]")
+            _where(item, f"{path}[{i}]")
         return
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
                 raise NotCanonical(f"{path or 'value'}: object keys must be strings")
-            _check(item, f"{path}.{key}" if path else key)
+            _where(item, f"{path}.{key}" if path else key)
         return
     raise NotCanonical(f"{path or 'value'}: {type(value).__name__} is not JSON")
 
@@ -51,11 +72,9 @@ def canonical_digest(value: Any) -> str:
     return sha256_digest(canonical_bytes(value))
 
 
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
 def is_digest(text: str) -> bool:
-    prefix = "sha256:"
-    hexpart = text[len(prefix) :]
-    return (
-        text.startswith(prefix)
-        and len(hexpart) == 64
-        and all(c in "0123456789abcdef" for c in hexpart)
-    )
+    """``sha256:`` and 64 lowercase hex digits, nothing else."""
+    return _DIGEST.fullmatch(text) is not None

@@ -17,6 +17,7 @@ upgrade must never move a remote identity.
 from __future__ import annotations
 
 import hashlib
+import re
 
 RS = b"\x1e"
 US = b"\x1f"
@@ -28,6 +29,7 @@ LINK_PREFIX = "ilk2:"
 LOCATOR_TAG = b"IntegrationRemoteLocator/v2"
 # Remote ids are compared after trimming this whitespace at both ends.
 REMOTE_ID_WHITESPACE = " \t\r\n"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class BadCoordinate(ValueError):
@@ -63,7 +65,7 @@ def integration_scope_digest(
 
 
 def _scope_field(scope_digest: str) -> bytes:
-    if len(scope_digest) != 64 or any(c not in "0123456789abcdef" for c in scope_digest):
+    if _HEX64.fullmatch(scope_digest) is None:
         raise BadCoordinate("scope_digest must be 64 lowercase hex characters")
     return scope_digest.encode("ascii")
 

@@ -43,6 +43,43 @@ def test_non_canonical_values_are_refused(bad: object) -> None:
         canonical_bytes(bad)
 
 
+@pytest.mark.parametrize(("bad", "where"), [
+    ({"a": [1, {"b": 0.5}]}, "a[1].b: floats"),
+    ([{"x": {2: "y"}}], "[0].x: object keys"),
+    ({"a": {"b": (1, 2)}}, "a.b: tuple is not JSON"),
+    (1.5, "value: floats"),
+])
+def test_a_refusal_names_where_the_value_is_not_canonical(bad: object, where: str) -> None:
+    """The check runs without building paths on every admitted command; a refusal still
+    names the place."""
+    with pytest.raises(NotCanonical) as refused:
+        canonical_bytes(bad)
+    assert str(refused.value).startswith(where)
+
+
+class _Label(str):
+    pass
+
+
+def test_str_and_int_subclasses_stay_canonical() -> None:
+    """What ``json`` encodes as a string or a number is accepted, subclasses too."""
+    assert canonical_bytes({"k": _Label("v"), "n": True}) == b'{"k":"v","n":true}'
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ("sha256:" + "0" * 64, True),
+    ("sha256:" + "af09" * 16, True),
+    ("sha256:" + "A" * 64, False),
+    ("sha256:" + "0" * 63, False),
+    ("sha256:" + "0" * 65, False),
+    ("sha256:" + "0" * 64 + "\n", False),
+    ("sha512:" + "0" * 64, False),
+    ("sha256:" + "٠" * 64, False),  # Arabic-Indic zero: a digit, not hex
+])
+def test_is_digest(text: str, ok: bool) -> None:
+    assert is_digest(text) is ok
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(),
     lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
