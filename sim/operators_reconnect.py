@@ -124,6 +124,9 @@ class Reconnects:
     marker_began: dict[tuple[str, int], int] = attrs.field(factory=dict)
     pending: list[Handover] = attrs.field(factory=list)
     busy: set[int] = attrs.field(factory=set)  # Runtimes with a move under way
+    # Bindings the CLI path disconnected and has not reconnected yet (Runtime -> the
+    # generation), finished in the settle if the move was cut short.
+    disconnected: dict[int, int] = attrs.field(factory=dict)
     n: int = 0
 
     def configure(self) -> None:
@@ -280,10 +283,12 @@ class Reconnects:
                                                     now_us=clock.now_us())
                 self.world.trace("operator_binding_disconnected", binding=binding,
                                  generation=generation, at=place)
+                self.disconnected[r] = generation
                 await trio.sleep(self.rng.uniform(0.5, 3.0))
                 await self.store.binding_transition(binding, BindingEvent.RECONNECT, ACTOR,
                                                     expected_generation=generation,
                                                     now_us=clock.now_us())
+                self.disconnected.pop(r, None)
         except (StorageError, WorkConflict, Exception) as exc:  # refusals are answers
             self.world.trace("operator_binding_refused", binding=binding, how=how,
                              error=type(exc).__name__)
@@ -293,6 +298,29 @@ class Reconnects:
         self.world.trace("operator_binding_moved", binding=binding, how=how,
                          generation=generation + 1, at=place)
         self._handover(r, "change_scopes", generation + 1)
+
+    async def _reconnect_left(self, r: int, generation: int) -> None:
+        assert self.store is not None and self.world.op_clock is not None
+        binding = f"hubspot-{r}"
+        for _ in range(20):
+            try:
+                await self.store.binding_transition(
+                    binding, BindingEvent.RECONNECT, ACTOR, expected_generation=generation,
+                    now_us=self.world.op_clock.now_us())
+            except StorageError:
+                await trio.sleep(1.0)
+                continue
+            except (WorkConflict, Exception) as exc:  # a refusal is an answer
+                self.world.trace("operator_binding_refused", binding=binding,
+                                 how="reconnect_left", error=type(exc).__name__)
+                break
+            self.disconnected.pop(r, None)
+            self._moved(binding, generation + 1)
+            self.world.trace("operator_binding_moved", binding=binding,
+                             how="reconnect_left", generation=generation + 1, at="settle")
+            self._handover(r, "change_scopes", generation + 1)
+            break
+        self.busy.discard(r)
 
     async def chaos(self) -> None:
         rng, world = self.rng, self.world
@@ -335,6 +363,12 @@ class Reconnects:
                     nursery.start_soon(self._console_or_cli, r, facts.generation, how, "")
 
     async def settle(self) -> None:
+        # An operator finishes the move it began: a disconnect whose reconnect was cut
+        # short (a storage fault, or the replica whose transaction the move was placed in
+        # crashed, or the chaos ended between the two) would leave the binding
+        # disconnected, and its Runtime's intents waiting, for good.
+        for r, generation in sorted(self.disconnected.items()):
+            await self._reconnect_left(r, generation)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.courier)
             nursery.start_soon(self.resolver)
