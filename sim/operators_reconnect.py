@@ -310,7 +310,7 @@ class Reconnects:
             except StorageError:
                 await trio.sleep(1.0)
                 continue
-            except (WorkConflict, Exception) as exc:  # a refusal is an answer
+            except Exception as exc:  # a refusal (WorkConflict, ...) is an answer
                 self.world.trace("operator_binding_refused", binding=binding,
                                  how="reconnect_left", error=type(exc).__name__)
                 break

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import trio
 
-from daemon.core.pressure_sample import minute_to_sample, offset_us
+from daemon.core.pressure_sample import MINUTE_US, minute_to_sample, offset_us
 from daemon.services import logs
 from daemon.services.clock import Clock
 from daemon.services.metrics import Metrics
@@ -48,5 +48,5 @@ async def run_pressure_sampler(store: WorkStore, clock: Clock, metrics: Metrics,
             metrics.db_errors.labels("pressure_sample").inc()
             logs.warn("pressure_sample_failed", error=str(exc))
             now_us = clock.now_us()
-            last = now_us - now_us % 60_000_000  # skip this minute: a gap, not a retry storm
+            last = now_us - now_us % MINUTE_US  # skip this minute: a gap, not a retry storm
         await trio.sleep(POLL_S)
