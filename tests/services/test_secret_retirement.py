@@ -149,10 +149,22 @@ async def test_the_previous_secret_retires_itself_after_a_quiet_redelivery_windo
         await reconcile(before)
         await settled("three subscriptions with the old secret",
                       lambda: secrets() == [OLD] * 3)
+
+        async def created() -> bool:  # recorded before this replica goes (2 s drain)
+            rows, _ = await _read(store)
+            return len(rows) == 3 and all(r.generation == 1 for r in rows)
+
+        await settled("the rows", created)
     async with ingress_replica(await database.open_store(), after, clock=clock) as replica:
         await reconcile(after)
         await settled("the new subscriptions beside the old ones",
                       lambda: secrets() == sorted([OLD] * 3 + [NEW] * 3))
+
+        async def recorded() -> bool:  # the provider shows each before its row commits
+            rows, _ = await _read(store)
+            return len(rows) == 3 and all(r.rotating and r.generation == 2 for r in rows)
+
+        await settled("the rows rotating", recorded)
         await change("Ada1")  # one copy signed with each secret: proves the new one
         clock.jump(1)  # the rotation completes a second after that delivery
 

@@ -64,6 +64,12 @@ async def _rows(store: WorkStore) -> list[SubscriptionRow]:
     return await store.db.transact(body, name="t", write=False)
 
 
+async def _all_at(store: WorkStore, generation: int, *, rotating: bool = False) -> bool:
+    rows = await _rows(store)
+    return len(rows) == 3 and all(r.generation == generation and r.rotating is rotating
+                                  for r in rows)
+
+
 async def _reconcile(store: WorkStore, cfg: Settings, clock: ManualClock) -> None:
     await reconcile_now(store, load_catalog(cfg), cfg.webhook_routes, "outreach-main",
                         actor="test", role="operator", reason="rotation test",
@@ -94,6 +100,9 @@ async def test_a_secret_rotation_overlaps_old_and_new_with_no_delivery_rejected(
         await _reconcile(store, before, clock)
         await settled("three subscriptions with the old secret",
                       lambda: secrets() == [OLD] * 3)
+        # Recorded before this replica goes (its drain waits 2 s at most: a step cut there
+        # would hold its lease until an epoch this test never reaches).
+        await settled("the rows", lambda: _all_at(store, 1))
         await change("Ada1")
     clock.jump(1)
     # The operator rotates: the new secret, the old one as previous, generation 2.
@@ -101,6 +110,8 @@ async def test_a_secret_rotation_overlaps_old_and_new_with_no_delivery_rejected(
         await _reconcile(store, after, clock)
         await settled("the new subscriptions beside the old ones",
                       lambda: secrets() == sorted([OLD] * 3 + [NEW] * 3))
+        # ... and recorded (the provider shows each one before its step's row commits).
+        await settled("the rows rotating", lambda: _all_at(store, 2, rotating=True))
         # Until a delivery verified with the new secret is seen, the old ones stay.
         clock.jump(1)
         await _reconcile(store, after, clock)
