@@ -145,7 +145,7 @@ def hooks_url(replica: Replica, route: str) -> str:
 
 async def eventually(predicate: Callable[[], Awaitable[bool]], within_s: float = 30.0) -> None:
     """Wait until a real replica's background tasks made ``predicate`` true (they run in
-    real time: see :class:`JumpClock`); an AssertionError after ``within_s``."""
+    real time: see :class:`ManualClock`); an AssertionError after ``within_s``."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         if await predicate():
