@@ -216,12 +216,31 @@ def terminal_row_reopened_by_replay() -> Undo:
     return _swap(WorkStore, "work_replay", work_replay)
 
 
+def _creates_judged_alone() -> Undo:
+    """Each create step of a subscription is judged by its own attempts only (issue 22's
+    bug): the kin that makes one subscription's creates one effect names no item, so
+    neither the step's claim nor its checkpoint's statement sees an earlier step's
+    unresolved attempt, and no run counts a dead create in doubt."""
+    from daemon.services import subscriptions
+    from storage.effect_values import Kin
+
+    def nobody(binding_id: str, name: str) -> Kin:
+        return Kin(family="subscription_reconcile", subject_kind="subscription",
+                   subject_id=name, lane=f"subscriptions:{binding_id}",
+                   key_prefix="no-kin:")
+
+    return _swap(subscriptions, "create_kin", nobody)
+
+
 def subscription_recreated_in_flight() -> Undo:
     """A subscription step's claim answers ``Send()`` inside the in-flight window of an
-    earlier attempt whose outcome is unknown (``decide_step``'s ``WaitWindow`` dropped): a
-    claimant that reclaims the step while the create may still land sends it again (the
-    checkpoint's own statement still refuses a second attempt of the same step, so the
-    step dies and the next run creates the subscription anew, inside the window)."""
+    earlier attempt whose outcome is unknown (``decide_step``'s ``WaitWindow`` dropped), and
+    the guard that makes one subscription's creates one effect is gone with it (each step
+    judged alone, as before issue 22's fix; otherwise the checkpoint's statement refuses
+    the create however the claim answers): a claimant that reclaims the step while the
+    create may still land sends nothing (the statement still refuses a second attempt of
+    the same step), the step dies, and the next run creates the subscription anew, inside
+    the window."""
     from daemon.core.subscriptions import Send, WaitWindow, decide_step
     from daemon.services import subscriptions
 
@@ -231,7 +250,15 @@ def subscription_recreated_in_flight() -> Undo:
         claim = original(*args, **kwargs)
         return Send() if isinstance(claim, WaitWindow) else claim
 
-    return _swap(subscriptions, "decide_step", send_inside_window)
+    undo = [_creates_judged_alone(), _swap(subscriptions, "decide_step", send_inside_window)]
+    return lambda: _undo_all(undo)
+
+
+def subscription_dead_create_forgotten() -> Undo:
+    """Issue 22's bug alone: a create step that ended (dead, its attempts spent or its
+    binding generation moved) with an unresolved attempt no longer counts as in flight;
+    the next run's create step, a new WorkItem, sends at once."""
+    return _creates_judged_alone()
 
 
 MUTANTS: dict[str, Callable[[], Undo]] = {
@@ -245,6 +272,7 @@ MUTANTS: dict[str, Callable[[], Undo]] = {
     "lane_head_released_while_running": lane_head_released_while_running,
     "terminal_row_reopened_by_replay": terminal_row_reopened_by_replay,
     "subscription_recreated_in_flight": subscription_recreated_in_flight,
+    "subscription_dead_create_forgotten": subscription_dead_create_forgotten,
     "rewrap_during_refresh": lambda: _operators_keys().mutant_rewrap_during_refresh(),
 }
 

@@ -107,6 +107,21 @@ class BindingNow:
 
 
 @attrs.frozen(kw_only=True)
+class Kin:
+    """The WorkItems whose attempts are one effect's, whichever item made them: one
+    family's items of one subject in one lane whose dedupe key starts with ``key_prefix``
+    (every create step of one subscription). An unresolved attempt of any of them holds
+    the next checkpoint of every one (issue 22: a new item does not start a new effect's
+    history)."""
+
+    family: str
+    subject_kind: str
+    subject_id: str
+    lane: str
+    key_prefix: str
+
+
+@attrs.frozen(kw_only=True)
 class AttemptDraft:
     command_id: str
     method: str

@@ -54,6 +54,7 @@ from storage.effect_values import (
     Command,
     Disposition,
     EffectAttempt,
+    Kin,
     ReceiptState,
     RemoteLink,
     ResultReceipt,
@@ -241,6 +242,38 @@ async def read_receipt(tx: SqlTx, command_id: str) -> ResultReceipt | None:
         f"SELECT {_RECEIPT_COLUMNS} FROM result_receipts WHERE command_id = ?", (command_id,)
     )
     return receipt_from_row(rows[0]) if rows else None
+
+
+# The unresolved attempts of a kin's items (issue 22), read from the few unresolved
+# attempts (effect_attempts_outcome) to their item by primary key.
+_KIN_UNRESOLVED = (
+    " FROM effect_attempts a JOIN work_items w ON w.work_id = a.command_id"
+    " WHERE a.disposition IS NULL AND (a.outcome IS NULL OR a.outcome = 'OUTCOME_UNKNOWN')"
+    " AND w.family = ? AND w.subject_kind = ? AND w.source_lane = ?"
+    " AND SUBSTR(w.dedupe_key, 1, ?) = ?"
+)
+
+
+def _kin_params(kin: Kin) -> tuple[Any, ...]:
+    return (kin.family, kin.subject_kind, kin.lane, len(kin.key_prefix), kin.key_prefix)
+
+
+async def unresolved_of_kin(tx: SqlTx, kin: Kin) -> list[EffectAttempt]:
+    """Every unresolved attempt of the kin's items, whatever state each item is in."""
+    columns = ", ".join(f"a.{c.strip()}" for c in _ATTEMPT_COLUMNS.split(","))
+    rows = await tx.fetchall(
+        f"SELECT {columns}{_KIN_UNRESOLVED} AND w.subject_id = ?"
+        " ORDER BY a.dispatch_started_at_us, a.attempt_id", (*_kin_params(kin), kin.subject_id))
+    return [attempt_from_row(r) for r in rows]
+
+
+async def subjects_in_doubt(tx: SqlTx, kin: Kin) -> list[tuple[str, str, str]]:
+    """(subject, item state, the attempt's pre-dispatch evidence) of every unresolved
+    attempt of an item of the kin's family, lane and key prefix (any subject)."""
+    rows = await tx.fetchall(
+        f"SELECT w.subject_id, w.state, a.pre_dispatch_evidence{_KIN_UNRESOLVED}",
+        _kin_params(kin))
+    return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
 
 
 async def attempts_of(tx: SqlTx, command_id: str) -> list[EffectAttempt]:
@@ -786,21 +819,27 @@ _INSERT_PINNED_ATTEMPT_SQL = (
 )
 _BINDING_PIN = ("principal_bindings b",
                 "b.binding_id = ? AND b.generation = ? AND b.state = 'connected' AND ")
+# ... and no kin item's either (issue 22).
+_KIN_CLAUSE = f" AND NOT EXISTS (SELECT 1{_KIN_UNRESOLVED} AND w.subject_id = ?)"
 # A call whose credential is not the binding's (a subscription's own cleanup token).
 _NO_BINDING_PIN = ("(SELECT 1 AS one) t", "")
 
 
 async def insert_attempt_pinned(tx: SqlTx, attempt_id: str, fence: Fence, draft: AttemptDraft,
                                 now_us: int, *, binding_id: str,
-                                binding_generation: int | None) -> bool:
+                                binding_generation: int | None, kin: Kin | None = None
+                                ) -> bool:
     """Inside the caller's fenced transaction: the dispatch-start checkpoint, written only
     if the binding is connected at ``binding_generation`` (None: the call carries no
-    binding credential) and the same ``command_id`` has no unresolved attempt. False:
-    nothing was written (a pin no longer holds)."""
+    binding credential), the same ``command_id`` has no unresolved attempt, and (``kin``)
+    no item of its kin has one either. False: nothing was written (a pin no longer
+    holds)."""
     source, pin = _NO_BINDING_PIN if binding_generation is None else _BINDING_PIN
     pins: tuple[Any, ...] = (() if binding_generation is None
                              else (binding_id, binding_generation))
+    kinship = (_KIN_CLAUSE, (*_kin_params(kin), kin.subject_id)) if kin else ("", ())
     inserted = await tx.execute(
-        _INSERT_PINNED_ATTEMPT_SQL.format(source=source, pin=pin),
-        (*_attempt_params(attempt_id, fence, draft, now_us), *pins, draft.command_id))
+        _INSERT_PINNED_ATTEMPT_SQL.format(source=source, pin=pin) + kinship[0],
+        (*_attempt_params(attempt_id, fence, draft, now_us), *pins, draft.command_id,
+         *kinship[1]))
     return bool(inserted)

@@ -203,3 +203,54 @@ def decide_step(attempts: Sequence[StepAttempt], *, max_in_flight_us: int,
     if now_us < until:
         return WaitWindow(until)
     return ReadBack(tuple(a.attempt_id for a in unresolved))
+
+
+# ------------------------------------------------------------------ what a run skips
+
+
+@attrs.frozen(kw_only=True)
+class LaneStep:
+    """One step item of a binding's lane as a run reads it."""
+
+    subject: str  # the row's name (an orphan's delete: the provider id)
+    create: bool
+    state: str  # its WorkItem's state
+    # An attempt of it was dispatched with no proven outcome and no disposition.
+    unresolved: bool
+    # That attempt carried another binding generation's identity than the binding's now
+    # (a reconnect since, perhaps to another account): a list now cannot read it back.
+    foreign: bool = False
+
+
+# A step in one of these states has not finished: the run decides nothing for its subject.
+LIVE_STEP_STATES = frozenset({"pending", "processing", "retry"})
+
+
+@attrs.frozen
+class InFlight:
+    """What a run must not decide over (issue 22)."""
+
+    # A step of the subject is still queued or running: it is decided again after it.
+    busy: frozenset[str]
+    # A create that finished (dead, cancelled, or let go) with an attempt whose outcome is
+    # unknown: the provider may still apply it. The subscription it may have made is not
+    # an orphan, and a create decided again must first wait out that attempt's in-flight
+    # window and read it back (its step claims with that attempt: :func:`decide_step`).
+    in_doubt: frozenset[str]
+    # Such a create whose unresolved attempt carried another binding generation: no list
+    # the binding can make now reads it back, so nothing is decided for the subject until
+    # an operator records that attempt's disposition (as for the step itself, dead with
+    # ``binding_generation``).
+    held: frozenset[str] = frozenset()
+
+
+def in_flight(steps: Sequence[LaneStep]) -> InFlight:
+    """Never turn an ambiguous effect into "no effect": a create step that ended while an
+    attempt of it is unresolved still counts as in flight, whatever its state, until a
+    read-back (or an operator) disposes that attempt. A delete left the same way does
+    not: deleting a subscription twice is deleting it once (its absence is accepted)."""
+    busy = frozenset(s.subject for s in steps if s.state in LIVE_STEP_STATES)
+    ended = [s for s in steps if s.create and s.unresolved
+             and s.state not in LIVE_STEP_STATES]
+    held = frozenset(s.subject for s in ended if s.foreign)
+    return InFlight(busy, frozenset(s.subject for s in ended) - held, held)

@@ -23,7 +23,8 @@ module sends it the way effects are sent, with the same services and nothing of 
 * **DoOnce**: a create or delete writes its dispatch-start checkpoint in
   ``effect_attempts`` (command id = the step's WorkItem id) and commits it before a byte
   leaves; the pins are in that statement (:func:`storage.effects.insert_attempt_pinned`:
-  the binding connected at the pinned generation, no unresolved attempt of the step) and
+  the binding connected at the pinned generation, no unresolved attempt of the step, nor,
+  for a create, of any earlier create step of the same subscription: issue 22) and
   the caller's guard runs in its transaction. The one classified outcome commits with
   the finalization; reconciliation appends a disposition (``proven_applied`` /
   ``proven_absent``) through :func:`storage.effects.dispose`, never rewriting the attempt.
@@ -58,8 +59,14 @@ from daemon.services.credentials import Credentials, definitive
 from daemon.services.families import WorkContext
 from daemon.services.read_quota import ReadQuota, quota_read, read_keys
 from daemon.services.token_refresh import AccessToken, TokenUnavailable
-from storage.effect_values import AttemptDraft, Disposition
-from storage.effects import attempts_of, dispose, insert_attempt_pinned, record_outcome
+from storage.effect_values import AttemptDraft, Disposition, Kin
+from storage.effects import (
+    attempts_of,
+    dispose,
+    insert_attempt_pinned,
+    record_outcome,
+    unresolved_of_kin,
+)
 from storage.idgen import new_ulid
 from storage.port import SqlTx
 
@@ -210,13 +217,19 @@ class SubscriptionCalls:
 
     # ---- DoOnce ----
 
-    async def attempts(self, ctx: WorkContext) -> list[StepAttempt]:
-        """This step's earlier attempts, as the pure decision reads them."""
+    async def attempts(self, ctx: WorkContext, kin: Kin | None = None) -> list[StepAttempt]:
+        """This step's earlier attempts, and (``kin``) every unresolved attempt of its
+        kin's items (an earlier step of the same effect, dead or not), as the pure
+        decision reads them."""
         async def read(tx: SqlTx) -> list[StepAttempt]:
+            own = await attempts_of(tx, ctx.item.work_id)
+            ids = {a.attempt_id for a in own}
+            kin_attempts = [] if kin is None else [
+                a for a in await unresolved_of_kin(tx, kin) if a.attempt_id not in ids]
             return [StepAttempt(attempt_id=a.attempt_id,
                                 dispatched_at_us=a.dispatch_started_at_us,
                                 gave_up_at_us=a.gave_up_at_us, unresolved=a.unresolved)
-                    for a in await attempts_of(tx, ctx.item.work_id)]
+                    for a in (*own, *kin_attempts)]
 
         return await ctx.store.db.transact(read, name="subscriptions.attempts", write=False)
 
@@ -240,11 +253,12 @@ class SubscriptionCalls:
     async def send(self, ctx: WorkContext, binding: BindingSettings, *, method: str, path: str,
                    body: bytes, headers: Mapping[str, str], credential: Mapping[str, str],
                    access: AccessToken | None, generation: int | None,
-                   evidence: Mapping[str, Any], guard: Guard | None = None
-                   ) -> Sent | Outcome:
+                   evidence: Mapping[str, Any], guard: Guard | None = None,
+                   kin: Kin | None = None) -> Sent | Outcome:
         """Reserve quota, commit the pinned checkpoint (``generation`` None: the call
-        carries no binding credential), then one exchange inside the slot. ``headers``
-        are the ones safe to keep; ``credential`` is added only to the request."""
+        carries no binding credential; ``kin``: refused while any of its items has an
+        unresolved attempt), then one exchange inside the slot. ``headers`` are the ones
+        safe to keep; ``credential`` is added only to the request."""
         keys, default_retry_after_s = self._keys(binding)
         reserved = await quota.reserve(ctx.store, ctx.clock, ctx.fence, list(keys))
         if isinstance(reserved, quota.QuotaWait):
@@ -279,12 +293,13 @@ class SubscriptionCalls:
             attempt_id = new_ulid(started)
             if await insert_attempt_pinned(tx, attempt_id, ctx.fence, draft, started,
                                            binding_id=binding.binding_id,
-                                           binding_generation=generation):
+                                           binding_generation=generation, kin=kin):
                 return attempt_id
             return DeadLetter("binding_generation", f"binding {binding.binding_id} is no"
                               f" longer connected at generation {generation} (reconnected,"
                               " reinstalled or disconnected since the step was queued),"
-                              " or an attempt of this step is unresolved: nothing was sent")
+                              " or an attempt of this step (or of an earlier step of the"
+                              " same effect) is unresolved: nothing was sent")
 
         attempt = await ctx.fenced(checkpoint, name="subscriptions.checkpoint")
         if isinstance(attempt, DeadLetter):

@@ -18,6 +18,7 @@ from config.catalog import Catalog
 from config.settings import BindingSettings
 from daemon.core.subscriptions import Create, Delete
 from daemon.core.work import WorkSpec
+from storage.effect_values import Kin
 from storage.idgen import new_ulid
 
 SUBSCRIPTION_FAMILY: Final = "subscription_reconcile"
@@ -94,6 +95,13 @@ def run_spec(binding: BindingSettings, catalog: Catalog, *, now_us: int,
     return item_spec(binding, catalog,
                      SubscriptionPayload(kind="run", binding=binding.binding_id, chain=chain),
                      key=key, run_after_us=now_us)
+
+
+def create_kin(binding_id: str, name: str) -> Kin:
+    """Every create step of one subscription: one effect's history across the items
+    (issue 22: a dead step's unresolved attempt holds the next one's checkpoint)."""
+    return Kin(family=SUBSCRIPTION_FAMILY, subject_kind="subscription", subject_id=name,
+               lane=lane(binding_id), key_prefix=f"subs:create:{binding_id}:")
 
 
 def step_key(binding: str, step: Create | Delete, run_id: str) -> str:

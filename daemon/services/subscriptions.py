@@ -27,6 +27,14 @@ Two kinds of WorkItem (``daemon/services/subscription_items.py``), one lane per 
   again. A delete is refused (dead, ``stale_generation``) unless the row it was decided
   for is still at the generation it was decided under (an orphan's: no row names it),
   checked in the checkpoint's own transaction.
+* one subscription's creates are **one effect**, whichever step made each attempt
+  (``create_kin``, issue 22): a create that ended (dead, cancelled) with an attempt
+  unresolved still counts as in flight (``in_flight``). A run protects the subscription
+  it may have made from the orphan delete and queues the create again; that step claims
+  with the earlier unresolved attempts (waits out their window, reads back, adopts or
+  disposes) and its checkpoint's statement refuses while any of them is unresolved. One
+  sent under another binding generation is held for an operator: the run decides
+  nothing for that subscription.
 
 Cleanup tokens are sealed with the token key (``daemon/core/token_bundle.py``) before they
 are stored; secrets and tokens are never logged. No provider name appears here: every
@@ -35,6 +43,7 @@ request is an L1 template.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -56,6 +65,8 @@ from daemon.core.subscriptions import (
     Delete,
     Desired,
     Health,
+    InFlight,
+    LaneStep,
     Observed,
     ReadBack,
     Send,
@@ -63,6 +74,7 @@ from daemon.core.subscriptions import (
     WaitWindow,
     decide,
     decide_step,
+    in_flight,
 )
 from daemon.core.token_bundle import (
     BundleContext,
@@ -84,6 +96,7 @@ from daemon.services.subscription_items import (
     SUBSCRIPTION_FAMILY,
     BadStep,
     SubscriptionPayload,
+    create_kin,
     item_spec,
     lane,
     run_spec,
@@ -91,6 +104,8 @@ from daemon.services.subscription_items import (
 )
 from daemon.services.subscription_retirement import retire_previous_secrets
 from daemon.services.token_refresh import AccessToken, TokenUnavailable
+from storage.effect_values import Kin
+from storage.effects import subjects_in_doubt, unresolved_of_kin
 from storage.port import SqlTx
 from storage.subscriptions import (
     Retiring,
@@ -113,6 +128,17 @@ __all__ = ["SUBSCRIPTION_FAMILY", "SubscriptionPayload", "SubscriptionReconciler
 _CONTRACT: Final = OperationContract(
     accepted_statuses=frozenset(range(200, 300)), not_applied_statuses=frozenset({429}),
     rejected_statuses=frozenset(range(400, 500)) - {429})
+
+
+def pinned_generation(evidence: str) -> int | None:
+    """The binding generation an attempt's checkpoint pinned (its pre-dispatch evidence;
+    None when it carried none, or the evidence cannot be read)."""
+    try:
+        doc = json.loads(evidence)
+    except ValueError:
+        return None
+    value = doc.get("binding_generation") if isinstance(doc, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @attrs.frozen
@@ -196,18 +222,27 @@ class SubscriptionReconciler:
         remote = [r.remote for r in listed]
         desired = self.desired(binding.binding_id)
 
-        async def read(tx: SqlTx) -> tuple[list[SubscriptionRow], set[str], set[str]]:
+        async def read(tx: SqlTx) -> tuple[list[SubscriptionRow], set[str], InFlight]:
             rows = await read_subscriptions(tx, binding.binding_id)
             seen = {r.name for r in rows if r.rotating and r.rotated_at_us is not None
                     and await newest_secret_seen(tx, r.route, r.rotated_at_us)}
-            pending = await tx.fetchall(
-                "SELECT subject_id FROM work_items WHERE family = ? AND subject_kind = ?"
+            live = await tx.fetchall(
+                "SELECT subject_id, state FROM work_items WHERE family = ? AND subject_kind = ?"
                 " AND source_lane = ? AND state IN ('pending', 'processing', 'retry')",
                 (SUBSCRIPTION_FAMILY, "subscription", lane(binding.binding_id)))
-            return rows, seen, {str(r[0]) for r in pending}
+            doubt = await subjects_in_doubt(tx, create_kin(binding.binding_id, ""))
+            return rows, seen, in_flight(
+                [LaneStep(subject=str(r[0]), create=False, state=str(r[1]),
+                          unresolved=False) for r in live]
+                + [LaneStep(subject=name, create=True, state=state, unresolved=True,
+                            foreign=pinned_generation(evidence) != generation)
+                   for name, state, evidence in doubt])
 
-        rows, seen, pending = await ctx.store.db.transact(read, name="subscriptions.read",
-                                                          write=False)
+        rows, seen, flight = await ctx.store.db.transact(read, name="subscriptions.read",
+                                                         write=False)
+        # Held: an earlier create's unknown attempt under another binding identity waits
+        # for an operator's disposition; nothing is decided for it meanwhile.
+        pending = flight.busy | flight.held
         urls = {x.url for x in desired} | {r.url for r in rows} | {
             r.public_url for r in self.routes if r.binding_id == binding.binding_id}
         steps = decide(
@@ -220,8 +255,13 @@ class SubscriptionReconciler:
                       retiring=tuple(x.provider_id for x in r.retiring), rotating=r.rotating)
              for r in rows],
             remote, our_urls=urls, new_secret_seen=seen)
+        # A create queued, running, or ended with its outcome unknown (issue 22) may have
+        # made a subscription no row names yet: never deleted as an orphan under it.
         shapes = {(x.resource, x.action, x.url, x.payload_version) for x in desired
-                  if x.name in pending}
+                  if x.name in pending | flight.in_doubt}
+        if flight.held:
+            logs.warn("subscription_create_held", work_id=ctx.item.work_id,
+                      binding=binding.binding_id, subscriptions=",".join(sorted(flight.held)))
         by_id = {r.provider_id: r for r in remote}
         specs: list[WorkSpec] = []
         for step in steps:
@@ -229,6 +269,9 @@ class SubscriptionReconciler:
                 continue
             if (step.name or getattr(step, "provider_id", "")) in pending:
                 continue  # its earlier step is still pending: decided again after it
+            # A create in doubt is queued again: its step claims with the earlier unresolved
+            # attempts (create_kin), so it waits out their window and reads them back
+            # before anything is sent (its checkpoint's statement refuses it otherwise).
             if isinstance(step, Delete) and step.name is None:
                 r = by_id[step.provider_id]
                 if (r.resource, r.action, r.url, r.payload_version) in shapes:
@@ -314,15 +357,27 @@ class SubscriptionReconciler:
                     facts is not None and facts.state is BindingState.CONNECTED)
 
     async def _claim(self, ctx: WorkContext, binding: BindingSettings,
-                     d: SubscriptionDefinition) -> StepClaim:
+                     d: SubscriptionDefinition, kin: Kin | None = None) -> StepClaim:
         """Send, wait out the in-flight window, or read back (daemon/core/subscriptions.py).
-        L2's binding may lengthen L1's window and skew, never shorten them."""
+        L2's binding may lengthen L1's window and skew, never shorten them. ``kin``: the
+        unresolved attempts of the effect's earlier steps count as this step's."""
         return decide_step(
-            await self.calls.attempts(ctx),
+            await self.calls.attempts(ctx, kin),
             max_in_flight_us=int(max(d.max_in_flight_s, binding.max_in_flight) * 1e6),
             clock_skew_us=int(max(d.max_clock_skew_s, binding.max_clock_skew) * 1e6),
             client_deadline_us=int(client_deadline_s(binding) * 1e6),
             now_us=ctx.clock.now_us())
+
+    @staticmethod
+    async def _foreign(ctx: WorkContext, kin: Kin, generation: int | None) -> str | None:
+        """An unresolved attempt of the effect's earlier steps sent under another binding
+        generation than this step's (its id), if any."""
+        async def read(tx: SqlTx) -> str | None:
+            return next((a.attempt_id for a in await unresolved_of_kin(tx, kin)
+                         if a.work_id != ctx.item.work_id
+                         and pinned_generation(a.pre_dispatch_evidence) != generation), None)
+
+        return await ctx.store.db.transact(read, name="subscriptions.kin", write=False)
 
     @staticmethod
     def _stale(p: SubscriptionPayload, pin: _Pin, claim: StepClaim, what: str) -> Outcome:
@@ -364,9 +419,19 @@ class SubscriptionReconciler:
             return Succeeded(f"{want.name} is already at generation {row.generation}")
         what = f"create of {want.name}"
         pin = await self._pin(ctx, binding, p)
-        claim = await self._claim(ctx, binding, d)
-        if not pin.holds:
-            return self._stale(p, pin, claim, what)
+        if not pin.holds:  # judged by its own attempts: an earlier step's are not its own
+            return self._stale(p, pin, await self._claim(ctx, binding, d), what)
+        # One subscription's creates are one effect, whichever step made each attempt: a
+        # create that ended (dead, cancelled) with its outcome unknown holds this one
+        # until its window has passed and the list has been read back (issue 22).
+        kin = create_kin(binding.binding_id, want.name)
+        foreign = await self._foreign(ctx, kin, p.binding_generation)
+        if foreign:
+            return DeadLetter("earlier_create_unresolved", f"an earlier {what} (attempt"
+                              f" {foreign}) may have been applied under another binding"
+                              " generation: a list now cannot read it back; operator"
+                              " disposition needed before it is created again")
+        claim = await self._claim(ctx, binding, d, kin)
         if isinstance(claim, WaitWindow):
             return self._waiting(claim, what)
         assert p.binding_generation is not None
@@ -411,7 +476,7 @@ class SubscriptionReconciler:
             credential=self.calls.headers(d.auth_header, d.auth_prefix, access),
             access=access, generation=p.binding_generation,
             evidence={"name": want.name, "generation": generation, "reason": p.reason,
-                      "secret_generation": want.secret_generation})
+                      "secret_generation": want.secret_generation}, kin=kin)
         if not isinstance(sent, Sent):
             return sent
         seen, doc = sent.seen, sent.doc

@@ -12,6 +12,8 @@ from daemon.core.subscriptions import (
     Delete,
     Desired,
     Health,
+    InFlight,
+    LaneStep,
     Observed,
     ReadBack,
     Remote,
@@ -21,6 +23,7 @@ from daemon.core.subscriptions import (
     decide,
     decide_step,
     delete_allowed,
+    in_flight,
 )
 
 URL = "https://hooks.example/hooks/outreach"
@@ -126,3 +129,56 @@ STEP_ROWS: list[tuple[str, list[StepAttempt], int, Any]] = [
 def test_decide_step(attempts: list[StepAttempt], now: int, expected: Any) -> None:
     assert decide_step(attempts, max_in_flight_us=WINDOW, clock_skew_us=SKEW,
                        client_deadline_us=DEADLINE, now_us=now) == expected
+
+
+def _step(subject: str, state: str, *, create: bool = True, unresolved: bool = False,
+          foreign: bool = False) -> LaneStep:
+    return LaneStep(subject=subject, create=create, state=state, unresolved=unresolved,
+                    foreign=foreign)
+
+
+def _flight(busy: tuple[str, ...] = (), doubt: tuple[str, ...] = (),
+            held: tuple[str, ...] = ()) -> InFlight:
+    return InFlight(frozenset(busy), frozenset(doubt), frozenset(held))
+
+
+# Issue 22: a create that ended with an attempt unresolved still counts as in flight.
+FLIGHT_ROWS: list[tuple[str, list[LaneStep], InFlight]] = [
+    ("nothing queued: nothing in flight", [], _flight()),
+    ("a pending create is busy", [_step("a", "pending")], _flight(busy=("a",))),
+    ("a processing create with an attempt out is busy, not in doubt",
+     [_step("a", "processing", unresolved=True)], _flight(busy=("a",))),
+    ("a retrying delete is busy", [_step("a", "retry", create=False)], _flight(busy=("a",))),
+    ("a dead create with an unknown attempt is in doubt (the finding)",
+     [_step("a", "dead", unresolved=True)], _flight(doubt=("a",))),
+    ("a cancelled create with an unknown attempt is in doubt",
+     [_step("a", "cancelled", unresolved=True)], _flight(doubt=("a",))),
+    ("a create let go as succeeded (no longer desired) with one is in doubt",
+     [_step("a", "succeeded", unresolved=True)], _flight(doubt=("a",))),
+    ("a dead create unknown under another binding generation is held, not in doubt",
+     [_step("a", "dead", unresolved=True, foreign=True)], _flight(held=("a",))),
+    ("held wins over in doubt for one subject",
+     [_step("a", "dead", unresolved=True, foreign=True), _step("a", "dead", unresolved=True)],
+     _flight(held=("a",))),
+    # negative rows
+    ("a pending create under another generation is only busy (its pin fences it)",
+     [_step("a", "pending", unresolved=True, foreign=True)], _flight(busy=("a",))),
+    ("a dead delete unknown under another generation is not held",
+     [_step("a", "dead", create=False, unresolved=True, foreign=True)], _flight()),
+    ("a dead create whose attempts are all resolved is not in flight",
+     [_step("a", "dead")], _flight()),
+    ("a succeeded create is not in flight", [_step("a", "succeeded")], _flight()),
+    ("a dead delete with an unknown attempt is not in doubt (twice is once)",
+     [_step("a", "dead", create=False, unresolved=True)], _flight()),
+    ("another subject's dead create holds only its own subject",
+     [_step("b", "dead", unresolved=True), _step("a", "succeeded")], _flight(doubt=("b",))),
+    ("a subject both retried and in doubt is busy and in doubt",
+     [_step("a", "retry"), _step("a", "dead", unresolved=True)],
+     _flight(busy=("a",), doubt=("a",))),
+]
+
+
+@pytest.mark.parametrize(("steps", "expected"),
+                         [pytest.param(st, e, id=i) for i, st, e in FLIGHT_ROWS])
+def test_in_flight(steps: list[LaneStep], expected: InFlight) -> None:
+    assert in_flight(steps) == expected

@@ -240,6 +240,10 @@ async def test_spool_full_then_and_only_then_503(store: WorkStore, tmp_path: Pat
 
 async def test_a_slow_client_is_bounded_and_does_not_block_others(
         store: WorkStore, tmp_path: Path) -> None:
+    """Judged by the order of events, not by wall-time thresholds (under load those
+    failed while the listener behaved): the slow client's 408 comes before its body is
+    whole (bounded), and another client's request is answered while the slow one is
+    still unanswered (not blocked behind it)."""
     cfg = ingress_settings(tmp_path, request_deadline=1.0, db_deadline=0.5)
     body = prospect_body()
     headers = sign(OUTREACH, OUTREACH_SECRET, body)
@@ -251,32 +255,38 @@ async def test_a_slow_client_is_bounded_and_does_not_block_others(
                 f"Outreach-Webhook-Signature: {headers['outreach-webhook-signature']}\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n").encode()
         await slow.send_all(head)
-        started = time.monotonic()
         answer_text = b""
+        sent = 0
+        trickling = trio.CancelScope()
 
         async def trickle() -> None:
+            nonlocal sent
+            with trickling:
+                try:
+                    for byte in body:
+                        await slow.send_all(bytes([byte]))
+                        sent += 1
+                        await trio.sleep(0.25)
+                except trio.BrokenResourceError:
+                    pass
+
+        async def answered() -> None:
             nonlocal answer_text
-            try:
-                for byte in body:
-                    await slow.send_all(bytes([byte]))
-                    await trio.sleep(0.25)
-            except trio.BrokenResourceError:
-                pass
-            with trio.move_on_after(5):
-                answer_text = await slow.receive_some(4096)
+            answer_text = await slow.receive_some(4096)
+            trickling.cancel()
 
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(answered)
             nursery.start_soon(trickle)
             await trio.sleep(0.2)
             other = prospect_body(pid=7)
-            quick_start = time.monotonic()
             answer = await post(client, replica, "outreach-main", other,
                                 sign(OUTREACH, OUTREACH_SECRET, other))
             assert answer.status_code == 200
-            assert time.monotonic() - quick_start < 1.0
+            assert answer_text == b"", "the other request waited for the slow one's end"
         await slow.aclose()
         assert b" 408 " in answer_text.split(b"\r\n")[0]
-        assert time.monotonic() - started < 4.0
+        assert sent < len(body), "the slow request was not cut off before its body ended"
         assert _rejections(replica, "deadline") == 1
     (receipt,) = await store.ingress_receipt_list(ReceiptQuery())
     assert receipt.body == prospect_body(pid=7)

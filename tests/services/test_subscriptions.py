@@ -14,7 +14,9 @@ import trio
 
 from config.catalog import Catalog, build_catalog, load_definitions, load_object_binding_documents
 from config.settings import BindingSettings, Secret, WebhookRoute
-from daemon.core.outcomes import DeadLetter, Outcome, Succeeded
+from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
+from daemon.core.principals import BindingEvent
+from daemon.core.states import WorkState
 from daemon.core.token_bundle import TokenKey
 from daemon.core.work import WorkItem
 from daemon.providers.executor import BoundedHttp
@@ -31,6 +33,7 @@ from daemon.services.subscriptions import (
 from sandbox.hubspot_sim.model import Fault, FaultMode
 from sandbox.outreach_sim import OutreachSimulator
 from storage.port import SqlTx, WorkQuery
+from storage.principals import Actor
 from storage.subscriptions import SubscriptionRow, read_subscriptions
 from storage.work_store import WorkStore
 from tests.support.work import SEC, T0, claim, finalization
@@ -366,3 +369,92 @@ async def test_undesired_subscriptions_are_deleted_and_come_back_when_wanted_aga
     remote = rig.remote()
     assert sorted(remote) == sorted((a, URL) for a in ACTIONS)
     assert all(r.generation == 1 for r in (await rig.rows()).values())
+
+
+@pytest.mark.parametrize("mode", ["reset_after", "reset_before"])
+async def test_a_create_step_dead_with_an_unknown_attempt_is_read_back_never_created_twice(
+        rig: Rig, mode: FaultMode) -> None:
+    """Issue 22: a create step whose attempts run out while its last attempt's outcome is
+    unknown ends dead, inside that attempt's in-flight window. The next run must still
+    count the create as in flight: nothing is created again (nor its maybe-made
+    subscription deleted as an orphan) until a read-back past the window has resolved the
+    attempt. Before the fix the run no longer counted the dead step as pending and queued
+    a create that was sent at once: two subscriptions of one shape (reset_after)."""
+    await rig.store.work_enqueue([run_spec(rig.binding, rig.catalog, now_us=rig.clock.now,
+                                           interval_s=300, chain=False)], rig.clock.now)
+    (run,) = (await claim(rig.store, now=rig.clock.now, family=SUBSCRIPTION_FAMILY)).claimed
+    await rig.run(run)
+
+    async def spend_budget(tx: SqlTx) -> None:
+        # The steps' attempt budget is spent by the claim that sends (five claims each
+        # ending RetryLater spend it the same way, only slower).
+        await tx.execute("UPDATE work_items SET max_attempts = 1 WHERE family = ?"
+                         " AND dedupe_key LIKE 'subs:create:%'", (SUBSCRIPTION_FAMILY,))
+
+    await rig.store.db.transact(spend_budget, name="t")
+    rig.sim.inject(Fault(mode, method="POST", path_prefix="/api/v2/webhooks", count=1))
+    (step,) = (await claim(rig.store, now=rig.clock.now, family=SUBSCRIPTION_FAMILY)).claimed
+    outcome = await rig.run(step)
+    assert isinstance(outcome, RetryLater) and outcome.failure_class == "outcome_unknown"
+    (dead,) = await rig.store.work_list(WorkQuery(family=SUBSCRIPTION_FAMILY, limit=100,
+                                                  state=WorkState.DEAD))
+    assert dead.work_id == step.work_id
+    # The other two steps run, then (still inside the dead step's in-flight window) a
+    # run, then everything it queued, as the clock moves on.
+    while items := list((await claim(rig.store, now=rig.clock.now,
+                                     family=SUBSCRIPTION_FAMILY)).claimed):
+        for item in items:
+            await rig.run(item)
+    await rig.reconcile()
+    created = [r for r in rig.sim.requests
+               if r.method == "POST" and r.path == "/api/v2/webhooks" and r.applied]
+    assert len(created) == 3, (
+        f"{len(created)} subscriptions created for 3 desired: the dead step's unknown"
+        " create was made again without waiting out its window and reading it back")
+    remote = rig.remote()
+    assert sorted(remote) == sorted((a, URL) for a in ACTIONS)
+    assert all(len(ids) == 1 for ids in remote.values())
+    assert len(await rig.rows()) == 3
+    (attempt,) = await rig.store.effect_attempts(step.work_id)
+    assert attempt.disposition == ("proven_applied" if mode == "reset_after"
+                                   else "proven_absent")
+    assert not [o for k, o in rig.outcomes if k == "delete"]
+
+
+async def test_a_create_dead_unknown_before_a_reconnect_holds_the_subscription(
+        rig: Rig) -> None:
+    """Issue 22, across a reconnect: the dead step's unknown create was sent with the
+    previous binding generation's identity (maybe another account): no list the binding
+    makes now reads it back. Nothing is created for that subscription (nor its maybe-made
+    one deleted) until an operator records the attempt's disposition; the others go on."""
+    await rig.store.work_enqueue([run_spec(rig.binding, rig.catalog, now_us=rig.clock.now,
+                                           interval_s=300, chain=False)], rig.clock.now)
+    (run,) = (await claim(rig.store, now=rig.clock.now, family=SUBSCRIPTION_FAMILY)).claimed
+    await rig.run(run)
+
+    async def spend_budget(tx: SqlTx) -> None:
+        await tx.execute("UPDATE work_items SET max_attempts = 1 WHERE family = ?"
+                         " AND dedupe_key LIKE 'subs:create:%'", (SUBSCRIPTION_FAMILY,))
+
+    await rig.store.db.transact(spend_budget, name="t")
+    rig.sim.inject(Fault("reset_after", method="POST", path_prefix="/api/v2/webhooks",
+                         count=1))
+    (step,) = (await claim(rig.store, now=rig.clock.now, family=SUBSCRIPTION_FAMILY)).claimed
+    await rig.run(step)
+    held = SubscriptionPayload.from_payload(step.payload).name
+    actor = Actor("op", "admin", "test reconnect")
+    await rig.store.binding_transition(BINDING, BindingEvent.DISCONNECT, actor,
+                                       expected_generation=1, now_us=rig.clock.now)
+    await rig.store.binding_transition(BINDING, BindingEvent.RECONNECT, actor,
+                                       expected_generation=1, now_us=rig.clock.now)
+    await rig.drain()  # the steps queued under generation 1 send nothing
+    for _ in range(3):  # runs under generation 2, past every window
+        await rig.reconcile()
+    created = [r for r in rig.sim.requests
+               if r.method == "POST" and r.path == "/api/v2/webhooks" and r.applied]
+    assert len(created) == 3, f"{len(created)} creates: the held one was made again"
+    assert sorted(await rig.rows()) == sorted(f"outreach:{a}" for a in ACTIONS
+                                              if f"outreach:{a}" != held)
+    assert len(rig.sim.subscriptions()) == 3  # the maybe-made one is not deleted
+    (attempt,) = await rig.store.effect_attempts(step.work_id)
+    assert attempt.disposition is None  # left for the operator, never assumed absent

@@ -30,8 +30,8 @@ from daemon.core.outcomes import (
 from daemon.core.principals import BindingEvent, BindingIdentity, PrincipalKind, connect
 from daemon.core.quota import QuotaPolicy, ReservationState
 from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, TokenKey, seal
-from storage.effect_values import AttemptDraft
-from storage.effects import insert_attempt_pinned
+from storage.effect_values import AttemptDraft, Kin
+from storage.effects import insert_attempt_pinned, subjects_in_doubt, unresolved_of_kin
 from storage.grants import GrantState
 from storage.ingress.receipts import QuarantineParams, ReceiptQuery
 from storage.migrate import migrate
@@ -214,6 +214,12 @@ async def _subscription_checkpoint_workload(store: WorkStore) -> None:
                                     binding_generation=1)
         await insert_attempt_pinned(tx, "P2", fence, draft, T0, binding_id="b",
                                     binding_generation=None)
+        kin = Kin(family="subs", subject_kind="lead", subject_id="lead-1", lane="subs:b",
+                  key_prefix="subs:create:b:")
+        await insert_attempt_pinned(tx, "P3", fence, draft, T0, binding_id="b",
+                                    binding_generation=1, kin=kin)
+        await unresolved_of_kin(tx, kin)
+        await subjects_in_doubt(tx, kin)
 
     await store.work_fenced(fence, lambda: T0, body, name="subscriptions.checkpoint")
 

@@ -10,8 +10,14 @@ import pytest
 from daemon.core.outcomes import DeadLetter, RetryLater, Succeeded
 from daemon.core.principals import BindingEvent, BindingIdentity, PrincipalKind, connect
 from daemon.core.work import Fence
-from storage.effect_values import AttemptDraft, Disposition
-from storage.effects import attempts_of, dispose, insert_attempt_pinned, record_outcome
+from storage.effect_values import AttemptDraft, Disposition, Kin
+from storage.effects import (
+    attempts_of,
+    dispose,
+    insert_attempt_pinned,
+    record_outcome,
+    unresolved_of_kin,
+)
 from storage.port import SqlTx
 from storage.principals import Actor
 from storage.subscriptions import LastItem, last_items
@@ -105,6 +111,55 @@ async def test_no_second_checkpoint_while_an_attempt_is_unresolved(store: WorkSt
     assert await _insert(store, again.fence, "a2", 1) is True
     assert await _attempts(store, fence) == ["a1", "a2"]
 
+
+async def test_an_unresolved_attempt_of_a_dead_kin_item_refuses_the_next_ones_checkpoint(
+        store: WorkStore) -> None:
+    """Issue 22: the per-step rule alone let a new create step of a subscription send while
+    the dead previous step's attempt was in doubt. With its kin named, the INSERT refuses
+    while any kin item (same family, subject, lane, key prefix) has an unresolved attempt,
+    whatever state that item is in; another subject's, or a non-kin key's, does not."""
+    kin = Kin(family="subs", subject_kind="subscription", subject_id="s1", lane="subs:b",
+              key_prefix="subs:create:b:")
+    await _setup(store)
+
+    async def step(key: str, attempt_id: str, *, subject: str = "s1",
+                   with_kin: bool = True) -> bool:
+        """One step of the lane: claimed, its checkpoint tried, then dead (the lane goes
+        on; its attempt, if written, stays unresolved)."""
+        await enqueue(store, 1, family="subs", subject_kind="subscription",
+                      subject_id=subject, source_lane="subs:b", dedupe_key=key)
+        (item,) = (await claim(store, family="subs")).claimed
+        assert item.fence is not None
+        fence = item.fence
+
+        async def body(tx: SqlTx) -> bool:
+            return await insert_attempt_pinned(tx, attempt_id, fence, _draft(fence), T0,
+                                               binding_id="b", binding_generation=1,
+                                               kin=kin if with_kin else None)
+
+        inserted: bool = await store.work_fenced(fence, lambda: T0, body, name="t")
+        await finalize(store, item, DeadLetter("attempts_exhausted", "outcome unknown"))
+        return inserted
+
+    assert await step("subs:create:b:s1:1:run1", "a1")
+    assert await step("subs:create:b:s1:1:run2", "a2") is False, (
+        "sent beside the dead step's unknown attempt")
+
+    async def kin_of(tx: SqlTx) -> list[str]:
+        return [a.attempt_id for a in await unresolved_of_kin(tx, kin)]
+
+    assert await store.db.transact(kin_of, name="t", write=False) == ["a1"]
+    # Not its kin: another subject's step, a step outside the key prefix.
+    assert await step("subs:create:b:s2:1:run2", "a3", subject="s2", with_kin=False)
+    assert await step("subs:delete:b:s1:1:run2", "a4", with_kin=False)
+    assert await store.db.transact(kin_of, name="t", write=False) == ["a1"]
+
+    async def absent(tx: SqlTx) -> None:
+        await dispose(tx, ["a1"], Disposition.PROVEN_ABSENT, "read back", "t", T0)
+
+    await store.db.transact(absent, name="t")
+    assert await step("subs:create:b:s1:1:run3", "a5") is True
+    assert await store.db.transact(kin_of, name="t", write=False) == ["a5"]
 
 
 async def test_the_last_item_of_each_subject_is_the_newest_that_ran(store: WorkStore) -> None:

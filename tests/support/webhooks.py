@@ -29,6 +29,7 @@ from daemon.services.metrics import Metrics
 from daemon.services.principal_bootstrap import ensure_config_bindings
 from daemon.services.replica import Replica
 from storage.work_store import WorkStore
+from tests.support.work import T0
 
 OUTREACH_SECRET = "outreach-webhook-secret-1"
 HUBSPOT_SECRET = "hubspot-app-secret-1"
@@ -93,20 +94,26 @@ def sign(webhook: WebhookDefinition, secret: str, body: bytes, *, uri: str = "",
     return headers
 
 
-class JumpClock:
-    """The wall clock plus an offset a test moves forward (a real replica's timers wait in
-    real time: trio's MockClock cannot drive one that talks to real sockets and a real
-    database; what the test needs is epoch time that passes a long provider window at
-    once)."""
+class ManualClock:
+    """Epoch time that moves only when the test moves it (:meth:`jump`), from ``T0``.
 
-    def __init__(self) -> None:
-        self.offset_us = 0
+    What a real replica decides by the epoch (a lease, a retry's time, a provider's window,
+    a watch's check, a receipt's time against a rotation's) then depends on the test's
+    steps alone, not on how much wall time the machine's load lets pass between two of
+    them (the wall clock plus an offset did: a check ran before a straggler under load).
+    The replica's own timers (polls, heartbeats, HTTP timeouts) still wait in real time:
+    trio's MockClock cannot drive a replica that talks to real sockets and a real database
+    (its autojump fires a connection's deadlines while a statement is in flight). Nothing
+    scheduled in the epoch's future runs until the test jumps past it."""
+
+    def __init__(self, epoch_us: int = T0) -> None:
+        self._now_us = epoch_us
 
     def jump(self, seconds: float) -> None:
-        self.offset_us += int(seconds * 1_000_000)
+        self._now_us += int(seconds * 1_000_000)
 
     def now_us(self) -> int:
-        return WallClock().now_us() + self.offset_us
+        return self._now_us
 
 
 @asynccontextmanager
@@ -138,13 +145,31 @@ def hooks_url(replica: Replica, route: str) -> str:
 
 async def eventually(predicate: Callable[[], Awaitable[bool]], within_s: float = 30.0) -> None:
     """Wait until a real replica's background tasks made ``predicate`` true (they run in
-    real time: see :class:`JumpClock`); an AssertionError after ``within_s``."""
+    real time: see :class:`ManualClock`); an AssertionError after ``within_s``."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         if await predicate():
             return
         await trio.sleep(0.05)
     raise AssertionError("condition not reached")
+
+
+# How long :func:`settled` waits for a replica before calling it stuck: a guard against a
+# hang, not a timing the test asserts (nothing the test checks depends on when it settles:
+# the epoch does not move while it waits, see :class:`ManualClock`).
+STUCK_S = 300.0
+
+
+async def settled(what: str, predicate: Callable[[], Awaitable[bool] | bool]) -> None:
+    """Wait until a real replica's background tasks made ``predicate`` true, polling; an
+    AssertionError naming ``what`` only when they seem stuck (:data:`STUCK_S`)."""
+    with trio.move_on_after(STUCK_S):
+        while True:
+            got = predicate()
+            if got if isinstance(got, bool) else await got:
+                return
+            await trio.sleep(0.05)
+    raise AssertionError(f"not reached (stuck for {STUCK_S:g} s): {what}")
 
 
 async def post(client: httpx.AsyncClient, replica: Replica, route: str, body: bytes,
