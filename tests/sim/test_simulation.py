@@ -198,6 +198,21 @@ def test_a_subscription_created_again_inside_the_in_flight_window_is_caught() ->
 
 
 @HTTPX_BODY_GENERATOR
+def test_a_dead_subscription_create_forgotten_is_caught() -> None:
+    """Seed 2 also draws the aimed dead create in doubt (sim/aim_subscriptions.py): the
+    provider answers 429 to one create step's claims before its last and loses the answer
+    after applying its last, so the step ends dead with that attempt unresolved, inside
+    its in-flight window; an operator then asks for a run. With the dead step no longer
+    counted in flight (``subscription_dead_create_forgotten``), the run's new create step
+    sends at once. Unmutated, the same seed is in the CI budget above (no violation, the
+    provider holds each subscription once: the new step waited and adopted it)."""
+    with applied("subscription_dead_create_forgotten"):
+        got = run_one(2, DURATION_S)
+    assert {v["oracle"] for v in got["violations"]} >= {"subscription_create_in_flight"}
+    assert got["faults"].get("subscription.create_answer_lost_aimed") == 1
+
+
+@HTTPX_BODY_GENERATOR
 def test_regression_seed_58_a_refresh_marker_judged_after_a_freeze() -> None:
     """Seed 58 of ``make simulate SEEDS=200`` (30 simulated seconds): a replica frozen as
     its refresh marker's transaction began thawed 37 s later and called the token
