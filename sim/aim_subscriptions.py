@@ -17,7 +17,9 @@ them) is aimed at one create step: at the instant its create leaves a replica (t
 virtual network's exchange hook), a create on a claim before the step's last is answered
 429 (rate limited, not applied: the step retries a second later, the claim charged), and
 the create on its last claim is applied and its answer lost (``reset_after``: the
-connection is cut after the provider stored the subscription). The step ends dead
+connection is cut after the provider stored the subscription). A fault the request
+did not take (it never reached the provider: a chaos fault dropped it) is cleared
+before the next one, and when the step has ended. The step ends dead
 (``attempts exhausted``) with that attempt ``OUTCOME_UNKNOWN``, inside its in-flight
 window; the operator's next "reconcile now" (every 2-6 s, ``sim/subscriptions.py``)
 decides the create again, and the oracles ``subscription_create_in_flight`` and
@@ -83,6 +85,9 @@ class DeadCreateInDoubt:
             self.target = work_id
             world.trace("aim_dead_create", work_id=work_id)
         osim = world.hooks.osim
+        # A fault the previous create did not take (it never reached the provider: a
+        # chaos fault) is for no other request.
+        osim.clear_faults()
         if attempt < most:
             osim.inject(Fault(mode="rate_limit", method="POST", path_prefix=WEBHOOKS_PATH,
                               retry_after_s=1))
@@ -112,6 +117,7 @@ class DeadCreateInDoubt:
             await trio.sleep(0.02)
         else:
             return
+        world.hooks.osim.clear_faults()  # one not taken is for no later create
         row = world.observer.execute(
             "SELECT state, failure_class FROM work_items WHERE work_id = ?",
             (work_id,)).fetchone()
