@@ -329,14 +329,38 @@ def _url(url: str, params: Mapping[str, str] | None) -> httpcore.URL:
                         target=parsed.raw_path)
 
 
-def _request_headers(headers: Mapping[str, str] | None,
-                     content_type: str | None) -> list[tuple[bytes, bytes]]:
+def _request_headers(headers: Mapping[str, str] | None, content_type: str | None,
+                     length: int | None) -> list[tuple[bytes, bytes]]:
     merged = dict(_DEFAULT_HEADERS)
     if content_type is not None:
         merged["content-type"] = content_type
     for name, value in (headers or {}).items():
         merged[name.lower()] = value
+    if length is not None:
+        merged["content-length"] = str(length)
+    merged.pop("transfer-encoding", None)
     return [(name.encode("ascii"), value.encode("ascii")) for name, value in merged.items()]
+
+
+class _Body:
+    """A request body of one chunk, as an async iterator that is not an async generator.
+
+    httpcore wraps ``bytes`` content in an async generator; when a write fails or times
+    out part-way, that generator is left unexhausted and trio warns as the garbage
+    collector takes it. This one holds nothing to finalize. Its length goes in the
+    Content-Length header (:func:`_request_headers`), never chunked."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+
+    def __aiter__(self) -> _Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._data is None:
+            raise StopAsyncIteration
+        data, self._data = self._data, None
+        return data
 
 
 def _answer(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> httpx.Response:
@@ -421,9 +445,10 @@ class BoundedHttp:
                                                   "write": timeout_s, "pool": timeout_s}}
         if may_send is not None:
             extensions["trace"] = _gated(may_send)
-        wire_headers = _request_headers(headers, content_type)
-        if content is None and method in ("POST", "PUT", "PATCH"):
-            content = b""  # framed as Content-Length: 0, as httpx does
+        length = len(content) if content is not None else (
+            0 if method in ("POST", "PUT", "PATCH") else None)  # Content-Length: 0, as httpx
+        wire_headers = _request_headers(headers, content_type, length)
+        body = _Body(content) if content else None
         with trio.move_on_after(timeout_s) as waiting:
             await self._slots.acquire()
         if waiting.cancelled_caught:
@@ -432,7 +457,7 @@ class BoundedHttp:
         shard.busy += 1
         try:
             answer = await shard.pool.request(method, target, headers=wire_headers,
-                                              content=content, extensions=extensions)
+                                              content=body, extensions=extensions)
         except _HTTPCORE_ERRORS as exc:
             raise _as_httpx(exc) from exc
         finally:

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import attrs
+import httpx
 import pytest
 import trio
 import trio.testing
@@ -265,3 +266,34 @@ async def test_tls(nursery: trio.Nursery, trusted: bool, phase: Phase) -> None:
     if not trusted:
         assert observation.detail == "ConnectError"
     await executor.aclose()
+
+
+async def test_a_body_cut_short_by_its_write_timeout_is_sent_and_leaves_nothing_behind(
+    nursery: trio.Nursery, mock_clock: trio.testing.MockClock
+) -> None:
+    """A server that stops reading: the body's write times out part-way. Maybe delivered
+    (its head and part of its body left), and no half-iterated body stream is left for
+    the garbage collector (trio warns about an unexhausted async generator)."""
+    connected = trio.Event()
+
+    async def stops_reading(conn: _Conn) -> None:
+        connected.set()
+        await trio.sleep_forever()
+
+    port = await _RawServer(stops_reading).serve(nursery)
+    http = BoundedHttp.open(1)
+    outcome: list[BaseException] = []
+
+    async def send() -> None:
+        with pytest.raises(httpx.WriteTimeout) as caught:
+            await http.request("POST", f"http://127.0.0.1:{port}/big", timeout_s=5.0,
+                               content=b"x" * (64 * 1024 * 1024))
+        outcome.append(caught.value)
+
+    async with trio.open_nursery() as sending:
+        sending.start_soon(send)
+        await connected.wait()
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(5.1)
+    assert len(outcome) == 1
+    await http.aclose()
