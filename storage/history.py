@@ -41,7 +41,7 @@ from typing import Any
 
 import attrs
 
-from storage.port import Database, DuplicateKey, SqlTx
+from storage.port import Database, SqlTx
 
 BUCKET_US = 60_000_000
 HOUR_US = 3_600_000_000
