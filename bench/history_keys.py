@@ -258,7 +258,8 @@ async def run(days: int, minute_days: int, hours: int, requests: int, shards: in
             await store.db.aclose()
     return {"bench": "history_keys", "per_day": PER_DAY, "days": days,
             "minute_days": minute_days, "shards": shards, "outcomes": outcomes,
-            "rollup_rows_per_minute": len(rollup_keys(shards, outcomes)), "rollup_rows": rollup, "journal_rows": journal,
+            "rollup_rows_per_minute": len(rollup_keys(shards, outcomes)),
+            "rollup_rows": rollup, "journal_rows": journal,
             "fill_s": round(fill_s, 1), "reads": figures,
             "load_1m_before_after": [round(load, 1), round(os.getloadavg()[0], 1)]}
 
