@@ -8,7 +8,11 @@
 -- (seed 5.2), rebuilt from work_executions joined to their items and commands by
 -- `integrationd history rebuild`.
 -- A primary key cannot be changed in place on SQLite: the table is rebuilt, its rows
--- copied with '' for the new columns.
+-- copied with '' for the new columns (their default, so a previous build's INSERT still
+-- works). During a rolling upgrade a previous build's increment of an effect item
+-- (UPDATE ... WHERE level, bucket, family, outcome, shard) adds to every key of that
+-- minute's effect rows: run `integrationd history rebuild --from <the upgrade's day>`
+-- once the last replica of the previous build has stopped.
 CREATE TABLE history_rollup_keyed (
     level_us BIGINT NOT NULL,
     bucket_us BIGINT NOT NULL,
