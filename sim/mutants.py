@@ -234,6 +234,22 @@ def subscription_recreated_in_flight() -> Undo:
     return _swap(subscriptions, "decide_step", send_inside_window)
 
 
+def claim_while_admission_closed() -> Undo:
+    """The claim statements no longer read the family's owner generation: a replica
+    claims (and reclaims) a family whose admission a cutover ``begin`` or a ``rollback``
+    closed, beside the legacy owner (seed 11's admission rule)."""
+    from storage import work_claims
+
+    admitted, candidate = work_claims.CLAIM_ADMITTED, work_claims._CANDIDATE_ADMITTED
+    open_ = " AND ? IS NOT NULL"  # the family's argument, consumed
+    undo = [_swap(work_claims, "CLAIM_ADMITTED", open_)]
+    for name in ("_CLAIM_WHERE", "_READY_SQL", "_READY_ORG_SQL"):
+        text = getattr(work_claims, name)
+        undo.append(_swap(work_claims, name, text.replace(admitted, open_)
+                          .replace(candidate, "")))
+    return lambda: _undo_all(undo)
+
+
 MUTANTS: dict[str, Callable[[], Undo]] = {
     "finalize_without_fence": finalize_without_fence,
     "send_before_checkpoint": send_before_checkpoint,
@@ -246,6 +262,7 @@ MUTANTS: dict[str, Callable[[], Undo]] = {
     "terminal_row_reopened_by_replay": terminal_row_reopened_by_replay,
     "subscription_recreated_in_flight": subscription_recreated_in_flight,
     "rewrap_during_refresh": lambda: _operators_keys().mutant_rewrap_during_refresh(),
+    "claim_while_admission_closed": claim_while_admission_closed,
 }
 
 
