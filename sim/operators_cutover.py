@@ -285,7 +285,22 @@ class Cutovers:
                 await trio.sleep(self.rng.uniform(2.0, 6.0))
                 await self.next_step()
 
+    async def _finish_held(self) -> None:
+        """The legacy worker, cut off at the chaos's end (its task cancelled while it
+        held an event), finishes what it holds when it runs again, as
+        ``sandbox.legacy.worker`` does on SIGTERM (its lease would outlive the run)."""
+        assert self.store is not None and self.world.op_clock is not None
+        for event in await legacy.events(self.store, FAMILY):
+            if event.state == "processing":
+                done = await legacy.finish(self.store, event, WORKER, "succeeded",
+                                           self.world.op_clock.now_us())
+                self.world.ops["cutover_legacy_executed"] += 1
+                self.world.trace("legacy_finished", event_id=event.event_id, ok=done,
+                                 held=True)
+
     async def settle(self) -> None:
+        if self.ready.is_set():
+            await self._finish_held()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.legacy_worker)
             if self.ready.is_set():
