@@ -72,6 +72,7 @@ class Cutovers:
     store: WorkStore | None = None
     settings: Settings | None = None
     ready: trio.Event = attrs.field(factory=trio.Event)
+    done: trio.Event = attrs.field(factory=trio.Event)  # settled back with integrationd
     lock: trio.Lock = attrs.field(factory=trio.Lock)
     # Commit-order intervals [start, end) in which each owner may not claim.
     closed_ours: list[list[int | None]] = attrs.field(factory=list)
@@ -298,14 +299,31 @@ class Cutovers:
                 self.world.trace("legacy_finished", event_id=event.event_id, ok=done,
                                  held=True)
 
+    async def settled(self, limit_s: float) -> bool:
+        """Waits (at most ``limit_s``) until the settle brought the family back to
+        integrationd with every event covered (the legacy owner drains at its own pace,
+        after the replicas may have looked settled). False: it never moved."""
+        if not self.ready.is_set():
+            return False
+        with trio.move_on_after(limit_s):
+            await self.done.wait()
+        return True
+
     async def settle(self) -> None:
         if self.ready.is_set():
             await self._finish_held()
+            async with self.lock:  # before the settle can find nothing open
+                await self._materialize()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.legacy_worker)
             if self.ready.is_set():
                 await self._to_integrationd()
+                # The bridge runs on: events the traffic added as the chaos ended, before
+                # it could cover them (its task cancelled), get their WorkItems.
+                async with self.lock:
+                    await self._materialize()
                 self.world.trace("operator_cutover_settled")
+                self.done.set()
 
     # ------------------------------------------------------------ the end
 

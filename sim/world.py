@@ -853,6 +853,14 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
         run = torture.Run("sqlite", [], [url], None, webhooks=hooks, log=lambda m: None)
         run.noop_ids = list(world.noop_ids)
         settle_s, drained = await torture.settle(run, runtimes, o.settle_s)
+        for extra in world.extra:
+            # An operator whose own settle brings work back to the replicas late (the
+            # cutover's legacy owner still draining) says when it is done; the replicas
+            # then settle what it handed them.
+            settled = getattr(extra, "settled", None)
+            if settled is not None and await settled(o.settle_s):
+                more_s, drained = await torture.settle(run, runtimes, o.settle_s)
+                settle_s += more_s
         world.trace("settled", drained=drained)
         # The sink's deliveries leave the sender's journal before the webhook invariants.
         seen = world.subscriptions.judge() if world.subscriptions is not None else {}
