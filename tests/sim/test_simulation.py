@@ -269,3 +269,31 @@ def test_regression_seed_11_a_delivery_stored_as_the_sender_restarted() -> None:
         assert got["violations"] == [], (seed, got["tail"])
         interrupted[seed] = got["webhook_statuses"].get("interrupted", 0)
     assert any(n >= 1 for n in interrupted.values()), interrupted
+
+CUTOVER_REPLAY = """
+import json
+from sim.__main__ import run_one
+got = run_one({seed}, {duration})
+print(json.dumps({{"violations": got["violations"], "operators": got["operators"],
+                  "cutover": {{k: v for k, v in got["result"].items() if "cutover" in k}},
+                  "tail": got["tail"]}}, default=str))
+"""
+
+
+def test_regression_seed_6_a_scheduler_spinning_while_a_rollback_drains() -> None:
+    """Seed 6 (8 simulated seconds) draws the cutover operator (sim/operators_cutover.py):
+    its ``rollback`` closed the noop family's admission with pending items, and the
+    replicas' schedulers, told those items were contended, claimed again at once: the
+    run spun at virtual 8.66 s for good (a replica burning a core on the database, on a
+    real server). A family whose admission is closed now offers no candidates
+    (tests/storage/test_cutover.py); the replay must end, with the family moved back
+    to integrationd and every legacy event executed exactly once."""
+    env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
+    out = subprocess.run([sys.executable, "-c", CUTOVER_REPLAY.format(seed=6, duration=8.0)],
+                         stdout=subprocess.PIPE, text=True, env=env, check=True,
+                         timeout=600).stdout
+    got = _last_json(out)
+    assert got["violations"] == [], got["tail"]
+    assert got["operators"].get("operator_cutover_rollback_blocked", 0) > 0, got["operators"]
+    assert got["operators"].get("operator_cutover_commit_done", 0) >= 2, got["operators"]
+    assert got["cutover"]["cutover_events"] > 0, got["cutover"]
