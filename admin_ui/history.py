@@ -8,10 +8,13 @@ Plugged in through :class:`admin_ui.extensions.ConsoleExtensions`. Routes:
 
 * ``/admin/history`` (page) and ``/admin/api/history`` (JSON): a range (``range`` =
   ``15m|1h|6h|24h|7d``, or ``from`` and ``to``), an optional ``family`` (the executions'
-  charts) and ``org``, ``binding``, ``operation`` (the effect path's charts); every point
-  of a chart links to the items behind it;
+  and the work queue's charts) and ``org``, ``binding``, ``operation`` (the executions'
+  and DLQ inflow's, where they keep the effect family's items, and the effect path's
+  charts; the work queue is sampled per family only, and the page says why); every
+  point of a chart links to the items behind it;
 * ``/admin/history/items`` and ``/admin/api/history/items``: the journaled executions of
-  one bucket (``from``, ``to``, ``family``, ``outcome``), newest first, each linking to
+  one bucket (``from``, ``to``, ``family``, ``outcome``, ``org``, ``binding``,
+  ``operation``), newest first, each linking to
   its work item;
 * ``/admin/history/commands`` and ``/admin/api/history/commands``: the commands of one
   bucket of the effect path (``metric`` = ``accepted|receipted``, ``from``, ``to``,
@@ -43,14 +46,14 @@ from admin_ui.history_quota import quota_doc, quota_lines
 from admin_ui.render import fmt_iso, page
 from daemon.core.history_range import PRESETS_US, BadRange, HistoryRange, parse_time, resolve
 from daemon.core.human_time import latency_text
-from storage.history import HistoryExecution, HistoryPoint
+from storage.history import ExecutionFilter, HistoryExecution, HistoryPoint
 from storage.history_flow import METRICS, FlowCommand, FlowFilter
 from storage.work_store import WorkStore
 
 ACTIONS = {"history.read": frozenset({"viewer", "operator", "admin"})}
 FLOW_KEYS = ("org", "binding", "operation")
 HISTORY_KEYS = ("range", "from", "to", "family", *FLOW_KEYS, "key")
-ITEMS_KEYS = ("from", "to", "family", "outcome", "limit")
+ITEMS_KEYS = ("from", "to", "family", "outcome", *FLOW_KEYS, "limit")
 COMMANDS_KEYS = ("metric", "from", "to", *FLOW_KEYS, "limit")
 SLOTS_KEYS = ("key", "from", "to", "limit")
 # A line of points per (name, dashed): (at_us, value or None, link, time text).
@@ -59,9 +62,31 @@ ITEMS_MAX_SPAN_US = 7 * 24 * 3600 * 1_000_000
 DEAD = "dead"
 
 
+# The widths of the rollups' key columns (migrations 0043, 0048): a longer value can
+# match nothing, so it is refused as unparsable rather than answered empty.
+FLOW_KEY_MAX = 128
+# The queue pressure chart is per family only: why, for the page and the JSON.
+QUEUE_NOT_NARROWED = (
+    "the queue is sampled once a minute per family from the work_items_ready index, each"
+    " count stopping at 100,000 entries; a count per org would read every open item's"
+    " index entry each minute with no cap and write a row per org, and an item's binding"
+    " and operation are on its command, not on the work item, so a count per binding or"
+    " operation would join every open effect item to its command each minute")
+
+
 def _flow_filter(args: Args) -> FlowFilter:
-    return FlowFilter(org=args.text("org"), binding=args.text("binding"),
-                      operation=args.text("operation"))
+    values = {}
+    for key in FLOW_KEYS:
+        value = args.text(key)
+        if value is not None and len(value) > FLOW_KEY_MAX:
+            raise BadFilter(f"{key} is longer than {FLOW_KEY_MAX} characters")
+        values[key] = value
+    return FlowFilter(**values)
+
+
+def execution_filter(family: str | None, where: FlowFilter) -> ExecutionFilter:
+    return ExecutionFilter(family=family, org=where.org, binding=where.binding,
+                           operation=where.operation)
 
 
 @attrs.frozen
@@ -85,11 +110,13 @@ def parse_history(pairs: Iterable[tuple[str, str]], now_us: int) -> HistoryQuery
     return HistoryQuery(chosen, args.text("family"), _flow_filter(args), args.text("key"))
 
 
-def _items_href(at_us: int, step_us: int, family: str | None, outcome: str) -> str:
+def _items_href(at_us: int, step_us: int, narrow: ExecutionFilter, outcome: str) -> str:
     query = {"from": str(at_us // 1_000_000), "to": str((at_us + step_us) // 1_000_000),
              "outcome": outcome}
-    if family:
-        query["family"] = family
+    for key, value in (("family", narrow.family), ("org", narrow.org),
+                       ("binding", narrow.binding), ("operation", narrow.operation)):
+        if value:
+            query[key] = value
     return "/admin/history/items?" + urlencode(query)
 
 
@@ -108,8 +135,9 @@ def _buckets(chosen: HistoryRange) -> list[int]:
 
 
 def history_doc(points: list[HistoryPoint], chosen: HistoryRange,
-                family: str | None) -> dict[str, Any]:
-    """The JSON read model: per outcome a point per bucket (zero where none finished)."""
+                narrow: ExecutionFilter) -> dict[str, Any]:
+    """The JSON read model: per outcome a point per bucket (zero where none finished),
+    narrowed by family and, for the effect family's items, org, binding and operation."""
     per_outcome = _series(points)
     buckets = _buckets(chosen)
     series = []
@@ -120,19 +148,22 @@ def history_doc(points: list[HistoryPoint], chosen: HistoryRange,
             "color": color(outcome),
             "total": sum(counts.values()),
             "points": [{"at_us": at, "at": fmt_iso(at), "executions": counts.get(at, 0),
-                        "items": _items_href(at, chosen.step_us, family, outcome)}
+                        "items": _items_href(at, chosen.step_us, narrow, outcome)}
                        for at in buckets],
         })
     return {
         "range": chosen.preset or "custom",
         "from_us": chosen.since_us, "to_us": chosen.until_us, "step_us": chosen.step_us,
         "from": fmt_iso(chosen.since_us), "to": fmt_iso(chosen.until_us),
-        "family": family,
+        "family": narrow.family,
+        # Org, binding and operation keep only the effect family's executions (no other
+        # family's item carries them).
+        "executions_narrowed": narrow.narrowed(),
         "throughput": series,
         "dlq_inflow": next((s for s in series if s["outcome"] == DEAD),
                            {"outcome": DEAD, "color": color(DEAD), "total": 0,
                             "points": [{"at_us": at, "at": fmt_iso(at), "executions": 0,
-                                        "items": _items_href(at, chosen.step_us, family, DEAD)}
+                                        "items": _items_href(at, chosen.step_us, narrow, DEAD)}
                                        for at in buckets]}),
     }
 
@@ -187,19 +218,25 @@ async def history_for(store: WorkStore, pairs: Iterable[tuple[str, str]],
     of the rollups, each an index range on (level, bucket)."""
     q = parse_history(pairs, now_us)
     chosen, family, where = q.chosen, q.family, q.where
+    narrow = execution_filter(family, where)
     points = await store.history_outcomes(chosen.since_us, chosen.until_us,
-                                          chosen.step_us, family)
+                                          chosen.step_us, family, where=narrow)
     flow = await store.history_flow(chosen.since_us, chosen.until_us, chosen.step_us, where)
     slots, limits = await store.history_quota(chosen.since_us, chosen.until_us,
                                               chosen.step_us, q.quota_key)
     queue = await store.history_pressure(chosen.since_us, chosen.until_us, chosen.step_us,
                                          family)
-    return {**history_doc(points, chosen, family),
+    queue_doc = pressure_doc(queue, chosen, family, _buckets(chosen))
+    # The filters given that this chart does not apply (and why), never silently.
+    queue_doc["not_narrowed_by"] = [k for k in FLOW_KEYS if getattr(where, k) is not None]
+    queue_doc["not_narrowed_because"] = (QUEUE_NOT_NARROWED if queue_doc["not_narrowed_by"]
+                                         else None)
+    return {**history_doc(points, chosen, narrow),
             "filters": {"family": family, "org": where.org, "binding": where.binding,
                         "operation": where.operation, "key": q.quota_key},
             **flow_doc(flow, chosen, where),
             "quota": quota_doc(slots, limits, chosen, _buckets(chosen)),
-            "queue_pressure": pressure_doc(queue, chosen, family, _buckets(chosen))}
+            "queue_pressure": queue_doc}
 
 
 async def _history(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
@@ -275,11 +312,14 @@ async def _items(pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
     args = Args(pairs, ITEMS_KEYS)
     since, until = _bucket(args)
     family, outcome = args.text("family"), args.text("outcome")
+    where = _flow_filter(args)
     limit = args.integer("limit", 100, 1, 500)
     rows = await console().view.store.history_executions(
-        since, until, family=family, outcome=outcome, limit=limit)
+        since, until, family=family, outcome=outcome, limit=limit,
+        where=execution_filter(family, where))
     return {"from_us": since, "to_us": until, "from": fmt_iso(since), "to": fmt_iso(until),
-            "family": family, "outcome": outcome, "limit": limit,
+            "family": family, "outcome": outcome, "org": where.org,
+            "binding": where.binding, "operation": where.operation, "limit": limit,
             "executions": [execution_json(e) for e in rows],
             "more": len(rows) == limit}
 
@@ -381,12 +421,12 @@ _ERRORS = {"400": {"$ref": "#/components/responses/BadRequest"},
            "403": {"$ref": "#/components/responses/Forbidden"},
            "503": {"$ref": "#/components/responses/DatabaseUnavailable"}}
 _FAMILY = _q("family", "one work family (empty: all)", {"type": "string", "maxLength": 64})
-_FLOW = [_q("org", "one org (the effect path's charts; empty: all)",
-            {"type": "string", "maxLength": 128}),
-         _q("binding", "one binding id (the effect path's charts; empty: all)",
-            {"type": "string", "maxLength": 255}),
-         _q("operation", "one provider operation (the effect path's charts; empty: all)",
-            {"type": "string", "maxLength": 255})]
+_NARROWS = ("the executions and DLQ inflow (only the effect family's items carry it) and"
+            " the effect path's charts; not the work queue's; empty: all")
+_FLOW = [_q("org", f"one org ({_NARROWS})", {"type": "string", "maxLength": 128}),
+         _q("binding", f"one binding id ({_NARROWS})", {"type": "string", "maxLength": 128}),
+         _q("operation", f"one provider operation ({_NARROWS})",
+            {"type": "string", "maxLength": 128})]
 _LIMIT = _q("limit", "at most this many (1..500, default 100)",
             {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 500}, _EMPTY]})
 OPENAPI_PATHS: dict[str, dict[str, Any]] = {
@@ -414,14 +454,16 @@ OPENAPI_PATHS: dict[str, dict[str, Any]] = {
                       **_ERRORS},
     }},
     "/admin/api/history/items": {"get": {
-        "summary": "The journaled executions of one bucket, newest first",
+        "summary": "The journaled executions of one bucket, newest first (with org,"
+                   " binding or operation: the effect family's items of that command's"
+                   " org, binding or operation)",
         "parameters": [
             {**_q("from", "bucket start: ISO 8601 UTC or epoch seconds", _TIME),
              "required": True},
             {**_q("to", "bucket end: ISO 8601 UTC or epoch seconds", _TIME), "required": True},
             _FAMILY,
             _q("outcome", "one outcome (empty: all)", {"type": "string", "maxLength": 32}),
-            _LIMIT,
+            *_FLOW, _LIMIT,
         ],
         "responses": {"200": {"description": "ok", "content": {"application/json": {
             "schema": {"type": "object", "required": ["executions", "more"]}}}},

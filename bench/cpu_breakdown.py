@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 COUNTED = {
     "http_connections_opened": ("httpcore/_async/connection.py", "__init__"),
     "http_connections_accepted": ("hypercorn/trio/tcp_server.py", "__init__"),
-    "http_requests_sent": ("httpx/_models.py", "__init__", "Request"),
+    "http_requests_sent": ("httpcore/_models.py", "__init__", "Request"),
     "mysql_escape_calls": ("trio_mysql/connections.py", "escape"),
     "mysql_connects": ("trio_mysql/connections.py", "__init__", "Connection"),
 }

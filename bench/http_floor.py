@@ -2,7 +2,7 @@
 
     python -m bench.http_floor --requests 4000 --concurrency 32
 
-Sends PATCHes through ``BoundedHttp`` (httpx, as the effect runner and the
+Sends PATCHes through ``BoundedHttp`` (httpcore pools, as the effect runner and the
 receipt sender do) to the sandbox's h11 server, first in the same process
 (CPU per exchange, client and server together), then with the server in a
 child process (the client's share alone: what integrationd pays per call).

@@ -3,7 +3,7 @@ server's keep-alive, and a request meets a connection the server is closing.
 
 ``python -m bench.keepalive_race [--server-keep-alive S] [--client-expiry S] [--requests N]``
 serves a counting app with ``serve_app`` (our listeners' server), sends ``N`` requests on
-one ``new_http_client`` (our clients), each after a pause of the server's keep-alive give
+one ``BoundedHttp`` (our clients), each after a pause of the server's keep-alive give
 or take 4 ms, and prints one JSON line: transport failures (the sender would send those
 again) and how many of them the server had already acted on (a resend of those is a
 duplicate delivery). ``--client-expiry`` defaults to ours (``keepalive_below``: half the
@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import trio
 
-from daemon.providers.executor import keepalive_below, new_http_client
+from daemon.providers.executor import BoundedHttp, keepalive_below, origin_of
 from daemon.services.http_server import serve_app
 
 
@@ -53,11 +53,11 @@ async def race(server_keep_alive_s: float, client_expiry_s: float,
             lambda task_status: serve_app(app, "127.0.0.1:0",
                                           keep_alive_timeout_s=server_keep_alive_s,
                                           task_status=task_status))
-        client = new_http_client(4, keepalive_s=client_expiry_s)
+        client = BoundedHttp.open(4, {origin_of(url): client_expiry_s})
         for n in range(requests):
             path = f"/r{n}"
             try:
-                await client.post(url + path, content=b"x")
+                await client.request("POST", url + path, content=b"x", timeout_s=10.0)
             except httpx.HTTPError as exc:
                 failed.append((path, type(exc).__name__))
             await trio.sleep(server_keep_alive_s + random.uniform(-0.004, 0.004))

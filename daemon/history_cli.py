@@ -46,9 +46,12 @@ def add_history_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     show.add_argument("--to", dest="to_time", metavar="TIME",
                       help="custom range end: ISO 8601 UTC or epoch seconds")
     show.add_argument("--family", help="executions of this family only")
-    show.add_argument("--org", help="the effect path of this org only")
-    show.add_argument("--binding", help="the effect path of this binding only")
-    show.add_argument("--operation", help="the effect path of this provider operation only")
+    show.add_argument("--org", help="the executions (effect items) and the effect path of"
+                                    " this org only; the work queue stays per family")
+    show.add_argument("--binding", help="the executions (effect items) and the effect path"
+                                        " of this binding only")
+    show.add_argument("--operation", help="the executions (effect items) and the effect path"
+                                          " of this provider operation only")
     show.add_argument("--key", help="the quota use of this quota key only")
     show.add_argument("--json", action="store_true",
                       help="print the document /admin/api/history answers")
@@ -147,7 +150,10 @@ def show_text(doc: dict[str, Any]) -> str:
              "queue peaks (highest per-minute sample; ready/retry wait/held/claimed): "
              + "/".join(_count(s["peak"], s["more"]) for s in queue)
              + f" ({doc['queue_pressure']['sampled_steps']} of"
-               f" {doc['queue_pressure']['steps']} steps sampled)",
+               f" {doc['queue_pressure']['steps']} steps sampled"
+             + ("" if not doc["queue_pressure"]["not_narrowed_by"] else
+                "; not narrowed by " + ", ".join(doc["queue_pressure"]["not_narrowed_by"])
+                + ": " + doc["queue_pressure"]["not_narrowed_because"]) + ")",
              "  ".join(["time (UTC)".ljust(20), *outcomes, "accepted", "receipted",
                         "answer p50/p99", "receipt p50/p99", "queue r/rw/h/c"])]
     per_outcome = {s["outcome"]: s["points"] for s in doc["throughput"]}

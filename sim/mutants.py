@@ -261,6 +261,22 @@ def subscription_dead_create_forgotten() -> Undo:
     return _creates_judged_alone()
 
 
+def claim_while_admission_closed() -> Undo:
+    """The claim statements no longer read the family's owner generation: a replica
+    claims (and reclaims) a family whose admission a cutover ``begin`` or a ``rollback``
+    closed, beside the legacy owner (seed 11's admission rule)."""
+    from storage import work_claims
+
+    admitted, candidate = work_claims.CLAIM_ADMITTED, work_claims._CANDIDATE_ADMITTED
+    open_ = " AND ? IS NOT NULL"  # the family's argument, consumed
+    undo = [_swap(work_claims, "CLAIM_ADMITTED", open_)]
+    for name in ("_CLAIM_WHERE", "_READY_SQL", "_READY_ORG_SQL"):
+        text = getattr(work_claims, name)
+        undo.append(_swap(work_claims, name, text.replace(admitted, open_)
+                          .replace(candidate, "")))
+    return lambda: _undo_all(undo)
+
+
 MUTANTS: dict[str, Callable[[], Undo]] = {
     "finalize_without_fence": finalize_without_fence,
     "send_before_checkpoint": send_before_checkpoint,
@@ -274,6 +290,7 @@ MUTANTS: dict[str, Callable[[], Undo]] = {
     "subscription_recreated_in_flight": subscription_recreated_in_flight,
     "subscription_dead_create_forgotten": subscription_dead_create_forgotten,
     "rewrap_during_refresh": lambda: _operators_keys().mutant_rewrap_during_refresh(),
+    "claim_while_admission_closed": claim_while_admission_closed,
 }
 
 

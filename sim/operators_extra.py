@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sim import operators_keys, operators_reconnect
+from sim import operators_cutover, operators_keys, operators_reconnect, operators_retire
 
 if TYPE_CHECKING:
     from sim.world import World
@@ -29,5 +29,7 @@ class Operator(Protocol):
 
 def draw(world: World) -> list[Operator]:
     drawn: list[Operator | None] = [operators_keys.draw(world),
-                                    operators_reconnect.draw(world)]
+                                    operators_reconnect.draw(world),
+                                    operators_cutover.draw(world),
+                                    operators_retire.draw(world)]
     return [op for op in drawn if op is not None]

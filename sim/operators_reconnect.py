@@ -452,38 +452,9 @@ class Reconnects:
 
     async def _dispose(self, settings: Any, command_id: str, operation: str,
                        binding_id: str) -> bool:
-        world = self.world
-        assert self.store is not None and world.op_clock is not None
-        catalog = load_catalog(settings)
-        op, binding = catalog.operation(operation), catalog.binding(binding_id)
-        window_s = max(op.contract.max_in_flight_s if op is not None
-                       else DEFAULT_MAX_IN_FLIGHT_S,
-                       binding.max_in_flight if binding is not None else 0.0)
-        applied = {rec.idempotency_key for rec in self.hubspot.requests
-                   if rec.method == "PATCH" and rec.applied and rec.idempotency_key}
-        for attempt_id, key in world.observer.execute(
-                "SELECT attempt_id, idempotency_key FROM effect_attempts"
-                " WHERE command_id = ? AND disposition IS NULL"
-                " AND (outcome IS NULL OR outcome = 'OUTCOME_UNKNOWN')"
-                " ORDER BY attempt_id", (command_id,)).fetchall():
-            seen = key in applied
-            try:
-                await self.store.effect_operator_disposition(
-                    attempt_id=str(attempt_id),
-                    disposition=(Disposition.OPERATOR_APPLIED if seen
-                                 else Disposition.OPERATOR_ABSENT),
-                    note="simulated: the provider's journal " + (
-                        "shows the key applied" if seen else "has no applied request"),
-                    actor="sim-admin", role="admin",
-                    in_flight_window_us=int(window_s * 1_000_000),
-                    now_us=world.op_clock.now_us())
-            except (StorageError, WorkConflict) as exc:  # fenced: later
-                world.trace("operator_dispose_refused", command_id=command_id,
-                            error=type(exc).__name__)
-                return False
-            world.ops["operator_dispositions"] += 1
-            world.trace("operator_disposed", command_id=command_id, applied=seen)
-        return True
+        assert self.store is not None
+        return await dispose_from_journal(self.world, self.store, self.hubspot, settings,
+                                          command_id, operation, binding_id)
 
     # ------------------------------------------------------------ the end
 
@@ -517,6 +488,45 @@ class Reconnects:
                                          - int(superseded))
         result["binding_moves"] = sum(len(m) for m in self.moves.values())
         result["handovers_unsent"] = len(self.pending)
+
+
+async def dispose_from_journal(world: World, store: WorkStore, hubspot: Any, settings: Any,
+                               command_id: str, operation: str, binding_id: str) -> bool:
+    """The console's disposition of each unresolved attempt of a command from the
+    provider's own journal (``effect_operator_disposition``, what ``/admin/effects``
+    records): applied when the journal shows its idempotency key applied, absent when
+    not. False: a disposition was refused (fenced: later)."""
+    assert world.op_clock is not None
+    catalog = load_catalog(settings)
+    op, binding = catalog.operation(operation), catalog.binding(binding_id)
+    window_s = max(op.contract.max_in_flight_s if op is not None
+                   else DEFAULT_MAX_IN_FLIGHT_S,
+                   binding.max_in_flight if binding is not None else 0.0)
+    applied = {rec.idempotency_key for rec in hubspot.requests
+               if rec.method == "PATCH" and rec.applied and rec.idempotency_key}
+    for attempt_id, key in world.observer.execute(
+            "SELECT attempt_id, idempotency_key FROM effect_attempts"
+            " WHERE command_id = ? AND disposition IS NULL"
+            " AND (outcome IS NULL OR outcome = 'OUTCOME_UNKNOWN')"
+            " ORDER BY attempt_id", (command_id,)).fetchall():
+        seen = key in applied
+        try:
+            await store.effect_operator_disposition(
+                attempt_id=str(attempt_id),
+                disposition=(Disposition.OPERATOR_APPLIED if seen
+                             else Disposition.OPERATOR_ABSENT),
+                note="simulated: the provider's journal " + (
+                    "shows the key applied" if seen else "has no applied request"),
+                actor="sim-admin", role="admin",
+                in_flight_window_us=int(window_s * 1_000_000),
+                now_us=world.op_clock.now_us())
+        except (StorageError, WorkConflict) as exc:  # fenced: later
+            world.trace("operator_dispose_refused", command_id=command_id,
+                        error=type(exc).__name__)
+            return False
+        world.ops["operator_dispositions"] += 1
+        world.trace("operator_disposed", command_id=command_id, applied=seen)
+    return True
 
 
 def draw(world: World) -> Reconnects | None:

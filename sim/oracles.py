@@ -85,6 +85,8 @@ def watch_handlers(world: World, r: SimReplica, parts: Assembly) -> None:
             async def watched(ctx: Any) -> Any:
                 token = CURRENT.set(Sender(r, ctx.fence, ctx.clock, name))
                 try:
+                    for hook in world.handler_hooks:
+                        hook(name, ctx)
                     return await inner(ctx)
                 finally:
                     CURRENT.reset(token)

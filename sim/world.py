@@ -39,7 +39,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +177,10 @@ class World:
     # watch of the replicas' commits (name, the order it began, its result).
     extra: list[Any] = attrs.field(factory=list)
     commit_hooks: list[Callable[[str, int, Any], None]] = attrs.field(factory=list)
+    # Called as a replica's handler starts (family, its context), and, when an operator
+    # owns the noop traffic's source (sim/operators_cutover.py), what enqueues it.
+    handler_hooks: list[Callable[[str, Any], None]] = attrs.field(factory=list)
+    noop_source: Callable[[int], Awaitable[None]] | None = None
 
     # ------------------------------------------------------------ the trace
     async def drain_replicas(self) -> None:
@@ -497,7 +501,12 @@ async def traffic(world: World, runtimes: list[ReferenceRuntime], store: WorkSto
                 world.ops["title_changes"] += 1
                 n += 1
                 rt.wakeup.set()
-        if n % 5 == 0:
+        if n % 5 == 0 and world.noop_source is not None:
+            try:
+                await world.noop_source(n)
+            except StorageError:
+                world.trace("enqueue_failed")
+        elif n % 5 == 0:
             specs = [WorkSpec(family="noop", org_id="org-sim", subject_kind="sim",
                               subject_id=f"n{n}-{k}") for k in range(3)]
             try:
@@ -844,6 +853,14 @@ async def _main(world: World, oauth: OAuthSimulator) -> dict[str, Any]:
         run = torture.Run("sqlite", [], [url], None, webhooks=hooks, log=lambda m: None)
         run.noop_ids = list(world.noop_ids)
         settle_s, drained = await torture.settle(run, runtimes, o.settle_s)
+        for extra in world.extra:
+            # An operator whose own settle brings work back to the replicas late (the
+            # cutover's legacy owner still draining) says when it is done; the replicas
+            # then settle what it handed them.
+            settled = getattr(extra, "settled", None)
+            if settled is not None and await settled(o.settle_s):
+                more_s, drained = await torture.settle(run, runtimes, o.settle_s)
+                settle_s += more_s
         world.trace("settled", drained=drained)
         # The sink's deliveries leave the sender's journal before the webhook invariants.
         seen = world.subscriptions.judge() if world.subscriptions is not None else {}

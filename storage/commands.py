@@ -44,6 +44,7 @@ from storage.effect_values import (
     CommandDraft,
     Settlement,
 )
+from storage.history import EFFECT_FAMILY as EFFECT_FAMILY  # re-exported: its home is here
 from storage.history_flow import count_accepted
 from storage.idgen import new_ulid
 from storage.port import Database, DuplicateKey, Row, SqlTx
@@ -52,7 +53,6 @@ from storage.work_rows import placeholders
 
 T = TypeVar("T")
 
-EFFECT_FAMILY = "external_effect"
 RECEIPT_VERSION = 1
 
 _ADMISSION_COLUMNS = (

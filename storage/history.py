@@ -8,17 +8,24 @@ Theory of operation
 day) so that a range of days reads hours or days, not ten thousand minutes.
 :func:`count_executions` runs inside the transaction that journals them
 (``storage.work_executions.journal``: finalizations, reclaims and deferrals), once per
-journaling call, so a finalization batch of many items costs three statements per
-(minute, family, outcome) it touches, not per item. A rollup row is
+journaling call, so a finalization batch of many items costs one statement per
+(minute, family, outcome, org, binding, operation) it touches, not per item. A rollup row is
 a read model (seed 5.2): nothing decides work from it, and :meth:`HistoryStore.history_rebuild`
 recomputes it from the journal rows.
 
-Hot path: the increment is a plain conditional ``UPDATE ... SET executions =
-executions + ?`` (portable: no ``ON DUPLICATE KEY``/``ON CONFLICT``, design.md section 5),
-then an ``INSERT`` when no row matched, then the ``UPDATE`` again when a concurrent
-transaction inserted first (``DuplicateKey``). Each journaling transaction picks one of
-:data:`SHARDS` rows per key (from its first work id), so replicas finishing the same
-family and outcome in the same minute mostly lock different rows; readers sum the shards.
+An item of the effect family (``external_effect``) is counted under its command's org,
+binding and provider operation (migration 0048), so the executions and the DLQ inflow
+narrow by them as the effect path's charts do; every other family's items carry ``''``
+(none). The journaling call reads them for its effect items in one statement (the work
+items and their commands by primary key, :func:`effect_keys`), and only when the batch
+holds an effect item.
+
+Hot path: a key's three levels are one conditional ``UPDATE`` of the three rows
+(:func:`storage.rollup_rows.add_at_levels`; portable: no ``ON DUPLICATE KEY``/``ON
+CONFLICT``, design.md section 5), plus an ``INSERT`` per level new in that minute, hour
+or day. Each journaling transaction picks one of :data:`SHARDS` rows per key (from its
+first work id), so replicas finishing the same family and outcome in the same minute
+mostly lock different rows; readers sum the shards.
 
 The journal has a retention horizon; the rollup does not. A rebuild therefore replaces
 whole days from the first whole day of journal rows still kept (or a day the operator
@@ -34,22 +41,39 @@ from typing import Any
 
 import attrs
 
-from storage.port import Database, DuplicateKey, SqlTx
+from storage.port import Database, SqlTx
 
 BUCKET_US = 60_000_000
 HOUR_US = 3_600_000_000
 DAY_US = 86_400_000_000
 LEVELS_US = (BUCKET_US, HOUR_US, DAY_US)
 SHARDS = 4
+# The family whose items carry an org, binding and operation in the rollup (the
+# effect runner's; storage.commands names it from here).
+EFFECT_FAMILY = "external_effect"
 
 # Column positions in storage.work_executions.journal_entry rows.
 _WORK_ID, _FAMILY, _OUTCOME, _FINISHED = 0, 2, 5, 6
 
-_INCREMENT = ("UPDATE history_rollup SET executions = executions + ?"
-              " WHERE level_us = ? AND bucket_us = ? AND family = ? AND outcome = ?"
-              " AND shard = ?")
+_KEY_COLUMNS = ("family", "outcome", "org_id", "binding_id", "operation", "shard")
 _INSERT = ("INSERT INTO history_rollup (executions, level_us, bucket_us, family, outcome,"
-           " shard) VALUES (?, ?, ?, ?, ?, ?)")
+           " org_id, binding_id, operation, shard) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+# The rebuild's per-minute counts of an hour: an effect item under its command (an
+# item or command retention removed first: none, as for every other family).
+_REBUILD_SELECT = (
+    "SELECT e.finished_at_us - (e.finished_at_us % ?) AS bucket, e.family, e.outcome,"
+    " c.org_id, c.binding_id, c.operation, COUNT(*) FROM work_executions e"
+    " LEFT JOIN work_items w ON w.work_id = e.work_id AND w.subject_kind = 'command'"
+    f" AND e.family = '{EFFECT_FAMILY}'"
+    " LEFT JOIN external_commands c ON c.command_id = w.subject_id"
+    " WHERE e.finished_at_us >= ? AND e.finished_at_us < ?"
+    " GROUP BY bucket, e.family, e.outcome, c.org_id, c.binding_id, c.operation")
+# An effect item's command: its org, binding and provider operation (the work item's
+# subject is its command). Both by primary key.
+_EFFECT_KEYS = ("SELECT w.work_id, c.org_id, c.binding_id, c.operation FROM work_items w"
+                " JOIN external_commands c ON c.command_id = w.subject_id"
+                " WHERE w.subject_kind = 'command' AND w.work_id IN ({marks})")
+NO_KEY = ("", "", "")
 
 
 def bucket_of(at_us: int, level_us: int = BUCKET_US) -> int:
@@ -96,29 +120,59 @@ def shard_of(work_id: str) -> int:
     return zlib.crc32(work_id.encode()) % SHARDS
 
 
+async def effect_keys(tx: SqlTx, work_ids: Sequence[str]) -> dict[str, tuple[str, str, str]]:
+    """(org, binding, operation) of each effect item among ``work_ids``: one read."""
+    if not work_ids:
+        return {}
+    rows = await tx.fetchall(_EFFECT_KEYS.format(marks=", ".join("?" for _ in work_ids)),
+                             tuple(work_ids))
+    return {str(w): (str(o), str(b), str(p)) for w, o, b, p in rows}
+
+
 async def count_executions(tx: SqlTx, entries: Sequence[Sequence[Any]]) -> None:
-    """Add newly journaled executions to the rollup, inside the journaling transaction."""
+    """Add newly journaled executions to the rollup, inside the journaling transaction:
+    an effect item under its command's org, binding and operation (one read for the
+    batch's effect items), one statement per key in the steady state."""
+    from storage.rollup_rows import add_at_levels  # it imports this module's levels
+
     if not entries:
         return
     shard = shard_of(str(entries[0][_WORK_ID]))
-    counts: dict[tuple[int, int, str, str], int] = {}
+    keyed = await effect_keys(tx, sorted({str(e[_WORK_ID]) for e in entries
+                                          if e[_FAMILY] == EFFECT_FAMILY}))
+    counts: dict[tuple[int, str, str, str, str, str], int] = {}
     for entry in entries:
         at, family, outcome = int(entry[_FINISHED]), str(entry[_FAMILY]), str(entry[_OUTCOME])
-        for level in LEVELS_US:
-            key = (level, bucket_of(at, level), family, outcome)
-            counts[key] = counts.get(key, 0) + 1
+        key = (bucket_of(at), family, outcome, *keyed.get(str(entry[_WORK_ID]), NO_KEY))
+        counts[key] = counts.get(key, 0) + 1
     # One order for every writer: two transactions never wait on each other's rows in turn.
-    for (level, bucket, family, outcome), n in sorted(counts.items()):
-        await _add(tx, (n, level, bucket, family, outcome, shard))
+    for (minute, family, outcome, org, binding, operation), n in sorted(counts.items()):
+        await add_at_levels(tx, "history_rollup", _KEY_COLUMNS,
+                            (family, outcome, org, binding, operation, shard), minute, n,
+                            count="executions")
 
 
-async def _add(tx: SqlTx, row: tuple[int, int, int, str, str, int]) -> None:
-    if await tx.execute(_INCREMENT, row):
-        return
-    try:
-        await tx.execute(_INSERT, row)
-    except DuplicateKey:  # another transaction inserted the row first: add to it
-        await tx.execute(_INCREMENT, row)
+@attrs.frozen
+class ExecutionFilter:
+    """The executions' filters (None: all). Org, binding and operation keep only the
+    effect family's items (no other family's item carries them)."""
+
+    family: str | None = None
+    org: str | None = None
+    binding: str | None = None
+    operation: str | None = None
+
+    def narrowed(self) -> bool:
+        return any(v is not None for v in (self.org, self.binding, self.operation))
+
+    def where(self) -> tuple[str, tuple[str, ...]]:
+        clauses, args = [], []
+        for column, value in (("family", self.family), ("org_id", self.org),
+                              ("binding_id", self.binding), ("operation", self.operation)):
+            if value is not None:
+                clauses.append(f" AND {column} = ?")
+                args.append(value)
+        return "".join(clauses), tuple(args)
 
 
 @attrs.frozen
@@ -150,43 +204,59 @@ class HistoryStore:
     db: Database
 
     async def history_outcomes(self, since_us: int, until_us: int, step_us: int,
-                               family: str | None = None) -> list[HistoryPoint]:
+                               family: str | None = None, *,
+                               where: ExecutionFilter | None = None) -> list[HistoryPoint]:
         """Executions per ``step_us`` bucket (a multiple of a minute) in
         ``[since_us, until_us)``, per family and outcome, cluster-wide, from the rollup's
-        coarsest level that tiles the step (a step of hours reads hours)."""
-        where, args = step_range(since_us, until_us, step_us, "family", family)
+        coarsest level that tiles the step (a step of hours reads hours); ``where``
+        narrows by org, binding and operation (the effect family's items)."""
+        narrow = attrs.evolve(where or ExecutionFilter(), family=family)
+        extra, extra_args = narrow.where()
+        where_sql, args = step_range(since_us, until_us, step_us, "family", None)
 
         async def body(tx: SqlTx) -> list[HistoryPoint]:
             rows = await tx.fetchall(
                 "SELECT bucket_us - (bucket_us % ?) AS step_at, family, outcome,"
-                f" SUM(executions) FROM history_rollup WHERE {where}"
+                f" SUM(executions) FROM history_rollup WHERE {where_sql}{extra}"
                 " GROUP BY step_at, family, outcome ORDER BY step_at, family, outcome",
-                args,
+                (*args, *extra_args),
             )
             return [HistoryPoint(int(a), str(f), str(o), int(n)) for a, f, o, n in rows]
 
         return await self.db.transact(body, name="history.outcomes", write=False)
 
     async def history_executions(self, since_us: int, until_us: int, *, family: str | None,
-                                 outcome: str | None, limit: int) -> list[HistoryExecution]:
-        """The journaled executions behind a point, newest first, at most ``limit``."""
-        where = "finished_at_us >= ? AND finished_at_us < ?"
+                                 outcome: str | None, limit: int,
+                                 where: ExecutionFilter | None = None
+                                 ) -> list[HistoryExecution]:
+        """The journaled executions behind a point, newest first, at most ``limit``;
+        ``where`` keeps the effect items of one org, binding or operation (each row
+        joined to its item and command by primary key)."""
+        clauses = "e.finished_at_us >= ? AND e.finished_at_us < ?"
         args: tuple[Any, ...] = (since_us, until_us)
         if family is not None:
-            where += " AND family = ?"
+            clauses += " AND e.family = ?"
             args += (family,)
         if outcome is not None:
-            where += " AND outcome = ?"
+            clauses += " AND e.outcome = ?"
             args += (outcome,)
+        join = ""
+        if where is not None and where.narrowed():
+            extra, extra_args = attrs.evolve(where, family=None).where()
+            join = (" JOIN work_items w ON w.work_id = e.work_id"
+                    " JOIN external_commands c ON c.command_id = w.subject_id")
+            clauses += (" AND e.family = ? AND w.subject_kind = 'command'"
+                        + extra.replace(" AND ", " AND c."))
+            args += (EFFECT_FAMILY, *extra_args)
 
         async def body(tx: SqlTx) -> list[HistoryExecution]:
             rows = await tx.fetchall(
-                "SELECT work_id, ownership_epoch, family, attempt, replica, outcome,"
-                f" finished_at_us FROM work_executions WHERE {where}"
+                "SELECT e.work_id, e.ownership_epoch, e.family, e.attempt, e.replica,"
+                f" e.outcome, e.finished_at_us FROM work_executions e{join} WHERE {clauses}"
                 # The order of work_executions_finished (finished_at_us, family, then the
                 # primary key), read backwards: the newest rows, never a sort of the span.
-                " ORDER BY finished_at_us DESC, family DESC, work_id DESC,"
-                " ownership_epoch DESC LIMIT ?",
+                " ORDER BY e.finished_at_us DESC, e.family DESC, e.work_id DESC,"
+                " e.ownership_epoch DESC LIMIT ?",
                 (*args, limit),
             )
             return [HistoryExecution(str(w), int(e), str(f), int(a), str(r), str(o), int(t))
@@ -229,14 +299,13 @@ class HistoryStore:
                 await tx.execute(
                     "DELETE FROM history_rollup WHERE level_us IN (?, ?, ?)"
                     " AND bucket_us >= ? AND bucket_us < ?", (*LEVELS_US, start, end))
-                counts: dict[tuple[int, int, str, str], int] = {}
-                for bucket, family, outcome, n in await per_hour(
-                        tx, "SELECT finished_at_us - (finished_at_us % ?) AS bucket, family,"
-                        " outcome, COUNT(*) FROM work_executions"
-                        " WHERE finished_at_us >= ? AND finished_at_us < ?"
-                        " GROUP BY bucket, family, outcome", start, end):
+                counts: dict[tuple[int, int, str, str, str, str, str], int] = {}
+                for bucket, family, outcome, org, binding, operation, n in await per_hour(
+                        tx, _REBUILD_SELECT, start, end):
                     for level in LEVELS_US:
-                        key = (level, bucket_of(int(bucket), level), str(family), str(outcome))
+                        key = (level, bucket_of(int(bucket), level), str(family), str(outcome),
+                               *(("", "", "") if family != EFFECT_FAMILY or org is None
+                                 else (str(org), str(binding), str(operation))))
                         counts[key] = counts.get(key, 0) + int(n)
                 if counts:
                     await tx.executemany(_INSERT, [(n, *key, 0)

@@ -93,11 +93,21 @@ from storage.work_rows import (
 T = TypeVar("T")
 SideWrite = Callable[[SqlTx], Awaitable[None]]
 
+# A family whose admission is closed (a cutover or a rollback draining) offers no
+# ready candidates: its ready rows are not contention (the scheduler would claim again
+# at once, spinning on the database until admission reopens). The claim statement
+# still decides (``CLAIM_ADMITTED``); this keeps the scheduler idle meanwhile.
+# (Expired rows are still read: a spent one is dead-lettered whatever the admission.)
+_CANDIDATE_ADMITTED = (
+    " AND NOT EXISTS (SELECT 1 FROM owner_generations g"
+    " WHERE g.family = w.family AND g.claimant <> 'integrationd')"
+)
 _READY_HEAD = (
     "SELECT w.work_id, w.org_id, w.source_lane, w.target_lane, w.run_after_us"
     " FROM work_items w"
     " WHERE w.state = ? AND w.family = ? AND w.run_after_us <= ?"
     " AND w.engine_capability_version <= ? AND w.payload_schema_version <= ?"
+    + _CANDIDATE_ADMITTED
 )
 _READY_TAIL = (
     " AND (w.target_lane IS NULL OR NOT EXISTS ("

@@ -9,7 +9,7 @@ where the definition says (``command_fields``) and checked against its
 allowed fields, then the body template, path template, content type and
 idempotency header are filled in. :meth:`HttpExecutor.dispatch` performs
 *one* exchange and reports a :class:`DispatchObservation` of how far it got;
-it never retries (httpx does not retry requests, and its transport is built
+it never retries (httpcore does not retry requests, and its pools are built
 with ``retries=0``). :meth:`HttpExecutor.read` performs the definition's
 read-back for reconciliation.
 
@@ -41,12 +41,15 @@ from __future__ import annotations
 import datetime
 import hashlib
 import http.cookiejar
+import json as _json
+import re
 import ssl
 import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
+import httpcore
 import httpx
 import trio
 
@@ -252,57 +255,156 @@ def origin_of(url: str) -> str:
 
 
 def new_http_client(max_connections: int, tls: ssl.SSLContext | None = None, *,
-                    keepalive_s: float = SAFE_KEEPALIVE_S) -> httpx.AsyncClient:
-    """An HTTP/1.1 client with keep-alive, no retries of any kind and no cookies.
+                    keepalive_s: float = SAFE_KEEPALIVE_S) -> httpcore.AsyncConnectionPool:
+    """An HTTP/1.1 connection pool with keep-alive and no retries of any kind.
 
-    The limits go to the transport (a client ignores its own ``limits`` when
-    given a transport). ``tls`` lets many clients share one context: each
-    default context loads the CA bundle again (time and ~0.7 MB apiece).
-    ``keepalive_s``: how long an idle connection is kept (see :func:`keepalive_below`).
+    ``tls`` lets many pools share one context: each default context loads the CA bundle
+    again (time and ~0.7 MB apiece). ``keepalive_s``: how long an idle connection is
+    kept (see :func:`keepalive_below`). httpcore keeps no cookies and reads no proxy or
+    certificate settings from the environment.
     """
-    return httpx.AsyncClient(
-        transport=httpx.AsyncHTTPTransport(
-            retries=0, trust_env=False, verify=tls or httpx.create_ssl_context(),
-            limits=httpx.Limits(max_connections=max_connections,
-                                max_keepalive_connections=max_connections,
-                                keepalive_expiry=keepalive_s),
-        ),
-        follow_redirects=False,
-        trust_env=False,
-        cookies=NoCookies(),
+    return httpcore.AsyncConnectionPool(
+        ssl_context=tls or httpx.create_ssl_context(),
+        max_connections=max_connections,
+        max_keepalive_connections=max_connections,
+        keepalive_expiry=keepalive_s,
+        http1=True, http2=False, retries=0,
     )
 
 
-# Connections per httpx client. httpcore's pool does work proportional to its
-# size on every request: one client's CPU per exchange was 550 us with 4
-# connections and 1,270 us with 32 (``python -m bench.http_floor``), so many
-# connections are many small clients.
+# Connections per pool. httpcore's pool does work proportional to its size on every
+# request: one pool's CPU per exchange was 550 us with 4 connections and 1,270 us with 32
+# (``python -m bench.http_floor``, through httpx), so many connections are many small pools.
 SHARD_CONNECTIONS = 4
+
+# httpcore's exceptions as the httpx ones every caller classifies (the same mapping httpx
+# itself applies; by name, most specific first along each class's MRO). httpcore raises a
+# ConnectError/ConnectTimeout only before the request's first byte, and the pool's wait as
+# PoolTimeout; everything else (write, read, protocol errors) may have delivered it.
+_HTTPX_ERROR: dict[type[Exception], type[httpx.HTTPError]] = {
+    httpcore.ConnectTimeout: httpx.ConnectTimeout,
+    httpcore.ReadTimeout: httpx.ReadTimeout,
+    httpcore.WriteTimeout: httpx.WriteTimeout,
+    httpcore.PoolTimeout: httpx.PoolTimeout,
+    httpcore.TimeoutException: httpx.TimeoutException,
+    httpcore.ConnectError: httpx.ConnectError,
+    httpcore.ReadError: httpx.ReadError,
+    httpcore.WriteError: httpx.WriteError,
+    httpcore.NetworkError: httpx.NetworkError,
+    httpcore.RemoteProtocolError: httpx.RemoteProtocolError,
+    httpcore.LocalProtocolError: httpx.LocalProtocolError,
+    httpcore.ProtocolError: httpx.ProtocolError,
+    httpcore.UnsupportedProtocol: httpx.UnsupportedProtocol,
+    httpcore.ProxyError: httpx.ProxyError,
+}
+_HTTPCORE_ERRORS = tuple(_HTTPX_ERROR)
+
+
+def _as_httpx(exc: Exception) -> httpx.HTTPError:
+    for kind in type(exc).__mro__:
+        mapped = _HTTPX_ERROR.get(kind)
+        if mapped is not None:
+            return mapped(str(exc))
+    return httpx.TransportError(str(exc))  # an httpcore error this table does not name
+
+
+# A URL made only of these characters goes to httpcore as it is; any other (a space, a
+# non-ASCII host or path) is normalized by httpx's URL parser first (IDNA, percent-encoding).
+_PLAIN_URL = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]*")
+
+# Sent with every request unless the caller sets them. No Accept-Encoding would let a
+# server pick any coding (RFC 9110 12.5.3); these are the ones :func:`_answer` decodes.
+_DEFAULT_HEADERS = {"accept": "*/*", "accept-encoding": "gzip, deflate",
+                    "user-agent": "integrationd"}
+
+
+def _url(url: str, params: Mapping[str, str] | None) -> httpcore.URL:
+    if params:
+        url += ("&" if "?" in url else "?") + urllib.parse.urlencode(
+            params, quote_via=urllib.parse.quote)
+    if _PLAIN_URL.fullmatch(url):
+        return httpcore.URL(url)
+    parsed = httpx.URL(url)
+    return httpcore.URL(scheme=parsed.raw_scheme, host=parsed.raw_host, port=parsed.port,
+                        target=parsed.raw_path)
+
+
+def _request_headers(headers: Mapping[str, str] | None, content_type: str | None,
+                     length: int | None) -> list[tuple[bytes, bytes]]:
+    merged = dict(_DEFAULT_HEADERS)
+    if content_type is not None:
+        merged["content-type"] = content_type
+    for name, value in (headers or {}).items():
+        merged[name.lower()] = value
+    if length is not None:
+        merged["content-length"] = str(length)
+    merged.pop("transfer-encoding", None)
+    return [(name.encode("ascii"), value.encode("ascii")) for name, value in merged.items()]
+
+
+class _Body:
+    """A request body of one chunk, as an async iterator that is not an async generator.
+
+    httpcore wraps ``bytes`` content in an async generator; when a write fails or times
+    out part-way, that generator is left unexhausted and trio warns as the garbage
+    collector takes it. This one holds nothing to finalize. Its length goes in the
+    Content-Length header (:func:`_request_headers`), never chunked."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+
+    def __aiter__(self) -> _Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._data is None:
+            raise StopAsyncIteration
+        data, self._data = self._data, None
+        return data
+
+
+def _answer(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> httpx.Response:
+    """The pool's answer as the ``httpx.Response`` callers read (its status, headers,
+    content, ``json()``); a gzip or deflate body is decoded (``httpx.DecodingError`` when
+    it cannot be: the request was answered, so it may well have been acted on)."""
+    if not any(name.lower() == b"content-encoding" for name, _ in headers):
+        return httpx.Response(status, headers=headers, content=body)
+    response = httpx.Response(status, headers=headers, stream=httpx.ByteStream(body))
+    response.read()  # in memory already: the sync path, no async generator to close
+    return response
 
 
 @attrs.define(eq=False)
 class _Shard:
-    client: httpx.AsyncClient
+    pool: httpcore.AsyncConnectionPool
     busy: int = 0
 
 
 @attrs.define(eq=False)
 class BoundedHttp:
-    """httpx clients that admit one request per pooled connection at a time.
+    """httpcore connection pools that admit one request per pooled connection at a time.
 
-    Each origin (scheme and host:port) gets its own small clients of
+    Each origin (scheme and host:port) gets its own small pools of
     ``SHARD_CONNECTIONS`` connections, made as its load needs them, so a
-    client never closes a kept-alive connection to one origin to open one to
-    another, and its pool stays small. A request goes to the least busy
-    client of its origin. Requests over ``max_connections`` in all wait on a
-    semaphore instead of in httpcore's queue; a wait longer than the
-    request's own timeout fails as ``httpx.PoolTimeout``: nothing was sent.
+    pool never closes a kept-alive connection to one origin to open one to
+    another, and stays small. A request goes to the least busy pool of its
+    origin. Requests over ``max_connections`` in all wait on a semaphore
+    instead of in httpcore's queue; a wait longer than the request's own
+    timeout fails as ``httpx.PoolTimeout``: nothing was sent.
+
+    httpcore directly, not httpx's client: the client's request and response
+    models, auth and cookie flows and header normalization cost more CPU than
+    the exchange itself (``python -m bench.http_floor``). Errors are raised as
+    the httpx exceptions httpx maps httpcore's to, so every caller's "never
+    sent" / "maybe sent" classification is unchanged; answers are
+    ``httpx.Response`` values.
     """
 
     max_connections: int
     # Idle expiry of pooled connections by origin (origin_of); others SAFE_KEEPALIVE_S.
     keepalive_s: Mapping[str, float] = attrs.field(factory=dict)
-    _tls: ssl.SSLContext = attrs.field(init=False, factory=httpx.create_ssl_context)
+    # The TLS context every pool shares (default: certifi's trust store, as httpx's).
+    tls: ssl.SSLContext = attrs.field(factory=httpx.create_ssl_context)
     _slots: trio.Semaphore = attrs.field(init=False)
     _origins: dict[str, list[_Shard]] = attrs.field(init=False, factory=dict)
 
@@ -320,18 +422,33 @@ class BoundedHttp:
         shard = min(shards, key=lambda s: s.busy, default=None)
         if shard is None or shard.busy >= SHARD_CONNECTIONS:
             shard = _Shard(new_http_client(
-                SHARD_CONNECTIONS, self._tls,
+                SHARD_CONNECTIONS, self.tls,
                 keepalive_s=self.keepalive_s.get(origin, SAFE_KEEPALIVE_S)))
             shards.append(shard)
         return shard
 
     async def request(self, method: str, url: str, *, timeout_s: float,
                       may_send: Callable[[], bool] | None = None,
-                      **kwargs: Any) -> httpx.Response:
+                      headers: Mapping[str, str] | None = None,
+                      content: bytes | None = None, json: Any = None,
+                      params: Mapping[str, str] | None = None) -> httpx.Response:
         """One exchange; ``may_send`` (if given) is asked just before the first byte
-        and raises :class:`SendWindowClosed` when it says no."""
+        and raises :class:`SendWindowClosed` when it says no. ``timeout_s`` bounds the
+        wait for a connection, the connect, and each write and read (as httpx's)."""
+        content_type = None
+        if json is not None:
+            content = _json.dumps(json, ensure_ascii=False, separators=(",", ":"),
+                                  allow_nan=False).encode()
+            content_type = "application/json"
+        target = _url(url, params)
+        extensions: dict[str, Any] = {"timeout": {"connect": timeout_s, "read": timeout_s,
+                                                  "write": timeout_s, "pool": timeout_s}}
         if may_send is not None:
-            kwargs["extensions"] = {"trace": _gated(may_send)}
+            extensions["trace"] = _gated(may_send)
+        length = len(content) if content is not None else (
+            0 if method in ("POST", "PUT", "PATCH") else None)  # Content-Length: 0, as httpx
+        wire_headers = _request_headers(headers, content_type, length)
+        body = _Body(content) if content else None
         with trio.move_on_after(timeout_s) as waiting:
             await self._slots.acquire()
         if waiting.cancelled_caught:
@@ -339,15 +456,19 @@ class BoundedHttp:
         shard = self._shard(url)
         shard.busy += 1
         try:
-            return await shard.client.request(method, url, timeout=timeout_s, **kwargs)
+            answer = await shard.pool.request(method, target, headers=wire_headers,
+                                              content=body, extensions=extensions)
+        except _HTTPCORE_ERRORS as exc:
+            raise _as_httpx(exc) from exc
         finally:
             shard.busy -= 1
             self._slots.release()
+        return _answer(answer.status, answer.headers, answer.content)
 
     async def aclose(self) -> None:
         for shards in self._origins.values():
             for shard in shards:
-                await shard.client.aclose()
+                await shard.pool.aclose()
 
 
 @attrs.define(eq=False)

@@ -20,7 +20,7 @@ from daemon.services.replica import Replica
 from tests.admin.support import ConsoleHarness
 from tests.admin.test_openapi import _routes
 from tests.support.find import seed_receipts
-from tests.support.history import use_quota
+from tests.support.history import finish_effects, use_quota
 from tests.support.work import T0
 
 
@@ -73,6 +73,9 @@ BAD_RANGES = [
     ("family=" + "f" * 65, "family is longer than 64"),
     ("org=" + "o" * 129, "org is longer than 128"),
     ("binding=" + "b" * 256, "binding is longer than 255"),
+    # The rollups' key columns are 128 wide: a longer value can match nothing.
+    ("binding=" + "b" * 129, "binding is longer than 128"),
+    ("operation=" + "p" * 129, "operation is longer than 128"),
     ("operation=a%01b", "operation contains control characters"),
     ("org=org-1&org=org-2", "more than once"),
     ("key=" + "k" * 256, "key is longer than 255"),
@@ -94,6 +97,11 @@ BAD_BUCKETS = [
     ("from=1800000000&to=1799999999", "to must be later than from"),
     ("from=1800000000&to=1900000000", "at most 7 days"),
     ("from=1800000000&to=1800000060&limit=0", "limit must be a whole number"),
+    # The filters of a narrowed point's link (issue 23 item 1: per org, binding, operation).
+    ("from=1800000000&to=1800000060&binding=" + "b" * 129, "binding is longer than 128"),
+    ("from=1800000000&to=1800000060&org=a&org=b", "more than once"),
+    ("from=1800000000&to=1800000060&operation=a%01b", "operation contains control"),
+    ("from=1800000000&to=1800000060&key=k", "unknown parameter 'key'"),
 ]
 
 
@@ -129,11 +137,18 @@ async def test_the_queue_pressure_is_drawn_from_the_samples_per_family(
                      r'[^"]*" data-series="ready"', html), html
     assert "1 of 15 steps sampled" in html
     assert "Not narrowed by org" not in html
-    # An org filter narrows the effect path only: the page says so beside the executions',
-    # DLQ and queue charts instead of showing them unfiltered without a word.
+    assert everyone["queue_pressure"]["not_narrowed_by"] == []
+    # An org filter narrows the executions, DLQ inflow and effect path, not the queue's
+    # samples (per family only): the page and the JSON say so, and why, beside that
+    # chart alone instead of showing it unfiltered without a word.
     narrowed = await (await viewer.get("/admin/history?range=15m&org=org-9")).get_data(
         as_text=True)
-    assert narrowed.count('class="muted small not-narrowed">Not narrowed by org') == 3
+    assert narrowed.count('class="muted small not-narrowed"') == 1
+    assert ('id="queue-not-narrowed">Not narrowed by org: the queue is sampled once a'
+            ' minute per family') in narrowed
+    two = await (await viewer.get("/admin/api/history?range=15m&org=o&binding=b")).get_json()
+    assert two["queue_pressure"]["not_narrowed_by"] == ["org", "binding"]
+    assert "work_items_ready" in two["queue_pressure"]["not_narrowed_because"]
 
 
 async def test_a_range_or_filter_that_cannot_be_parsed_is_a_400_with_a_message(
@@ -254,3 +269,52 @@ async def test_quota_use_against_the_limit_per_key_links_its_slots(
     assert link is not None
     page = await (await viewer.get(link[1].replace("&amp;", "&"))).get_data(as_text=True)
     assert all(f'href="/admin/work/{s["work_id"]}"' in page for s in slots["slots"])
+
+
+async def test_executions_and_dlq_inflow_per_org_binding_and_operation_link_their_items(
+        console: ConsoleHarness) -> None:
+    """The executions and the DLQ inflow narrowed to the effect items of one org, binding
+    or provider operation (history_rollup keyed by them, migration 0048); each point
+    links to exactly the items behind it, the filters kept.
+
+    Before: the filters did not narrow these charts (the page said "Not narrowed by org,
+    binding or operation"), so a binding's dead items were lost among every family's."""
+    ids = await finish_effects(console.store, T0)
+    _with_history(console)
+    viewer, _ = await console.sign_in("viv")
+    span = f"from={T0 // 1_000_000 - 60}&to={T0 // 1_000_000 + 240}"
+    everyone = await (await viewer.get(f"/admin/api/history?{span}")).get_json()
+    assert {s["outcome"]: s["total"] for s in everyone["throughput"]} == {
+        "succeeded": 4, "dead": 2}
+    assert everyone["executions_narrowed"] is False
+    for query, totals, dead in (
+            ("binding=hubspot-eu", {"succeeded": 1, "dead": 2}, ["lead-c", "lead-d"]),
+            ("org=org-1", {"succeeded": 2, "dead": 1}, ["lead-c"]),
+            ("operation=hubspot.deal.create", {"succeeded": 2, "dead": 1}, ["lead-d"]),
+            ("org=org-1&binding=hubspot-main", {"succeeded": 2}, []),
+            ("binding=nobody", {}, [])):
+        doc = await (await viewer.get(f"/admin/api/history?{span}&{query}")).get_json()
+        assert doc["executions_narrowed"] is True, query
+        assert {s["outcome"]: s["total"] for s in doc["throughput"]} == totals, query
+        assert doc["dlq_inflow"]["total"] == len(dead), query
+        points = [p for p in doc["dlq_inflow"]["points"] if p["executions"]]
+        behind = set()
+        for p in points:
+            assert query in p["items"], (query, p["items"])
+            listed = await (await viewer.get(p["items"].replace("/admin/", "/admin/api/", 1)))\
+                .get_json()
+            behind |= {e["work_id"] for e in listed["executions"]}
+        assert behind == {ids[lead] for lead in dead}, query
+    # The page: the narrowed charts say what they keep; their dots open the listing.
+    html = await (await viewer.get(f"/admin/history?{span}&binding=hubspot-eu")).get_data(
+        as_text=True)
+    assert "Executions finished, by outcome (narrowed)" in html
+    assert "DLQ inflow (narrowed)" in html
+    assert "Only effect items of binding <code>hubspot-eu</code>" in html
+    link = re.search(r'<a class="point-link" href="([^"]+binding=hubspot-eu[^"]*)"'
+                     r' data-series="dead"', html)
+    assert link is not None, html
+    page = await (await viewer.get(link[1].replace("&amp;", "&"))).get_data(as_text=True)
+    assert f'href="/admin/work/{ids["lead-c"]}"' in page
+    assert f'href="/admin/work/{ids["lead-a"]}"' not in page
+    assert "binding <code>hubspot-eu</code>" in page

@@ -11,7 +11,7 @@ from daemon.core.outcomes import DeadLetter, Succeeded
 from storage.port import SqlTx
 from tests.support.backends import fresh_database
 from tests.support.find import seed_receipts
-from tests.support.history import use_quota
+from tests.support.history import finish_effects, use_quota
 from tests.support.processes import run_cli, write_config
 from tests.support.work import T0, claim, enqueue, finalize
 
@@ -100,3 +100,34 @@ async def test_history_show_answers_what_the_page_answers(tmp_path: Path) -> Non
         refused = run_cli(cfg, "history", "show", "--from", start)
         assert refused.returncode == 2
         assert "a custom range needs both from and to" in refused.stderr
+
+
+async def test_history_show_narrows_the_executions_per_binding_as_the_page_does(
+        tmp_path: Path) -> None:
+    """``history show --binding B --json`` is the document ``/admin/api/history?binding=B``
+    answers: the executions and DLQ inflow of that binding's effect items (migration
+    0048), the queue's chart marked as not narrowed, with why; the plain text says so."""
+    async with fresh_database("sqlite", tmp_path) as database:
+        store = await database.open_store()
+        await finish_effects(store, T0)
+        cfg = write_config(tmp_path / "a.toml", database.url)
+        start, end = str(T0 // 1_000_000 - 60), str(T0 // 1_000_000 + 240)
+        shown = run_cli(cfg, "history", "show", "--from", start, "--to", end,
+                        "--binding", "hubspot-eu", "--operation", "hubspot.deal.create",
+                        "--json")
+        assert shown.returncode == 0, shown.stderr
+        page = await history_for(store, [("from", start), ("to", end),
+                                         ("binding", "hubspot-eu"),
+                                         ("operation", "hubspot.deal.create")], 0)
+        assert json.loads(shown.stdout) == json.loads(json.dumps(page))
+        assert {s["outcome"]: s["total"] for s in page["throughput"]} == {
+            "dead": 1, "succeeded": 1}
+        assert page["dlq_inflow"]["total"] == 1
+        assert page["queue_pressure"]["not_narrowed_by"] == ["binding", "operation"]
+        plain = run_cli(cfg, "history", "show", "--from", start, "--to", end,
+                        "--org", "org-1")
+        assert plain.returncode == 0, plain.stderr
+        lines = plain.stdout.splitlines()
+        assert "filters: org org-1" in lines[0]
+        assert lines[1].startswith("totals: dead 1, succeeded 2;"), lines[1]
+        assert "not narrowed by org: the queue is sampled once a minute per family" in lines[3]

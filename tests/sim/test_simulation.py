@@ -255,6 +255,10 @@ def _replay(seed: int, duration: float) -> dict[str, Any]:
     return _last_json(out)
 
 
+# Seeds that have cut a webhook delivery off by a sender restart under some build.
+WINDOW_SEEDS_SENDER_RESTART = (15, 22, 71)
+
+
 def test_regression_seed_11_a_delivery_stored_as_the_sender_restarted() -> None:
     """Seed 11 (30 simulated seconds, at d24fb3a): the simulation restarted the Outreach
     simulator 84 ms after a delivery (slowed by ``slow_reader``) left for replica-0; the
@@ -264,14 +268,47 @@ def test_regression_seed_11_a_delivery_stored_as_the_sender_restarted() -> None:
     ``interrupted`` (tests/sandbox/test_outreach_sim.py).
 
     The world has gained aimed freezes, subscriptions and operators since, which moved
-    seed 11's schedule off that window: it must still break no promise, and seed 15,
-    which now cuts a delivery off by a sender restart, must journal it and break none
-    (seed 22 did until issue 22's fix added the subscription run's reads and moved its
-    schedule; of seeds 12-43 but 22 and 30, only 15 journals an interrupted delivery)."""
+    seed 11's schedule off that window: it must still break no promise. The window moves
+    with the world's schedule (seed 22 reached it until issue 22's subscription fix, 15
+    after it, 71 under the keyed history rollup of migration 0048 alone), so the test
+    replays every seed that has reached it: none may break a promise, and at least one
+    must cut a delivery off by a sender restart and journal it ``interrupted``. When the
+    world changes again and none does, search the next seeds for one that does and add
+    it here."""
     got = _replay(11, 30.0)
     assert got["violations"] == [], got["tail"]
     assert got["faults"].get("process.restart_simulator", 0) > 0
-    got = _replay(15, 30.0)
+    interrupted: dict[int, int] = {}
+    for seed in WINDOW_SEEDS_SENDER_RESTART:
+        got = _replay(seed, 30.0)
+        assert got["violations"] == [], (seed, got["tail"])
+        interrupted[seed] = got["webhook_statuses"].get("interrupted", 0)
+    assert any(n >= 1 for n in interrupted.values()), interrupted
+
+CUTOVER_REPLAY = """
+import json
+from sim.__main__ import run_one
+got = run_one({seed}, {duration})
+print(json.dumps({{"violations": got["violations"], "operators": got["operators"],
+                  "cutover": {{k: v for k, v in got["result"].items() if "cutover" in k}},
+                  "tail": got["tail"]}}, default=str))
+"""
+
+
+def test_regression_seed_6_a_scheduler_spinning_while_a_rollback_drains() -> None:
+    """Seed 6 (8 simulated seconds) draws the cutover operator (sim/operators_cutover.py):
+    its ``rollback`` closed the noop family's admission with pending items, and the
+    replicas' schedulers, told those items were contended, claimed again at once: the
+    run spun at virtual 8.66 s for good (a replica burning a core on the database, on a
+    real server). A family whose admission is closed now offers no candidates
+    (tests/storage/test_cutover.py); the replay must end, with the family moved back
+    to integrationd and every legacy event executed exactly once."""
+    env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
+    out = subprocess.run([sys.executable, "-c", CUTOVER_REPLAY.format(seed=6, duration=8.0)],
+                         stdout=subprocess.PIPE, text=True, env=env, check=True,
+                         timeout=600).stdout
+    got = _last_json(out)
     assert got["violations"] == [], got["tail"]
-    assert got["faults"].get("process.restart_simulator", 0) > 0
-    assert got["webhook_statuses"].get("interrupted", 0) >= 1
+    assert got["operators"].get("operator_cutover_rollback_blocked", 0) > 0, got["operators"]
+    assert got["operators"].get("operator_cutover_commit_done", 0) >= 2, got["operators"]
+    assert got["cutover"]["cutover_events"] > 0, got["cutover"]

@@ -12,7 +12,7 @@ from daemon.core.outcomes import Released
 from sandbox.legacy import store as legacy
 from storage.cutover.steps import NotUnderCutover
 from storage.cutover.values import CutoverBlocked
-from storage.port import ReplicaInfo, SqlTx
+from storage.port import ClaimParams, ReplicaInfo, SqlTx
 from storage.work_store import WorkStore
 from tests.support.cutover import params, states
 from tests.support.legacy import sandbox_claimant
@@ -53,6 +53,30 @@ async def test_begin_stops_claims_until_commit_writes_the_receipt(store: WorkSto
     assert len((await claim(store, now=T0 + SEC)).claimed) == 2
     audit = [e.action for e in await store.audit_list(target_id="noop")]
     assert audit == ["cutover.commit", "cutover.begin"]
+
+
+async def test_a_claim_refused_by_closed_admission_is_not_contention(store: WorkStore) -> None:
+    """While a family's admission is closed (begin, or a rollback draining), its ready
+    items are no candidates: a claim finds nothing (the scheduler then idles) instead of
+    reporting them contended (the scheduler claims again at once: a replica spun on the
+    database at zero virtual time in the simulation, seed 6 with the cutover operator)."""
+    await legacy.install(store)
+    await enqueue(store, 2)
+    await store.cutover_begin(params(), T0)
+    for probe in (True, False):  # the scheduler's idle poll, and its busy claim
+        result = await store.work_claim(ClaimParams(
+            family="noop", owner="A", limit=10, lease_ttl_us=TTL, window=40,
+            include_expired=True, probe_first=probe), T0 + SEC)
+        assert (result.claimed, result.contended) == ([], 0)
+    await store.cutover_commit(params(), T0 + SEC, PROBE)
+    claimed = (await claim(store, now=T0 + SEC)).claimed
+    assert len(claimed) == 2
+    await store.cutover_rollback_begin(params(), T0 + 2 * SEC)
+    await enqueue(store, 1, now=T0 + 2 * SEC)
+    result = await store.work_claim(ClaimParams(
+        family="noop", owner="B", limit=10, lease_ttl_us=TTL, window=40,
+        include_expired=True, probe_first=False), T0 + 3 * SEC)
+    assert (result.claimed, result.contended) == ([], 0)
 
 
 async def test_commit_needs_a_legacy_probe_and_the_bound(store: WorkStore) -> None:

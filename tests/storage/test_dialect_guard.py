@@ -33,6 +33,7 @@ from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, Tok
 from storage.effect_values import AttemptDraft, Kin
 from storage.effects import insert_attempt_pinned, subjects_in_doubt, unresolved_of_kin
 from storage.grants import GrantState
+from storage.history import ExecutionFilter
 from storage.ingress.receipts import QuarantineParams, ReceiptQuery
 from storage.migrate import migrate
 from storage.port import (
@@ -156,6 +157,11 @@ async def _workload(store: WorkStore) -> None:
     await store.history_outcomes(T0, T0 + 3600 * SEC, 60 * SEC, "noop")
     await store.history_outcomes(T0, T0 + 86_400 * SEC, 3600 * SEC)
     await store.history_executions(T0, T0 + 60 * SEC, family="noop", outcome="dead", limit=5)
+    # ... narrowed per org, binding and operation (the effect items'; migration 0048).
+    narrow = ExecutionFilter(org="org-1", binding="b", operation="p")
+    await store.history_outcomes(T0, T0 + 3600 * SEC, 60 * SEC, where=narrow)
+    await store.history_executions(T0, T0 + 60 * SEC, family=None, outcome="dead", limit=5,
+                                   where=narrow)
     await store.history_rebuild(T0)
     # Attempts spent with the lease expired: the dead sweep, journaled as lease_lost.
     await enqueue(store, 1, family="spent", max_attempts=1)

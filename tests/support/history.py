@@ -1,13 +1,19 @@
-"""Rows for the history tests: quota slots reserved, given back and refunded."""
+"""Rows for the history tests: quota slots reserved, given back and refunded; effect
+items of several orgs, bindings and operations finished."""
 
 from __future__ import annotations
 
+import attrs
+
 from daemon.core.lost_slots import SendGate
+from daemon.core.outcomes import DeadLetter, Succeeded
 from daemon.core.quota import QuotaPolicy
 from daemon.core.work import Fence
+from storage.history import EFFECT_FAMILY
 from storage.quota import SlotRelease, SlotReserved
 from storage.work_store import WorkStore
-from tests.support.work import SEC, claim, enqueue
+from tests.support.commands import OTHER_ORG, SCOPE, accept_pinned, draft
+from tests.support.work import SEC, claim, enqueue, finalize
 
 POLICY = QuotaPolicy(limit=600, window_us=60 * SEC, jitter_us=0)  # ten a second
 
@@ -48,3 +54,35 @@ async def use_quota(a: WorkStore, b: WorkStore, t0: int) -> None:
     assert kept.slot_us == t0
 
 
+
+
+# (lead, org scope, binding, operation, outcome) of :func:`finish_effects`' commands.
+EFFECTS = (
+    ("lead-a", "org-1", "hubspot-main", "hubspot.contact.update_jobtitle", "succeeded"),
+    ("lead-b", "org-1", "hubspot-main", "hubspot.deal.create", "succeeded"),
+    ("lead-c", "org-1", "hubspot-eu", "hubspot.contact.update_jobtitle", "dead"),
+    ("lead-d", "org-2", "hubspot-eu", "hubspot.deal.create", "dead"),
+    ("lead-e", "org-2", "hubspot-eu", "hubspot.deal.create", "succeeded"),
+)
+
+
+async def finish_effects(store: WorkStore, t0: int) -> dict[str, str]:
+    """One effect item per row of :data:`EFFECTS`, admitted, claimed and finished (as
+    the row says, at ``t0 + i`` seconds), and one ``noop`` item succeeded at ``t0``
+    (it has no org, binding or operation in the rollup); the work id of each lead."""
+    ids = {}
+    for i, (lead, org, binding, operation, outcome) in enumerate(EFFECTS):
+        now = t0 + i * SEC
+        scope = SCOPE if org == "org-1" else OTHER_ORG
+        d = attrs.evolve(draft(f"int-{lead}", scope=scope, lead=lead, outbox=f"o-{lead}"),
+                         binding_id=binding, operation=operation)
+        assert (await accept_pinned(store, d, now)).command_id is not None
+        (item,) = (await claim(store, family=EFFECT_FAMILY, now=now, limit=1)).claimed
+        result = Succeeded() if outcome == "succeeded" else DeadLetter("refused")
+        assert (await finalize(store, item, result, now=now)).applied
+        ids[lead] = item.work_id
+    (noop,) = await enqueue(store, 1, now=t0)
+    (item,) = (await claim(store, now=t0, limit=1)).claimed
+    assert (await finalize(store, item, Succeeded(), now=t0)).applied
+    ids["noop"] = noop
+    return ids

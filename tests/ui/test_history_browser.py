@@ -20,7 +20,7 @@ from admin_ui.history import history_extensions
 from daemon.services.clock import WallClock
 from tests.support.backends import fresh_database
 from tests.support.find import seed_receipts
-from tests.support.history import use_quota
+from tests.support.history import finish_effects, use_quota
 from tests.support.work import SEC
 from tests.ui.support import LiveConsole, in_browser, live_console, shot, sign_in
 
@@ -160,5 +160,61 @@ async def test_the_filter_form_keeps_the_chosen_preset(live: LiveConsole) -> Non
         expect(page.locator("#history-range")).to_contain_text("one point per 1 min")
         assert page.locator("#range-picker [aria-current]").count() == 0
         expect(page.locator("#h-family")).to_have_value("flaky")
+
+    await in_browser(live, scenario)
+
+
+async def test_executions_and_dlq_inflow_narrowed_per_binding_org_and_operation(
+        live: LiveConsole) -> None:
+    """The executions and DLQ inflow charts narrowed to one binding's (org's,
+    operation's) effect items (issue 23 item 1, migration 0048): the legend counts
+    follow the filter, a dead point opens exactly that binding's dead items, and the
+    work queue's chart says it is not narrowed, and why."""
+    t0 = WallClock().now_us() - 3 * 60 * SEC
+    ids = await finish_effects(live.store, t0)
+
+    def scenario(page: Page, live: LiveConsole) -> None:
+        sign_in(page, "viv")
+        page.goto("/admin/history?range=15m")
+        throughput = page.locator("#history-throughput")
+        expect(throughput.locator('li[data-series="dead"] .figure')).to_have_text("2")
+        expect(throughput.locator('li[data-series="succeeded"] .figure')).to_have_text("4")
+        expect(page.locator("#queue-not-narrowed")).to_have_count(0)
+        page.fill("#h-binding", "hubspot-main")
+        page.click("#h-apply")
+        expect(page).to_have_url(re.compile(r"binding=hubspot-main"))
+        expect(throughput.locator("h2")).to_contain_text("(narrowed)")
+        expect(throughput.locator('li[data-series="succeeded"] .figure')).to_have_text("2")
+        expect(throughput.locator('li[data-series="dead"]')).to_have_count(0)
+        expect(page.locator("#history-dlq")).to_contain_text(
+            "0 executions ended dead in this range")
+        expect(page.locator("#queue-not-narrowed")).to_contain_text(
+            "Not narrowed by binding: the queue is sampled once a minute per family")
+        # Another binding and one org: its dead point opens exactly its dead item.
+        page.fill("#h-binding", "hubspot-eu")
+        page.fill("#h-org", "org-1")
+        page.click("#h-apply")
+        expect(throughput.locator('li[data-series="dead"] .figure')).to_have_text("1")
+        expect(throughput.locator('li[data-series="succeeded"]')).to_have_count(0)
+        shot(page, "74-history-executions-per-binding")
+        point = page.locator('#chart-history-dlq a.point-link[data-series="dead"]')
+        expect(point).to_have_count(1)
+        point.click()
+        expect(page).to_have_url(re.compile(
+            r"/admin/history/items\?.*outcome=dead.*org=org-1.*binding=hubspot-eu"))
+        rows = page.locator("#history-items tbody tr")
+        expect(rows).to_have_count(1)
+        expect(page.locator(f'#history-items a[href="/admin/work/{ids["lead-c"]}"]'))\
+            .to_have_count(1)
+        expect(page.locator("h1")).to_contain_text("binding hubspot-eu")
+        # One operation: both orgs' deal.create items.
+        page.goto("/admin/history?range=15m&operation=hubspot.deal.create")
+        expect(throughput.locator('li[data-series="dead"] .figure')).to_have_text("1")
+        expect(throughput.locator('li[data-series="succeeded"] .figure')).to_have_text("2")
+        # A filter that cannot be read: refused, with the reason shown.
+        page.goto("/admin/history")
+        page.fill("#h-binding", "b" * 129)
+        page.click("#h-apply")
+        expect(page.locator("body")).to_contain_text("binding is longer than 128 characters")
 
     await in_browser(live, scenario)
