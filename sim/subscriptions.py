@@ -56,7 +56,7 @@ from daemon.services.subscription_calls import client_deadline_s
 from daemon.services.subscription_items import SUBSCRIPTION_FAMILY
 from daemon.services.subscription_operator import reconcile_now
 from sandbox.h11_server import H11Server, Request, Response
-from sim import oracles
+from sim import aim_subscriptions, oracles
 from sim.net import NODE
 
 if TYPE_CHECKING:
@@ -88,6 +88,9 @@ class Subscriptions:
     nursery: trio.Nursery | None = None
     catalog: Any = None
     freezes: int = 0  # at creates, so far
+    # The aimed dead create in doubt (sim/aim_subscriptions.py; None: not this seed).
+    aim: Any = None
+    store: WorkStore | None = None  # the operator's (the world's driver)
 
     # ------------------------------------------------------------ set-up
     async def start(self, nursery: trio.Nursery) -> None:
@@ -109,6 +112,8 @@ class Subscriptions:
         def on_exchange(sock: VirtualSocket, data: bytes) -> None:
             inner(sock, data)
             self.on_exchange(sock, data)
+            if self.aim is not None:
+                self.aim.on_exchange(sock, data)
 
         net.on_exchange = on_exchange
 
@@ -117,6 +122,7 @@ class Subscriptions:
         """An operator's "reconcile now" every few seconds; before some of them an admin
         deletes one of the sink's subscriptions at the provider."""
         world, rng = self.world, self.rng
+        self.store = store
         await trio.sleep(rng.uniform(0.5, 2.0))
         while True:
             osim = world.hooks.osim
@@ -126,19 +132,24 @@ class Subscriptions:
                 osim.delete_subscription_behind_back(gone)
                 world.ops["subscriptions_deleted_behind_back"] += 1
                 world.trace("subscription_deleted_behind_back", id=gone)
-            live = [r for r in world.replicas if r.alive and r.replica is not None]
-            if live and world.op_clock is not None:
-                routes = live[0].replica.settings.webhook_routes  # type: ignore[union-attr]
-                try:
-                    run = await reconcile_now(
-                        store, self.catalog, routes, webhooks.BINDING, actor="sim-admin",
-                        role="admin", reason="simulated reconcile",
-                        now_us=world.op_clock.now_us())
-                    world.ops["subscription_runs"] += 1
-                    world.trace("subscriptions_reconcile_now", work_id=run)
-                except Exception as exc:  # refusals and storage errors are answers
-                    world.trace("subscriptions_reconcile_refused", error=type(exc).__name__)
+            await self.reconcile_now("simulated reconcile")
             await trio.sleep(rng.uniform(2.0, 6.0))
+
+    async def reconcile_now(self, reason: str) -> None:
+        """One run, as an operator asks for it (console, CLI)."""
+        world = self.world
+        live = [r for r in world.replicas if r.alive and r.replica is not None]
+        if not live or world.op_clock is None or self.store is None:
+            return
+        routes = live[0].replica.settings.webhook_routes  # type: ignore[union-attr]
+        try:
+            run = await reconcile_now(
+                self.store, self.catalog, routes, webhooks.BINDING, actor="sim-admin",
+                role="admin", reason=reason, now_us=world.op_clock.now_us())
+            world.ops["subscription_runs"] += 1
+            world.trace("subscriptions_reconcile_now", work_id=run)
+        except Exception as exc:  # refusals and storage errors are answers
+            world.trace("subscriptions_reconcile_refused", error=type(exc).__name__)
 
     def on_exchange(self, sock: VirtualSocket, data: bytes) -> None:
         if not sock.node.startswith("replica-") or oracles.dst_node(sock) != "outreach":
@@ -236,7 +247,9 @@ def plan(world: World) -> Subscriptions | None:
                       # The chaos's lease, as for the other families (default 30 s): a
                       # claimant frozen past it loses the step to another replica.
                       f'\n[families.{SUBSCRIPTION_FAMILY}]\nlease_ttl = {torture.LEASE_TTL_S}\n')
-    return Subscriptions(world, rng)
+    subs = Subscriptions(world, rng)
+    subs.aim = aim_subscriptions.plan(subs)
+    return subs
 
 
 async def _answer(request: Request) -> Response:
