@@ -152,6 +152,18 @@ async def count_executions(tx: SqlTx, entries: Sequence[Sequence[Any]]) -> None:
                             count="executions")
 
 
+def key_filter(org: str | None, binding: str | None, operation: str | None, *,
+               prefix: str = "") -> tuple[str, tuple[str, ...]]:
+    """`` AND {prefix}org_id = ?`` (and binding, operation) for each filter given, and
+    their arguments: the rollups' and the commands' key columns share these names."""
+    clauses, args = [], []
+    for column, value in (("org_id", org), ("binding_id", binding), ("operation", operation)):
+        if value is not None:
+            clauses.append(f" AND {prefix}{column} = ?")
+            args.append(value)
+    return "".join(clauses), tuple(args)
+
+
 @attrs.frozen
 class ExecutionFilter:
     """The executions' filters (None: all). Org, binding and operation keep only the
@@ -165,14 +177,11 @@ class ExecutionFilter:
     def narrowed(self) -> bool:
         return any(v is not None for v in (self.org, self.binding, self.operation))
 
-    def where(self) -> tuple[str, tuple[str, ...]]:
-        clauses, args = [], []
-        for column, value in (("family", self.family), ("org_id", self.org),
-                              ("binding_id", self.binding), ("operation", self.operation)):
-            if value is not None:
-                clauses.append(f" AND {column} = ?")
-                args.append(value)
-        return "".join(clauses), tuple(args)
+    def where(self, *, prefix: str = "") -> tuple[str, tuple[str, ...]]:
+        keys, args = key_filter(self.org, self.binding, self.operation, prefix=prefix)
+        if self.family is None:
+            return keys, args
+        return f" AND {prefix}family = ?{keys}", (self.family, *args)
 
 
 @attrs.frozen
@@ -242,11 +251,10 @@ class HistoryStore:
             args += (outcome,)
         join = ""
         if where is not None and where.narrowed():
-            extra, extra_args = attrs.evolve(where, family=None).where()
+            extra, extra_args = attrs.evolve(where, family=None).where(prefix="c.")
             join = (" JOIN work_items w ON w.work_id = e.work_id"
                     " JOIN external_commands c ON c.command_id = w.subject_id")
-            clauses += (" AND e.family = ? AND w.subject_kind = 'command'"
-                        + extra.replace(" AND ", " AND c."))
+            clauses += " AND e.family = ? AND w.subject_kind = 'command'" + extra
             args += (EFFECT_FAMILY, *extra_args)
 
         async def body(tx: SqlTx) -> list[HistoryExecution]:
@@ -304,7 +312,7 @@ class HistoryStore:
                         tx, _REBUILD_SELECT, start, end):
                     for level in LEVELS_US:
                         key = (level, bucket_of(int(bucket), level), str(family), str(outcome),
-                               *(("", "", "") if family != EFFECT_FAMILY or org is None
+                               *(NO_KEY if family != EFFECT_FAMILY or org is None
                                  else (str(org), str(binding), str(operation))))
                         counts[key] = counts.get(key, 0) + int(n)
                 if counts:

@@ -49,6 +49,7 @@ from storage.history import (
     LEVELS_US,
     SHARDS,
     bucket_of,
+    key_filter,
     level_for,
     per_hour,
 )
@@ -124,13 +125,7 @@ class FlowFilter:
     operation: str | None = None
 
     def where(self) -> tuple[str, tuple[str, ...]]:
-        clauses, args = [], []
-        for column, value in (("org_id", self.org), ("binding_id", self.binding),
-                              ("operation", self.operation)):
-            if value is not None:
-                clauses.append(f" AND {column} = ?")
-                args.append(value)
-        return "".join(clauses), tuple(args)
+        return key_filter(self.org, self.binding, self.operation)
 
 
 @attrs.frozen
