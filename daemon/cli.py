@@ -308,11 +308,13 @@ async def _cmd_run(settings: Settings) -> int:
         async def subscription_chains() -> None:
             """Each binding with subscriptions has its reconciliation chain queued (one per
             time slot: replicas starting together make one)."""
+            from daemon.services.subscription_items import SUBSCRIPTION_FAMILY
             from daemon.services.subscription_operator import start_chains
 
             if any(r.public_url for r in settings.webhook_routes):
                 await start_chains(store, load_catalog(settings), settings.webhook_routes,
-                                   WallClock().now_us())
+                                   WallClock().now_us(), max_attempts=settings.family(
+                                       SUBSCRIPTION_FAMILY).max_attempts)
 
         clock = WallClock()
         metrics = Metrics()

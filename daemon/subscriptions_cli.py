@@ -21,6 +21,7 @@ from config.catalog import load_catalog
 from config.settings import Settings
 from daemon.services.clock import WallClock
 from daemon.services.operator_api import authorize
+from daemon.services.subscription_items import SUBSCRIPTION_FAMILY
 from daemon.services.subscription_operator import (
     NoSuchBinding,
     read_status,
@@ -101,7 +102,9 @@ async def run_subscriptions_command(store: WorkStore, settings: Settings,
     try:
         work_id = await reconcile_now(store, load_catalog(settings), settings.webhook_routes,
                                       args.binding, actor=operator.name, role=operator.role,
-                                      reason=args.reason, now_us=now_us)
+                                      reason=args.reason, now_us=now_us,
+                                      max_attempts=settings.family(
+                                          SUBSCRIPTION_FAMILY).max_attempts)
     except NoSuchBinding as exc:
         raise SubscriptionsUsage(f"--binding: {exc}") from None
     sys.stdout.write(f"binding {args.binding}: queued a subscription reconciliation run as"

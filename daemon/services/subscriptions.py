@@ -161,6 +161,9 @@ class SubscriptionReconciler:
     routes: tuple[WebhookRoute, ...]
     # The one way out: credentials, quota, the effect journal (subscription_calls.py).
     calls: SubscriptionCalls
+    # The family's configured max_attempts (``[families.subscription_reconcile]``): every
+    # run, step and retirement check this reconciler queues carries it.
+    max_attempts: int = attrs.field(kw_only=True)
     keys: Mapping[str, TokenKey] = attrs.field(factory=dict)
     seal_key_id: str | None = None
     interval_s: float = 300.0
@@ -285,7 +288,8 @@ class SubscriptionReconciler:
                 else step.expected_generation,
                 provider_id="" if isinstance(step, Create) else step.provider_id,
                 reason=step.reason, binding_generation=generation),
-                key=step_key(binding.binding_id, step, ctx.item.work_id)))
+                key=step_key(binding.binding_id, step, ctx.item.work_id),
+                max_attempts=self.max_attempts))
         now = ctx.clock.now_us()
         # Every desired subscription, and every row: one with no row, or whose id the
         # provider no longer lists, is missing.
@@ -295,7 +299,8 @@ class SubscriptionReconciler:
                               "active" if by_id[r.provider_id].active else "disabled")
                      for r in rows}}
         nxt = (run_spec(binding, self.catalog, now_us=now + int(self.interval_s * 1e6),
-                        interval_s=self.interval_s) if p.chain else None)
+                        interval_s=self.interval_s, max_attempts=self.max_attempts)
+               if p.chain else None)
 
         read_versions = {r.name: r.row_version for r in rows}
         wanted = {x.name for x in desired}
@@ -320,7 +325,8 @@ class SubscriptionReconciler:
                     before, health=state, last_reconciled_at_us=now), now)
             checks = await retire_previous_secrets(
                 tx, run_id=ctx.item.work_id, catalog=self.catalog, routes=self.routes,
-                binding=binding, desired=desired, remote=remote, now=now)
+                binding=binding, desired=desired, remote=remote, now=now,
+                max_attempts=self.max_attempts)
             await insert_work(tx, [*specs, *([nxt] if nxt else []), *checks], now)
 
         ctx.on_finalize(write)
@@ -341,7 +347,7 @@ class SubscriptionReconciler:
             return
         now = ctx.clock.now_us()
         nxt = run_spec(binding, self.catalog, now_us=now + int(self.interval_s * 1e6),
-                       interval_s=self.interval_s)
+                       interval_s=self.interval_s, max_attempts=self.max_attempts)
 
         async def write(tx: SqlTx) -> None:
             await insert_work(tx, [nxt], now)
