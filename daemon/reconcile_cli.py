@@ -22,6 +22,7 @@ from typing import Any
 
 from config.catalog import Catalog, load_catalog
 from config.settings import Settings
+from daemon.cli_commands import HELP
 from daemon.core.cursor import lag_seconds, sync_lag_seconds
 from daemon.core.inbound_flow import remote_time_ns
 from daemon.services.clock import WallClock
@@ -39,7 +40,7 @@ class ReconcileUsage(Exception):
 
 
 def add_reconcile_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    rec = sub.add_parser("reconcile", help="start, repair and inspect cursor reconciliation")
+    rec = sub.add_parser("reconcile", help=HELP["reconcile"])
     verbs = rec.add_subparsers(dest="reconcile_command", required=True, metavar="VERB")
     for name, help_text in (("start", "queue a stream's next incremental run now"),
                             ("repair", "offer every record changed in a period again")):

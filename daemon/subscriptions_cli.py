@@ -19,6 +19,7 @@ import sys
 
 from config.catalog import load_catalog
 from config.settings import Settings
+from daemon.cli_commands import HELP
 from daemon.services.clock import WallClock
 from daemon.services.operator_api import authorize
 from daemon.services.subscription_items import SUBSCRIPTION_FAMILY
@@ -39,7 +40,7 @@ class SubscriptionsUsage(Exception):
 
 def add_subscriptions_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                               ) -> None:
-    cmd = sub.add_parser("subscriptions", help="reconcile and inspect webhook subscriptions")
+    cmd = sub.add_parser("subscriptions", help=HELP["subscriptions"])
     verbs = cmd.add_subparsers(dest="subscriptions_command", required=True, metavar="VERB")
     rec = verbs.add_parser("reconcile", help="queue one subscription reconciliation now")
     rec.add_argument("--binding", required=True, help="L2 binding id")
