@@ -463,3 +463,18 @@ async def test_a_create_dead_unknown_before_a_reconnect_holds_the_subscription(
     assert len(rig.sim.subscriptions()) == 3  # the maybe-made one is not deleted
     (attempt,) = await rig.store.effect_attempts(step.work_id)
     assert attempt.disposition is None  # left for the operator, never assumed absent
+    # A create step for it decided under generation 2 all the same (as by a run that read
+    # before the attempt was recorded): its one read of the kin finds the attempt sent
+    # under generation 1, and it sends nothing.
+    (extra,) = await rig.store.work_enqueue([item_spec(rig.binding, rig.catalog,
+        SubscriptionPayload(kind="create", binding=BINDING, name=held, generation=1,
+                            reason="missing", binding_generation=2),
+        key=f"subs:create:{BINDING}:{held}:1:again", max_attempts=5)], rig.clock.now)
+    (again,) = (await claim(rig.store, now=rig.clock.now, family=SUBSCRIPTION_FAMILY)).claimed
+    assert again.work_id == extra.work_id
+    outcome = await rig.run(again)
+    assert isinstance(outcome, DeadLetter), outcome
+    assert outcome.failure_class == "earlier_create_unresolved"
+    assert attempt.attempt_id in outcome.summary
+    assert len([r for r in rig.sim.requests if r.method == "POST"
+                and r.path == "/api/v2/webhooks" and r.applied]) == 3
