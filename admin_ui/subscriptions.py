@@ -30,6 +30,7 @@ from admin_ui.filters import reason_from
 from admin_ui.render import page
 from config.catalog import Catalog
 from config.settings import WebhookRoute
+from daemon.services.subscription_items import SUBSCRIPTION_FAMILY
 from daemon.services.subscription_operator import (
     NoSuchBinding,
     read_status,
@@ -117,7 +118,9 @@ def build_blueprint(catalog: Catalog) -> Blueprint:
             await reconcile_now(view.store, catalog, view.settings.webhook_routes,
                                 str(form.get("binding_id", "")), actor=principal.name,
                                 role=principal.role, reason=reason,
-                                now_us=view.clock.now_us())
+                                now_us=view.clock.now_us(),
+                                max_attempts=view.settings.family(
+                                    SUBSCRIPTION_FAMILY).max_attempts)
         except (BadInput, NoSuchBinding) as exc:
             return await page("subscriptions.html", status=400, error=str(exc),
                               doc=await subscriptions_json(catalog), notice=None)

@@ -88,14 +88,14 @@ async def bench(url: str, backend: str, records: int, page_size: int) -> list[di
                               now_us=clock.now)
         http = BoundedHttp.open(4)
         reconciler = CursorReconciler(catalog=catalog, catalogs=CatalogView(store, catalog),
-                                      http=http)
+                                      http=http, max_attempts=5)
         offered: list[int] = []
         reconciler.on_offered = lambda stream, count: offered.append(count)
         policy = BackoffPolicy(base_s=1.0, cap_s=60.0)
         for number in (0, 1):
             await store.work_enqueue([run_spec(
                 catalog, binding, RunPayload(binding="outreach-main", resource="prospect"),
-                number=number)], clock.now)
+                number=number, max_attempts=5)], clock.now)
             result = await store.work_claim(ClaimParams(
                 family=RECONCILE_FAMILY, owner="bench", limit=1, lease_ttl_us=600_000_000,
                 window=4, include_expired=True), clock.now)

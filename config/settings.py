@@ -107,6 +107,9 @@ FAMILY_DEFAULTS: dict[str, FamilySettings] = {
                                       batch_size=32),
     "runtime_receipt": FamilySettings(max_attempts=1_000_000, backoff_base=1.0,
                                       backoff_cap=60.0, batch_size=32),
+    # An inbound change: the webhook materializer's 8 (its built-in before the family's
+    # setting reached it), now also for a cursor reconcile's changes (5 before).
+    "inbound_apply": FamilySettings(max_attempts=8),
 }
 
 

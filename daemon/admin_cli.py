@@ -20,8 +20,10 @@ records, beside ``--actor``, the OS user it ran as and ``SUDO_USER``
 document. ``work show``'s text form (:func:`show_text`) prints times as ISO 8601
 UTC and structures as JSON.
 
-``daemon/cli.py`` adds these with :func:`add_admin_commands` and runs them with
-:func:`run_admin_command` (exit codes: 0 ok, 1 runtime failure, 2 usage).
+``daemon/cli.py`` adds ``hash-password``, ``audit`` and ``dlq`` with
+:func:`add_operator_log_commands` (the others from their own modules, only the chosen
+one's imported: daemon/cli_commands.py) and runs them all with :func:`run_admin_command`
+(exit codes: 0 ok, 1 runtime failure, 2 usage); :func:`add_admin_commands` adds all of them.
 """
 
 from __future__ import annotations
@@ -33,41 +35,24 @@ import json
 import os
 import pwd
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from admin_ui.actions import Operations
 from admin_ui.errors import ConsoleError
-from admin_ui.filters import DLQ_CLASS_SAMPLE, MAX_BULK, BulkReplayRequest, reason_from
-from admin_ui.passwords import hash_password
-from admin_ui.serialize import audit_json, dead_class_json, work_json
 from config.settings import Settings
-from daemon.catalog_cli import (
-    CatalogNotFound,
-    CatalogUsage,
-    add_catalog_command,
-    run_catalog_command,
-)
+from daemon.cli_commands import ADMIN_COMMANDS, HELP
 from daemon.core.ids import is_ulid
-from daemon.cutover_cli import CutoverUsage, add_cutover_command, run_cutover_command
-from daemon.reconcile_cli import ReconcileUsage, add_reconcile_command, run_reconcile_command
 from daemon.services.clock import WallClock
 from daemon.services.families import FamilyRegistry, UnknownFamily, require_known_family
 from daemon.services.operator_api import BadRequest, NotAuthorized
-from daemon.subscriptions_cli import (
-    SubscriptionsUsage,
-    add_subscriptions_command,
-    run_subscriptions_command,
-)
 from storage.migrate import check_schema
 from storage.open import describe_url, open_store
 from storage.port import DatabaseRejected, DeadQuery, StorageError
 from storage.work_admin import AUDIT_ORIGIN
 from storage.work_store import WorkStore
 
-ADMIN_COMMANDS = frozenset({"hash-password", "audit", "dlq", "catalog", "reconcile", "cutover",
-                            "subscriptions"})
+__all__ = ["ADMIN_COMMANDS", "add_admin_commands", "run_admin_command"]
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
@@ -76,24 +61,41 @@ class _Usage(Exception):
 
 
 def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``hash-password``, ``audit``, ``dlq`` and ``catalog`` to the ``integrationd`` parser."""
+    """Add every one of :data:`ADMIN_COMMANDS` to the ``integrationd`` parser."""
+    from daemon.catalog_cli import add_catalog_command
+    from daemon.cutover_cli import add_cutover_command
+    from daemon.reconcile_cli import add_reconcile_command
+    from daemon.subscriptions_cli import add_subscriptions_command
+
+    add_operator_log_commands(sub)
+    add_catalog_command(sub)
+    add_reconcile_command(sub)
+    add_cutover_command(sub)
+    add_subscriptions_command(sub)
+
+
+def add_operator_log_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``hash-password``, ``audit`` and ``dlq`` (the rest of :data:`ADMIN_COMMANDS` are
+    added by their own modules)."""
+    from admin_ui.filters import DLQ_CLASS_SAMPLE, MAX_BULK
+
     hp = sub.add_parser(
         "hash-password",
-        help="print an argon2id hash for an [[operators]] password_hash",
+        help=HELP["hash-password"],
         description="Reads the password from stdin when stdin is not a terminal (first line),"
                     " otherwise prompts twice. Prints only the hash.",
     )
     hp.add_argument("--stdin", action="store_true",
                     help="read the password from stdin even when it is a terminal")
 
-    audit = sub.add_parser("audit", help="read the append-only operator audit log")
+    audit = sub.add_parser("audit", help=HELP["audit"])
     audit_verbs = audit.add_subparsers(dest="audit_command", required=True, metavar="VERB")
     al = audit_verbs.add_parser("list", help="audit entries, newest first")
     al.add_argument("--target", help="only entries about this target (work id, dlq/FAMILY/...)")
     al.add_argument("--limit", type=int, default=100, help="at most this many (1..1000)")
     al.add_argument("--json", action="store_true", help="print JSON (as GET /admin/api/audit)")
 
-    dlq = sub.add_parser("dlq", help="read and replay the dead-letter queue")
+    dlq = sub.add_parser("dlq", help=HELP["dlq"])
     dlq_verbs = dlq.add_subparsers(dest="dlq_command", required=True, metavar="VERB")
     dl = dlq_verbs.add_parser("list", help="dead items, newest first")
     dl.add_argument("--family", help="only this work family")
@@ -115,10 +117,6 @@ def add_admin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     dr.add_argument("--reason", required=True, help="why (kept in the audit log)")
     dr.add_argument("--json", action="store_true",
                     help="print the report as JSON (as POST /admin/api/dlq/replay)")
-    add_catalog_command(sub)
-    add_reconcile_command(sub)
-    add_cutover_command(sub)
-    add_subscriptions_command(sub)
 
 
 def _print_json(doc: Any) -> None:
@@ -242,6 +240,8 @@ async def _open(settings: Settings) -> WorkStore:
 
 
 async def _audit(store: WorkStore, args: argparse.Namespace) -> None:
+    from admin_ui.serialize import audit_json
+
     entries = await store.audit_list(limit=_limit(args.limit, 1000), target_id=args.target)
     if args.json:
         _print_json({"entries": [audit_json(e) for e in entries]})
@@ -270,6 +270,9 @@ def _origin_text(origin: str | None) -> str:
 
 
 async def _dlq(store: WorkStore, settings: Settings, args: argparse.Namespace) -> int:
+    from admin_ui.filters import MAX_BULK, BulkReplayRequest, reason_from
+    from admin_ui.serialize import dead_class_json, work_json
+
     verb = args.dlq_command
     if verb == "list":
         require_known_family(args.family)
@@ -308,6 +311,8 @@ async def _dlq(store: WorkStore, settings: Settings, args: argparse.Namespace) -
     request = BulkReplayRequest(family=args.family, failure_class=args.failure_class,
                                 limit=_limit(args.limit, MAX_BULK),
                                 reason=reason_from(args.reason))
+    from admin_ui.actions import Operations
+
     async with operator_registry(settings, store) as registry:
         ops = Operations(store, settings, registry, WallClock())
         report = await ops.bulk_replay(request, actor=args.actor)
@@ -333,8 +338,14 @@ async def _dlq(store: WorkStore, settings: Settings, args: argparse.Namespace) -
 async def run_admin_command(settings: Settings, args: argparse.Namespace) -> int:
     """Run one of :data:`ADMIN_COMMANDS`; report errors as one line on stderr."""
     record_cli_origin()
+    run, usage, failure = _delegated(args.command)
+    usage_errors: tuple[type[Exception], ...] = (_Usage, BadRequest, ConsoleError,
+                                                 UnknownFamily, *usage)
+    failure_errors: tuple[type[Exception], ...] = (NotAuthorized, StorageError, *failure)
     try:
         if args.command == "hash-password":
+            from admin_ui.passwords import hash_password
+
             sys.stdout.write(hash_password(_read_password(args.stdin)) + "\n")
             return EXIT_OK
         store = await _open(settings)
@@ -344,24 +355,41 @@ async def run_admin_command(settings: Settings, args: argparse.Namespace) -> int
                 return EXIT_OK
             if args.command == "dlq":
                 return await _dlq(store, settings, args)
-            if args.command == "catalog":
-                await run_catalog_command(store, settings, args)
-                return EXIT_OK
-            if args.command == "reconcile":
-                await run_reconcile_command(store, settings, args)
-                return EXIT_OK
-            if args.command == "cutover":
-                return await run_cutover_command(store, settings, args)
-            if args.command == "subscriptions":
-                await run_subscriptions_command(store, settings, args)
-                return EXIT_OK
+            if run is not None:
+                code = await run(store, settings, args)
+                return EXIT_OK if code is None else code
         finally:
             await store.db.aclose()
-    except (_Usage, BadRequest, ConsoleError, UnknownFamily, CatalogUsage,
-            ReconcileUsage, CutoverUsage, SubscriptionsUsage) as exc:
+    except usage_errors as exc:
         sys.stderr.write(f"integrationd: {exc}\n")
         return EXIT_USAGE
-    except (NotAuthorized, StorageError, CatalogNotFound) as exc:
+    except failure_errors as exc:
         sys.stderr.write(f"integrationd: {exc}\n")
         return EXIT_FAILURE
     raise AssertionError(f"not an admin command: {args.command}")
+
+
+_Run = Callable[[WorkStore, Settings, argparse.Namespace], Awaitable[int | None]]
+
+
+def _delegated(command: str) -> tuple[_Run | None, tuple[type[Exception], ...],
+                                      tuple[type[Exception], ...]]:
+    """The runner of an admin command another module serves, with its errors that mean
+    usage (exit 2) and failure (exit 1): imported only when it is the one chosen."""
+    if command == "catalog":
+        from daemon.catalog_cli import CatalogNotFound, CatalogUsage, run_catalog_command
+
+        return run_catalog_command, (CatalogUsage,), (CatalogNotFound,)
+    if command == "reconcile":
+        from daemon.reconcile_cli import ReconcileUsage, run_reconcile_command
+
+        return run_reconcile_command, (ReconcileUsage,), ()
+    if command == "cutover":
+        from daemon.cutover_cli import CutoverUsage, run_cutover_command
+
+        return run_cutover_command, (CutoverUsage,), ()
+    if command == "subscriptions":
+        from daemon.subscriptions_cli import SubscriptionsUsage, run_subscriptions_command
+
+        return run_subscriptions_command, (SubscriptionsUsage,), ()
+    return None, (), ()

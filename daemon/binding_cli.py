@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from config.settings import BindingSettings, Settings
 from daemon.admin_cli import record_cli_origin
+from daemon.cli_commands import HELP
 from daemon.core.human_time import span_text, wall_text
 from daemon.core.principals import (
     BindingEvent,
@@ -45,7 +46,7 @@ _WRITERS = ("operator", "admin")
 
 
 def add_binding_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    binding = sub.add_parser("binding", help="principal bindings: list, show, transitions")
+    binding = sub.add_parser("binding", help=HELP["binding"])
     verbs = binding.add_subparsers(dest="binding_command", required=True, metavar="VERB")
     lst = verbs.add_parser("list", help="every binding (generation, state, identity)")
     lst.add_argument("--org", help="only this org")

@@ -24,6 +24,7 @@ import attrs
 
 from config.catalog import load_catalog
 from config.settings import Settings
+from daemon.cli_commands import HELP
 from daemon.services.catalog_view import publish_current
 from daemon.services.clock import WallClock
 from daemon.services.operator_api import authorize
@@ -50,7 +51,7 @@ def _revision_arg(text: str) -> int:
 
 
 def add_catalog_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    cat = sub.add_parser("catalog", help="publish, list, show and delete Catalog revisions")
+    cat = sub.add_parser("catalog", help=HELP["catalog"])
     verbs = cat.add_subparsers(dest="catalog_command", required=True, metavar="VERB")
     pub = verbs.add_parser(
         "publish", help="publish this configuration's Catalog (L1 definitions + L2 bindings)")

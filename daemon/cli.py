@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import os
 import signal
@@ -28,53 +29,16 @@ import trio
 
 from config.catalog import CatalogError, load_catalog
 from config.load import ConfigError, load_settings
-from config.settings import Settings
-from config.summary import describe_settings
-from daemon.admin_cli import ADMIN_COMMANDS, add_admin_commands, run_admin_command
-from daemon.binding_cli import BindingNotFound, add_binding_commands, run_binding_command
-from daemon.command_cli import CommandNotFound, add_command_commands, run_command_command
-from daemon.core.human_time import wall_text
-from daemon.find_cli import FIND_COMMANDS, add_find_commands, run_find_command
-from daemon.history_cli import add_history_command, run_history_command
-from daemon.keys_cli import add_keys_commands, run_keys_command
-from daemon.link_cli import add_link_commands, run_link_command
+from daemon.cli_commands import ADMIN_COMMANDS, COMMANDS, FIND_COMMANDS
 from daemon.services import logs
-from daemon.services.catalog_view import serving_refusal
-from daemon.services.clock import WallClock
-from daemon.services.cutover import verified_claimant
-from daemon.services.families import (
-    UnknownFamily,
-    build_registry,
-    known_family_names,
-    require_known_family,
-)
-from daemon.services.operator_api import (
-    BadRequest,
-    EnqueueRequest,
-    NotAuthorized,
-    cancel,
-    command_facts_json,
-    enqueue,
-    item_json,
-    operator_path_json,
-    parse_state,
-    replay,
-)
-from storage.cutover.values import LegacyClaimantError
-from storage.migrate import check_schema, migrate
-from storage.open import describe_url, open_store, wait_until_reachable
-from storage.port import (
-    DatabaseRejected,
-    DatabaseUnavailable,
-    StorageError,
-    WorkNotFound,
-    WorkQuery,
-)
-from storage.work_store import WorkStore
 
-if TYPE_CHECKING:  # the console and the assembly load only for ``run``
+# Each command imports what it uses when it runs (daemon/cli_commands.py): a call pays
+# for its own command only, not for the console, the reconciler or the operator API.
+if TYPE_CHECKING:
     from admin_ui.extensions import ConsoleExtensions
+    from config.settings import Settings
     from daemon.services.assembly import Assembly
+    from storage.work_store import WorkStore
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -90,7 +54,9 @@ class CliRefused(Exception):
     """A problem restarting cannot fix (configuration, a port, an id): one line, exit 2."""
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(full: Callable[[str], bool] = lambda command: True) -> argparse.ArgumentParser:
+    """The ``integrationd`` parser: each command for which ``full`` holds with its own
+    parser (its module imported), every other one bare (its name and help, no options)."""
     parser = argparse.ArgumentParser(
         prog="integrationd",
         description="Durable integration daemon: webhooks in, fenced work, effects out.",
@@ -106,69 +72,24 @@ def _parser() -> argparse.ArgumentParser:
         help="structured log level on stderr (default INFO)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("run", help="run one replica: workers, admin listener, metrics")
-    sub.add_parser("migrate", help="apply pending schema migrations")
-    check = sub.add_parser("check-config",
-                           help="validate the configuration and print it (no secrets)")
-    check.add_argument("--connect", action="store_true",
-                       help="also prove the database is reachable and fully migrated")
-
-    work = sub.add_parser("work", help="operate on work items").add_subparsers(
-        dest="work_command", required=True, metavar="VERB"
-    )
-    enq = work.add_parser("enqueue", help="enqueue work of a family")
-    enq.add_argument("family", help="work family (e.g. noop)")
-    enq.add_argument("--count", type=int, default=1, help="how many items (default 1)")
-    enq.add_argument("--org", default="org-demo", help="org id (default org-demo)")
-    enq.add_argument("--payload", default="{}", help="JSON object payload (default {})")
-    enq.add_argument("--source-lane", help="source lane: items run in enqueue order")
-    enq.add_argument("--target-lane", help="target lane: one item at a time")
-    enq.add_argument("--delay", type=float, default=0.0, help="seconds before it may run")
-
-    lst = work.add_parser("list", help="list work items, newest first")
-    lst.add_argument("--state", help="filter by state (pending, dead, ...)")
-    lst.add_argument("--family", help="filter by family")
-    lst.add_argument("--org", help="filter by org id")
-    lst.add_argument("--subject", help="filter by subject id")
-    lst.add_argument("--lane", help="filter by source or target lane")
-    lst.add_argument("--after", help="page: items older than this id")
-    lst.add_argument("--limit", type=int, default=50, help="at most this many (max 1000)")
-    lst.add_argument("--json", action="store_true", help="print JSON (one document)")
-
-    show = work.add_parser("show", help="show one work item with its executions")
-    show.add_argument("work_id")
-    show.add_argument("--json", action="store_true", help="print JSON")
-
-    rep = work.add_parser("replay", help="replay a terminal item as a new one with lineage")
-    rep.add_argument("work_id")
-    rep.add_argument("--actor", required=True, help="operator name (must hold operator/admin)")
-    rep.add_argument("--reason", required=True, help="why (kept in the audit log)")
-    rep.add_argument("--json", action="store_true", help="print the new item as JSON")
-
-    can = work.add_parser("cancel", help="cancel an item (a running one acknowledges)")
-    can.add_argument("work_id")
-    can.add_argument("--actor", required=True, help="operator name (must hold operator/admin)")
-    can.add_argument("--reason", required=True, help="why (kept in the audit log)")
-
-    dep = work.add_parser("depths", help="queue depth per family and state")
-    dep.add_argument("--json", action="store_true", help="print JSON (one document)")
-
-    cnt = work.add_parser(
-        "count", help="totals by family and state of the items created in a time range,"
-                      " and the executions that finished in it by outcome")
-    cnt.add_argument("--since", help="from this UTC time (2026-12-06T02:00:00Z) or age"
-                                     " (90s, 15m, 6h, 7d); default: the beginning")
-    cnt.add_argument("--until", help="up to this UTC time or age (default: now)")
-    cnt.add_argument("--family", help="one family only")
-    cnt.add_argument("--json", action="store_true", help="print JSON (one document)")
-    add_admin_commands(sub)
-    add_keys_commands(sub)
-    add_binding_commands(sub)
-    add_command_commands(sub)
-    add_link_commands(sub)
-    add_history_command(sub)
-    add_find_commands(sub)
+    added: set[str] = set()
+    for name, (help_text, adder) in COMMANDS.items():
+        if not full(name):
+            # Bare: no --help of its own, so a first pass leaves the command's words alone.
+            sub.add_parser(name, help=help_text, add_help=False)
+        elif adder not in added:  # one adder may add several commands, in this order
+            added.add(adder)
+            module, function = adder.split(":")
+            getattr(importlib.import_module(module), function)(sub)
     return parser
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Which command (every command bare: ``--help``, a missing or unknown command end
+    here as they always did), then the arguments with that command's own parser."""
+    chosen = _parser(lambda command: False).parse_known_args(argv)[0].command
+    adder = COMMANDS[chosen][1]
+    return _parser(lambda command: COMMANDS[command][1] == adder).parse_args(argv)
 
 
 def _print_json(doc: Any) -> None:
@@ -179,6 +100,9 @@ async def _open(settings: Settings, *, connect: bool = True, create: bool = Fals
                 ) -> WorkStore:
     """The configured store. Only ``migrate`` creates a SQLite file (``create``): any
     other command on a missing file is one line naming the path, and leaves nothing."""
+    from storage.open import open_store
+    from storage.port import DatabaseRejected, StorageError
+
     password = settings.storage.password.reveal() if settings.storage.password else None
     try:
         return await open_store(
@@ -207,6 +131,8 @@ def _rejected_line(settings: Settings, exc: BaseException) -> str:
 
 
 def _database_line(what: str, settings: Settings, exc: BaseException) -> str:
+    from storage.open import describe_url
+
     where = describe_url(settings.storage.url)
     detail = str(exc)
     for prefix in (f"cannot connect to {where}: ", f"{where}: "):
@@ -216,6 +142,9 @@ def _database_line(what: str, settings: Settings, exc: BaseException) -> str:
 
 async def _wait_for_database(settings: Settings, store: WorkStore) -> None:
     """``migrate`` (systemd's ExecStartPre) waits for a database still coming up, as ``run``."""
+    from storage.open import wait_until_reachable
+    from storage.port import DatabaseRejected, StorageError
+
     def retry(tries: int, delay_s: float, error: str) -> None:
         logs.warn("database_waiting", attempt=tries, retry_in_s=round(delay_s, 2),
                   within_s=settings.storage.startup_timeout, error=error)
@@ -238,6 +167,9 @@ async def _with_store(settings: Settings, action: Callable[[WorkStore], Any]) ->
 
 
 async def _cmd_migrate(settings: Settings) -> int:
+    from daemon.services.clock import WallClock
+    from storage.migrate import migrate
+
     store = await _open(settings, connect=False, create=True)
     try:
         await _wait_for_database(settings, store)
@@ -267,6 +199,8 @@ def admin_extensions(parts: Assembly) -> ConsoleExtensions:
 async def _cmd_run(settings: Settings) -> int:
     from admin_ui.app import console_factory
     from daemon.services.assembly import assemble
+    from daemon.services.catalog_view import serving_refusal
+    from daemon.services.clock import WallClock
     from daemon.services.metrics import Metrics
     from daemon.services.replica import Replica
 
@@ -308,11 +242,13 @@ async def _cmd_run(settings: Settings) -> int:
         async def subscription_chains() -> None:
             """Each binding with subscriptions has its reconciliation chain queued (one per
             time slot: replicas starting together make one)."""
+            from daemon.services.subscription_items import SUBSCRIPTION_FAMILY
             from daemon.services.subscription_operator import start_chains
 
             if any(r.public_url for r in settings.webhook_routes):
                 await start_chains(store, load_catalog(settings), settings.webhook_routes,
-                                   WallClock().now_us())
+                                   WallClock().now_us(), max_attempts=settings.family(
+                                       SUBSCRIPTION_FAMILY).max_attempts)
 
         clock = WallClock()
         metrics = Metrics()
@@ -355,6 +291,10 @@ async def _cmd_run(settings: Settings) -> int:
 
 async def _cmd_check_connect(settings: Settings) -> int:
     """``check-config --connect``: the database answers and its schema is current."""
+    from daemon.services.cutover import verified_claimant
+    from storage.migrate import check_schema
+    from storage.open import describe_url
+
     store = await _open(settings)
     try:
         await check_schema(store.db, store.dialect)
@@ -392,6 +332,20 @@ async def _cmd_work(settings: Settings, args: argparse.Namespace) -> int:
         say_empty,
         show_text,
     )
+    from daemon.services.clock import WallClock
+    from daemon.services.families import build_registry, require_known_family
+    from daemon.services.operator_api import (
+        EnqueueRequest,
+        cancel,
+        command_facts_json,
+        enqueue,
+        item_json,
+        operator_path_json,
+        parse_state,
+        replay,
+    )
+    from storage.migrate import check_schema
+    from storage.port import WorkNotFound, WorkQuery
 
     record_cli_origin()
     clock = WallClock()
@@ -499,7 +453,10 @@ async def _work_count(store: WorkStore, now_us: int, args: argparse.Namespace) -
     """``work count``: items created in the range by family and state (their state now),
     and executions finished in it by family and outcome."""
     from daemon.admin_cli import iso_utc, say_empty
+    from daemon.core.human_time import wall_text
     from daemon.core.time_range import BadTime, parse_range
+    from daemon.services.families import require_known_family
+    from daemon.services.operator_api import BadRequest
 
     require_known_family(args.family)
     try:
@@ -543,7 +500,9 @@ async def _work_count(store: WorkStore, now_us: int, args: argparse.Namespace) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    from daemon.services.families import known_family_names
+
+    args = _parse(argv)
     logs.configure(args.log_level)
     try:
         settings = load_settings(args.config, known_families=known_family_names())
@@ -553,26 +512,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         if args.command in ADMIN_COMMANDS:
+            from daemon.admin_cli import run_admin_command
+
             return trio.run(run_admin_command, settings, args)
         if args.command == "check-config":
+            from config.summary import describe_settings
+            from storage.open import describe_url
+
             _print_json(describe_settings(settings, known_family_names(), describe_url))
             if args.connect:
                 return trio.run(_cmd_check_connect, settings)
             return EXIT_OK
         if args.command == "migrate":
             return trio.run(_cmd_migrate, settings)
-        if args.command == "keys":
-            return trio.run(run_keys_command, settings, args, _open)
-        if args.command == "binding":
-            return trio.run(run_binding_command, settings, args, _open)
-        if args.command == "command":
-            return trio.run(run_command_command, settings, args, _open)
-        if args.command == "link":
-            return trio.run(run_link_command, settings, args, _open)
-        if args.command == "history":
-            return trio.run(run_history_command, settings, args, _open)
-        if args.command in FIND_COMMANDS:
-            return trio.run(run_find_command, settings, args, _open)
+        # The commands whose module runs them with this module's store opener.
+        runner = {"keys": "daemon.keys_cli:run_keys_command",
+                  "binding": "daemon.binding_cli:run_binding_command",
+                  "command": "daemon.command_cli:run_command_command",
+                  "link": "daemon.link_cli:run_link_command",
+                  "history": "daemon.history_cli:run_history_command",
+                  **dict.fromkeys(FIND_COMMANDS, "daemon.find_cli:run_find_command"),
+                  }.get(args.command)
+        if runner is not None:
+            module, function = runner.split(":")
+            done: int = trio.run(getattr(importlib.import_module(module), function),
+                                 settings, args, _open)
+            return done
         if args.command == "run":
             return trio.run(_cmd_run, settings)
         if args.command == "work":
@@ -597,8 +562,16 @@ def _leaf(exc: BaseException) -> BaseException:
 
 def _report(exc: BaseException, settings: Settings) -> int | None:
     """Print ``exc`` as one line and return the exit code (``None``: a bug, re-raise)."""
+    # The classes of the errors a command may end with, imported here (an error's way
+    # out) rather than by every command.
+    from daemon.binding_cli import BindingNotFound
+    from daemon.command_cli import CommandNotFound
+    from daemon.services.families import UnknownFamily
     from daemon.services.http_server import ListenerError
+    from daemon.services.operator_api import BadRequest, NotAuthorized
     from daemon.services.replica import ReplicaIdInUse
+    from storage.cutover.values import LegacyClaimantError
+    from storage.port import DatabaseRejected, DatabaseUnavailable, StorageError
 
     line: str
     code: int

@@ -26,6 +26,7 @@ import attrs
 from config.catalog import load_catalog
 from config.settings import Settings
 from daemon.admin_cli import record_cli_origin
+from daemon.cli_commands import HELP
 from daemon.core.human_time import wall_text
 from daemon.services.clock import WallClock
 from daemon.services.command_actions import repair_command, retire_command
@@ -38,8 +39,7 @@ EXIT_OK = 0
 
 
 def add_command_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    command = sub.add_parser("command", help="effect commands: where the Runtime intent stands,"
-                             " retire, repair")
+    command = sub.add_parser("command", help=HELP["command"])
     verbs = command.add_subparsers(dest="command_command", required=True, metavar="VERB")
     show = verbs.add_parser("show", help="the command, its attempts, its receipt and its"
                             " operator path (effect state, next action)")

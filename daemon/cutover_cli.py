@@ -27,6 +27,7 @@ import sys
 from typing import Any
 
 from config.settings import Settings
+from daemon.cli_commands import HELP
 from daemon.core.cutover import IllegalStep
 from daemon.core.cutover_text import CLAIMANT_TEXT, STEP_TEXT, phase_text
 from daemon.services import cutover as service
@@ -55,8 +56,7 @@ def _seconds(text: str) -> int:
 
 
 def add_cutover_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    cut = sub.add_parser("cutover", help="move a work family between the legacy owner and"
-                                         " integrationd")
+    cut = sub.add_parser("cutover", help=HELP["cutover"])
     verbs = cut.add_subparsers(dest="cutover_command", required=True, metavar="VERB")
     st = verbs.add_parser("status", help="owner generation, receipts, fences, blockers")
     st.add_argument("family", metavar="FAMILY")

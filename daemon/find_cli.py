@@ -20,6 +20,7 @@ from admin_ui.errors import BadFilter, NotFound
 from admin_ui.find import LISTINGS, attempt_detail, read_listing
 from admin_ui.find_filters import parse_search
 from config.settings import Settings
+from daemon.cli_commands import FIND_COMMANDS, HELP
 from daemon.core.human_time import wall_text
 from daemon.services.clock import WallClock
 from storage.find_rows import SCAN_WINDOW, search
@@ -29,12 +30,13 @@ from storage.work_store import WorkStore
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
-FIND_COMMANDS = frozenset({"attempts", "receipts", "search"})
 _PAGE_FLAGS = (("since", "rows at or after this time: ISO 8601 UTC or 15m, 6h, 7d back"),
                ("until", "rows before this time (same forms)"),
                ("after", "page token: the --after a full page printed"),
                ("sort", "newest (default) or oldest"),
                ("limit", "rows per page, 1..200 (default 50)"))
+
+__all__ = ["FIND_COMMANDS", "add_find_commands", "run_find_command"]
 
 
 def _page_flags(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +46,7 @@ def _page_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_find_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    attempts = sub.add_parser("attempts", help="provider calls (effect attempts), filtered")
+    attempts = sub.add_parser("attempts", help=HELP["attempts"])
     verbs = attempts.add_subparsers(dest="attempts_command", required=True, metavar="VERB")
     lst = verbs.add_parser("list", help="attempts, newest first, filtered")
     lst.add_argument("--status", help="HTTP status the provider answered, e.g. 429")
@@ -56,13 +58,12 @@ def add_find_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     show = verbs.add_parser("show", help="one attempt: what was sent and what came back")
     show.add_argument("attempt_id")
     show.add_argument("--json", action="store_true", help="print JSON")
-    receipts = sub.add_parser("receipts", help="Runtime result receipts, filtered")
+    receipts = sub.add_parser("receipts", help=HELP["receipts"])
     rverbs = receipts.add_subparsers(dest="receipts_command", required=True, metavar="VERB")
     rlst = rverbs.add_parser("list", help="receipts, newest first")
     rlst.add_argument("--status", help="pending, refused or confirmed")
     _page_flags(rlst)
-    found = sub.add_parser("search", help="find a work item, command, attempt, receipt,"
-                                          " binding or remote record by any of its ids")
+    found = sub.add_parser("search", help=HELP["search"])
     found.add_argument("id")
     found.add_argument("--json", action="store_true", help="print JSON")
 

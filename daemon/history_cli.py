@@ -25,6 +25,7 @@ from typing import Any
 
 from admin_ui.errors import BadFilter
 from config.settings import Settings
+from daemon.cli_commands import HELP
 from daemon.core.history_range import PRESETS_US, BadRange, parse_time
 from daemon.core.human_time import latency_text, wall_text
 from daemon.services.clock import WallClock
@@ -35,8 +36,7 @@ EXIT_OK = 0
 
 
 def add_history_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    hist = sub.add_parser("history", help="the console's history (executions, commands,"
-                                          " latency over time)")
+    hist = sub.add_parser("history", help=HELP["history"])
     verbs = hist.add_subparsers(dest="history_command", required=True, metavar="VERB")
     show = verbs.add_parser("show", help="what the console's History page shows, per step")
     show.add_argument("--range", choices=list(PRESETS_US), dest="preset",

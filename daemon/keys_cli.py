@@ -21,6 +21,7 @@ from config.keys import load_token_keys
 from config.load import ConfigError
 from config.settings import Settings
 from daemon.admin_cli import record_cli_origin
+from daemon.cli_commands import HELP
 from daemon.services.clock import WallClock
 from daemon.services.key_rotation import rotate_keys, verify_keys
 from daemon.services.operator_api import NotAuthorized
@@ -31,7 +32,7 @@ EXIT_OK, EXIT_FAILURE = 0, 1
 
 
 def add_keys_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    keys = sub.add_parser("keys", help="token-bundle encryption keys: status, rotate")
+    keys = sub.add_parser("keys", help=HELP["keys"])
     verbs = keys.add_subparsers(dest="keys_command", required=True, metavar="VERB")
     status = verbs.add_parser("status", help="which key seals how many bundles; check they"
                               " open")

@@ -22,6 +22,7 @@ from typing import Any
 
 from config.settings import Settings
 from daemon.admin_cli import record_cli_origin
+from daemon.cli_commands import HELP
 from daemon.services.clock import WallClock
 from daemon.services.link_operations import bind_remote_record, bound_json, link_json, show_link
 from storage.migrate import check_schema
@@ -32,8 +33,7 @@ EXIT_NOT_FOUND = 1
 
 
 def add_link_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    link = sub.add_parser("link", help="remote links: show one, bind a local record to a"
-                          " remote one")
+    link = sub.add_parser("link", help=HELP["link"])
     verbs = link.add_subparsers(dest="link_command", required=True, metavar="VERB")
     show = verbs.add_parser("show", help="the link of one local record")
     bind = verbs.add_parser("bind", help="bind a local record to an existing remote record"

@@ -22,11 +22,12 @@ from typing import Any
 
 from config.catalog import Catalog, load_catalog
 from config.settings import Settings
+from daemon.cli_commands import HELP
 from daemon.core.cursor import lag_seconds, sync_lag_seconds
 from daemon.core.inbound_flow import remote_time_ns
 from daemon.services.clock import WallClock
 from daemon.services.operator_api import authorize
-from daemon.services.reconcile import RunPayload, run_spec, stream_key
+from daemon.services.reconcile import RECONCILE_FAMILY, RunPayload, run_spec, stream_key
 from storage.idgen import new_ulid
 from storage.port import AuditEntry, SqlTx
 from storage.reconcile import StreamState, list_streams, read_stream
@@ -39,7 +40,7 @@ class ReconcileUsage(Exception):
 
 
 def add_reconcile_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    rec = sub.add_parser("reconcile", help="start, repair and inspect cursor reconciliation")
+    rec = sub.add_parser("reconcile", help=HELP["reconcile"])
     verbs = rec.add_subparsers(dest="reconcile_command", required=True, metavar="VERB")
     for name, help_text in (("start", "queue a stream's next incremental run now"),
                             ("repair", "offer every record changed in a period again")):
@@ -136,8 +137,9 @@ async def run_reconcile_command(store: WorkStore, settings: Settings,
 
     async def body(tx: SqlTx) -> tuple[str, bool]:
         state = await read_stream(tx, key, args.binding, args.resource)
-        (result,) = await insert_work(tx, [run_spec(catalog, binding, run,
-                                                    number=state.runs)], now_us)
+        (result,) = await insert_work(tx, [run_spec(
+            catalog, binding, run, number=state.runs,
+            max_attempts=settings.family(RECONCILE_FAMILY).max_attempts)], now_us)
         await append_audit(tx, AuditEntry(
             audit_id=new_ulid(now_us), at_us=now_us, actor=operator.name, role=operator.role,
             action=f"reconcile.{verb}", target_kind="reconcile_stream", target_id=key,

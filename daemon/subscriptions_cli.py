@@ -19,8 +19,10 @@ import sys
 
 from config.catalog import load_catalog
 from config.settings import Settings
+from daemon.cli_commands import HELP
 from daemon.services.clock import WallClock
 from daemon.services.operator_api import authorize
+from daemon.services.subscription_items import SUBSCRIPTION_FAMILY
 from daemon.services.subscription_operator import (
     NoSuchBinding,
     read_status,
@@ -38,7 +40,7 @@ class SubscriptionsUsage(Exception):
 
 def add_subscriptions_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                               ) -> None:
-    cmd = sub.add_parser("subscriptions", help="reconcile and inspect webhook subscriptions")
+    cmd = sub.add_parser("subscriptions", help=HELP["subscriptions"])
     verbs = cmd.add_subparsers(dest="subscriptions_command", required=True, metavar="VERB")
     rec = verbs.add_parser("reconcile", help="queue one subscription reconciliation now")
     rec.add_argument("--binding", required=True, help="L2 binding id")
@@ -101,7 +103,9 @@ async def run_subscriptions_command(store: WorkStore, settings: Settings,
     try:
         work_id = await reconcile_now(store, load_catalog(settings), settings.webhook_routes,
                                       args.binding, actor=operator.name, role=operator.role,
-                                      reason=args.reason, now_us=now_us)
+                                      reason=args.reason, now_us=now_us,
+                                      max_attempts=settings.family(
+                                          SUBSCRIPTION_FAMILY).max_attempts)
     except NoSuchBinding as exc:
         raise SubscriptionsUsage(f"--binding: {exc}") from None
     sys.stdout.write(f"binding {args.binding}: queued a subscription reconciliation run as"

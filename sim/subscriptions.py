@@ -145,7 +145,9 @@ class Subscriptions:
         try:
             run = await reconcile_now(
                 self.store, self.catalog, routes, webhooks.BINDING, actor="sim-admin",
-                role="admin", reason=reason, now_us=world.op_clock.now_us())
+                role="admin", reason=reason, now_us=world.op_clock.now_us(),
+                max_attempts=live[0].replica.settings.family(  # type: ignore[union-attr]
+                    SUBSCRIPTION_FAMILY).max_attempts)
             world.ops["subscription_runs"] += 1
             world.trace("subscriptions_reconcile_now", work_id=run)
         except Exception as exc:  # refusals and storage errors are answers

@@ -109,7 +109,8 @@ def build_ingress(settings: Settings, store: WorkStore, clock: Clock, metrics: M
     materializer = Materializer(store=store, catalog=catalog,
                                 routes={r.route: r for r in settings.webhook_routes},
                                 clock=clock, metrics=metrics, batch=s.materialize_batch,
-                                interval_s=s.materialize_interval)
+                                interval_s=s.materialize_interval,
+                                max_attempts=settings.family(INBOUND_APPLY_FAMILY).max_attempts)
     app.on_stored = materializer.wake
 
     async def load_retired() -> set[tuple[str, int]]:
@@ -220,6 +221,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     reconciler = CursorReconciler(
         catalog=catalog, catalogs=catalogs, http=executor.client,
         inbound_max_attempts=settings.family(INBOUND_APPLY_FAMILY).max_attempts,
+        max_attempts=settings.family(RECONCILE_FAMILY).max_attempts,
         credentials=credentials, quota_clock_spread_us=settings.work.clock_spread_us)
     if metrics is not None:
         reconciler.on_complete = metrics.set_sync_complete
@@ -233,6 +235,7 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
                               quota_clock_spread_us=settings.work.clock_spread_us)
     subscriptions = SubscriptionReconciler(
         catalog=catalog, routes=settings.webhook_routes, calls=calls,
+        max_attempts=settings.family(SUBSCRIPTION_FAMILY).max_attempts,
         # Cleanup tokens are sealed with the active token key (none: not kept).
         keys=load_token_keys(settings.keys, os.environ, settings.base_dir)
         if settings.keys.active else {}, seal_key_id=settings.keys.active or None)

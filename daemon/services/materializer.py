@@ -109,7 +109,8 @@ class Materializer:
     metrics: Metrics
     batch: int = 64
     interval_s: float = 0.5
-    max_attempts: int = 8
+    # The inbound_apply family's configured max_attempts (``[families.inbound_apply]``).
+    max_attempts: int = attrs.field(kw_only=True)
     _wake: trio.Event = attrs.field(factory=trio.Event)
     # Receipts of the latest pass left ``received`` by a failed settlement, by why.
     unsettled: dict[str, int] = attrs.field(factory=dict)

@@ -108,9 +108,10 @@ def stream_key(binding: str, resource: str) -> str:
 
 
 def run_spec(catalog: Catalog, binding: BindingSettings, run: RunPayload, *, number: int,
-             run_after_us: int | None = None) -> WorkSpec:
+             max_attempts: int, run_after_us: int | None = None) -> WorkSpec:
     """The WorkItem of one run: incremental run ``number`` of a stream (one per number, by
-    its dedupe key), or one repair (by its run id)."""
+    its dedupe key), or one repair (by its run id). ``max_attempts``: the family's
+    configured one (``[families.cursor_reconcile]``)."""
     key = (f"reconcile:{stream_key(run.binding, run.resource)}:run:{number}"
            if run.mode == "incremental" else f"reconcile:repair:{run.run_id}")
     return WorkSpec(
@@ -121,7 +122,7 @@ def run_spec(catalog: Catalog, binding: BindingSettings, run: RunPayload, *, num
         catalog_revision=catalog.revision, catalog_digest=catalog.digest,
         payload=run.to_payload(),
         source_lane=f"reconcile:{stream_key(run.binding, run.resource)}",
-        run_after_us=run_after_us, dedupe_key=key)
+        run_after_us=run_after_us, max_attempts=max_attempts, dedupe_key=key)
 
 
 @attrs.frozen
@@ -139,6 +140,8 @@ class CursorReconciler:
     catalogs: CatalogView
     http: BoundedHttp
     inbound_max_attempts: int = 5
+    # The cursor_reconcile family's configured max_attempts: the next run carries it.
+    max_attempts: int = attrs.field(kw_only=True)
     # The binding's token (static, grant or S2S mint) for the list requests.
     credentials: Credentials = attrs.Factory(Credentials)
     # Called with (stream key, epoch seconds the stream is complete through) after each
@@ -294,6 +297,7 @@ class CursorReconciler:
                        state: StreamState, interval_s: float) -> None:
         now = ctx.clock.now_us()
         spec = run_spec(r.catalog, r.binding, run, number=state.runs + 1,
+                        max_attempts=self.max_attempts,
                         run_after_us=now + int(interval_s * 1_000_000))
         spec = attrs.evolve(spec, catalog_revision=ctx.item.catalog_revision,
                             catalog_digest=ctx.item.catalog_digest)

@@ -59,7 +59,7 @@ from daemon.services.credentials import Credentials, definitive
 from daemon.services.families import WorkContext
 from daemon.services.read_quota import ReadQuota, quota_read, read_keys
 from daemon.services.token_refresh import AccessToken, TokenUnavailable
-from storage.effect_values import AttemptDraft, Disposition, Kin
+from storage.effect_values import AttemptDraft, Disposition, EffectAttempt, Kin
 from storage.effects import (
     attempts_of,
     dispose,
@@ -217,11 +217,13 @@ class SubscriptionCalls:
 
     # ---- DoOnce ----
 
-    async def attempts(self, ctx: WorkContext, kin: Kin | None = None) -> list[StepAttempt]:
+    async def attempts(self, ctx: WorkContext, kin: Kin | None = None
+                       ) -> tuple[list[StepAttempt], list[EffectAttempt]]:
         """This step's earlier attempts, and (``kin``) every unresolved attempt of its
         kin's items (an earlier step of the same effect, dead or not), as the pure
-        decision reads them."""
-        async def read(tx: SqlTx) -> list[StepAttempt]:
+        decision reads them; beside them, in the same read, the kin's unresolved attempts
+        that other items made, as stored (a create judges their binding generation)."""
+        async def read(tx: SqlTx) -> tuple[list[StepAttempt], list[EffectAttempt]]:
             own = await attempts_of(tx, ctx.item.work_id)
             ids = {a.attempt_id for a in own}
             kin_attempts = [] if kin is None else [
@@ -229,9 +231,12 @@ class SubscriptionCalls:
             return [StepAttempt(attempt_id=a.attempt_id,
                                 dispatched_at_us=a.dispatch_started_at_us,
                                 gave_up_at_us=a.gave_up_at_us, unresolved=a.unresolved)
-                    for a in (*own, *kin_attempts)]
+                    for a in (*own, *kin_attempts)], [
+                a for a in kin_attempts if a.work_id != ctx.item.work_id]
 
-        return await ctx.store.db.transact(read, name="subscriptions.attempts", write=False)
+        found: tuple[list[StepAttempt], list[EffectAttempt]] = await ctx.store.db.transact(
+            read, name="subscriptions.attempts", write=False)
+        return found
 
     @staticmethod
     async def dispose_absent(ctx: WorkContext, attempt_ids: Iterable[str], note: str) -> None:

@@ -69,7 +69,9 @@ def lane(binding_id: str) -> str:
 
 
 def item_spec(binding: BindingSettings, catalog: Catalog, payload: SubscriptionPayload, *,
-              key: str, run_after_us: int | None = None) -> WorkSpec:
+              key: str, max_attempts: int, run_after_us: int | None = None) -> WorkSpec:
+    """``max_attempts``: the family's configured one (``[families.subscription_reconcile]``);
+    every builder of this family's items passes it, so none falls back to the built-in."""
     return WorkSpec(
         family=SUBSCRIPTION_FAMILY, org_id=binding.org_id,
         app_installation_id=binding.app_installation_id,
@@ -82,11 +84,11 @@ def item_spec(binding: BindingSettings, catalog: Catalog, payload: SubscriptionP
         # reads and queues (a queued future run must not hold an operator's run, or the
         # steps it queues, behind it); concurrent runs decide the same keys.
         source_lane=lane(binding.binding_id) if payload.kind != "run" else None,
-        run_after_us=run_after_us, dedupe_key=key)
+        run_after_us=run_after_us, max_attempts=max_attempts, dedupe_key=key)
 
 
 def run_spec(binding: BindingSettings, catalog: Catalog, *, now_us: int,
-             interval_s: float, chain: bool = True) -> WorkSpec:
+             interval_s: float, max_attempts: int, chain: bool = True) -> WorkSpec:
     """A run now: a chain link keyed by its time slot (two chains merge), or a one-off
     (an operator's "reconcile now", its own key; it queues no next run)."""
     slot = now_us // max(1, int(interval_s * 1_000_000))
@@ -94,7 +96,7 @@ def run_spec(binding: BindingSettings, catalog: Catalog, *, now_us: int,
            else f"subs:run:{binding.binding_id}:now:{new_ulid(now_us)}")
     return item_spec(binding, catalog,
                      SubscriptionPayload(kind="run", binding=binding.binding_id, chain=chain),
-                     key=key, run_after_us=now_us)
+                     key=key, max_attempts=max_attempts, run_after_us=now_us)
 
 
 def create_kin(binding_id: str, name: str) -> Kin:
@@ -113,9 +115,9 @@ def step_key(binding: str, step: Create | Delete, run_id: str) -> str:
 
 
 def retire_check_spec(binding: BindingSettings, catalog: Catalog, route: str,
-                      generation: int, at_us: int) -> WorkSpec:
+                      generation: int, at_us: int, *, max_attempts: int) -> WorkSpec:
     """A one-off run at the time a watch may retire its secret (one per time)."""
     return item_spec(binding, catalog, SubscriptionPayload(
         kind="run", binding=binding.binding_id, chain=False),
         key=f"subs:run:{binding.binding_id}:retire:{route}:{generation}:{at_us}",
-        run_after_us=at_us)
+        max_attempts=max_attempts, run_after_us=at_us)

@@ -39,10 +39,11 @@ def bindings_with_subscriptions(catalog: Catalog, routes: Sequence[WebhookRoute]
 
 
 async def start_chains(store: Any, catalog: Catalog, routes: Sequence[WebhookRoute],
-                       now_us: int, interval_s: float = 300.0) -> int:
+                       now_us: int, interval_s: float = 300.0, *, max_attempts: int) -> int:
     """At replica start: each binding's run chain (keyed by time slot, so replicas
     starting together, or a chain already queued for this slot, make one)."""
-    specs = [run_spec(b, catalog, now_us=now_us, interval_s=interval_s)
+    specs = [run_spec(b, catalog, now_us=now_us, interval_s=interval_s,
+                      max_attempts=max_attempts)
              for b in bindings_with_subscriptions(catalog, routes)]
     if specs:
         await store.work_enqueue(specs, now_us)
@@ -55,14 +56,15 @@ class NoSuchBinding(LookupError):
 
 async def reconcile_now(store: Any, catalog: Catalog, routes: Sequence[WebhookRoute],
                         binding_id: str, *, actor: str, role: str, reason: str,
-                        now_us: int) -> str:
+                        now_us: int, max_attempts: int) -> str:
     """An operator's "reconcile now": one run queued at once (it queues no next run; the
     chain goes on), audited in the same transaction. Returns the run's WorkItem id."""
     binding = next((b for b in bindings_with_subscriptions(catalog, routes)
                     if b.binding_id == binding_id), None)
     if binding is None:
         raise NoSuchBinding(f"binding {binding_id!r} has no route with subscriptions")
-    spec = run_spec(binding, catalog, now_us=now_us, interval_s=300.0, chain=False)
+    spec = run_spec(binding, catalog, now_us=now_us, interval_s=300.0, chain=False,
+                    max_attempts=max_attempts)
 
     async def body(tx: SqlTx) -> str:
         (result,) = await insert_work(tx, [spec], now_us)

@@ -38,7 +38,7 @@ from storage.work_admin import append_audit
 async def retire_previous_secrets(
         tx: SqlTx, *, run_id: str, catalog: Catalog, routes: Sequence[WebhookRoute],
         binding: BindingSettings, desired: Sequence[DesiredSubscription],
-        remote: Sequence[Remote], now: int) -> list[WorkSpec]:
+        remote: Sequence[Remote], now: int, max_attempts: int) -> list[WorkSpec]:
     by_id = {r.provider_id: r for r in remote}
     rows = await read_subscriptions(tx, binding.binding_id)
     checks: list[WorkSpec] = []
@@ -82,7 +82,7 @@ async def retire_previous_secrets(
                 watch_since_us=step.since_us, check_at_us=step.check_at_us,
                 evidence=evidence), now)
             checks.append(retire_check_spec(binding, catalog, route.route, gen,
-                                            step.check_at_us))
+                                            step.check_at_us, max_attempts=max_attempts))
         elif isinstance(step, Wait) and before is not None:
             if step.check_at_us != before.check_at_us:
                 await write_retirement(tx, before, attrs.evolve(
@@ -90,7 +90,7 @@ async def retire_previous_secrets(
                     evidence={**evidence, "waiting": step.reason,
                               "last_previous_secret_receipt_us": last}), now)
             checks.append(retire_check_spec(binding, catalog, route.route, gen,
-                                            step.check_at_us))
+                                            step.check_at_us, max_attempts=max_attempts))
         elif isinstance(step, Retire) and before is not None:
             await write_retirement(tx, before, attrs.evolve(
                 before, state="retired", retired_at_us=now,

@@ -70,6 +70,7 @@ from daemon.core.subscriptions import (
     Observed,
     ReadBack,
     Send,
+    StepAttempt,
     StepClaim,
     WaitWindow,
     decide,
@@ -104,8 +105,7 @@ from daemon.services.subscription_items import (
 )
 from daemon.services.subscription_retirement import retire_previous_secrets
 from daemon.services.token_refresh import AccessToken, TokenUnavailable
-from storage.effect_values import Kin
-from storage.effects import subjects_in_doubt, unresolved_of_kin
+from storage.effects import subjects_in_doubt
 from storage.port import SqlTx
 from storage.subscriptions import (
     Retiring,
@@ -161,6 +161,9 @@ class SubscriptionReconciler:
     routes: tuple[WebhookRoute, ...]
     # The one way out: credentials, quota, the effect journal (subscription_calls.py).
     calls: SubscriptionCalls
+    # The family's configured max_attempts (``[families.subscription_reconcile]``): every
+    # run, step and retirement check this reconciler queues carries it.
+    max_attempts: int = attrs.field(kw_only=True)
     keys: Mapping[str, TokenKey] = attrs.field(factory=dict)
     seal_key_id: str | None = None
     interval_s: float = 300.0
@@ -285,7 +288,8 @@ class SubscriptionReconciler:
                 else step.expected_generation,
                 provider_id="" if isinstance(step, Create) else step.provider_id,
                 reason=step.reason, binding_generation=generation),
-                key=step_key(binding.binding_id, step, ctx.item.work_id)))
+                key=step_key(binding.binding_id, step, ctx.item.work_id),
+                max_attempts=self.max_attempts))
         now = ctx.clock.now_us()
         # Every desired subscription, and every row: one with no row, or whose id the
         # provider no longer lists, is missing.
@@ -295,7 +299,8 @@ class SubscriptionReconciler:
                               "active" if by_id[r.provider_id].active else "disabled")
                      for r in rows}}
         nxt = (run_spec(binding, self.catalog, now_us=now + int(self.interval_s * 1e6),
-                        interval_s=self.interval_s) if p.chain else None)
+                        interval_s=self.interval_s, max_attempts=self.max_attempts)
+               if p.chain else None)
 
         read_versions = {r.name: r.row_version for r in rows}
         wanted = {x.name for x in desired}
@@ -320,7 +325,8 @@ class SubscriptionReconciler:
                     before, health=state, last_reconciled_at_us=now), now)
             checks = await retire_previous_secrets(
                 tx, run_id=ctx.item.work_id, catalog=self.catalog, routes=self.routes,
-                binding=binding, desired=desired, remote=remote, now=now)
+                binding=binding, desired=desired, remote=remote, now=now,
+                max_attempts=self.max_attempts)
             await insert_work(tx, [*specs, *([nxt] if nxt else []), *checks], now)
 
         ctx.on_finalize(write)
@@ -341,7 +347,7 @@ class SubscriptionReconciler:
             return
         now = ctx.clock.now_us()
         nxt = run_spec(binding, self.catalog, now_us=now + int(self.interval_s * 1e6),
-                       interval_s=self.interval_s)
+                       interval_s=self.interval_s, max_attempts=self.max_attempts)
 
         async def write(tx: SqlTx) -> None:
             await insert_work(tx, [nxt], now)
@@ -357,27 +363,23 @@ class SubscriptionReconciler:
                     facts is not None and facts.state is BindingState.CONNECTED)
 
     async def _claim(self, ctx: WorkContext, binding: BindingSettings,
-                     d: SubscriptionDefinition, kin: Kin | None = None) -> StepClaim:
+                     d: SubscriptionDefinition) -> StepClaim:
+        """Send, wait out the in-flight window, or read back, judged by this step's own
+        attempts."""
+        own, _ = await self.calls.attempts(ctx)
+        return self._decide(ctx, binding, d, own)
+
+    @staticmethod
+    def _decide(ctx: WorkContext, binding: BindingSettings, d: SubscriptionDefinition,
+                attempts: list[StepAttempt]) -> StepClaim:
         """Send, wait out the in-flight window, or read back (daemon/core/subscriptions.py).
-        L2's binding may lengthen L1's window and skew, never shorten them. ``kin``: the
-        unresolved attempts of the effect's earlier steps count as this step's."""
+        L2's binding may lengthen L1's window and skew, never shorten them."""
         return decide_step(
-            await self.calls.attempts(ctx, kin),
+            attempts,
             max_in_flight_us=int(max(d.max_in_flight_s, binding.max_in_flight) * 1e6),
             clock_skew_us=int(max(d.max_clock_skew_s, binding.max_clock_skew) * 1e6),
             client_deadline_us=int(client_deadline_s(binding) * 1e6),
             now_us=ctx.clock.now_us())
-
-    @staticmethod
-    async def _foreign(ctx: WorkContext, kin: Kin, generation: int | None) -> str | None:
-        """An unresolved attempt of the effect's earlier steps sent under another binding
-        generation than this step's (its id), if any."""
-        async def read(tx: SqlTx) -> str | None:
-            return next((a.attempt_id for a in await unresolved_of_kin(tx, kin)
-                         if a.work_id != ctx.item.work_id
-                         and pinned_generation(a.pre_dispatch_evidence) != generation), None)
-
-        return await ctx.store.db.transact(read, name="subscriptions.kin", write=False)
 
     @staticmethod
     def _stale(p: SubscriptionPayload, pin: _Pin, claim: StepClaim, what: str) -> Outcome:
@@ -424,14 +426,19 @@ class SubscriptionReconciler:
         # One subscription's creates are one effect, whichever step made each attempt: a
         # create that ended (dead, cancelled) with its outcome unknown holds this one
         # until its window has passed and the list has been read back (issue 22).
+        # One read: this step's attempts with the kin's unresolved ones (they count as its
+        # own), and whether one of the kin's was sent under another binding generation.
         kin = create_kin(binding.binding_id, want.name)
-        foreign = await self._foreign(ctx, kin, p.binding_generation)
+        attempts, others = await self.calls.attempts(ctx, kin)
+        foreign = next((a.attempt_id for a in others
+                        if pinned_generation(a.pre_dispatch_evidence) != p.binding_generation),
+                       None)
         if foreign:
             return DeadLetter("earlier_create_unresolved", f"an earlier {what} (attempt"
                               f" {foreign}) may have been applied under another binding"
                               " generation: a list now cannot read it back; operator"
                               " disposition needed before it is created again")
-        claim = await self._claim(ctx, binding, d, kin)
+        claim = self._decide(ctx, binding, d, attempts)
         if isinstance(claim, WaitWindow):
             return self._waiting(claim, what)
         assert p.binding_generation is not None

@@ -192,7 +192,7 @@ async def test_missing_counts_every_desired_subscription_the_provider_does_not_h
     store = console.store
     now = console.replica.clock.now_us()
     (run,) = await store.work_enqueue([run_spec(BINDING, console_catalog(), now_us=now,
-                                                interval_s=300, chain=False)], now)
+                                                interval_s=300, chain=False, max_attempts=5)], now)
     (item,) = (await claim(store, now=now, family=SUBSCRIPTION_FAMILY)).claimed
     assert await finalize(store, item, DeadLetter(
         "list_unavailable", "the subscription list did not answer 200 (401)"), now)

@@ -64,7 +64,7 @@ class Rig:
 
     async def enqueue(self, run: RunPayload, number: int = 0) -> None:
         await self.store.work_enqueue([run_spec(self.catalog, self.binding, run,
-                                                number=number)], self.clock.now)
+                                                number=number, max_attempts=5)], self.clock.now)
 
     async def claimed(self, owner: str = "A") -> WorkItem:
         result = await claim(self.store, owner=owner, now=self.clock.now,
@@ -122,7 +122,7 @@ async def rig(store: WorkStore, nursery: trio.Nursery) -> AsyncIterator[Rig]:
                           now_us=T0)
     http = BoundedHttp.open(4)
     r = Rig(store, sim, CursorReconciler(catalog=catalog, catalogs=CatalogView(store, catalog),
-                                         http=http), catalog, binding, Clock())
+                                         http=http, max_attempts=5), catalog, binding, Clock())
     r.reconciler.on_complete = lambda stream, through: r.completed.append(through)
     try:
         yield r

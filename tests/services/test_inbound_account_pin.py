@@ -32,7 +32,7 @@ async def test_a_materialized_change_pins_the_account_the_binding_names_now(
         store: WorkStore, tmp_path: Path) -> None:
     cfg = ingress_settings(tmp_path)
     catalog = load_catalog(cfg)
-    materializer = Materializer(store=store, catalog=catalog,
+    materializer = Materializer(max_attempts=8, store=store, catalog=catalog,
                                 routes={r.route: r for r in cfg.webhook_routes},
                                 clock=WallClock(), metrics=Metrics())
     first = _outreach_receipt(1)

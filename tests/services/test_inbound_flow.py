@@ -381,7 +381,7 @@ async def test_a_lost_webhook_is_found_by_reconciliation_and_applied(world: Worl
     assert binding is not None
     http = BoundedHttp.open(2)
     reconciler = CursorReconciler(catalog=world.flow.catalog, catalogs=world.flow.catalogs,
-                                  http=http)
+                                  http=http, max_attempts=5)
 
     async def reconcile_then_apply() -> list[Outcome]:
         result = await claim(world.store, now=world.clock.now, family=RECONCILE_FAMILY)
@@ -400,7 +400,7 @@ async def test_a_lost_webhook_is_found_by_reconciliation_and_applied(world: Worl
     try:
         await world.store.work_enqueue([run_spec(
             world.flow.catalog, binding, RunPayload(binding=BINDING, resource="prospect"),
-            number=0)], world.clock.now)
+            number=0, max_attempts=5)], world.clock.now)
         # The initial sync: offered as a repair, nothing counted lost.
         assert await reconcile_then_apply() == [Succeeded("applied FirstName")]
         assert world.lost == []

@@ -77,7 +77,7 @@ async def test_ingress_and_materializer_never_crash_nor_half_write(
                                                               catalog.webhooks),
                      clock=WallClock(), insert=store.ingress_receipt_insert, spool=spool,
                      metrics=metrics)
-    materializer = Materializer(store=store, catalog=catalog,
+    materializer = Materializer(max_attempts=8, store=store, catalog=catalog,
                                 routes={r.route: r for r in cfg.webhook_routes},
                                 clock=WallClock(), metrics=metrics)
     hubspot_uri = "https://hooks.example/hooks/hubspot-main"

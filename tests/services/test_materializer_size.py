@@ -47,7 +47,7 @@ async def test_a_receipt_too_large_to_store_is_quarantined_and_the_others_materi
     store = await database.open_store(max_statement_bytes=LIMIT)
     cfg = ingress_settings(tmp_path)
     metrics = Metrics()
-    materializer = Materializer(store=store, catalog=load_catalog(cfg),
+    materializer = Materializer(max_attempts=8, store=store, catalog=load_catalog(cfg),
                                 routes={r.route: r for r in cfg.webhook_routes},
                                 clock=WallClock(), metrics=metrics)
     # As a provider sends it: UTF-8, not \u escapes (2 bytes a character).

@@ -40,7 +40,7 @@ async def test_bad_bodies_are_quarantined_with_the_documented_reason(
         store: WorkStore, tmp_path: Path, name: str, body: bytes, reason: str,
         detail: str) -> None:
     cfg = ingress_settings(tmp_path)
-    materializer = Materializer(store=store, catalog=load_catalog(cfg),
+    materializer = Materializer(max_attempts=8, store=store, catalog=load_catalog(cfg),
                                 routes={r.route: r for r in cfg.webhook_routes},
                                 clock=WallClock(), metrics=Metrics())
     r = attrs.evolve(receipt(1, body=body), route="outreach-main",

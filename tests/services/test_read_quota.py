@@ -78,7 +78,7 @@ async def test_effects_hydration_and_list_reads_share_one_budget_and_never_excee
             for pid in prospects[:HYDRATIONS]]
         runs = [run_spec(catalog, binding, RunPayload(
             binding=BINDING, resource="prospect", mode="repair", run_id=new_ulid(now + n)),
-            number=0) for n in range(LISTS)]
+            number=0, max_attempts=5) for n in range(LISTS)]
         await store.work_enqueue([
             *(c.work_spec(org_id=SCOPE.org_id, catalog_revision=catalog.revision,
                           catalog_digest=catalog.digest) for c in changes), *runs], now)

@@ -95,7 +95,7 @@ async def s2s_world(request: pytest.FixtureRequest, store: WorkStore,
         views = CatalogView(store, catalog)
         flow = InboundFlow(settings=settings, catalog=catalog, catalogs=views,
                            provider_http=http, runtime_http=http, credentials=credentials)
-        reconciler = CursorReconciler(catalog=catalog, catalogs=views, http=http,
+        reconciler = CursorReconciler(max_attempts=5, catalog=catalog, catalogs=views, http=http,
                                       credentials=credentials)
         try:
             yield S2SWorld(World(store, sim, rt, flow, settings, Clock()), s2s, reconciler)
@@ -117,7 +117,7 @@ async def test_hydration_and_listing_use_one_minted_token_or_wait_when_it_is_ref
     assert binding is not None
     await world.store.work_enqueue([run_spec(
         world.flow.catalog, binding, RunPayload(binding=BINDING, resource="prospect"),
-        number=0)], world.clock.now)
+        number=0, max_attempts=5)], world.clock.now)
     (run,) = (await claim(world.store, now=world.clock.now, family=RECONCILE_FAMILY)).claimed
     listed = await s2s_world.reconciler.handle(world.context(run))
     grant = await world.store.grant_get(BINDING, 1)

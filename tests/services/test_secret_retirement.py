@@ -29,6 +29,7 @@ from config.settings import Settings
 from daemon.services.catalog_view import publish_current
 from daemon.services.families import known_family_names
 from daemon.services.replica import Replica
+from daemon.services.subscription_items import SUBSCRIPTION_FAMILY
 from daemon.services.subscription_operator import reconcile_now
 from sandbox.outreach_sim import OutreachSimulator
 from sandbox.ports import free_port
@@ -136,7 +137,8 @@ async def test_the_previous_secret_retires_itself_after_a_quiet_redelivery_windo
     async def reconcile(cfg: Settings) -> None:
         await reconcile_now(store, load_catalog(cfg), cfg.webhook_routes, "outreach-main",
                             actor="test", role="operator", reason="retire test",
-                            now_us=clock.now_us())
+                            now_us=clock.now_us(),
+                            max_attempts=cfg.family(SUBSCRIPTION_FAMILY).max_attempts)
 
     async def change(name: str) -> None:
         sim.update_prospect(prospect.id, {"firstName": name})

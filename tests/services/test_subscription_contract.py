@@ -80,7 +80,7 @@ class Rig:
     async def queue_run(self) -> None:
         await self.store.work_enqueue([run_spec(self.binding, self.assembly.catalog,
                                                 now_us=self.clock.now, interval_s=300,
-                                                chain=False)], self.clock.now)
+                                                chain=False, max_attempts=5)], self.clock.now)
 
     async def claim_now(self) -> list[WorkItem]:
         result = await claim(self.store, owner="A", now=self.clock.now,

@@ -19,6 +19,7 @@ from config.load import parse_settings
 from config.settings import Settings
 from daemon.services.catalog_view import publish_current
 from daemon.services.families import known_family_names
+from daemon.services.subscription_items import SUBSCRIPTION_FAMILY
 from daemon.services.subscription_operator import reconcile_now
 from sandbox.outreach_sim import OutreachSimulator
 from sandbox.ports import free_port
@@ -74,7 +75,8 @@ async def _all_at(store: WorkStore, generation: int, *, rotating: bool = False) 
 async def _reconcile(store: WorkStore, cfg: Settings, clock: ManualClock) -> None:
     await reconcile_now(store, load_catalog(cfg), cfg.webhook_routes, "outreach-main",
                         actor="test", role="operator", reason="rotation test",
-                        now_us=clock.now_us())
+                        now_us=clock.now_us(),
+                        max_attempts=cfg.family(SUBSCRIPTION_FAMILY).max_attempts)
 
 
 async def test_a_secret_rotation_overlaps_old_and_new_with_no_delivery_rejected(

@@ -70,7 +70,7 @@ class Rig:
         """One one-off run now, then every item it queued, until the lane is idle."""
         await self.store.work_enqueue([run_spec(self.binding, self.catalog,
                                                 now_us=self.clock.now, interval_s=300,
-                                                chain=False)], self.clock.now)
+                                                chain=False, max_attempts=5)], self.clock.now)
         await self.drain()
 
     async def drain(self, rounds: int = 20) -> None:
@@ -134,7 +134,7 @@ async def rig(store: WorkStore, nursery: trio.Nursery) -> AsyncIterator[Rig]:
                          secret=Secret("secret-one"))
     http = BoundedHttp.open(4)
     key = TokenKey("k1", os.urandom(32))
-    reconciler = SubscriptionReconciler(catalog=catalog, routes=(route,),
+    reconciler = SubscriptionReconciler(max_attempts=5, catalog=catalog, routes=(route,),
                                         calls=SubscriptionCalls(http), keys={"k1": key},
                                         seal_key_id="k1")
     try:
@@ -223,7 +223,8 @@ async def test_an_orphan_is_deleted_and_a_stale_generations_cleanup_is_refused(
     stale = SubscriptionPayload(kind="delete", binding=BINDING, name="outreach:created",
                                 generation=1, provider_id=rows["outreach:created"].provider_id,
                                 reason="replaced", binding_generation=1)
-    await rig.store.work_enqueue([item_spec(rig.binding, rig.catalog, stale, key="stale")],
+    await rig.store.work_enqueue([item_spec(rig.binding, rig.catalog, stale, key="stale",
+                                           max_attempts=5)],
                                  rig.clock.now)
     rig.outcomes.clear()
     await rig.drain()
@@ -326,7 +327,8 @@ async def test_a_run_between_an_unknown_create_and_its_read_back_deletes_nothing
     rig.sim.inject(Fault("reset_after", method="POST", path_prefix="/api/v2/webhooks",
                          count=1))
     await rig.store.work_enqueue([run_spec(rig.binding, rig.catalog, now_us=rig.clock.now,
-                                           interval_s=300, chain=False)], rig.clock.now)
+                                           interval_s=300, chain=False, max_attempts=5)],
+                                 rig.clock.now)
 
     async def now_claimable() -> list[WorkItem]:
         return list((await claim(rig.store, now=rig.clock.now,
@@ -343,7 +345,8 @@ async def test_a_run_between_an_unknown_create_and_its_read_back_deletes_nothing
     # A run now (runs take no lane): it sees a subscription of a desired shape no row
     # names, and must not queue its delete.
     await rig.store.work_enqueue([run_spec(rig.binding, rig.catalog, now_us=rig.clock.now,
-                                           interval_s=300, chain=False)], rig.clock.now)
+                                           interval_s=300, chain=False, max_attempts=5)],
+                                 rig.clock.now)
     (run,) = await now_claimable()
     assert SubscriptionPayload.from_payload(run.payload).kind == "run"
     await rig.run(run)
@@ -381,7 +384,8 @@ async def test_a_create_step_dead_with_an_unknown_attempt_is_read_back_never_cre
     attempt. Before the fix the run no longer counted the dead step as pending and queued
     a create that was sent at once: two subscriptions of one shape (reset_after)."""
     await rig.store.work_enqueue([run_spec(rig.binding, rig.catalog, now_us=rig.clock.now,
-                                           interval_s=300, chain=False)], rig.clock.now)
+                                           interval_s=300, chain=False, max_attempts=5)],
+                                 rig.clock.now)
     (run,) = (await claim(rig.store, now=rig.clock.now, family=SUBSCRIPTION_FAMILY)).claimed
     await rig.run(run)
 
@@ -428,7 +432,8 @@ async def test_a_create_dead_unknown_before_a_reconnect_holds_the_subscription(
     makes now reads it back. Nothing is created for that subscription (nor its maybe-made
     one deleted) until an operator records the attempt's disposition; the others go on."""
     await rig.store.work_enqueue([run_spec(rig.binding, rig.catalog, now_us=rig.clock.now,
-                                           interval_s=300, chain=False)], rig.clock.now)
+                                           interval_s=300, chain=False, max_attempts=5)],
+                                 rig.clock.now)
     (run,) = (await claim(rig.store, now=rig.clock.now, family=SUBSCRIPTION_FAMILY)).claimed
     await rig.run(run)
 
@@ -458,3 +463,18 @@ async def test_a_create_dead_unknown_before_a_reconnect_holds_the_subscription(
     assert len(rig.sim.subscriptions()) == 3  # the maybe-made one is not deleted
     (attempt,) = await rig.store.effect_attempts(step.work_id)
     assert attempt.disposition is None  # left for the operator, never assumed absent
+    # A create step for it decided under generation 2 all the same (as by a run that read
+    # before the attempt was recorded): its one read of the kin finds the attempt sent
+    # under generation 1, and it sends nothing.
+    (extra,) = await rig.store.work_enqueue([item_spec(rig.binding, rig.catalog,
+        SubscriptionPayload(kind="create", binding=BINDING, name=held, generation=1,
+                            reason="missing", binding_generation=2),
+        key=f"subs:create:{BINDING}:{held}:1:again", max_attempts=5)], rig.clock.now)
+    (again,) = (await claim(rig.store, now=rig.clock.now, family=SUBSCRIPTION_FAMILY)).claimed
+    assert again.work_id == extra.work_id
+    outcome = await rig.run(again)
+    assert isinstance(outcome, DeadLetter), outcome
+    assert outcome.failure_class == "earlier_create_unresolved"
+    assert attempt.attempt_id in outcome.summary
+    assert len([r for r in rig.sim.requests if r.method == "POST"
+                and r.path == "/api/v2/webhooks" and r.applied]) == 3
