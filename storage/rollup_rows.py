@@ -29,13 +29,14 @@ from storage.port import DuplicateKey, SqlTx
 async def add_at_levels(tx: SqlTx, table: str, columns: Sequence[str],
                         values: Sequence[object], at_us: int, n: int,
                         count: str = "n",
-                        also: Sequence[tuple[str, object]] = ()) -> None:
+                        also: Sequence[tuple[str, object]] = (),
+                        levels: Sequence[int] = LEVELS_US) -> None:
     """Add ``n`` to the rows of ``table`` keyed by ``columns = values`` (the shard among
     them) at ``at_us``'s minute, hour and day, inside the caller's transaction; ``also``
     sets further columns of those rows to the values given (the same statements)."""
     key = " AND ".join(f"{c} = ?" for c in columns)
     one = f"(level_us = ? AND bucket_us = ? AND {key})"
-    rows = [(level, bucket_of(at_us, level), *values) for level in LEVELS_US]
+    rows = [(level, bucket_of(at_us, level), *values) for level in levels]
     sets = "".join(f", {c} = ?" for c, _ in also)
     set_args = tuple(v for _, v in also)
     matched = await tx.execute(
