@@ -10,9 +10,10 @@ minute can hold), and the other half 3 families x 4 outcomes x 4 shards (48 rows
 and 5-minute rows (migration 0049) for the last ``--minute-days`` days (the finest levels
 a preset reads: a 6 h range reads 5-minute rows, minutes before 0049; 24 h and longer
 read hours), hour and day rows for ``--days`` days (the retention window; a build before
-0049 never reads the 5-minute rows, so the same fill measures it too), each level written
-by ``INSERT ... SELECT`` from MariaDB's ``seq_0_to_N`` engine. ``work_executions`` holds
-the last ``--journal-hours`` hours at 463 a minute, the effect half with its terminal work items and commands (the rows the items
+0049 never reads the 5-minute rows, so the same fill measures it too), each level
+written by ``INSERT ... SELECT`` from MariaDB's ``seq_0_to_N`` engine.
+``work_executions`` holds the last ``--journal-hours`` hours at 463 a minute, the effect
+half with its terminal work items and commands (the rows the items
 behind a narrowed point are joined to).
 
 Reads: ``admin_ui.history.history_for`` (the whole read model the page, API and CLI
