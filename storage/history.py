@@ -264,14 +264,20 @@ class HistoryStore:
             clauses += " AND e.family = ? AND w.subject_kind = 'command'" + extra
             args += (EFFECT_FAMILY, *extra_args)
 
+        # The order of work_executions_finished (finished_at_us, family, then the primary
+        # key), read backwards: the newest rows, never a sort of the span. With one family
+        # (a constant then) the family leaves the ORDER BY, the same order: MariaDB then
+        # reads work_executions_family_finished (family, finished_at_us, outcome; 0050) in
+        # order, where the family in the ORDER BY made it sort the span (or drive a
+        # narrowed read from every command of the binding).
+        order = ("e.finished_at_us DESC, e.work_id DESC" if family is not None or join
+                 else "e.finished_at_us DESC, e.family DESC, e.work_id DESC")
+
         async def body(tx: SqlTx) -> list[HistoryExecution]:
             rows = await tx.fetchall(
                 "SELECT e.work_id, e.ownership_epoch, e.family, e.attempt, e.replica,"
                 f" e.outcome, e.finished_at_us FROM work_executions e{join} WHERE {clauses}"
-                # The order of work_executions_finished (finished_at_us, family, then the
-                # primary key), read backwards: the newest rows, never a sort of the span.
-                " ORDER BY e.finished_at_us DESC, e.family DESC, e.work_id DESC,"
-                " e.ownership_epoch DESC LIMIT ?",
+                f" ORDER BY {order}, e.ownership_epoch DESC LIMIT ?",
                 (*args, limit),
             )
             return [HistoryExecution(str(w), int(e), str(f), int(a), str(r), str(o), int(t))
