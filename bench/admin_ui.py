@@ -286,7 +286,7 @@ async def year_dense_history(store: WorkStore, days: int, per_day: int, now: int
     """The history rollup of the last ``days`` days as dense as ``per_day`` executions a
     day would make it (20M terminal rows over a year: ~55,000 a day, every minute holding
     every family x outcome), written in bulk on MariaDB (``INSERT ... SELECT`` from the
-    ``seq_0_to_N`` sequence engine), minute rows first, then the 5-minute, hour and day rows summed
+    ``seq_0_to_N`` sequence engine), minute rows first, then the coarser levels' rows summed
     from them. A range query reads only its own buckets, so the presets (up to 7 days) read
     what they would read at full scale. Returns the rows written."""
     minutes = days * 1440
@@ -302,7 +302,7 @@ async def year_dense_history(store: WorkStore, days: int, per_day: int, now: int
             f" executions) SELECT 60000000, {first} + m.seq * 60000000, f.family, o.outcome,"
             f" 0, {per_key} FROM seq_0_to_{minutes - 1} m CROSS JOIN ({families}) f"
             f" CROSS JOIN ({outcomes}) o")
-        for level in (300_000_000, 3_600_000_000, 86_400_000_000):
+        for level in (300_000_000, 3_600_000_000, 21_600_000_000, 86_400_000_000):
             await tx.execute(
                 "INSERT INTO history_rollup (level_us, bucket_us, family, outcome, shard,"
                 f" executions) SELECT {level}, bucket_us - bucket_us % {level}, family,"

@@ -24,8 +24,8 @@ Rows, in the shapes production writes (``--terminal T``, ``--open O``):
   of 8 quota keys), in source lanes, and a few processing under a lease;
 - ingress receipts (``T / 40`` over the last 30 days: materialized, 2 % quarantined,
   1 % received), audit entries (``T / 100`` over the year), 8 bindings and 8 quota keys;
-- the history rollup (minute, five-minute, hour and day rows, an effect item under its
-  command's org, binding and operation) summed from the journal rows, as
+- the history rollup (minute, five-minute, hour, six-hour and day rows, an effect item
+  under its command's org, binding and operation) summed from the journal rows, as
   ``integrationd history rebuild`` writes it.
 
 Prints one JSON line: rows per table, seconds per step, megabytes per table. The
@@ -373,7 +373,7 @@ def load(database: str, open_items: int, terminal: int, workers: int = 3) -> dic
 DAY_US = 86_400_000_000
 
 
-_LEVELS = (300_000_000, 3_600_000_000, DAY_US)  # summed from the minute rows
+_LEVELS = (300_000_000, 3_600_000_000, 21_600_000_000, DAY_US)  # summed from the minutes
 _KEYS = "family, outcome, org_id, binding_id, operation"
 STATEMENTS_A_DAY = 2 + len(_LEVELS)
 
@@ -381,8 +381,8 @@ STATEMENTS_A_DAY = 2 + len(_LEVELS)
 def rollup_statements(first_us: int, last_us: int) -> list[str]:
     """The statements that build the history rollup of executions finished in
     ``[first_us, last_us]``, one UTC day at a time (minute rows counted from the
-    executions, then that day's five-minute, hour and day rows summed from its minute
-    rows), keyed as ``integrationd history rebuild`` keys them (storage/history.py): an
+    executions, then that day's five-minute, hour, six-hour and day rows summed from its
+    minute rows), keyed as ``integrationd history rebuild`` keys them (storage/history.py): an
     effect item under its command's org, binding and operation (the item by primary key,
     its command by primary key), every other family's under ``''``.
 
@@ -391,7 +391,7 @@ def rollup_statements(first_us: int, last_us: int) -> list[str]:
     whole when that file goes; a day is ~55k executions and ~30k groups (an in-memory
     temporary table), read through ``work_executions_finished``, and a failed day is
     its statements to run again. :data:`STATEMENTS_A_DAY` statements a day: the day's
-    old rows deleted, then its minute, five-minute, hour and day rows."""
+    old rows deleted, then its minute, five-minute, hour, six-hour and day rows."""
     out = []
     for day in range(first_us - first_us % DAY_US, last_us + 1, DAY_US):
         out.append(  # the day's rows of an earlier, interrupted run: a day is redone whole

@@ -46,12 +46,15 @@ from storage.port import Database, SqlTx
 BUCKET_US = 60_000_000
 FIVE_MIN_US = 300_000_000
 HOUR_US = 3_600_000_000
+SIX_HOURS_US = 21_600_000_000
 DAY_US = 86_400_000_000
 # The levels of history_flow and history_quota (and of add_at_levels by default).
 LEVELS_US = (BUCKET_US, HOUR_US, DAY_US)
-# history_rollup's levels: also five minutes (migration 0049), which a 6 h range's
-# 5-minute step (and a 10-minute one) reads instead of five times as many minute rows.
-EXECUTION_LEVELS_US = (BUCKET_US, FIVE_MIN_US, HOUR_US, DAY_US)
+# history_rollup's levels (migration 0049): also five minutes, which a 6 h range's
+# 5-minute step (and a 10-minute one) reads instead of five times as many minute rows,
+# and six hours, which the 6 and 12 h steps of custom ranges of 15 to 60 days read
+# instead of six times as many hour rows (the keys of 0048 multiplied both).
+EXECUTION_LEVELS_US = (BUCKET_US, FIVE_MIN_US, HOUR_US, SIX_HOURS_US, DAY_US)
 SHARDS = 4
 # The family whose items carry an org, binding and operation in the rollup (the
 # effect runner's; storage.commands names it from here).

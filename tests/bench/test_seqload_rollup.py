@@ -28,15 +28,16 @@ D = 20_000 * DAY_US  # a UTC midnight
 ])
 def test_one_day_a_statement_each_day_once(first: int, last: int, days: list[int]) -> None:
     sqls = rollup_statements(first, last)
-    # old rows out, minute rows, the five minutes, the hours, the day
-    assert len(sqls) == STATEMENTS_A_DAY * len(days) == 5 * len(days)
+    # old rows out, minute rows, the five minutes, the hours, the six hours, the day
+    assert len(sqls) == STATEMENTS_A_DAY * len(days) == 6 * len(days)
     for n, day in enumerate(days):
-        clear, minute, five, hour, whole = sqls[5 * n: 5 * n + 5]
+        clear, minute, five, hour, six, whole = sqls[6 * n: 6 * n + 6]
         assert clear == ("DELETE FROM history_rollup"
                          f" WHERE bucket_us >= {day} AND bucket_us < {day + DAY_US}")
         assert "FROM work_executions" in minute
         assert f"finished_at_us >= {day} AND e.finished_at_us < {day + DAY_US}" in minute
-        for level, sql in ((300_000_000, five), (3_600_000_000, hour), (DAY_US, whole)):
+        for level, sql in ((300_000_000, five), (3_600_000_000, hour),
+                           (21_600_000_000, six), (DAY_US, whole)):
             assert sql.startswith("INSERT INTO history_rollup") and f"SELECT {level}," in sql
             assert f"bucket_us >= {day} AND bucket_us < {day + DAY_US}" in sql
     # every statement names a one-day range

@@ -16,9 +16,8 @@ import pytest
 
 from storage.history import (
     BUCKET_US,
-    DAY_US,
     EFFECT_FAMILY,
-    FIVE_MIN_US,
+    EXECUTION_LEVELS_US,
     HOUR_US,
     ExecutionFilter,
     HistoryPoint,
@@ -64,7 +63,7 @@ async def test_effect_items_are_counted_per_org_binding_and_operation(
     }
     # Every level holds the same keys.
     levels = {k[0] for k in await _rows(b)}
-    assert levels == {BUCKET_US, FIVE_MIN_US, HOUR_US, DAY_US}
+    assert levels == set(EXECUTION_LEVELS_US)
 
     async def outcomes(where: ExecutionFilter, family: str | None = None,
                        step: int = BUCKET_US) -> dict[str, int]:

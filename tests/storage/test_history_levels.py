@@ -1,8 +1,9 @@
-"""history_rollup's five-minute level (migration 0049, issue 23 item 1): maintained by
-the journaling transaction's one conditional UPDATE (storage/rollup_rows.py) beside the
-minute, hour and day rows, backfilled from the minute rows by the migration, equal to a
-rebuild, and read by a step that tiles five minutes (a 6 h range's 5-minute step read
-five times as many minute rows before)."""
+"""history_rollup's five-minute and six-hour levels (migration 0049, issue 23 item 1):
+maintained by the journaling transaction's one conditional UPDATE (storage/rollup_rows.py)
+beside the minute, hour and day rows, backfilled from the minute and hour rows by the
+migration, equal to a rebuild, and read by a step that tiles them (a 6 h range's
+5-minute step read five times as many minute rows before, a 30-day range's 6-hour step
+six times as many hour rows)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from storage.history import (
     FIVE_MIN_US,
     HOUR_US,
     LEVELS_US,
+    SIX_HOURS_US,
     HistoryPoint,
     bucket_of,
     level_for,
@@ -44,13 +46,18 @@ LEVEL_ROWS = [
     (15 * MIN, EXECUTION_LEVELS_US, FIVE),
     (60 * MIN, EXECUTION_LEVELS_US, HOUR_US),
     (90 * MIN, EXECUTION_LEVELS_US, FIVE),
-    (120 * MIN, EXECUTION_LEVELS_US, HOUR_US),
+    (120 * MIN, EXECUTION_LEVELS_US, HOUR_US),  # 7 d
+    (180 * MIN, EXECUTION_LEVELS_US, HOUR_US),
+    (360 * MIN, EXECUTION_LEVELS_US, SIX_HOURS_US),  # custom 30 d
+    (720 * MIN, EXECUTION_LEVELS_US, SIX_HOURS_US),  # custom 60 d
+    (1080 * MIN, EXECUTION_LEVELS_US, SIX_HOURS_US),
     (1440 * MIN, EXECUTION_LEVELS_US, DAY_US),
     (3 * 1440 * MIN, EXECUTION_LEVELS_US, DAY_US),
     # history_flow and history_quota keep three levels: no five-minute rows to read.
     (5 * MIN, LEVELS_US, MIN),
     (10 * MIN, LEVELS_US, MIN),
     (60 * MIN, LEVELS_US, HOUR_US),
+    (360 * MIN, LEVELS_US, HOUR_US),
 ]
 
 
@@ -113,7 +120,7 @@ async def test_the_five_minute_rows_are_maintained_and_read(database: FreshDatab
     assert five[(FIVE, T0, "noop", "succeeded", "", "", "")] == 3
     assert five[(FIVE, T0 + FIVE, "noop", "succeeded", "", "", "")] == 4
     assert sum(n for k, n in five.items() if k[2] == "external_effect") == 5
-    for level in (HOUR_US, DAY_US):  # the coarser levels count every execution once
+    for level in (HOUR_US, SIX_HOURS_US, DAY_US):  # every execution once at each level
         assert _level(rows, level) == _summed(rows, level)
 
     # A step of five or ten minutes reads the five-minute rows, not the minutes: minute
@@ -163,6 +170,7 @@ async def test_the_migration_backfills_five_minutes_from_the_minute_rows(
             (MIN, T0 + 5 * MIN, "noop", "succeeded", "", "", "", 1, 4),
             (MIN, T0 + 59 * MIN, "noop", "succeeded", "", "", "", 1, 6),
         ]
+        old.append((MIN, T0 + 7 * HOUR_US, "noop", "dead", "", "", "", 0, 9))
         coarse: dict[tuple[object, ...], int] = {}
         for level in (HOUR_US, DAY_US):
             for row in old:
@@ -174,15 +182,24 @@ async def test_the_migration_backfills_five_minutes_from_the_minute_rows(
 
         await store.db.transact(old_build, name="test.old_rows")
         before = await _rows(store)
-        assert not _level(before, FIVE)
+        assert not _level(before, FIVE) and not _level(before, SIX_HOURS_US)
         assert await migrate(store.db, store.dialect, T0, upto=FIVE_MINUTES) == [FIVE_MINUTES]
         after = await _rows(store)
-        assert after == {**before, **_summed(before, FIVE)}
+        assert after == {**before, **_summed(before, FIVE), **_summed(before, SIX_HOURS_US)}
+        six = bucket_of(T0, SIX_HOURS_US)
+        assert six <= T0 < T0 + 59 * MIN < six + SIX_HOURS_US <= T0 + 7 * HOUR_US
+        assert _level(after, SIX_HOURS_US) == {
+            (SIX_HOURS_US, six, "external_effect", "dead", "org-1", "b-1", "op"): 12,
+            (SIX_HOURS_US, six, "external_effect", "dead", "org-2", "b-1", "op"): 1,
+            (SIX_HOURS_US, six, "noop", "succeeded", "", "", ""): 10,
+            (SIX_HOURS_US, six + SIX_HOURS_US, "noop", "dead", "", "", ""): 9,
+        }
         assert _level(after, FIVE) == {
             (FIVE, T0, "external_effect", "dead", "org-1", "b-1", "op"): 12,
             (FIVE, T0, "external_effect", "dead", "org-2", "b-1", "op"): 1,
             (FIVE, T0 + FIVE, "noop", "succeeded", "", "", ""): 4,
             (FIVE, T0 + 55 * MIN, "noop", "succeeded", "", "", ""): 6,
+            (FIVE, T0 + 7 * HOUR_US, "noop", "dead", "", "", ""): 9,
         }
 
         async def shards(tx: SqlTx) -> set[int]:  # each shard's rows summed on their own
@@ -197,3 +214,8 @@ async def test_the_migration_backfills_five_minutes_from_the_minute_rows(
             HistoryPoint(T0, "external_effect", "dead", 13),
             HistoryPoint(T0 + FIVE, "noop", "succeeded", 4),
             HistoryPoint(T0 + 55 * MIN, "noop", "succeeded", 6)]
+        # A 6-hour step reads the six-hour rows: the hours they replaced.
+        assert await store.history_outcomes(six, six + 2 * SIX_HOURS_US, SIX_HOURS_US) == [
+            HistoryPoint(six, "external_effect", "dead", 13),
+            HistoryPoint(six, "noop", "succeeded", 10),
+            HistoryPoint(six + SIX_HOURS_US, "noop", "dead", 9)]
