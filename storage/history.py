@@ -1,11 +1,13 @@
-"""The console's history read model: executions per minute, hour and day, family and
-outcome.
+"""The console's history read model: executions per minute, five minutes, hour, six
+hours and day, family and outcome.
 
 Theory of operation
 -------------------
 ``history_rollup`` (migration 0039) counts the ``work_executions`` rows per
-(level, bucket, family, outcome), at three levels (:data:`LEVELS_US`: minute, hour,
-day) so that a range of days reads hours or days, not ten thousand minutes.
+(level, bucket, family, outcome), at five levels (:data:`EXECUTION_LEVELS_US`: minute,
+five minutes and six hours since migration 0049, hour, day) so that a range reads the
+coarsest buckets that tile its step (:func:`level_for`): a 6 h range's 5-minute step
+reads five-minute rows, a month's 6-hour step six-hour rows, not minutes or hours.
 :func:`count_executions` runs inside the transaction that journals them
 (``storage.work_executions.journal``: finalizations, reclaims and deferrals), once per
 journaling call, so a finalization batch of many items costs one statement per
@@ -20,12 +22,13 @@ narrow by them as the effect path's charts do; every other family's items carry 
 items and their commands by primary key, :func:`effect_keys`), and only when the batch
 holds an effect item.
 
-Hot path: a key's three levels are one conditional ``UPDATE`` of the three rows
+Hot path: a key's levels are one conditional ``UPDATE`` of its five rows
 (:func:`storage.rollup_rows.add_at_levels`; portable: no ``ON DUPLICATE KEY``/``ON
-CONFLICT``, design.md section 5), plus an ``INSERT`` per level new in that minute, hour
-or day. Each journaling transaction picks one of :data:`SHARDS` rows per key (from its
-first work id), so replicas finishing the same family and outcome in the same minute
-mostly lock different rows; readers sum the shards.
+CONFLICT``, design.md section 5), plus an ``INSERT`` per level new in that bucket (a
+new minute, five minutes, hour, six hours or day). Each journaling transaction picks
+one of :data:`SHARDS` rows per key (from its first work id), so replicas finishing the
+same family and outcome in the same minute mostly lock different rows; readers sum the
+shards.
 
 The journal has a retention horizon; the rollup does not. A rebuild therefore replaces
 whole days from the first whole day of journal rows still kept (or a day the operator
