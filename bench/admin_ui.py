@@ -286,7 +286,7 @@ async def year_dense_history(store: WorkStore, days: int, per_day: int, now: int
     """The history rollup of the last ``days`` days as dense as ``per_day`` executions a
     day would make it (20M terminal rows over a year: ~55,000 a day, every minute holding
     every family x outcome), written in bulk on MariaDB (``INSERT ... SELECT`` from the
-    ``seq_0_to_N`` sequence engine), minute rows first, then the hour and day rows summed
+    ``seq_0_to_N`` sequence engine), minute rows first, then the coarser levels' rows summed
     from them. A range query reads only its own buckets, so the presets (up to 7 days) read
     what they would read at full scale. Returns the rows written."""
     minutes = days * 1440
@@ -302,7 +302,7 @@ async def year_dense_history(store: WorkStore, days: int, per_day: int, now: int
             f" executions) SELECT 60000000, {first} + m.seq * 60000000, f.family, o.outcome,"
             f" 0, {per_key} FROM seq_0_to_{minutes - 1} m CROSS JOIN ({families}) f"
             f" CROSS JOIN ({outcomes}) o")
-        for level in (3_600_000_000, 86_400_000_000):
+        for level in (300_000_000, 3_600_000_000, 21_600_000_000, 86_400_000_000):
             await tx.execute(
                 "INSERT INTO history_rollup (level_us, bucket_us, family, outcome, shard,"
                 f" executions) SELECT {level}, bucket_us - bucket_us % {level}, family,"
@@ -477,9 +477,14 @@ PATHS: dict[str, str | None] = {
 }
 
 
-def history_paths(now_s: int) -> dict[str, str | None]:
+def history_paths(now_s: int, keys: tuple[str, str, str] = ("org-2", "hubspot-eu",
+                                                              "hubspot.deal.create")
+                  ) -> dict[str, str | None]:
     """The History page at every preset, per family, a custom month, and the items behind
-    a point (issue 23 item 1): read from the history rollup, whatever the range."""
+    a point (issue 23 item 1): read from the history rollup, whatever the range; and
+    narrowed by ``keys`` (an org, a binding and an operation the database holds: the dense
+    history's by default, bench.seqload's with ``--database``)."""
+    org, binding, operation = keys
     paths: dict[str, str | None] = {f"history_{r}": f"/admin/history?range={r}"
                                     for r in ("15m", "1h", "6h", "24h", "7d")}
     paths.update({
@@ -502,8 +507,25 @@ def history_paths(now_s: int) -> dict[str, str | None]:
                                           "&binding=hubspot-main"),
         "history_slots": (f"/admin/history/slots?key=hubspot:portal-1"
                           f"&from={now_s - 3600}&to={now_s}"),
+        # Narrowed by the effect items' org, binding and operation (history_rollup's keys,
+        # migrations 0048 and 0049) and the items behind a narrowed 2 h point of a 7 d chart.
+        "history_6h_org": f"/admin/history?range=6h&org={org}",
+        "history_6h_binding": f"/admin/history?range=6h&binding={binding}",
+        "history_custom_30d_binding":
+            f"/admin/history?from={now_s - 30 * 86_400}&to={now_s}&binding={binding}",
+        "history_7d_operation_only": f"/admin/history?range=7d&operation={operation}",
+        "history_24h_org_binding_operation":
+            f"/admin/history?range=24h&org={org}&binding={binding}&operation={operation}",
+        "history_items_2h_binding": (f"/admin/history/items?from={now_s - 3 * 3600}"
+                                     f"&to={now_s - 3600}&outcome=dead&binding={binding}"),
+        "api_history_items_2h_binding": (f"/admin/api/history/items?from={now_s - 3 * 3600}"
+                                         f"&to={now_s - 3600}&binding={binding}"),
     })
     return paths
+
+
+# bench.seqload's keys (``--database``): org-2 and binding-3 hold effect items.
+SEQLOAD_KEYS = ("org-2", "binding-3", "hubspot.deal.create")
 
 
 # Every other console page and /admin/api/ listing (bench.bigtables measures them all).
@@ -586,7 +608,8 @@ async def some_item(client: httpx.AsyncClient) -> str | None:
 
 
 async def console_figures(url: str, requests: int, *, extra: bool = True,
-                          retention: bool = False, only: str | None = None
+                          retention: bool = False, only: str | None = None,
+                          keys: tuple[str, str, str] | None = None
                           ) -> dict[str, Any]:
     """Start a console replica on ``url`` (an already loaded database) and time every page
     (server time, p95 against :data:`TARGETS_MS`, 300 ms for the rest)."""
@@ -621,7 +644,8 @@ async def console_figures(url: str, requests: int, *, extra: bool = True,
                 await _sign_in(client)
                 paths = dict(PATHS, **(MORE_PATHS if extra else {}),
                              **(FIND_PATHS if extra else {}),
-                             **history_paths(_now_us() // 1_000_000))
+                             **(history_paths(_now_us() // 1_000_000) if keys is None
+                                else history_paths(_now_us() // 1_000_000, keys)))
                 item_id = await some_item(client)
                 if item_id is not None:
                     paths["work_detail"] = f"/admin/work/{item_id}"
@@ -712,7 +736,7 @@ async def run_existing(database: str, requests: int, only: str | None) -> dict[s
     url = f"mysql://{base.user}@{base.host}:{base.port}/{database}"
     load_before = os.getloadavg()
     started = time.perf_counter()
-    figures = await console_figures(url, requests, extra=True, only=only)
+    figures = await console_figures(url, requests, extra=True, only=only, keys=SEQLOAD_KEYS)
     results = figures["results"]
     return {
         "bench": "admin_ui.big", "database": database,

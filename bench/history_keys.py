@@ -7,11 +7,13 @@ Density: 20M terminal executions over ``work_days`` (30, docs/retention.md) is
 over 4 orgs x 2 bindings x 3 operations, every (key, outcome) of them finishing every
 minute on all 4 shards (384 rows a minute: close to one row per execution, the most a
 minute can hold), and the other half 3 families x 4 outcomes x 4 shards (48 rows): minute
-rows for the last ``--minute-days`` days (the finest level a preset reads: a 6 h range
-reads minutes, 24 h and longer read hours), hour and day rows for ``--days`` days (the
-retention window), each level written by ``INSERT ... SELECT`` from MariaDB's
-``seq_0_to_N`` engine. ``work_executions`` holds the last ``--journal-hours`` hours at 463
-a minute, the effect half with its terminal work items and commands (the rows the items
+and 5-minute rows (migration 0049) for the last ``--minute-days`` days (the finest levels
+a preset reads: a 6 h range reads 5-minute rows, minutes before 0049; 24 h and longer
+read hours), hour, six-hour (0049) and day rows for ``--days`` days (the retention
+window; a build before 0049 never reads the new levels, so the same fill measures it
+too), each level written by ``INSERT ... SELECT`` from MariaDB's ``seq_0_to_N`` engine.
+``work_executions`` holds the last ``--journal-hours`` hours at 463 a minute, the effect
+half with its terminal work items and commands (the rows the items
 behind a narrowed point are joined to).
 
 Reads: ``admin_ui.history.history_for`` (the whole read model the page, API and CLI
@@ -44,6 +46,7 @@ from storage.port import SqlTx
 from storage.work_store import WorkStore
 
 MINUTE_US, HOUR_US, DAY_US = 60_000_000, 3_600_000_000, 86_400_000_000
+FIVE_MIN_US, SIX_HOURS_US = 300_000_000, 21_600_000_000
 PER_DAY = 20_000_000 // 30
 ORGS = ("org-1", "org-2", "org-3", "org-4")
 BINDINGS = ("hubspot-main", "hubspot-eu")
@@ -103,7 +106,8 @@ async def fill_rollup(store: WorkStore, now: int, days: int, minute_days: int,
     await store.db.transact(wipe, name="bench.rollup_wipe", write=True)
     # One statement per 60 buckets (~26,000 rows): each answers within the adapter's
     # statement deadline on a loaded machine.
-    for level, span in ((MINUTE_US, minute_days * DAY_US), (HOUR_US, days * DAY_US),
+    for level, span in ((MINUTE_US, minute_days * DAY_US), (FIVE_MIN_US, minute_days * DAY_US),
+                        (HOUR_US, days * DAY_US), (SIX_HOURS_US, days * DAY_US),
                         (DAY_US, days * DAY_US)):
         count = span // level
         first = now - now % level - (count - 1) * level

@@ -24,12 +24,14 @@ Rows, in the shapes production writes (``--terminal T``, ``--open O``):
   of 8 quota keys), in source lanes, and a few processing under a lease;
 - ingress receipts (``T / 40`` over the last 30 days: materialized, 2 % quarantined,
   1 % received), audit entries (``T / 100`` over the year), 8 bindings and 8 quota keys;
-- the history rollup (minute, hour and day rows) summed from the journal rows, as
+- the history rollup (minute, five-minute, hour, six-hour and day rows, an effect item
+  under its command's org, binding and operation) summed from the journal rows, as
   ``integrationd history rebuild`` writes it.
 
 Prints one JSON line: rows per table, seconds per step, megabytes per table. The
 database is kept (``--keep``) to be measured again and again (``bench.admin_ui
---database NAME``); drop it with ``--drop``.
+--database NAME``); drop it with ``--drop``. ``--rollup-only`` rebuilds only the rollup
+of a database loaded (and migrated) before, and keeps it.
 """
 
 from __future__ import annotations
@@ -371,41 +373,53 @@ def load(database: str, open_items: int, terminal: int, workers: int = 3) -> dic
 DAY_US = 86_400_000_000
 
 
+_LEVELS = (300_000_000, 3_600_000_000, 21_600_000_000, DAY_US)  # summed from the minutes
+_KEYS = "family, outcome, org_id, binding_id, operation"
+STATEMENTS_A_DAY = 2 + len(_LEVELS)
+
+
 def rollup_statements(first_us: int, last_us: int) -> list[str]:
     """The statements that build the history rollup of executions finished in
-    ``[first_us, last_us]``, one UTC day a statement (minute rows counted from the
-    executions, then that day's hour and day rows summed from its minute rows).
+    ``[first_us, last_us]``, one UTC day at a time (minute rows counted from the
+    executions, then that day's five-minute, hour, six-hour and day rows summed from its
+    minute rows), keyed as ``integrationd history rebuild`` keys them (storage/history.py): an
+    effect item under its command's org, binding and operation (the item by primary key,
+    its command by primary key), every other family's under ``''``.
 
     One ``GROUP BY`` over the whole journal (20M rows) needs an on-disk temporary table
     of millions of groups under MariaDB's ``tmpdir``, runs for many minutes and is lost
     whole when that file goes; a day is ~55k executions and ~30k groups (an in-memory
     temporary table), read through ``work_executions_finished``, and a failed day is
-    one statement to run again. Four statements a day: the day's old rows deleted, then
-    its minute, hour and day rows."""
+    its statements to run again. :data:`STATEMENTS_A_DAY` statements a day: the day's
+    old rows deleted, then its minute, five-minute, hour, six-hour and day rows."""
     out = []
     for day in range(first_us - first_us % DAY_US, last_us + 1, DAY_US):
         out.append(  # the day's rows of an earlier, interrupted run: a day is redone whole
             f"DELETE FROM history_rollup WHERE bucket_us >= {day} AND bucket_us < {day + DAY_US}")
         out.append(
-            "INSERT INTO history_rollup (level_us, bucket_us, family, outcome, shard,"
-            " executions) SELECT 60000000, finished_at_us - finished_at_us % 60000000 AS b,"
-            " family, outcome, 0, COUNT(*) FROM work_executions"
-            f" WHERE finished_at_us >= {day} AND finished_at_us < {day + DAY_US}"
-            " GROUP BY b, family, outcome")
-        for level in (3_600_000_000, DAY_US):
+            f"INSERT INTO history_rollup (level_us, bucket_us, {_KEYS}, shard, executions)"
+            " SELECT 60000000, e.finished_at_us - e.finished_at_us % 60000000 AS b,"
+            " e.family, e.outcome, COALESCE(c.org_id, ''), COALESCE(c.binding_id, ''),"
+            " COALESCE(c.operation, ''), 0, COUNT(*) FROM work_executions e"
+            " LEFT JOIN work_items w ON w.work_id = e.work_id AND w.subject_kind = 'command'"
+            " AND e.family = 'external_effect'"
+            " LEFT JOIN external_commands c ON c.command_id = w.subject_id"
+            f" WHERE e.finished_at_us >= {day} AND e.finished_at_us < {day + DAY_US}"
+            " GROUP BY b, e.family, e.outcome, c.org_id, c.binding_id, c.operation")
+        for level in _LEVELS:
             out.append(
-                "INSERT INTO history_rollup (level_us, bucket_us, family, outcome, shard,"
-                f" executions) SELECT {level}, bucket_us - bucket_us % {level} AS b, family,"
-                " outcome, 0, SUM(executions) FROM history_rollup WHERE level_us = 60000000"
+                f"INSERT INTO history_rollup (level_us, bucket_us, {_KEYS}, shard, executions)"
+                f" SELECT {level}, bucket_us - bucket_us % {level} AS b, {_KEYS}, 0,"
+                " SUM(executions) FROM history_rollup WHERE level_us = 60000000"
                 f" AND bucket_us >= {day} AND bucket_us < {day + DAY_US}"
-                " GROUP BY b, family, outcome")
+                f" GROUP BY b, {_KEYS}")
     return out
 
 
 def rollup(database: str, *, resume: bool = False) -> None:
     """The history rollup from the journal, as ``integrationd history rebuild`` writes it,
-    a UTC day a statement (:func:`rollup_statements`), one client call a day, each tried
-    up to 5 times (a shared server can refuse a connection: error 1040, too many).
+    a UTC day per client call (:func:`rollup_statements`), each tried up to 5 times (a
+    shared server can refuse a connection: error 1040, too many).
     ``resume``: keep the days an interrupted run finished, redo from its last one."""
     span = mariadb_client(database, (
         "SELECT MIN(finished_at_us), MAX(finished_at_us) FROM work_executions"), capture=True)
@@ -420,15 +434,31 @@ def rollup(database: str, *, resume: bool = False) -> None:
     if first == "NULL":
         return
     sqls = rollup_statements(int(first), int(last))
-    for day in range(0, len(sqls), 4):
+    for day in range(0, len(sqls), STATEMENTS_A_DAY):
         for attempt in range(5):
             try:
-                mariadb_client(database, "; ".join(sqls[day:day + 4]))
+                mariadb_client(database, "; ".join(sqls[day:day + STATEMENTS_A_DAY]))
                 break
             except subprocess.CalledProcessError:
                 if attempt == 4:
                     raise
                 time.sleep(2 + 5 * attempt)
+
+
+def rollup_only(database: str, *, resume: bool = False) -> dict[str, Any]:
+    """Rebuild only the history rollup of an already loaded ``database`` (migrated to
+    this checkout's schema first: ``integrationd migrate`` or storage.migrate), and
+    analyze it; the database is kept whatever happens."""
+    t0 = time.monotonic()
+    rollup(database, resume=resume)
+    seconds = round(time.monotonic() - t0, 1)
+    mariadb_client(database, "ANALYZE TABLE history_rollup", capture=True)
+    rows = mariadb_client(database, (
+        "SELECT level_us, COUNT(*) FROM history_rollup GROUP BY level_us"), capture=True)
+    return {"bench": "seqload.rollup_only", "database": database, "seconds": seconds,
+            "rows_per_level": {line.split("\t")[0]: int(line.split("\t")[1])
+                               for line in rows.splitlines()[1:]},
+            "load_1m_after": round(os.getloadavg()[0], 1)}
 
 
 def counts(database: str) -> dict[str, int]:
@@ -455,9 +485,17 @@ def main() -> None:
     parser.add_argument("--database", required=True)
     parser.add_argument("--keep", action="store_true", help="keep the database")
     parser.add_argument("--drop", action="store_true", help="only drop --database")
+    parser.add_argument("--rollup-only", action="store_true",
+                        help="only rebuild the history rollup of an already loaded (and"
+                             " migrated) --database; never drops it")
+    parser.add_argument("--resume", action="store_true",
+                        help="with --rollup-only: keep the days an interrupted run finished")
     args = parser.parse_args()
     if args.drop:
         mariadb_client(None, f"DROP DATABASE IF EXISTS {args.database}")
+        return
+    if args.rollup_only:
+        print(json.dumps(rollup_only(args.database, resume=args.resume)), flush=True)
         return
     try:
         print(json.dumps(load(args.database, args.open, args.terminal)), flush=True)

@@ -1,11 +1,13 @@
-"""The console's history read model: executions per minute, hour and day, family and
-outcome.
+"""The console's history read model: executions per minute, five minutes, hour, six
+hours and day, family and outcome.
 
 Theory of operation
 -------------------
 ``history_rollup`` (migration 0039) counts the ``work_executions`` rows per
-(level, bucket, family, outcome), at three levels (:data:`LEVELS_US`: minute, hour,
-day) so that a range of days reads hours or days, not ten thousand minutes.
+(level, bucket, family, outcome), at five levels (:data:`EXECUTION_LEVELS_US`: minute,
+five minutes and six hours since migration 0049, hour, day) so that a range reads the
+coarsest buckets that tile its step (:func:`level_for`): a 6 h range's 5-minute step
+reads five-minute rows, a month's 6-hour step six-hour rows, not minutes or hours.
 :func:`count_executions` runs inside the transaction that journals them
 (``storage.work_executions.journal``: finalizations, reclaims and deferrals), once per
 journaling call, so a finalization batch of many items costs one statement per
@@ -20,12 +22,13 @@ narrow by them as the effect path's charts do; every other family's items carry 
 items and their commands by primary key, :func:`effect_keys`), and only when the batch
 holds an effect item.
 
-Hot path: a key's three levels are one conditional ``UPDATE`` of the three rows
+Hot path: a key's levels are one conditional ``UPDATE`` of its five rows
 (:func:`storage.rollup_rows.add_at_levels`; portable: no ``ON DUPLICATE KEY``/``ON
-CONFLICT``, design.md section 5), plus an ``INSERT`` per level new in that minute, hour
-or day. Each journaling transaction picks one of :data:`SHARDS` rows per key (from its
-first work id), so replicas finishing the same family and outcome in the same minute
-mostly lock different rows; readers sum the shards.
+CONFLICT``, design.md section 5), plus an ``INSERT`` per level new in that bucket (a
+new minute, five minutes, hour, six hours or day). Each journaling transaction picks
+one of :data:`SHARDS` rows per key (from its first work id), so replicas finishing the
+same family and outcome in the same minute mostly lock different rows; readers sum the
+shards.
 
 The journal has a retention horizon; the rollup does not. A rebuild therefore replaces
 whole days from the first whole day of journal rows still kept (or a day the operator
@@ -44,9 +47,17 @@ import attrs
 from storage.port import Database, SqlTx
 
 BUCKET_US = 60_000_000
+FIVE_MIN_US = 300_000_000
 HOUR_US = 3_600_000_000
+SIX_HOURS_US = 21_600_000_000
 DAY_US = 86_400_000_000
+# The levels of history_flow and history_quota (and of add_at_levels by default).
 LEVELS_US = (BUCKET_US, HOUR_US, DAY_US)
+# history_rollup's levels (migration 0049): also five minutes, which a 6 h range's
+# 5-minute step (and a 10-minute one) reads instead of five times as many minute rows,
+# and six hours, which the 6 and 12 h steps of custom ranges of 15 to 60 days read
+# instead of six times as many hour rows (the keys of 0048 multiplied both).
+EXECUTION_LEVELS_US = (BUCKET_US, FIVE_MIN_US, HOUR_US, SIX_HOURS_US, DAY_US)
 SHARDS = 4
 # The family whose items carry an org, binding and operation in the rollup (the
 # effect runner's; storage.commands names it from here).
@@ -81,13 +92,14 @@ def bucket_of(at_us: int, level_us: int = BUCKET_US) -> int:
     return at_us - at_us % level_us
 
 
-def level_for(step_us: int) -> int:
-    """The coarsest level whose buckets tile a step of ``step_us``."""
-    return max(level for level in LEVELS_US if step_us % level == 0)
+def level_for(step_us: int, levels: Sequence[int] = LEVELS_US) -> int:
+    """The coarsest of ``levels`` whose buckets tile a step of ``step_us``."""
+    return max(level for level in levels if step_us % level == 0)
 
 
 def step_range(since_us: int, until_us: int, step_us: int, column: str,
-               value: str | None) -> tuple[str, tuple[Any, ...]]:
+               value: str | None, levels: Sequence[int] = LEVELS_US
+               ) -> tuple[str, tuple[Any, ...]]:
     """A rollup's WHERE clause and arguments for steps of ``step_us`` in
     ``[since_us, until_us)``: an index range on its primary key (level, then bucket) at
     the coarsest level that tiles the step, and ``column = value`` when a value is given.
@@ -95,7 +107,7 @@ def step_range(since_us: int, until_us: int, step_us: int, column: str,
     selects by."""
     if step_us <= 0 or step_us % BUCKET_US:
         raise ValueError("step_us must be a positive multiple of a minute")
-    level = level_for(step_us)
+    level = level_for(step_us, levels)
     where = "level_us = ? AND bucket_us >= ? AND bucket_us < ?"
     args: tuple[Any, ...] = (step_us, level, bucket_of(since_us, level), until_us)
     if value is not None:
@@ -149,7 +161,7 @@ async def count_executions(tx: SqlTx, entries: Sequence[Sequence[Any]]) -> None:
     for (minute, family, outcome, org, binding, operation), n in sorted(counts.items()):
         await add_at_levels(tx, "history_rollup", _KEY_COLUMNS,
                             (family, outcome, org, binding, operation, shard), minute, n,
-                            count="executions")
+                            count="executions", levels=EXECUTION_LEVELS_US)
 
 
 def key_filter(org: str | None, binding: str | None, operation: str | None, *,
@@ -221,7 +233,8 @@ class HistoryStore:
         narrows by org, binding and operation (the effect family's items)."""
         narrow = attrs.evolve(where or ExecutionFilter(), family=family)
         extra, extra_args = narrow.where()
-        where_sql, args = step_range(since_us, until_us, step_us, "family", None)
+        where_sql, args = step_range(since_us, until_us, step_us, "family", None,
+                                     EXECUTION_LEVELS_US)
 
         async def body(tx: SqlTx) -> list[HistoryPoint]:
             rows = await tx.fetchall(
@@ -257,14 +270,20 @@ class HistoryStore:
             clauses += " AND e.family = ? AND w.subject_kind = 'command'" + extra
             args += (EFFECT_FAMILY, *extra_args)
 
+        # The order of work_executions_finished (finished_at_us, family, then the primary
+        # key), read backwards: the newest rows, never a sort of the span. With one family
+        # (a constant then) the family leaves the ORDER BY, the same order: MariaDB then
+        # reads work_executions_family_finished (family, finished_at_us, outcome; 0050) in
+        # order, where the family in the ORDER BY made it sort the span (or drive a
+        # narrowed read from every command of the binding).
+        order = ("e.finished_at_us DESC, e.work_id DESC" if family is not None or join
+                 else "e.finished_at_us DESC, e.family DESC, e.work_id DESC")
+
         async def body(tx: SqlTx) -> list[HistoryExecution]:
             rows = await tx.fetchall(
                 "SELECT e.work_id, e.ownership_epoch, e.family, e.attempt, e.replica,"
                 f" e.outcome, e.finished_at_us FROM work_executions e{join} WHERE {clauses}"
-                # The order of work_executions_finished (finished_at_us, family, then the
-                # primary key), read backwards: the newest rows, never a sort of the span.
-                " ORDER BY e.finished_at_us DESC, e.family DESC, e.work_id DESC,"
-                " e.ownership_epoch DESC LIMIT ?",
+                f" ORDER BY {order}, e.ownership_epoch DESC LIMIT ?",
                 (*args, limit),
             )
             return [HistoryExecution(str(w), int(e), str(f), int(a), str(r), str(o), int(t))
@@ -304,13 +323,14 @@ class HistoryStore:
             end = start + batch_days * DAY_US
 
             async def body(tx: SqlTx, start: int = start, end: int = end) -> int:
+                marks = ", ".join("?" for _ in EXECUTION_LEVELS_US)
                 await tx.execute(
-                    "DELETE FROM history_rollup WHERE level_us IN (?, ?, ?)"
-                    " AND bucket_us >= ? AND bucket_us < ?", (*LEVELS_US, start, end))
+                    f"DELETE FROM history_rollup WHERE level_us IN ({marks})"
+                    " AND bucket_us >= ? AND bucket_us < ?", (*EXECUTION_LEVELS_US, start, end))
                 counts: dict[tuple[int, int, str, str, str, str, str], int] = {}
                 for bucket, family, outcome, org, binding, operation, n in await per_hour(
                         tx, _REBUILD_SELECT, start, end):
-                    for level in LEVELS_US:
+                    for level in EXECUTION_LEVELS_US:
                         key = (level, bucket_of(int(bucket), level), str(family), str(outcome),
                                *(NO_KEY if family != EFFECT_FAMILY or org is None
                                  else (str(org), str(binding), str(operation))))

@@ -1,12 +1,13 @@
-"""One counter of a history read model at its three levels, in one statement when it can.
+"""One counter of a history read model at all its levels, in one statement when it can.
 
 Theory of operation
 -------------------
 The history rollups (``history_flow``, ``history_quota``) keep a count per (level,
-bucket, key, shard) at the minute, hour and day levels (:data:`storage.history.LEVELS_US`).
-Adding ``n`` to one key is one ``UPDATE`` of the three rows (an ``OR`` of three whole
-primary keys: three point lookups, no range over other keys' rows, so it locks only
-those rows). It matches all three in the steady state: one statement per fact.
+bucket, key, shard) at the minute, hour and day levels (:data:`storage.history.LEVELS_US`;
+``history_rollup`` also at five minutes and six hours, ``EXECUTION_LEVELS_US``, migration
+0049). Adding ``n`` to one key is one ``UPDATE`` of its rows, one per level (an ``OR`` of
+whole primary keys: point lookups, no range over other keys' rows, so it locks only
+those rows). It matches them all in the steady state: one statement per fact.
 
 When it matches fewer, which rows were there follows from an invariant of every writer:
 a row is only ever created together with its coarser levels (a writer inserts the
@@ -29,13 +30,15 @@ from storage.port import DuplicateKey, SqlTx
 async def add_at_levels(tx: SqlTx, table: str, columns: Sequence[str],
                         values: Sequence[object], at_us: int, n: int,
                         count: str = "n",
-                        also: Sequence[tuple[str, object]] = ()) -> None:
+                        also: Sequence[tuple[str, object]] = (),
+                        levels: Sequence[int] = LEVELS_US) -> None:
     """Add ``n`` to the rows of ``table`` keyed by ``columns = values`` (the shard among
-    them) at ``at_us``'s minute, hour and day, inside the caller's transaction; ``also``
-    sets further columns of those rows to the values given (the same statements)."""
+    them) at ``at_us``'s bucket of each of ``levels`` (finest first: minute, hour and day
+    by default), inside the caller's transaction; ``also`` sets further columns of those
+    rows to the values given (the same statements)."""
     key = " AND ".join(f"{c} = ?" for c in columns)
     one = f"(level_us = ? AND bucket_us = ? AND {key})"
-    rows = [(level, bucket_of(at_us, level), *values) for level in LEVELS_US]
+    rows = [(level, bucket_of(at_us, level), *values) for level in levels]
     sets = "".join(f", {c} = ?" for c, _ in also)
     set_args = tuple(v for _, v in also)
     matched = await tx.execute(

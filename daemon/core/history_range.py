@@ -29,8 +29,9 @@ PRESETS_US: dict[str, int] = {
 DEFAULT_PRESET = "1h"
 MAX_SPAN_US = 92 * 1440 * MINUTE_US  # a quarter: the longest custom range
 MAX_POINTS = 120
-# Minutes up to 10, then whole hours, then days: a step of hours or days reads the
-# rollup's hour or day rows (storage/history.py), so a long range reads few rows.
+# Minutes up to 10, then whole hours, then days: a step reads the rollup's coarsest
+# level that tiles it (storage/history.py: 5 and 10 minutes the five-minute rows, 6 and
+# 12 hours the six-hour rows, a day the day rows), so a long range reads few rows.
 STEPS_MIN = (1, 2, 5, 10, 60, 120, 180, 360, 720, 1440)
 
 

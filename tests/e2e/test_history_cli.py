@@ -46,14 +46,14 @@ async def test_history_rebuild_restores_the_rollup_from_the_journal(tmp_path: Pa
                                                   "rebuilt_pressure_rows": 0}
         rebuilt = run_cli(cfg, "history", "rebuild", "--from", "2027-01-15T00:00Z", "--json")
         assert rebuilt.returncode == 0, rebuilt.stderr
-        # 2 outcomes x 3 levels; no command was accepted
-        assert json.loads(rebuilt.stdout) == {"rebuilt_rows": 6, "rebuilt_flow_rows": 0,
+        # 2 outcomes x 5 levels (storage/history.py EXECUTION_LEVELS_US); no command accepted
+        assert json.loads(rebuilt.stdout) == {"rebuilt_rows": 10, "rebuilt_flow_rows": 0,
                                               "rebuilt_quota_rows": 0,
                                               "rebuilt_pressure_rows": 0}
         assert await store.db.transact(counts, name="test.counts", write=False) == maintained
         plain = run_cli(cfg, "history", "rebuild", "--from", "1800000000")
         assert plain.returncode == 0
-        assert plain.stdout == ("history rebuilt: 6 rollup rows from the stored executions,"
+        assert plain.stdout == ("history rebuilt: 10 rollup rows from the stored executions,"
                                 " 0 from the stored commands and receipts,"
                                 " 0 from the stored quota reservations,"
                                 " 0 queue peaks from the queue's samples\n")

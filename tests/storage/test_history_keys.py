@@ -11,12 +11,13 @@ org, binding or operation")."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from storage.history import (
     BUCKET_US,
-    DAY_US,
     EFFECT_FAMILY,
+    EXECUTION_LEVELS_US,
     HOUR_US,
     ExecutionFilter,
     HistoryPoint,
@@ -62,7 +63,7 @@ async def test_effect_items_are_counted_per_org_binding_and_operation(
     }
     # Every level holds the same keys.
     levels = {k[0] for k in await _rows(b)}
-    assert levels == {BUCKET_US, HOUR_US, DAY_US}
+    assert levels == set(EXECUTION_LEVELS_US)
 
     async def outcomes(where: ExecutionFilter, family: str | None = None,
                        step: int = BUCKET_US) -> dict[str, int]:
@@ -119,3 +120,46 @@ async def test_a_keyed_rebuild_equals_the_maintained_rollup(database: FreshDatab
     assert await _rows(a) != maintained
     assert await b.history_rebuild(T0) > 0
     assert await _rows(a) == maintained
+
+
+@pytest.mark.parametrize("backend", backend_params(["sqlite", "mysql"]))
+async def test_the_narrowed_items_come_in_the_unnarrowed_order(database: FreshDatabase) -> None:
+    """The items behind a narrowed point (one family, so its ORDER BY leaves the family
+    out: migration 0050's index reads them in order) are the unnarrowed read's rows of
+    that key, in the same order, ties on the finishing time included (work id, newest
+    first)."""
+    store = await database.open_store()
+    await finish_effects(store, T0)
+    await finish_effects_at_once(store)
+    everything = await store.history_executions(M0, M0 + 2 * BUCKET_US, family=None,
+                                                outcome=None, limit=100)
+    assert len({e.finished_at_us for e in everything}) < len(everything)  # ties
+    keyed = await store.history_executions(M0, M0 + 2 * BUCKET_US, family=EFFECT_FAMILY,
+                                           outcome=None, limit=100)
+    assert keyed == [e for e in everything if e.family == EFFECT_FAMILY]
+    for where in (ExecutionFilter(binding="hubspot-eu"), ExecutionFilter(org="org-1")):
+        narrowed = await store.history_executions(M0, M0 + 2 * BUCKET_US, family=None,
+                                                  outcome=None, limit=100, where=where)
+        assert narrowed and [e.work_id for e in narrowed] == [
+            e.work_id for e in keyed if e.work_id in {n.work_id for n in narrowed}]
+        assert (await store.history_executions(M0, M0 + 2 * BUCKET_US, family=None,
+                                               outcome=None, limit=2, where=where)
+                == narrowed[:2])
+
+
+async def finish_effects_at_once(store: WorkStore) -> None:
+    """Three effect items finished in one batch (one finishing time) a minute later."""
+    from daemon.core.outcomes import Succeeded
+    from tests.support.commands import accept_pinned, draft
+    from tests.support.work import claim, finalization
+
+    now = M0 + BUCKET_US + 5_000_000
+    for i, binding in enumerate(("hubspot-eu", "hubspot-main", "hubspot-eu")):
+        d = attrs.evolve(draft(f"int-tie-{i}", lead=f"tie-{i}", outbox=f"o-tie-{i}"),
+                         binding_id=binding)
+        assert (await accept_pinned(store, d, now)).command_id is not None
+    items = (await claim(store, family=EFFECT_FAMILY, now=now, limit=3)).claimed
+    assert len(items) == 3
+    results = await store.work_finalize_if_owner(
+        [finalization(i, Succeeded(), now) for i in items], "A", lambda: now)
+    assert all(r.applied for r in results)
