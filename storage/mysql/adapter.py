@@ -67,6 +67,7 @@ import trio_mysql
 from trio_mysql.constants import CLIENT, SERVER_STATUS
 
 from storage.dialect import MYSQL, Dialect
+from storage.mysql.wire import FastConnection
 from storage.port import (
     CommitOutcomeUnknown,
     DatabaseRejected,
@@ -472,7 +473,7 @@ class MysqlDatabase:
         return self
 
     async def _connect(self) -> _Pooled:
-        conn = trio_mysql.connect(
+        conn = FastConnection(
             host=self.target.host,
             port=self.target.port,
             user=self.target.user,
