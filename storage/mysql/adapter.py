@@ -185,6 +185,11 @@ def literal_for(conn: Any) -> Callable[[Any], str]:
     def literal(value: Any) -> str:
         kind = type(value)
         if kind is str:
+            # Printable ASCII without quotes or backslash (ids, names, states, digests)
+            # has nothing to escape.
+            if (str.isascii(value) and str.isprintable(value) and "'" not in value
+                    and '"' not in value and "\\" not in value):
+                return f"'{value}'"
             table = _ESCAPES if str.isascii(value) else _ESCAPES_LIST
             return "'" + str.translate(value, table) + "'"
         if kind is int:
@@ -372,7 +377,7 @@ class _MysqlTx:
         parts: list[bytes] = []
         size = len(head)
         for row in rows:
-            text = (pattern % tuple(literal(v) for v in row)).encode("utf-8")
+            text = (pattern % tuple([literal(v) for v in row])).encode("utf-8")
             if len(head) + len(text) > self._max_bytes:
                 raise self._too_large(len(head) + len(text), "one row")
             if parts and (size + 2 + len(text) > self._max_bytes
