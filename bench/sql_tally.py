@@ -5,7 +5,8 @@
 Wraps the MySQL adapter's transaction (``_MysqlTx``) so that every statement, BEGIN and
 COMMIT is counted under the name of the transaction that sent it and the statement's
 first words; at exit it writes ``{"by_statement": {...}, "by_transaction": {...},
-"round_trips": N}`` to OUT.json. Counts do not depend on the machine's load: the
+"round_trips": N, "rows_by_statement": {...}, "params_by_statement": {...}}`` to
+OUT.json. Counts do not depend on the machine's load: the
 benchmarks use this for ``BENCH_SQL_TALLY_DIR`` (replica 0), and ``--tally FILE``
 prints them per effect.
 """
@@ -29,8 +30,11 @@ def _key(name: str, sql: str | bytes) -> str:
     return f"{name}: {_WORDS.sub(' ', text).strip()[:90]}"
 
 
-def install(tally: collections.Counter[str], by_tx: collections.Counter[str]) -> None:
+def install(tally: collections.Counter[str], by_tx: collections.Counter[str],
+            rows: collections.Counter[str] | None = None,
+            params: collections.Counter[str] | None = None) -> None:
     tx_class: Any = adapter._MysqlTx
+    params_out = params
     execute, fetchall, send, begin = (tx_class.execute, tx_class.fetchall, tx_class._send,
                                       tx_class.begin)
     database: Any = adapter.MysqlDatabase
@@ -38,11 +42,18 @@ def install(tally: collections.Counter[str], by_tx: collections.Counter[str]) ->
 
     async def counted_execute(self: Any, sql: str, params: Any = ()) -> int:
         tally[_key(self._name, sql)] += 1
+        if params_out is not None:
+            params_out[_key(self._name, sql)] += len(params)
         return int(await execute(self, sql, params))
 
     async def counted_fetchall(self: Any, sql: str, params: Any = ()) -> Any:
         tally[_key(self._name, sql)] += 1
-        return await fetchall(self, sql, params)
+        found = await fetchall(self, sql, params)
+        if rows is not None:
+            rows[_key(self._name, sql)] += len(found)
+        if params_out is not None:
+            params_out[_key(self._name, sql)] += len(params)
+        return found
 
     async def counted_send(self: Any, statement: bytes) -> int:
         tally[_key(self._name, statement[:200])] += 1
@@ -71,7 +82,9 @@ def run() -> None:
     sys.argv = ["integrationd", *args]
     tally: collections.Counter[str] = collections.Counter()
     by_tx: collections.Counter[str] = collections.Counter()
-    install(tally, by_tx)
+    rows: collections.Counter[str] = collections.Counter()
+    params: collections.Counter[str] = collections.Counter()
+    install(tally, by_tx, rows, params)
     try:
         main()
     except SystemExit:
@@ -80,7 +93,12 @@ def run() -> None:
         with open(out, "w") as f:
             json.dump({"round_trips": sum(tally.values()),
                        "by_transaction": dict(by_tx.most_common()),
-                       "by_statement": dict(tally.most_common())}, f, indent=1)
+                       "by_statement": dict(tally.most_common()),
+                       # Rows each statement's result sets carried, and the parameters
+                       # bound to it (multi-row INSERTs, already formatted, are not
+                       # counted there).
+                       "rows_by_statement": dict(rows.most_common()),
+                       "params_by_statement": dict(params.most_common())}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -263,13 +263,18 @@ class WorkClaims:
         slot = params.rotation % params.spread if params.spread > 1 else -1
         rows = await self._ready_window(tx, params, window, max(0, slot) * params.limit,
                                         now_us)
-        while slot > 0 and len(rows) < params.limit:
+        if slot > 0 and len(rows) < params.limit:
             # The ready set is shallower than this slot: half as deep (so that claimants
             # whose slots all lie beyond a shrinking ready set still start in different
-            # places), down to the oldest window and its strides.
-            slot = slot // 2 or -1
-            rows = await self._ready_window(tx, params, window, max(0, slot) * params.limit,
-                                            now_us)
+            # places), down to the oldest window and its strides. Each state's rows down
+            # to this slot's window come in one read (the shallow ready set, whole), and
+            # each shallower slot's window is cut from them as its own read would be.
+            arms = await self._ready_arms(tx, params, slot * params.limit + window, now_us)
+            while slot > 0 and len(rows) < params.limit:
+                slot = slot // 2 or -1
+                skip = max(0, slot) * params.limit
+                rows = sorted([r for arm in arms for r in arm[skip:skip + window]],
+                              key=_ready_order)[:window]
         orgs = [o for o in params.orgs[:MAX_FAIR_ORGS] if o not in {str(r[1]) for r in rows}]
         if orgs:
             share = max(1, params.limit // (len(orgs) + 1))
@@ -298,6 +303,21 @@ class WorkClaims:
             for state in _READY_STATES
         ]))
         return sorted(rows, key=_ready_order)[:window]
+
+    async def _ready_arms(self, tx: SqlTx, params: ClaimParams, depth: int,
+                          now_us: int) -> list[list[tuple[Any, ...]]]:
+        """The ``depth`` oldest ready rows of each ready state, oldest first, one list per
+        state (one statement: each arm tags its rows with its index)."""
+        rows = await tx.fetchall(*_union_all([
+            (_READY_SQL, (state.value, params.family, now_us, *_runnable(params), depth, 0))
+            for state in _READY_STATES
+        ], tagged=True))
+        arms: list[list[tuple[Any, ...]]] = [[] for _ in _READY_STATES]
+        for row in rows:
+            arms[int(row[-1])].append(tuple(row[:-1]))
+        for arm in arms:
+            arm.sort(key=_ready_order)
+        return arms
 
     async def work_ready_orgs(self, family: str, now_us: int, limit: int = 64) -> list[str]:
         """Orgs with ready work of ``family``, oldest first (for fair-share claiming)."""
@@ -606,11 +626,13 @@ class WorkClaims:
         return await self.db.transact(fenced, name=name)
 
 
-def _union_all(arms: Sequence[tuple[str, tuple[Any, ...]]]) -> tuple[str, tuple[Any, ...]]:
+def _union_all(arms: Sequence[tuple[str, tuple[Any, ...]]], *,
+               tagged: bool = False) -> tuple[str, tuple[Any, ...]]:
     """Several ordered, limited SELECTs of the same columns as one statement (one round
     trip). Each arm is a derived table, so that it keeps its own ORDER BY and LIMIT, and
-    its index plan, on SQLite and MySQL alike."""
-    sql = " UNION ALL ".join(f"SELECT r{i}.* FROM ({arm}) r{i}"
+    its index plan, on SQLite and MySQL alike. ``tagged``: each row ends with its arm's
+    index."""
+    sql = " UNION ALL ".join(f"SELECT r{i}.*{f', {i}' if tagged else ''} FROM ({arm}) r{i}"
                              for i, (arm, _) in enumerate(arms))
     return sql, tuple(v for _, args in arms for v in args)
 

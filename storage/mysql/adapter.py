@@ -67,6 +67,7 @@ import trio_mysql
 from trio_mysql.constants import CLIENT, SERVER_STATUS
 
 from storage.dialect import MYSQL, Dialect
+from storage.mysql.wire import FastConnection
 from storage.port import (
     CommitOutcomeUnknown,
     DatabaseRejected,
@@ -184,6 +185,11 @@ def literal_for(conn: Any) -> Callable[[Any], str]:
     def literal(value: Any) -> str:
         kind = type(value)
         if kind is str:
+            # Printable ASCII without quotes or backslash (ids, names, states, digests)
+            # has nothing to escape.
+            if (str.isascii(value) and str.isprintable(value) and "'" not in value
+                    and '"' not in value and "\\" not in value):
+                return f"'{value}'"
             table = _ESCAPES if str.isascii(value) else _ESCAPES_LIST
             return "'" + str.translate(value, table) + "'"
         if kind is int:
@@ -371,7 +377,7 @@ class _MysqlTx:
         parts: list[bytes] = []
         size = len(head)
         for row in rows:
-            text = (pattern % tuple(literal(v) for v in row)).encode("utf-8")
+            text = (pattern % tuple([literal(v) for v in row])).encode("utf-8")
             if len(head) + len(text) > self._max_bytes:
                 raise self._too_large(len(head) + len(text), "one row")
             if parts and (size + 2 + len(text) > self._max_bytes
@@ -472,7 +478,7 @@ class MysqlDatabase:
         return self
 
     async def _connect(self) -> _Pooled:
-        conn = trio_mysql.connect(
+        conn = FastConnection(
             host=self.target.host,
             port=self.target.port,
             user=self.target.user,

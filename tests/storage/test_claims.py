@@ -464,6 +464,48 @@ async def test_a_spread_claim_takes_its_slot_and_falls_back_to_the_oldest(
     assert set(oldest) - {i.work_id for i in deep.claimed} <= {i.work_id for i in head.claimed}
 
 
+class _Counting:
+    """A transaction that counts the statements sent through it."""
+
+    def __init__(self, tx: SqlTx) -> None:
+        self._tx = tx
+        self.statements = 0
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        self.statements += 1
+        return await self._tx.execute(sql, params)
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        self.statements += 1
+        return await self._tx.executemany(sql, rows)
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        self.statements += 1
+        return list(await self._tx.fetchall(sql, params))
+
+
+async def test_a_slot_beyond_the_ready_set_costs_two_reads_and_takes_the_halved_slot(
+    store: WorkStore,
+) -> None:
+    """Slot 7 of 4-row batches (28 rows deep) with 11 ready rows: the claim falls back to
+    slot 3 (12 deep, empty too), then slot 1 (4 deep, 7 rows), as one read per halving
+    did; the shallower slots are cut from one read of the shallow ready set, so two
+    statements instead of three (issue 24: the claims were the effect path's largest
+    share of round trips)."""
+    ids = [(await enqueue(store, 1, run_after_us=T0 - 20 + i))[0] for i in range(11)]
+    params = ClaimParams(family="noop", owner="B", limit=4, lease_ttl_us=TTL, window=16,
+                         rotation=7, spread=8)
+
+    async def body(tx: SqlTx) -> tuple[list[str], int]:
+        counting = _Counting(tx)
+        picked = await store._pick(counting, params, T0)
+        return [c.work_id for c in picked], counting.statements
+
+    picked, statements = await store.db.transact(body, name="test.pick", write=False)
+    assert picked == ids[4:8]
+    assert statements == 2
+
+
 class _ReleaseFailsOnce:
     """A transaction whose first ``RELEASE SAVEPOINT fin_1`` fails alone (a statement
     error the transaction survives, as a lock wait timeout does): the simulation's

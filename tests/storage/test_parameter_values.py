@@ -8,11 +8,13 @@ around the inline path's edges (bools, ints beyond 64 bits, None), are written b
 
 from __future__ import annotations
 
+import pytest
 from trio_mysql.converters import escape_string
 
-from storage.mysql.adapter import _ESCAPES, _ESCAPES_LIST
+from storage.mysql.adapter import _ESCAPES, _ESCAPES_LIST, MysqlDatabase, literal_for
 from storage.port import SqlTx
 from storage.work_store import WorkStore
+from tests.support.backends import backend_params
 
 # Keys that need escaping (NUL, backslash, LF, CR, ^Z, both quotes), that look like
 # placeholders or format directives, and that are not ASCII.
@@ -82,3 +84,19 @@ async def test_ints_bools_and_none_round_trip(store: WorkStore) -> None:
     assert await store.db.transact(read, name="test.values", write=False) == {
         **{f"one{i}": n for i, n in enumerate(expected)},
         **{f"many{i}": n for i, n in enumerate(expected)}}
+
+
+@pytest.mark.parametrize("backend", backend_params(("mysql",)), indirect=True)
+async def test_the_inline_literal_is_the_drivers(store: WorkStore) -> None:
+    """Every character, alone and inside printable ASCII, and the awkward keys: the
+    adapter's literal (whose printable-ASCII path escapes nothing) is the driver's."""
+    db = store.db
+    assert isinstance(db, MysqlDatabase)
+    pooled = await db._connect()
+    try:
+        literal = literal_for(pooled.conn)
+        values = [*AWKWARD, *(chr(c) for c in range(0x250)),
+                  *(f"id-{chr(c)}-x" for c in range(0x250)), "𝄞", "naïve"]
+        assert [literal(v) for v in values] == [pooled.conn.literal(v) for v in values]
+    finally:
+        pooled.discard()
