@@ -282,6 +282,7 @@ def parse_settings(
     _positive("storage.pool_size", storage.pool_size)
     _positive("storage.connect_timeout", storage.connect_timeout)
     _positive("storage.statement_timeout", storage.statement_timeout)
+    _positive("storage.migration_timeout", storage.migration_timeout)
     if storage.startup_timeout < 0:
         raise ConfigError("storage.startup_timeout", "must not be negative")
     storage = attrs.evolve(storage, password=_storage_password(storage_raw, environ))

@@ -37,6 +37,10 @@ class StorageSettings:
     connect_timeout: float = 5.0
     statement_timeout: float = 15.0
     startup_timeout: float = 120.0
+    # Seconds `migrate` gives one migration (each statement and the whole of it; its
+    # DDL may rebuild a table of millions of rows), and waits for one that another
+    # migrator is applying.
+    migration_timeout: float = 3600.0
 
 
 @attrs.frozen(kw_only=True)

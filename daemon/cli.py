@@ -96,10 +96,11 @@ def _print_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
-async def _open(settings: Settings, *, connect: bool = True, create: bool = False
-                ) -> WorkStore:
+async def _open(settings: Settings, *, connect: bool = True, create: bool = False,
+                timeout_s: float | None = None) -> WorkStore:
     """The configured store. Only ``migrate`` creates a SQLite file (``create``): any
-    other command on a missing file is one line naming the path, and leaves nothing."""
+    other command on a missing file is one line naming the path, and leaves nothing.
+    ``timeout_s`` (``migrate``'s) replaces the statement and transaction timeouts."""
     from storage.open import open_store
     from storage.port import DatabaseRejected, StorageError
 
@@ -112,7 +113,8 @@ async def _open(settings: Settings, *, connect: bool = True, create: bool = Fals
             sqlite_synchronous=settings.storage.sqlite_synchronous,
             base_dir=settings.base_dir,
             connect_timeout_s=settings.storage.connect_timeout,
-            statement_timeout_s=settings.storage.statement_timeout,
+            statement_timeout_s=timeout_s or settings.storage.statement_timeout,
+            transaction_timeout_s=timeout_s or 30.0,
             connect=connect,
             create=create,
         )
@@ -168,12 +170,30 @@ async def _with_store(settings: Settings, action: Callable[[WorkStore], Any]) ->
 
 async def _cmd_migrate(settings: Settings) -> int:
     from daemon.services.clock import WallClock
-    from storage.migrate import migrate
+    from storage.migrate import Migration, migrate
 
+    def applying(migration: Migration) -> None:
+        logs.event("migration_applying", version=migration.version,
+                   migration=migration.name)
+
+    def waiting(migration: Migration) -> None:
+        logs.event("migration_waiting", version=migration.version,
+                   migration=migration.name, within_s=timeout_s)
+
+    # A migration's DDL may rebuild a table of millions of rows: storage.migration_timeout
+    # bounds it (and the wait for one another replica is applying); the ping and the
+    # ledger's statements keep the statement timeout (a hung server is found as before).
+    timeout_s = settings.storage.migration_timeout
     store = await _open(settings, connect=False, create=True)
     try:
-        await _wait_for_database(settings, store)
-        applied = await migrate(store.db, store.dialect, WallClock().now_us())
+        ddl = await _open(settings, connect=False, timeout_s=timeout_s)
+        try:
+            await _wait_for_database(settings, store)
+            applied = await migrate(store.db, store.dialect, WallClock().now_us(),
+                                    wait_s=timeout_s, applying=applying, waiting=waiting,
+                                    ddl_db=ddl.db)
+        finally:
+            await ddl.db.aclose()
     finally:
         await store.db.aclose()
     logs.event("migrate_done", applied=",".join(map(str, applied)) or "none")

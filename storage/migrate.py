@@ -13,13 +13,26 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections.abc import Callable
 from importlib import resources
 
 import attrs
 import trio
 
 from storage.dialect import Dialect
-from storage.port import Database, DuplicateKey, SchemaMismatch, SqlTx, StorageError
+from storage.port import (
+    Database,
+    DatabaseUnavailable,
+    DuplicateKey,
+    SchemaMismatch,
+    SqlTx,
+    StorageError,
+)
+
+
+class MigrationInterrupted(StorageError):
+    """A migration's DDL got no answer (or lost its connection): on a MySQL-family server
+    it may still be running, and its ``schema_migrations`` row stays unfinished."""
 
 
 @attrs.frozen
@@ -123,10 +136,17 @@ async def check_schema(db: Database, dialect: Dialect) -> None:
 
 async def migrate(
     db: Database, dialect: Dialect, now_us: int, *, wait_s: float = 60.0,
-    upto: int | None = None,
+    upto: int | None = None, applying: Callable[[Migration], None] = lambda m: None,
+    waiting: Callable[[Migration], None] = lambda m: None, ddl_db: Database | None = None,
 ) -> list[int]:
     """Apply every pending migration (up to version ``upto``: a test of an upgrade
-    sequence stops between steps); return the versions this call applied."""
+    sequence stops between steps); return the versions this call applied.
+
+    ``wait_s`` is how long a migration another migrator claimed may take to finish;
+    ``applying`` is told of each migration this call is about to apply (one may take
+    minutes on a big table), ``waiting`` of each it waits for another migrator to finish.
+    ``ddl_db`` (the same database, opened with a longer statement timeout) applies the
+    migrations; ``db`` runs the ledger's short statements."""
     await _ensure_ledger(db, dialect)
     applied_now: list[int] = []
     for migration in load_migrations():
@@ -140,12 +160,15 @@ async def migrate(
                     " applied"
                 )
             if not state[1]:
+                waiting(migration)
                 await _wait_done(db, dialect, migration, wait_s)
             continue
         if await _claim(db, migration, now_us):
-            await _apply(db, dialect, migration)
+            applying(migration)
+            await _apply(ddl_db or db, dialect, migration)
             applied_now.append(migration.version)
         else:
+            waiting(migration)
             await _wait_done(db, dialect, migration, wait_s)
     return applied_now
 
@@ -175,7 +198,16 @@ async def _apply(db: Database, dialect: Dialect, migration: Migration) -> None:
             "UPDATE schema_migrations SET done = 1 WHERE version = ?", (migration.version,)
         )
 
-    await db.transact(body, name=f"migrate.apply.{migration.version}")
+    try:
+        await db.transact(body, name=f"migrate.apply.{migration.version}")
+    except DatabaseUnavailable as exc:
+        raise MigrationInterrupted(
+            f"migration {migration.version} ({migration.name}) was interrupted ({exc});"
+            " the server may still be applying it: wait until SHOW PROCESSLIST no longer"
+            " lists it, then inspect the schema and set its schema_migrations row's done = 1"
+            " if the change is there, else delete the row; then migrate again (with a longer"
+            " storage.migration_timeout)"
+        ) from None
 
 
 async def _wait_done(db: Database, dialect: Dialect, migration: Migration, wait_s: float) -> None:

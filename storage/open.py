@@ -36,6 +36,7 @@ async def open_store(
     base_dir: str | None = None,
     connect_timeout_s: float = 5.0,
     statement_timeout_s: float = 15.0,
+    transaction_timeout_s: float = 30.0,
     connect: bool = True,
     create: bool = True,
 ) -> WorkStore:
@@ -56,6 +57,7 @@ async def open_store(
     mysql_db = MysqlDatabase(
         MysqlTarget.from_url(url, password), pool_size=pool_size,
         connect_timeout_s=connect_timeout_s, statement_timeout_s=statement_timeout_s,
+        transaction_timeout_s=transaction_timeout_s,
     )
     if connect:
         await mysql_db.open()

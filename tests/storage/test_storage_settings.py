@@ -16,8 +16,8 @@ def _storage(table: dict[str, object], environ: dict[str, str] | None = None) ->
 
 def test_defaults() -> None:
     storage = parse_settings({}, environ={}, known_families=FAMILIES).storage
-    assert (storage.connect_timeout, storage.statement_timeout, storage.startup_timeout) == (
-        5.0, 15.0, 120.0)
+    assert (storage.connect_timeout, storage.statement_timeout, storage.startup_timeout,
+            storage.migration_timeout) == (5.0, 15.0, 120.0, 3600.0)
 
 
 @pytest.mark.parametrize(
@@ -27,6 +27,7 @@ def test_defaults() -> None:
         ({"statement_timeout": 2}, {}, "statement_timeout", 2.0),
         ({"startup_timeout": 0}, {}, "startup_timeout", 0.0),  # 0: try once
         ({}, {"INTEGRATIOND__STORAGE__STARTUP_TIMEOUT": "30"}, "startup_timeout", 30.0),
+        ({"migration_timeout": 7200}, {}, "migration_timeout", 7200.0),
     ],
 )
 def test_overrides(table: dict[str, object], environ: dict[str, str], field: str,
@@ -41,6 +42,8 @@ def test_overrides(table: dict[str, object], environ: dict[str, str], field: str
         ({"connect_timeout": -1.0}, "storage.connect_timeout", "must be positive"),
         ({"statement_timeout": 0.0}, "storage.statement_timeout", "must be positive"),
         ({"startup_timeout": -5}, "storage.startup_timeout", "must not be negative"),
+        ({"migration_timeout": 0}, "storage.migration_timeout", "must be positive"),
+        ({"migration_timeout": -60.0}, "storage.migration_timeout", "must be positive"),
         ({"statement_timeout": "soon"}, "storage.statement_timeout", "expected a number"),
         ({"connect_timeouts": 1}, "storage.connect_timeouts", "unknown setting"),
     ],
