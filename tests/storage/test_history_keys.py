@@ -26,32 +26,17 @@ from storage.history import (
 from storage.port import SqlTx
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase, backend_params
-from tests.support.history import finish_effects
+from tests.support.history import finish_effects, rollup_rows
 from tests.support.work import T0
 
 M0 = bucket_of(T0)
-Key = tuple[int, int, str, str, str, str, str]
-
-
-async def _rows(store: WorkStore) -> dict[Key, int]:
-    """Every level of the rollup, summed over shards (what every reader sees)."""
-
-    async def body(tx: SqlTx) -> dict[Key, int]:
-        rows = await tx.fetchall(
-            "SELECT level_us, bucket_us, family, outcome, org_id, binding_id, operation,"
-            " SUM(executions) FROM history_rollup GROUP BY level_us, bucket_us, family,"
-            " outcome, org_id, binding_id, operation")
-        return {(int(lv), int(b), str(f), str(o), str(g), str(bi), str(p)): int(n)
-                for lv, b, f, o, g, bi, p, n in rows}
-
-    return await store.db.transact(body, name="test.rollup_keys", write=False)
 
 
 async def test_effect_items_are_counted_per_org_binding_and_operation(
         database: FreshDatabase) -> None:
     a, b = await database.open_store(), await database.open_store()
     ids = await finish_effects(a, T0)
-    minute = {k[1:]: n for k, n in (await _rows(b)).items() if k[0] == BUCKET_US}
+    minute = {k[1:]: n for k, n in (await rollup_rows(b)).items() if k[0] == BUCKET_US}
     deal, title = "hubspot.deal.create", "hubspot.contact.update_jobtitle"
     assert minute == {
         (M0, EFFECT_FAMILY, "succeeded", "org-1", "hubspot-main", title): 1,
@@ -62,7 +47,7 @@ async def test_effect_items_are_counted_per_org_binding_and_operation(
         (M0, "noop", "succeeded", "", "", ""): 1,
     }
     # Every level holds the same keys.
-    levels = {k[0] for k in await _rows(b)}
+    levels = {k[0] for k in await rollup_rows(b)}
     assert levels == set(EXECUTION_LEVELS_US)
 
     async def outcomes(where: ExecutionFilter, family: str | None = None,
@@ -109,7 +94,7 @@ async def test_effect_items_are_counted_per_org_binding_and_operation(
 async def test_a_keyed_rebuild_equals_the_maintained_rollup(database: FreshDatabase) -> None:
     a, b = await database.open_store(), await database.open_store()
     await finish_effects(a, T0)
-    maintained = await _rows(a)
+    maintained = await rollup_rows(a)
 
     async def damage(tx: SqlTx) -> None:
         # A lost binding and a wrong count.
@@ -117,9 +102,9 @@ async def test_a_keyed_rebuild_equals_the_maintained_rollup(database: FreshDatab
                          " executions = executions + 5 WHERE binding_id = 'hubspot-main'")
 
     await a.db.transact(damage, name="test.damage", write=True)
-    assert await _rows(a) != maintained
+    assert await rollup_rows(a) != maintained
     assert await b.history_rebuild(T0) > 0
-    assert await _rows(a) == maintained
+    assert await rollup_rows(a) == maintained
 
 
 @pytest.mark.parametrize("backend", backend_params(["sqlite", "mysql"]))

@@ -29,12 +29,11 @@ from storage.migrate import EXPECTED_VERSION, migrate
 from storage.port import SqlTx
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase, backend_params, fresh_database
-from tests.support.history import finish_effects
+from tests.support.history import RollupKey, finish_effects, rollup_rows
 from tests.support.work import SEC, T0, claim, enqueue, finalize
 
 MIN = BUCKET_US
 FIVE = 300_000_000
-Key = tuple[int, int, str, str, str, str, str]
 
 # (step, levels, level read): the coarsest level that tiles the step.
 LEVEL_ROWS = [
@@ -75,21 +74,9 @@ def test_a_step_that_is_not_whole_minutes_is_refused(step: int) -> None:
         step_range(T0, T0 + HOUR_US, step, "family", None, EXECUTION_LEVELS_US)
 
 
-async def _rows(store: WorkStore) -> dict[Key, int]:
-    async def body(tx: SqlTx) -> dict[Key, int]:
-        rows = await tx.fetchall(
-            "SELECT level_us, bucket_us, family, outcome, org_id, binding_id, operation,"
-            " SUM(executions) FROM history_rollup GROUP BY level_us, bucket_us, family,"
-            " outcome, org_id, binding_id, operation")
-        return {(int(lv), int(b), str(f), str(o), str(g), str(bi), str(p)): int(n)
-                for lv, b, f, o, g, bi, p, n in rows}
-
-    return await store.db.transact(body, name="test.rollup_rows", write=False)
-
-
-def _summed(rows: dict[Key, int], level: int) -> dict[Key, int]:
+def _summed(rows: dict[RollupKey, int], level: int) -> dict[RollupKey, int]:
     """The minute rows summed to ``level``'s buckets."""
-    out: dict[Key, int] = {}
+    out: dict[RollupKey, int] = {}
     for key, n in rows.items():
         if key[0] == MIN:
             at = (level, bucket_of(key[1], level), *key[2:])
@@ -97,7 +84,7 @@ def _summed(rows: dict[Key, int], level: int) -> dict[Key, int]:
     return out
 
 
-def _level(rows: dict[Key, int], level: int) -> dict[Key, int]:
+def _level(rows: dict[RollupKey, int], level: int) -> dict[RollupKey, int]:
     return {k: n for k, n in rows.items() if k[0] == level}
 
 
@@ -114,7 +101,7 @@ async def test_the_five_minute_rows_are_maintained_and_read(database: FreshDatab
     await _noops(b, T0 + 3 * MIN, 2)  # a new minute of an existing five minutes
     await _noops(a, T0 + 6 * MIN, 3)  # a new five minutes
     await _noops(b, T0 + 6 * MIN + SEC, 1)  # the steady state: every level's row exists
-    rows = await _rows(a)
+    rows = await rollup_rows(a)
     five = _level(rows, FIVE)
     assert five == _summed(rows, FIVE)
     assert five[(FIVE, T0, "noop", "succeeded", "", "", "")] == 3
@@ -145,7 +132,7 @@ async def test_the_five_minute_rows_are_maintained_and_read(database: FreshDatab
 
     # A rebuild writes the five-minute level too, equal to the maintained rows.
     assert await a.history_rebuild(T0) > 0
-    assert await _rows(b) == rows
+    assert await rollup_rows(b) == rows
 
 
 FIVE_MINUTES = 49
@@ -181,10 +168,10 @@ async def test_the_migration_backfills_five_minutes_from_the_minute_rows(
             await tx.executemany(minute, [*old, *((*k, n) for k, n in coarse.items())])
 
         await store.db.transact(old_build, name="test.old_rows")
-        before = await _rows(store)
+        before = await rollup_rows(store)
         assert not _level(before, FIVE) and not _level(before, SIX_HOURS_US)
         assert await migrate(store.db, store.dialect, T0, upto=FIVE_MINUTES) == [FIVE_MINUTES]
-        after = await _rows(store)
+        after = await rollup_rows(store)
         assert after == {**before, **_summed(before, FIVE), **_summed(before, SIX_HOURS_US)}
         six = bucket_of(T0, SIX_HOURS_US)
         assert six <= T0 < T0 + 59 * MIN < six + SIX_HOURS_US <= T0 + 7 * HOUR_US

@@ -1,5 +1,6 @@
 """Rows for the history tests: quota slots reserved, given back and refunded; effect
-items of several orgs, bindings and operations finished."""
+items of several orgs, bindings and operations finished; the executions' rollup as every
+reader sees it."""
 
 from __future__ import annotations
 
@@ -10,10 +11,14 @@ from daemon.core.outcomes import DeadLetter, Succeeded
 from daemon.core.quota import QuotaPolicy
 from daemon.core.work import Fence
 from storage.history import EFFECT_FAMILY
+from storage.port import SqlTx
 from storage.quota import SlotRelease, SlotReserved
 from storage.work_store import WorkStore
 from tests.support.commands import OTHER_ORG, SCOPE, accept_pinned, draft
 from tests.support.work import SEC, claim, enqueue, finalize
+
+# A rollup row's key: level, bucket, family, outcome, org, binding, operation.
+RollupKey = tuple[int, int, str, str, str, str, str]
 
 POLICY = QuotaPolicy(limit=600, window_us=60 * SEC, jitter_us=0)  # ten a second
 
@@ -86,3 +91,17 @@ async def finish_effects(store: WorkStore, t0: int) -> dict[str, str]:
     assert (await finalize(store, item, Succeeded(), now=t0)).applied
     ids["noop"] = noop
     return ids
+
+
+async def rollup_rows(store: WorkStore) -> dict[RollupKey, int]:
+    """Every level of ``history_rollup``, summed over shards (what every reader sees)."""
+
+    async def body(tx: SqlTx) -> dict[RollupKey, int]:
+        rows = await tx.fetchall(
+            "SELECT level_us, bucket_us, family, outcome, org_id, binding_id, operation,"
+            " SUM(executions) FROM history_rollup GROUP BY level_us, bucket_us, family,"
+            " outcome, org_id, binding_id, operation")
+        return {(int(lv), int(b), str(f), str(o), str(g), str(bi), str(p)): int(n)
+                for lv, b, f, o, g, bi, p, n in rows}
+
+    return await store.db.transact(body, name="test.rollup_rows", write=False)
