@@ -87,8 +87,9 @@ async def bench(url: str, backend: str, records: int, page_size: int) -> list[di
         await publish_current(store, catalog, actor="bench", role="admin", reason="bench",
                               now_us=clock.now)
         http = BoundedHttp.open(4)
-        reconciler = CursorReconciler(catalog=catalog, catalogs=CatalogView(store, catalog),
-                                      http=http, max_attempts=5)
+        reconciler = CursorReconciler(
+            inbound_max_attempts=5, catalog=catalog, catalogs=CatalogView(store, catalog),
+            http=http, max_attempts=5)
         offered: list[int] = []
         reconciler.on_offered = lambda stream, count: offered.append(count)
         policy = BackoffPolicy(base_s=1.0, cap_s=60.0)

@@ -139,7 +139,8 @@ class CursorReconciler:
     catalog: Catalog  # the current one
     catalogs: CatalogView
     http: BoundedHttp
-    inbound_max_attempts: int = 5
+    # The inbound_apply family's configured max_attempts: each change listed carries it.
+    inbound_max_attempts: int = attrs.field(kw_only=True)
     # The cursor_reconcile family's configured max_attempts: the next run carries it.
     max_attempts: int = attrs.field(kw_only=True)
     # The binding's token (static, grant or S2S mint) for the list requests.

@@ -121,8 +121,9 @@ async def rig(store: WorkStore, nursery: trio.Nursery) -> AsyncIterator[Rig]:
     await publish_current(store, catalog, actor="test", role="admin", reason="reconcile",
                           now_us=T0)
     http = BoundedHttp.open(4)
-    r = Rig(store, sim, CursorReconciler(catalog=catalog, catalogs=CatalogView(store, catalog),
-                                         http=http, max_attempts=5), catalog, binding, Clock())
+    r = Rig(store, sim, CursorReconciler(
+        inbound_max_attempts=5, catalog=catalog, catalogs=CatalogView(store, catalog),
+        http=http, max_attempts=5), catalog, binding, Clock())
     r.reconciler.on_complete = lambda stream, through: r.completed.append(through)
     try:
         yield r

@@ -380,8 +380,9 @@ async def test_a_lost_webhook_is_found_by_reconciliation_and_applied(world: Worl
     binding = world.flow.catalog.binding(BINDING)
     assert binding is not None
     http = BoundedHttp.open(2)
-    reconciler = CursorReconciler(catalog=world.flow.catalog, catalogs=world.flow.catalogs,
-                                  http=http, max_attempts=5)
+    reconciler = CursorReconciler(
+        inbound_max_attempts=5, catalog=world.flow.catalog, catalogs=world.flow.catalogs,
+        http=http, max_attempts=5)
 
     async def reconcile_then_apply() -> list[Outcome]:
         result = await claim(world.store, now=world.clock.now, family=RECONCILE_FAMILY)

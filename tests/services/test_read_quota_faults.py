@@ -95,7 +95,7 @@ async def test_a_refused_connect_gives_the_slot_back(rig: Rig) -> None:
                           now_us=rig.clock.now)
     http = BoundedHttp.open(2)
     try:
-        rig.reconciler = CursorReconciler(max_attempts=5, catalog=catalog,
+        rig.reconciler = CursorReconciler(max_attempts=5, inbound_max_attempts=5, catalog=catalog,
                                           catalogs=CatalogView(rig.store, catalog), http=http)
         rig.catalog, rig.binding = catalog, dead
         await rig.enqueue(RunPayload(binding=BINDING, resource="prospect"))

@@ -95,8 +95,9 @@ async def s2s_world(request: pytest.FixtureRequest, store: WorkStore,
         views = CatalogView(store, catalog)
         flow = InboundFlow(settings=settings, catalog=catalog, catalogs=views,
                            provider_http=http, runtime_http=http, credentials=credentials)
-        reconciler = CursorReconciler(max_attempts=5, catalog=catalog, catalogs=views, http=http,
-                                      credentials=credentials)
+        reconciler = CursorReconciler(
+            max_attempts=5, inbound_max_attempts=5, catalog=catalog, catalogs=views, http=http,
+            credentials=credentials)
         try:
             yield S2SWorld(World(store, sim, rt, flow, settings, Clock()), s2s, reconciler)
         finally:
