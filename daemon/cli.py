@@ -114,7 +114,7 @@ async def _open(settings: Settings, *, connect: bool = True, create: bool = Fals
             base_dir=settings.base_dir,
             connect_timeout_s=settings.storage.connect_timeout,
             statement_timeout_s=timeout_s or settings.storage.statement_timeout,
-            transaction_timeout_s=timeout_s or 30.0,
+            **({} if timeout_s is None else {"transaction_timeout_s": timeout_s}),
             connect=connect,
             create=create,
         )
