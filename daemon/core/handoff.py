@@ -14,7 +14,9 @@ the Runtime's own identity for the handoff (its intent id).
 from __future__ import annotations
 
 import enum
+import functools
 import json
+import re
 import urllib.parse
 
 import attrs
@@ -23,6 +25,9 @@ from daemon.core.canonical import canonical_bytes, sha256_digest
 
 HANDOFF_KEY_PREFIX = "ehk1"
 MAX_HANDOFF_KEY_CHARS = 512
+# RFC 3986 unreserved characters (ASCII only: ``\w`` would also take other scripts'
+# letters, which ``quote`` encodes): percent-decoding and encoding leave such a run as is.
+_UNRESERVED = re.compile(r"[A-Za-z0-9._~-]+", re.ASCII)
 
 
 class BadHandoffKey(ValueError):
@@ -64,6 +69,15 @@ class EffectHandoffKey:
     def parse(cls, text: str) -> EffectHandoffKey:
         if len(text) > MAX_HANDOFF_KEY_CHARS:
             raise BadHandoffKey(f"handoff key longer than {MAX_HANDOFF_KEY_CHARS} characters")
+        # The common case, without decoding and re-encoding all five components: a key
+        # whose scope prefix is canonical (parsed once per distinct prefix: a Runtime
+        # sends the same scope every time) and whose handoff id is unreserved characters
+        # only, so decoding and encoding leave it as it is.
+        prefix, _, handoff_id = text.rpartition(":")
+        if _UNRESERVED.fullmatch(handoff_id):
+            scope = _canonical_scope(prefix)
+            if scope is not None:
+                return cls(scope, handoff_id)
         parts = text.split(":")
         if len(parts) != 6 or parts[0] != HANDOFF_KEY_PREFIX:
             raise BadHandoffKey("expected ehk1:<org>:<install>:<capability>:<binding>:<id>")
@@ -79,6 +93,29 @@ class EffectHandoffKey:
         if key.encode() != text:
             raise BadHandoffKey("handoff key is not in canonical form")
         return key
+
+
+@functools.lru_cache(maxsize=256)
+def _canonical_scope(prefix: str) -> TrustedRuntimeWorkScope | None:
+    """The scope ``ehk1:<org>:<install>:<capability>:<binding>`` names when it is in
+    canonical form (each component non-empty, UTF-8, encoded as :meth:`encode` encodes
+    it); None for anything else, which :meth:`EffectHandoffKey.parse` then refuses with
+    its own reasons."""
+    parts = prefix.split(":")
+    if len(parts) != 5 or parts[0] != HANDOFF_KEY_PREFIX:
+        return None
+    try:
+        org, install, capability, binding = (urllib.parse.unquote(p, errors="strict")
+                                             for p in parts[1:])
+    except UnicodeDecodeError:
+        return None
+    if not all((org, install, capability, binding)):
+        return None
+    if any(urllib.parse.quote(decoded, safe="") != part
+           for decoded, part in zip((org, install, capability, binding), parts[1:],
+                                    strict=True)):
+        return None
+    return TrustedRuntimeWorkScope(org, install, capability, binding)
 
 
 class NoEffectReason(enum.StrEnum):

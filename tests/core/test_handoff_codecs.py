@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import urllib.parse
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from daemon.core import handoff
 from daemon.core.canonical import (
     NotCanonical,
     canonical_bytes,
@@ -128,6 +130,95 @@ def test_any_components_round_trip(parts: list[str]) -> None:
         raise
     assert len(text) <= 512
     assert EffectHandoffKey.parse(text) == key
+
+
+def _parse_by_decoding_every_component(text: str) -> EffectHandoffKey:
+    """The parser as it was before its fast path: the reference for which keys are
+    accepted, as what, and refused with which reason."""
+    if len(text) > 512:
+        raise BadHandoffKey("handoff key longer than 512 characters")
+    parts = text.split(":")
+    if len(parts) != 6 or parts[0] != "ehk1":
+        raise BadHandoffKey("expected ehk1:<org>:<install>:<capability>:<binding>:<id>")
+    try:
+        org, install, capability, binding, handoff_id = (
+            urllib.parse.unquote(p, errors="strict") for p in parts[1:])
+    except UnicodeDecodeError:
+        raise BadHandoffKey("handoff key components must be UTF-8") from None
+    if not all((org, install, capability, binding, handoff_id)):
+        raise BadHandoffKey("every handoff key component must be non-empty")
+    key = EffectHandoffKey(TrustedRuntimeWorkScope(org, install, capability, binding),
+                           handoff_id)
+    if key.encode() != text:
+        raise BadHandoffKey("handoff key is not in canonical form")
+    return key
+
+
+def _outcome(parse: object, text: str) -> object:
+    try:
+        return parse(text)  # type: ignore[operator]
+    except BadHandoffKey as exc:
+        return ("refused", str(exc))
+
+
+# Keys near the fast path's edges: a plain id under a scope that is or is not canonical,
+# an id that needs decoding, separators and escapes in every position.
+_KEY_TABLE = [
+    "ehk1:org-1:install-9:cap.leads:sha256%3Aabc:int-1",
+    "ehk1:org-1:install-9:cap.leads:sha256%3Aabc:A.b_c~d-9",
+    "ehk1:org-1:install-9:cap.leads:sha256%3Aabc:int%2D1",  # id escaped needlessly
+    "ehk1:org-1:install-9:cap.leads:sha256%3aabc:int-1",  # lowercase escape
+    "ehk1:org-1:install-9:cap.leads:sha256:abc:int-1",  # a raw ':' in the digest
+    "ehk1:org-1:install-9:cap.leads:sha256%3Aabc:",
+    "ehk1:org-1:install-9:cap.leads:sha256%3Aabc:int 1",
+    "ehk1:org-1:install-9:cap.leads:sha256%3Aabc:int%201",
+    "ehk1:org-1:install-9:cap.leads:sha256%3Aabc:caf%C3%A9",
+    "ehk1:org-1:install-9:cap.leads:sha256%3Aabc:café",
+    "ehk1:org-1:install-9:cap.leads:sha256%3Aabc:int-1\n",
+    "ehk1:org-1:install-9:cap.leads::int-1",
+    "ehk1:org-1:install-9:cap.leads:%C3%28:int-1",  # not UTF-8
+    "ehk1:org%2D1:install-9:cap.leads:sha256%3Aabc:int-1",  # scope escaped needlessly
+    "ehk1:o%3Ar%25g:install-9:cap.leads:sha256%3Aabc:int-1",
+    "ehk2:org-1:install-9:cap.leads:sha256%3Aabc:int-1",
+    "ehk1:org-1:install-9:cap.leads:int-1",
+    "ehk1:a:b:c:d:e:f",
+    ":int-1", "int-1", "", "ehk1",
+    "ehk1:org-1:install-9:cap.leads:sha256%3Aabc:" + "i" * 470,  # within the limit
+    "ehk1:org-1:install-9:cap.leads:sha256%3Aabc:" + "i" * 480,  # beyond it
+]
+
+
+@pytest.mark.parametrize("text", _KEY_TABLE)
+def test_handoff_key_table_matches_the_reference_parser(text: str) -> None:
+    assert _outcome(EffectHandoffKey.parse, text) == _outcome(
+        _parse_by_decoding_every_component, text)
+    # Again, now that the scope prefix is known: the cached answer is the same answer.
+    assert _outcome(EffectHandoffKey.parse, text) == _outcome(
+        _parse_by_decoding_every_component, text)
+
+
+_KEY_ALPHABET = st.sampled_from([*"aZ9-._~:%/ é", "%3A", "%2D", "%C3%A9", "%zz"])
+
+
+@given(st.lists(_KEY_ALPHABET, max_size=12).map("".join),
+       st.lists(_KEY_ALPHABET, min_size=0, max_size=8).map("".join))
+def test_handoff_keys_parse_as_the_reference_parser_does(scope_tail: str, key_id: str) -> None:
+    text = f"ehk1:org-1:install-9:cap.leads:{scope_tail}:{key_id}"
+    assert _outcome(EffectHandoffKey.parse, text) == _outcome(
+        _parse_by_decoding_every_component, text)
+
+
+def test_a_scope_prefix_is_decoded_once() -> None:
+    """A Runtime sends one scope on every key: its prefix is decoded and re-encoded
+    once, then every key under it is only split (the intake parses a key per command)."""
+    scope = TrustedRuntimeWorkScope("org-x", "install-x", "cap.x", "sha256:" + "d" * 64)
+    first = EffectHandoffKey(scope, "int-a").encode()
+    assert EffectHandoffKey.parse(first).scope == scope
+    before = handoff._canonical_scope.cache_info()
+    for n in range(5):
+        assert EffectHandoffKey.parse(EffectHandoffKey(scope, f"int-{n}").encode()).scope == scope
+    after = handoff._canonical_scope.cache_info()
+    assert (after.hits - before.hits, after.misses - before.misses) == (5, 0)
 
 
 @given(st.text(max_size=80))
