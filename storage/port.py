@@ -224,6 +224,11 @@ class ClaimParams:
     # by ``rotation``: claimants in different slots read different rows, so they do
     # not race for them (daemon/core/claim_spread.py). One: the oldest window.
     spread: int = 1
+    # The claimant's rank among the live claimants of the family and how many they are
+    # (the heartbeats; advice only, daemon/core/claim_spread.py ``claim_slot``):
+    # claimants that read at the same moment start in different slots.
+    rank: int = 0
+    claimants: int = 1
     # Orgs whose oldest ready work joins the candidates even when another
     # org's backlog fills the oldest-first window (fair share across orgs).
     orgs: tuple[str, ...] = ()

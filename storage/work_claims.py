@@ -11,9 +11,11 @@ one selects inside the short write transaction, leaving other replicas less
 time to race for the same rows.
 Replicas claiming at one moment would all read the same oldest rows and race
 for them; a claim names a *spread* (``daemon/core/claim_spread.py``, widened by
-the scheduler after a lost race) and reads its window from a random batch-sized
-slot that deep into the ready set (``OFFSET``), halving the slot while the ready
-set is shallower than it (down to the oldest window). That only makes races rare:
+the scheduler after a lost race) and reads its window from a batch-sized slot that
+deep into the ready set (``OFFSET``): a random one, or one of its rank's among the
+live claimants (``claim_slot``). When the ready set is shallower than the slot, it
+halves the slot (down to the oldest window) or, knowing its rank, shares the
+batches there are by rank (``shallow_slot``). That only makes races rare:
 exclusivity is still the UPDATE's CAS, and the lane rules are still the database's.
 Whatever rows that UPDATE matched are ours; we read them back by token. Two
 claimants racing for a row cannot both match it: the second UPDATE sees the
@@ -59,6 +61,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
+from daemon.core.claim_spread import claim_slot, shallow_slot
 from daemon.core.lanes import Candidate, pick_batch
 from daemon.core.outcomes import Finalization
 from daemon.core.states import EXECUTABLE, WorkEvent, WorkState
@@ -260,10 +263,23 @@ class WorkClaims:
         # The claimant's slot of the ready set (see ClaimParams.spread): its window
         # starts ``slot`` batches deep, so that claimants in different slots read
         # different rows and do not race for them.
-        slot = params.rotation % params.spread if params.spread > 1 else -1
-        rows = await self._ready_window(tx, params, window, max(0, slot) * params.limit,
-                                        now_us)
-        if slot > 0 and len(rows) < params.limit:
+        slot = claim_slot(params.spread, params.rotation, rank=params.rank,
+                          claimants=params.claimants)
+        skip = max(0, slot) * params.limit
+        rows = await self._ready_window(tx, params, window, skip, now_us)
+        if slot > 0 and len(rows) < params.limit and params.claimants > 1:
+            # The ready set is shallower than this slot: the claimants share the batches
+            # it has by rank (each state's rows in one read, the shallow ready set whole
+            # down to a batch per claimant and a window: deeper, every rank has its
+            # batch within that; the slot's window is cut from them).
+            depth = min(skip, params.claimants * params.limit) + window
+            arms = await self._ready_arms(tx, params, depth, now_us)
+            slot = shallow_slot(params.rotation, rank=params.rank, claimants=params.claimants,
+                                batches=min(depth, sum(map(len, arms))) // params.limit)
+            skip = max(0, slot) * params.limit
+            rows = sorted([r for arm in arms for r in arm[skip:skip + window]],
+                          key=_ready_order)[:window]
+        elif slot > 0 and len(rows) < params.limit:
             # The ready set is shallower than this slot: half as deep (so that claimants
             # whose slots all lie beyond a shrinking ready set still start in different
             # places), down to the oldest window and its strides. Each state's rows down

@@ -20,6 +20,11 @@ The spread adapts to what the replica sees, like a congestion window turned arou
   second read, so the spread of an idle replica decays rather than dropping at once:
   the next burst finds replicas still spread).
 
+A replica that knows its rank among the live claimants of the family (the heartbeats,
+advice only) starts in its own rank's slots instead of any (``claim_slot``), and shares a
+ready set shallower than its slot by rank (``shallow_slot``): claimants that read at the
+same moment then start in different batches by construction.
+
 So a lone replica claims oldest first as before, and claim order departs from
 oldest-first by at most ``spread x batch`` rows, only while replicas contend.
 Concurrent claimants collide with probability about ``1 - (1 - 1/spread)^(c - 1)``;
@@ -42,3 +47,56 @@ def next_spread(spread: int, *, limit: int, claimed: int, contended: int) -> int
     if claimed < limit:
         return max(NO_SPREAD, spread // 2)
     return max(min(spread, FIRST_SPREAD), spread - 1)
+
+
+# Places per live claimant of a family: a replica that knows it is one of ``c`` live
+# claimants (the heartbeats, advice only) starts in one of at least ``c x
+# PLACES_PER_CLAIMANT`` slots, always one of its own rank's (see ``claim_slot``).
+PLACES_PER_CLAIMANT = 2
+
+
+def peer_rank(me: str, live: list[str]) -> tuple[int, int]:
+    """(rank, claimants): ``me``'s place among the live claimants of a family, by
+    name, and how many they are (``me`` counts itself even when its own heartbeat is
+    not in ``live`` yet). Advice for ``claim_slot``: a stale view only costs races."""
+    if not me:
+        raise ValueError("a claimant has a name")
+    names = sorted(set(live) | {me})
+    return names.index(me), len(names)
+
+
+def claim_slot(spread: int, rotation: int, *, rank: int, claimants: int) -> int:
+    """The batch-sized slot of the ready set a claim starts in; -1: none (the oldest
+    window's strides, chosen by ``rotation``).
+
+    Alone (or not knowing its peers) a claimant picks any of ``spread`` slots at
+    random, as before. One of ``c`` live claimants picks among the slots of its own
+    rank, ``rank + c x j``, and at least ``PLACES_PER_CLAIMANT`` of them: claimants
+    that read the ready set at the same moment (the first claims of a burst) then
+    start in different batches by construction instead of by luck; claimants whose
+    views differ by ``k`` committed batches collide only if their ranks differ by
+    ``k`` modulo ``c`` and their ``j`` agree (about ``1/places`` for that one peer)."""
+    if spread < 1 or rotation < 0 or claimants < 1 or not 0 <= rank < claimants:
+        raise ValueError(f"no slot for spread={spread} rotation={rotation}"
+                         f" rank={rank} claimants={claimants}")
+    if claimants == 1:
+        return rotation % spread if spread > 1 else -1
+    places = max(PLACES_PER_CLAIMANT, -(-spread // claimants))
+    return rank + claimants * (rotation % places)
+
+
+def shallow_slot(rotation: int, *, rank: int, claimants: int, batches: int) -> int:
+    """The slot of a claim whose own slot lay beyond a ready set ``batches`` full
+    batches deep (-1: the oldest window's strides). Claimants keep their rank's slots
+    while there are enough batches for all of them (they start apart), and share the
+    batches by rank when there are fewer (each batch then has at most
+    ``ceil(c / batches)`` claimants, instead of halved slots all crowding the oldest)."""
+    if rotation < 0 or claimants < 1 or not 0 <= rank < claimants or batches < 0:
+        raise ValueError(f"no shallow slot for rotation={rotation} rank={rank}"
+                         f" claimants={claimants} batches={batches}")
+    if batches <= 1:
+        return -1
+    if batches >= claimants:
+        return rank + claimants * (rotation % (batches // claimants))
+    return rank % batches
+

@@ -57,6 +57,7 @@ from config.settings import Settings
 from daemon.core.replica_identity import Holder, Judgement, Verdict, judge, rejudge
 from daemon.services import legacy_projector, logs, sdnotify
 from daemon.services.activity_log import run_activity_summaries
+from daemon.services.claim_peers import ClaimPeers
 from daemon.services.clock import Clock
 from daemon.services.completer import Completer
 from daemon.services.effect_quota import LOST_SLOT_EVENTS, return_lost_slots
@@ -82,6 +83,9 @@ VERSION = "0.1.0"
 DRAIN_MARGIN_S = 2.0
 # A previous holder of our replica id is gone once it missed this many heartbeats.
 IDENTITY_LAPSE_HEARTBEATS = 3
+# The live claimants are read this many times a heartbeat interval (1 s at the default
+# 5 s): a replica that joins is counted before the next burst of work, usually.
+CLAIM_PEER_READS_PER_HEARTBEAT = 5
 
 
 class ReplicaIdInUse(Exception):
@@ -161,6 +165,14 @@ class Replica:
     _unknown_before_drain: int = 0
     _last_db_ok: float = 0.0
     _started_at_us: int = 0
+    # The live claimants of each family (advice for where claims start).
+    claim_peers: ClaimPeers = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        interval = self.settings.replica.heartbeat_interval
+        self.claim_peers = ClaimPeers(
+            self.store, self.clock, self.replica_id, live_for_s=2 * interval,
+            interval_s=max(0.2, interval / CLAIM_PEER_READS_PER_HEARTBEAT))
 
     # --------------------------------------------------------------- public
 
@@ -254,6 +266,7 @@ class Replica:
                 services.cancel_scope.cancel()
                 return
             await services.start(self._heartbeat_loop)
+            await services.start(self.claim_peers.run)
             await services.start(self._depth_loop)
             await services.start(run_pressure_sampler, self.store, self.clock, self.metrics,
                                  self.replica_id)
@@ -410,6 +423,7 @@ class Replica:
                         poll_interval_s=s.work.poll_interval,
                         reclaim_interval_s=s.work.reclaim_interval,
                         db_backoff_cap_s=s.work.db_backoff_cap,
+                        peers=self.claim_peers,
                     )
                     self.schedulers[family.name] = scheduler
                     await claiming.start(scheduler.run)

@@ -20,6 +20,7 @@ import trio
 from daemon.core.capability import ENGINE_CAPABILITY_VERSION
 from daemon.core.claim_spread import NO_SPREAD, next_spread
 from daemon.services import logs
+from daemon.services.claim_peers import ClaimPeers
 from daemon.services.clock import Clock
 from daemon.services.families import WorkFamily
 from daemon.services.metrics import Metrics
@@ -43,6 +44,8 @@ class Scheduler:
     reclaim_interval_s: float
     db_backoff_cap_s: float
     fairness_interval_s: float = 2.0
+    # The live claimants of the family (advice: where claims start). None: alone.
+    peers: ClaimPeers | None = None
     _wakeup: trio.Event = attrs.field(factory=trio.Event)
     _db_ok: bool = True
     _orgs: list[str] = attrs.field(factory=list)
@@ -74,6 +77,8 @@ class Scheduler:
             limit = min(batch, free)
             now = trio.current_time()
             sweep = now - last_sweep >= self.reclaim_interval_s
+            rank, claimants = (self.peers.rank(self.family.name) if self.peers is not None
+                               else (0, 1))
             try:
                 orgs = await self._fair_orgs(now) if busy else ()
                 result = await self.store.work_claim(
@@ -86,6 +91,8 @@ class Scheduler:
                         include_expired=sweep,
                         rotation=random.randrange(1 << 30),
                         spread=self._spread,
+                        rank=rank,
+                        claimants=claimants,
                         orgs=orgs,
                         probe_first=not busy,
                         engine_capability_version=ENGINE_CAPABILITY_VERSION,

@@ -506,6 +506,43 @@ async def test_a_slot_beyond_the_ready_set_costs_two_reads_and_takes_the_halved_
     assert statements == 2
 
 
+async def _picked(store: WorkStore, params: ClaimParams) -> frozenset[str]:
+    async def body(tx: SqlTx) -> frozenset[str]:
+        return frozenset(c.work_id for c in await store._pick(tx, params, T0))
+
+    return await store.db.transact(body, name="test.pick", write=False)
+
+
+def _ranked(rank: int, claimants: int, rotation: int, spread: int) -> ClaimParams:
+    return ClaimParams(family="noop", owner=f"R{rank}", limit=4, lease_ttl_us=TTL, window=16,
+                       rotation=rotation, spread=spread, rank=rank, claimants=claimants)
+
+
+async def test_live_claimants_start_a_burst_in_disjoint_batches(store: WorkStore) -> None:
+    """Finding (issue 24 item 2): at the start of a burst every replica's spread is 1
+    (the oldest window's four strides), so of eight replicas claiming at once about half
+    lost their first batch. Knowing their ranks among the eight live claimants (the
+    heartbeats), they start in eight different batches whatever their rotations."""
+    await enqueue(store, 200)
+    batches = [await _picked(store, _ranked(rank, 8, rotation, NO_SPREAD))
+               for rank, rotation in enumerate((0, 1, 2, 3, 0, 1, 2, 3))]
+    assert all(len(b) == 4 for b in batches)
+    assert len(frozenset().union(*batches)) == 8 * 4
+
+
+async def test_live_claimants_share_a_shallow_ready_set_by_rank(store: WorkStore) -> None:
+    """Finding (issue 24 item 2): at the tail of a drain the claims' deep slots lay
+    beyond the ready set and were halved, so they crowded its oldest batches (the last
+    batches of a drain lost two to five races each). Three batches left and slots 64
+    deep: ranks 0, 1 and 2 take the three different batches (3 to 5 share them by
+    rank)."""
+    await enqueue(store, 12)
+    picks = [await _picked(store, _ranked(rank, 8, 7, 64)) for rank in range(8)]
+    assert all(len(b) == 4 for b in picks)
+    assert len(frozenset().union(*picks[:3])) == 12
+    assert picks[3:6] == picks[:3]
+
+
 class _ReleaseFailsOnce:
     """A transaction whose first ``RELEASE SAVEPOINT fin_1`` fails alone (a statement
     error the transaction survives, as a lock wait timeout does): the simulation's
