@@ -242,3 +242,24 @@ async def test_an_https_origin_keeps_its_tls_connection(nursery: trio.Nursery) -
         assert answer.json() == {"id": "42"}
     assert server.accepted == 1
     await http.aclose()
+
+
+async def test_clients_closed_one_after_another_under_a_cancelled_scope_all_close(
+        nursery: trio.Nursery) -> None:
+    """An assembly closes its clients in turn in a ``finally`` whose scope is cancelled:
+    one client's close must not raise Cancelled before the next one's has run. Before:
+    the first ``aclose`` checkpointed, the second client's connections were left open
+    (ResourceWarnings in the e2e slices)."""
+
+    async def ok(request: Request) -> Response:
+        return Response(200, b"{}")
+
+    port: int = await nursery.start(H11Server(ok).run)
+    first, second = BoundedHttp.open(1), BoundedHttp.open(1)
+    for http in (first, second):
+        await http.request("GET", f"http://127.0.0.1:{port}/", timeout_s=10.0)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await first.aclose()
+        await second.aclose()
+    assert (first.open_connections(), second.open_connections()) == (0, 0)
