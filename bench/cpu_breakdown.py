@@ -6,10 +6,10 @@
 
 ``bench.profile_replica`` profiles replica 0 with a CPU-time clock. Each function's own
 time (not cumulative: coroutines make cumulative figures overlap) is charged to the layer
-its file belongs to: the MySQL driver, trio, the HTTP client (httpx, httpcore, h11), the
+its file belongs to: the MySQL driver, trio, the HTTP client (ours, h11, httpx), the
 HTTP server (hypercorn, Quart, Werkzeug), our own code (daemon/, storage/, config/), the
 standard library and the rest. It also counts the TCP connections the replica opened
-(httpcore connections, MySQL connects) and accepted (hypercorn), and the escaping
+(our HTTP client's connections, MySQL connects) and accepted (hypercorn), and the escaping
 calls. ``--top N`` also prints the top N functions by own and by cumulative time.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 # (layer, path fragments): the first layer whose fragment a file's path holds.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mysql_driver", ("/trio_mysql/",)),
-    ("http_client", ("/httpx/", "/httpcore/", "/h11/")),
+    ("http_client", ("/httpx/", "/httpcore/", "/h11/", "/daemon/providers/http_client.py")),
     ("http_server", ("/hypercorn/", "/quart/", "/quart_trio/", "/werkzeug/", "/wsproto/",
                      "/h2/")),
     ("trio", ("/trio/", "/outcome/", "/sniffio/")),
@@ -34,9 +34,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 # Sync functions (a coroutine's ncalls counts its resumptions, not its calls).
 COUNTED = {
-    "http_connections_opened": ("httpcore/_async/connection.py", "__init__"),
+    "http_connections_opened": ("daemon/providers/http_client.py", "__init__", "_Connection"),
     "http_connections_accepted": ("hypercorn/trio/tcp_server.py", "__init__"),
-    "http_requests_sent": ("httpcore/_models.py", "__init__", "Request"),
+    "http_requests_sent": ("daemon/providers/http_client.py", "_request_bytes"),
     "mysql_escape_calls": ("trio_mysql/connections.py", "escape"),
     "mysql_connects": ("trio_mysql/connections.py", "__init__", "Connection"),
 }

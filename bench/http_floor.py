@@ -1,13 +1,16 @@
 """The CPU floor of one HTTP exchange on this machine, with the daemon's own parts.
 
-    python -m bench.http_floor --requests 4000 --concurrency 32
+    python -m bench.http_floor --requests 4000 --concurrency 32 [--pairs N --against REF]
 
-Sends PATCHes through ``BoundedHttp`` (httpcore pools, as the effect runner and the
-receipt sender do) to the sandbox's h11 server, first in the same process
+Sends PATCHes through ``BoundedHttp`` (the client the effect runner and the receipt
+sender use) to the sandbox's h11 server, first in the same process
 (CPU per exchange, client and server together), then with the server in a
 child process (the client's share alone: what integrationd pays per call).
 Every effect needs two exchanges that cannot be batched (the provider PATCH
 and the Runtime receipt), so this bounds effects/s per core from above.
+
+With ``--pairs`` the pairs compare the client-only line (``http-floor.*``; the
+same-process line is ``http-floor.with-server.*``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from multiprocessing.connection import Connection
 
 import trio
 
+from bench import pairs
 from daemon.providers.executor import BoundedHttp
 from sandbox.h11_server import H11Server, Request, Response
 
@@ -66,13 +70,18 @@ async def measure(requests: int, concurrency: int, port: int | None = None) -> d
 
 
 def main() -> None:
+    pairs.delegate("bench.http_floor")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=int, metavar="N",
+                        help="run as N interleaved pairs against --against (bench.pairs)")
+    parser.add_argument("--against", metavar="REF", default="HEAD",
+                        help="with --pairs: another checkout's directory or a commit")
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=32)
     args = parser.parse_args()
     both = trio.run(measure, args.requests, args.concurrency)
-    print(json.dumps({"system": "http-floor", "measured": "client and server, one process",
-                      **both}), flush=True)
+    print(json.dumps({"system": "http-floor", "mode": "with-server",
+                      "measured": "client and server, one process", **both}), flush=True)
     receive, send = multiprocessing.Pipe(duplex=False)
     server = multiprocessing.Process(target=_child_server, args=(send,), daemon=True)
     server.start()

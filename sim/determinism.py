@@ -19,7 +19,7 @@ Below production code, never inside it: for the duration of :func:`deterministic
   set-up's durable COMMITs): a worker thread finishes after a wall-clock delay, and while
   it runs the MockClock jumps and the scheduler makes a machine-dependent number of passes;
 * ``time.time``/``time_ns``/``monotonic``/``monotonic_ns`` follow the virtual clock (the
-  simulators, httpcore's keep-alive expiry and the logging timestamps read them); the
+  simulators, httpx and the logging timestamps read them); the
   replicas read their own skewed :class:`~daemon.services.clock.TrioClock`.
 
 ``PYTHONHASHSEED`` must be fixed for the process (set iteration order of strings):

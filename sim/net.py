@@ -4,8 +4,9 @@ Theory of operation
 -------------------
 :meth:`VirtualNetwork.install` sets trio's custom socket factory and hostname
 resolver for the current run, so everything that opens sockets through
-``trio.socket`` (httpx/httpcore's trio backend, ``trio.open_tcp_listeners`` in the
-sandbox's h11 servers, the seam in ``daemon/services/http_server.py``) gets a
+``trio.socket`` (our HTTP client, httpx/httpcore's trio backend,
+``trio.open_tcp_listeners`` in the sandbox's h11 servers, the seam in
+``daemon/services/http_server.py``) gets a
 :class:`VirtualSocket` instead of a kernel socket. Nothing above changes.
 
 A connection is two byte pipes. Every socket belongs to a *node* (a replica, a

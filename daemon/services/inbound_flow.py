@@ -67,7 +67,7 @@ from daemon.core.inbound_flow import (
 from daemon.core.json_input import NotExact, loads_exact
 from daemon.core.outcomes import DeadLetter, Deferred, Outcome, RetryLater, Succeeded
 from daemon.core.principals import scope_digest
-from daemon.providers.executor import BoundedHttp
+from daemon.providers.executor import Answer, BoundedHttp
 from daemon.providers.template import identity_text
 from daemon.services import logs
 from daemon.services.catalog_view import CatalogView
@@ -472,7 +472,7 @@ def _classify(status: int | None) -> tuple[OutcomeClass, str]:
     return OutcomeClass.REJECTED, "not_applied"
 
 
-def _error_code(response: httpx.Response) -> str:
+def _error_code(response: Answer) -> str:
     try:
         doc: Any = response.json()
     except ValueError:

@@ -35,7 +35,7 @@ from config.settings import BindingSettings
 from daemon.core.effects import DispatchObservation, Phase
 from daemon.core.outcomes import Deferred
 from daemon.core.quota import ReservationState
-from daemon.providers.executor import NOT_SENT, retry_after_seconds
+from daemon.providers.executor import NOT_SENT, Answer, retry_after_seconds
 from daemon.services import effect_quota as quota
 from daemon.services.families import WorkContext
 
@@ -74,8 +74,8 @@ def _state(phase: Phase) -> ReservationState:
 
 
 async def quota_read(ctx: WorkContext, rq: ReadQuota,
-                     call: Callable[[], Awaitable[httpx.Response]]
-                     ) -> httpx.Response | Deferred:
+                     call: Callable[[], Awaitable[Answer]]
+                     ) -> Answer | Deferred:
     """``call`` (one provider read) on one slot of every key; ``Deferred`` when the
     budget has none now (or the provider said 429). ``httpx.HTTPError`` propagates after
     the reservations are settled."""

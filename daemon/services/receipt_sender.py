@@ -25,7 +25,7 @@ from config.settings import RuntimeClient, Settings
 from daemon.core.handoff import commit_result_request
 from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
 from daemon.core.work import Fence
-from daemon.providers.executor import BoundedHttp
+from daemon.providers.executor import Answer, BoundedHttp
 from daemon.services import logs
 from daemon.services.batcher import Batcher
 from daemon.services.families import Handler, WorkContext
@@ -138,7 +138,7 @@ class ReceiptSender:
         ctx.on_finalize(write)
 
 
-def _error_code(response: httpx.Response) -> str:
+def _error_code(response: Answer) -> str:
     try:
         doc = response.json()
     except ValueError:

@@ -51,7 +51,7 @@ from daemon.core.effects import Classification, DispatchObservation, Phase
 from daemon.core.outcomes import DeadLetter, Deferred, Outcome, RetryLater
 from daemon.core.quota import ReservationState
 from daemon.core.subscriptions import Remote, StepAttempt
-from daemon.providers.executor import SEND_WINDOW_CLOSED, BoundedHttp, exchange
+from daemon.providers.executor import SEND_WINDOW_CLOSED, Answer, BoundedHttp, exchange
 from daemon.providers.template import identity_text
 from daemon.services import effect_quota as quota
 from daemon.services import logs
@@ -166,7 +166,7 @@ class SubscriptionCalls:
         return read_keys(self.operations, binding, clock_spread_us=self.quota_clock_spread_us)
 
     async def read(self, ctx: WorkContext, binding: BindingSettings, method: str, url: str,
-                   headers: Mapping[str, str]) -> httpx.Response | Deferred:
+                   headers: Mapping[str, str]) -> Answer | Deferred:
         """One provider read on the binding's quota (``httpx.HTTPError`` propagates)."""
         keys, retry_after = self._keys(binding)
         rq = ReadQuota(keys, retry_after, self.on_quota, self.on_quota_reset_ignored)

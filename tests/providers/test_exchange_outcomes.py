@@ -1,93 +1,25 @@
 """How far one exchange got, against raw loopback servers that misbehave on purpose.
 
-The executor talks to httpcore's pools directly; what the DoOnce journal relies on is the
-classification of every failure: ``NOT_CONNECTED`` only where no byte of the request can
-have reached the server, ``SENT`` (maybe delivered, maybe acted on) everywhere else, and
-``RESPONDED`` with the answer's status and evidence. Each row is one server behaviour, on a
-real TCP socket (and a real TLS handshake for the TLS rows)."""
+The executor talks to its own HTTP/1.1 client (h11 over trio streams); what the DoOnce
+journal relies on is the classification of every failure: ``NOT_CONNECTED`` only where no
+byte of the request can have reached the server, ``SENT`` (maybe delivered, maybe acted
+on) everywhere else, and ``RESPONDED`` with the answer's status and evidence. Each row is
+one server behaviour, on a real TCP socket (and a real TLS handshake for the TLS rows)."""
 
 from __future__ import annotations
 
-import datetime
 import gzip
-import ssl
-import tempfile
-from collections.abc import Awaitable, Callable
-from pathlib import Path
 
-import attrs
 import httpx
 import pytest
 import trio
 import trio.testing
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from config.definitions import AuthScheme, ResponseDefinition
 from daemon.core.effects import Phase
 from daemon.providers.executor import BoundedHttp, HttpExecutor, PreparedRequest
 from daemon.providers.template import Pointer
-
-Behaviour = Callable[["_Conn"], Awaitable[None]]
-
-
-@attrs.define(eq=False)
-class _Conn:
-    stream: trio.abc.Stream
-    buffer: bytearray = attrs.field(factory=bytearray)
-
-    async def read_request(self) -> bytes:
-        """One whole request (head and Content-Length body), or b"" at EOF."""
-        while b"\r\n\r\n" not in self.buffer:
-            data = await self.stream.receive_some(65536)
-            if not data:
-                return b""
-            self.buffer.extend(data)
-        head, _, rest = bytes(self.buffer).partition(b"\r\n\r\n")
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        self.buffer[:] = rest
-        while len(self.buffer) < length:
-            self.buffer.extend(await self.stream.receive_some(65536))
-        del self.buffer[:length]
-        return head
-
-    async def answer(self, body: bytes = b'{"id":"42"}', *extra: bytes) -> None:
-        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-        head += b"".join(h + b"\r\n" for h in extra)
-        await self.stream.send_all(head + b"content-length: %d\r\n\r\n" % len(body) + body)
-
-
-@attrs.define(eq=False)
-class _RawServer:
-    behaviour: Behaviour
-    tls: ssl.SSLContext | None = None
-    accepted: int = 0
-    heads: list[bytes] = attrs.field(factory=list)
-
-    async def serve(self, nursery: trio.Nursery) -> int:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        port: int = listeners[0].socket.getsockname()[1]
-        nursery.start_soon(trio.serve_listeners, self._handle, listeners)
-        return port
-
-    async def _handle(self, stream: trio.SocketStream) -> None:
-        self.accepted += 1
-        wrapped: trio.abc.Stream = stream
-        try:
-            if self.tls is not None:
-                wrapped = trio.SSLStream(stream, self.tls, server_side=True)
-                await wrapped.do_handshake()
-            await self.behaviour(_Conn(wrapped))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            await trio.aclose_forcefully(wrapped)
+from tests.providers.raw_server import Behaviour, Conn, RawServer, tls_pair
 
 
 def _prepared(port: int, scheme: str = "http") -> PreparedRequest:
@@ -100,61 +32,34 @@ def _prepared(port: int, scheme: str = "http") -> PreparedRequest:
         idempotency_header="Idempotency-Key")
 
 
-async def _answers(conn: _Conn) -> None:
+async def _answers(conn: Conn) -> None:
     while await conn.read_request():
         await conn.answer()
 
 
-async def _closes_after_reading(conn: _Conn) -> None:
+async def _closes_after_reading(conn: Conn) -> None:
     await conn.read_request()
 
 
-async def _breaks_off_mid_body(conn: _Conn) -> None:
+async def _breaks_off_mid_body(conn: Conn) -> None:
     await conn.read_request()
     await conn.stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"id\":")
 
 
-async def _garbled(conn: _Conn) -> None:
+async def _garbled(conn: Conn) -> None:
     await conn.read_request()
     await conn.stream.send_all(b"SURE THING\r\n\r\n")
 
 
-async def _gzipped(conn: _Conn) -> None:
+async def _gzipped(conn: Conn) -> None:
     head = await conn.read_request()
     assert b"accept-encoding: gzip" in head.lower()
     await conn.answer(gzip.compress(b'{"id":"42"}'), b"content-encoding: gzip")
 
 
-async def _bad_gzip(conn: _Conn) -> None:
+async def _bad_gzip(conn: Conn) -> None:
     await conn.read_request()
     await conn.answer(b"not gzip at all", b"content-encoding: gzip")
-
-
-def _tls_pair() -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """A server context with a fresh self-signed certificate for localhost, and a client
-    context that trusts exactly that certificate."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    pem = cert.public_bytes(serialization.Encoding.PEM)
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    with tempfile.TemporaryDirectory() as folder:  # the ssl module loads keys from files
-        cert_file, key_file = Path(folder, "cert.pem"), Path(folder, "key.pem")
-        cert_file.write_bytes(pem)
-        key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                               serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
-        server.load_cert_chain(cert_file, key_file)
-    client = ssl.create_default_context(cadata=pem.decode())
-    return server, client
 
 
 @pytest.mark.parametrize(("behaviour", "phase", "detail"), [
@@ -168,7 +73,7 @@ def _tls_pair() -> tuple[ssl.SSLContext, ssl.SSLContext]:
         "garbled-gzip"])
 async def test_how_far_an_exchange_got(nursery: trio.Nursery, behaviour: Behaviour,
                                        phase: Phase, detail: str) -> None:
-    server = _RawServer(behaviour)
+    server = RawServer(behaviour)
     port = await server.serve(nursery)
     executor = HttpExecutor()
     observation, evidence = await executor.dispatch(_prepared(port), "t0k", timeout_s=10.0)
@@ -196,12 +101,12 @@ async def test_a_server_that_never_answers_times_out_as_sent(
 ) -> None:
     read = trio.Event()
 
-    async def never_answers(conn: _Conn) -> None:
+    async def never_answers(conn: Conn) -> None:
         await conn.read_request()
         read.set()
         await trio.sleep_forever()
 
-    port = await _RawServer(never_answers).serve(nursery)
+    port = await RawServer(never_answers).serve(nursery)
     executor = HttpExecutor()
     outcome = []
 
@@ -231,14 +136,14 @@ async def test_a_connection_the_server_closed_is_never_reused(
     maybe-sent)."""
     closed = trio.Event()
 
-    async def one_per_connection(conn: _Conn) -> None:
+    async def one_per_connection(conn: Conn) -> None:
         await conn.read_request()
         await conn.answer(b'{"id":"42"}', *([b"connection: close"]
                                              if closing == "connection-close" else []))
         await conn.stream.aclose()
         closed.set()
 
-    server = _RawServer(one_per_connection)
+    server = RawServer(one_per_connection)
     port = await server.serve(nursery)
     executor = HttpExecutor(BoundedHttp.open(1))
     for _ in range(3):
@@ -256,8 +161,8 @@ async def test_a_connection_the_server_closed_is_never_reused(
                          ids=["trusted", "untrusted"])
 async def test_tls(nursery: trio.Nursery, trusted: bool, phase: Phase) -> None:
     """An untrusted certificate fails the handshake, before any byte of the request."""
-    server_tls, client_tls = _tls_pair()
-    server = _RawServer(_answers, tls=server_tls)
+    server_tls, client_tls = tls_pair()
+    server = RawServer(_answers, tls=server_tls)
     port = await server.serve(nursery)
     http = BoundedHttp(4, tls=client_tls) if trusted else BoundedHttp.open(4)
     executor = HttpExecutor(http)
@@ -276,11 +181,11 @@ async def test_a_body_cut_short_by_its_write_timeout_is_sent_and_leaves_nothing_
     the garbage collector (trio warns about an unexhausted async generator)."""
     connected = trio.Event()
 
-    async def stops_reading(conn: _Conn) -> None:
+    async def stops_reading(conn: Conn) -> None:
         connected.set()
         await trio.sleep_forever()
 
-    port = await _RawServer(stops_reading).serve(nursery)
+    port = await RawServer(stops_reading).serve(nursery)
     http = BoundedHttp.open(1)
     outcome: list[BaseException] = []
 

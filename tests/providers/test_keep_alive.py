@@ -6,16 +6,14 @@ sent the receipt again (bench.effects: 1-4 duplicate deliveries per 2,000 effect
 clients keeping connections 60 s and the reference Runtime's server closing them after
 hypercorn's 5 s; ``python -m bench.keepalive_race`` shows the race on loopback).
 
-Real servers on loopback; the server's idle timer runs on trio's clock (MockClock) and
-httpcore's on ``time.monotonic`` (patched), both moved on together, so a connection idles
-past the server's keep-alive without the test waiting."""
+Real servers on loopback; the server's idle timer and the client's keep-alive expiry both
+run on trio's clock (MockClock), so a connection idles past the server's keep-alive
+without the test waiting."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-import httpcore
 import pytest
 import trio
 import trio.testing
@@ -26,16 +24,6 @@ from daemon.services.families import known_family_names
 from daemon.services.http_server import DEFAULT_KEEP_ALIVE_S, serve_app
 
 HYPERCORN_DEFAULT_KEEP_ALIVE_S = 5.0
-
-
-class _IdleClock:
-    """httpcore's keep-alive clock (``time.monotonic`` in its HTTP/1.1 module)."""
-
-    def __init__(self) -> None:
-        self.offset = 0.0
-
-    def monotonic(self) -> float:
-        return time.monotonic() + self.offset
 
 
 class _Counting:
@@ -59,8 +47,7 @@ class _Counting:
 
 
 async def test_a_request_after_an_idle_pause_goes_out_on_a_fresh_connection(
-        nursery: trio.Nursery, mock_clock: trio.testing.MockClock,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        nursery: trio.Nursery, mock_clock: trio.testing.MockClock) -> None:
     """Idle just past the server's keep-alive, the client sends before the server's idle
     timer has run: the pool has already let the connection go (it keeps one half the
     server's keep-alive), so the request goes out on a new connection and is answered,
@@ -69,8 +56,6 @@ async def test_a_request_after_an_idle_pause_goes_out_on_a_fresh_connection(
     had fired (``assert 1 == 4``); here trio happened to read the request before the
     timer closed it, on a loaded replica it often did not, and the request failed on the
     wire after the server acted on it (``python -m bench.keepalive_race``)."""
-    idle = _IdleClock()
-    monkeypatch.setattr(httpcore._async.http11, "time", idle)
     app = _Counting()
     url: str = await nursery.start(serve_app, app, "127.0.0.1:0")
     http = BoundedHttp.open(4, {url: keepalive_below(DEFAULT_KEEP_ALIVE_S)})
@@ -79,7 +64,6 @@ async def test_a_request_after_an_idle_pause_goes_out_on_a_fresh_connection(
         assert answer.status_code == 200
         pause = DEFAULT_KEEP_ALIVE_S + 0.01
         mock_clock.jump(pause)  # the server's idle timer is due, and has not run yet
-        idle.offset += pause
     answer = await http.request("POST", f"{url}/last", content=b"x", timeout_s=10.0)
     assert answer.status_code == 200
     assert [path for path, _ in app.seen] == ["/r0", "/r1", "/r2", "/last"]
@@ -88,12 +72,9 @@ async def test_a_request_after_an_idle_pause_goes_out_on_a_fresh_connection(
 
 
 async def test_within_the_clients_expiry_one_connection_serves_every_request(
-        nursery: trio.Nursery, mock_clock: trio.testing.MockClock,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        nursery: trio.Nursery, mock_clock: trio.testing.MockClock) -> None:
     """The expiry does not give up reuse: pauses shorter than the client's expiry (half
     the server's keep-alive) keep one connection."""
-    idle = _IdleClock()
-    monkeypatch.setattr(httpcore._async.http11, "time", idle)
     app = _Counting()
     url: str = await nursery.start(serve_app, app, "127.0.0.1:0")
     http = BoundedHttp.open(4, {url: keepalive_below(DEFAULT_KEEP_ALIVE_S)})
@@ -102,7 +83,6 @@ async def test_within_the_clients_expiry_one_connection_serves_every_request(
         assert answer.status_code == 200
         pause = keepalive_below(DEFAULT_KEEP_ALIVE_S) - 1.0
         mock_clock.jump(pause)
-        idle.offset += pause
     assert len({port for _, port in app.seen}) == 1
     await http.aclose()
 
