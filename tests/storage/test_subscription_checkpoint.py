@@ -18,7 +18,7 @@ from storage.effects import (
     record_outcome,
     unresolved_of_kin,
 )
-from storage.port import SqlTx
+from storage.port import ReplayParams, SqlTx
 from storage.principals import Actor
 from storage.subscriptions import LastItem, last_items
 from storage.work_store import WorkStore
@@ -160,6 +160,59 @@ async def test_an_unresolved_attempt_of_a_dead_kin_item_refuses_the_next_ones_ch
     await store.db.transact(absent, name="t")
     assert await step("subs:create:b:s1:1:run3", "a5") is True
     assert await store.db.transact(kin_of, name="t", write=False) == ["a5"]
+
+
+async def test_an_unresolved_attempt_of_a_replayed_kin_item_refuses_the_next_ones_checkpoint(
+        store: WorkStore) -> None:
+    """Simulation seed 35 (issue 24's merges): an operator replayed a dead create step; the
+    replay (a new item with ``replay_of`` and no dedupe key) ran out of attempts with its
+    last create in doubt, and the next reconcile run's create step sent 100 ms later: the
+    kin clause matched kin by dedupe-key prefix only, and a replay has no key. A replay
+    of the kin's family, subject and lane is kin too."""
+    kin = Kin(family="subs", subject_kind="subscription", subject_id="s1", lane="subs:b",
+              key_prefix="subs:create:b:")
+    await _setup(store)
+
+    async def checkpoint(item_fence: Fence, attempt_id: str) -> bool:
+        async def body(tx: SqlTx) -> bool:
+            return await insert_attempt_pinned(tx, attempt_id, item_fence, _draft(item_fence),
+                                               T0, binding_id="b", binding_generation=1,
+                                               kin=kin)
+
+        return bool(await store.work_fenced(item_fence, lambda: T0, body, name="t"))
+
+    async def run_dead(attempt_id: str) -> str:
+        """Claim the lane's next item, write its checkpoint, leave it dead (its attempt
+        stays unresolved): the item's id."""
+        (item,) = (await claim(store, family="subs")).claimed
+        assert item.fence is not None
+        assert await checkpoint(item.fence, attempt_id)
+        await finalize(store, item, DeadLetter("attempts_exhausted", "outcome unknown"))
+        return item.work_id
+
+    await enqueue(store, 1, family="subs", subject_kind="subscription", subject_id="s1",
+                  source_lane="subs:b", dedupe_key="subs:create:b:s1:1:run1")
+    first = await run_dead("a1")
+
+    async def absent(tx: SqlTx) -> None:
+        await dispose(tx, ["a1"], Disposition.PROVEN_ABSENT, "read back", "t", T0)
+
+    await store.db.transact(absent, name="t")
+    replay = await store.work_replay(
+        ReplayParams(work_id=first, actor="op", role="admin", reason="t"), T0)
+    assert replay.dedupe_key is None and replay.replay_of == first
+    assert await run_dead("a2") == replay.work_id
+
+    async def kin_of(tx: SqlTx) -> list[str]:
+        return [a.attempt_id for a in await unresolved_of_kin(tx, kin)]
+
+    assert await store.db.transact(kin_of, name="t", write=False) == ["a2"]
+    await enqueue(store, 1, family="subs", subject_kind="subscription", subject_id="s1",
+                  source_lane="subs:b", dedupe_key="subs:create:b:s1:1:run2")
+    (step,) = (await claim(store, family="subs")).claimed
+    assert step.fence is not None
+    assert await checkpoint(step.fence, "a3") is False, (
+        "sent beside the replayed step's unknown attempt")
 
 
 async def test_the_last_item_of_each_subject_is_the_newest_that_ran(store: WorkStore) -> None:
