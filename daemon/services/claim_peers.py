@@ -11,6 +11,7 @@ decides, and the lane rules stay in that statement.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import attrs
 import trio
@@ -45,7 +46,9 @@ def claimants_of(family: str, replicas: list[ReplicaInfo]) -> list[str]:
 class ClaimPeers:
     store: WorkStore
     clock: Clock
-    replica_id: str
+    # The replica's id, read at each claim: daemon/cli.py sets a configured id (the unit's
+    # ``%H-%i``) after the Replica is built, and a rank by any other id is wrong.
+    replica_id: Callable[[], str]
     # A heartbeat older than this is a replica gone (two heartbeat intervals).
     live_for_s: float
     interval_s: float
@@ -53,7 +56,7 @@ class ClaimPeers:
 
     def rank(self, family: str) -> tuple[int, int]:
         """(rank, claimants) of this replica among the live claimants of ``family``."""
-        return peer_rank(self.replica_id, claimants_of(family, self._live))
+        return peer_rank(self.replica_id(), claimants_of(family, self._live))
 
     async def refresh(self) -> None:
         since = self.clock.now_us() - int(self.live_for_s * 1_000_000)

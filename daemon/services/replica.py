@@ -171,7 +171,7 @@ class Replica:
     def __attrs_post_init__(self) -> None:
         interval = self.settings.replica.heartbeat_interval
         self.claim_peers = ClaimPeers(
-            self.store, self.clock, self.replica_id, live_for_s=2 * interval,
+            self.store, self.clock, lambda: self.replica_id, live_for_s=2 * interval,
             interval_s=max(0.2, interval / CLAIM_PEER_READS_PER_HEARTBEAT))
 
     # --------------------------------------------------------------- public

@@ -9,6 +9,8 @@ import pytest
 
 from daemon.services.claim_peers import claimants_of
 from storage.port import ReplicaInfo
+from tests.admin.support import console_harness
+from tests.support.backends import FreshDatabase
 
 
 def _replica(replica_id: str, state: str = "running", families: str | None = None
@@ -34,3 +36,15 @@ def _replica(replica_id: str, state: str = "running", families: str | None = Non
 )
 def test_claimants_of(replicas: list[ReplicaInfo], expected: list[str]) -> None:
     assert claimants_of("noop", replicas) == expected
+
+
+async def test_a_replica_ranks_itself_by_the_id_it_runs_under(database: FreshDatabase) -> None:
+    """daemon/cli.py sets a configured replica id (the systemd unit's ``%H-%i``) after
+    the Replica is built. The rank must be by that id: by the id the Replica was built
+    with, every replica counted one claimant too many and could share a rank with
+    another (before: ``(0, 3) == (1, 2)``)."""
+    async with console_harness(database) as harness:
+        harness.replica.replica_id = "host-2"
+        peers = harness.replica.claim_peers
+        peers._live = [_replica("host-1"), _replica("host-2")]
+        assert peers.rank("noop") == (1, 2)
