@@ -53,6 +53,7 @@ from daemon.services.families import known_family_names
 from sandbox.legacy import store as legacy
 from sim import oracles
 from storage.cutover.values import CutoverBlocked, StepParams
+from storage.port import StorageError
 
 if TYPE_CHECKING:
     from config.settings import Settings
@@ -151,7 +152,26 @@ class Cutovers:
         self.world.ops["cutover_materialized"] += made
 
     async def legacy_worker(self) -> None:
-        """The legacy claim loop (``sandbox.legacy.worker``'s steps), in node ``legacy``."""
+        """The legacy claim loop (``sandbox.legacy.worker``'s steps), in node ``legacy``,
+        under a supervisor: a storage error ends the process (as it ends
+        ``sandbox.legacy.worker``), and its supervisor starts it again a little later. The
+        new process first finishes what the old one held (the same worker id: its lease
+        would outlive the run). A replica frozen inside a transaction holds SQLite's write
+        lock for the whole freeze, and every writer meets ``RetriesExhausted`` meanwhile:
+        the replicas log it and go on, and so must the legacy owner (seed 17)."""
+        restarted = False
+        while True:
+            try:
+                if restarted:
+                    await self._finish_held()
+                await self._legacy_claim_loop()
+            except StorageError as exc:
+                self.world.ops["cutover_legacy_restarts"] += 1
+                self.world.trace("legacy_worker_restarted", error=type(exc).__name__)
+                restarted = True
+                await trio.sleep(self.rng.uniform(1.0, 3.0))
+
+    async def _legacy_claim_loop(self) -> None:
         assert self.store is not None and self.world.op_clock is not None
         world, clock = self.world, self.world.op_clock
         while True:
@@ -356,6 +376,8 @@ class Cutovers:
         result["cutover_executed_twice"] = twice
         result["cutover_lost"] = lost
         result["cutover_unreconciled"] = unreconciled
+        # The legacy worker's restarts after a storage error (a frozen replica's lock).
+        result["cutover_legacy_restarts"] = self.world.ops["cutover_legacy_restarts"]
         for name in ("cutover_executed_twice", "cutover_lost", "cutover_unreconciled"):
             if result[name]:
                 self.world.violation(name, count=result[name], first=first[:5])
