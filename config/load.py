@@ -325,6 +325,10 @@ def parse_settings(
         raise ConfigError("work.lease_margin", "must not be negative")
     if work.clock_spread < 0:
         raise ConfigError("work.clock_spread", "must not be negative")
+    if not 0 <= work.finalize_linger <= MAX_FINALIZE_LINGER_S:
+        # Longer would spend the leases' trust on waiting: a group commit is milliseconds.
+        raise ConfigError("work.finalize_linger",
+                          f"must be between 0 and {MAX_FINALIZE_LINGER_S:g} (seconds)")
 
     families: dict[str, FamilySettings] = {}
     fam_raw = raw.get("families", {})
@@ -625,6 +629,7 @@ def _s2s_auth(key: str, b: BindingSettings) -> None:
 # (hypercorn's one timer): long enough for our clients to let go first (they keep an idle
 # connection half of it), short enough to bound a slow-loris.
 KEEP_ALIVE_BOUNDS_S = (1.0, 120.0)
+MAX_FINALIZE_LINGER_S = 0.1
 
 
 def _keep_alive(key: str, value: float) -> None:

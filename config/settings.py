@@ -85,6 +85,10 @@ class WorkSettings:
     clock_spread: float = 0.0
     # Idle pause after a database error, doubling up to the cap.
     db_backoff_cap: float = 5.0
+    # The finalizations' group commit: the longest a handler's finalization waits for the
+    # replica's other running handlers to finish too, so that one transaction commits them
+    # all (0: each flush goes at once; daemon/services/completer.py).
+    finalize_linger: float = 0.005
 
     @property
     def clock_spread_us(self) -> int:

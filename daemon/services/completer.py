@@ -4,7 +4,12 @@ Handlers submit a :class:`Finalization` and wait. The completer takes
 everything queued, commits it with one ``work_finalize_if_owner`` call (each
 row still checked against its own fence), and wakes the submitters with their
 own result. Under load, submissions pile up while a flush is in flight, so
-batches grow by themselves; at low load a finalization is flushed at once.
+batches grow by themselves. Besides, a group commit: when the first submission finds
+other handlers of the replica still running (a claimed batch's receipts finish a
+millisecond or two apart), the flush waits at most ``linger_s`` for them, and goes as
+soon as every running handler has submitted. Without that, a batch of 32 receipts was
+finalized in about nine transactions of six round trips each (``bench.sql_tally``); a
+lone handler, or a replica whose every handler has submitted, is flushed at once.
 
 If the database is unreachable, the batch is kept and retried with backoff
 for as long as each item's lease can still be trusted; an item whose trust
@@ -13,6 +18,7 @@ horizon passes is answered "not applied" (another replica will reclaim it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
@@ -47,14 +53,20 @@ class Completer:
     replica_id: str
     max_batch: int = 512
     backoff_cap_s: float = 5.0
+    linger_s: float = 0.0
+    # How many handlers of the replica are running, those waiting here included (the
+    # worker pool's flights): the group commit waits for the others to submit.
+    handlers_running: Callable[[], int] = lambda: 0
     _queue: list[_Pending] = attrs.field(factory=list)
     _has_work: trio.Event = attrs.field(factory=trio.Event)
+    _grown: trio.Event = attrs.field(factory=trio.Event)
 
     async def submit(self, finalization: Finalization, flight: InFlight,
                      side_write: SideWrite | None = None) -> FinalizeResult:
         pending = _Pending(finalization, flight, side_write)
         self._queue.append(pending)
         self._has_work.set()
+        self._grown.set()
         await pending.done.wait()
         assert pending.result is not None
         return pending.result
@@ -66,6 +78,7 @@ class Completer:
             if not self._queue:
                 self._has_work = trio.Event()
                 await self._has_work.wait()
+            await self._linger()
             batch = self._queue[: self.max_batch]
             del self._queue[: len(batch)]
             try:
@@ -91,6 +104,16 @@ class Completer:
             pause = 0.05
             for p, r in zip(batch, results, strict=True):
                 self._answer(p, r)
+
+    async def _linger(self) -> None:
+        """The group commit: at most ``linger_s`` for the replica's other running handlers
+        to submit too (a full batch, or every running handler in, goes at once)."""
+        if self.linger_s <= 0:
+            return
+        with trio.move_on_after(self.linger_s):
+            while len(self._queue) < min(self.max_batch, self.handlers_running()):
+                self._grown = trio.Event()
+                await self._grown.wait()
 
     @staticmethod
     def _answer(pending: _Pending, result: FinalizeResult) -> None:

@@ -387,7 +387,8 @@ class Replica:
     async def _run_work(self, task_status: trio.TaskStatus[str], services: trio.Nursery) -> None:
         s = self.settings
         completer = Completer(self.store, self.clock, self.metrics, self.replica_id,
-                              backoff_cap_s=s.work.db_backoff_cap)
+                              backoff_cap_s=s.work.db_backoff_cap,
+                              linger_s=s.work.finalize_linger)
         pool = WorkerPool(
             store=self.store,
             registry=self.registry,
@@ -400,6 +401,7 @@ class Replica:
             wake=self.wake,
         )
         self.pool = pool
+        completer.handlers_running = lambda: len(pool.flights)
         min_ttl = min((f.settings.lease_ttl for f in self.registry.families.values()), default=30)
         keeper = LeaseKeeper(
             self.store, pool, self.clock, self.metrics, s.work.lease_margin,

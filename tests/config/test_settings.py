@@ -225,6 +225,21 @@ def test_a_refresh_answer_wait_that_cannot_work_is_refused_by_name(value: object
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize(("value", "accepted"), [
+    (0.0, True), (0.005, True), (0.1, True),  # off, the default, the most allowed
+    (-0.001, False), (0.2, False), (5.0, False),  # a linger of seconds spends lease trust
+])
+def test_the_finalize_linger_is_milliseconds_or_off(value: float, accepted: bool) -> None:
+    assert _parse({}).work.finalize_linger == 0.005
+    if accepted:
+        assert _parse({"work": {"finalize_linger": value}}).work.finalize_linger == value
+        return
+    with pytest.raises(ConfigError) as info:
+        _parse({"work": {"finalize_linger": value}})
+    assert info.value.key == "work.finalize_linger"
+    assert "between 0 and 0.1" in str(info.value)
+
+
 def test_the_replicas_clock_spread_defaults_to_agreeing_clocks_and_is_never_negative() -> None:
     assert _parse({}).work.clock_spread_us == 0
     assert _parse({"work": {"clock_spread": 0.05}}).work.clock_spread_us == 50_000
