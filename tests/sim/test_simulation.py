@@ -310,26 +310,6 @@ print(json.dumps({{"violations": got["violations"], "operators": got["operators"
 """
 
 
-def test_regression_seed_17_the_legacy_owner_outlives_a_database_stall() -> None:
-    """Seed 17 (30 simulated seconds, at 70470ff) draws the cutover operator and freezes a
-    replica while another of its tasks is inside a transaction: that replica holds
-    SQLite's write lock for the whole freeze, and every writer meets ``RetriesExhausted``
-    meanwhile. The replicas logged it and went on; the simulated legacy worker let it
-    escape and ended the run (the ``exception`` oracle: ``legacy.claim: sqlite stayed busy
-    for 30s``). Like the real one under systemd, it is now started again after a storage
-    error and first finishes what it held: the replay must break no promise, and the
-    legacy owner must have been restarted at least once (or the seed no longer reaches the
-    stall, and this test says so)."""
-    env = {**os.environ, "PYTHONHASHSEED": HASH_SEED}
-    out = subprocess.run([sys.executable, "-c", CUTOVER_REPLAY.format(seed=17, duration=30.0)],
-                         stdout=subprocess.PIPE, text=True, env=env, check=True,
-                         timeout=600).stdout
-    got = _last_json(out)
-    assert got["violations"] == [], got["tail"]
-    assert got["operators"].get("operator_cutover_commit_done", 0) >= 1, got["operators"]
-    assert got["cutover"].get("cutover_legacy_restarts", 0) >= 1, got["cutover"]
-
-
 def test_regression_seed_6_a_scheduler_spinning_while_a_rollback_drains() -> None:
     """Seed 6 (8 simulated seconds) draws the cutover operator (sim/operators_cutover.py):
     its ``rollback`` closed the noop family's admission with pending items, and the
