@@ -17,8 +17,9 @@ observer connection that never waits):
   pinned (``sends_after_link_moved`` counts sends whose link moved since the pin);
 * ``lane_not_held``: the sender's item has a target lane (its remote record) that it does
   not hold while it runs;
-* ``two_trusted_leases``: two replicas' worker pools each trust a lease on one item at
-  the same instant.
+* ``two_trusted_leases``: two replicas' worker pools each run a handler of one item on a
+  lease they trust, at the same instant (a flight whose handler has returned only waits
+  for its fenced finalization: it is not counted).
 
 A send from a replica that was frozen while the request was on its way out is the one
 interleaving no software can close (SIGSTOP between the check and ``write()``): it is
@@ -210,19 +211,29 @@ def install(world: World) -> None:
             world.violation("send_after_lease_expiry", node=sock.node, to=dst,
                             request=request, work_id=fence.work_id,
                             expired_by_us=now_us - int(row[3]))
-        now = trio.current_time()
-        trusted = []
-        for other in world.replicas:
-            pool = other.replica.pool if other.replica is not None else None
-            if not other.alive or pool is None or other.node in world.frozen:
-                continue
-            flight = pool.flights.get(fence.work_id)
-            if flight is not None and flight.trusted_until > now:
-                trusted.append((other.node, flight.fence.ownership_epoch))
+        trusted = trusting_handlers(world, fence.work_id, trio.current_time())
         if len(trusted) > 1:
             world.violation("two_trusted_leases", work_id=fence.work_id, holders=trusted)
 
     world.net.on_exchange = on_exchange
+
+
+def trusting_handlers(world: World, work_id: str, now: float) -> list[tuple[str, int]]:
+    """The live replicas whose handler of ``work_id`` runs on a lease it still trusts
+    (node, ownership epoch). A flight whose handler has returned is not one: what is left
+    of it is its fenced finalization, which nothing lets act on a lease another replica
+    took (seed 78 of a claims branch: replica-1's finalization of a retry committed, its
+    answer was lost, and while its read-back was slow replica-2 claimed the retried item;
+    replica-1 sent nothing more, and its read-back found the fence gone)."""
+    trusted = []
+    for other in world.replicas:
+        pool = other.replica.pool if other.replica is not None else None
+        if not other.alive or pool is None or other.node in world.frozen:
+            continue
+        flight = pool.flights.get(work_id)
+        if flight is not None and not flight.handled and flight.trusted_until > now:
+            trusted.append((other.node, flight.fence.ownership_epoch))
+    return trusted
 
 
 def on_committed(world: World, name: str) -> None:

@@ -59,6 +59,9 @@ class InFlight:
     trusted_until: float
     renewed_at: float
     stop_reason: str | None = None
+    # The handler has returned: all that is left is its fenced finalization (nothing more
+    # leaves this replica for the item; the simulation's oracles tell the two apart).
+    handled: bool = False
 
     def stop(self, reason: str) -> None:
         if self.stop_reason is None:
@@ -161,6 +164,7 @@ class WorkerPool:
                 replica_id=self.replica_id,
             )
             outcome = await self._run_handler(flight, ctx)
+            flight.handled = True
             if outcome is None:
                 return
             item = flight.item
