@@ -263,20 +263,24 @@ class WorkClaims:
         # The claimant's slot of the ready set (see ClaimParams.spread): its window
         # starts ``slot`` batches deep, so that claimants in different slots read
         # different rows and do not race for them.
+        # Slots are ``stride`` rows (the family's batch), whatever this claim's limit:
+        # claimants claiming fewer than a batch (a few free slots) still start on the
+        # same slot boundaries as the others, so different slots never overlap.
+        unit = params.stride or params.limit
         slot = claim_slot(params.spread, params.rotation, rank=params.rank,
                           claimants=params.claimants)
-        skip = max(0, slot) * params.limit
+        skip = max(0, slot) * unit
         rows = await self._ready_window(tx, params, window, skip, now_us)
         if slot > 0 and len(rows) < params.limit and params.claimants > 1:
             # The ready set is shallower than this slot: the claimants share the batches
             # it has by rank (each state's rows in one read, the shallow ready set whole
             # down to a batch per claimant and a window: deeper, every rank has its
             # batch within that; the slot's window is cut from them).
-            depth = min(skip, params.claimants * params.limit) + window
+            depth = min(skip, params.claimants * unit) + window
             arms = await self._ready_arms(tx, params, depth, now_us)
             slot = shallow_slot(params.rotation, rank=params.rank, claimants=params.claimants,
-                                batches=min(depth, sum(map(len, arms))) // params.limit)
-            skip = max(0, slot) * params.limit
+                                batches=min(depth, sum(map(len, arms))) // unit)
+            skip = max(0, slot) * unit
             rows = sorted([r for arm in arms for r in arm[skip:skip + window]],
                           key=_ready_order)[:window]
         elif slot > 0 and len(rows) < params.limit:
@@ -285,10 +289,10 @@ class WorkClaims:
             # places), down to the oldest window and its strides. Each state's rows down
             # to this slot's window come in one read (the shallow ready set, whole), and
             # each shallower slot's window is cut from them as its own read would be.
-            arms = await self._ready_arms(tx, params, slot * params.limit + window, now_us)
+            arms = await self._ready_arms(tx, params, slot * unit + window, now_us)
             while slot > 0 and len(rows) < params.limit:
                 slot = slot // 2 or -1
-                skip = max(0, slot) * params.limit
+                skip = max(0, slot) * unit
                 rows = sorted([r for arm in arms for r in arm[skip:skip + window]],
                               key=_ready_order)[:window]
         orgs = [o for o in params.orgs[:MAX_FAIR_ORGS] if o not in {str(r[1]) for r in rows}]

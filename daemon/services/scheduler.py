@@ -91,6 +91,7 @@ class Scheduler:
                         include_expired=sweep,
                         rotation=random.randrange(1 << 30),
                         spread=self._spread,
+                        stride=batch,
                         rank=rank,
                         claimants=claimants,
                         orgs=orgs,
