@@ -288,11 +288,12 @@ class WorkClaims:
             own = await self._ready_part(tx, params, window, part, now_us)
         if part and len(own) < params.limit:
             # Its part is running dry: the newest rows of the next rank's part (no two
-            # claimants steal from one part), leaving that part's oldest batch to its
-            # owner, which claims it oldest first: the two do not meet.
+            # claimants steal from one part), leaving that part's oldest batch (a full
+            # claim's, ``unit``) to its owner, which claims it oldest first: the two do
+            # not meet.
             victim = claim_part((params.rank + 1) % params.claimants, params.claimants)
             newest = await self._ready_part(tx, params, window, victim, now_us, newest=True)
-            own = own + newest[:max(0, len(newest) - params.limit)]
+            own = own + newest[:max(0, len(newest) - unit)]
         if part:
             # Its part (and what it could take from the next) is what it claims, even
             # short or nothing: the other rows are other claimants' oldest, and taking
