@@ -15,7 +15,11 @@ the scheduler after a lost race) and reads its window from a batch-sized slot th
 deep into the ready set (``OFFSET``): a random one, or one of its rank's among the
 live claimants (``claim_slot``). When the ready set is shallower than the slot, it
 halves the slot (down to the oldest window) or, knowing its rank, shares the
-batches there are by rank (``shallow_slot``). That only makes races rare:
+batches there are by rank (``shallow_slot``). A busy claimant that knows its rank
+reads its own part of the ready set instead (``claim_part``: work ids ending in its
+rank's characters; parts do not move as other claimants take rows ahead), and tops a
+short part up only from the next rank's part beyond its oldest batch; it then claims
+short rather than race the owners of the rest. That only makes races rare:
 exclusivity is still the UPDATE's CAS, and the lane rules are still the database's.
 Whatever rows that UPDATE matched are ours; we read them back by token. Two
 claimants racing for a row cannot both match it: the second UPDATE sees the

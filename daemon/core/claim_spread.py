@@ -25,6 +25,12 @@ advice only) starts in its own rank's slots instead of any (``claim_slot``), and
 ready set shallower than its slot by rank (``shallow_slot``): claimants that read at the
 same moment then start in different batches by construction.
 
+A busy claimant (its last claim was full) that knows its rank claims from its own *part*
+of the ready set instead (``claim_part``): the work ids ending in its rank's characters.
+Parts are disjoint for claimants with one view of ``c`` and, unlike slots (offsets into
+the ready set), they do not move when other claimants take rows ahead of them, which is
+where claimants reading the same moment by slot still met mid-drain (docs/performance.md).
+
 So a lone replica claims oldest first as before, and claim order departs from
 oldest-first by at most ``spread x batch`` rows, only while replicas contend.
 Concurrent claimants collide with probability about ``1 - (1 - 1/spread)^(c - 1)``;
@@ -101,7 +107,6 @@ def shallow_slot(rotation: int, *, rank: int, claimants: int, batches: int) -> i
     if batches >= claimants:
         return rank + claimants * (rotation % (batches // claimants))
     return rank % batches
-
 
 
 # A claimant's own part of the ready set: the work ids whose last characters are its
