@@ -232,6 +232,24 @@ def scrape(admin: str) -> dict[str, float]:
     return out
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 when unreadable)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_pid() -> int | None:
+    """The local MariaDB server's pid, for its CPU during a run (None: not found)."""
+    for name in ("mariadbd", "mysqld"):
+        found = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True)
+        if found.returncode == 0 and found.stdout.split():
+            return int(found.stdout.split()[0])
+    return None
+
+
 def peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -264,10 +282,15 @@ def bench_integrationd(backend: str, replicas: int, items: int,
                 deadline = time.monotonic() + 240
                 admins = [wait_admin(p, log, deadline) for p, log in procs]
                 before = [scrape(a) for a in admins]
+                server = server_pid() if backend == "mysql" else None
+                cpu_before = ([cpu_s(p.pid) for p, _ in procs],
+                              cpu_s(server) if server else 0.0)
                 t0 = trio.run(release, url)
                 limit = time.monotonic() + 600
                 while trio.run(open_count, url) and time.monotonic() < limit:
                     time.sleep(0.2)
+                cpu_after = ([cpu_s(p.pid) for p, _ in procs],
+                             cpu_s(server) if server else 0.0)
                 after = [scrape(a) for a in admins]
                 rss = [peak_rss_mb(p.pid) for p, _ in procs]
             finally:
@@ -303,6 +326,12 @@ def bench_integrationd(backend: str, replicas: int, items: int,
         # Lost claim races (candidates another replica took first) per item.
         "claim_contention_per_item": round(
             delta("integrationd_work_claim_contention_total") / items, 3),
+        # CPU per 1,000 items during the drain (to the end of the wait: a few 0.2 s
+        # polls past the last item): the replicas together, and the database server's.
+        "replica_cpu_s_per_1000": round(
+            (sum(cpu_after[0]) - sum(cpu_before[0])) * 1000 / items, 3),
+        **({"server_cpu_s_per_1000": round((cpu_after[1] - cpu_before[1]) * 1000 / items, 3)}
+           if backend == "mysql" else {}),
         "executions": summary.executions,
         "duplicates": summary.repeated,
         "lease_lost": summary.by_outcome.get("lease_lost", 0),
