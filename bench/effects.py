@@ -48,7 +48,9 @@ from bench.kernel import (
     PG_DSN,
     REPO,
     bench_integrationd,
+    cpu_seconds,
     fresh_url,
+    mariadb_pid,
     mysql_admin,
     peak_rss_mb,
     scrape,
@@ -74,32 +76,6 @@ HUBSPOT_TOKEN = "bench-hubspot-token"
 REVISION = 7
 # The peer run gives up once no intent was committed for this long (a job failed for good).
 PEER_STALL_S = 120.0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (from /proc; 0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def mariadb_pid() -> int | None:
-    """The MariaDB server the benchmark uses: the oldest ``mariadbd`` that is not a test
-    suite's Galera node (a server started with ``--wsrep-on``; those come and go, and one of
-    them was taken for it, its CPU reported as MariaDB's or the run failing when it exited)."""
-    found: list[tuple[int, int]] = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() == "mariadbd" \
-                        and b"--wsrep-on" not in (entry / "cmdline").read_bytes():
-                    started = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[19])
-                    found.append((started, int(entry.name)))
-            except (OSError, ValueError, IndexError):
-                continue
-    return min(found)[1] if found else None
 
 
 def scope_of(i: int) -> TrustedRuntimeWorkScope:

@@ -232,8 +232,8 @@ def scrape(admin: str) -> dict[str, float]:
     return out
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (0 when unreadable)."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (from /proc; 0 once it is gone)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -241,13 +241,21 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def server_pid() -> int | None:
-    """The local MariaDB server's pid, for its CPU during a run (None: not found)."""
-    for name in ("mariadbd", "mysqld"):
-        found = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True)
-        if found.returncode == 0 and found.stdout.split():
-            return int(found.stdout.split()[0])
-    return None
+def mariadb_pid() -> int | None:
+    """The MariaDB server the benchmark uses: the oldest ``mariadbd`` that is not a test
+    suite's Galera node (a server started with ``--wsrep-on``; those come and go, and one of
+    them was taken for it, its CPU reported as MariaDB's or the run failing when it exited)."""
+    found: list[tuple[int, int]] = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "mariadbd" \
+                        and b"--wsrep-on" not in (entry / "cmdline").read_bytes():
+                    started = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[19])
+                    found.append((started, int(entry.name)))
+            except (OSError, ValueError, IndexError):
+                continue
+    return min(found)[1] if found else None
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -282,15 +290,15 @@ def bench_integrationd(backend: str, replicas: int, items: int,
                 deadline = time.monotonic() + 240
                 admins = [wait_admin(p, log, deadline) for p, log in procs]
                 before = [scrape(a) for a in admins]
-                server = server_pid() if backend == "mysql" else None
-                cpu_before = ([cpu_s(p.pid) for p, _ in procs],
-                              cpu_s(server) if server else 0.0)
+                server = mariadb_pid() if backend == "mysql" else None
+                cpu_before = ([cpu_seconds(p.pid) for p, _ in procs],
+                              cpu_seconds(server) if server else 0.0)
                 t0 = trio.run(release, url)
                 limit = time.monotonic() + 600
                 while trio.run(open_count, url) and time.monotonic() < limit:
                     time.sleep(0.2)
-                cpu_after = ([cpu_s(p.pid) for p, _ in procs],
-                             cpu_s(server) if server else 0.0)
+                cpu_after = ([cpu_seconds(p.pid) for p, _ in procs],
+                             cpu_seconds(server) if server else 0.0)
                 after = [scrape(a) for a in admins]
                 rss = [peak_rss_mb(p.pid) for p, _ in procs]
             finally:
