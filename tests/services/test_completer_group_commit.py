@@ -25,8 +25,9 @@ from daemon.services.completer import Completer
 from daemon.services.families import WorkContext, build_registry
 from daemon.services.metrics import Metrics
 from daemon.services.worker_pool import WorkerPool
-from storage.port import Database, DbStats, SqlTx
+from storage.port import SqlTx
 from storage.work_store import WorkStore
+from tests.support.db_wrapper import DatabaseWrapper
 from tests.support.harness import settings
 from tests.support.work import claim, enqueue
 
@@ -38,23 +39,10 @@ pytestmark = pytest.mark.parametrize("backend", ["sqlite"])
 
 
 @attrs.define(eq=False)
-class CountedFinalizations:
+class CountedFinalizations(DatabaseWrapper):
     """A real database that counts the finalize transactions it commits."""
 
-    inner: Database
     committed_at: list[float] = attrs.field(factory=list)
-
-    @property
-    def backend(self) -> str:
-        return self.inner.backend
-
-    @property
-    def stats(self) -> DbStats:
-        return self.inner.stats
-
-    @property
-    def max_statement_bytes(self) -> int:
-        return self.inner.max_statement_bytes
 
     async def transact(self, body: Callable[[SqlTx], Awaitable[T]], *, name: str,
                        write: bool = True) -> T:
@@ -62,12 +50,6 @@ class CountedFinalizations:
         if name == "work.finalize":
             self.committed_at.append(trio.current_time())
         return result
-
-    async def ping(self) -> None:
-        await self.inner.ping()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 async def _run(store: WorkStore, mock_clock: trio.testing.MockClock, linger_s: float,

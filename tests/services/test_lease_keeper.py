@@ -24,8 +24,9 @@ from daemon.services.families import build_registry, noop_handler
 from daemon.services.lease_keeper import LeaseKeeper
 from daemon.services.metrics import Metrics
 from daemon.services.worker_pool import InFlight, WorkerPool
-from storage.port import Database, DbStats, SqlTx
+from storage.port import SqlTx
 from storage.work_store import WorkStore
+from tests.support.db_wrapper import DatabaseWrapper
 from tests.support.harness import settings
 from tests.support.work import SEC, claim, enqueue
 
@@ -36,24 +37,11 @@ TTLS = {"fam_a": 30.0, "fam_b": 60.0}
 
 
 @attrs.define(eq=False)
-class SlowRenewals:
+class SlowRenewals(DatabaseWrapper):
     """A real database whose answers to ``work.renew`` arrive ``SLOW_S`` later."""
 
-    inner: Database
     clock: trio.testing.MockClock
     renewals: int = 0
-
-    @property
-    def backend(self) -> str:
-        return self.inner.backend
-
-    @property
-    def stats(self) -> DbStats:
-        return self.inner.stats
-
-    @property
-    def max_statement_bytes(self) -> int:
-        return self.inner.max_statement_bytes
 
     async def transact(self, body: Callable[[SqlTx], Awaitable[T]], *, name: str,
                        write: bool = True) -> T:
@@ -62,12 +50,6 @@ class SlowRenewals:
             self.renewals += 1
             self.clock.jump(SLOW_S)
         return result
-
-    async def ping(self) -> None:
-        await self.inner.ping()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 async def _lease_until(store: WorkStore, work_id: str) -> int:

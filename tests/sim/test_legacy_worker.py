@@ -26,34 +26,22 @@ from daemon.services.clock import TrioClock
 from sandbox.legacy import store as legacy
 from sim.operators_cutover import FAMILY, Cutovers
 from sim.world import Options, World
-from storage.port import Database, DbStats, RetriesExhausted, SqlTx
+from storage.port import RetriesExhausted, SqlTx
 from storage.work_store import WorkStore
 from tests.support.backends import FreshDatabase
+from tests.support.db_wrapper import DatabaseWrapper
 
 T = TypeVar("T")
 pytestmark = pytest.mark.parametrize("backend", ["sqlite"])  # the simulation's backend
 
 
 @attrs.define(eq=False)
-class StalledOnce:
+class StalledOnce(DatabaseWrapper):
     """A real database whose first transaction of each named kind fails as one held up
     by another writer's lock fails (nothing of it committed)."""
 
-    inner: Database
     stall: set[str]
     stalled: list[str] = attrs.field(factory=list)
-
-    @property
-    def backend(self) -> str:
-        return self.inner.backend
-
-    @property
-    def stats(self) -> DbStats:
-        return self.inner.stats
-
-    @property
-    def max_statement_bytes(self) -> int:
-        return self.inner.max_statement_bytes
 
     async def transact(self, body: Callable[[SqlTx], Awaitable[T]], *, name: str,
                        write: bool = True) -> T:
@@ -62,12 +50,6 @@ class StalledOnce:
             self.stalled.append(name)
             raise RetriesExhausted(f"{name}: sqlite stayed busy for 30s (simulated stall)")
         return await self.inner.transact(body, name=name, write=write)
-
-    async def ping(self) -> None:
-        await self.inner.ping()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 async def test_the_legacy_worker_is_started_again_and_finishes_every_event(
