@@ -224,6 +224,14 @@ class ClaimParams:
     # by ``rotation``: claimants in different slots read different rows, so they do
     # not race for them (daemon/core/claim_spread.py). One: the oldest window.
     spread: int = 1
+    # Rows per slot: the family's batch size, the same for every claimant whatever its
+    # ``limit`` (a claim for a few free slots takes the head of its slot). 0: the limit.
+    stride: int = 0
+    # Claim from the claimant's own part of the ready set only (daemon/core/claim_spread.py
+    # ``claim_part``, by ``rank`` among ``claimants``) and what the next rank's part holds
+    # beyond its oldest batch: a short or empty claim when those run dry, whatever else
+    # is ready (the next claim, not parted, takes that by slot). No effect alone.
+    parted: bool = False
     # The claimant's rank among the live claimants of the family and how many they are
     # (the heartbeats; advice only, daemon/core/claim_spread.py ``claim_slot``):
     # claimants that read at the same moment start in different slots.

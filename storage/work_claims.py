@@ -15,7 +15,11 @@ the scheduler after a lost race) and reads its window from a batch-sized slot th
 deep into the ready set (``OFFSET``): a random one, or one of its rank's among the
 live claimants (``claim_slot``). When the ready set is shallower than the slot, it
 halves the slot (down to the oldest window) or, knowing its rank, shares the
-batches there are by rank (``shallow_slot``). That only makes races rare:
+batches there are by rank (``shallow_slot``). A busy claimant that knows its rank
+reads its own part of the ready set instead (``claim_part``: work ids ending in its
+rank's characters; parts do not move as other claimants take rows ahead), and tops a
+short part up only from the next rank's part beyond its oldest batch; it then claims
+short rather than race the owners of the rest. That only makes races rare:
 exclusivity is still the UPDATE's CAS, and the lane rules are still the database's.
 Whatever rows that UPDATE matched are ours; we read them back by token. Two
 claimants racing for a row cannot both match it: the second UPDATE sees the
@@ -61,7 +65,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from daemon.core.claim_spread import claim_slot, shallow_slot
+from daemon.core.claim_spread import claim_part, claim_slot, shallow_slot
 from daemon.core.lanes import Candidate, pick_batch
 from daemon.core.outcomes import Finalization
 from daemon.core.states import EXECUTABLE, WorkEvent, WorkState
@@ -121,6 +125,17 @@ _READY_TAIL = (
     " ORDER BY w.run_after_us, w.work_id LIMIT ?"
 )
 _READY_SQL = _READY_HEAD + _READY_TAIL + " OFFSET ?"
+# A claimant's own part of the ready set: work ids ending in one of its suffixes
+# (daemon/core/claim_spread.py ``claim_part``; SUBSTR from the end is SQLite's, MySQL's
+# and TiDB's alike).
+def _ready_part_sql(width: int, suffixes: int, *, newest: bool = False) -> str:
+    tail = (_READY_TAIL.replace("ORDER BY w.run_after_us, w.work_id",
+                                "ORDER BY w.run_after_us DESC, w.work_id DESC")
+            if newest else _READY_TAIL)
+    return (_READY_HEAD + f" AND SUBSTR(w.work_id, -{width}) IN ({placeholders(suffixes)})"
+            + tail)
+
+
 _READY_ORG_SQL = _READY_HEAD + " AND w.org_id = ?" + _READY_TAIL
 _READY_STATES = (WorkState.PENDING, WorkState.RETRY)
 MAX_FAIR_ORGS = 8
@@ -263,20 +278,47 @@ class WorkClaims:
         # The claimant's slot of the ready set (see ClaimParams.spread): its window
         # starts ``slot`` batches deep, so that claimants in different slots read
         # different rows and do not race for them.
-        slot = claim_slot(params.spread, params.rotation, rank=params.rank,
-                          claimants=params.claimants)
-        skip = max(0, slot) * params.limit
-        rows = await self._ready_window(tx, params, window, skip, now_us)
+        # Slots are ``stride`` rows (the family's batch), whatever this claim's limit:
+        # claimants claiming fewer than a batch (a few free slots) still start on the
+        # same slot boundaries as the others, so different slots never overlap.
+        unit = params.stride or params.limit
+        part = claim_part(params.rank, params.claimants) if params.parted else ()
+        own: list[tuple[Any, ...]] = []
+        if part:
+            # Its own part first: the oldest rows whose work ids end in its rank's
+            # suffixes. Parts do not move when other claimants take rows ahead (slots,
+            # offsets into the ready set, do), so claimants with one view of ``c`` do
+            # not race at all while their parts last.
+            own = await self._ready_part(tx, params, window, part, now_us)
+        if part and len(own) < params.limit:
+            # Its part is running dry: the newest rows of the next rank's part (no two
+            # claimants steal from one part), leaving that part's oldest batch (a full
+            # claim's, ``unit``) to its owner, which claims it oldest first: the two do
+            # not meet.
+            victim = claim_part((params.rank + 1) % params.claimants, params.claimants)
+            newest = await self._ready_part(tx, params, window, victim, now_us, newest=True)
+            own = own + newest[:max(0, len(newest) - unit)]
+        if part:
+            # Its part (and what it could take from the next) is what it claims, even
+            # short or nothing: the other rows are other claimants' oldest, and taking
+            # them raced their owners (the tail of a drain, traced: most of its lost
+            # races). Its scheduler's next claim, after a short one, is not parted.
+            slot, rows = 0, own
+        else:
+            slot = claim_slot(params.spread, params.rotation, rank=params.rank,
+                              claimants=params.claimants)
+            rows = await self._ready_window(tx, params, window, max(0, slot) * unit, now_us)
+        skip = max(0, slot) * unit
         if slot > 0 and len(rows) < params.limit and params.claimants > 1:
             # The ready set is shallower than this slot: the claimants share the batches
             # it has by rank (each state's rows in one read, the shallow ready set whole
             # down to a batch per claimant and a window: deeper, every rank has its
             # batch within that; the slot's window is cut from them).
-            depth = min(skip, params.claimants * params.limit) + window
+            depth = min(skip, params.claimants * unit) + window
             arms = await self._ready_arms(tx, params, depth, now_us)
             slot = shallow_slot(params.rotation, rank=params.rank, claimants=params.claimants,
-                                batches=min(depth, sum(map(len, arms))) // params.limit)
-            skip = max(0, slot) * params.limit
+                                batches=min(depth, sum(map(len, arms))) // unit)
+            skip = max(0, slot) * unit
             rows = sorted([r for arm in arms for r in arm[skip:skip + window]],
                           key=_ready_order)[:window]
         elif slot > 0 and len(rows) < params.limit:
@@ -285,10 +327,10 @@ class WorkClaims:
             # places), down to the oldest window and its strides. Each state's rows down
             # to this slot's window come in one read (the shallow ready set, whole), and
             # each shallower slot's window is cut from them as its own read would be.
-            arms = await self._ready_arms(tx, params, slot * params.limit + window, now_us)
+            arms = await self._ready_arms(tx, params, slot * unit + window, now_us)
             while slot > 0 and len(rows) < params.limit:
                 slot = slot // 2 or -1
-                skip = max(0, slot) * params.limit
+                skip = max(0, slot) * unit
                 rows = sorted([r for arm in arms for r in arm[skip:skip + window]],
                               key=_ready_order)[:window]
         orgs = [o for o in params.orgs[:MAX_FAIR_ORGS] if o not in {str(r[1]) for r in rows}]
@@ -319,6 +361,18 @@ class WorkClaims:
             for state in _READY_STATES
         ]))
         return sorted(rows, key=_ready_order)[:window]
+
+    async def _ready_part(self, tx: SqlTx, params: ClaimParams, window: int,
+                          part: tuple[str, ...], now_us: int, *, newest: bool = False
+                          ) -> list[tuple[Any, ...]]:
+        """The ``window`` oldest (``newest``: newest) ready rows of a claimant's part
+        (work ids ending in one of ``part``; pending and retry in one statement)."""
+        sql = _ready_part_sql(len(part[0]), len(part), newest=newest)
+        rows = await tx.fetchall(*_union_all([
+            (sql, (state.value, params.family, now_us, *_runnable(params), *part, window))
+            for state in _READY_STATES
+        ]))
+        return sorted(rows, key=_ready_order, reverse=newest)[:window]
 
     async def _ready_arms(self, tx: SqlTx, params: ClaimParams, depth: int,
                           now_us: int) -> list[list[tuple[Any, ...]]]:

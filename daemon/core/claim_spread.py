@@ -25,6 +25,12 @@ advice only) starts in its own rank's slots instead of any (``claim_slot``), and
 ready set shallower than its slot by rank (``shallow_slot``): claimants that read at the
 same moment then start in different batches by construction.
 
+A busy claimant (its last claim was full) that knows its rank claims from its own *part*
+of the ready set instead (``claim_part``): the work ids ending in its rank's characters.
+Parts are disjoint for claimants with one view of ``c`` and, unlike slots (offsets into
+the ready set), they do not move when other claimants take rows ahead of them, which is
+where claimants reading the same moment by slot still met mid-drain (docs/performance.md).
+
 So a lone replica claims oldest first as before, and claim order departs from
 oldest-first by at most ``spread x batch`` rows, only while replicas contend.
 Concurrent claimants collide with probability about ``1 - (1 - 1/spread)^(c - 1)``;
@@ -32,6 +38,8 @@ the cap keeps that near 0.1 for 32 replicas claiming at once (docs/performance.m
 """
 
 from __future__ import annotations
+
+from daemon.core.ids import CROCKFORD
 
 # One: no slots, the strides of the oldest window (about four batches).
 NO_SPREAD = 1
@@ -100,3 +108,26 @@ def shallow_slot(rotation: int, *, rank: int, claimants: int, batches: int) -> i
         return rank + claimants * (rotation % (batches // claimants))
     return rank % batches
 
+
+# A claimant's own part of the ready set: the work ids whose last characters are its
+# rank's (``claim_part``). Work ids are ULIDs whose last characters are random, so the
+# ``c`` parts are about equal and, unlike slots (offsets into the ready set), they do
+# not move when other claimants take rows ahead of them.
+PAIRS = tuple(a + b for a in CROCKFORD for b in CROCKFORD)
+
+
+def claim_part(rank: int, claimants: int) -> tuple[str, ...]:
+    """The work-id suffixes of claimant ``rank``'s part of the ready set (empty: no
+    part, the whole ready set: alone, or more claimants than two characters can
+    part). One character while there are no more claimants than characters (32),
+    else two (1,024 suffixes); suffix ``i`` of the alphabet belongs to rank ``i mod c``,
+    so the parts of ``c`` claimants are disjoint and together cover every ULID.
+
+    Advice like the rank: two claimants whose views of ``c`` differ read overlapping
+    parts, which costs races, never exclusivity (the claim UPDATE's row CAS)."""
+    if claimants < 1 or not 0 <= rank < claimants:
+        raise ValueError(f"no part for rank={rank} claimants={claimants}")
+    if claimants == 1 or claimants > len(PAIRS):
+        return ()
+    alphabet = CROCKFORD if claimants <= len(CROCKFORD) else PAIRS
+    return tuple(alphabet[rank::claimants])

@@ -91,6 +91,12 @@ class Scheduler:
                         include_expired=sweep,
                         rotation=random.randrange(1 << 30),
                         spread=self._spread,
+                        stride=batch,
+                        # Busy (the last claim was full): its own part of the ready
+                        # set, where no claimant with its view of the peers races it; a
+                        # short claim ends that until a full one (the tail of a drain:
+                        # what is left is other claimants' oldest rows, taken by slot).
+                        parted=busy,
                         rank=rank,
                         claimants=claimants,
                         orgs=orgs,

@@ -10,11 +10,13 @@ from daemon.core.claim_spread import (
     MAX_SPREAD,
     NO_SPREAD,
     PLACES_PER_CLAIMANT,
+    claim_part,
     claim_slot,
     next_spread,
     peer_rank,
     shallow_slot,
 )
+from daemon.core.ids import CROCKFORD
 
 
 @pytest.mark.parametrize(
@@ -136,3 +138,42 @@ def test_shallow_slot_refuses_bad_inputs(rotation: int, rank: int, claimants: in
                                          batches: int) -> None:
     with pytest.raises(ValueError, match="no shallow slot"):
         shallow_slot(rotation, rank=rank, claimants=claimants, batches=batches)
+
+
+@pytest.mark.parametrize(
+    ("rank", "claimants", "expected"),
+    [
+        # Alone: no part, the whole ready set.
+        (0, 1, ()),
+        # Two: every other character of the alphabet.
+        (0, 2, tuple("02468ACEGJMPRTWY")),
+        (1, 2, tuple("13579BDFHKNQSVXZ")),
+        # Eight: four characters each.
+        (3, 8, tuple("3BKV")),
+        # As many as characters: one each.
+        (31, 32, ("Z",)),
+        # More: two characters (33 claimants: 31 or 32 suffixes each).
+        (0, 33, tuple(a + b for a in CROCKFORD for b in CROCKFORD)[0::33]),
+        # More claimants than two characters can part: no part (slots only).
+        (5, 1025, ()),
+    ],
+)
+def test_claim_part(rank: int, claimants: int, expected: tuple[str, ...]) -> None:
+    assert claim_part(rank, claimants) == expected
+
+
+@pytest.mark.parametrize("claimants", [2, 3, 7, 8, 31, 32, 33, 64, 1024])
+def test_the_parts_of_the_claimants_are_disjoint_and_cover_every_suffix(claimants: int) -> None:
+    parts = [claim_part(rank, claimants) for rank in range(claimants)]
+    width = len(parts[0][0])
+    every = [s for part in parts for s in part]
+    assert len(every) == len(set(every)) == len(CROCKFORD) ** width
+    assert all(len(s) == width for s in every)
+    # About equal: no part more than one suffix larger than another.
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+@pytest.mark.parametrize(("rank", "claimants"), [(0, 0), (-1, 2), (2, 2), (8, 8)])
+def test_claim_part_refuses_bad_inputs(rank: int, claimants: int) -> None:
+    with pytest.raises(ValueError, match="no part"):
+        claim_part(rank, claimants)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
-from daemon.core.claim_spread import NO_SPREAD, next_spread
+from daemon.core.claim_spread import NO_SPREAD, claim_part, next_spread
 from daemon.core.outcomes import (
     DeadLetter,
     Deferred,
@@ -541,6 +542,70 @@ async def test_live_claimants_share_a_shallow_ready_set_by_rank(store: WorkStore
     assert all(len(b) == 4 for b in picks)
     assert len(frozenset().union(*picks[:3])) == 12
     assert picks[3:6] == picks[:3]
+
+
+def _parted(rank: int, claimants: int, limit: int = 4) -> ClaimParams:
+    return ClaimParams(family="noop", owner=f"R{rank}", limit=limit, lease_ttl_us=TTL,
+                       window=limit * 4, spread=NO_SPREAD, rank=rank, claimants=claimants,
+                       stride=limit, parted=True)
+
+
+async def test_parted_claimants_do_not_meet_when_rows_ahead_of_them_are_taken(
+    store: WorkStore,
+) -> None:
+    """Finding (issue 24 item 2, branch claims12): in a traced 8-replica drain every
+    mid-drain lost race was a slot that had moved: rank 5 read its slot (the sixth
+    batch), two batches ahead of it were claimed, and rank 3, reading after them, found
+    rank 5's batch in its own slot (the third). A claimant's part (work ids ending in its
+    rank's characters) does not move, and reading a full part is still one statement."""
+    await enqueue(store, 200)
+    slot5 = await _picked(store, _ranked(5, 8, 0, NO_SPREAD))
+    part5 = await _picked(store, _parted(5, 8))
+    await claim(store, "X", limit=8)  # the two oldest batches, taken by another replica
+    slot3 = await _picked(store, _ranked(3, 8, 0, NO_SPREAD))
+    assert slot3 == slot5  # the slots met: the race the parts remove
+
+    async def body(tx: SqlTx) -> tuple[frozenset[str], int]:
+        counting = _Counting(tx)
+        picked = await store._pick(counting, _parted(3, 8), T0)
+        return frozenset(c.work_id for c in picked), counting.statements
+
+    part3, statements = await store.db.transact(body, name="test.pick", write=False)
+    assert len(part3) == len(part5) == 4 and not part3 & part5
+    assert all(i[-1] in claim_part(3, 8) for i in part3)
+    assert all(i[-1] in claim_part(5, 8) for i in part5)
+    assert statements == 1
+
+
+async def test_a_claimant_whose_part_runs_dry_leaves_the_next_part_its_oldest_batch(
+    store: WorkStore,
+) -> None:
+    """The tail of a drain (branch claims12, traced): when its own part held fewer rows
+    than it could take, a claimant that topped up from the oldest rows of the ready set,
+    or from the newest of the next rank's part whatever its depth, took rows their owners
+    were claiming at that moment and lost most of the tail's races. Now it takes its own
+    rows and only those of the next rank's part beyond that part's oldest batch (its
+    owner claims oldest first), however short or empty that leaves its claim; the next
+    claim, not parted (its scheduler parts only after a full claim), takes the rest by
+    slot, so no row waits for its owner."""
+    ids = await enqueue(store, 60)
+    order = {i: n for n, i in enumerate(sorted(ids))}  # one run_after: by work id
+    own = sorted((i for i in ids if i[-1] in claim_part(0, 2)), key=order.__getitem__)
+    nxt = sorted((i for i in ids if i[-1] in claim_part(1, 2)), key=order.__getitem__)
+    assert len(own) >= 5 and len(nxt) >= 12  # 60 random ids: about 30 each
+    first = await store.work_claim(_parted(0, 2, limit=len(own) - 3), T0)
+    assert {i.work_id for i in first.claimed} == set(own[:-3])
+    # Three of its own left, the next part deep: its three and the next part's two newest.
+    topped = await store.work_claim(_parted(0, 2, limit=5), T0)
+    assert {i.work_id for i in topped.claimed} == set(own[-3:] + nxt[-2:])
+    # The next part's owner leaves four; a claim for five finds none of its own and no
+    # more than a batch in the next part: nothing (no race with that part's owner).
+    await store.work_claim(_parted(1, 2, limit=len(nxt) - 6), T0)
+    empty = await store.work_claim(_parted(0, 2, limit=5), T0)
+    assert empty.claimed == [] and empty.contended == 0
+    # Not parted, the same claimant takes them by its slot: no row waits for its owner.
+    last = await store.work_claim(attrs.evolve(_parted(0, 2, limit=5), parted=False), T0)
+    assert {i.work_id for i in last.claimed} == set(nxt[-6:-2])
 
 
 class _ReleaseFailsOnce:
