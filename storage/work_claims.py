@@ -628,7 +628,7 @@ class WorkClaims:
                     results[m.fence.work_id] = FinalizeResult(
                         m.fence, ok, WorkState(key[0]) if ok else None)
                     if ok:
-                        journal.extend(_journal_entry(m, replica, key[0], now_us))
+                        journal.extend(_journal_entry(m, replica, now_us))
             if special and isolate:
                 journal.extend(await _finalize_isolated(tx, special, extra, results, replica,
                                                         now_us))
@@ -665,20 +665,40 @@ class WorkClaims:
     async def _reconcile_finalize(
         self, finalizations: Sequence[Finalization]
     ) -> list[FinalizeResult]:
+        """Read back a finalization whose COMMIT outcome is unknown. The row still under
+        our fence in the new state says it committed; so does our epoch's journal row
+        with the outcome we wrote (written in the same transaction), which outlives the
+        fence: a retried or deferred item may already be claimed again by another
+        replica when the read comes (seed 78). A release is not journaled: only the
+        fence can tell, and once the row moved on it is answered not applied."""
         fences = [f.fence for f in finalizations]
 
-        async def body(tx: SqlTx) -> dict[str, tuple[Any, ...]]:
+        async def body(tx: SqlTx) -> tuple[dict[str, tuple[Any, ...]], set[tuple[str, int]]]:
             where, args = fence_predicate(fences)
             rows = await tx.fetchall(
                 f"SELECT work_id, state FROM work_items WHERE {where}", args
             )
-            return {str(r[0]): r for r in rows}
+            found = {str(r[0]): r for r in rows}
+            gone = [f for f in finalizations if f.fence.work_id not in found
+                    and f.event is not WorkEvent.RELEASE]
+            if not gone:
+                return found, set()
+            journaled = await tx.fetchall(
+                "SELECT work_id, ownership_epoch, outcome FROM work_executions WHERE "
+                + " OR ".join(["(work_id = ? AND ownership_epoch = ?)"] * len(gone)),
+                tuple(v for f in gone for v in (f.fence.work_id, f.fence.ownership_epoch)))
+            expected = {(f.fence.work_id, f.fence.ownership_epoch): _journal_outcome(f)
+                        for f in gone}
+            return found, {(str(r[0]), int(r[1])) for r in journaled
+                           if expected.get((str(r[0]), int(r[1]))) == r[2]}
 
-        rows = await self.db.transact(body, name="work.finalize.reconcile", write=False)
+        rows, committed = await self.db.transact(body, name="work.finalize.reconcile",
+                                                 write=False)
         out = []
         for fin in finalizations:
             row = rows.get(fin.fence.work_id)
-            ok = row is not None and row[1] == fin.new_state.value
+            ok = ((row is not None and row[1] == fin.new_state.value)
+                  or (fin.fence.work_id, fin.fence.ownership_epoch) in committed)
             out.append(FinalizeResult(fin.fence, ok, fin.new_state if ok else None))
         return out
 
@@ -774,7 +794,7 @@ async def _finalize_items(
                 # The fence held (the row is locked until COMMIT): its writes may run.
                 await extra[fin.fence.work_id](tx)
                 results[fin.fence.work_id] = FinalizeResult(fin.fence, True, WorkState(key[0]))
-                journal.extend(_journal_entry(fin, replica, key[0], now_us))
+                journal.extend(_journal_entry(fin, replica, now_us))
             else:
                 results[fin.fence.work_id] = FinalizeResult(fin.fence, False, None)
     return journal
@@ -814,12 +834,15 @@ async def _finalize_update(tx: SqlTx, key: tuple[Any, ...], fences: Sequence[Fen
     )
 
 
-def _journal_entry(fin: Finalization, replica: str, state: str,
-                   now_us: int) -> list[tuple[Any, ...]]:
+def _journal_outcome(fin: Finalization) -> str:
+    # A deferral is refunded, but journaled: every wait is visible, with its reason.
+    return DEFERRED if fin.event is WorkEvent.DEFER else fin.new_state.value
+
+
+def _journal_entry(fin: Finalization, replica: str, now_us: int) -> list[tuple[Any, ...]]:
     if fin.event is WorkEvent.RELEASE:
         return []  # a released attempt is refunded, not an execution
-    # A deferral is refunded too, but journaled: every wait is visible, with its reason.
-    outcome = DEFERRED if fin.event is WorkEvent.DEFER else state
+    outcome = _journal_outcome(fin)
     return [journal_entry(fin.fence.work_id, fin.fence.ownership_epoch, fin.family,
                           fin.attempt, replica, outcome, now_us, reason=fin.failure_class)]
 
