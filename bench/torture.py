@@ -47,7 +47,9 @@ store, never from integrationd's word:
   ``QUOTA_WINDOW_S`` on one app installation that saw more than ``QUOTA_LIMIT`` PATCHes;
 * ``double_refreshes``: from the OAuth simulator's journal, token calls beyond the first per
   refresh token (a rotating refresh token's second use is ``invalid_grant``);
-  ``grants_not_valid``: grants left needing re-authorization;
+  ``grants_not_valid``: grants left needing re-authorization (during the settle the run's
+  operator re-authorizes a grant its own SIGKILL left ``refresh_in_doubt`` when the OAuth
+  simulator never saw the refresh token: ``grants_reauthorized``, bench/torture_operator.py);
 * webhooks (``bench/torture_webhooks.py``), from the Outreach simulator's delivery journal
   and the database: ``webhooks_lost`` (answered 200, no receipt: the spools are forwarded
   first), ``webhook_receipts_not_once`` (answered 200 with more than one receipt, or a
@@ -76,6 +78,7 @@ import random
 import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -100,13 +103,21 @@ from bench.effects import (
 from bench.effects import write_config as effects_config
 from bench.kernel import REPO, fresh_url, galera_database, mysql_admin, scrape, wait_admin
 from bench.l1_copy import l1_copy
+from bench.torture_operator import Doubt, Verdict, verdict
 from daemon.core.states import WorkState
-from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, TokenKey, seal
+from daemon.core.token_bundle import (
+    BundleContext,
+    SecretText,
+    TokenBundle,
+    TokenKey,
+    open_bundle,
+    seal,
+)
 from daemon.core.work import WorkSpec
 from daemon.services import logs
 from sandbox.galera import GaleraCluster
 from sandbox.hubspot_sim import Fault, HubSpotSimulator
-from sandbox.oauth_sim import OAuthSimulator, refreshes_per_token
+from sandbox.oauth_sim import OAuthSimulator, refreshes_per_token, token_digest
 from sandbox.ports import free_port
 from sandbox.runtime import ReferenceRuntime
 from storage.open import open_store
@@ -158,6 +169,11 @@ CHECKS = {
     "double_refreshes": "OAuth simulator journal: token calls beyond the first per refresh"
                         " token (rotating: a second use is invalid_grant)",
     "webhooks": webhooks.CHECK,
+    "grants_reauthorized": "the run's operator (bench/torture_operator.py): grants left"
+                           " refresh_in_doubt by the run's own SIGKILL of the refresh lease's"
+                           " owner, whose refresh token the OAuth simulator never saw,"
+                           " re-authorized during the settle (not a broken invariant: the"
+                           " documented trade of rotating refresh tokens)",
 }
 FAULTS = (
     Fault(mode="latency", method="PATCH", latency_ms=1500, count=2),
@@ -255,6 +271,8 @@ class Run:
     lease_ttl_s: float = LEASE_TTL_S
     quota_on: bool = True
     webhooks: webhooks.Webhooks | None = None
+    # The replica ids (host:pid, a replica's default) of every incarnation chaos SIGKILLed.
+    killed: set[str] = attrs.field(factory=set)
 
 
 def write_definitions(workdir: Path, quota_on: bool) -> Path:
@@ -413,6 +431,8 @@ async def chaos(run: Run, sim: HubSpotSimulator, seconds: float) -> None:
             "kill" if roll < 0.45 else "stop" if roll < 0.75 else "none")
         if action == "kill" and len(live) > 1:
             victim = random.choice(live)
+            assert victim.proc is not None
+            run.killed.add(f"{socket.gethostname()}:{victim.proc.pid}")
             await trio.to_thread.run_sync(victim.kill)
             run.counts["kills"] += 1
             await trio.sleep(random.uniform(0.2, 1.5))
@@ -441,12 +461,13 @@ async def kill_node(run: Run, cluster: GaleraCluster) -> None:
     run.log(f"galera node {node.index} rejoined")
 
 
-async def settle(run: Run, runtimes: list[ReferenceRuntime], within_s: float
-                 ) -> tuple[float, bool]:
+async def settle(run: Run, runtimes: list[ReferenceRuntime], within_s: float,
+                 oauth: OAuthSimulator | None = None) -> tuple[float, bool]:
     """Every replica running, no fault armed; wait, at most ``within_s``, for every intent
     and item to finish (with webhooks: first for the sender's last redeliveries, then for
-    the spools to be forwarded and every receipt materialized). Returns the seconds waited
-    and whether everything drained."""
+    the spools to be forwarded and every receipt materialized), the run's operator
+    re-authorizing meanwhile what its kills left in doubt (:func:`reauthorize_kills`).
+    Returns the seconds waited and whether everything drained."""
     store = await open_store(run.urls[0], sqlite_synchronous="NORMAL")
     t0 = trio.current_time()
     try:
@@ -464,6 +485,8 @@ async def settle(run: Run, runtimes: list[ReferenceRuntime], within_s: float
                     unsettled = 0 if run.webhooks is None else (
                         run.webhooks.spooled_left() + await webhooks.unsettled(store))
                     open_items = await store.work_count_open()
+                    if open_items and oauth is not None:
+                        await reauthorize_kills(run, store, oauth)
                 except StorageError:  # the database may still be recovering
                     unsettled = open_items = -1
                 if open_intents == 0 and open_items == 0 and unsettled == 0:
@@ -477,6 +500,56 @@ async def settle(run: Run, runtimes: list[ReferenceRuntime], within_s: float
     if bound.cancelled_caught:
         run.log(f"{run.backend}: not drained within the settle bound of {within_s:g} s")
     return trio.current_time() - t0, not bound.cancelled_caught
+
+
+async def reauthorize_kills(run: Run, store: WorkStore, oauth: OAuthSimulator) -> None:
+    """The run's operator (bench/torture_operator.py): each current grant in doubt whose
+    doubt the run's own SIGKILL made, and whose refresh token the OAuth simulator never
+    saw, gets a new grant at the next token version (fresh test tokens the simulator
+    knows), as a re-authorization hands one over; anything else is left for the
+    invariants to count."""
+
+    async def doubts(tx: SqlTx) -> list[tuple[Any, ...]]:
+        return await tx.fetchall(
+            "SELECT g.binding_id, g.generation, g.token_version, l.call_sent_at_us,"
+            " e.replica FROM authorization_grants g"
+            " JOIN principal_bindings b ON b.binding_id = g.binding_id"
+            " AND b.generation = g.generation"
+            " LEFT JOIN refresh_leases l ON l.binding_id = g.binding_id"
+            " AND l.generation = g.generation AND l.from_version = g.token_version"
+            " LEFT JOIN work_executions e ON e.work_id = l.owner_work_id"
+            " AND e.ownership_epoch = l.owner_epoch"
+            " WHERE g.state = 'needs_reauthorization' AND g.reason_code = 'refresh_in_doubt'")
+
+    presented = {str(e["refresh_token"]) for e in oauth.journal}
+    for binding_id, generation, version, marker, owner in await store.db.transact(
+            doubts, name="torture.doubts", write=False):
+        generation, version = int(generation), int(version)
+        grant = await store.grant_get(binding_id, generation)
+        if grant is None or grant.token_version != version:
+            continue  # healed or replaced meanwhile
+        bundle = open_bundle(grant.sealed, {TOKEN_KEY.key_id: TOKEN_KEY},
+                             BundleContext(binding_id, generation, version))
+        spent = (bundle.refresh_token is not None
+                 and token_digest(bundle.refresh_token.reveal()) in presented)
+        doubt = Doubt(owner_replica=None if owner is None else str(owner), presented=spent,
+                      marked=marker is not None)
+        if verdict(doubt, frozenset(run.killed)) is not Verdict.REAUTHORIZE:
+            continue
+        access, refresh = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+        oauth.access_tokens.add(access)
+        oauth.seed(refresh)
+        now = now_us()
+        fresh = TokenBundle(access_token=SecretText(access), refresh_token=SecretText(refresh),
+                            expires_at_us=now + TOKEN_LIFETIME_S * 1_000_000)
+        if await store.grant_replace(
+                binding_id=binding_id, generation=generation, expected_version=version,
+                sealed=seal(fresh, TOKEN_KEY, BundleContext(binding_id, generation,
+                                                            version + 1)),
+                expires_at_us=fresh.expires_at_us, now_us=now, refreshed=False):
+            run.counts["grants_reauthorized"] += 1
+            run.log(f"{run.backend}: operator re-authorized {binding_id} (version {version},"
+                    f" in doubt since the kill of {owner})")
 
 
 def quota_violations(sim: HubSpotSimulator) -> tuple[int, int]:
@@ -646,7 +719,7 @@ async def drive(run: Run, runtimes: list[ReferenceRuntime], sim: HubSpotSimulato
             if replica.proc is None:
                 await trio.to_thread.run_sync(replica.start)
                 run.counts["restarts"] += 1
-        settle_seconds, drained = await settle(run, runtimes, settle_s)
+        settle_seconds, drained = await settle(run, runtimes, settle_s, oauth)
         result = await invariants(run, sim, runtimes, oauth)
         if run.journal_dir is not None:  # --keep: the journals the counters came from
             with (run.journal_dir / "hubspot_requests.jsonl").open("w") as out:
@@ -735,6 +808,7 @@ def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
         "restarts": run.counts["restarts"],
         "sigstops": run.counts["sigstops"],
         "db_node_kills": run.counts["db_node_kills"],
+        "grants_reauthorized": run.counts["grants_reauthorized"],
         "faults_injected": run.counts["faults"],
         "conflicts_retried": int(sum(run.retries.values())),
         "clock_skew_ms": [r.skew_ms for r in run.replicas],
@@ -779,8 +853,9 @@ def _log_sandbox_to(path: Path) -> None:
     logger.propagate = False
 
 
-TOTALS = ("kills", "restarts", "sigstops", "db_node_kills", "faults_injected",
-          "conflicts_retried", "effects", "receipts", "duplicates", "lost", "awaiting_operator",
+TOTALS = ("kills", "restarts", "sigstops", "db_node_kills", "grants_reauthorized",
+          "faults_injected", "conflicts_retried", "effects", "receipts", "duplicates", "lost",
+          "awaiting_operator",
           "receipts_not_once", "quota_violations", "double_refreshes", "refreshes",
           "grants_not_valid", "webhooks_sent", "webhooks_answered_200",
           "webhooks_answered_non200", "webhooks_undelivered", "webhook_receipts",
