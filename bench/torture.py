@@ -536,12 +536,8 @@ async def reauthorize_kills(run: Run, store: WorkStore, oauth: OAuthSimulator) -
                       marked=marker is not None)
         if verdict(doubt, frozenset(run.killed)) is not Verdict.REAUTHORIZE:
             continue
-        access, refresh = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
-        oauth.access_tokens.add(access)
-        oauth.seed(refresh)
         now = now_us()
-        fresh = TokenBundle(access_token=SecretText(access), refresh_token=SecretText(refresh),
-                            expires_at_us=now + TOKEN_LIFETIME_S * 1_000_000)
+        fresh = fresh_bundle(oauth, now)
         if await store.grant_replace(
                 binding_id=binding_id, generation=generation, expected_version=version,
                 sealed=seal(fresh, TOKEN_KEY, BundleContext(binding_id, generation,
@@ -819,20 +815,24 @@ def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
     }
 
 
+def fresh_bundle(oauth: OAuthSimulator, now: int) -> TokenBundle:
+    """A grant's tokens as the provider issues them: an access token it accepts, expiring
+    within the refresh margin soon, and a refresh token the OAuth simulator knows. Test
+    values, made here, never logged."""
+    access, refresh = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    oauth.access_tokens.add(access)
+    oauth.seed(refresh)
+    return TokenBundle(access_token=SecretText(access), refresh_token=SecretText(refresh),
+                       expires_at_us=now + TOKEN_LIFETIME_S * 1_000_000)
+
+
 async def install_grants(url: str, replicas: int, oauth: OAuthSimulator) -> None:
-    """Each binding's first grant (token version 1): an access token the provider accepts,
-    expiring within the refresh margin soon, and a refresh token the OAuth simulator
-    knows. Test values, made here, never logged."""
+    """Each binding's first grant (token version 1, :func:`fresh_bundle`)."""
     store = await open_store(url, sqlite_synchronous="NORMAL")
     try:
         now = now_us()
         for r in range(replicas):
-            access, refresh = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
-            oauth.access_tokens.add(access)
-            oauth.seed(refresh)
-            bundle = TokenBundle(access_token=SecretText(access),
-                                 refresh_token=SecretText(refresh),
-                                 expires_at_us=now + TOKEN_LIFETIME_S * 1_000_000)
+            bundle = fresh_bundle(oauth, now)
             await store.grant_install(
                 binding_id=f"hubspot-{r}", generation=1,
                 sealed=seal(bundle, TOKEN_KEY, BundleContext(f"hubspot-{r}", 1, 1)),
@@ -855,9 +855,8 @@ def _log_sandbox_to(path: Path) -> None:
 
 TOTALS = ("kills", "restarts", "sigstops", "db_node_kills", "grants_reauthorized",
           "faults_injected", "conflicts_retried", "effects", "receipts", "duplicates", "lost",
-          "awaiting_operator",
-          "receipts_not_once", "quota_violations", "double_refreshes", "refreshes",
-          "grants_not_valid", "webhooks_sent", "webhooks_answered_200",
+          "awaiting_operator", "receipts_not_once", "quota_violations", "double_refreshes",
+          "refreshes", "grants_not_valid", "webhooks_sent", "webhooks_answered_200",
           "webhooks_answered_non200", "webhooks_undelivered", "webhook_receipts",
           "inbound_items", *webhooks.BROKEN)
 BROKEN = ("duplicates", "lost", "receipts_not_once", "quota_violations", "double_refreshes",

@@ -125,6 +125,8 @@ _READY_TAIL = (
     " ORDER BY w.run_after_us, w.work_id LIMIT ?"
 )
 _READY_SQL = _READY_HEAD + _READY_TAIL + " OFFSET ?"
+
+
 # A claimant's own part of the ready set: work ids ending in one of its suffixes
 # (daemon/core/claim_spread.py ``claim_part``; SUBSTR from the end is SQLite's, MySQL's
 # and TiDB's alike).

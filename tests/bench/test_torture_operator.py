@@ -106,19 +106,16 @@ async def test_the_operator_reauthorizes_a_doubt_the_kill_made(store: WorkStore)
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])
-async def test_the_operator_leaves_a_live_owners_doubt(store: WorkStore) -> None:
+@pytest.mark.parametrize(("killed_owner", "presented"), [
+    (False, False),  # a live owner's doubt: not the kill's doing
+    (True, True),  # the provider saw the token: a refresh may have been spent
+])
+async def test_the_operator_leaves_a_doubt_not_the_kills(
+        store: WorkStore, killed_owner: bool, presented: bool) -> None:
     oauth = OAuthSimulator(client_secret="s", lifetime_s=70)
-    run, _ = await _in_doubt(store, oauth, killed_owner=False)
+    run, _ = await _in_doubt(store, oauth, killed_owner=killed_owner)
+    if presented:
+        oauth.journal.append({"refresh_token": token_digest("rt-in-doubt"), "answer": "ok"})
     await reauthorize_kills(run, store, oauth)
     assert await _grant(store) == (GrantState.NEEDS_REAUTHORIZATION, 1)
     assert run.counts["grants_reauthorized"] == 0
-
-
-@pytest.mark.parametrize("backend", ["sqlite"])
-async def test_the_operator_leaves_a_doubt_whose_token_the_provider_saw(
-        store: WorkStore) -> None:
-    oauth = OAuthSimulator(client_secret="s", lifetime_s=70)
-    run, _ = await _in_doubt(store, oauth, killed_owner=True)
-    oauth.journal.append({"refresh_token": token_digest("rt-in-doubt"), "answer": "ok"})
-    await reauthorize_kills(run, store, oauth)
-    assert await _grant(store) == (GrantState.NEEDS_REAUTHORIZATION, 1)
