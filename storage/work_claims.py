@@ -140,6 +140,15 @@ def _ready_part_sql(width: int, suffixes: int, *, newest: bool = False) -> str:
 
 _READY_ORG_SQL = _READY_HEAD + " AND w.org_id = ?" + _READY_TAIL
 _READY_STATES = (WorkState.PENDING, WorkState.RETRY)
+# The first org from (``>=``) or after (``>``) an org id with a ready row, and its oldest
+# ready row's ``run_after_us`` (the index orders each org's rows by it): a seek on
+# work_items_org_ready.
+_READY_ORG_FROM_SQL, _READY_ORG_AFTER_SQL = (
+    "SELECT org_id, run_after_us FROM work_items"
+    f" WHERE state = ? AND family = ? AND org_id {op} ? AND run_after_us <= ?"
+    " ORDER BY org_id, run_after_us LIMIT 1"
+    for op in (">=", ">")
+)
 MAX_FAIR_ORGS = 8
 # Backoff of the read-back after a claim COMMIT with an unknown outcome.
 RECONCILE_FIRST_PAUSE_S = 0.05
@@ -392,18 +401,25 @@ class WorkClaims:
         return arms
 
     async def work_ready_orgs(self, family: str, now_us: int, limit: int = 64) -> list[str]:
-        """Orgs with ready work of ``family``, oldest first (for fair-share claiming)."""
+        """Orgs with ready work of ``family``, oldest first (for fair-share claiming): in
+        each ready state, the first ``limit`` orgs in org order that have a ready row.
+
+        A walk over the (state, family, org_id, run_after_us) index, one seek per org
+        (``_READY_ORG_AFTER_SQL``), not a GROUP BY: MariaDB answers that by reading every
+        ready row of the family, and each busy claim loop of every replica asks every
+        ``fairness_interval``, so a backlog's whole ready set was read that often."""
 
         async def body(tx: SqlTx) -> list[str]:
             found: dict[str, int] = {}
-            for state in (WorkState.PENDING, WorkState.RETRY):
-                for org, oldest in await tx.fetchall(
-                    "SELECT org_id, MIN(run_after_us) FROM work_items"
-                    " WHERE state = ? AND family = ? GROUP BY org_id"
-                    " HAVING MIN(run_after_us) <= ? LIMIT ?",
-                    (state.value, family, now_us, limit),
-                ):
-                    found[str(org)] = min(int(oldest), found.get(str(org), int(oldest)))
+            for state in _READY_STATES:
+                sql, bound = _READY_ORG_FROM_SQL, ""
+                for _ in range(limit):
+                    rows = await tx.fetchall(sql, (state.value, family, bound, now_us))
+                    if not rows:
+                        break
+                    org, oldest = str(rows[0][0]), int(rows[0][1])
+                    found[org] = min(oldest, found.get(org, oldest))
+                    sql, bound = _READY_ORG_AFTER_SQL, org
             return sorted(found, key=lambda o: found[o])[:limit]
 
         return await self.db.transact(body, name="work.ready_orgs", write=False)
