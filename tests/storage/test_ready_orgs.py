@@ -66,7 +66,7 @@ async def _index_entries_read(store: WorkStore) -> int:
 
 @pytest.mark.parametrize("backend", backend_params(["mysql", "galera"]))
 async def test_finding_the_orgs_does_not_read_the_ready_set(database: FreshDatabase) -> None:
-    """Before the walk, one GROUP BY read every ready row of the family (here 3,000
+    """Before the walk, one GROUP BY read every ready row of the family (here 3,002
     entries for 3 orgs), and every busy claim loop of every replica asked every 2 s."""
     store = await database.open_store(pool_size=1)  # one connection: its session counters
     await enqueue(store, 3000, now=T0, org_id="org-big", run_after_us=T0 - SEC)
