@@ -140,15 +140,19 @@ def _ready_part_sql(width: int, suffixes: int, *, newest: bool = False) -> str:
 
 _READY_ORG_SQL = _READY_HEAD + " AND w.org_id = ?" + _READY_TAIL
 _READY_STATES = (WorkState.PENDING, WorkState.RETRY)
-# The first org from (``>=``) or after (``>``) an org id with a ready row, and its oldest
-# ready row's ``run_after_us`` (the index orders each org's rows by it): a seek on
-# work_items_org_ready.
-_READY_ORG_FROM_SQL, _READY_ORG_AFTER_SQL = (
-    "SELECT org_id, run_after_us FROM work_items"
-    f" WHERE state = ? AND family = ? AND org_id {op} ? AND run_after_us <= ?"
-    " ORDER BY org_id, run_after_us LIMIT 1"
-    for op in (">=", ">")
-)
+
+
+def _ready_org_sql(op: str) -> str:
+    """The first org from (``>=``) or after (``>``) an org id with a ready row, and its
+    oldest ready row's ``run_after_us`` (the index orders each org's rows by it): a seek
+    on work_items_org_ready."""
+    return ("SELECT org_id, run_after_us FROM work_items"
+            f" WHERE state = ? AND family = ? AND org_id {op} ? AND run_after_us <= ?"
+            " ORDER BY org_id, run_after_us LIMIT 1")
+
+
+_READY_ORG_FROM_SQL = _ready_org_sql(">=")
+_READY_ORG_AFTER_SQL = _ready_org_sql(">")
 MAX_FAIR_ORGS = 8
 # Backoff of the read-back after a claim COMMIT with an unknown outcome.
 RECONCILE_FIRST_PAUSE_S = 0.05
