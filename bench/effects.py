@@ -97,7 +97,8 @@ def provider_quota(limit: int, jitter_s: float) -> str:
 def write_config(workdir: Path, url: str, i: int, replicas: int, api_ports: list[int],
                  runtime_ports: list[int], sim_port: int,
                  definitions: Path | None = None, *, provider_limit: int = 0,
-                 provider_jitter_s: float = 0.25, max_attempts: int = 0) -> Path:
+                 provider_jitter_s: float = 0.25, max_attempts: int = 0,
+                 batch_receipts: bool = True) -> Path:
     """Replica ``i``'s configuration; ``definitions``: the L1 copy to serve (default: the
     shipped definitions without their providers' quota, or with only ``provider_limit``
     requests a second shared by every binding when that is set)."""
@@ -125,8 +126,10 @@ def write_config(workdir: Path, url: str, i: int, replicas: int, api_ports: list
             f'runtime_capability_id = "{sc.runtime_capability_id}"\n'
             f'runtime_work_binding_digest = "{sc.runtime_work_binding_digest}"\n'
             f'results_url = "http://127.0.0.1:{runtime_ports[r]}/runtime/v1/results"\n'
+            + (f'results_batch_url = "http://127.0.0.1:{runtime_ports[r]}'
+               '/runtime/v1/results/batch"\n' if batch_receipts else "")
             # The reference Runtime's server (serve_app) keeps idle connections this long.
-            f'keep_alive = {DEFAULT_KEEP_ALIVE_S}\n'
+            + f'keep_alive = {DEFAULT_KEEP_ALIVE_S}\n'
         )
         lines.append(
             f'[[bindings]]\nbinding_id = "hubspot-{r}"\nprovider = "hubspot"\n'
@@ -512,6 +515,9 @@ def main() -> None:
     parser.add_argument("--provider-jitter", type=float, default=0.25,
                         help="that dimension's L1 jitter (s): the schedule's ceiling is"
                         " 1 / (1 + jitter) of the limit")
+    parser.add_argument("--single-receipts", action="store_true",
+                        help="one POST per receipt (no results_batch_url), as a Runtime"
+                             " without the batch route is served")
     parser.add_argument("--max-attempts", type=int, default=0,
                         help="external_effect max_attempts (0: the default)")
     args = parser.parse_args()
@@ -530,7 +536,8 @@ def main() -> None:
             configs = [write_config(workdir, url, i, args.replicas, api_ports, runtime_ports,
                                     sim_port, provider_limit=args.provider_limit,
                                     provider_jitter_s=args.provider_jitter,
-                                    max_attempts=args.max_attempts)
+                                    max_attempts=args.max_attempts,
+                                    batch_receipts=not args.single_receipts)
                        for i in range(args.replicas)]
             trio.run(publish_catalog, url, configs[0])
 

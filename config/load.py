@@ -471,6 +471,14 @@ def _runtimes(value: Any, environ: Mapping[str, str]) -> tuple[RuntimeClient, ..
             raise ConfigError(f"{key}.name", f"duplicate runtime {rc.name!r}")
         if rc.keep_alive:
             _keep_alive(f"{key}.keep_alive", rc.keep_alive)
+        if rc.results_batch_url and not rc.results_url:
+            raise ConfigError(f"{key}.results_batch_url",
+                              "needs results_url too (inbound mutations and lead matching"
+                              " go there)")
+        for field in ("results_url", "results_batch_url"):
+            url = getattr(rc, field)
+            if url and urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+                raise ConfigError(f"{key}.{field}", "must be an http:// or https:// URL")
         env = _env_name(rc.name)
         rc = attrs.evolve(
             rc,

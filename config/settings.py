@@ -162,6 +162,9 @@ class RuntimeClient:
     runtime_work_binding_digest: str
     # Where terminal result receipts are committed (CommitResultRequest).
     results_url: str = ""
+    # Where many receipts are committed in one request ({"results": [...]}, one answer
+    # each, in order; docs/runtime-handoff.md); empty: one POST to results_url per receipt.
+    results_batch_url: str = ""
     # Seconds the Runtime's results server keeps an idle connection open (0: unknown).
     # Our pooled connections to it expire at half of it, or at 4 s when unknown, so a
     # receipt is never sent on a connection the Runtime is closing (and then resent).

@@ -34,6 +34,7 @@ from daemon.services.ingress import IngressApp, bind_routes
 from daemon.services.ingress_spool import IngressSpool, SpoolForwarder
 from daemon.services.materializer import Materializer
 from daemon.services.metrics import Metrics
+from daemon.services.receipt_batches import ReceiptBatches
 from daemon.services.receipt_sender import ReceiptSender, receipt_handler
 from daemon.services.reconcile import RECONCILE_FAMILY, CursorReconciler, reconcile_handler
 from daemon.services.secret_retirements import SecretRetirements
@@ -189,8 +190,8 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
             catalog.operations.values(), catalog.bindings,
             clock_spread_us=settings.work.clock_spread_us)
     runtime_client = BoundedHttp.open(16, {
-        origin_of(rc.results_url): keepalive_below(rc.keep_alive)
-        for rc in settings.runtimes if rc.results_url})
+        origin_of(url): keepalive_below(rc.keep_alive)
+        for rc in settings.runtimes for url in (rc.results_url, rc.results_batch_url) if url})
 
     async def prove_fences(fences: Sequence[Fence]) -> list[StorageError | None]:
         return await store.work_fences_live(fences, clock.now_us)
@@ -199,7 +200,13 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
     fences: Batcher[Fence, None] = Batcher(prove_fences)
     if metrics is not None:
         fences.on_split = metrics.batch_splits.labels("receipt_fence").inc
-    sender = ReceiptSender(settings=settings, client=runtime_client, fences=fences)
+    # Runtimes that serve the batch route get many receipts to a request.
+    batches = ReceiptBatches(client=runtime_client, prove=prove_fences)
+    if metrics is not None:
+        batches.on_split = metrics.batch_splits.labels("receipt_fence").inc
+    receipt_batchers = [batches.add(rc) for rc in settings.runtimes if rc.results_batch_url]
+    sender = ReceiptSender(settings=settings, client=runtime_client, fences=fences,
+                           batches=batches)
     if metrics is not None:
         sender.on_result = metrics.count_receipt
 
@@ -257,7 +264,8 @@ def assemble(settings: Settings, store: WorkStore, clock: Clock,
         {EFFECT_FAMILY: effect_replay_guard,
          SUBSCRIPTION_FAMILY: subscription_replay_refusal},
     )
-    registry.services.extend([checkpoints.batcher.run, contexts.run, fences.run])
+    registry.services.extend([checkpoints.batcher.run, contexts.run, fences.run,
+                              *(b.run for b in receipt_batchers)])
     context = None
     app = None
     if settings.runtimes:

@@ -25,11 +25,18 @@ from config.settings import RuntimeClient, Settings
 from daemon.core.handoff import commit_result_request
 from daemon.core.outcomes import DeadLetter, Outcome, RetryLater, Succeeded
 from daemon.core.work import Fence
-from daemon.providers.executor import Answer, BoundedHttp
+from daemon.providers.executor import BoundedHttp
 from daemon.services import logs
 from daemon.services.batcher import Batcher
 from daemon.services.families import Handler, WorkContext
 from daemon.services.metrics import receipt_result
+from daemon.services.receipt_batches import (
+    MALFORMED_BATCH_ANSWER,
+    Delivery,
+    ReceiptBatches,
+    RuntimeAnswer,
+    error_code,
+)
 from storage.commands import read_command
 from storage.effect_values import Command, ReceiptState, ResultReceipt
 from storage.effects import mark_receipt, read_receipt
@@ -51,6 +58,9 @@ class ReceiptSender:
     timeout_s: float = 10.0
     # Group commit for the fence proofs; None proves each one on its own.
     fences: Batcher[Fence, None] | None = None
+    # Deliveries to Runtimes that serve results_batch_url, many to a request (each Runtime
+    # there has its batcher); None, or a Runtime without one: one POST per receipt.
+    batches: ReceiptBatches | None = None
     # Called once per delivery with its result label (metrics.RECEIPT_RESULTS).
     on_result: Callable[[str], None] = lambda result: None
 
@@ -65,6 +75,7 @@ class ReceiptSender:
         command_id = str(payload["command_id"])
         request = payload.get("request")
         runtime_name = payload.get("runtime")
+        size = len(ctx.item.payload)  # at least the request's JSON
         if not isinstance(request, dict) or not isinstance(runtime_name, str):
             # A receipt queued without its request in the payload: read it.
             async def read(tx: SqlTx) -> tuple[ResultReceipt | None, Command | None]:
@@ -79,6 +90,7 @@ class ReceiptSender:
                 self.on_result("already_confirmed")
                 return Succeeded("already confirmed")
             request, runtime_name = receipt_request(command, receipt), command.runtime_name
+            size = len(json.dumps(request)) + 1
         runtime = self._runtime(runtime_name)
         if runtime is None or not runtime.results_url or runtime.results_token is None:
             self.on_result("not_configured")
@@ -86,11 +98,20 @@ class ReceiptSender:
                               f"no results_url/token for runtime {runtime_name}")
         # A fenced step like any other: a claimant whose lease was reclaimed (or
         # whose trust horizon passed while it was paused) delivers nothing; this
-        # raises LostLease and the row belongs to whoever holds it now.
-        if self.fences is not None:
-            await self.fences.submit(ctx.fence)
+        # raises LostLease and the row belongs to whoever holds it now. A batch
+        # proves its deliveries' claims together, just before its request leaves.
+        if self.batches is not None and self.batches.serves(runtime):
+            answer = await self.batches.send(Delivery(runtime, ctx.fence, request, size))
         else:
-            await ctx.check_fence()
+            if self.fences is not None:
+                await self.fences.submit(ctx.fence)
+            else:
+                await ctx.check_fence()
+            answer = await self._post(runtime, request)
+        return self._settle(ctx, command_id, request, answer)
+
+    async def _post(self, runtime: RuntimeClient, request: dict[str, object]) -> RuntimeAnswer:
+        assert runtime.results_token is not None  # handle() checked it
         try:
             response = await self.client.request(
                 "POST", runtime.results_url,
@@ -99,18 +120,24 @@ class ReceiptSender:
                 timeout_s=self.timeout_s,
             )
         except httpx.HTTPError as exc:
+            return RuntimeAnswer(0, type(exc).__name__)
+        return RuntimeAnswer(response.status_code, error_code(response))
+
+    def _settle(self, ctx: WorkContext, command_id: str, request: dict[str, object],
+                answer: RuntimeAnswer) -> Outcome:
+        """The delivery's outcome from the Runtime's answer to its request."""
+        status, error = answer.status, answer.error
+        if status == 0:
             self.on_result("unreachable")
-            await self._note(ctx, command_id, f"transport:{type(exc).__name__}")
-            return RetryLater("runtime_unreachable", type(exc).__name__)
-        status = response.status_code
-        error = _error_code(response)
+            self._mark(ctx, command_id, confirmed=False, error=f"transport:{error}")
+            return RetryLater("runtime_unreachable", error)
         self.on_result(receipt_result(status))
         if status == 200:
             self._mark(ctx, command_id, confirmed=True, error=None)
             logs.debug("receipt_confirmed", command_id=command_id, work_id=ctx.item.work_id,
                        format=request.get("result_format_version"))
             return Succeeded("receipt confirmed by the Runtime")
-        await self._note(ctx, command_id, f"http_{status}:{error}")
+        self._mark(ctx, command_id, confirmed=False, error=f"http_{status}:{error}")
         if status == 422:
             # An old Runtime: keep the exact result and try again after its upgrade.
             return RetryLater("runtime_rejects_format",
@@ -122,10 +149,10 @@ class ReceiptSender:
                               " failing closed")
         if status in (401, 403, 404):
             return RetryLater(f"runtime_{status}", f"the Runtime answered {status} ({error})")
+        if error == MALFORMED_BATCH_ANSWER:
+            return RetryLater(MALFORMED_BATCH_ANSWER, "the Runtime's batch answer did not hold"
+                              " one result per request; retrying")
         return RetryLater(f"runtime_{status}", f"the Runtime answered {status}")
-
-    async def _note(self, ctx: WorkContext, command_id: str, error: str) -> None:
-        self._mark(ctx, command_id, confirmed=False, error=error)
 
     @staticmethod
     def _mark(ctx: WorkContext, command_id: str, *, confirmed: bool, error: str | None) -> None:
@@ -136,15 +163,6 @@ class ReceiptSender:
             await mark_receipt(tx, command_id, confirmed=confirmed, error=error, now_us=now)
 
         ctx.on_finalize(write)
-
-
-def _error_code(response: Answer) -> str:
-    try:
-        doc = response.json()
-    except ValueError:
-        return ""
-    value = doc.get("error") if isinstance(doc, dict) else None
-    return value[:64] if isinstance(value, str) else ""
 
 
 def receipt_handler(sender: ReceiptSender) -> Handler:

@@ -113,6 +113,26 @@ def parse_result_request(doc: object) -> ResultRequest:
     )
 
 
+# Requests one POST /runtime/v1/results/batch may carry.
+MAX_RESULTS_PER_BATCH = 256
+
+
+def results_batch(doc: object) -> list[object]:
+    """The requests of a batch body ``{"results": [...]}``; raises :class:`BadInput`.
+
+    Only the envelope is checked here: each request is judged alone, as the single route
+    judges it, and a malformed one gets its own 400 among the others' answers.
+    """
+    if not isinstance(doc, dict) or set(doc) != {"results"}:
+        raise BadInput('the body must be a JSON object with exactly one field, "results"')
+    results = doc["results"]
+    if not isinstance(results, list) or not results:
+        raise BadInput("results must be a non-empty array of CommitResultRequest objects")
+    if len(results) > MAX_RESULTS_PER_BATCH:
+        raise BadInput(f"at most {MAX_RESULTS_PER_BATCH} results in one batch")
+    return results
+
+
 @attrs.frozen
 class CommitResult:
     """First valid result: record ``receipt``; the intent becomes COMMITTED."""

@@ -26,7 +26,7 @@ from sandbox.runtime.dispatcher import (
     OutboxDispatcher,
     withdraw_intent,
 )
-from sandbox.runtime.receipts import BadInput, CommitResult
+from sandbox.runtime.receipts import BadInput, CommitResult, results_batch
 from sandbox.runtime.runtime import ReferenceRuntime
 from sandbox.runtime.store import Refused
 
@@ -122,6 +122,27 @@ def create_app(runtime: ReferenceRuntime, client: IntegrationPort,
             )
         decision = store.commit_result(await _json_body())
         return {"status": "COMMITTED" if isinstance(decision, CommitResult) else "DUPLICATE"}, 200
+
+    @app.post("/runtime/v1/results/batch")
+    async def commit_results() -> JsonAnswer | tuple[dict[str, Any], int, dict[str, str]]:
+        # Many receipts in one request, each judged alone in its own atomic step, exactly as
+        # POST /runtime/v1/results would judge it: the answer holds one result per request,
+        # in order, with the status and error the single route would have answered.
+        refused = _unauthorized()
+        if refused is not None:
+            return refused
+        return {"results": [_one_result(doc)
+                            for doc in results_batch(await _json_body())]}, 200
+
+    def _one_result(doc: object) -> dict[str, Any]:
+        try:
+            decision = store.commit_result(doc)
+        except Refused as exc:
+            return {"status": exc.http_status, **exc.body()}
+        except BadInput as exc:
+            return {"status": 400, "error": "bad_request", "message": str(exc)}
+        return {"status": 200,
+                "result": "COMMITTED" if isinstance(decision, CommitResult) else "DUPLICATE"}
 
     def _unauthorized() -> tuple[dict[str, Any], int, dict[str, str]] | None:
         if bearer_matches(request.headers.get("authorization"), runtime.results_token):

@@ -247,3 +247,29 @@ def test_the_replicas_clock_spread_defaults_to_agreeing_clocks_and_is_never_nega
         _parse({"work": {"clock_spread": -0.01}})
     assert info.value.key == "work.clock_spread"
     assert "must not be negative" in str(info.value)
+
+
+_RUNTIME = {"name": "crm", "org_id": "o", "app_installation_id": "i",
+            "runtime_capability_id": "c", "runtime_work_binding_digest": "d"}
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"results_batch_url": "http://127.0.0.1:1/batch"},
+     "runtimes[0].results_batch_url: needs results_url too"),
+    ({"results_url": "ftp://127.0.0.1/r"}, "runtimes[0].results_url: must be an http:// or"),
+    ({"results_url": "http://127.0.0.1:1/r", "results_batch_url": "127.0.0.1:1/batch"},
+     "runtimes[0].results_batch_url: must be an http:// or https:// URL"),
+])
+def test_a_runtimes_result_urls_are_checked_by_name(fields: dict[str, Any],
+                                                    message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _parse({"runtimes": [{**_RUNTIME, **fields}]})
+    assert str(info.value).startswith(message)
+
+
+def test_a_runtimes_batch_route_loads() -> None:
+    settings = _parse({"runtimes": [{**_RUNTIME, "results_url": "https://crm.test/r",
+                                     "results_batch_url": "https://crm.test/r/batch"}]})
+    (runtime,) = settings.runtimes
+    assert (runtime.results_url, runtime.results_batch_url) == \
+        ("https://crm.test/r", "https://crm.test/r/batch")

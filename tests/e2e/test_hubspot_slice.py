@@ -204,7 +204,8 @@ async def test_runtime_down_while_a_receipt_is_pending(database: FreshDatabase,
         # Point receipts at a closed port: the Runtime is "down".
         down = settings.runtimes[0]
         object.__setattr__(settings, "runtimes", (attrs.evolve(
-            down, results_url="http://127.0.0.1:9/runtime/v1/results"),))
+            down, results_url="http://127.0.0.1:9/runtime/v1/results",
+            results_batch_url="http://127.0.0.1:9/runtime/v1/results/batch"),))
         intent_id = await sl.set_title("lead-1", "CTO")
         intent = await sl.wait_intent("lead-1", intent_id, "ACCEPTED")
         command_id = await _command_id(store, intent)

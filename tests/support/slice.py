@@ -79,6 +79,9 @@ def slice_settings(*, api_port: int, runtime_url: str, hubspot_url: str, url: st
             runtime_capability_id=SCOPE.runtime_capability_id,
             runtime_work_binding_digest=SCOPE.runtime_work_binding_digest,
             results_url=f"{runtime_url}/runtime/v1/results",
+            # Receipts many to a request, as the reference Runtime serves them (the single
+            # route: tests/services/test_receipt_fence.py, test_receipt_results.py).
+            results_batch_url=f"{runtime_url}/runtime/v1/results/batch",
             token=Secret(RUNTIME_TOKEN), results_token=Secret(RESULTS_TOKEN),
         ),),
         bindings=(BindingSettings(
