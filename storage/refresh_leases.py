@@ -24,8 +24,11 @@ the lease, while the lease is still ours.
   double refresh (``invalid_grant``; with reuse detection a provider may revoke the whole
   grant). The successor marks the grant in doubt (``refresh_in_doubt``) and leaves the
   lease pinned to the unfinished owner, whose late answer still activates by the lease
-  token (:meth:`RefreshLeases.refresh_activate`) and heals the grant. A lease taken by a
-  build that writes no marker (``call_token`` not its lease token) counts as dispatched.
+  token (:meth:`RefreshLeases.refresh_activate`) and heals the grant. An owner that
+  knows its request never left after all (the marker refused, its COMMIT unconfirmed, no
+  connection made) undoes the doubt instead, at the same version
+  (:meth:`RefreshLeases.refresh_unsent`). A lease taken by a build that writes no marker
+  (``call_token`` not its lease token) counts as dispatched.
 * Nobody else calls the provider while a lease is live: they wait for the next version.
 """
 
@@ -331,22 +334,25 @@ class RefreshLeases:
         that may have left stays in doubt (its answer heals it, or re-authorization)."""
 
         async def body(tx: SqlTx) -> bool:
+            # The lease row first, as activation and refresh_in_doubt lock it (an UPDATE
+            # that changes nothing: it locks the row and counts it); not ours: nothing.
+            ours = await tx.execute(
+                "UPDATE refresh_leases SET call_sent_at_us = call_sent_at_us"
+                " WHERE binding_id = ? AND generation = ? AND lease_token = ?",
+                (binding_id, generation, lease_token))
+            if ours != 1:
+                return False
             healed = await heal_unsent_doubt(tx, binding_id=binding_id,
                                              generation=generation, version=from_version,
                                              lease_token=lease_token, now_us=now_us)
-            ended = await tx.execute(
+            await tx.execute(
                 "UPDATE refresh_leases SET lease_token = NULL, owner_work_id = NULL,"
                 " owner_epoch = NULL, call_token = NULL, call_sent_at_us = NULL"
                 " WHERE binding_id = ? AND generation = ? AND lease_token = ?",
                 (binding_id, generation, lease_token))
-            if healed and ended != 1:
-                raise _Rollback  # (the heal's own guard saw the lease ours: not reached)
             return healed
 
-        try:
-            return await self.db.transact(body, name="refresh.unsent")
-        except _Rollback:
-            return False
+        return await self.db.transact(body, name="refresh.unsent")
 
     async def refresh_in_flight(self, binding_id: str, generation: int, now_us: int) -> bool:
         """Whether a refresh (or mint) of this binding generation holds a live lease."""

@@ -34,6 +34,10 @@ needs the binding generation's access token:
      ``refresh_in_doubt``, which effects treat as "retry later", never as a failure;
    * the owner's late answer heals the grant (valid at the new version, reason cleared),
      no operator needed, unless a newer version was installed meanwhile;
+   * an owner that knows for certain its request never left (its marker refused, the
+     marker's COMMIT unconfirmed, no connection made) ends its lease unspent and undoes
+     such a doubt: valid again at the *same* version (``refresh_unsent``), so the next
+     owner refreshes normally;
    * an expired lease *without* the marker means the token never left: the successor
      refreshes normally.
 
