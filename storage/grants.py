@@ -14,7 +14,7 @@ import enum
 
 import attrs
 
-from daemon.core.grant_reasons import GrantReason
+from daemon.core.grant_reasons import IN_DOUBT, GrantReason
 from daemon.core.token_bundle import SealedBundle
 from storage.port import AuditEntry, Database, DuplicateKey, Row, SqlTx, WorkConflict
 from storage.work_admin import append_audit
@@ -156,6 +156,26 @@ async def mark_in_doubt(tx: SqlTx, binding_id: str, generation: int, version: in
         " AND state = ?",
         (reason.code, reason.text, GrantState.NEEDS_REAUTHORIZATION.value, now_us,
          binding_id, generation, version, GrantState.VALID.value)) == 1
+
+
+async def heal_unsent_doubt(tx: SqlTx, *, binding_id: str, generation: int, version: int,
+                            lease_token: str, now_us: int) -> bool:
+    """Undo a doubt the refresh lease ``lease_token`` caused though its call never left:
+    the grant, in doubt (``refresh_in_doubt``) at ``version``, is valid again at that same
+    version (its refresh token was never presented, so it is unspent); False (nothing
+    written) otherwise. One statement carries both guards: the grant as the doubt left it,
+    and the lease row still this owner's, taken by it (``call_token``) and marked
+    (``call_sent_at_us``): the only lease whose marker a successor can have judged."""
+    return await tx.execute(
+        "UPDATE authorization_grants SET reason_code = NULL, reason_text = NULL, state = ?,"
+        " updated_at_us = ? WHERE binding_id = ? AND generation = ? AND token_version = ?"
+        " AND state = ? AND reason_code = ?"
+        " AND EXISTS (SELECT 1 FROM refresh_leases l WHERE l.binding_id = ?"
+        "   AND l.generation = ? AND l.lease_token = ? AND l.call_token = ?"
+        "   AND l.from_version = ? AND l.call_sent_at_us IS NOT NULL)",
+        (GrantState.VALID.value, now_us, binding_id, generation, version,
+         GrantState.NEEDS_REAUTHORIZATION.value, IN_DOUBT,
+         binding_id, generation, lease_token, lease_token, version)) == 1
 
 
 class AuthorizationGrants:

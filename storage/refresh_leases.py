@@ -24,8 +24,11 @@ the lease, while the lease is still ours.
   double refresh (``invalid_grant``; with reuse detection a provider may revoke the whole
   grant). The successor marks the grant in doubt (``refresh_in_doubt``) and leaves the
   lease pinned to the unfinished owner, whose late answer still activates by the lease
-  token (:meth:`RefreshLeases.refresh_activate`) and heals the grant. A lease taken by a
-  build that writes no marker (``call_token`` not its lease token) counts as dispatched.
+  token (:meth:`RefreshLeases.refresh_activate`) and heals the grant. An owner that
+  knows its request never left after all (the marker refused, its COMMIT unconfirmed, no
+  connection made) undoes the doubt instead, at the same version
+  (:meth:`RefreshLeases.refresh_unsent`). A lease taken by a build that writes no marker
+  (``call_token`` not its lease token) counts as dispatched.
 * Nobody else calls the provider while a lease is live: they wait for the next version.
 """
 
@@ -43,6 +46,7 @@ from daemon.core.token_bundle import SealedBundle
 from daemon.core.work import Fence
 from storage.grants import (
     GrantState,
+    heal_unsent_doubt,
     mark_grant_at,
     mark_in_doubt,
     read_grant,
@@ -317,6 +321,38 @@ class RefreshLeases:
                                     GrantState.NEEDS_REAUTHORIZATION, now_us, reauthorize)
 
         await self.db.transact(body, name="refresh.fail")
+
+    async def refresh_unsent(self, *, binding_id: str, generation: int, lease_token: str,
+                             from_version: int, now_us: int) -> bool:
+        """Our call never left and never will (the marker was refused, its COMMIT went
+        unconfirmed, or no connection to the token endpoint was made): end our lease
+        unspent, as :meth:`refresh_fail` does, and, if a successor meanwhile found it
+        expired with our marker and put the grant in doubt, make the grant valid again at
+        ``from_version`` (the refresh token is unspent), in the same transaction and only
+        while the lease is still ours: the next owner refreshes normally. True: a doubt
+        was undone. Only for an owner certain that no byte of its request left; a call
+        that may have left stays in doubt (its answer heals it, or re-authorization)."""
+
+        async def body(tx: SqlTx) -> bool:
+            # The lease row first, as activation and refresh_in_doubt lock it (an UPDATE
+            # that changes nothing: it locks the row and counts it); not ours: nothing.
+            ours = await tx.execute(
+                "UPDATE refresh_leases SET call_sent_at_us = call_sent_at_us"
+                " WHERE binding_id = ? AND generation = ? AND lease_token = ?",
+                (binding_id, generation, lease_token))
+            if ours != 1:
+                return False
+            healed = await heal_unsent_doubt(tx, binding_id=binding_id,
+                                             generation=generation, version=from_version,
+                                             lease_token=lease_token, now_us=now_us)
+            await tx.execute(
+                "UPDATE refresh_leases SET lease_token = NULL, owner_work_id = NULL,"
+                " owner_epoch = NULL, call_token = NULL, call_sent_at_us = NULL"
+                " WHERE binding_id = ? AND generation = ? AND lease_token = ?",
+                (binding_id, generation, lease_token))
+            return healed
+
+        return await self.db.transact(body, name="refresh.unsent")
 
     async def refresh_in_flight(self, binding_id: str, generation: int, now_us: int) -> bool:
         """Whether a refresh (or mint) of this binding generation holds a live lease."""

@@ -18,8 +18,9 @@ code                             when
 ``refresh_in_doubt``             an owner's refresh call left and no answer was activated
                                  (it is frozen, slow, or died): nobody presents that
                                  refresh token again; the owner's late answer heals the
-                                 grant, and if its process died the binding needs
-                                 re-authorization (effects wait, they do not fail)
+                                 grant (so does its word that it never sent: valid at
+                                 the same version), and if its process died the binding
+                                 needs re-authorization (effects wait, they do not fail)
 ``no_refresh_token``             the access token expired (or was refused) and the grant
                                  holds no refresh token
 ===============================  ==========================================================

@@ -21,7 +21,8 @@ no lease, an idle one, an expired lease for an older     ``REFRESH``
 
 ``IN_DOUBT``: nobody presents that refresh token again. The grant is marked
 ``needs_reauthorization`` with the reason ``refresh_in_doubt``, and the unfinished owner
-(if it is alive: frozen, starved) heals it when its answer arrives. If its process died
+(if it is alive: frozen, starved) heals it when its answer arrives, or, if it never sent
+after all, when it ends its lease unspent (valid at the same version). If its process died
 in that window, the rotated token died with it; no design can recover a token only the
 dead process saw, so the binding needs re-authorization.
 """

@@ -34,6 +34,10 @@ needs the binding generation's access token:
      ``refresh_in_doubt``, which effects treat as "retry later", never as a failure;
    * the owner's late answer heals the grant (valid at the new version, reason cleared),
      no operator needed, unless a newer version was installed meanwhile;
+   * an owner that knows for certain its request never left (its marker refused, the
+     marker's COMMIT unconfirmed, no connection made) ends its lease unspent and undoes
+     such a doubt: valid again at the *same* version (``refresh_unsent``), so the next
+     owner refreshes normally;
    * an expired lease *without* the marker means the token never left: the successor
      refreshes normally.
 
@@ -84,7 +88,7 @@ from daemon.core.work import Fence
 from daemon.services import logs
 from daemon.services.clock import Clock
 from storage.idgen import new_lease_token
-from storage.port import DuplicateKey, LostLease, SqlTx
+from storage.port import DuplicateKey, LostLease, SqlTx, StorageError
 from storage.refresh_leases import (
     AlreadyRefreshed,
     GrantUnusable,
@@ -274,14 +278,27 @@ class TokenOwner:
         # the send itself lies between the marker and the call.
         wait_s = self.answer_wait_us / 1e6
         request = self._request(endpoint, bundle, wait_s)
-        refused = await self.store.refresh_dispatch(
-            fence=fence, binding_id=binding_id, generation=generation,
-            lease_token=lease.lease_token, now=self.clock.now_us)
+        try:
+            refused = await self.store.refresh_dispatch(
+                fence=fence, binding_id=binding_id, generation=generation,
+                lease_token=lease.lease_token, now=self.clock.now_us)
+        except StorageError as exc:
+            # The marker's transaction failed or its COMMIT went unconfirmed (an answer
+            # lost, or not read in time: a freeze across the COMMIT): the marker may be
+            # committed, and we do not send. Say so durably, or a successor that finds
+            # the marker keeps the grant in doubt with nobody to heal it.
+            healed = await self._unsent_or_raise(binding_id, generation, lease, exc)
+            logs.warn("token_refresh_failed", reason="marker_unconfirmed",
+                      detail=type(exc).__name__, healed=healed, **log)
+            raise TokenUnavailable("refresh_lease_lost", "the dispatch marker's commit was"
+                                   " not confirmed, so the call was not made; nothing was"
+                                   " sent") from None
         if refused is not None:
             # Nothing was sent. A lease we still hold is ended unspent, so the next owner
-            # (the claim's new owner, when ours was lost) need not wait for it.
-            await self._fail(binding_id, generation, lease, reauthorize=None)
-            logs.warn("token_refresh_failed", reason=refused.value, **log)
+            # (the claim's new owner, when ours was lost) need not wait for it; a doubt a
+            # successor judged from a marker of ours is undone.
+            healed = await self._unsent(binding_id, generation, lease)
+            logs.warn("token_refresh_failed", reason=refused.value, healed=healed, **log)
             if refused is MarkerRefused.CLAIM_LOST:
                 # Frozen past the WorkItem lease while the refresh lease lived on: a
                 # stale claimant stops here, as at any other fenced write (seed 5.1).
@@ -300,9 +317,9 @@ class TokenOwner:
                 answer = await self.http.send(request)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 # No connection was made: the refresh token never left.
-                await self._fail(binding_id, generation, lease, reauthorize=None)
+                healed = await self._unsent(binding_id, generation, lease)
                 logs.warn("token_refresh_failed", reason="transport", detail=type(exc).__name__,
-                          sent=False, **log)
+                          sent=False, healed=healed, **log)
                 raise TokenUnavailable("refresh_transport", "the token endpoint could not be"
                                        " reached; nothing was sent") from None
             except httpx.HTTPError as exc:
@@ -394,6 +411,25 @@ class TokenOwner:
         return jwt.encode({"iss": endpoint.app_id, "iat": now,
                            "exp": now + endpoint.jwt_lifetime_s},
                           endpoint.private_key_pem.reveal(), algorithm="RS256")
+
+    async def _unsent(self, binding_id: str, generation: int, lease: LeaseWon) -> bool:
+        """Our call never left and never will: end the lease unspent, and undo a doubt a
+        successor judged from our marker meanwhile (True). Only where no byte of the
+        request can have left."""
+        return await self.store.refresh_unsent(binding_id=binding_id, generation=generation,
+                                               lease_token=lease.lease_token,
+                                               from_version=lease.from_version,
+                                               now_us=self.clock.now_us())
+
+    async def _unsent_or_raise(self, binding_id: str, generation: int, lease: LeaseWon,
+                               cause: StorageError) -> bool:
+        """:meth:`_unsent` after the marker's own transaction failed; if the database
+        cannot take that either, the marker's failure is what the caller sees (a marker
+        committed meanwhile then stays, as after a kill: the grant ends in doubt)."""
+        try:
+            return await self._unsent(binding_id, generation, lease)
+        except StorageError:
+            raise cause from None
 
     async def _fail(self, binding_id: str, generation: int, lease: LeaseWon, *,
                     reauthorize: GrantReason | None) -> None:

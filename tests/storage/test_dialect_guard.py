@@ -362,6 +362,8 @@ async def _credentials_workload(store: WorkStore) -> None:
                                  expires_at_us=T0, now_us=T0)
     await store.refresh_fail(binding_id="b", generation=1, lease_token="L", from_version=2,
                              reauthorize=grant_reason("invalid_grant"), now_us=T0)
+    await store.refresh_unsent(binding_id="b", generation=1, lease_token="L",
+                               from_version=2, now_us=T0)
     await store.refresh_count("b", 1)
 
 
