@@ -121,8 +121,24 @@ async def refresh_lease_acquire(tx: SqlTx, *, binding_id: str, generation: int,
         return GrantUnusable(grant.state.value)
     if decision is RefreshDecision.IN_DOUBT:
         # The lease stays pinned to its owner (its late answer may still heal the grant);
-        # the grant says why nobody refreshes it. At a version that moved meanwhile (the
-        # owner activated it), nothing is marked: read again.
+        # the grant says why nobody refreshes it. The doubt is judged from the lease row
+        # as read above, so hold that row as read first: an owner that has since ended
+        # its lease unspent (refresh_unsent: it never sent) is seen here, and we read
+        # again instead of leaving a doubt nobody will undo. An UPDATE, so that the row
+        # stays locked to COMMIT on MySQL-family servers (refresh_unsent locks it first
+        # too), and a real change (the expired lease's end moved 1 µs earlier, still
+        # expired), so that Galera certifies it against an owner on another node.
+        held = await tx.execute(
+            "UPDATE refresh_leases SET until_us = until_us - 1"
+            " WHERE binding_id = ? AND generation = ? AND lease_token = ? AND until_us = ?"
+            " AND ((call_token IS NULL AND ? IS NULL) OR call_token = ?)"
+            " AND ((call_sent_at_us IS NULL AND ? IS NULL) OR call_sent_at_us = ?)",
+            (binding_id, generation, holder, until, call_token, call_token,
+             sent_at, sent_at))
+        if held != 1:
+            raise RefreshLeaseRaced(binding_id, generation, grant.token_version)
+        # At a version that moved meanwhile (the owner activated it), nothing is marked:
+        # read again.
         if not await mark_in_doubt(tx, binding_id, generation, grant.token_version,
                                    grant_reason(IN_DOUBT), now_us):
             raise RefreshLeaseRaced(binding_id, generation, grant.token_version)
@@ -154,13 +170,15 @@ async def refresh_lease_acquire(tx: SqlTx, *, binding_id: str, generation: int,
 
 
 class RefreshLeaseRaced(Exception):
-    """The grant moved past the version the lease was taken for, within the acquiring
-    transaction: that transaction must roll back (the lease is not taken) and the caller
-    reads the grant again, as after :class:`AlreadyRefreshed`."""
+    """The grant moved past the version the lease was taken for, or the lease row moved
+    from what the acquiring transaction read (its owner ended it), within that
+    transaction: it must roll back (nothing taken or marked) and the caller reads the
+    grant again, as after :class:`AlreadyRefreshed`."""
 
     def __init__(self, binding_id: str, generation: int, seen_version: int) -> None:
-        super().__init__(f"grant {binding_id}/{generation} moved past version {seen_version}"
-                         " while its refresh lease was being taken")
+        super().__init__(f"grant {binding_id}/{generation} or its refresh lease moved"
+                         f" (version {seen_version} was read) while the lease was being"
+                         " taken")
         self.seen_version = seen_version
 
 

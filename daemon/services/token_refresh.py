@@ -235,8 +235,9 @@ class TokenOwner:
         except DuplicateKey:
             return LeaseBusy(now)  # two first owners created the lease row at once
         except RefreshLeaseRaced as raced:
-            # Another owner activated a newer version while we took the lease: rolled
-            # back, nothing taken; read the grant again and use its version.
+            # Another owner activated a newer version while we took the lease, or ended
+            # the lease we were judging in doubt (it never sent): rolled back, nothing
+            # taken or marked; read the grant again and use its version.
             return AlreadyRefreshed(raced.seen_version + 1)
 
     async def _refresh(self, fence: Fence, binding_id: str, generation: int,
