@@ -4,7 +4,6 @@ are the whole request's."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -14,27 +13,12 @@ from daemon.core.canonical import canonical_digest
 from sandbox.runtime.receipts import MAX_RESULTS_PER_BATCH
 from tests.sandbox_runtime import (
     RESULTS_TOKEN,
-    FakeIntegration,
     RunningRuntime,
     result_request,
-    running_fake,
-    running_runtime,
 )
 from tests.sandbox_runtime.test_server import accepted_intent, no_effect_request
 
 BATCH = "/runtime/v1/results/batch"
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[tuple[FakeIntegration, str]]:
-    async with running_fake() as pair:
-        yield pair
-
-
-@pytest.fixture
-async def rt(fake: tuple[FakeIntegration, str]) -> AsyncIterator[RunningRuntime]:
-    async with running_runtime(fake[1]) as running:
-        yield running
 
 
 async def _batch(rt: RunningRuntime, body: object, *,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
@@ -19,23 +18,10 @@ from tests.sandbox_runtime import (
     FakeIntegration,
     RunningRuntime,
     result_request,
-    running_fake,
     running_runtime,
     wait_until,
 )
 from tests.support.raw_http import refused_then_next
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[tuple[FakeIntegration, str]]:
-    async with running_fake() as pair:
-        yield pair
-
-
-@pytest.fixture
-async def rt(fake: tuple[FakeIntegration, str]) -> AsyncIterator[RunningRuntime]:
-    async with running_runtime(fake[1]) as running:
-        yield running
 
 
 async def accepted_intent(rt: RunningRuntime, lead_id: str = "lead-1") -> dict[str, Any]:

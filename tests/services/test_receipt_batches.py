@@ -37,7 +37,7 @@ from sandbox.ports import free_port
 from storage.effects import RECEIPT_FAMILY
 from storage.port import LostLease, StorageError
 from storage.work_store import WorkStore
-from tests.support.work import SEC, T0, claim, spec
+from tests.support.work import SEC, T0, FixedClock, claim, spec
 
 TOKEN = "results-token-0000"
 JSON = (("content-type", "application/json"),)
@@ -46,14 +46,6 @@ JSON = (("content-type", "application/json"),)
 PerRequest = Callable[[dict[str, Any]], dict[str, Any]]
 # Or what it answers to the whole batch: (status, body).
 WholeBatch = Callable[[list[dict[str, Any]]], tuple[int, bytes]]
-
-
-@attrs.define
-class FixedClock:
-    now: int
-
-    def now_us(self) -> int:
-        return self.now
 
 
 @attrs.define

@@ -25,15 +25,7 @@ from daemon.services.receipt_sender import ReceiptSender
 from sandbox.h11_server import H11Server, Request, Response
 from storage.port import LostLease, StorageError
 from storage.work_store import WorkStore
-from tests.support.work import SEC, T0, claim, enqueue
-
-
-@attrs.define
-class FixedClock:
-    now: int
-
-    def now_us(self) -> int:
-        return self.now
+from tests.support.work import SEC, T0, FixedClock, claim, enqueue
 
 
 @attrs.define

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from daemon.core.outcomes import Finalization, Outcome, decide
 from daemon.core.retry import BackoffPolicy
 from daemon.core.work import WorkItem, WorkSpec
@@ -14,6 +16,16 @@ T0 = 1_800_000_000_000_000  # a fixed "now" (UTC epoch microseconds)
 SEC = 1_000_000
 TTL = 30 * SEC
 POLICY = BackoffPolicy(base_s=1.0, cap_s=60.0)
+
+
+@attrs.define
+class FixedClock:
+    """A handler's clock that reads ``now`` (a WorkContext's ``clock``)."""
+
+    now: int
+
+    def now_us(self) -> int:
+        return self.now
 
 
 def spec(**kw: Any) -> WorkSpec:
