@@ -31,12 +31,6 @@ QUARANTINED = (422, {"error": "quarantined", "message": "payload digest differs"
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[tuple[FakeIntegration, str]]:
-    async with running_fake() as pair:
-        yield pair
-
-
-@pytest.fixture
 async def rt(fake: tuple[FakeIntegration, str]) -> AsyncIterator[RunningRuntime]:
     async with running_runtime(fake[1]) as running:
         await running.create_lead()
