@@ -211,6 +211,7 @@ def test_check_config_prints_every_section_with_secrets_as_set_or_unset(
     (runtime,) = doc["runtimes"]
     assert runtime["token"] == "set" and runtime["results_token"] == "set"
     assert runtime["results_url"].endswith("/runtime/v1/results")
+    assert runtime["results_batch_url"].endswith("/runtime/v1/results/batch")
     hubspot, outreach = doc["bindings"]
     assert hubspot["token"] == "set" and hubspot["base_url"] == "http://127.0.0.1:8791"
     assert outreach["base_url"] == "http://127.0.0.1:8793"
