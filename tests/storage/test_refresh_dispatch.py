@@ -71,6 +71,29 @@ async def _state(store: WorkStore) -> tuple[GrantState, int, str | None]:
     return grant.state, grant.token_version, grant.reason.code if grant.reason else None
 
 
+async def _old_build_lease(store: WorkStore) -> None:
+    """The previous build's acquisition: it names neither marker column."""
+    await store.db.transact(lambda tx: tx.execute(
+        "UPDATE refresh_leases SET lease_token = 'OLD', owner_work_id = 'W', owner_epoch = 1,"
+        " until_us = ?, from_version = 1, started_at_us = ? WHERE binding_id = 'b1'",
+        (T0 + TTL, T0)), name="test.old_build")
+
+
+async def _meanwhile(store: WorkStore, meanwhile: str, now: int) -> None:
+    """What happened to the grant at version 1 while its refresh was in doubt (the
+    ``meanwhile`` rows here and in test_refresh_unsent.py)."""
+    if meanwhile == "reauthorized":
+        assert await store.grant_replace(
+            binding_id="b1", generation=1, expected_version=1,
+            sealed=seal(BUNDLE, KEY, BundleContext("b1", 1, 2)), expires_at_us=0,
+            now_us=now, refreshed=False)
+    elif meanwhile == "revoked":
+        assert await store.grant_mark("b1", 1, 1, GrantState.REVOKED, now)
+    else:
+        assert await store.grant_mark("b1", 1, 1, GrantState.NEEDS_REAUTHORIZATION, now,
+                                      grant_reason("invalid_grant"))
+
+
 async def test_only_the_live_lease_owner_writes_the_marker_once(store: WorkStore) -> None:
     fence = await _grant(store)
     assert isinstance(await _acquire(store, "A", T0), LeaseWon)
@@ -122,11 +145,7 @@ async def test_a_mint_whose_call_left_is_simply_done_again(store: WorkStore) -> 
 async def test_a_lease_from_a_build_without_the_marker_counts_as_dispatched(
         store: WorkStore) -> None:
     await _grant(store)
-    # The previous build's acquisition: it names neither marker column.
-    await store.db.transact(lambda tx: tx.execute(
-        "UPDATE refresh_leases SET lease_token = 'OLD', owner_work_id = 'W', owner_epoch = 1,"
-        " until_us = ?, from_version = 1, started_at_us = ? WHERE binding_id = 'b1'",
-        (T0 + TTL, T0)), name="test.old_build")
+    await _old_build_lease(store)
     assert await _acquire(store, "B", T0 + TTL + 1) == GrantUnusable("refresh_in_doubt")
     assert await _state(store) == (GrantState.NEEDS_REAUTHORIZATION, 1, "refresh_in_doubt")
 
@@ -146,16 +165,7 @@ async def test_a_late_answer_heals_only_its_own_in_doubt_version(
     assert isinstance(await _acquire(store, "A", T0), LeaseWon)
     assert await _dispatch(store, "A", T0 + 1, fence)
     assert await _acquire(store, "B", T0 + TTL + 1) == GrantUnusable("refresh_in_doubt")
-    if meanwhile == "reauthorized":
-        assert await store.grant_replace(
-            binding_id="b1", generation=1, expected_version=1,
-            sealed=seal(BUNDLE, KEY, BundleContext("b1", 1, 2)), expires_at_us=0,
-            now_us=T0 + TTL + 2, refreshed=False)
-    elif meanwhile == "revoked":
-        assert await store.grant_mark("b1", 1, 1, GrantState.REVOKED, T0 + TTL + 2)
-    else:
-        assert await store.grant_mark("b1", 1, 1, GrantState.NEEDS_REAUTHORIZATION,
-                                      T0 + TTL + 2, grant_reason("invalid_grant"))
+    await _meanwhile(store, meanwhile, T0 + TTL + 2)
     assert not await _activate(store, "A", T0 + TTL + 3)
     assert await _state(store) == expected
     assert await store.refresh_count("b1", 1) == 0

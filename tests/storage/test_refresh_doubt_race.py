@@ -21,7 +21,8 @@ from storage.grants import GrantState
 from storage.port import Row, SqlTx
 from storage.refresh_leases import LeaseWon, RefreshLeaseRaced, refresh_lease_acquire
 from storage.work_store import WorkStore
-from tests.storage.test_refresh_unsent import TTL, _acquire, _dispatch, _grant, _state, _unsent
+from tests.storage.test_refresh_dispatch import TTL, _acquire, _grant, _state
+from tests.storage.test_refresh_unsent import _dispatch, _unsent
 from tests.support.backends import FreshDatabase, backend_params
 from tests.support.work import T0
 

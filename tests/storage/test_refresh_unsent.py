@@ -9,45 +9,27 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.core.grant_reasons import grant_reason
-from daemon.core.token_bundle import BundleContext, SecretText, TokenBundle, TokenKey, seal
+from daemon.core.token_bundle import BundleContext, seal
 from daemon.core.work import Fence
 from storage.grants import GrantState
-from storage.port import SqlTx
 from storage.refresh_leases import (
     GrantUnusable,
     LeaseWon,
     MarkerRefused,
-    refresh_lease_acquire,
 )
 from storage.work_store import WorkStore
+from tests.storage.test_refresh_dispatch import (
+    BUNDLE,
+    KEY,
+    TTL,
+    S,
+    _acquire,
+    _grant,
+    _meanwhile,
+    _old_build_lease,
+    _state,
+)
 from tests.support.work import T0, claim, enqueue
-
-S = 1_000_000
-TTL = 30 * S
-KEY = TokenKey("k1", bytes(range(32)))
-BUNDLE = TokenBundle(access_token=SecretText("at-SECRET"), refresh_token=SecretText("rt-SECRET"),
-                     expires_at_us=0)
-
-
-async def _grant(store: WorkStore, claim_ttl: int = 3600 * S) -> Fence:
-    """The grant, and the live claim whose handler refreshes it."""
-    await store.grant_install(binding_id="b1", generation=1,
-                              sealed=seal(BUNDLE, KEY, BundleContext("b1", 1, 1)),
-                              expires_at_us=0, now_us=T0)
-    await enqueue(store, 1, now=T0)
-    (item,) = (await claim(store, now=T0, ttl=claim_ttl)).claimed
-    assert item.fence is not None
-    return item.fence
-
-
-async def _acquire(store: WorkStore, token: str, now: int) -> object:
-    async def body(tx: SqlTx) -> object:
-        return await refresh_lease_acquire(
-            tx, binding_id="b1", generation=1, seen_version=1, lease_token=token,
-            work_id=f"W-{token}", epoch=1, ttl_us=TTL, now_us=now)
-
-    return await store.db.transact(body, name="test.lease")
 
 
 async def _dispatch(store: WorkStore, token: str, now: int, fence: Fence
@@ -59,12 +41,6 @@ async def _dispatch(store: WorkStore, token: str, now: int, fence: Fence
 async def _unsent(store: WorkStore, token: str, now: int) -> bool:
     return await store.refresh_unsent(binding_id="b1", generation=1, lease_token=token,
                                       from_version=1, now_us=now)
-
-
-async def _state(store: WorkStore) -> tuple[GrantState, int, str | None]:
-    grant = await store.grant_get("b1", 1)
-    assert grant is not None
-    return grant.state, grant.token_version, grant.reason.code if grant.reason else None
 
 
 async def _in_doubt_behind_a_marker(store: WorkStore) -> Fence:
@@ -131,10 +107,7 @@ async def test_a_doubt_not_behind_this_owners_marker_is_left(store: WorkStore) -
     """A lease of a build that writes no marker counts as dispatched; the owner of the
     lease row is not this one's, whatever its token says: nothing to undo."""
     await _grant(store)
-    await store.db.transact(lambda tx: tx.execute(
-        "UPDATE refresh_leases SET lease_token = 'OLD', owner_work_id = 'W', owner_epoch = 1,"
-        " until_us = ?, from_version = 1, started_at_us = ? WHERE binding_id = 'b1'",
-        (T0 + TTL, T0)), name="test.old_build")
+    await _old_build_lease(store)
     assert await _acquire(store, "B", T0 + TTL + 1) == GrantUnusable("refresh_in_doubt")
     assert not await _unsent(store, "OLD", T0 + TTL + 2)
     assert await _state(store) == (GrantState.NEEDS_REAUTHORIZATION, 1, "refresh_in_doubt")
@@ -152,16 +125,7 @@ async def test_only_the_in_doubt_version_is_healed(
         store: WorkStore, meanwhile: str, expected: tuple[GrantState, int, str | None]
         ) -> None:
     await _in_doubt_behind_a_marker(store)
-    if meanwhile == "reauthorized":
-        assert await store.grant_replace(
-            binding_id="b1", generation=1, expected_version=1,
-            sealed=seal(BUNDLE, KEY, BundleContext("b1", 1, 2)), expires_at_us=0,
-            now_us=T0 + TTL + 2, refreshed=False)
-    elif meanwhile == "revoked":
-        assert await store.grant_mark("b1", 1, 1, GrantState.REVOKED, T0 + TTL + 2)
-    else:
-        assert await store.grant_mark("b1", 1, 1, GrantState.NEEDS_REAUTHORIZATION,
-                                      T0 + TTL + 2, grant_reason("invalid_grant"))
+    await _meanwhile(store, meanwhile, T0 + TTL + 2)
     assert not await _unsent(store, "A", T0 + TTL + 3)
     assert await _state(store) == expected
 
