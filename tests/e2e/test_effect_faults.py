@@ -37,6 +37,7 @@ from sandbox.runtime import ReferenceRuntime
 from sandbox.runtime.server import serve as serve_runtime
 from storage.port import ClaimParams, WorkQuery
 from storage.work_store import WorkStore
+from tests.support.attempts import sent_attempts
 from tests.support.backends import STORAGE_BACKENDS, FreshDatabase, backend_params
 from tests.support.harness import wait_for
 from tests.support.l1 import sandbox_definitions_dir
@@ -213,7 +214,7 @@ async def test_stale_claimant_cannot_dispatch_or_finalize(
             (item,) = await store.work_list(WorkQuery(family="external_effect"))
             assert (item.state, item.ownership_epoch) == (WorkState.SUCCEEDED, 2)
             command_id = item.subject_id
-            (attempt,) = await store.effect_attempts(command_id)
+            (attempt,) = sent_attempts(await store.effect_attempts(command_id))
             assert attempt.ownership_epoch == 1 and attempt.disposition == "proven_applied"
             executions = await store.work_executions(item.work_id)
             # A never finalized: its execution is journaled as superseded by B's reclaim.
@@ -248,7 +249,7 @@ async def test_sigkill_after_the_checkpoint_is_reconciled_not_resent(
             await wait_for(committed, within_s=60)
             assert len([r for r in w.sim.requests if r.method == "PATCH"]) == 1
             (item,) = await store.work_list(WorkQuery(family="external_effect"))
-            (attempt,) = await store.effect_attempts(item.subject_id)
+            (attempt,) = sent_attempts(await store.effect_attempts(item.subject_id))
             assert (attempt.outcome, attempt.disposition) == (None, "proven_applied")
         finally:
             await stop_all(started)
@@ -292,7 +293,7 @@ async def test_absence_counts_the_window_from_when_the_client_gave_up_not_from_d
             assert [r.applied for r in patches] == [True], "the PATCH was sent again"
             assert w.sim.patches_applied("101") == 1
             (item,) = await store.work_list(WorkQuery(family="external_effect"))
-            (attempt,) = await store.effect_attempts(item.subject_id)
+            (attempt,) = sent_attempts(await store.effect_attempts(item.subject_id))
             assert (attempt.outcome, attempt.disposition) == (None, "proven_applied")
         finally:
             await stop_all(started)

@@ -21,6 +21,7 @@ from sandbox.hubspot_sim.model import Fault
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
 from tests.e2e.test_effect_pins import _signed_in
+from tests.support.attempts import sent_attempts
 from tests.support.backends import FreshDatabase
 from tests.support.harness import wait_for
 from tests.support.l1 import write_sandbox_definitions
@@ -193,7 +194,7 @@ async def test_waiting_for_quota_longer_than_max_attempts_burns_no_attempt(
             assert [e.outcome for e in executions if e.outcome != "deferred"] == ["succeeded"]
             deferrals.append(len(waits))
             # The effect journal: one attempt, on one reservation; none for a wait.
-            (attempt,) = await store.effect_attempts(item.subject_id)
+            (attempt,) = sent_attempts(await store.effect_attempts(item.subject_id))
             (sent,) = [r for r in await store.quota_reservations(item.work_id)
                        if r.state.value == "sent" and r.quota_key == KEYS[0]]
             assert sent.attempt_id == attempt.attempt_id

@@ -15,6 +15,7 @@ from storage.bounded import BoundedCount
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
 from tests.e2e.test_effect_console import closing, signed_in
+from tests.support.attempts import sent_attempts
 from tests.support.backends import FreshDatabase
 from tests.support.harness import wait_for
 from tests.support.slice import running_slice
@@ -32,11 +33,9 @@ async def test_an_attempt_left_without_outcome_by_a_drain_awaits_a_disposition(
         sl.sim.inject(Fault(mode="latency", method="PATCH", latency_ms=4000))
         await sl.set_title("lead-1", "CTO")
 
-        async def dispatched() -> bool:
-            items = await store.work_list(WorkQuery(family="external_effect"))
-            return bool(items) and bool(await store.effect_attempts(items[0].subject_id))
-
-        await wait_for(dispatched, within_s=30)
+        # The latency fault is taken when the PATCH arrives: it is at the provider (an
+        # attempt journaled and then held back by our own side never gets there).
+        await wait_for(lambda: not sl.sim.pending_faults(), within_s=30)
         (item,) = await store.work_list(WorkQuery(family="external_effect"))
         otto, _ = await signed_in(sl, "otto")
         async with closing(otto):
@@ -50,7 +49,7 @@ async def test_an_attempt_left_without_outcome_by_a_drain_awaits_a_disposition(
         await wait_for(lambda: sl.replica.state == "stopped", within_s=30)  # type: ignore[union-attr]
         released = await store.work_get(item.work_id)
         assert released is not None and released.state is WorkState.RETRY
-        (attempt,) = await store.effect_attempts(item.subject_id)
+        (attempt,) = sent_attempts(await store.effect_attempts(item.subject_id))
         assert attempt.outcome is None and attempt.disposition is None
         assert [a.attempt_id for a in await store.effect_unknown_list()] == [attempt.attempt_id]
         assert await store.effect_unknown_backlog() == 1

@@ -15,6 +15,7 @@ import time
 from sandbox.legacy import store as legacy
 from sandbox.legacy.push import run_pushes, title_event
 from storage.work_store import WorkStore
+from tests.support.attempts import sent_attempts
 from tests.support.backends import FreshDatabase
 from tests.support.slice import HUBSPOT_TOKEN, running_slice
 
@@ -61,7 +62,7 @@ async def test_legacy_push_and_integrationd_agree_item_by_item(
             evidence = json.loads(event.evidence or "{}")
             command_id = committed[n]["command_id"]
             assert isinstance(command_id, str)
-            (attempt,) = await store.effect_attempts(command_id)
+            (attempt,) = sent_attempts(await store.effect_attempts(command_id))
             assert evidence["method"] == attempt.method == "PATCH"
             assert evidence["target_path"].replace(old_id, "{id}") == \
                 attempt.target_path.replace(new_id, "{id}")

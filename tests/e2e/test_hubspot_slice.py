@@ -19,6 +19,7 @@ from sandbox.hubspot_sim import Fault
 from storage.effect_values import ReceiptState, Settlement
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
+from tests.support.attempts import sent_attempts
 from tests.support.backends import FreshDatabase
 from tests.support.harness import wait_for
 from tests.support.slice import RESULTS_TOKEN, running_slice
@@ -62,7 +63,7 @@ async def test_title_change_flows_end_to_end(database: FreshDatabase, store: Wor
         command_id = await _command_id(store, intent)
         command = await store.command_get(command_id)
         assert command is not None and command.settlement is Settlement.SUCCEEDED
-        (attempt,) = await store.effect_attempts(command_id)
+        (attempt,) = sent_attempts(await store.effect_attempts(command_id))
         assert (attempt.outcome, attempt.response_status, attempt.method) == ("ACCEPTED", 200,
                                                                               "PATCH")
         assert attempt.target_path == "/crm/v3/objects/contacts/101"
@@ -95,7 +96,7 @@ async def test_ambiguous_write_is_reconciled_never_resent(database: FreshDatabas
         intent_id = await sl.set_title("lead-1", "CTO")
         intent = await sl.wait_intent("lead-1", intent_id, "COMMITTED")
         assert len(sl.patches("101")) == 1  # one external attempt for an ambiguous write
-        attempts = await store.effect_attempts(await _command_id(store, intent))
+        attempts = sent_attempts(await store.effect_attempts(await _command_id(store, intent)))
         assert [(a.outcome, a.disposition) for a in attempts] == [
             ("OUTCOME_UNKNOWN", "proven_applied")]
         (receipt,) = (await sl.lead_doc("lead-1"))["receipts"]
@@ -113,7 +114,7 @@ async def test_lost_request_is_proven_absent_then_sent_once_more(
         intent = await sl.wait_intent("lead-1", intent_id, "COMMITTED")
         patches = sl.patches("101")
         assert [p.applied for p in patches] == [False, True]
-        attempts = await store.effect_attempts(await _command_id(store, intent))
+        attempts = sent_attempts(await store.effect_attempts(await _command_id(store, intent)))
         assert [(a.outcome, a.disposition) for a in attempts] == [
             ("OUTCOME_UNKNOWN", "proven_absent"), ("ACCEPTED", None)]
 
@@ -128,7 +129,7 @@ async def test_rate_limit_waits_for_retry_after(database: FreshDatabase,
         first, second = sl.patches("101")
         assert (first.status, first.applied, second.applied) == (429, False, True)
         assert second.received_at - first.received_at >= 1.0  # honoured Retry-After
-        attempts = await store.effect_attempts(await _command_id(store, intent))
+        attempts = sent_attempts(await store.effect_attempts(await _command_id(store, intent)))
         assert [a.outcome for a in attempts] == ["REPLAY_SAFE_RETRY", "ACCEPTED"]
 
 

@@ -20,6 +20,7 @@ from sandbox.hubspot_sim import Fault
 from storage.effect_values import Settlement
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
+from tests.support.attempts import sent_attempts
 from tests.support.backends import FreshDatabase
 from tests.support.harness import wait_for
 from tests.support.l1 import write_sandbox_definitions
@@ -46,7 +47,7 @@ async def test_a_replay_safe_5xx_then_a_rejection_is_never_no_effect(
 
         await wait_for(finished, within_s=30)
         (item,) = await store.work_list(WorkQuery(family="external_effect"))
-        attempts = await store.effect_attempts(item.subject_id)
+        attempts = sent_attempts(await store.effect_attempts(item.subject_id))
         assert [(a.outcome, a.evidence) for a in attempts] == [
             ("REPLAY_SAFE_RETRY", "maybe_applied"), ("REJECTED", "not_applied")]
         assert (item.state, item.failure_class) == (WorkState.DEAD, "http_400")

@@ -25,6 +25,7 @@ from storage.grants import GrantState
 from storage.port import WorkQuery
 from storage.principals import Actor
 from storage.work_store import WorkStore
+from tests.support.attempts import sent_attempts
 from tests.support.backends import FreshDatabase
 from tests.support.harness import wait_for
 from tests.support.outreach_slice import BINDING, INSTALL, OutreachSlice, running_outreach_slice
@@ -70,7 +71,7 @@ async def test_a_title_change_is_patched_with_a_minted_s2s_token_and_receipted(
         command_id = await _command(store, intent)
         command = await store.command_get(command_id)
         assert command is not None and command.settlement is Settlement.SUCCEEDED
-        (attempt,) = await store.effect_attempts(command_id)
+        (attempt,) = sent_attempts(await store.effect_attempts(command_id))
         assert (attempt.outcome, attempt.method, attempt.target_path) == (
             "ACCEPTED", "PATCH", "/api/v2/prospects/42")
         assert json.loads(attempt.safe_headers)["Content-Type"] == MEDIA
@@ -141,7 +142,7 @@ async def test_an_ambiguous_patch_is_reconciled_by_read_back_never_resent(
         intent_id = await sl.set_title("lead-1", "CTO")
         intent = await sl.wait_intent("lead-1", intent_id, "COMMITTED")
         assert [(p.status, p.applied) for p in sl.patches(42)] == [(None, True)]
-        attempts = await store.effect_attempts(await _command(store, intent))
+        attempts = sent_attempts(await store.effect_attempts(await _command(store, intent)))
         assert [(a.outcome, a.disposition) for a in attempts] == [
             ("OUTCOME_UNKNOWN", "proven_applied")]
         # The read-back (a GET with the same S2S token) proved it: one receipt.

@@ -15,6 +15,7 @@ import trio
 from sandbox.hubspot_sim import Fault
 from storage.effect_values import Settlement
 from storage.work_store import WorkStore
+from tests.support.attempts import sent_attempts
 from tests.support.backends import FreshDatabase
 from tests.support.slice import running_slice
 
@@ -40,7 +41,7 @@ async def test_a_200_naming_another_record_is_not_settled_as_success(
         command_id = str(intent["command_id"])
         command = await store.command_get(command_id)
         assert command is not None and command.settlement is Settlement.SUCCEEDED
-        misrouted, applied = await store.effect_attempts(command_id)
+        misrouted, applied = sent_attempts(await store.effect_attempts(command_id))
         assert (misrouted.outcome, misrouted.failure_class) == ("OUTCOME_UNKNOWN",
                                                                 "identity_mismatch")
         assert misrouted.disposition == "proven_absent"

@@ -31,6 +31,7 @@ from storage.effect_values import LinkState
 from storage.ingress.receipts import ReceiptQuery
 from storage.port import WorkQuery
 from storage.work_store import WorkStore
+from tests.support.attempts import sent_attempts
 from tests.support.backends import FreshDatabase
 from tests.support.processes import REPO, ReplicaProcess, cli_env, run_cli, start_replica
 
@@ -175,7 +176,7 @@ async def test_make_run_sends_live_signed_outreach_webhooks_that_reach_the_lead(
             assert outreach is not None
         command = await store.command_get(outreach["command_id"])
         assert command is not None and command.binding_id == "outreach-main"
-        (attempt,) = await store.effect_attempts(outreach["command_id"])
+        (attempt,) = sent_attempts(await store.effect_attempts(outreach["command_id"]))
         lead_number = outreach["lead_id"].removeprefix("lead-")
         assert (attempt.outcome, attempt.method, attempt.target_path) == (
             "ACCEPTED", "PATCH", f"/api/v2/prospects/{lead_number}")
