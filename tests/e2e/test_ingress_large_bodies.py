@@ -97,6 +97,11 @@ async def _max_allowed_packet(store: WorkStore) -> int:
 
 
 @pytest.mark.parametrize("backend", backend_params(("mysql",)))
+# A post cut off by that reset leaves httpx's request stream (the test client's, not
+# the replica's) unexhausted, and Python reports its collection; only that is ignored.
+@pytest.mark.filterwarnings(
+    r"ignore:Exception ignored in. <async_generator object ByteStream\.__aiter__"
+    ":pytest.PytestUnraisableExceptionWarning")
 async def test_a_burst_of_large_bodies_over_the_packet_never_stalls_inbound(
         database: FreshDatabase, tmp_path: Path) -> None:
     assert database.backend == "mysql"
@@ -110,14 +115,26 @@ async def test_a_burst_of_large_bodies_over_the_packet_never_stalls_inbound(
     try:
         started = await replica.wait_event("replica_started")
         url = f"{started['ingress']}/hooks/outreach-main"
-        statuses: list[int] = []
-        overloaded: list[int] = []
+        statuses: list[int | None] = []
+        overloaded: list[int | str] = []
 
         async def deliver(client: httpx.AsyncClient, body: bytes) -> None:
+            status: int | None = None
             for _ in range(5):
-                answer = await client.post(url, content=body, headers={
-                    "content-type": JSONAPI, **sign(OUTREACH, OUTREACH_SECRET, body)})
-                if answer.status_code not in (408, 503):
+                try:
+                    answer = await client.post(url, content=body, headers={
+                        "content-type": JSONAPI, **sign(OUTREACH, OUTREACH_SECRET, body)})
+                except (httpx.RemoteProtocolError, httpx.WriteError, httpx.ReadError) as exc:
+                    # The 408 below, seen through TCP: the replica answers before it has
+                    # read the whole body and closes, and the unread bytes make the
+                    # connection reset, which can take the answer with it (CI, under
+                    # load: "Server disconnected without sending a response"). Nothing
+                    # was answered 200; a provider redelivers after it, as after a 408.
+                    overloaded.append(type(exc).__name__)
+                    await trio.sleep(1)
+                    continue
+                status = answer.status_code
+                if status not in (408, 503):
                     break
                 # Neither the database nor the spool made the receipt durable within the
                 # route's 5 s window (31 MB at once on a shared, loaded 2-core machine:
@@ -127,7 +144,7 @@ async def test_a_burst_of_large_bodies_over_the_packet_never_stalls_inbound(
                 # tested is what happens after the 200s.
                 overloaded.append(answer.status_code)
                 await trio.sleep(1)
-            statuses.append(answer.status_code)
+            statuses.append(status)
 
         bodies = [_large_body(n, size) for n in range(burst)]
         async with httpx.AsyncClient(timeout=30) as client:

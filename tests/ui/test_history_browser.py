@@ -18,6 +18,7 @@ from playwright.sync_api import Page, expect
 from admin_ui.extensions import combine
 from admin_ui.history import history_extensions
 from daemon.services.clock import WallClock
+from storage.history import bucket_of
 from tests.support.backends import fresh_database
 from tests.support.find import seed_receipts
 from tests.support.history import finish_effects, use_quota
@@ -79,7 +80,11 @@ async def test_pressure_latency_and_quota_charts_with_their_filters(live: LiveCo
     """The effect path's pressure and latency and the quota use, drawn from the rollups;
     the org, binding and quota key filters narrow them; a point opens the commands or the
     slots behind it; a filter that cannot be read is refused with its message."""
-    t0 = WallClock().now_us() - 3 * 60 * SEC
+    # The seeds are laid out in seconds from t0 (two quota slots at t0 and a second
+    # later, receipts up to 9 s after it), and the 15-minute range draws a point per
+    # rollup bucket (a minute): from a t0 late in its minute they fell into two points
+    # (CI: the slots page of the first point listed 1 slot, not 2). So t0 starts one.
+    t0 = bucket_of(WallClock().now_us() - 3 * 60 * SEC)
     seeded = await seed_receipts(live.store, t0)
     await use_quota(live.store, live.store, t0)
 
@@ -170,7 +175,7 @@ async def test_executions_and_dlq_inflow_narrowed_per_binding_org_and_operation(
     operation's) effect items (issue 23 item 1, migration 0048): the legend counts
     follow the filter, a dead point opens exactly that binding's dead items, and the
     work queue's chart says it is not narrowed, and why."""
-    t0 = WallClock().now_us() - 3 * 60 * SEC
+    t0 = bucket_of(WallClock().now_us() - 3 * 60 * SEC)  # a bucket's start, as above
     ids = await finish_effects(live.store, t0)
 
     def scenario(page: Page, live: LiveConsole) -> None:
