@@ -5,9 +5,10 @@ conflicting transactions on different nodes fail at COMMIT with 1213 (certificat
 failure), the same class of error TiDB's optimistic transactions report. Each node has
 its own datadir, SQL port, group-communication port, IST port and SST port; the first
 node bootstraps the cluster (``--wsrep-new-cluster``), the others join it (a node killed
-and restarted rejoins by state transfer). ``python -m sandbox.galera`` starts one and
-prints its node URLs (for trying things by hand); the test fixtures start one per session,
-``bench.kernel --backend galera`` and the torture run one per run.
+and restarted recovers its position and rejoins by incremental state transfer).
+``python -m sandbox.galera`` starts one and prints its node URLs (for trying things by
+hand); the test fixtures start one per session, ``bench.kernel --backend galera`` and the
+torture run one per run.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class GaleraCluster:
                             free_port()) for i in range(NODES)]
         return cls(root, nodes, die_with_parent)
 
-    def _command(self, node: GaleraNode, *, bootstrap: bool) -> list[str]:
+    def _command(self, node: GaleraNode, *, bootstrap: bool,
+                 start_position: str | None = None) -> list[str]:
         members = ",".join(f"127.0.0.1:{n.gcomm_port}" for n in self.nodes)
         options = (f"gmcast.listen_addr=tcp://127.0.0.1:{node.gcomm_port};"
                    f"ist.recv_addr=127.0.0.1:{node.ist_port};"
@@ -108,6 +110,8 @@ class GaleraCluster:
         ]
         if bootstrap:
             cmd.append("--wsrep-new-cluster")
+        if start_position is not None:
+            cmd.append(f"--wsrep-start-position={start_position}")
         return cmd
 
     def start(self, timeout_s: float = 120.0) -> None:
@@ -165,13 +169,14 @@ class GaleraCluster:
         node.proc.wait(timeout=60)
         node.proc = None
 
-    def _launch(self, node: GaleraNode, *, bootstrap: bool) -> None:
+    def _launch(self, node: GaleraNode, *, bootstrap: bool,
+                start_position: str | None = None) -> None:
         node.tmpdir.mkdir(parents=True, exist_ok=True)
         log = open(self.base / f"n{node.index}.log", "ab")  # noqa: SIM115 - the child owns it
         # New files and directories readable and writable by the state-transfer daemon
         # (MariaDB reads UMASK and UMASK_DIR as the modes it creates them with).
         env = {**os.environ, "UMASK": "0666", "UMASK_DIR": "0777"}
-        command = self._command(node, bootstrap=bootstrap)
+        command = self._command(node, bootstrap=bootstrap, start_position=start_position)
         if self.die_with_parent:
             command = ["setpriv", "--pdeathsig", "KILL", "--", *command]
         node.proc = subprocess.Popen(command, stdout=log,
@@ -179,11 +184,29 @@ class GaleraCluster:
         log.close()
 
     def restart(self, node: GaleraNode, timeout_s: float = 120.0) -> None:
-        """Start a stopped node again; it rejoins the cluster (IST or SST)."""
-        self._launch(node, bootstrap=False)
+        """Start a stopped node again, as MariaDB's systemd unit does (``galera_recovery``):
+        first recover the position its datadir holds, then start it there, so that it
+        rejoins by incremental state transfer from another node's gcache. Started without
+        it, a node that was SIGKILLed knows no position and takes a full rsync SST: the
+        donor holds a global read lock on its datadir while it copies, and stays desynced
+        until it has caught up. Galera still falls back to SST when no gcache holds the
+        writes missed. Returns once every running node is Synced again, the donor too."""
         deadline = time.monotonic() + timeout_s
-        self._wait_synced(node, deadline)
+        self._launch(node, bootstrap=False, start_position=self.recover_position(node))
+        for each in self.nodes:
+            if each.proc is not None:
+                self._wait_synced(each, deadline)
         self._wait_size(deadline)
+
+    def recover_position(self, node: GaleraNode) -> str | None:
+        """The cluster position (``uuid:seqno``) a stopped node's datadir holds, read by
+        ``mariadbd --wsrep-recover`` from InnoDB; None when it names none."""
+        out = subprocess.run([*self._command(node, bootstrap=False), "--wsrep-recover"],
+                             capture_output=True, text=True, timeout=120, check=False)
+        found = [line.rsplit(" ", 1)[-1] for line in (out.stdout + out.stderr).splitlines()
+                 if "WSREP: Recovered position:" in line]
+        position = found[-1] if found else ""
+        return position if position and not position.endswith(":-1") else None
 
     def kill(self, node: GaleraNode) -> None:
         """SIGKILL one node (the others keep quorum)."""
@@ -216,6 +239,29 @@ class GaleraCluster:
         except (GaleraUnavailable, subprocess.TimeoutExpired):
             return ""
         return row.split("\t")[-1] if row else ""
+
+    def describe(self) -> str:
+        """Each node's replication state in one line, for a run that found the cluster
+        stuck: its state, the cluster size it sees, its receive queue and the share of
+        time flow control paused it (SHOW STATUS waits for no causal read)."""
+        names = ("wsrep_local_state_comment", "wsrep_cluster_size", "wsrep_local_recv_queue",
+                 "wsrep_flow_control_paused")
+        parts = []
+        for node in self.nodes:
+            if node.proc is None or node.proc.poll() is not None:
+                parts.append(f"n{node.index}: not running")
+                continue
+            try:  # one statement a node: a stuck node costs one timeout, not four
+                rows = self.sql(node, "SHOW STATUS WHERE Variable_name IN ("
+                                      + ", ".join(f"'{n}'" for n in names) + ")")
+            except (GaleraUnavailable, subprocess.TimeoutExpired) as exc:
+                parts.append(f"n{node.index}: no answer ({type(exc).__name__})")
+                continue
+            got = dict(line.split("\t", 1) for line in rows.splitlines() if "\t" in line)
+            state, size, queue, paused = (got.get(name, "?") for name in names)
+            parts.append(f"n{node.index}: {state}, cluster size {size}, recv queue {queue},"
+                         f" flow control paused {paused}")
+        return "; ".join(parts)
 
     def _wait_synced(self, node: GaleraNode, deadline: float) -> None:
         while time.monotonic() < deadline:
