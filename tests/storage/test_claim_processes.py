@@ -25,21 +25,32 @@ async def test_claims_across_processes_have_one_winner(
     ids = []
     for lane in range(ITEMS // 50):
         ids += await enqueue(store, 50, now=time.time_ns() // 1000, subject_id=f"s{lane}")
-    start_at = time.time() + 1.5  # every process is up and connected by then
     procs = [
         await trio.lowlevel.open_process(
             # On Galera each process connects to the next node.
-            [sys.executable, "-m", "tests.support.claim_racer", database.next_url(), f"P{i}",
-             str(start_at)],
-            stdout=subprocess.PIPE,
+            [sys.executable, "-m", "tests.support.claim_racer", database.next_url(), f"P{i}"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )
         for i in range(PROCESSES)
     ]
     outputs = []
     with trio.fail_after(120):
-        for proc in procs:
+        # Every racer connected before any claims: they start together however late the
+        # machine started each one.
+        seen = [b"" for _ in procs]
+        for n, proc in enumerate(procs):
             assert proc.stdout is not None
-            data = b""
+            while b"\n" not in seen[n]:
+                chunk = await proc.stdout.receive_some(65536)
+                assert chunk, f"racer {n} exited before it was ready"
+                seen[n] += chunk
+            assert seen[n].startswith(b"ready\n"), seen[n]
+        for proc in procs:
+            assert proc.stdin is not None
+            await proc.stdin.send_all(b"go\n")
+        for n, proc in enumerate(procs):
+            assert proc.stdout is not None
+            data = seen[n].removeprefix(b"ready\n")
             while chunk := await proc.stdout.receive_some(65536):
                 data += chunk
             assert await proc.wait() == 0

@@ -1,6 +1,8 @@
 """A separate OS process that races for claims: ``python -m tests.support.claim_racer``.
 
-It waits for a shared start instant, claims in small batches until nothing is
+Once connected it prints ``ready`` and waits for ``go`` on stdin (the test sends it
+when every racer is ready: a start instant on the clock would leave a racer that a loaded
+machine started late with nothing to race for), claims in small batches until nothing is
 left, and prints one JSON line: the (work id, epoch) pairs it won.
 """
 
@@ -16,10 +18,13 @@ from storage.open import open_store
 from storage.port import ClaimParams
 
 
-async def race(url: str, owner: str, start_at: float) -> None:
+async def race(url: str, owner: str) -> None:
     store = await open_store(url, pool_size=1, sqlite_synchronous="NORMAL")
+    await store.db.ping()  # connected before it says so
     won: list[tuple[str, int]] = []
-    await trio.sleep(max(0.0, start_at - time.time()))
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    assert (await trio.to_thread.run_sync(sys.stdin.readline)).strip() == "go"
     idle = 0
     while idle < 3:
         result = await store.work_claim(
@@ -34,4 +39,4 @@ async def race(url: str, owner: str, start_at: float) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(race, sys.argv[1], sys.argv[2], float(sys.argv[3]))
+    trio.run(race, sys.argv[1], sys.argv[2])
