@@ -47,6 +47,7 @@ from typing import Any
 import trio
 
 from bench import pairs
+from daemon.core.states import TERMINAL, WorkState
 from daemon.core.work import WorkSpec
 from sandbox.galera import GaleraCluster
 from storage.migrate import migrate
@@ -66,15 +67,24 @@ def now_us() -> int:
 # ------------------------------------------------------------------ databases
 
 
-def mysql_admin(sql: str) -> None:
+def _mariadb_cli() -> list[str]:
+    """The ``mariadb`` client's command line for the benchmark server."""
     from storage.mysql.adapter import MysqlTarget
 
     target = MysqlTarget.from_url(MYSQL_URL)
-    subprocess.run(
-        ["mariadb", f"--host={target.host}", f"--port={target.port}", f"--user={target.user}",
-         "-e", sql],
-        check=True,
-    )
+    return ["mariadb", f"--host={target.host}", f"--port={target.port}",
+            f"--user={target.user}"]
+
+
+def mysql_admin(sql: str) -> None:
+    subprocess.run([*_mariadb_cli(), "-e", sql], check=True)
+
+
+def mysql_query(sql: str) -> list[str]:
+    """One row of the benchmark server's answer, as text."""
+    out = subprocess.run([*_mariadb_cli(), "-N", "-B", "-e", sql], check=True,
+                         capture_output=True, text=True)
+    return out.stdout.rstrip("\n").split("\t")
 
 
 def fresh_url(backend: str, workdir: Path) -> tuple[str, str | None]:
@@ -118,10 +128,35 @@ async def release(url: str) -> int:
     return t0
 
 
-async def open_count(url: str) -> int:
+# One probe per open state: the first row's index entry, not a count.
+_OPEN_PROBE = "SELECT 1 FROM work_items WHERE state = ? AND family = 'noop' LIMIT 1"
+_OPEN_STATES = sorted(s.value for s in frozenset(WorkState) - TERMINAL)
+
+
+async def wait_drained(url: str, within_s: float, poll_s: float = 0.2) -> None:
+    """Until no noop item is open, or ``within_s`` has passed.
+
+    The wait runs beside the drain it measures, on the same server, so it must cost next
+    to nothing there: one connection for the whole wait, and per poll an existence probe
+    per open state. It used to open a store per poll and COUNT every open row. Under
+    concurrent claims a count reads old row versions for each row: at 8 replicas it read
+    124,000 pages a poll against 3,900 at 2, a quarter of the server's page reads of the
+    run, which the run charged to the replicas (docs/performance.md, "Claims across
+    replicas")."""
     store = await open_store(url, sqlite_synchronous="NORMAL")
+
+    async def anything_open(tx: SqlTx) -> bool:
+        for state in _OPEN_STATES:
+            if await tx.fetchall(_OPEN_PROBE, (state,)):
+                return True
+        return False
+
     try:
-        return await store.work_count_open("noop")
+        with trio.move_on_after(within_s):
+            while True:
+                if not await store.db.transact(anything_open, name="bench.open", write=False):
+                    return
+                await trio.sleep(poll_s)
     finally:
         await store.db.aclose()
 
@@ -200,11 +235,20 @@ def start_replica(cfg: Path, index: int) -> tuple[subprocess.Popen[bytes], Path]
                if profile and index == 0 else
                ["-m", "bench.sql_tally", f"{tally}/replica-{index}.json"]
                if tally and index == 0 else ["-m", "daemon.cli"])
-    proc = subprocess.Popen(
-        [sys.executable, *command, "--config", str(cfg), "run"],
-        stdout=subprocess.DEVNULL, stderr=log.open("wb"), cwd=cfg.parent, env=env,
-    )
+    with log.open("wb") as stderr:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            [sys.executable, *command, "--config", str(cfg), "run"],
+            stdout=subprocess.DEVNULL, stderr=stderr, cwd=cfg.parent, env=env,
+        )
     return proc, log
+
+
+def snapshot_tally(proc: subprocess.Popen[bytes]) -> None:
+    """With ``BENCH_SQL_TALLY_DIR``: replica 0 (bench.sql_tally) keeps a copy of its counts
+    so far, so that the drain's own transactions are the difference of two copies."""
+    if os.environ.get("BENCH_SQL_TALLY_DIR"):
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(0.2)  # taken before what follows begins
 
 
 def wait_admin(proc: subprocess.Popen[bytes], log: Path, deadline: float) -> str:
@@ -293,10 +337,10 @@ def bench_integrationd(backend: str, replicas: int, items: int,
                 server = mariadb_pid() if backend == "mysql" else None
                 cpu_before = ([cpu_seconds(p.pid) for p, _ in procs],
                               cpu_seconds(server) if server else 0.0)
+                snapshot_tally(procs[0][0])
                 t0 = trio.run(release, url)
-                limit = time.monotonic() + 600
-                while trio.run(open_count, url) and time.monotonic() < limit:
-                    time.sleep(0.2)
+                trio.run(wait_drained, url, 600.0)
+                snapshot_tally(procs[0][0])
                 cpu_after = ([cpu_seconds(p.pid) for p, _ in procs],
                              cpu_seconds(server) if server else 0.0)
                 after = [scrape(a) for a in admins]

@@ -8,7 +8,9 @@ first words; at exit it writes ``{"by_statement": {...}, "by_transaction": {...}
 "round_trips": N, "rows_by_statement": {...}, "params_by_statement": {...}}`` to
 OUT.json. Counts do not depend on the machine's load: the
 benchmarks use this for ``BENCH_SQL_TALLY_DIR`` (replica 0), and ``--tally FILE``
-prints them per effect.
+prints them per effect. Each SIGUSR1 keeps a copy of the counts by transaction so far
+(``"snapshots"`` in OUT.json): ``bench.kernel`` sends one just before it releases the
+items and one once they are drained, so that the difference is the drain's alone.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+import signal
 import sys
 from typing import Any
 
@@ -85,6 +88,8 @@ def run() -> None:
     rows: collections.Counter[str] = collections.Counter()
     params: collections.Counter[str] = collections.Counter()
     install(tally, by_tx, rows, params)
+    snapshots: list[dict[str, int]] = []
+    signal.signal(signal.SIGUSR1, lambda _signum, _frame: snapshots.append(dict(by_tx)))
     try:
         main()
     except SystemExit:
@@ -93,6 +98,7 @@ def run() -> None:
         with open(out, "w") as f:
             json.dump({"round_trips": sum(tally.values()),
                        "by_transaction": dict(by_tx.most_common()),
+                       "snapshots": snapshots,
                        "by_statement": dict(tally.most_common()),
                        # Rows each statement's result sets carried, and the parameters
                        # bound to it (multi-row INSERTs, already formatted, are not

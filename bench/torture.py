@@ -15,7 +15,8 @@ seconds of chaos:
   Runtime), and noop WorkItems are enqueued beside them;
 * every few seconds one of: SIGKILL a replica and restart it; SIGSTOP a replica past its lease
   (``lease_ttl`` + margin + 1 s) then SIGCONT (the zombie must lose every write); on Galera,
-  once, SIGKILL a database node and restart it (it rejoins by state transfer);
+  once, SIGKILL a database node and restart it (it recovers its position, as MariaDB's
+  systemd unit does, and rejoins by incremental state transfer);
 * the simulator is armed all the while with latency, 5xx, 429 and connection resets before
   and after applying a PATCH;
 * signed Outreach webhook deliveries (``--webhook-rate`` per second, default
@@ -47,9 +48,11 @@ store, never from integrationd's word:
   ``QUOTA_WINDOW_S`` on one app installation that saw more than ``QUOTA_LIMIT`` PATCHes;
 * ``double_refreshes``: from the OAuth simulator's journal, token calls beyond the first per
   refresh token (a rotating refresh token's second use is ``invalid_grant``);
-  ``grants_not_valid``: grants left needing re-authorization (during the settle the run's
-  operator re-authorizes a grant its own SIGKILL left ``refresh_in_doubt`` when the OAuth
-  simulator never saw the refresh token: ``grants_reauthorized``, bench/torture_operator.py);
+  ``grants_not_valid``: grants left needing re-authorization (every ``OPERATOR_EVERY_S``
+  through the chaos, as an operator paged by the alert would, and all through the settle,
+  the run's operator re-authorizes a grant its own SIGKILL left ``refresh_in_doubt`` when
+  the OAuth simulator saw the refresh token at most once, the killed owner's own call:
+  ``grants_reauthorized``, bench/torture_operator.py);
 * webhooks (``bench/torture_webhooks.py``), from the Outreach simulator's delivery journal
   and the database: ``webhooks_lost`` (answered 200, no receipt: the spools are forwarded
   first), ``webhook_receipts_not_once`` (answered 200 with more than one receipt, or a
@@ -77,6 +80,7 @@ import os
 import random
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -151,6 +155,11 @@ QUOTA_JITTER_S = 0.25
 # expiring within 60 s (daemon/services/token_refresh.py), so each binding's grant is
 # refreshed about every 10 s, through the kills and freezes.
 TOKEN_LIFETIME_S = 70
+# How often the run's operator looks for grants its kills left in doubt during the
+# chaos: left for the settle alone, a doubt early in a run held that binding's effects
+# back for the rest of the chaos (a MariaDB phase 100 s long), a backlog the settle
+# bound could not drain through the quota.
+OPERATOR_EVERY_S = 10.0
 CLIENT_SECRET = "torture-client-secret"
 TOKEN_KEY = TokenKey("k1", bytes(range(32)))
 # What each invariant is checked against on this branch (a check that has nothing to look at
@@ -171,7 +180,8 @@ CHECKS = {
     "webhooks": webhooks.CHECK,
     "grants_reauthorized": "the run's operator (bench/torture_operator.py): grants left"
                            " refresh_in_doubt by the run's own SIGKILL of the refresh lease's"
-                           " owner, whose refresh token the OAuth simulator never saw,"
+                           " owner, whose refresh token the OAuth simulator saw at most"
+                           " once (the killed owner's own call),"
                            " re-authorized during the settle (not a broken invariant: the"
                            " documented trade of rotating refresh tokens)",
 }
@@ -499,15 +509,34 @@ async def settle(run: Run, runtimes: list[ReferenceRuntime], within_s: float,
             await store.db.aclose()
     if bound.cancelled_caught:
         run.log(f"{run.backend}: not drained within the settle bound of {within_s:g} s")
+        if run.cluster is not None:
+            run.log(f"galera: {await trio.to_thread.run_sync(run.cluster.describe)}")
     return trio.current_time() - t0, not bound.cancelled_caught
+
+
+async def operator(run: Run, oauth: OAuthSimulator, every_s: float = OPERATOR_EVERY_S
+                   ) -> None:
+    """The run's operator during the chaos: every ``every_s``, :func:`reauthorize_kills`
+    (the settle goes on doing it until the end)."""
+    store = await open_store(run.urls[0], sqlite_synchronous="NORMAL")
+    try:
+        while True:
+            await trio.sleep(every_s)
+            try:
+                await reauthorize_kills(run, store, oauth)
+            except StorageError:  # the database may be recovering (a Galera node killed)
+                continue
+    finally:
+        with trio.CancelScope(shield=True):
+            await store.db.aclose()
 
 
 async def reauthorize_kills(run: Run, store: WorkStore, oauth: OAuthSimulator) -> None:
     """The run's operator (bench/torture_operator.py): each current grant in doubt whose
-    doubt the run's own SIGKILL made, and whose refresh token the OAuth simulator never
-    saw, gets a new grant at the next token version (fresh test tokens the simulator
-    knows), as a re-authorization hands one over; anything else is left for the
-    invariants to count."""
+    doubt the run's own SIGKILL made, and whose refresh token the OAuth simulator saw at
+    most once (the killed owner's own call), gets a new grant at the next token version
+    (fresh test tokens the simulator knows), as a re-authorization hands one over; anything
+    else is left for the invariants to count."""
 
     async def doubts(tx: SqlTx) -> list[tuple[Any, ...]]:
         return await tx.fetchall(
@@ -521,7 +550,7 @@ async def reauthorize_kills(run: Run, store: WorkStore, oauth: OAuthSimulator) -
             " AND e.ownership_epoch = l.owner_epoch"
             " WHERE g.state = 'needs_reauthorization' AND g.reason_code = 'refresh_in_doubt'")
 
-    presented = {str(e["refresh_token"]) for e in oauth.journal}
+    presentations = collections.Counter(str(e["refresh_token"]) for e in oauth.journal)
     for binding_id, generation, version, marker, owner in await store.db.transact(
             doubts, name="torture.doubts", write=False):
         generation, version = int(generation), int(version)
@@ -530,10 +559,10 @@ async def reauthorize_kills(run: Run, store: WorkStore, oauth: OAuthSimulator) -
             continue  # healed or replaced meanwhile
         bundle = open_bundle(grant.sealed, {TOKEN_KEY.key_id: TOKEN_KEY},
                              BundleContext(binding_id, generation, version))
-        spent = (bundle.refresh_token is not None
-                 and token_digest(bundle.refresh_token.reveal()) in presented)
-        doubt = Doubt(owner_replica=None if owner is None else str(owner), presented=spent,
-                      marked=marker is not None)
+        seen = (0 if bundle.refresh_token is None
+                else presentations[token_digest(bundle.refresh_token.reveal())])
+        doubt = Doubt(owner_replica=None if owner is None else str(owner),
+                      presentations=seen, marked=marker is not None)
         if verdict(doubt, frozenset(run.killed)) is not Verdict.REAUTHORIZE:
             continue
         now = now_us()
@@ -706,6 +735,7 @@ async def drive(run: Run, runtimes: list[ReferenceRuntime], sim: HubSpotSimulato
         nursery.start_soon(scrape_loop, run)
         async with trio.open_nursery() as load:
             load.start_soon(traffic, run, runtimes)
+            load.start_soon(operator, run, oauth)
             if run.webhooks is not None:
                 load.start_soon(run.webhooks.traffic)
             await chaos(run, sim, seconds)
@@ -790,6 +820,9 @@ def run_backend(backend: str, replicas: int, seconds: float, settle_s: float,
                     replica.terminate()
         finally:
             if cluster is not None:
+                if keep:  # the nodes' own logs: why a node left or rejoined
+                    for node_log in cluster.base.glob("n*.log"):
+                        shutil.copy(node_log, workdir / f"galera-{node_log.name}")
                 cluster.stop()
             elif dbname and keep:
                 log(f"kept database {dbname} and {workdir}")
@@ -883,7 +916,8 @@ def main() -> None:
                              " replicas' ingress listeners (0: none; the webhook checks then"
                              " say so)")
     parser.add_argument("--keep", metavar="DIR", type=Path,
-                        help="keep configs, logs and the MariaDB database in DIR")
+                        help="keep configs, logs (the Galera nodes' too) and the MariaDB"
+                             " database in DIR")
     args = parser.parse_args()
     backends = [b for b in args.backends.split(",") if b]
     unknown = set(backends) - {"mysql", "galera", "sqlite"}

@@ -11,8 +11,11 @@ would, the run re-authorizes such a grant, but only when both hold:
 
 * the refresh lease's owner epoch was held by an incarnation the run SIGKILLed (the owner's
   ``work_executions`` row for that epoch names it; not journaled yet: wait), and
-* the provider never saw the in-doubt refresh token (the OAuth simulator's journal), so no
-  refresh was spent: the doubt was the kill's, not a double refresh hidden by it.
+* the provider saw the in-doubt refresh token at most once (the OAuth simulator's journal).
+  Never: the doubt was the kill's alone, nothing was spent. Once: the killed owner's call
+  reached the provider and its answer died with the process, which is exactly the trade
+  (an operator re-authorizes; the provider's console shows one use). Twice or more is a
+  double refresh, never settled here: ``double_refreshes`` counts it from the same journal.
 
 Anything else stays in doubt, and ``grants_not_valid`` and ``lost`` count it. The decision
 is :func:`verdict` (pure, table-tested in tests/bench/test_torture_operator.py).
@@ -38,15 +41,16 @@ class Doubt:
     # The replica that held the refresh lease's owner epoch, from its journal row (None:
     # not journaled yet, the owner's item not reclaimed).
     owner_replica: str | None
-    # The in-doubt refresh token reached the OAuth simulator (its journal).
-    presented: bool
+    # How many token calls presented the in-doubt refresh token (the OAuth simulator's
+    # journal).
+    presentations: int
     # The refresh lease carries its dispatch marker (the call may have left).
     marked: bool
 
 
 def verdict(doubt: Doubt, killed: frozenset[str]) -> Verdict:
     """Whether the run's operator re-authorizes the grant (see the module)."""
-    if not doubt.marked or doubt.presented:
+    if not doubt.marked or doubt.presentations > 1:
         return Verdict.LEAVE
     if doubt.owner_replica is None:
         return Verdict.WAIT
