@@ -5,6 +5,9 @@ PYTHON  ?= python3
 CONFIG  ?= config/example.toml
 BIN     := $(VENV)/bin
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make pytest` (0: one process, as `pytest` alone runs).
+PYTEST_WORKERS ?= 2
+PYTEST_ALONE_ARGS ?=
 
 .PHONY: run secrets test lint typecheck pytest bench torture simulate simulate-mutants clean chromium galera prometheus
 
@@ -109,8 +112,11 @@ prometheus:
 	  echo "installing Debian's prometheus for the metrics and alert-rule tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; }
 
+# The tests marked `alone` (the torture run: chaos timed for a machine it has to itself) run
+# after the others, in one process of their own (exit 5, none collected, is not a failure).
 pytest: $(BIN)/.installed chromium galera prometheus
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not alone" $(PYTEST_ARGS)
+	$(BIN)/pytest -m alone $(PYTEST_ALONE_ARGS) || [ $$? -eq 5 ]
 
 test: lint typecheck pytest
 

@@ -34,7 +34,8 @@ def _every_database_dropped() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def galera_cluster() -> Iterator[GaleraCluster]:
     """One 3-node Galera cluster for the whole session (up in ~20 s), started on first use;
-    each test makes its own database on it."""
+    each test makes its own database on it. Under pytest-xdist each worker is a session of
+    its own, with its own cluster on its own ports."""
     cluster = GaleraCluster.create(die_with_parent=True)
     try:
         cluster.start()

@@ -30,7 +30,10 @@ import trio
 # The invariants whose breach makes the run exit 1 (bench/torture.py's own list).
 from bench.torture import BROKEN
 
-pytestmark = [pytest.mark.slow, pytest.mark.galera, pytest.mark.mysql]
+# Alone: its chaos (freezes past a 10 s lease, kills inside a refresh) is timed for a
+# machine it has to itself; beside another pytest worker it left a grant in doubt that
+# the run's operator did not settle (issue 12's open trade).
+pytestmark = [pytest.mark.slow, pytest.mark.galera, pytest.mark.mysql, pytest.mark.alone]
 
 
 async def test_a_short_torture_run_loses_and_duplicates_nothing() -> None:
