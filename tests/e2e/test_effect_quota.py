@@ -99,12 +99,25 @@ async def test_a_429_moves_the_shared_budget_forward(
         # Nobody sent on the key before the provider's Retry-After had passed.
         assert second.received_at - first.received_at >= 2.0 - 0.05
         (item,) = await store.work_list(WorkQuery(family="external_effect"))
-        states = sorted(r.state.value for r in await store.quota_reservations(item.work_id))
-        assert states == ["sent"] * 6  # three keys, two attempts
+        attempts = await store.effect_attempts(item.subject_id)
+        left = {a.attempt_id for a in sent_attempts(attempts)}
+        assert len(left) == 2
+        reservations = await store.quota_reservations(item.work_id)
+        # Three keys, two attempts that left: each sent on a reservation of every key.
+        assert sorted((r.attempt_id, r.quota_key) for r in reservations
+                      if r.state.value == "sent") == sorted(
+                          (attempt_id, key) for attempt_id in left for key in KEYS)
+        # On a loaded machine an attempt may also have been held back by our own side
+        # (its checkpoint outlasted a slot's jitter; CI under two workers): its slots
+        # were given back unsent, never charged as sent.
+        assert {r.state.value for r in reservations if r.attempt_id not in left} <= {
+            "released"}
         assert sl.replica is not None
         metrics = sl.replica.metrics_text().decode()
         assert 'integrationd_quota_events_total{event="throttled"} 1.0' in metrics
-        assert 'integrationd_quota_events_total{event="reserved"} 2.0' in metrics
+        # One reservation event per attempt journaled (a held one included).
+        reserved = len(attempts)
+        assert f'integrationd_quota_events_total{{event="reserved"}} {reserved:.1f}' in metrics
         client = await _signed_in(sl, "viv")
         try:
             doc = (await client.get("/admin/api/quota")).json()
