@@ -219,12 +219,13 @@ def galera_database(cluster: GaleraCluster) -> tuple[list[str], str]:
     return [node.url(name) for node in cluster.nodes], name
 
 
-def write_config(workdir: Path, url: str, sqlite_synchronous: str, name: str = "bench"
-                 ) -> Path:
+def write_config(workdir: Path, url: str, sqlite_synchronous: str, name: str = "bench",
+                 pool_size: int | None = None) -> Path:
     cfg = workdir / f"{name}.toml"
     cfg.write_text(
         f'[storage]\nurl = "{url}"\nsqlite_synchronous = "{sqlite_synchronous}"\n'
-        '[admin]\nlisten = "127.0.0.1:0"\n'
+        + (f"pool_size = {pool_size}\n" if pool_size else "")
+        + '[admin]\nlisten = "127.0.0.1:0"\n'
         "[replica]\ndrain_timeout = 10.0\n"
         # No pruning during a measurement (bench.bigtables runs on a year of history).
         "[retention]\nenabled = false\n"
@@ -318,8 +319,10 @@ def peak_rss_mb(pid: int) -> float:
 
 def bench_integrationd(backend: str, replicas: int, items: int,
                        sqlite_synchronous: str, cluster: GaleraCluster | None = None,
-                       url: str | None = None) -> dict[str, Any]:
-    """``url``: run on that existing database (its other rows stay; it is not dropped)."""
+                       url: str | None = None, pool_size: int | None = None
+                       ) -> dict[str, Any]:
+    """``url``: run on that existing database (its other rows stay; it is not dropped).
+    ``pool_size``: each replica's ``storage.pool_size`` (None: the default)."""
     with tempfile.TemporaryDirectory(prefix="bench-kernel-") as tmp:
         workdir = Path(tmp)
         dbname: str | None
@@ -333,7 +336,7 @@ def bench_integrationd(backend: str, replicas: int, items: int,
         url = urls[0]
         try:
             trio.run(prepare, url, items, sqlite_synchronous)
-            cfgs = [write_config(workdir, u, sqlite_synchronous, f"bench-{n}")
+            cfgs = [write_config(workdir, u, sqlite_synchronous, f"bench-{n}", pool_size)
                     for n, u in enumerate(urls)]
             procs = [start_replica(cfgs[i % len(cfgs)], i) for i in range(replicas)]
             try:
@@ -399,6 +402,7 @@ def bench_integrationd(backend: str, replicas: int, items: int,
         "peak_rss_mb_per_replica": [round(r, 1) for r in rss],
         **({"sqlite_synchronous": sqlite_synchronous} if backend == "sqlite" else {}),
         **({"nodes": len(urls)} if cluster is not None else {}),
+        **({"pool_size": pool_size} if pool_size else {}),
     }
 
 
@@ -518,11 +522,14 @@ def main() -> None:
     parser.add_argument("--peer-concurrency", type=int, default=16,
                         help="procrastinate worker concurrency (per process)")
     parser.add_argument("--no-peer", action="store_true", help="skip procrastinate")
+    parser.add_argument("--pool-size", type=int,
+                        help="each replica's storage.pool_size (default: the daemon's)")
     args = parser.parse_args()
     if args.backend == "galera":
         bench_galera(args.replicas, args.items)
         return
-    ours = bench_integrationd(args.backend, args.replicas, args.items, args.sqlite_synchronous)
+    ours = bench_integrationd(args.backend, args.replicas, args.items, args.sqlite_synchronous,
+                              pool_size=args.pool_size)
     print(json.dumps(ours), flush=True)
     if args.no_peer:
         return
