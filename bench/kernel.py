@@ -10,9 +10,9 @@ What it does, on either backend:
 3. one UPDATE makes every item ready; the drain is timed from the moment it has
    committed (the items claimable) to the last execution's ``finished_at`` (from the
    execution journal). The UPDATE itself (``release_s``) is not the system's work: at 8
-   replicas it took three times as long as at 2 (idle polls walking the half-updated
-   range build an old version of each row it had updated; docs/performance.md, "Claims
-   across replicas"), and it used to count as drain time;
+   replicas it took up to three times as long as at 2 (idle polls walking the
+   half-updated range build an old version of each row it had updated;
+   docs/performance.md, "Claims across replicas"), and it used to count as drain time;
 4. statements and commits come from each replica's ``/metrics`` (difference
    across the run, so start-up and the drain are excluded); resident memory
    (peak) from ``/proc``; duplicates and lost items from the execution journal,
