@@ -13,8 +13,9 @@ What it does, on either backend:
    replicas it took up to three times as long as at 2 (idle polls walking the
    half-updated range build an old version of each row it had updated;
    docs/performance.md, "Claims across replicas"), and it used to count as drain time;
-4. statements and commits come from each replica's ``/metrics`` (difference
-   across the run, so start-up and the drain are excluded); resident memory
+4. statements and commits come from each replica's ``/metrics`` and CPU from ``/proc``
+   (differences from just before the release to the end of the drain: start-up is
+   excluded, the polls during the release are counted); resident memory
    (peak) from ``/proc``; duplicates and lost items from the execution journal,
    which holds every execution (an execution whose lease was reclaimed is there as
    ``lease_lost``): ``duplicates`` counts executions beyond the first of each item,
@@ -224,7 +225,7 @@ def write_config(workdir: Path, url: str, sqlite_synchronous: str, name: str = "
     cfg = workdir / f"{name}.toml"
     cfg.write_text(
         f'[storage]\nurl = "{url}"\nsqlite_synchronous = "{sqlite_synchronous}"\n'
-        + (f"pool_size = {pool_size}\n" if pool_size else "")
+        + (f"pool_size = {pool_size}\n" if pool_size is not None else "")
         + '[admin]\nlisten = "127.0.0.1:0"\n'
         "[replica]\ndrain_timeout = 10.0\n"
         # No pruning during a measurement (bench.bigtables runs on a year of history).
@@ -402,7 +403,7 @@ def bench_integrationd(backend: str, replicas: int, items: int,
         "peak_rss_mb_per_replica": [round(r, 1) for r in rss],
         **({"sqlite_synchronous": sqlite_synchronous} if backend == "sqlite" else {}),
         **({"nodes": len(urls)} if cluster is not None else {}),
-        **({"pool_size": pool_size} if pool_size else {}),
+        **({"pool_size": pool_size} if pool_size is not None else {}),
     }
 
 
@@ -525,6 +526,8 @@ def main() -> None:
     parser.add_argument("--pool-size", type=int,
                         help="each replica's storage.pool_size (default: the daemon's)")
     args = parser.parse_args()
+    if args.pool_size is not None and args.pool_size < 1:
+        parser.error(f"--pool-size: connections per replica, 1 or more (got {args.pool_size})")
     if args.backend == "galera":
         bench_galera(args.replicas, args.items)
         return

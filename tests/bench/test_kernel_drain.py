@@ -37,3 +37,14 @@ def test_a_drain_reports_the_release_beside_it_and_its_pool_size() -> None:
     assert result["release_s"] > 0 and result["seconds"] > 0
     # items/s over the drain alone, the release's own time excluded.
     assert result["items_per_s"] == pytest.approx(300 / result["seconds"], rel=0.01)
+
+
+@pytest.mark.parametrize("size", ["0", "-3"])
+def test_a_pool_size_under_one_is_refused_before_anything_starts(size: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.kernel", "--backend", "sqlite", "--no-peer",
+         "--pool-size", size], cwd=REPO, capture_output=True, text=True, timeout=120,
+        check=False)
+    assert done.returncode == 2 and done.stdout == ""
+    assert f"--pool-size: connections per replica, 1 or more (got {size})" in \
+        done.stderr.splitlines()[-1]
