@@ -114,6 +114,18 @@ def last_json(output: str) -> object:
         return None
 
 
+def slow_log_path(named: Path | None) -> tuple[Path, bool]:
+    """(where the server writes its slow log, whether the directory is this run's own).
+    The server writes the log as its own user: a fresh directory of ours is opened to it;
+    a directory the caller named is left as it is (making it writable is the caller's
+    choice: /tmp, say, must keep its sticky bit)."""
+    if named is not None:
+        return named, False
+    own = Path(tempfile.mkdtemp(prefix="server-pages-"))
+    own.chmod(0o777)
+    return own / "slow.log", True
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--top", type=int, default=15)
@@ -126,8 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     command = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
     if not command:
         parser.error("give the benchmark after --, e.g. -- bench.kernel --backend mysql")
-    log = args.log or Path(tempfile.mkdtemp(prefix="server-pages-")) / "slow.log"
-    log.parent.chmod(0o777)  # the server writes it as its own user
+    log, own_directory = slow_log_path(args.log)
     before = mysql_query("SELECT @@GLOBAL.slow_query_log, @@GLOBAL.slow_query_log_file,"
                          " @@GLOBAL.long_query_time, @@GLOBAL.log_slow_verbosity")
     mysql_admin(f"SET GLOBAL slow_query_log_file = '{log}'; SET GLOBAL long_query_time = 0;"
@@ -146,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         result = report(summarize(lines), args.top)
     if not args.keep_log:
         log.unlink(missing_ok=True)
-        if args.log is None:
+        if own_directory:
             log.parent.rmdir()
     print(json.dumps({"bench": command, "exit": bench.returncode,
                       "bench_result": last_json(bench.stdout), **result}))

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
+
 import pytest
 
-from bench.server_pages import last_json, report, shape, summarize
+from bench.server_pages import last_json, report, shape, slow_log_path, summarize
 
 LOG = """\
 /usr/sbin/mariadbd, Version: 10.11.19-MariaDB-0+deb12u1 (Debian 12). started with:
@@ -85,3 +88,23 @@ def test_report_totals_and_top() -> None:
 ])
 def test_last_json(output: str, expected: object) -> None:
     assert last_json(output) == expected
+
+
+def test_a_named_log_leaves_its_directory_as_it_was(tmp_path: Path) -> None:
+    """--log in a directory of the caller's (/tmp, say): its mode is not touched (it once
+    was made 0777, which took /tmp's sticky bit away)."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o1777)
+    shared.chmod(0o1777)
+    log, own = slow_log_path(shared / "slow.log")
+    assert (log, own) == (shared / "slow.log", False)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
+
+
+def test_the_default_log_is_in_a_fresh_directory_the_server_can_write() -> None:
+    log, own = slow_log_path(None)
+    try:
+        assert own and log.name == "slow.log" and not log.exists()
+        assert stat.S_IMODE(log.parent.stat().st_mode) == 0o777
+    finally:
+        log.parent.rmdir()
