@@ -266,8 +266,11 @@ class GaleraCluster:
     def _wait_synced(self, node: GaleraNode, deadline: float) -> None:
         while time.monotonic() < deadline:
             if node.proc is not None and node.proc.poll() is not None:
-                raise GaleraUnavailable(f"node {node.index} exited: see {self.base}/n"
-                                        f"{node.index}.log")
+                # The log's tail goes with the error: stop() removes the directory.
+                log = self.base / f"n{node.index}.log"
+                tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+                raise GaleraUnavailable(f"node {node.index} exited; the end of {log}:\n"
+                                        + "\n".join(tail))
             if self._status(node, "wsrep_local_state_comment") == "Synced":
                 return
             time.sleep(0.2)

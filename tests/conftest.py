@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.galera import GaleraCluster
+from sandbox.galera import GaleraCluster, GaleraUnavailable
 from storage.work_store import WorkStore
 from tests.support.backends import (
     DROPPER,
@@ -38,7 +38,19 @@ def galera_cluster() -> Iterator[GaleraCluster]:
     its own, with its own cluster on its own ports."""
     cluster = GaleraCluster.create(die_with_parent=True)
     try:
-        cluster.start()
+        try:
+            cluster.start()
+        except GaleraUnavailable as first:
+            # Once more, on fresh ports: in a CI rehearsal (2026-12-08) a node exited during
+            # start and failed one worker's whole Galera suite (370 errors); why is not
+            # known (its log went with the cluster's directory; it now comes with the
+            # error). The first attempt's reason is kept.
+            cluster.stop()
+            cluster = GaleraCluster.create(die_with_parent=True)
+            try:
+                cluster.start()
+            except GaleraUnavailable as second:
+                raise second from first
         use_galera(cluster)
         yield cluster
     finally:

@@ -8,13 +8,14 @@ transaction, never crash and never report a silent success."""
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import trio
 
-from sandbox.galera import GaleraCluster
+from sandbox.galera import GaleraCluster, GaleraUnavailable
 from storage.migrate import migrate
 from storage.mysql.adapter import MysqlDatabase, MysqlTarget
 from storage.port import DatabaseUnavailable, SqlTx
@@ -128,6 +129,24 @@ def test_describe_gives_each_nodes_replication_state(galera: GaleraCluster) -> N
     for line in described:
         assert ": Synced, cluster size 3, recv queue " in line, line
         assert "flow control paused " in line and "?" not in line, line
+
+
+def test_a_node_that_exits_while_starting_says_why_in_the_error() -> None:
+    """stop() removes the cluster's directory, logs included: the error carries the end
+    of the node's log (here: its SQL port taken by another listener)."""
+    cluster = GaleraCluster.create(die_with_parent=True)
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", cluster.nodes[0].sql_port))
+        taken.listen()
+        try:
+            with pytest.raises(GaleraUnavailable) as raised:
+                cluster.start(timeout_s=60)
+        finally:
+            cluster.stop()
+    message = str(raised.value)
+    assert message.startswith("node 0 exited; the end of "), message
+    assert "already in use" in message.lower() or "bind" in message.lower(), message
 
 
 def _database_of(store: WorkStore) -> str:
